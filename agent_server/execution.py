@@ -1,0 +1,153 @@
+"""Execution: the record of one run of a reasoner, and the context the reasoner sees."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+
+class ExecutionStatus(enum.StrEnum):
+    """Where an execution is; every status but `running` is terminal."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class CancelReason(enum.StrEnum):
+    """Why an execution was cancelled; recorded so a client can tell who stopped its work."""
+
+    REQUEST = "request"
+    SESSION_RELEASED = "session_released"
+    SHUTDOWN = "shutdown"
+    CLIENT_DISCONNECTED = "client_disconnected"
+
+
+def new_execution_id() -> str:
+    """128 random bits: unguessable and unique across restarts."""
+    return uuid.uuid4().hex
+
+
+def _isoformat(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Execution:
+    """One execution. Slots keep the per-execution memory small: a server holds many."""
+
+    __slots__ = (
+        "_done",
+        "abandoned",
+        "cancel_reason",
+        "created_at",
+        "error",
+        "execution_id",
+        "finished_at",
+        "finished_monotonic",
+        "reasoner",
+        "result",
+        "session_id",
+        "started_monotonic",
+        "status",
+        "status_reason",
+    )
+
+    def __init__(self, reasoner: str, session_id: str | None) -> None:
+        self.execution_id = new_execution_id()
+        self.reasoner = reasoner
+        self.session_id = session_id
+        self.status = ExecutionStatus.RUNNING
+        self.status_reason: CancelReason | None = None
+        self.cancel_reason: CancelReason | None = None
+        self.result: Any = None
+        self.error: dict[str, str] | None = None
+        self.created_at = time.time()
+        self.started_monotonic = time.monotonic()
+        self.finished_at: float | None = None
+        self.finished_monotonic: float | None = None
+        self.abandoned = False
+        self._done: asyncio.Event | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status is not ExecutionStatus.RUNNING
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.finished_monotonic is None:
+            return None
+        return self.finished_monotonic - self.started_monotonic
+
+    def finish(
+        self,
+        status: ExecutionStatus,
+        *,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+        reason: CancelReason | None = None,
+    ) -> None:
+        """Record the terminal state once and wake every waiter."""
+        self.status = status
+        self.result = result
+        self.error = error
+        self.status_reason = reason
+        self.finished_at = time.time()
+        self.finished_monotonic = time.monotonic()
+        if self._done is not None:
+            self._done.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait until terminal or `timeout` seconds pass; True when terminal."""
+        if self.is_terminal:
+            return True
+        if self._done is None:
+            self._done = asyncio.Event()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._done.wait()
+        except TimeoutError:
+            return self.is_terminal
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """The one execution shape every route returns."""
+        return {
+            "execution_id": self.execution_id,
+            "reasoner": self.reasoner,
+            "session_id": self.session_id,
+            "status": self.status.value,
+            "status_reason": None if self.status_reason is None else self.status_reason.value,
+            "result": self.result,
+            "error": self.error,
+            "created_at": _isoformat(self.created_at),
+            "finished_at": None if self.finished_at is None else _isoformat(self.finished_at),
+            "duration_seconds": self.duration_seconds,
+        }
+
+
+class ExecutionContext:
+    """What a reasoner may know about its own execution, and whether the server is draining."""
+
+    __slots__ = ("_drain", "execution_id", "reasoner", "session_id")
+
+    def __init__(
+        self, execution_id: str, reasoner: str, session_id: str | None, drain: asyncio.Event
+    ) -> None:
+        self.execution_id = execution_id
+        self.reasoner = reasoner
+        self.session_id = session_id
+        self._drain = drain
+
+    @property
+    def draining(self) -> bool:
+        """True from the first moment of shutdown: time to checkpoint and return early."""
+        return self._drain.is_set()
+
+    async def wait_for_drain(self) -> None:
+        """Return once shutdown has begun; race it against work to stop cooperatively."""
+        await self._drain.wait()

@@ -1,0 +1,311 @@
+"""OpenAPI 3.1 description of the HTTP API, reasoner schemas included.
+
+Each reasoner gets its own concrete paths so clients and fuzzers see its real input schema.
+Pydantic's `$defs` are hoisted into `components/schemas`: in OpenAPI a `$ref` is resolved
+against the document, not the embedded schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from agent_server.reasoner import Reasoner
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+NULLABLE_STRING = {"type": ["string", "null"]}
+
+EXECUTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "execution_id",
+        "reasoner",
+        "session_id",
+        "status",
+        "status_reason",
+        "result",
+        "error",
+        "created_at",
+        "finished_at",
+        "duration_seconds",
+    ],
+    "properties": {
+        "execution_id": {"type": "string"},
+        "reasoner": {"type": "string"},
+        "session_id": NULLABLE_STRING,
+        "status": {"enum": ["running", "succeeded", "failed", "cancelled"]},
+        "status_reason": {
+            "enum": ["request", "session_released", "shutdown", "client_disconnected", None]
+        },
+        "result": {},
+        "error": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "required": ["type", "message"],
+                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                },
+            ]
+        },
+        "created_at": {"type": "string"},
+        "finished_at": NULLABLE_STRING,
+        "duration_seconds": {"type": ["number", "null"]},
+    },
+}
+
+BASE_SCHEMAS: dict[str, Any] = {
+    "Execution": EXECUTION_SCHEMA,
+    "Error": {"type": "object", "required": ["detail"], "properties": {"detail": {}}},
+    "SessionRelease": {
+        "type": "object",
+        "required": ["session_id", "cancelled", "abandoned", "forgotten", "elapsed_seconds"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "cancelled": {"type": "integer"},
+            "abandoned": {"type": "integer"},
+            "forgotten": {"type": "integer"},
+            "elapsed_seconds": {"type": "number"},
+        },
+    },
+    "Reasoner": {
+        "type": "object",
+        "required": ["name", "description", "input_schema", "output_schema"],
+        "properties": {
+            "name": {"type": "string"},
+            "description": NULLABLE_STRING,
+            "input_schema": {"type": "object"},
+            "output_schema": {"type": "object"},
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "phase"],
+        "properties": {"status": {"type": "string"}, "phase": {"type": "string"}},
+    },
+}
+
+EXECUTION_ID = {
+    "name": "execution_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+SESSION_HEADER = {
+    "name": "X-Session-ID",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+}
+START_ERRORS: dict[str, Any] = {
+    "400": _error("Malformed JSON body or X-Session-ID"),
+    "409": _error("The session is being released"),
+    "413": _error("Body over the size limit"),
+    "415": _error("Body is not JSON"),
+    "422": _error("Invalid input"),
+    "429": _error("Too many executions in flight"),
+    "503": _error("Not accepting work: shutting down"),
+}
+
+
+def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    components.update(schema.pop("$defs", {}))
+    return schema
+
+
+def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str, Any]:
+    body = {
+        "required": False,
+        "content": {
+            "application/json": {"schema": _hoist(reasoner.input_schema(REF_TEMPLATE), components)}
+        },
+    }
+    output = _hoist(reasoner.output_schema(REF_TEMPLATE), components)
+    succeeded = {"allOf": [_ref("Execution"), {"properties": {"result": output}}]}
+    tag = [reasoner.name]
+    run = {
+        "summary": reasoner.description or f"Run {reasoner.name} and wait",
+        "tags": tag,
+        "parameters": [SESSION_HEADER],
+        "requestBody": body,
+        "responses": {
+            "200": _json(succeeded, "The execution succeeded"),
+            "500": _json(_ref("Execution"), "The execution failed"),
+            **START_ERRORS,
+            "409": _json(
+                {"oneOf": [_ref("Execution"), _ref("Error")]}, "Cancelled, or session released"
+            ),
+            "503": _json(
+                {"oneOf": [_ref("Execution"), _ref("Error")]},
+                "Cancelled by shutdown, or not accepting work",
+            ),
+        },
+    }
+    start = {
+        "summary": f"Start {reasoner.name} in the background",
+        "tags": tag,
+        "parameters": [SESSION_HEADER],
+        "requestBody": body,
+        "responses": {"202": _json(_ref("Execution"), "Started"), **START_ERRORS},
+    }
+    return {
+        f"/reasoners/{reasoner.name}": {"post": run},
+        f"/reasoners/{reasoner.name}/async": {"post": start},
+    }
+
+
+def openapi_document(title: str, reasoners: Iterable[Reasoner]) -> dict[str, Any]:
+    """The whole document; built per request, it is small and reasoners are few."""
+    components: dict[str, Any] = dict(BASE_SCHEMAS)
+    paths: dict[str, Any] = {
+        "/reasoners": {
+            "get": {
+                "summary": "The registered reasoners and their schemas",
+                "responses": {
+                    "200": _json({"type": "array", "items": _ref("Reasoner")}, "Reasoners")
+                },
+            }
+        },
+    }
+    for reasoner in reasoners:
+        paths.update(_reasoner_paths(reasoner, components))
+    paths.update(
+        {
+            "/executions": {
+                "get": {
+                    "summary": "List executions, newest first",
+                    "parameters": [
+                        {
+                            "name": "status",
+                            "in": "query",
+                            "schema": {"enum": ["running", "succeeded", "failed", "cancelled"]},
+                        },
+                        {"name": "reasoner", "in": "query", "schema": {"type": "string"}},
+                        {"name": "session_id", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json({"type": "array", "items": _ref("Execution")}, "Executions"),
+                        "422": _error("Invalid filter"),
+                    },
+                }
+            },
+            "/executions/{execution_id}": {
+                "get": {
+                    "summary": "One execution; ?wait=S long-polls up to S seconds (at most 60)",
+                    "parameters": [
+                        EXECUTION_ID,
+                        {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0}},
+                    ],
+                    "responses": {
+                        "200": _json(_ref("Execution"), "The execution"),
+                        "404": _error("Unknown execution"),
+                        "422": _error("Invalid wait"),
+                    },
+                },
+                "delete": {
+                    "summary": "Forget a finished execution",
+                    "parameters": [EXECUTION_ID],
+                    "responses": {
+                        "204": {"description": "Forgotten"},
+                        "404": _error("Unknown execution"),
+                        "409": _error("Still running"),
+                    },
+                },
+            },
+            "/executions/{execution_id}/cancel": {
+                "post": {
+                    "summary": "Request cancellation",
+                    "parameters": [EXECUTION_ID],
+                    "responses": {
+                        "200": _json(_ref("Execution"), "Already terminal"),
+                        "202": _json(_ref("Execution"), "Cancellation requested"),
+                        "404": _error("Unknown execution"),
+                    },
+                }
+            },
+            "/sessions/{session_id}": {
+                "delete": {
+                    "summary": "Release a session: cancel, settle within timeout, forget",
+                    "parameters": [
+                        {
+                            "name": "session_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "timeout",
+                            "in": "query",
+                            "schema": {
+                                "oneOf": [{"type": "number", "minimum": 0}, {"const": "none"}]
+                            },
+                        },
+                        {
+                            "name": "cancel_running",
+                            "in": "query",
+                            "schema": {"enum": ["true", "false", "1", "0"]},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(_ref("SessionRelease"), "Released"),
+                        "409": _error("Running work and cancel_running=false"),
+                        "422": _error("Invalid parameter"),
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {"summary": "Liveness", "responses": {"200": _json(_ref("Health"), "Alive")}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: 503 from the first moment of shutdown",
+                    "responses": {
+                        "200": _json(_ref("Health"), "Ready"),
+                        "503": _json(_ref("Health"), "Draining"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus text exposition",
+                    "responses": {
+                        "200": {
+                            "description": "Metrics",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                }
+            },
+        }
+    )
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": "1"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }

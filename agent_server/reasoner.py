@@ -1,0 +1,116 @@
+"""Reasoner: one registered function, with the JSON binding of its inputs and output.
+
+The body is validated once against a pydantic model built from the signature, so a bad
+request is a 422 before any task exists, and the result is serialised by its annotation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
+
+from agent_server.execution import ExecutionContext
+
+ReasonerFunc = Callable[..., Any]
+
+
+class ReasonerDefinitionError(TypeError):
+    """The decorated function cannot be served as a reasoner."""
+
+
+class Reasoner:
+    """A function plus how to turn a JSON body into its arguments and its result into JSON."""
+
+    def __init__(self, func: ReasonerFunc, name: str, description: str | None) -> None:
+        self.func = func
+        self.name = name
+        self.description = description if description is not None else _first_line(func)
+        self.is_async = inspect.iscoroutinefunction(func)
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception as exc:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: cannot resolve hints: {exc}"
+            ) from exc
+        signature = inspect.signature(func)
+        self._context_params: list[str] = []
+        fields: dict[str, Any] = {}
+        for param in signature.parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+                raise ReasonerDefinitionError(
+                    f"reasoner {name!r}: parameter {param.name!r} must be a plain keyword parameter"
+                )
+            annotation = hints.get(param.name, Any)
+            if annotation is ExecutionContext:
+                self._context_params.append(param.name)
+                continue
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (annotation, default)
+        self._model_param: str | None = None
+        single = next(iter(fields.values()), None) if len(fields) == 1 else None
+        if single is not None and _is_model(single[0]):
+            self._model_param = next(iter(fields))
+            self.input_model: type[BaseModel] = single[0]
+        else:
+            self.input_model = create_model(
+                f"{_camel(name)}Input", __config__=ConfigDict(extra="forbid"), **fields
+            )
+        return_annotation = hints.get("return", Any)
+        self.output_adapter: TypeAdapter[Any] = TypeAdapter(return_annotation)
+
+    def bind(self, body: Any) -> dict[str, Any]:
+        """Validate a decoded JSON body into keyword arguments; raises pydantic's error."""
+        model = self.input_model.model_validate({} if body is None else body)
+        if self._model_param is not None:
+            return {self._model_param: model}
+        return {field: getattr(model, field) for field in type(model).model_fields}
+
+    def call(self, arguments: dict[str, Any], context: ExecutionContext) -> Any:
+        """Call the function; a coroutine for `async def`, the plain result otherwise."""
+        for param in self._context_params:
+            arguments[param] = context
+        return self.func(**arguments)
+
+    def coroutine(self, arguments: dict[str, Any], context: ExecutionContext) -> Awaitable[Any]:
+        result = self.call(arguments, context)
+        if not inspect.isawaitable(result):
+            raise ReasonerDefinitionError(f"reasoner {self.name!r} did not return an awaitable")
+        return result
+
+    def serialize(self, value: Any) -> Any:
+        """JSON-ready data for the result; raises when the value cannot be represented."""
+        return self.output_adapter.dump_python(value, mode="json")
+
+    def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
+        return self.input_model.model_json_schema(ref_template=ref_template)
+
+    def output_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
+        try:
+            return self.output_adapter.json_schema(ref_template=ref_template)
+        except Exception:  # a type pydantic cannot describe still serves; its schema is open
+            return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+            "output_schema": self.output_schema(),
+        }
+
+
+def _is_model(annotation: Any) -> bool:
+    return inspect.isclass(annotation) and issubclass(annotation, BaseModel)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.replace("-", "_").split("_")) or "Reasoner"
+
+
+def _first_line(func: ReasonerFunc) -> str | None:
+    doc = inspect.getdoc(func)
+    return doc.splitlines()[0] if doc else None

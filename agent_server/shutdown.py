@@ -1,0 +1,235 @@
+"""The shutdown sequence: plan (one budget), phases on one clock, watchdog, report.
+
+Phases are consecutive from the first signal at t0: admission closes at t0 + unready; the
+rest is cancelled at that + drain; what has not settled is abandoned at that + cancel. Each
+wait is bounded by a deadline computed here once; remaining time is recomputed from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent_server.execution import CancelReason
+from agent_server.metrics import Metrics
+from agent_server.registry import InFlightRegistry, RejectReason
+from agent_server.settings import SHUTDOWN_MARGIN, Settings
+
+logger = logging.getLogger("agent_server.shutdown")
+
+
+class Phase(enum.StrEnum):
+    SERVING = "serving"
+    UNREADY = "unready"
+    DRAINING = "draining"
+    CANCELLING = "cancelling"
+    STOPPED = "stopped"
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INVALID_SETTINGS = 2
+    ABANDONED = 3
+    WATCHDOG = 4
+    FORCED = 5
+
+
+@dataclass(frozen=True)
+class ShutdownPlan:
+    """The budget: unready + drain + cancel + http + margin <= grace (checked by Settings)."""
+
+    unready_delay: float
+    drain_timeout: float
+    cancel_timeout: float
+    http_timeout: float
+    grace_period: float
+    margin: float = SHUTDOWN_MARGIN
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ShutdownPlan:
+        return cls(
+            unready_delay=settings.unready_delay,
+            drain_timeout=settings.effective_drain_timeout,
+            cancel_timeout=settings.cancel_timeout,
+            http_timeout=settings.http_timeout,
+            grace_period=settings.grace_period,
+        )
+
+    @property
+    def watchdog_after(self) -> float:
+        """Seconds after the first signal at which the process must end, whatever happens."""
+        return max(0.0, self.grace_period - self.margin)
+
+
+@dataclass
+class ShutdownReport:
+    """What the shutdown did; logged once as one structured line."""
+
+    signal: str | None
+    phases: dict[str, float] = field(default_factory=dict)
+    finished: int = 0
+    cancelled: int = 0
+    abandoned: int = 0
+    rejected: int = 0
+    duration_seconds: float = 0.0
+    exit_code: int = ExitCode.OK
+    plan: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Watchdog:
+    """Ends the process at a deadline even when the event loop is blocked.
+
+    A daemon thread: it needs nothing from the loop. It writes its one line straight to the
+    stderr file descriptor, since a blocked main thread may hold the logging locks.
+    """
+
+    def __init__(self, line: Callable[[float], str]) -> None:
+        self._line = line
+        self._disarmed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, after: float, started: float) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._watch, args=(started + after, started), name="watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+
+    def _watch(self, deadline: float, started: float) -> None:
+        if self._disarmed.wait(max(0.0, deadline - time.monotonic())):
+            return
+        text = self._line(time.monotonic() - started)
+        os.write(2, (text + "\n").encode())
+        os._exit(ExitCode.WATCHDOG)
+
+
+class ShutdownSequence:
+    """Runs the phases against the registry; reports and sets the final metrics."""
+
+    def __init__(
+        self,
+        registry: InFlightRegistry,
+        metrics: Metrics,
+        set_phase: Callable[[Phase], None],
+        plan: ShutdownPlan,
+    ) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.set_phase = set_phase
+        self.plan = plan
+        self.started: float | None = None
+        self.report: ShutdownReport | None = None
+        self._signal: str | None = None
+        self._skip = asyncio.Event()
+        self._ended_before = 0
+        self._rejected_before = 0
+
+    def begin(self, started: float, wall_time: float, signal_name: str | None) -> None:
+        """The first instant of shutdown: unready, `ctx.draining` true, metrics say so."""
+        if self.started is not None:
+            return
+        self.started = started
+        self._signal = signal_name
+        self._ended_before = self.registry.stats.ended
+        self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
+        self.registry.begin_drain()
+        self.metrics.shutdown_began(wall_time)
+        self.set_phase(Phase.UNREADY)
+        logger.info(
+            "shutdown began (%s): %d executions in flight; admission closes in %gs, "
+            "cancellation at +%gs, abandonment at +%gs",
+            signal_name or "lifespan",
+            self.registry.inflight,
+            self.plan.unready_delay,
+            self.plan.unready_delay + self.plan.drain_timeout,
+            self.plan.unready_delay + self.plan.drain_timeout + self.plan.cancel_timeout,
+        )
+
+    def skip_to_cancel(self) -> None:
+        """A second signal: stop waiting, cancel now."""
+        logger.warning("second signal: cancelling running work now")
+        self._skip.set()
+
+    async def run(self, *, skip_unready: bool = False) -> ShutdownReport:
+        """Phases 2 to 6 of DESIGN.md section 5. `begin` must have been called."""
+        assert self.started is not None, "begin() first"
+        t0 = self.started
+        phases: dict[str, float] = {"unready": 0.0}
+
+        admission_at = t0 + (0.0 if skip_unready else self.plan.unready_delay)
+        await self._until(admission_at)
+        self.registry.close_admission()
+        self.set_phase(Phase.DRAINING)
+        phases["draining"] = time.monotonic() - t0
+
+        cancel_at = admission_at + self.plan.drain_timeout
+        if not self._skip.is_set():
+            await self.registry.wait_idle(cancel_at, interrupt=self._skip)
+        cancel_at = min(cancel_at, time.monotonic())
+        finished = self.registry.stats.ended - self._ended_before
+
+        self.set_phase(Phase.CANCELLING)
+        phases["cancelling"] = time.monotonic() - t0
+        tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
+        if tasks:
+            logger.info("drain deadline: cancelling %d executions", len(tasks))
+        abandoned = await self.registry.settle(tasks, cancel_at + self.plan.cancel_timeout)
+
+        duration = time.monotonic() - t0
+        phases["stopped"] = duration
+        report = ShutdownReport(
+            signal=self._signal,
+            phases={name: round(seconds, 4) for name, seconds in phases.items()},
+            finished=finished,
+            cancelled=len(tasks) - len(abandoned),
+            abandoned=len(abandoned),
+            rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]
+            - self._rejected_before,
+            duration_seconds=round(duration, 4),
+            exit_code=ExitCode.ABANDONED if abandoned else ExitCode.OK,
+            plan=asdict(self.plan),
+        )
+        self.metrics.shutdown_ended(
+            duration,
+            [
+                ("finished", report.finished),
+                ("cancelled", report.cancelled),
+                ("abandoned", report.abandoned),
+            ],
+        )
+        self.set_phase(Phase.STOPPED)
+        logger.info(
+            "shutdown report: %s",
+            json.dumps(report.as_dict(), sort_keys=True),
+            extra={"shutdown_report": report.as_dict()},
+        )
+        self.report = report
+        return report
+
+    async def _until(self, deadline: float) -> None:
+        """Wait for the deadline, or less when a second signal asks to skip ahead."""
+        if self._skip.is_set():
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        try:
+            async with asyncio.timeout(remaining):
+                await self._skip.wait()
+        except TimeoutError:
+            pass
