@@ -1,0 +1,127 @@
+"""Shared fixtures: an in-process client for the ASGI app, and real server processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+TESTS_DIR = Path(__file__).parent
+#: Every wait in the end-to-end tests is bounded by this (seconds) unless it says otherwise.
+STARTUP_TIMEOUT = 15.0
+
+sys.path.insert(0, str(TESTS_DIR))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A real `agent-server run` child process on a free loopback port."""
+
+    def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.marker_dir = marker_dir
+        self.stderr_path = marker_dir / "stderr.log"
+        self._stderr = self.stderr_path.open("wb")
+        full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.port)],
+            cwd=TESTS_DIR,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
+        self.signalled_at: float | None = None
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited early:\n{self.stderr()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"server not ready in {timeout}s:\n{self.stderr()}")
+
+    def wait_marker(self, name: str, timeout: float = 10.0) -> None:
+        """Wait until a reasoner touched its marker file (it has really started)."""
+        path = self.marker_dir / name
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"marker {name} not seen in {timeout}s:\n{self.stderr()}")
+            time.sleep(0.01)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.signalled_at is None:
+            self.signalled_at = time.monotonic()
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float) -> tuple[int, float]:
+        """Exit code and seconds from the first signal to exit; fails fast on a hang."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"server did not exit in {timeout}s:\n{self.stderr()}") from None
+        elapsed = time.monotonic() - (self.signalled_at or time.monotonic())
+        return code, elapsed
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[object]:
+    """Start servers with `server_factory(*args, env={...})`; all are killed at the end."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServerProcess:
+        marker_dir = tmp_path / f"server{len(started)}"
+        marker_dir.mkdir()
+        server = ServerProcess(list(args), env or {}, marker_dir)
+        started.append(server)
+        if ready:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.close()
+
+
+@pytest.fixture
+async def app_client() -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process client for a fresh agent with the tests app's reasoners."""
+    from tests_app import make_agent
+
+    agent = make_agent()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=agent), base_url="http://testserver"
+    ) as client:
+        yield client
