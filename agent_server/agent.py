@@ -33,14 +33,31 @@ class Agent:
 
     def __init__(self, name: str, settings: Settings | None = None) -> None:
         self.name = name
-        self.settings = settings if settings is not None else Settings()
         self.reasoners: dict[str, Reasoner] = {}
         self.metrics = Metrics()
         self.registry = InFlightRegistry(observer=self.metrics)
         self.phase = Phase.SERVING
-        self.shutdown = self._make_shutdown()
-        self._apply_settings()
+        self._settings = settings
+        self._shutdown: ShutdownSequence | None = None
         self._app: ASGIApp | None = None
+        if settings is not None:
+            self.configure(settings)
+
+    @property
+    def settings(self) -> Settings:
+        """Resolved on first use, so importing a module never fails on the environment:
+        `agent-server run` configures the agent from its flags before anything reads this."""
+        if self._settings is None:
+            self.configure(Settings())
+        assert self._settings is not None
+        return self._settings
+
+    @property
+    def shutdown(self) -> ShutdownSequence:
+        if self._shutdown is None:
+            plan = ShutdownPlan.from_settings(self.settings)
+            self._shutdown = ShutdownSequence(self.registry, self.metrics, self.set_phase, plan)
+        return self._shutdown
 
     def reasoner(
         self, name: str | None = None, *, description: str | None = None
@@ -59,22 +76,15 @@ class Agent:
 
     def configure(self, settings: Settings) -> None:
         """Apply settings before serving (the CLI does this with its flags)."""
-        self.settings = settings
-        self._apply_settings()
-        self.shutdown = self._make_shutdown()
+        self._settings = settings
+        self._shutdown = None
+        self.registry.max_inflight = settings.max_inflight
+        self.registry.result_ttl = settings.result_ttl
+        self.registry.max_retained = settings.max_retained
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
         self.metrics.set_phase(phase.value)
-
-    def _apply_settings(self) -> None:
-        self.registry.max_inflight = self.settings.max_inflight
-        self.registry.result_ttl = self.settings.result_ttl
-        self.registry.max_retained = self.settings.max_retained
-
-    def _make_shutdown(self) -> ShutdownSequence:
-        plan = ShutdownPlan.from_settings(self.settings)
-        return ShutdownSequence(self.registry, self.metrics, self.set_phase, plan)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
@@ -87,6 +97,7 @@ class Agent:
 
         Under `agent-server run` the sequence has already run while the listener was open.
         """
+        _ = self.shutdown  # resolve settings now: a bad environment fails startup, not the drain
         yield
         if self.shutdown.started is None:
             self.shutdown.begin(time.monotonic(), time.time(), None)

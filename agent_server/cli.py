@@ -96,7 +96,8 @@ def run(app: str | None, **flags: Any) -> None:
         settings = Settings(**given)
     except ValidationError as exc:
         messages = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
+            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: "
+            + error["msg"].removeprefix("Value error, ")
             for error in exc.errors()
         )
         click.echo(f"agent-server: invalid settings: {messages}", err=True)
