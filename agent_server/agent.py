@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.api import build_app
+from agent_server.logs import configure_unless_configured
+from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
 from agent_server.settings import Settings
-from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
+from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence, end_leftovers
 
 logger = logging.getLogger("agent_server.agent")
 
@@ -98,18 +100,24 @@ class Agent:
         Under `agent-server run` the sequence has already run while the listener was open.
         """
         _ = self.shutdown  # resolve settings now: a bad environment fails startup, not the drain
+        install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
+        configure_unless_configured(self.settings.log_level, self.settings.log_format)
         yield
         if self.shutdown.started is None:
             self.shutdown.begin(time.monotonic(), time.time(), None)
             report = await self.shutdown.run(skip_unready=True)
             if self.registry.abandoned_pending:
                 end_process(report.exit_code)
+            self.registry.close()  # its idle worker threads end before the check below
+            deadline = time.monotonic() + self.shutdown.plan.cancel_timeout
+            if await end_leftovers(deadline, cancel_tasks=False):
+                end_process(report.exit_code, "threads")
         self.registry.close()
 
 
-def end_process(code: int) -> None:
+def end_process(code: int, still_running: str = "abandoned work") -> None:
     """Exit now: asyncio.run's cleanup would wait without bound for abandoned tasks."""
-    logger.warning("exiting with abandoned work still running (exit code %d)", code)
+    logger.warning("exiting with %s still running (exit code %d)", still_running, code)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

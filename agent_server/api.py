@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse as StarletteJSONResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_server.auth import BearerAuth
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.openapi import openapi_document
 from agent_server.reasoner import Reasoner
@@ -45,6 +47,15 @@ RETRY_AFTER_SECONDS = "1"
 JSON_MEDIA_TYPES = ("application/json",)
 #: Methods counted by name; any other method string a client sends is counted as "other".
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class JSONResponse(StarletteJSONResponse):
+    """Strict JSON escaped to ASCII: a lone surrogate a client sent (a valid JSON escape that
+    UTF-8 cannot encode) goes back out as an escape, never as a 500 on every later read."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return text.encode("ascii")
 
 
 class ApiError(HTTPException):
@@ -149,11 +160,14 @@ class Api:
             raise ApiError(413, f"request body exceeds {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # nobody to answer; not a server error worth a traceback
+            raise ApiError(499, "client disconnected before sending its body") from None
         raw = b"".join(chunks)
         if not raw.strip():
             return None
@@ -163,12 +177,15 @@ class Api:
             if media_type not in JSON_MEDIA_TYPES and not media_type.endswith("+json"):
                 raise ApiError(415, f"unsupported content type {media_type!r}: send JSON")
         try:
-            return json.loads(raw)
+            return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
         except (ValueError, RecursionError) as exc:
             raise ApiError(400, f"malformed JSON body: {_short(exc)}") from None
 
     async def _wait_or_disconnect(self, execution: Execution, request: Request) -> bool:
         """Wait for the execution's end; False when the client went away first."""
+        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
+        if execution.is_terminal:  # so no watcher tasks for it (a third of a sync run's cost)
+            return True
         ended = asyncio.create_task(execution.wait(None))
         gone = asyncio.create_task(_disconnected(request.receive))
         try:
@@ -266,7 +283,9 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(self.agent.name, self.agent.reasoners.values()))
+        secured = self.agent.settings.bearer_token is not None
+        document = openapi_document(self.agent.name, self.agent.reasoners.values(), secured=secured)
+        return JSONResponse(document)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -291,6 +310,19 @@ def _admission_error(reason: RejectReason) -> ApiError:
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     """Pydantic's error list without echoing internals (`url`, `ctx` objects)."""
     return json.loads(exc.json(include_url=False, include_context=False))  # type: ignore[no-any-return]
+
+
+def _refuse_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (RFC 8259), though Python's parser accepts them."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    """A number too large for a float (1e999) would silently become infinity."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"number out of range: {_short(ValueError(text))}")
+    return number
 
 
 def _short(exc: BaseException) -> str:
@@ -372,11 +404,15 @@ class HttpMiddleware:
 
 
 def build_app(agent: Agent) -> ASGIApp:
-    """The Starlette app for `agent`, wrapped in the HTTP middleware."""
+    """The Starlette app for `agent`, behind the bearer check when a token is set, wrapped in
+    the HTTP middleware (so 401s are counted and get `Connection: close` while draining)."""
     api = Api(agent)
-    app = Starlette(
+    app: ASGIApp = Starlette(
         routes=api.routes(),
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=agent.lifespan,
     )
+    token = agent.settings.bearer_token
+    if token is not None:
+        app = BearerAuth(app, token)
     return HttpMiddleware(app, agent)

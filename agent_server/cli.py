@@ -13,8 +13,9 @@ import uvicorn
 from pydantic import ValidationError
 
 from agent_server.agent import Agent
+from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import configure_logging
-from agent_server.runner import Runner
+from agent_server.runner import Runner, exit_on_signal_before_serving
 from agent_server.settings import Settings
 from agent_server.shutdown import ExitCode
 
@@ -89,8 +90,11 @@ def main() -> None:
 @_option("--log-level", click.Choice(["critical", "error", "warning", "info", "debug"]), "[info].")
 @_option("--log-format", click.Choice(["text", "json"]), "[text].")
 @_option("--pushgateway", str, "Prometheus Pushgateway URL to push the shutdown metrics to.")
+@_option("--api-token", str, "Bearer token every route but health and metrics requires [none].")
+@_option("--api-token-file", str, "File holding the bearer token (a mounted secret) [none].")
 def run(app: str | None, **flags: Any) -> None:
     """Serve APP (module:attribute, an Agent); without APP, the embedded demo agent."""
+    exit_on_signal_before_serving()  # importing APP can take long; PID 1 must not ignore it
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         settings = Settings(**given)
@@ -114,6 +118,7 @@ def run(app: str | None, **flags: Any) -> None:
         host=settings.host,
         port=settings.port,
         lifespan="on",
+        http=BoundedHttpToolsProtocol,  # bounds the request head: size and time
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(settings.http_timeout)

@@ -50,3 +50,18 @@ def configure_logging(level: str, log_format: str) -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
+
+
+def configure_unless_configured(level: str, log_format: str) -> None:
+    """Under plain uvicorn nothing handles our loggers (uvicorn configures only its own), so
+    the shutdown report would be lost: give them the one stderr handler `agent-server run`
+    would, and leave logging the application configured alone."""
+    logger = logging.getLogger("agent_server")
+    if logger.hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    )
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())

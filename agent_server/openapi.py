@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from agent_server.auth import OPEN_PATHS
 from agent_server.reasoner import Reasoner
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -109,7 +110,31 @@ SESSION_HEADER = {
     "name": "X-Session-ID",
     "in": "header",
     "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+    # Printable ASCII with one visible character at least: HTTP trims the spaces around it.
+    "schema": {"type": "string", "maxLength": 256, "pattern": "^[ -~]*[!-~][ -~]*$"},
+}
+#: The execution a response carries is reachable at these operations (OpenAPI links):
+#: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
+EXECUTION_LINKS = {
+    name: {"operationId": operation, "parameters": {"execution_id": "$response.body#/execution_id"}}
+    for name, operation in [
+        ("GetExecution", "getExecution"),
+        ("CancelExecution", "cancelExecution"),
+        ("DeleteExecution", "deleteExecution"),
+    ]
+}
+#: operationId of every fixed route; reasoner routes are `run_{name}` and `start_{name}`.
+OPERATION_IDS = {
+    ("/reasoners", "get"): "listReasoners",
+    ("/executions", "get"): "listExecutions",
+    ("/executions/{execution_id}", "get"): "getExecution",
+    ("/executions/{execution_id}", "delete"): "deleteExecution",
+    ("/executions/{execution_id}/cancel", "post"): "cancelExecution",
+    ("/sessions/{session_id}", "delete"): "releaseSession",
+    ("/healthz", "get"): "healthz",
+    ("/readyz", "get"): "readyz",
+    ("/metrics", "get"): "metrics",
+    ("/openapi.json", "get"): "openapi",
 }
 START_ERRORS: dict[str, Any] = {
     "400": _error("Malformed JSON body or X-Session-ID"),
@@ -138,12 +163,13 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
     succeeded = {"allOf": [_ref("Execution"), {"properties": {"result": output}}]}
     tag = [reasoner.name]
     run = {
+        "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
         "parameters": [SESSION_HEADER],
         "requestBody": body,
         "responses": {
-            "200": _json(succeeded, "The execution succeeded"),
+            "200": {**_json(succeeded, "The execution succeeded"), "links": EXECUTION_LINKS},
             "500": _json(_ref("Execution"), "The execution failed"),
             **START_ERRORS,
             "409": _json(
@@ -156,11 +182,15 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         },
     }
     start = {
+        "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
         "parameters": [SESSION_HEADER],
         "requestBody": body,
-        "responses": {"202": _json(_ref("Execution"), "Started"), **START_ERRORS},
+        "responses": {
+            "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+            **START_ERRORS,
+        },
     }
     return {
         f"/reasoners/{reasoner.name}": {"post": run},
@@ -168,7 +198,21 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
     }
 
 
-def openapi_document(title: str, reasoners: Iterable[Reasoner]) -> dict[str, Any]:
+def _secure(document: dict[str, Any]) -> None:
+    """Bearer auth on every operation but the probes and the scrape, which stay open."""
+    document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    document["security"] = [{"bearer": []}]
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            if path in OPEN_PATHS:
+                operation["security"] = []
+            else:
+                operation["responses"]["401"] = _error("Missing or wrong bearer token")
+
+
+def openapi_document(
+    title: str, reasoners: Iterable[Reasoner], *, secured: bool = False
+) -> dict[str, Any]:
     """The whole document; built per request, it is small and reasoners are few."""
     components: dict[str, Any] = dict(BASE_SCHEMAS)
     paths: dict[str, Any] = {
@@ -303,9 +347,14 @@ def openapi_document(title: str, reasoners: Iterable[Reasoner]) -> dict[str, Any
             },
         }
     )
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": "1"},
         "paths": paths,
         "components": {"schemas": components},
     }
+    for (path, method), operation_id in OPERATION_IDS.items():
+        paths[path][method]["operationId"] = operation_id
+    if secured:
+        _secure(document)
+    return document

@@ -7,6 +7,7 @@ request is a 422 before any task exists, and the result is serialised by its ann
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -83,7 +84,14 @@ class Reasoner:
 
     def serialize(self, value: Any) -> Any:
         """JSON-ready data for the result; raises when the value cannot be represented."""
-        return self.output_adapter.dump_python(value, mode="json")
+        # Validated first: a value that contradicts the annotation (and so the published
+        # output schema) fails the execution instead of passing with a serializer warning.
+        value = self.output_adapter.validate_python(value)
+        data = self.output_adapter.dump_python(value, mode="json")
+        # A float field keeps NaN and infinities, which no JSON response can carry: fail the
+        # execution here rather than every later read of it with a 500.
+        json.dumps(data, allow_nan=False)
+        return data
 
     def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
         return self.input_model.model_json_schema(ref_template=ref_template)

@@ -243,9 +243,12 @@ class InFlightRegistry:
 
     def cancel_all(self, reason: CancelReason) -> list[asyncio.Task[None]]:
         """Cancel every running execution; returns their tasks for `settle`."""
-        tasks = list(self._running.values())
-        for key in list(self._running):
-            self._cancel(self._executions[key], reason)
+        tasks: list[asyncio.Task[None]] = []
+        for key, task in list(self._running.items()):
+            execution = self._executions.get(key)  # None: ended and already evicted
+            if execution is not None and not execution.is_terminal:
+                self._cancel(execution, reason)
+                tasks.append(task)
         return tasks
 
     async def settle(
@@ -333,7 +336,12 @@ class InFlightRegistry:
             return await asyncio.shield(ongoing)
         started = time.monotonic()
         keys = self._sessions.get(session_id, set())
-        running = [self._running[key] for key in keys if key in self._running]
+        # An ended execution's task leaves `_running` a loop iteration later: not running.
+        running = [
+            self._running[key]
+            for key in keys
+            if key in self._running and not self._executions[key].is_terminal
+        ]
         if running and not cancel_running:
             raise SessionBusy(session_id)
         outcome: asyncio.Future[SessionRelease] = asyncio.get_running_loop().create_future()
@@ -346,7 +354,7 @@ class InFlightRegistry:
             abandoned = await self.settle(running, deadline)
             forgotten = 0
             for key in list(self._sessions.get(session_id, ())):
-                if key in self._running:  # running work is never forgotten
+                if not self._executions[key].is_terminal:  # running work is never forgotten
                     continue
                 self._forget(key)
                 forgotten += 1
@@ -456,6 +464,13 @@ class InFlightRegistry:
             exc = task.exception()
             if exc is not None:  # _run never raises; anything here is a bug worth seeing
                 logger.error("execution task %s raised", key, exc_info=exc)
+        else:  # cancelled before its first step: _run never ran, so record the end here
+            execution = self._executions.get(key)
+            if execution is not None and not execution.is_terminal:
+                reason = execution.cancel_reason
+                if reason is None and self.draining:
+                    reason = CancelReason.SHUTDOWN
+                self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
         if self._running.get(key) is task:
             del self._running[key]
         self._abandoned.pop(task, None)

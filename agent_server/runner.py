@@ -2,7 +2,8 @@
 
 Read top to bottom: startup (uvicorn's), main loop (serve until the first signal, then run
 the shutdown phases while the listener is still open), then close the listener and let
-uvicorn finish open responses within the http timeout. The exit code is the report's.
+uvicorn finish open responses within the http timeout, and finally end what would hold
+`asyncio.run`'s cleanup or the interpreter's exit. The exit code is the report's.
 """
 
 from __future__ import annotations
@@ -12,20 +13,43 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from types import FrameType
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.server import HANDLED_SIGNALS
 
 from agent_server.agent import Agent, end_process
 from agent_server.logs import format_line
-from agent_server.shutdown import ExitCode, Watchdog
+from agent_server.pushgateway import push_shutdown
+from agent_server.shutdown import EXIT_RESERVE, ExitCode, Watchdog, end_leftovers
 
 logger = logging.getLogger("agent_server.runner")
 
 #: After the listening socket closes, requests already accepted on open connections are
 #: still read and answered (503 + Connection: close) for this long, so none is reset.
 LISTENER_LINGER = 0.1
+#: uvicorn's shutdown pauses this long after asking open connections to close.
+UVICORN_CLOSE_PAUSE = 0.1
+
+
+def exit_on_signal_before_serving() -> None:
+    """Until the server listens nothing can be in flight: a signal ends the process at once.
+
+    Installed first thing by the CLI, because importing an application can take long and
+    without a handler PID 1 ignores SIGTERM (the pod then waits for SIGKILL), while any
+    other process is killed by it (exit 143). The Runner replaces these handlers.
+    """
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, _exit_before_serving)
+
+
+def _exit_before_serving(sig: int, frame: FrameType | None) -> None:
+    name = signal.Signals(sig).name
+    os.write(2, f"agent-server: {name} before serving: nothing to drain, exit code 0\n".encode())
+    os._exit(ExitCode.OK)
 
 
 class Runner(uvicorn.Server):
@@ -41,6 +65,9 @@ class Runner(uvicorn.Server):
         self.watchdog = Watchdog(self._watchdog_line)
 
     # -- signals (main thread, between bytecodes: set flags and hand over to the loop) -----
+    # uvicorn's own handle_exit records each signal and re-raises it after `serve`, which
+    # would kill the process by SIGTERM (exit 143) before it returns its exit code; this one
+    # records nothing, so nothing is re-raised.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
@@ -55,20 +82,38 @@ class Runner(uvicorn.Server):
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self.agent.shutdown.skip_to_cancel)
         else:
-            os.write(2, b"agent-server: third signal, exiting now (exit code 5)\n")
-            os._exit(ExitCode.FORCED)
+            self._exit_now(ExitCode.FORCED, "third signal: exiting now")
 
     def _begin(self, started: float, wall_time: float, sig: int) -> None:
         self.agent.shutdown.begin(started, wall_time, signal.Signals(sig).name)
         assert self._requested is not None
         self._requested.set()
 
+    def _exit_late(self, sig: int, frame: FrameType | None) -> None:
+        """A signal once the shutdown is over: exit with the code already decided."""
+        self._exit_now(self.exit_code, f"{signal.Signals(sig).name} after the shutdown")
+
+    def _exit_now(self, code: int, why: str) -> None:
+        """One line straight to stderr (the logging locks may be held), then exit."""
+        message = f"{why} (exit code {code})"
+        line = format_line(self.agent.settings.log_format, "critical", logger.name, message)
+        os.write(2, (line + "\n").encode())
+        os._exit(code)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().serve(sockets)
-        if self.agent.registry.abandoned_pending:
-            end_process(self.exit_code)
+        try:
+            await super().serve(sockets)
+        except SystemExit as exc:  # the port is taken, the lifespan startup failed, ...
+            if exc.code == STARTUP_FAILURE:
+                raise SystemExit(ExitCode.STARTUP_FAILED) from None
+            raise
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED_SIGNALS:  # uvicorn restored the handlers from before serving
+                signal.signal(sig, self._exit_late)
+        await push_shutdown(self.agent)  # last: bounded by the time left before the watchdog
+        await self._end_leftovers()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -78,8 +123,8 @@ class Runner(uvicorn.Server):
     async def main_loop(self) -> None:
         """Serve until the first signal, then run the shutdown with the listener open."""
         assert self._requested is not None
-        ticker = asyncio.create_task(super().main_loop())
-        requested = asyncio.create_task(self._requested.wait())
+        ticker = asyncio.create_task(super().main_loop(), name="uvicorn-main-loop")
+        requested = asyncio.create_task(self._requested.wait(), name="shutdown-requested")
         try:
             await asyncio.wait({ticker, requested}, return_when=asyncio.FIRST_COMPLETED)
             if self._requested.is_set():
@@ -88,14 +133,40 @@ class Runner(uvicorn.Server):
                 await self._close_listener()
         finally:
             self.should_exit = True
-            requested.cancel()
+            for task in (ticker, requested):
+                task.cancel()
             await asyncio.gather(ticker, requested, return_exceptions=True)
 
     async def _close_listener(self) -> None:
-        """Stop accepting connections, then let already-accepted requests be answered."""
+        """Stop accepting connections, let already-accepted requests be answered, and give
+        uvicorn what is left of the http phase for open responses."""
+        sequence = self.agent.shutdown
+        assert sequence.started is not None
+        deadline = sequence.plan.http_deadline(sequence.started, time.monotonic())
         for server in self.servers:
             server.close()
-        await asyncio.sleep(LISTENER_LINGER)
+        if self.server_state.connections:
+            await asyncio.sleep(LISTENER_LINGER)
+        # uvicorn passes it to asyncio.wait_for, which takes any number of seconds.
+        self.config.timeout_graceful_shutdown = max(  # type: ignore[assignment]
+            0.0, deadline - time.monotonic() - UVICORN_CLOSE_PAUSE
+        )
+
+    async def _end_leftovers(self) -> None:
+        """Never wait without bound in `asyncio.run`'s cleanup or the interpreter's exit:
+        abandoned work ends the process at once; other leftovers get until one deadline."""
+        if self.agent.registry.abandoned_pending:
+            end_process(self.exit_code)
+        if await end_leftovers(self._leftovers_deadline(), cancel_tasks=True):
+            end_process(self.exit_code, "tasks or threads")
+
+    def _leftovers_deadline(self) -> float:
+        """Cancelled leftovers get the cancel timeout, and never past the exit reserve."""
+        sequence = self.agent.shutdown
+        deadline = time.monotonic() + sequence.plan.cancel_timeout
+        if sequence.started is not None:
+            deadline = min(deadline, sequence.plan.hard_end(sequence.started) - EXIT_RESERVE)
+        return deadline
 
     def _watchdog_line(self, elapsed: float) -> str:
         message = (

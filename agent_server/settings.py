@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent_server.auth import check_token, read_token_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
@@ -34,6 +36,26 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = "text"
     pushgateway: str | None = None
+    api_token: SecretStr | None = None
+    api_token_file: str | None = None
+    _file_token: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_api_token(self) -> Settings:
+        """One token source; the file is read once, here, so a bad secret fails the start."""
+        if self.api_token is not None and self.api_token_file is not None:
+            raise ValueError("give api-token or api-token-file, not both")
+        if self.api_token is not None:
+            check_token(self.api_token.get_secret_value())
+        if self.api_token_file is not None:
+            self._file_token = SecretStr(read_token_file(self.api_token_file))
+        return self
+
+    @property
+    def bearer_token(self) -> str | None:
+        """The token requests must carry, or None when authentication is off."""
+        token = self.api_token if self.api_token is not None else self._file_token
+        return None if token is None else token.get_secret_value()
 
     @model_validator(mode="after")
     def _check_budget(self) -> Settings:

@@ -25,6 +25,12 @@ from agent_server.settings import SHUTDOWN_MARGIN, Settings
 
 logger = logging.getLogger("agent_server.shutdown")
 
+#: Kept free before the watchdog deadline for what follows the planned phases: uvicorn's
+#: lifespan shutdown and the interpreter's exit.
+EXIT_RESERVE = 0.25
+#: How often the end of the remaining non-daemon threads is checked.
+THREAD_POLL = 0.01
+
 
 class Phase(enum.StrEnum):
     SERVING = "serving"
@@ -36,6 +42,7 @@ class Phase(enum.StrEnum):
 
 class ExitCode(enum.IntEnum):
     OK = 0
+    STARTUP_FAILED = 1  # uvicorn's own code for it is 3, which here means work abandoned
     INVALID_SETTINGS = 2
     ABANDONED = 3
     WATCHDOG = 4
@@ -67,6 +74,17 @@ class ShutdownPlan:
     def watchdog_after(self) -> float:
         """Seconds after the first signal at which the process must end, whatever happens."""
         return max(0.0, self.grace_period - self.margin)
+
+    def hard_end(self, started: float) -> float:
+        """The monotonic time the watchdog fires for a shutdown that began at `started`."""
+        return started + self.watchdog_after
+
+    def http_deadline(self, started: float, listener_closed: float) -> float:
+        """Open responses get `http_timeout` after the listener closes, and never so long
+        that the process could not end before the watchdog: with the whole budget used
+        (drain derived from the grace period), the phases end exactly at the watchdog's
+        deadline, and the exit needs a moment of its own."""
+        return min(listener_closed + self.http_timeout, self.hard_end(started) - EXIT_RESERVE)
 
 
 @dataclass
@@ -233,3 +251,53 @@ class ShutdownSequence:
                 await self._skip.wait()
         except TimeoutError:
             pass
+
+
+async def end_leftovers(deadline: float, *, cancel_tasks: bool) -> list[str]:
+    """Give what would hold the exit without bound until `deadline`; name what still runs.
+
+    `asyncio.run` ends by cancelling the remaining tasks and waiting for them, then for the
+    default executor's threads, with no bound; the interpreter then joins every non-daemon
+    thread. A task user code left behind that swallows cancellation, or a thread still in a
+    blocking call (`asyncio.to_thread`), would hold the process until the watchdog or
+    SIGKILL. With `cancel_tasks`, every other task is cancelled first: only the process's
+    last coroutine may do that (under plain uvicorn the lifespan runs while uvicorn's own
+    tasks wait for it). An empty answer means the exit will not wait on anything.
+    """
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current] if cancel_tasks else []
+    for task in tasks:
+        task.cancel()
+    existing = set(threading.enumerate())  # not the helper thread the executor shutdown starts
+    executor = asyncio.create_task(
+        loop.shutdown_default_executor(), name="shutdown-default-executor"
+    )
+    _, pending = await asyncio.wait(
+        [*tasks, executor], timeout=max(0.0, deadline - time.monotonic())
+    )
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("task %s raised", task.get_name(), exc_info=task.exception())
+    threads = [thread for thread in await _joinable_threads(deadline) if thread in existing]
+    stuck = sorted(task.get_name() for task in pending if task is not executor)
+    stuck += sorted(f"thread {thread.name}" for thread in threads)
+    if pending or threads:
+        logger.warning(
+            "not ending after the shutdown: %s", ", ".join(stuck) or "default executor threads"
+        )
+        stuck = stuck or ["default executor"]
+    return stuck
+
+
+async def _joinable_threads(deadline: float) -> list[threading.Thread]:
+    """Non-daemon threads (the interpreter's exit joins them) still alive at `deadline`."""
+    while True:
+        threads = [
+            thread
+            for thread in threading.enumerate()
+            if thread is not threading.main_thread() and not thread.daemon
+        ]
+        if not threads or time.monotonic() >= deadline:
+            return threads
+        await asyncio.sleep(THREAD_POLL)

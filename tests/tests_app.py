@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import resource
+import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_server import Agent, ExecutionContext, Settings
 
@@ -86,6 +91,183 @@ def thread_sleep(seconds: float = 0.1) -> float:
 REASONERS = [echo, sleep, cooperative, swallow, deferred_cleanup, block_loop, fail, thread_sleep]
 
 
+class Report(BaseModel):
+    when: datetime
+    tags: tuple[str, ...]
+
+
+async def whoami(ctx: ExecutionContext) -> dict[str, object]:
+    """Shows what the injected context carries."""
+    return {
+        "execution_id": ctx.execution_id,
+        "reasoner": ctx.reasoner,
+        "session_id": ctx.session_id,
+        "draining": ctx.draining,
+    }
+
+
+def thread_whoami(ctx: ExecutionContext, label: str = "x") -> dict[str, str]:
+    """A `def` reasoner with a context: proves it ran in a worker thread."""
+    return {"thread": threading.current_thread().name, "execution_id": ctx.execution_id}
+
+
+async def no_params() -> str:
+    return "ok"
+
+
+async def report(year: int = 2026) -> Report:
+    """Serialised by its annotation: the datetime and tuple become JSON."""
+    return Report(when=datetime(year, 1, 2, 3, 4, 5, tzinfo=UTC), tags=("a", "b"))
+
+
+async def swallow_then_fail(linger: float = 0.5, marker: str | None = None) -> str:
+    """Swallows every CancelledError for `linger` seconds after the first, then raises."""
+    if marker:
+        _mark(marker)
+    first_cancel: float | None = None
+    while True:
+        try:
+            if first_cancel is None:
+                await asyncio.sleep(600)
+                continue
+            remaining = first_cancel + linger - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError("gave up after swallowing cancellation")
+            await asyncio.sleep(remaining)
+        except asyncio.CancelledError:
+            if first_cancel is None:
+                first_cancel = time.monotonic()
+
+
+REASONERS += [whoami, thread_whoami, no_params, report, swallow_then_fail]
+
+#: Tasks user code left behind (kept referenced, as careless code often does by accident).
+_STRAY_TASKS: set[asyncio.Task[None]] = set()
+
+
+async def _stubborn() -> None:
+    while True:
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            continue
+
+
+async def spawn_stubborn_task() -> str:
+    """Leaves a task the registry does not own, which swallows every cancellation."""
+    _STRAY_TASKS.add(asyncio.create_task(_stubborn()))
+    return "spawned"
+
+
+async def to_thread_sleep(seconds: float = 600.0, marker: str | None = None) -> float:
+    """Sleeps in the default executor: cancelling the await leaves the thread running."""
+    if marker:
+        _mark(marker)
+    await asyncio.to_thread(time.sleep, seconds)
+    return seconds
+
+
+REASONERS += [spawn_stubborn_task, to_thread_sleep]
+
+
+# -- misbehaving reasoners: each must be contained by the server ----------------------------
+
+
+async def cleanup_raises(marker: str | None = None) -> str:
+    """Its cleanup raises when cancelled: the execution ends failed, with that error."""
+    if marker:
+        _mark(marker)
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        raise RuntimeError("cleanup failed") from None
+    return "not reached"
+
+
+async def _raise_later(delay: float) -> None:
+    await asyncio.sleep(delay)
+    raise LookupError("raised by a task nobody awaited")
+
+
+async def _raise_on_cancel() -> None:
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        raise LookupError("raised while being cancelled") from None
+
+
+async def spawn_failing_task(delay: float = 0.05, on_cancel: bool = False) -> str:
+    """Starts a task it never keeps or awaits, which raises later (or when cancelled)."""
+    orphan = _raise_on_cancel() if on_cancel else _raise_later(delay)
+    asyncio.create_task(orphan)  # noqa: RUF006 - dropping the task is the misbehaviour
+    return "spawned"
+
+
+async def spawn_forgotten_task() -> str:
+    """Starts a task waiting on an event only it references: it can only be collected."""
+    asyncio.create_task(asyncio.Event().wait())  # noqa: RUF006 - the misbehaviour
+    return "spawned"
+
+
+def collect_garbage() -> int:
+    """Runs the cycle collector now, so a test need not wait for it."""
+    return gc.collect()
+
+
+async def unserialisable(kind: str = "object") -> Any:
+    """Returns a value no JSON can carry."""
+    cycle: dict[str, object] = {}
+    cycle["self"] = cycle
+    values: dict[str, object] = {"object": object(), "cycle": cycle, "bytes": b"\xff\xfe"}
+    return values[kind]
+
+
+async def nan_result(value: str = "nan") -> float:
+    """A float result that is not JSON: NaN or an infinity."""
+    return float(value)
+
+
+async def big_result(kilobytes: int = 256) -> str:
+    """A large result: the server keeps at most `max_retained` of them."""
+    return "x" * (kilobytes * 1024)
+
+
+_LEAKED: list[bytearray] = []
+
+
+async def leak(megabytes: int = 64) -> int:
+    """Keeps `megabytes` more memory per call, forever: a leak in user code."""
+    _LEAKED.append(bytearray(megabytes * 1024 * 1024))
+    return len(_LEAKED)
+
+
+REASONERS += [
+    cleanup_raises,
+    spawn_failing_task,
+    spawn_forgotten_task,
+    collect_garbage,
+    unserialisable,
+    nan_result,
+    big_result,
+    leak,
+]
+
+
+def _limit_address_space() -> None:
+    """TESTS_MEMORY_HEADROOM_MB caps the address space at its current size plus that much,
+    so a leaking reasoner meets a real MemoryError instead of the machine's memory."""
+    headroom = os.environ.get("TESTS_MEMORY_HEADROOM_MB")
+    if not headroom:
+        return
+    status = Path("/proc/self/status").read_text()
+    current_kb = next(int(line.split()[1]) for line in status.splitlines() if "VmSize" in line)
+    limit = (current_kb * 1024) + int(headroom) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+
+_limit_address_space()
+
+
 def make_agent(settings: Settings | None = None) -> Agent:
     """A fresh agent (own registry and metrics) with every test reasoner."""
     fresh = Agent("tests", settings)
@@ -95,3 +277,49 @@ def make_agent(settings: Settings | None = None) -> Agent:
 
 
 agent = make_agent()
+
+
+# -- the fuzzing target: reasoners whose every valid input ends quickly and succeeds --------
+
+
+class Ticket(BaseModel):
+    title: str = Field(min_length=1, max_length=200)
+    priority: Literal["low", "normal", "high"] = "normal"
+    tags: list[str] = Field(default_factory=list, max_length=10)
+    estimate_hours: float | None = Field(default=None, ge=0, le=1000)
+
+
+class Triage(BaseModel):
+    title: str
+    urgent: bool
+    tag_count: int
+
+
+async def triage(ticket: Ticket) -> Triage:
+    """A pydantic model in and out, with constraints the fuzzer must respect."""
+    return Triage(title=ticket.title, urgent=ticket.priority == "high", tag_count=len(ticket.tags))
+
+
+async def add(a: int, b: int = 0) -> int:
+    """Plain parameters, bound from a JSON object."""
+    return a + b
+
+
+async def pause(seconds: Annotated[float, Field(ge=0, le=0.05)] = 0.0) -> dict[str, float]:
+    """A short bounded sleep, so async starts can be polled and cancelled while running."""
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+FUZZ_REASONERS = [echo, report, whoami, no_params, thread_whoami, triage, add, pause]
+
+
+def make_fuzz_agent() -> Agent:
+    """Served to the fuzzer: `agent-server run tests_app:fuzz_agent`."""
+    fresh = Agent("fuzz")
+    for func in FUZZ_REASONERS:
+        fresh.reasoner()(func)
+    return fresh
+
+
+fuzz_agent = make_fuzz_agent()

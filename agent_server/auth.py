@@ -1,0 +1,85 @@
+"""Bearer-token authentication: one shared secret guards the work routes.
+
+Probes and scrapes (`/healthz`, `/readyz`, `/metrics`) stay open, since the kubelet and
+Prometheus carry no token. Everything else, `/openapi.json` and unknown paths included,
+answers the same 401 without the token, so an unauthenticated client learns nothing about
+which routes, reasoners or executions exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+#: Paths served without a token: liveness, readiness, metrics.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Longest token accepted in settings; far beyond any generated secret.
+MAX_TOKEN_LENGTH = 4096
+
+UNAUTHORIZED_BODY = json.dumps({"detail": "unauthorized"}, separators=(",", ":")).encode()
+UNAUTHORIZED_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(UNAUTHORIZED_BODY)).encode()),
+    (b"www-authenticate", b"Bearer"),
+]
+
+
+class TokenError(ValueError):
+    """A configured token that could never match a request, or a token file we cannot use."""
+
+
+def check_token(token: str) -> str:
+    """A token must be visible ASCII without spaces: HTTP strips or mangles anything else."""
+    if not 0 < len(token) <= MAX_TOKEN_LENGTH:
+        raise TokenError(f"api token must be 1 to {MAX_TOKEN_LENGTH} characters")
+    if not all("!" <= char <= "~" for char in token):
+        raise TokenError("api token must be printable ASCII without spaces")
+    return token
+
+
+def read_token_file(path: str) -> str:
+    """The secret in a mounted file (a Kubernetes secret volume), trailing newline stripped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise TokenError(f"api token file {path!r} cannot be read: {reason}") from None
+    token = text.rstrip("\r\n")
+    if not token:
+        raise TokenError(f"api token file {path!r} is empty")
+    return check_token(token)
+
+
+def _digest(value: bytes) -> bytes:
+    """Compare fixed-length digests, so the comparison time does not reveal the length."""
+    return hashlib.sha256(value).digest()
+
+
+class BearerAuth:
+    """ASGI middleware: 401 for any non-open HTTP request without `Authorization: Bearer`."""
+
+    def __init__(self, app: ASGIApp, token: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+        self.app = app
+        self.open_paths = open_paths
+        self._expected = _digest(token.encode("ascii"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        # The body is never read: the server closes the connection if it is left unread.
+        await send({"type": "http.response.start", "status": 401, "headers": UNAUTHORIZED_HEADERS})
+        await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
+
+    def _allowed(self, scope: Scope) -> bool:
+        values = [value for name, value in scope["headers"] if name == b"authorization"]
+        if len(values) != 1:
+            return False
+        scheme, _, credentials = values[0].strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        return hmac.compare_digest(_digest(credentials.strip()), self._expected)

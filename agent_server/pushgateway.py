@@ -1,0 +1,122 @@
+"""Push the shutdown metrics once to a Prometheus Pushgateway, as the process's last word.
+
+A stopped pod can no longer be scraped, so the scrape before it may miss how its shutdown
+ended; the Pushgateway keeps that. The push runs after everything else (listener closed,
+open responses finished) and must never delay the exit past the budget: it is waited for at
+most `min(PUSH_TIMEOUT, time left before the watchdog less EXIT_RESERVE)`. The HTTP call
+runs in a daemon thread, because urllib cannot be interrupted: when the bound passes the
+thread is left to its own socket timeout (the same bound), and a daemon thread never holds
+the interpreter's exit. Failures are logged, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from prometheus_client import push_to_gateway
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from agent_server.agent import Agent
+
+logger = logging.getLogger("agent_server.pushgateway")
+
+#: The longest a push may take, when the budget leaves more.
+PUSH_TIMEOUT = 1.0
+#: Kept free before the watchdog deadline for what follows the push: the interpreter's exit.
+EXIT_RESERVE = 0.5
+#: The Pushgateway `job`; the grouping key adds the agent's name and the instance (pod name).
+#: Not "agent-server": that is the job of the pods' own scrapes (the ServiceMonitor's).
+JOB = "agent-server-shutdown"
+
+
+def push_bound(deadline: float, now: float | None = None) -> float:
+    """Seconds the push may take before `deadline` (monotonic): 0 means do not push."""
+    left = deadline - EXIT_RESERVE - (time.monotonic() if now is None else now)
+    return max(0.0, min(PUSH_TIMEOUT, left))
+
+
+def grouping_key(agent_name: str) -> dict[str, str]:
+    """One group per agent and instance: each pod's last shutdown replaces only its own."""
+    return {"agent": agent_name, "instance": socket.gethostname()}
+
+
+async def push_shutdown(agent: Agent) -> bool:
+    """After a shutdown, push its metrics if `--pushgateway` is set, before the watchdog."""
+    url = agent.settings.pushgateway
+    started = agent.shutdown.started
+    if url is None or started is None:
+        return False
+    deadline = started + agent.shutdown.plan.watchdog_after
+    return await push_metrics(
+        url, agent.metrics.shutdown_registry, grouping_key(agent.name), push_bound(deadline)
+    )
+
+
+async def push_metrics(url: str, registry: Collector, key: Mapping[str, str], bound: float) -> bool:
+    """PUT `registry` to the Pushgateway at `url`; True when it answered with success.
+
+    Returns within `bound` seconds whatever the gateway does.
+    """
+    where = _display(url)
+    if bound <= 0:
+        logger.warning("pushgateway %s: no time left before the watchdog; not pushing", where)
+        return False
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[BaseException | None] = loop.create_future()
+
+    def deliver(outcome: BaseException | None) -> None:
+        if not answer.done():
+            answer.set_result(outcome)
+
+    def push() -> None:
+        outcome: BaseException | None = None
+        try:
+            push_to_gateway(url, JOB, registry, grouping_key=dict(key), timeout=bound)
+        except Exception as exc:
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(deliver, outcome)
+
+    started = time.monotonic()
+    threading.Thread(target=push, name="pushgateway", daemon=True).start()
+    done, _ = await asyncio.wait({answer}, timeout=bound)
+    elapsed = time.monotonic() - started
+    if not done:
+        answer.cancel()
+        logger.warning(
+            "pushgateway %s: no answer within %.2fs; exiting without waiting longer",
+            where,
+            bound,
+        )
+        return False
+    error = answer.result()
+    if error is not None:
+        logger.warning(
+            "pushgateway %s: push failed after %.2fs: %s: %s",
+            where,
+            elapsed,
+            type(error).__name__,
+            error,
+        )
+        return False
+    logger.info("pushgateway %s: shutdown metrics pushed in %.3fs", where, elapsed)
+    return True
+
+
+def _display(url: str) -> str:
+    """The URL without credentials, for logs."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    host = parts.hostname or ""
+    with contextlib.suppress(ValueError):  # a malformed port: the push itself reports it
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"

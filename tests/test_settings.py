@@ -1,0 +1,193 @@
+"""Settings: the shutdown budget, flags and their AGENT_SERVER_* twins (the flag wins).
+
+The budget `unready + drain + cancel + http + margin <= grace` is checked at start: an
+impossible budget is exit code 2 with a message naming every term, before anything listens.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from conftest import TESTS_DIR, ServerProcess
+from pydantic import ValidationError
+from test_shutdown import finish, shutdown_report
+
+from agent_server import Settings
+from agent_server.settings import SHUTDOWN_MARGIN
+from agent_server.shutdown import EXIT_RESERVE, ShutdownPlan
+
+ServerFactory = Callable[..., ServerProcess]
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests set the environment they mean; none leaks in from the caller's."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("AGENT_SERVER_"):
+            monkeypatch.delenv(name)
+
+
+# -- the budget, in-process --------------------------------------------------------------
+
+
+def test_default_drain_is_what_the_grace_period_leaves() -> None:
+    settings = Settings()
+    assert settings.grace_period == 30
+    assert settings.effective_drain_timeout == 30 - 0 - 5 - 1 - SHUTDOWN_MARGIN
+    plan = ShutdownPlan.from_settings(settings)
+    assert plan.drain_timeout == 23
+    assert plan.watchdog_after == 29
+
+
+def test_derived_drain_takes_every_other_term() -> None:
+    settings = Settings(grace_period=60, unready_delay=5, cancel_timeout=10, http_timeout=2)
+    assert settings.effective_drain_timeout == 60 - 5 - 10 - 2 - 1
+
+
+def test_a_budget_that_fits_exactly_is_accepted() -> None:
+    settings = Settings(grace_period=4, drain_timeout=1, cancel_timeout=1, http_timeout=1)
+    assert settings.effective_drain_timeout == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "total"),
+    [
+        ({"grace_period": 4, "drain_timeout": 1.5, "cancel_timeout": 1, "http_timeout": 1}, "4.5"),
+        ({"grace_period": 10, "unready_delay": 5, "cancel_timeout": 5}, "12"),
+    ],
+)
+def test_a_budget_over_the_grace_period_is_refused(values: dict[str, float], total: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Settings(**values)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "shutdown budget does not fit" in message
+    assert f"= {total} s exceeds grace-period {values['grace_period']:g} s" in message
+    for term in ("unready-delay", "cancel-timeout", "http-timeout", "margin"):
+        assert term in message
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"grace_period": 0},
+        {"drain_timeout": -1},
+        {"cancel_timeout": -0.5},
+        {"unready_delay": -1},
+        {"http_timeout": -1},
+    ],
+)
+def test_impossible_values_are_refused(values: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+def test_environment_twin_and_the_argument_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_SERVER_GRACE_PERIOD", "12")
+    monkeypatch.setenv("AGENT_SERVER_CANCEL_TIMEOUT", "2")
+    assert Settings().effective_drain_timeout == 12 - 2 - 1 - 1
+    assert Settings(cancel_timeout=4).effective_drain_timeout == 12 - 4 - 1 - 1
+    monkeypatch.setenv("AGENT_SERVER_GRACE_PERIOD", "2")
+    with pytest.raises(ValidationError, match="shutdown budget does not fit"):
+        Settings()
+    assert Settings(grace_period=30).grace_period == 30
+
+
+def test_http_phase_never_reaches_the_watchdog() -> None:
+    plan = ShutdownPlan.from_settings(
+        Settings(grace_period=6, drain_timeout=1, cancel_timeout=1, http_timeout=0.5)
+    )
+    # Early in the budget the http phase gets its full timeout ...
+    assert plan.http_deadline(100.0, 101.0) == 101.5
+    # ... and when the phases used the whole budget, it ends before the watchdog's deadline.
+    full = ShutdownPlan.from_settings(Settings(grace_period=6, cancel_timeout=1, http_timeout=2))
+    assert full.drain_timeout == 2
+    assert full.http_deadline(100.0, 103.0) == 100.0 + 5.0 - EXIT_RESERVE
+    assert full.hard_end(100.0) == 105.0
+
+
+# -- flags and environment of a real `agent-server run` -------------------------------------
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`agent-server run` expected to refuse its settings and exit at once."""
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "agent_server", "run", "tests_app:agent", *args],
+        cwd=TESTS_DIR,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (("--grace-period", "2"), {}),
+        ((), {"AGENT_SERVER_GRACE_PERIOD": "2"}),
+        (("--grace-period", "2"), {"AGENT_SERVER_GRACE_PERIOD": "60"}),  # the flag wins
+        (("--drain-timeout", "30"), {}),
+        ((), {"AGENT_SERVER_UNREADY_DELAY": "10", "AGENT_SERVER_GRACE_PERIOD": "12"}),
+    ],
+    ids=["flag", "env", "flag-over-env", "drain-flag", "unready-env"],
+)
+def test_impossible_budget_exits_2_with_a_clear_message(
+    args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("agent-server: invalid settings:"), result.stderr
+    assert "shutdown budget does not fit" in result.stderr
+    assert "exceeds grace-period" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (("--grace-period", "abc"), {}, "Invalid value for '--grace-period'"),
+        ((), {"AGENT_SERVER_CANCEL_TIMEOUT": "soon"}, "Invalid value for '--cancel-timeout'"),
+        (("--cancel-timeout", "-1"), {}, "cancel_timeout: Input should be greater than"),
+    ],
+)
+def test_malformed_values_exit_2(args: tuple[str, ...], env: dict[str, str], expected: str) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_flags_and_env_twins_reach_the_shutdown_plan(server_factory: ServerFactory) -> None:
+    """Env twins apply where no flag is given; a flag beats its twin; drain is derived."""
+    server = server_factory(
+        "tests_app:agent",
+        *("--grace-period", "10", "--http-timeout", "0.5"),
+        env={
+            "AGENT_SERVER_GRACE_PERIOD": "3",  # would not fit; the flag wins
+            "AGENT_SERVER_CANCEL_TIMEOUT": "2",
+            "AGENT_SERVER_UNREADY_DELAY": "0.5",
+        },
+    )
+    server.signal(signal.SIGTERM)
+    code, elapsed = finish(server, timeout=10)
+    assert code == 0, server.stderr()
+    plan = shutdown_report(server)["plan"]
+    assert plan == {
+        "grace_period": 10.0,
+        "unready_delay": 0.5,
+        "drain_timeout": 10 - 0.5 - 2 - 0.5 - 1,
+        "cancel_timeout": 2.0,
+        "http_timeout": 0.5,
+        "margin": 1.0,
+    }
+    # The unready delay holds even an idle server for its length (load balancers catch up).
+    assert 0.5 <= elapsed < 0.5 + 1.5, elapsed
