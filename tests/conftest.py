@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,9 @@ STARTUP_TIMEOUT = 15.0
 
 sys.path.insert(0, str(TESTS_DIR))
 
+#: uvicorn's start-up line names the port it bound.
+LISTENING = re.compile(r"running on http://127\.0\.0\.1:(\d+)")
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -31,21 +35,39 @@ class ServerProcess:
     """A real `agent-server run` child process on a free loopback port."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port: int | None = None
         self.marker_dir = marker_dir
         self.stderr_path = marker_dir / "stderr.log"
         self._stderr = self.stderr_path.open("wb")
         full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.port)],
+            [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"],
             cwd=TESTS_DIR,
             env=full_env,
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
         )
         self.signalled_at: float | None = None
+
+    @property
+    def port(self) -> int:
+        """The port the server bound (it is given port 0, so no other process can race it)."""
+        if self._port is None:
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while self._port is None:
+                found = LISTENING.search(self.stderr())
+                if found is not None:
+                    self._port = int(found.group(1))
+                elif self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"server never listened:\n{self.stderr()}")
+                else:
+                    time.sleep(0.01)
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout

@@ -56,7 +56,7 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
     seen, with one execution finishing, one cancelled and settling, one abandoned."""
     # wide margins: a scrape of every series blocks the loop for tens of milliseconds
     settings = Settings(
-        unready_delay=0.4, drain_timeout=1.0, cancel_timeout=2.0, http_timeout=0, grace_period=10
+        unready_delay=0.8, drain_timeout=1.5, cancel_timeout=2.0, http_timeout=0, grace_period=10
     )
     agent = make_agent(settings)
     async with httpx.AsyncClient(
@@ -67,9 +67,9 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
             return Reading((await client.get("/metrics")).text)
 
         for reasoner, body in (
-            ("sleep", {"seconds": 0.5}),  # ends during the drain: finished
+            ("sleep", {"seconds": 1.2}),  # ends during the drain: finished
             ("deferred_cleanup", {"cleanup": 0.3}),  # cancelled, settles in time
-            ("swallow", {"seconds": 4.0}),  # never settles: abandoned at +3.4 s
+            ("swallow", {"seconds": 6.0}),  # never settles: abandoned at +4.3 s
         ):
             assert (await client.post(f"/reasoners/{reasoner}/async", json=body)).status_code == 202
         await asyncio.sleep(0)  # one loop turn: every execution has taken its first step
@@ -90,7 +90,7 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
             if reading.phase == "stopped":
                 break
             assert time.monotonic() < deadline, seen
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # each phase lasts 0.8 s or more
         report = await run
 
         assert seen == PHASES[1:]
@@ -110,7 +110,7 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
         assert ready.status_code == 503
         assert ready.json()["phase"] == "stopped"
 
-    await agent.registry.wait_abandoned(time.monotonic() + 5)
+    await agent.registry.wait_abandoned(time.monotonic() + 10)
     assert agent.registry.abandoned_pending == 0
     agent.registry.close()
 

@@ -134,7 +134,8 @@ class SilentGateway:
 def gave_up(log: str) -> float:
     """Seconds after which the push gave up on a silent gateway, from its log line.
 
-    Either the wait's bound or urllib's socket timeout (the same number) ends it first.
+    Either the wait's bound or urllib's socket timeout (the same number) ends it first;
+    on a loaded machine the loop may notice a little after the bound.
     """
     found = re.search(r"(?:no answer within|push failed after) (\d+\.\d+)s.*", log)
     assert found is not None, log
@@ -199,7 +200,7 @@ async def test_push_to_a_silent_gateway_returns_by_its_bound(
         elapsed = time.monotonic() - started
     assert pushed is False
     assert 0.35 <= elapsed < 1.5
-    assert gave_up(caplog.text) == pytest.approx(0.4, abs=0.3)
+    assert 0.35 <= gave_up(caplog.text) <= 1.0
 
 
 async def test_push_to_a_closed_port_fails_fast_and_is_logged(
@@ -266,7 +267,7 @@ def test_silent_gateway_does_not_delay_an_idle_exit_past_the_bound(server_factor
         server.signal(signal.SIGTERM)
         code, elapsed = server.wait_exit(timeout=10)
     assert code == 0, server.stderr()
-    assert gave_up(server.stderr()) == pytest.approx(PUSH_TIMEOUT, abs=0.3)
+    assert PUSH_TIMEOUT - 0.05 <= gave_up(server.stderr()) <= PUSH_TIMEOUT + 0.6
     # idle exit (under 0.5 s) + the push bound, with room for a loaded machine
     assert elapsed < PUSH_TIMEOUT + 2.0, server.stderr()
 
@@ -301,3 +302,23 @@ def test_push_is_cut_short_to_stay_inside_the_watchdog(server_factory: Any) -> N
     began, pushed = (log_time(stderr, text) for text in ("shutdown began", "pushgateway"))
     assert pushed - began <= 3.0 - EXIT_RESERVE + 0.3, stderr
     assert elapsed < 4.0, stderr  # within the grace period
+
+
+def test_abandoned_work_is_pushed_before_the_process_ends_itself(server_factory: Any) -> None:
+    with PushReceiver() as receiver:
+        server = server_factory(
+            "tests_app:agent",
+            "--grace-period", "10",
+            "--drain-timeout", "0.5",
+            "--cancel-timeout", "0.5",
+            "--pushgateway", receiver.url,
+        )  # fmt: skip
+        started = httpx.post(f"{server.url}/reasoners/swallow/async", json={}, timeout=5)
+        assert started.status_code == 202
+        server.signal(signal.SIGTERM)
+        code, _ = server.wait_exit(timeout=15)
+        assert code == 3, server.stderr()  # work abandoned
+        push = receiver.wait(timeout=1)
+    assert push.value("agent_server_shutdown_executions_total", outcome="abandoned") == 1
+    assert push.value("agent_server_shutdown_executions_total", outcome="cancelled") == 0
+    assert "shutdown metrics pushed" in server.stderr()
