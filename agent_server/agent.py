@@ -16,6 +16,7 @@ from agent_server.api import build_app
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
+from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
 from agent_server.settings import Settings
@@ -106,6 +107,7 @@ class Agent:
         if self.shutdown.started is None:
             self.shutdown.begin(time.monotonic(), time.time(), None)
             report = await self.shutdown.run(skip_unready=True)
+            await push_shutdown(self)  # bounded by the time left before the grace period ends
             if self.registry.abandoned_pending:
                 end_process(report.exit_code)
             self.registry.close()  # its idle worker threads end before the check below
