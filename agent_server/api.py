@@ -87,8 +87,7 @@ class Api:
             Route("/reasoners/{name}", self.run_sync, methods=["POST"]),
             Route("/reasoners/{name}/async", self.run_async, methods=["POST"]),
             Route("/executions", self.list_executions, methods=["GET"]),
-            Route("/executions/{execution_id}", self.get_execution, methods=["GET"]),
-            Route("/executions/{execution_id}", self.delete_execution, methods=["DELETE"]),
+            Route("/executions/{execution_id}", self.execution, methods=["GET", "DELETE"]),
             Route("/executions/{execution_id}/cancel", self.cancel_execution, methods=["POST"]),
             Route("/sessions/{session_id}", self.release_session, methods=["DELETE"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -197,6 +196,12 @@ class Api:
         return execution.is_terminal
 
     # -- executions ----------------------------------------------------------------------------
+
+    async def execution(self, request: Request) -> Response:
+        """One route for both methods, so a 405 names them both in `Allow`."""
+        if request.method == "DELETE":
+            return await self.delete_execution(request)
+        return await self.get_execution(request)
 
     async def get_execution(self, request: Request) -> Response:
         execution = self._execution(request)

@@ -243,7 +243,7 @@ class Metrics:
 
     def _count_shutdown(self, outcome: str, count: int) -> None:
         self._shutdown_counted[outcome] += count
-        self.shutdown_executions.labels(outcome).inc(count)
+        self._child(self.shutdown_executions, outcome).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

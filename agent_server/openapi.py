@@ -153,11 +153,11 @@ def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]
 
 
 def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str, Any]:
+    input_schema = _hoist(reasoner.input_schema(REF_TEMPLATE), components)
     body = {
-        "required": False,
-        "content": {
-            "application/json": {"schema": _hoist(reasoner.input_schema(REF_TEMPLATE), components)}
-        },
+        # No body is an empty object: only a reasoner with required fields needs one.
+        "required": bool(input_schema.get("required")),
+        "content": {"application/json": {"schema": input_schema}},
     }
     output = _hoist(reasoner.output_schema(REF_TEMPLATE), components)
     succeeded = {"allOf": [_ref("Execution"), {"properties": {"result": output}}]}

@@ -32,7 +32,7 @@ class Reasoner:
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
         try:
-            hints = typing.get_type_hints(func)
+            hints = typing.get_type_hints(func, include_extras=True)  # keep Annotated[..., Field]
         except Exception as exc:
             raise ReasonerDefinitionError(
                 f"reasoner {name!r}: cannot resolve hints: {exc}"

@@ -179,7 +179,9 @@ class ShutdownSequence:
         )
 
     def skip_to_cancel(self) -> None:
-        """A second signal: stop waiting, cancel now."""
+        """A second signal: stop waiting, cancel now (after the report there is nothing left)."""
+        if self.report is not None:
+            return
         logger.warning("second signal: cancelling running work now")
         self._skip.set()
 

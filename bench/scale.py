@@ -18,7 +18,11 @@ the scales. Growth: the start cost per execution at each scale against the next 
 (1.0 is linear), and the drain's marginal cost per added execution between scales (constant
 is linear; rising is worse than linear).
 
-Usage: python -m bench.scale [--scales 1000,10000,100000] [--rounds 3]
+`--compare DIR` runs the mix a second time per scale and round with agent-server from another
+source tree (DIR holds an `agent_server/` package), for before/after under the same noise.
+
+Usage: python -m bench.scale [--scales 1000,10000,100000] [--rounds 3] [--parts mix,park,retained]
+                             [--compare DIR]
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import itertools
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    ROOT,
     HttpConnection,
     LoadResult,
     ServerProcess,
@@ -153,19 +159,27 @@ def _wait_finished(server: ServerProcess, execution_id: str, timeout: float = 60
     asyncio.run(go())
 
 
-def _launch(target: str, n: int, *, drain: float, cancel: float) -> ServerProcess:
+def _launch(
+    target: str, n: int, *, drain: float, cancel: float, tree: Path | None = None
+) -> ServerProcess:
+    """A fresh server; `tree`: run agent-server from another source tree (bench from ROOT)."""
     port = free_port()
     if target == "agent-server":
         argv = agent_server_argv(port, APP, *_agent_flags(n, drain=drain, cancel=cancel))
     else:
         argv = baseline_argv(port, "--max-retained", str(max(10_000, n + SAMPLED_STARTS)))
-    server = ServerProcess(target, argv, port)
+    if tree is None:
+        server = ServerProcess(target, argv, port)
+    else:
+        server = ServerProcess(target, argv, port, cwd=tree, env={"PYTHONPATH": str(ROOT)})
     server.wait_ready()
     return server
 
 
-def run_mix(n: int, *, drain: float = MIX_DRAIN, cancel: float = MIX_CANCEL) -> dict[str, Any]:
-    """Item 3 at scale n."""
+def run_mix(
+    n: int, *, drain: float = MIX_DRAIN, cancel: float = MIX_CANCEL, tree: Path | None = None
+) -> dict[str, Any]:
+    """Item 3 at scale n (`tree`: agent-server from another source tree)."""
     swallowers = n // 10  # every tenth start
     cooperative = http_request("POST", "/reasoners/cooperative/async", b"{}")
     swallow = http_request("POST", "/reasoners/swallow/async", b"{}")
@@ -173,7 +187,7 @@ def run_mix(n: int, *, drain: float = MIX_DRAIN, cancel: float = MIX_CANCEL) -> 
     def request(index: int) -> bytes:
         return swallow if index % 10 == 9 else cooperative
 
-    with _launch("agent-server", n, drain=drain, cancel=cancel) as server:
+    with _launch("agent-server", n, drain=drain, cancel=cancel, tree=tree) as server:
         started = time.perf_counter()
         _start(server, request, n)
         start_seconds = time.perf_counter() - started
@@ -185,6 +199,7 @@ def run_mix(n: int, *, drain: float = MIX_DRAIN, cancel: float = MIX_CANCEL) -> 
     counted = report["finished"] + report["cancelled"] + report["abandoned"]
     return {
         "n": n,
+        "tree": None if tree is None else str(tree),
         "swallowers": swallowers,
         "exit_code": code,
         "exit_seconds": elapsed,
@@ -256,6 +271,7 @@ def run(
     parts: tuple[str, ...] = ("mix", "park", "retained"),
     mix_drain: float = MIX_DRAIN,
     mix_cancel: float = MIX_CANCEL,
+    compare: Path | None = None,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
     load_before = machine_load()
@@ -263,12 +279,14 @@ def run(
     for index in range(rounds):
         for n in scales:
             if "mix" in parts:
-                mix = run_mix(n, drain=mix_drain, cancel=mix_cancel)
-                raw["mix"].append(mix)
-                progress(
-                    f"round {index + 1} mix n={n}: exit {mix['exit_seconds']:.3f}s "
-                    f"ratio {mix['ratio']:.3f} code {mix['exit_code']} report {mix['report']}"
-                )
+                for tree in (None,) if compare is None else (None, compare):
+                    mix = run_mix(n, drain=mix_drain, cancel=mix_cancel, tree=tree)
+                    raw["mix"].append(mix)
+                    progress(
+                        f"round {index + 1} mix n={n} tree {tree}: exit "
+                        f"{mix['exit_seconds']:.3f}s ratio {mix['ratio']:.3f} "
+                        f"code {mix['exit_code']} report {mix['report']}"
+                    )
             for target in ("agent-server", "baseline"):
                 if "park" in parts:
                     park = run_park(target, n)
@@ -297,10 +315,10 @@ def summarise(
     load: tuple[list[float], list[float]],
 ) -> dict[str, Any]:
     summary: dict[str, Any] = {"mix": {}, "park": {}, "memory": {}, "growth": {}}
-    for n in scales:
-        runs = [r for r in raw["mix"] if r["n"] == n]
+    for n, tree in itertools.product(scales, sorted({r["tree"] or "" for r in raw["mix"]})):
+        runs = [r for r in raw["mix"] if r["n"] == n and (r["tree"] or "") == tree]
         if runs:
-            summary["mix"][n] = {
+            summary["mix"][f"{n}@{tree}" if tree else n] = {
                 "ratio": Spread.of([r["ratio"] for r in runs]).as_dict(),
                 "exit_seconds": Spread.of([r["exit_seconds"] for r in runs]).as_dict(),
                 "reports": [r["report"] for r in runs],
@@ -442,9 +460,15 @@ def main() -> None:
     parser.add_argument("--scales", default="1000,10000,100000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", default="mix,park,retained")
+    parser.add_argument("--compare", type=Path, default=None, help="mix: another source tree")
     args = parser.parse_args()
     scales = tuple(int(s) for s in args.scales.split(","))
-    data = run(scales=scales, rounds=args.rounds, parts=tuple(args.parts.split(",")))
+    data = run(
+        scales=scales,
+        rounds=args.rounds,
+        parts=tuple(args.parts.split(",")),
+        compare=args.compare,
+    )
     data["raw_file"] = str(write_json("scale", data))
     print(markdown(data))
     print(f"\nload average before {data['load_before']} after {data['load_after']}")

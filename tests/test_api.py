@@ -13,6 +13,7 @@ import httpx
 import pytest
 from openapi_spec_validator import validate as validate_openapi
 from prometheus_client.parser import text_string_to_metric_families
+from test_registry import loop_reports
 from tests_app import REASONERS, make_agent
 
 from agent_server import Agent, Settings
@@ -76,11 +77,12 @@ def gate(built: tuple[Agent, Gate]) -> Gate:
 
 @pytest.fixture
 async def client(agent: Agent) -> AsyncIterator[httpx.AsyncClient]:
-    async with client_for(agent) as http:
+    """The client; afterwards nothing the test started outlives it, and no task was lost."""
+    async with loop_reports() as reports, client_for(agent) as http:
         yield http
-    # Nothing a test started may outlive it.
-    tasks = agent.registry.cancel_all(CancelReason.SHUTDOWN)
-    assert await agent.registry.settle(tasks, time.monotonic() + WAIT) == []
+        tasks = agent.registry.cancel_all(CancelReason.SHUTDOWN)
+        assert await agent.registry.settle(tasks, time.monotonic() + WAIT) == []
+    assert reports.unobserved() == []
 
 
 def assert_execution(body: Any) -> dict[str, Any]:

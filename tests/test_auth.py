@@ -3,7 +3,9 @@ the flag, the environment twin and the mounted-secret file."""
 
 from __future__ import annotations
 
+import itertools
 import signal
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -230,3 +232,25 @@ def test_unusable_token_settings_exit_2(
     assert code == 2, server.stderr()
     assert "invalid settings" in server.stderr()
     assert TOKEN not in server.stderr()
+
+
+# -- execution ids ---------------------------------------------------------------------------
+
+
+async def test_execution_ids_are_random_and_unguessable(app_client: httpx.AsyncClient) -> None:
+    """128 random bits (UUID 4): no sequence, no clock, nothing an attacker could predict."""
+    ids = [
+        (await app_client.post("/reasoners/echo", json={"text": "x"})).json()["execution_id"]
+        for _ in range(200)
+    ]
+    assert len(set(ids)) == len(ids)
+    for value in ids:
+        parsed = uuid.UUID(hex=value)
+        assert value == parsed.hex and parsed.version == 4
+    # Consecutive ids share no more leading characters than chance would give.
+    # (Seven or more shared leading hex digits: about 1 in 1,300,000 runs of 200 random ids.)
+    shared = [
+        next(i for i, (x, y) in enumerate(zip(a + "!", b + "?", strict=True)) if x != y)
+        for a, b in itertools.pairwise(ids)
+    ]
+    assert max(shared) <= 6

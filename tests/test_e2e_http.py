@@ -6,6 +6,7 @@ When the module ends the server gets SIGTERM and must exit 0 without any unobser
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import signal
@@ -23,12 +24,17 @@ from conftest import ServerProcess
 UNOBSERVED = ("Task exception was never retrieved", "Task was destroyed but it is pending")
 #: Bound for every wait in this file.
 WAIT = 5.0
-#: "About 0.03 s" on a loaded machine, HTTP round trip included; 0.35 s would fail it.
+#: "About 0.03 s" on a loaded machine, as the server measures it; 0.35 s would fail it.
 QUICK = 0.25
+#: A client's round trip on a shared, loaded machine: seen at 0.68 s for a 0.1 s release, so
+#: client-side bounds here only prove the release did not wait for work that never ends.
+ROUND_TRIP = 2.0
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    # A full collection now, not in the middle of a timed request (seen: 0.5 s after a run).
+    gc.collect()
     process = ServerProcess(["tests_app:agent"], {}, tmp_path_factory.mktemp("e2e"))
     try:
         process.wait_ready()
@@ -36,7 +42,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         process.signal(signal.SIGTERM)
         code, elapsed = process.wait_exit(timeout=10)
         log = process.stderr()
-        assert code == 0, log
+        # A forever-swallowing execution abandoned by a session release is still running: the
+        # process ends itself rather than hang (0 today; 3 should the report count it).
+        assert code in (0, 3), log
         assert elapsed < 5, log
         for message in UNOBSERVED:
             assert message not in log
@@ -111,7 +119,7 @@ def test_run_async_and_long_poll(server: ServerProcess, http: httpx.Client) -> N
     began = time.monotonic()
     done = http.get(f"{started.headers['location']}", params={"wait": 20}, timeout=30)
     assert done.json()["status"] == "succeeded"
-    assert time.monotonic() - began < 3.0
+    assert time.monotonic() - began < 10.0  # returned when it ended, not at the 20 s bound
     assert http.post("/reasoners/echo", content=b"{").status_code == 400
 
 
@@ -175,26 +183,31 @@ def test_defining_case_over_http(server: ServerProcess, http: httpx.Client) -> N
     response, elapsed = release(http, session, "0.03")
     assert response.status_code == 200
     body = response.json()
-    assert elapsed < QUICK, elapsed
-    assert 0.025 <= body["elapsed_seconds"] < QUICK
+    assert 0.025 <= body["elapsed_seconds"] < QUICK, body
+    assert elapsed < ROUND_TRIP, f"round trip {elapsed:.3f}s"
     assert (body["cancelled"], body["abandoned"], body["forgotten"]) == (0, 1, 1)
     assert http.get(f"/executions/{execution_id}").status_code == 404
     assert finished_count(http, "deferred_cleanup", "abandoned") == before + 1
     # The cleanup ends later, and that end is observed and logged.
     late = f"abandoned execution {execution_id} (deferred_cleanup) ended later"
     wait_until(lambda: late in server.stderr(), "the late end of the cleanup", server)
+    # The server gave up at the deadline, before the cleanup ended (its own clock and order).
+    log = server.stderr()
+    abandoned = f"execution {execution_id} (deferred_cleanup) abandoned"
+    assert 0 <= log.index(abandoned) < log.index(late)
 
 
 def test_swallowing_forever_is_abandoned_over_http(
     server: ServerProcess, http: httpx.Client
 ) -> None:
     session = session_id("swallow")
-    forever = start(http, "swallow", session, {"seconds": 1.5})
+    forever = start(http, "swallow", session, {"seconds": 600})
     raising = start(http, "swallow_then_fail", session, {"linger": 0.3})
     response, elapsed = release(http, session, "0.1")
     assert response.status_code == 200
     body = response.json()
-    assert elapsed < 0.1 + QUICK, elapsed
+    assert 0.095 <= body["elapsed_seconds"] < 0.1 + QUICK, body
+    assert elapsed < ROUND_TRIP, f"round trip {elapsed:.3f}s"  # the swallower never ends
     assert (body["cancelled"], body["abandoned"], body["forgotten"]) == (0, 2, 2)
     # Both keep running, still owned; the one that raises has its exception observed.
     wait_until(
@@ -205,11 +218,7 @@ def test_swallowing_forever_is_abandoned_over_http(
         "the late exception",
         server,
     )
-    wait_until(
-        lambda: f"abandoned execution {forever} (swallow) ended later" in server.stderr(),
-        "the swallowing execution's end",
-        server,
-    )
+    assert f"abandoned execution {forever} (swallow) ended later" not in server.stderr()
     for message in UNOBSERVED:
         assert message not in server.stderr()
 
@@ -218,25 +227,25 @@ def test_concurrent_releases_answer_the_same_over_http(
     server: ServerProcess, http: httpx.Client
 ) -> None:
     session = session_id("concurrent")
-    start(http, "swallow", session, {"seconds": 1.0})
+    start(http, "swallow_then_fail", session, {"linger": 1.0})
     start(http, "sleep", session, {"seconds": 30})
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(release, http, session, "0.2")
-        time.sleep(0.02)  # let the first one lead; the answer must not depend on who does
+        first = pool.submit(release, http, session, "0.5")
+        # The first release is under way once it has cancelled the sleeping execution.
+        wait_until(
+            lambda: any(
+                e["status_reason"] == "session_released" for e in in_session(http, session)
+            ),
+            "the first release under way",
+            server,
+        )
+        # The second asks to wait without bound: it shares the first's drain and deadline.
         second = pool.submit(release, http, session, "none")
-        (one, one_elapsed), (two, two_elapsed) = first.result(WAIT), second.result(WAIT)
+        (one, _), (two, _) = first.result(WAIT), second.result(WAIT)
     assert one.status_code == two.status_code == 200
-    assert one.json() == two.json()
+    assert one.json() == two.json()  # the same answer, elapsed_seconds included
     assert (one.json()["cancelled"], one.json()["abandoned"]) == (1, 1)
-    assert 0.19 <= one.json()["elapsed_seconds"] < 0.2 + QUICK
-    assert one_elapsed < 0.2 + QUICK and two_elapsed < 0.2 + QUICK
-    wait_until(
-        lambda: (
-            http.get("/readyz").status_code == 200 and "(swallow) ended later" in server.stderr()
-        ),
-        "the swallowing execution's end",
-        server,
-    )
+    assert 0.49 <= one.json()["elapsed_seconds"] < 0.5 + QUICK, one.json()
 
 
 def test_session_being_released_refuses_new_work_over_http(
@@ -244,7 +253,7 @@ def test_session_being_released_refuses_new_work_over_http(
 ) -> None:
     session, other = session_id("releasing"), session_id("bystander")
     bystander = start(http, "sleep", other, {"seconds": 30})
-    start(http, "deferred_cleanup", session, {"cleanup": 0.6})
+    start(http, "deferred_cleanup", session, {"cleanup": 1.0})
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(release, http, session, "none")
 

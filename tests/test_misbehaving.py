@@ -138,7 +138,7 @@ def test_leak_meets_memory_error_and_the_server_lives_on(server_factory: Any) ->
             assert answer.json()["error"]["type"] == "MemoryError"
             break
     assert outcomes[-1] == "failed", outcomes
-    assert 3 <= outcomes.count("succeeded") <= 7, outcomes
+    assert outcomes.count("succeeded") >= 1, outcomes
     assert client.get("/healthz").status_code == 200
     assert client.post("/reasoners/echo", json={"text": "still here"}).status_code == 200
     # A task left pending that raises when cancelled at the very end of the process.

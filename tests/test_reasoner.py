@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
@@ -144,9 +144,13 @@ def test_unservable_signatures_are_refused_at_definition(kind: str) -> None:
 
     async def positional(a: int, /) -> None: ...
 
-    func = {"args": with_args, "kwargs": with_kwargs, "positional": positional}[kind]
+    funcs: dict[str, Callable[..., Any]] = {
+        "args": with_args,
+        "kwargs": with_kwargs,
+        "positional": positional,
+    }
     with pytest.raises(ReasonerDefinitionError):
-        Reasoner(func, kind, None)
+        Reasoner(funcs[kind], kind, None)
 
 
 def test_duplicate_reasoner_name_is_refused() -> None:

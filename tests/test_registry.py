@@ -7,6 +7,7 @@ and the shutdown sequence are built on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import re
@@ -38,14 +39,48 @@ async def settle_loop() -> None:
         await asyncio.sleep(0.005)
 
 
+class LoopReports(logging.Handler):
+    """What asyncio reports about lost tasks, from whichever test phase it comes.
+
+    (caplog keeps one record list per phase: a teardown check would miss the call phase.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def unobserved(self) -> list[str]:
+        return [line for line in self.lines if any(m in line for m in UNOBSERVED)]
+
+
+@contextlib.asynccontextmanager
+async def loop_reports() -> AsyncIterator[LoopReports]:
+    """Collect asyncio's reports; at the end, collect garbage so a lost task is reported.
+
+    Objects older than the block are frozen, so the collections scan only what it created.
+    """
+    reports = LoopReports()
+    asyncio_logger = logging.getLogger("asyncio")
+    asyncio_logger.addHandler(reports)
+    gc.freeze()
+    try:
+        yield reports
+        await settle_loop()
+    finally:
+        gc.unfreeze()
+        asyncio_logger.removeHandler(reports)
+
+
 @pytest.fixture
 async def observed(caplog: pytest.LogCaptureFixture) -> AsyncIterator[pytest.LogCaptureFixture]:
     """Fails the test if asyncio reports an unobserved exception or a destroyed pending task."""
     caplog.set_level(logging.DEBUG)
-    yield caplog
-    await settle_loop()
-    for message in UNOBSERVED:
-        assert message not in caplog.text
+    async with loop_reports() as reports:
+        yield caplog
+    assert reports.unobserved() == []
 
 
 async def started(registry: InFlightRegistry, func: Callable[..., Any], **kwargs: Any) -> Any:
@@ -55,25 +90,31 @@ async def started(registry: InFlightRegistry, func: Callable[..., Any], **kwargs
     return execution
 
 
-def task_of(registry: InFlightRegistry, execution_id: str) -> asyncio.Task[None]:
-    return registry._running[execution_id]
-
-
 # -- the detector itself -----------------------------------------------------------------------
 
 
-async def test_detector_sees_an_unretrieved_exception(caplog: pytest.LogCaptureFixture) -> None:
-    """The check the other tests rely on really catches the message it looks for."""
-    caplog.set_level(logging.DEBUG)
+async def test_detector_sees_an_unretrieved_exception() -> None:
+    """The check the other tests rely on really catches what it looks for."""
 
     async def boom() -> None:
         raise ValueError("nobody looks at me")
 
-    task = asyncio.create_task(boom())
-    await asyncio.wait({task}, timeout=WAIT)
-    del task
-    await settle_loop()
-    assert "Task exception was never retrieved" in caplog.text
+    async with loop_reports() as reports:
+        task = asyncio.create_task(boom())
+        await asyncio.wait({task}, timeout=WAIT)
+        del task
+    assert any("Task exception was never retrieved" in line for line in reports.unobserved())
+
+
+async def test_detector_sees_a_destroyed_pending_task() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async with loop_reports() as reports:
+        task = asyncio.create_task(forever())
+        await asyncio.sleep(0)
+        del task  # the loop holds only a weak reference: the task is lost
+    assert any("Task was destroyed but it is pending" in line for line in reports.unobserved())
 
 
 # -- ids and lookups -----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ released with timeout=0.03, returns in about 0.03 s and counts it abandoned.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_registry import loop_reports
 from tests_app import deferred_cleanup, echo, make_agent, sleep, swallow, swallow_then_fail
 
 from agent_server import Agent
@@ -30,7 +30,6 @@ from agent_server.registry import (
     SessionRelease,
 )
 
-UNOBSERVED = ("Task exception was never retrieved", "Task was destroyed but it is pending")
 #: Bound for every wait on an event in this file.
 WAIT = 5.0
 #: What "returns in about 0.03 s" may take on a loaded 2-core machine; 0.35 s would fail it.
@@ -42,12 +41,9 @@ RELEASE_KEYS = {"session_id", "cancelled", "abandoned", "forgotten", "elapsed_se
 async def observed(caplog: pytest.LogCaptureFixture) -> AsyncIterator[pytest.LogCaptureFixture]:
     """Fails the test if asyncio reports an unobserved exception or a destroyed pending task."""
     caplog.set_level(logging.DEBUG)
-    yield caplog
-    for _ in range(2):
-        gc.collect()
-        await asyncio.sleep(0.005)
-    for message in UNOBSERVED:
-        assert message not in caplog.text
+    async with loop_reports() as reports:
+        yield caplog
+    assert reports.unobserved() == []
 
 
 class Stubborn:
@@ -198,10 +194,10 @@ async def test_releasing_one_session_leaves_another_untouched(observed: object) 
 
 async def test_timeout_zero_returns_at_once(observed: object) -> None:
     registry = InFlightRegistry()
-    execution = await start_in(registry, deferred_cleanup, "s1", cleanup=0.2)
+    execution = await start_in(registry, deferred_cleanup, "s1", cleanup=0.5)
     began = time.monotonic()
     release = await registry.release_session("s1", timeout=0, cancel_running=True)
-    assert time.monotonic() - began < 0.1
+    assert time.monotonic() - began < QUICK
     assert (release.cancelled, release.abandoned) == (0, 1)
     assert execution.status_reason is CancelReason.SESSION_RELEASED
     await registry.wait_abandoned(time.monotonic() + WAIT)
@@ -366,10 +362,10 @@ async def test_http_release_leaves_other_sessions_untouched(client: httpx.AsyncC
 
 
 async def test_http_timeout_zero_and_none(client: httpx.AsyncClient, observed: object) -> None:
-    await start_async(client, "deferred_cleanup", "zero", {"cleanup": 0.2})
+    await start_async(client, "deferred_cleanup", "zero", {"cleanup": 0.5})
     began = time.monotonic()
     zero = (await release(client, "zero", timeout=0)).json()
-    assert time.monotonic() - began < 0.1 + QUICK / 2
+    assert time.monotonic() - began < QUICK
     assert zero["cancelled"] + zero["abandoned"] == 1
     await start_async(client, "deferred_cleanup", "none", {"cleanup": 0.2})
     began = time.monotonic()

@@ -6,6 +6,7 @@ impossible budget is exit code 2 with a message naming every term, before anythi
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import pytest
 from conftest import TESTS_DIR, ServerProcess
 from pydantic import ValidationError
-from test_shutdown import finish, shutdown_report
+from test_shutdown import ASYNCIO_COMPLAINTS, finish, shutdown_report
 
 from agent_server import Settings
 from agent_server.settings import SHUTDOWN_MARGIN
@@ -26,8 +27,6 @@ ServerFactory = Callable[..., ServerProcess]
 @pytest.fixture(autouse=True)
 def _no_inherited_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tests set the environment they mean; none leaks in from the caller's."""
-    import os
-
     for name in list(os.environ):
         if name.startswith("AGENT_SERVER_"):
             monkeypatch.delenv(name)
@@ -116,9 +115,7 @@ def test_http_phase_never_reaches_the_watchdog() -> None:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`agent-server run` expected to refuse its settings and exit at once."""
-    import os
-
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-m", "agent_server", "run", "tests_app:agent", *args],
         cwd=TESTS_DIR,
         env={**os.environ, **(env or {})},
@@ -127,6 +124,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         timeout=30,
         check=False,
     )
+    for complaint in ASYNCIO_COMPLAINTS:
+        assert complaint not in result.stderr, result.stderr
+    return result
 
 
 @pytest.mark.parametrize(

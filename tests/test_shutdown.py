@@ -141,12 +141,14 @@ def test_idle_process_exits_at_once(server_factory: ServerFactory, sig: signal.S
 def test_work_finishing_inside_the_drain_is_answered(
     server_factory: ServerFactory, pool: ThreadPoolExecutor
 ) -> None:
+    # A 20 s drain that a second signal ends once the checks are done: no race with the
+    # machine's speed.
     server = server_factory(
-        "tests_app:agent", "--grace-period", "8", "--drain-timeout", "3", "--cancel-timeout", "1"
+        "tests_app:agent", "--grace-period", "30", "--drain-timeout", "20", "--cancel-timeout", "1"
     )
     short = start_async(server, "sleep", {"seconds": 1.0, "marker": "short"})
-    held = start_async(server, "sleep", {"seconds": 600, "marker": "held"})
     sync = post_sync(pool, server, "sleep", {"seconds": 1.0, "marker": "sync"})
+    held = post_sync(pool, server, "sleep", {"seconds": 600, "marker": "held"})
     for marker in ("short", "held", "sync"):
         server.wait_marker(marker)
     server.signal()
@@ -162,18 +164,17 @@ def test_work_finishing_inside_the_drain_is_answered(
     assert answered.json()["result"] == {"slept": 1.0}
     assert phase(server) == "draining"
     assert httpx.get(f"{server.url}/readyz").status_code == 503
+    assert get_execution(server, short).json()["result"] == {"slept": 1.0}  # still there
+    assert not held.done()
 
-    # The held execution is cancelled at the deadline: a long-poll sees how it ended.
-    ended = get_execution(server, held, wait=10).json()
-    assert (ended["status"], ended["status_reason"]) == ("cancelled", "shutdown")
-
-    code, elapsed = finish(server, timeout=15)
+    server.signal()  # the held one is cancelled now; its caller gets 503 and its execution
+    ended = held.result(timeout=CLIENT_TIMEOUT)
+    assert ended.status_code == 503
+    assert (ended.json()["status"], ended.json()["status_reason"]) == ("cancelled", "shutdown")
+    code, _ = finish(server, timeout=15)
     assert code == 0, server.stderr()
     report = shutdown_report(server)
     assert (report["finished"], report["cancelled"], report["abandoned"]) == (2, 1, 0)
-    # Cancellation comes at signal + drain on one clock; exit follows within the http phase.
-    assert 2.95 <= report["phases"]["cancelling"] < 3.3, report
-    assert 3.0 <= elapsed < 3.0 + 1.0 + 1.5, elapsed
 
 
 def test_cooperative_reasoners_return_early(
@@ -215,7 +216,6 @@ def test_work_is_cancelled_at_the_deadline(
     server.wait_marker("held")
     server.wait_marker("sync")
     server.signal()
-    poll = pool.submit(get_execution, server, held, 10)
 
     answered = sync.result(timeout=CLIENT_TIMEOUT)
     assert answered.status_code == 503
@@ -224,9 +224,6 @@ def test_work_is_cancelled_at_the_deadline(
     body = answered.json()
     assert (body["status"], body["status_reason"]) == ("cancelled", "shutdown")
     assert body["reasoner"] == "sleep" and body["finished_at"] is not None
-    polled = poll.result(timeout=CLIENT_TIMEOUT).json()
-    assert (polled["status"], polled["status_reason"]) == ("cancelled", "shutdown")
-
     code, elapsed = finish(server, timeout=15)
     assert code == 0, server.stderr()
     report = shutdown_report(server)
@@ -234,7 +231,7 @@ def test_work_is_cancelled_at_the_deadline(
     # deferred_cleanup settles 0.3 s after the cancellation at +1 s.
     assert 1.25 <= report["phases"]["stopped"] < 1.0 + 1.0, report
     assert 1.3 <= elapsed < 1.3 + 0.5 + 1.5, elapsed
-    assert cleanup
+    assert held and cleanup  # their records went with the process; the report counted them
 
 
 def test_work_swallowing_cancellation_is_abandoned(
@@ -350,23 +347,23 @@ def test_third_signal_exits_at_once(server_factory: ServerFactory) -> None:
 
 
 def test_unready_window_then_admission_closes(server_factory: ServerFactory) -> None:
-    # Budget 2 + 2 + 1 + 0.5 + 1 <= 7.
+    # Budget 3 + 20 + 1 + 0.5 + 1 <= 30; a second signal ends the drain after the checks.
     server = server_factory(
         "tests_app:agent",
-        *("--grace-period", "7", "--unready-delay", "2", "--drain-timeout", "2"),
+        *("--grace-period", "30", "--unready-delay", "3", "--drain-timeout", "20"),
         *("--cancel-timeout", "1", "--http-timeout", "0.5"),
     )
     start_async(server, "sleep", {"seconds": 600, "marker": "held"})
     server.wait_marker("held")
     server.signal()
     wait_until(
-        lambda: httpx.get(f"{server.url}/readyz").status_code == 503, "readyz 503", server, 1.0
+        lambda: httpx.get(f"{server.url}/readyz").status_code == 503, "readyz 503", server, 2.0
     )
     assert phase(server) == "unready"
     accepted = httpx.post(f"{server.url}/reasoners/echo", json={"text": "late"})
     assert accepted.status_code == 200, accepted.text
     assert accepted.headers["connection"] == "close"
-    assert phase(server) == "unready", "the 2 s unready window passed before the request"
+    assert phase(server) == "unready", "the 3 s unready window passed before the request"
 
     wait_phase(server, "draining")
     rejected = [httpx.post(f"{server.url}/reasoners/echo", json={"text": "x"}) for _ in range(2)]
@@ -378,21 +375,21 @@ def test_unready_window_then_admission_closes(server_factory: ServerFactory) -> 
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'agent_server_requests_rejected_total{reason="draining"} 2.0' in metrics
 
-    code, elapsed = finish(server, timeout=15)
+    server.signal()
+    code, _ = finish(server, timeout=15)
     assert code == 0, server.stderr()
     report = shutdown_report(server)
     assert report["rejected"] == 2
     assert (report["finished"], report["cancelled"]) == (1, 1)  # the echo, the held sleep
-    assert 1.95 <= report["phases"]["draining"] < 2.3, report
-    assert 3.95 <= report["phases"]["cancelling"] < 4.3, report
-    assert 4.0 <= elapsed < 4.0 + 0.5 + 1.5, elapsed
+    # Admission closed at signal + unready, on the clock that started at the signal.
+    assert 2.95 <= report["phases"]["draining"] < 3.3, report
 
 
 def test_status_cancel_list_metrics_and_health_are_served_during_the_drain(
     server_factory: ServerFactory, pool: ThreadPoolExecutor
 ) -> None:
     server = server_factory(
-        "tests_app:agent", "--grace-period", "10", "--drain-timeout", "5", "--cancel-timeout", "1"
+        "tests_app:agent", "--grace-period", "30", "--drain-timeout", "20", "--cancel-timeout", "1"
     )
     first = start_async(server, "sleep", {"seconds": 600, "marker": "first"})
     second = start_async(server, "sleep", {"seconds": 600, "marker": "second"})
@@ -415,8 +412,9 @@ def test_status_cancel_list_metrics_and_health_are_served_during_the_drain(
     metrics = httpx.get(f"{server.url}/metrics").text
     assert "agent_server_draining 1.0" in metrics
     assert 'agent_server_shutdown_phase{agent_server_shutdown_phase="draining"} 1.0' in metrics
-    assert not poll.done()  # the long-poll is still open, waiting for the deadline
+    assert not poll.done()  # the long-poll is still open, waiting for the execution's end
 
+    server.signal()  # cancel now rather than at the 20 s deadline
     polled = poll.result(timeout=CLIENT_TIMEOUT).json()
     assert (polled["status"], polled["status_reason"]) == ("cancelled", "shutdown")
     code, _ = finish(server, timeout=15)
@@ -466,11 +464,11 @@ def test_json_report(server_factory: ServerFactory) -> None:
 def test_request_arriving_after_the_report_is_answered_not_reset(
     server_factory: ServerFactory,
 ) -> None:
-    # http-timeout 2: the connection below is given that long after the report.
+    # http-timeout 5: the connection below is given that long after the report.
     server = server_factory(
         "tests_app:agent",
-        *("--grace-period", "6", "--drain-timeout", "0.5", "--cancel-timeout", "0.5"),
-        *("--http-timeout", "2"),
+        *("--grace-period", "8", "--drain-timeout", "0.5", "--cancel-timeout", "0.5"),
+        *("--http-timeout", "5"),
     )
     start_async(server, "sleep", {"seconds": 600, "marker": "held"})
     server.wait_marker("held")
@@ -647,3 +645,21 @@ def test_startup_failure_exits_1_not_3(tmp_path: Path) -> None:
     assert "address already in use" in result.stderr
     for complaint in ASYNCIO_COMPLAINTS:
         assert complaint not in result.stderr
+
+
+def test_signal_after_the_shutdown_exits_with_the_reported_code(
+    server_factory: ServerFactory,
+) -> None:
+    """While the process waits for a thread it cannot stop, another signal ends it at once."""
+    server = server_factory("tests_app:agent", *FAST)
+    start_async(server, "to_thread_sleep", {"seconds": 600, "marker": "thread"})
+    server.wait_marker("thread")
+    server.signal()
+    wait_stderr(server, "Finished server process")  # the thread now gets the cancel timeout
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code, _ = finish(server, timeout=10)
+    assert code == 0, server.stderr()
+    assert time.monotonic() - sent < 0.8
+    assert "SIGTERM after the shutdown (exit code 0)" in server.stderr()
+    assert "not ending" not in server.stderr()  # it did not wait out the cancel timeout

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, ServerProcess, free_port
+from conftest import TESTS_DIR, ServerProcess
 from test_shutdown import (
     CLIENT_TIMEOUT,
     FAST,
@@ -56,14 +56,13 @@ class Pid1Server(ServerProcess):
     """`agent-server run` as PID 1 of its own PID namespace; `proc` is the `unshare` process."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port: int | None = None  # read from the start-up line (port 0: no race)
         self.marker_dir = marker_dir
         self.stderr_path = marker_dir / "stderr.log"
         self._stderr = self.stderr_path.open("wb")
         full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
-        command = [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.port)]
+        command = [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"]
         self.proc = subprocess.Popen(
             [*UNSHARE, *command],
             cwd=TESTS_DIR,
@@ -135,7 +134,7 @@ def test_idle_exit_as_pid1(pid1_factory: Pid1Factory) -> None:
 
 def test_drain_as_pid1(pid1_factory: Pid1Factory, pool: ThreadPoolExecutor) -> None:
     server = pid1_factory(
-        "tests_app:agent", "--grace-period", "6", "--drain-timeout", "2", "--cancel-timeout", "1"
+        "tests_app:agent", "--grace-period", "7", "--drain-timeout", "3", "--cancel-timeout", "1"
     )
     short = start_async(server, "sleep", {"seconds": 0.5, "marker": "short"})
     held = post_sync(pool, server, "sleep", {"seconds": 600, "marker": "held"})
@@ -152,7 +151,7 @@ def test_drain_as_pid1(pid1_factory: Pid1Factory, pool: ThreadPoolExecutor) -> N
     assert answered.json()["status_reason"] == "shutdown"
     code, elapsed = finish(server, timeout=15)
     assert code == 0, server.stderr()
-    assert 2.0 <= elapsed < 2.0 + 0.5 + 1.5, elapsed
+    assert 3.0 <= elapsed < 3.0 + 0.5 + 1.5, elapsed
     report = shutdown_report(server)
     assert (report["finished"], report["cancelled"], report["abandoned"]) == (1, 1, 0)
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import TESTS_DIR, ServerProcess, free_port
+from conftest import TESTS_DIR, ServerProcess
 from test_shutdown import CLIENT_TIMEOUT, finish, post_sync, shutdown_report, start_async
 
 #: The lifespan drain's budget, from the environment: drain 1 s, cancel 1 s.
@@ -34,15 +34,14 @@ class UvicornProcess(ServerProcess):
     """`python -m uvicorn tests_app:agent` on a free loopback port (cwd: tests/)."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port: int | None = None  # read from the start-up line (port 0: no race)
         self.marker_dir = marker_dir
         self.stderr_path = marker_dir / "stderr.log"
         self._stderr = self.stderr_path.open("wb")
         full_env = {**os.environ, **BUDGET, **env, "TESTS_MARKER_DIR": str(marker_dir)}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests_app:agent", "--port", str(self.port), *args],
+            [sys.executable, "-m", "uvicorn", "tests_app:agent", "--port", "0", *args],
             cwd=TESTS_DIR,
             env=full_env,
             stdout=subprocess.DEVNULL,

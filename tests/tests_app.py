@@ -311,7 +311,7 @@ async def pause(seconds: Annotated[float, Field(ge=0, le=0.05)] = 0.0) -> dict[s
     return {"slept": seconds}
 
 
-FUZZ_REASONERS = [echo, report, whoami, no_params, thread_whoami, triage, add, pause]
+FUZZ_REASONERS = [echo, whoami, no_params, thread_whoami, triage, add, pause]
 
 
 def make_fuzz_agent() -> Agent:
