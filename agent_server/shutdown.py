@@ -96,6 +96,8 @@ class ShutdownReport:
     finished: int = 0
     cancelled: int = 0
     abandoned: int = 0
+    #: Abandoned earlier (by a session release) and still running: the exit ends them too.
+    abandoned_earlier: int = 0
     rejected: int = 0
     duration_seconds: float = 0.0
     exit_code: int = ExitCode.OK
@@ -212,16 +214,18 @@ class ShutdownSequence:
 
         duration = time.monotonic() - t0
         phases["stopped"] = duration
+        abandoned_earlier = max(0, self.registry.abandoned_pending - len(abandoned))
         report = ShutdownReport(
             signal=self._signal,
             phases={name: round(seconds, 4) for name, seconds in phases.items()},
             finished=finished,
             cancelled=len(tasks) - len(abandoned),
             abandoned=len(abandoned),
+            abandoned_earlier=abandoned_earlier,
             rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]
             - self._rejected_before,
             duration_seconds=round(duration, 4),
-            exit_code=ExitCode.ABANDONED if abandoned else ExitCode.OK,
+            exit_code=ExitCode.ABANDONED if abandoned or abandoned_earlier else ExitCode.OK,
             plan=asdict(self.plan),
         )
         self.metrics.shutdown_ended(

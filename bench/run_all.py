@@ -3,13 +3,17 @@
 Waits (bounded by --quiet-timeout) for the 1-minute load average to fall below --max-load;
 if it never does, runs anyway and says so in the output.
 
-Usage: python -m bench.run_all [--max-load 1.0] [--quiet-timeout 3600] [--quick]
+`--compare DIR` adds agent-server from another source tree (a copy of `agent_server/` from
+before a change) to the request-overhead rounds and to the drain runs, for before/after.
+
+Usage: python -m bench.run_all [--max-load 1.0] [--quiet-timeout 3600] [--quick] [--compare DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from bench import http_overhead, scale, session_release
 from bench.common import OUT_DIR, log, wait_for_quiet
@@ -20,18 +24,19 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=1.0)
     parser.add_argument("--quiet-timeout", type=float, default=3600.0)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller scales")
+    parser.add_argument("--compare", type=Path, default=None)
     args = parser.parse_args()
     gate = wait_for_quiet(args.max_load, args.quiet_timeout)
     log(f"quiet gate: {gate}")
     sections = [f"quiet gate: {gate}"]
     if args.quick:
-        overhead = http_overhead.run(rounds=2, duration=2)
+        overhead = http_overhead.run(rounds=2, duration=2, compare=args.compare)
         release = session_release.run(repeat=5)
-        scaled = scale.run(scales=(1_000, 10_000), rounds=1)
+        scaled = scale.run(scales=(1_000, 10_000), rounds=1, compare=args.compare)
     else:
-        overhead = http_overhead.run()
+        overhead = http_overhead.run(compare=args.compare)
         release = session_release.run()
-        scaled = scale.run()
+        scaled = scale.run()  # drain before/after: bench.scale --compare, run on its own
     sections += [
         "## Items 1-2: request overhead",
         http_overhead.markdown(overhead),

@@ -194,8 +194,13 @@ def run_mix(
         time.sleep(SETTLE_SECONDS)
         server.signal()
         code, elapsed = server.wait_exit(EXIT_TIMEOUT)
-        report = shutdown_report(server.stderr())
+        stderr = server.stderr()
     bound = drain + cancel
+    try:
+        report = shutdown_report(stderr)
+    except RuntimeError:  # the watchdog ended the process before the report (exit code 4)
+        report = {k: 0 for k in ("finished", "cancelled", "abandoned", "rejected")}
+        report["duration_seconds"] = None
     counted = report["finished"] + report["cancelled"] + report["abandoned"]
     return {
         "n": n,
