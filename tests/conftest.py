@@ -42,13 +42,17 @@ class ServerProcess:
         full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"],
+            self.command(args),
             cwd=TESTS_DIR,
             env=full_env,
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
         )
         self.signalled_at: float | None = None
+
+    def command(self, args: list[str]) -> list[str]:
+        """The command line; subclasses run the server another way (PID 1, plain uvicorn)."""
+        return [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"]
 
     @property
     def port(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, ServerProcess
+from conftest import ServerProcess
 from test_shutdown import (
     CLIENT_TIMEOUT,
     FAST,
@@ -56,22 +55,11 @@ class Pid1Server(ServerProcess):
     """`agent-server run` as PID 1 of its own PID namespace; `proc` is the `unshare` process."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
-        self._port: int | None = None  # read from the start-up line (port 0: no race)
-        self.marker_dir = marker_dir
-        self.stderr_path = marker_dir / "stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
-        full_env.setdefault("PYTHONUNBUFFERED", "1")
-        command = [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"]
-        self.proc = subprocess.Popen(
-            [*UNSHARE, *command],
-            cwd=TESTS_DIR,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-        )
-        self.signalled_at: float | None = None
+        super().__init__(args, env, marker_dir)
         self.server_pid = self._child_pid()
+
+    def command(self, args: list[str]) -> list[str]:
+        return [*UNSHARE, *super().command(args)]
 
     def _child_pid(self) -> int:
         """The host pid of the server: the one child of `unshare`."""

@@ -9,9 +9,7 @@ blocking call ends the process instead of holding `asyncio.run`'s cleanup foreve
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import TESTS_DIR, ServerProcess
+from conftest import ServerProcess
 from test_shutdown import CLIENT_TIMEOUT, finish, post_sync, shutdown_report, start_async
 
 #: The lifespan drain's budget, from the environment: drain 1 s, cancel 1 s.
@@ -34,20 +32,10 @@ class UvicornProcess(ServerProcess):
     """`python -m uvicorn tests_app:agent` on a free loopback port (cwd: tests/)."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
-        self._port: int | None = None  # read from the start-up line (port 0: no race)
-        self.marker_dir = marker_dir
-        self.stderr_path = marker_dir / "stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        full_env = {**os.environ, **BUDGET, **env, "TESTS_MARKER_DIR": str(marker_dir)}
-        full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests_app:agent", "--port", "0", *args],
-            cwd=TESTS_DIR,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-        )
-        self.signalled_at: float | None = None
+        super().__init__(args, {**BUDGET, **env}, marker_dir)
+
+    def command(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "tests_app:agent", "--port", "0", *args]
 
 
 UvicornFactory = Callable[..., UvicornProcess]
