@@ -547,9 +547,8 @@ def test_idle_keep_alive_connection_is_closed_cleanly(server_factory: ServerFact
 # -- startup, and what asyncio.run would otherwise wait for ----------------------------------
 
 
-def test_signal_while_the_app_is_still_importing(
-    server_factory: ServerFactory, tmp_path: Path
-) -> None:
+def slow_import_app(tmp_path: Path) -> Path:
+    """A folder with `slow_import.py`, whose import marks "importing" and then takes 30 s."""
     app = tmp_path / "slow_app"
     app.mkdir()
     (app / "slow_import.py").write_text(
@@ -562,6 +561,13 @@ def test_signal_while_the_app_is_still_importing(
             """
         )
     )
+    return app
+
+
+def test_signal_while_the_app_is_still_importing(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    app = slow_import_app(tmp_path)
     server = server_factory("slow_import:agent", *FAST, env={"PYTHONPATH": str(app)}, ready=False)
     server.wait_marker("importing", timeout=CLIENT_TIMEOUT)
     server.signal()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from test_shutdown import (
     get_execution,
     post_sync,
     shutdown_report,
+    slow_import_app,
     start_async,
     wait_until,
 )
@@ -174,18 +174,7 @@ def test_watchdog_as_pid1(pid1_factory: Pid1Factory) -> None:
 
 def test_signal_before_serving_as_pid1(pid1_factory: Pid1Factory, tmp_path: Path) -> None:
     """PID 1 would ignore a SIGTERM that arrives while the app imports, and hang."""
-    app = tmp_path / "slow_app"
-    app.mkdir()
-    (app / "slow_import.py").write_text(
-        textwrap.dedent(
-            """
-            import os, pathlib, time
-            pathlib.Path(os.environ["TESTS_MARKER_DIR"], "importing").touch()
-            time.sleep(30)
-            from tests_app import agent
-            """
-        )
-    )
+    app = slow_import_app(tmp_path)
     server = pid1_factory("slow_import:agent", *FAST, env={"PYTHONPATH": str(app)}, ready=False)
     server.wait_marker("importing", timeout=CLIENT_TIMEOUT)
     server.signal()
