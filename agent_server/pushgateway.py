@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 from prometheus_client import push_to_gateway
 from prometheus_client.registry import Collector
 
+from agent_server.signals import block_in_this_thread
+
 if TYPE_CHECKING:
     from agent_server.agent import Agent
 
@@ -78,6 +80,7 @@ async def push_metrics(url: str, registry: Collector, key: Mapping[str, str], bo
             answer.set_result(outcome)
 
     def push() -> None:
+        block_in_this_thread()
         outcome: BaseException | None = None
         try:
             push_to_gateway(url, JOB, registry, grouping_key=dict(key), timeout=bound)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
+from agent_server.signals import block_in_this_thread
 
 logger = logging.getLogger("agent_server.registry")
 
@@ -424,7 +425,9 @@ class InFlightRegistry:
         """A thread cannot be interrupted: on cancellation keep waiting, so the record is
         honest; settle bounds the wait and abandons it if need be."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(THREAD_WORKERS, thread_name_prefix="reasoner")
+            self._executor = ThreadPoolExecutor(
+                THREAD_WORKERS, thread_name_prefix="reasoner", initializer=block_in_this_thread
+            )
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(
             self._executor, functools.partial(reasoner.call, arguments, context)

@@ -9,6 +9,7 @@ uvicorn finish open responses within the http timeout, and finally end what woul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 import uvicorn
@@ -26,6 +28,7 @@ from agent_server.agent import Agent, end_process
 from agent_server.logs import format_line
 from agent_server.pushgateway import push_shutdown
 from agent_server.shutdown import EXIT_RESERVE, ExitCode, Watchdog, end_leftovers
+from agent_server.signals import block_in_this_thread, blocked_while_starting_threads
 
 logger = logging.getLogger("agent_server.runner")
 
@@ -123,6 +126,10 @@ class Runner(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._requested = asyncio.Event()
+        self._loop.set_default_executor(ThreadPoolExecutor(initializer=block_in_this_thread))
+        with blocked_while_starting_threads(), contextlib.suppress(OSError):
+            # libuv starts its whole thread pool on first use: let it inherit the mask.
+            await self._loop.getaddrinfo(self.config.host, self.config.port)
         await super().startup(sockets)
 
     async def main_loop(self) -> None:

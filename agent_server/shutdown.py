@@ -22,6 +22,7 @@ from agent_server.execution import CancelReason
 from agent_server.metrics import Metrics
 from agent_server.registry import InFlightRegistry, RejectReason
 from agent_server.settings import SHUTDOWN_MARGIN, Settings
+from agent_server.signals import block_in_this_thread
 
 logger = logging.getLogger("agent_server.shutdown")
 
@@ -131,6 +132,7 @@ class Watchdog:
         self._disarmed.set()
 
     def _watch(self, deadline: float, started: float) -> None:
+        block_in_this_thread()
         if self._disarmed.wait(max(0.0, deadline - time.monotonic())):
             return
         text = self._line(time.monotonic() - started)
