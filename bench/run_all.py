@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bench import http_overhead, scale, session_release
-from bench.common import OUT_DIR, log, wait_for_quiet
+from bench.common import OUT_DIR, log, wait_for_quiet, write_json
 
 
 def main() -> None:
@@ -37,6 +37,12 @@ def main() -> None:
         overhead = http_overhead.run(compare=args.compare)
         release = session_release.run()
         scaled = scale.run()  # drain before/after: bench.scale --compare, run on its own
+    for name, data in (
+        ("http_overhead", overhead),
+        ("session_release", release),
+        ("scale", scaled),
+    ):
+        log(f"raw {name}: {write_json(name, data)}")
     sections += [
         "## Items 1-2: request overhead",
         http_overhead.markdown(overhead),

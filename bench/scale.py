@@ -21,8 +21,10 @@ is linear; rising is worse than linear).
 `--compare DIR` runs the mix a second time per scale and round with agent-server from another
 source tree (DIR holds an `agent_server/` package), for before/after under the same noise.
 
+`--gc-log` (mix) adds the garbage-collection pauses the server spent after SIGTERM.
+
 Usage: python -m bench.scale [--scales 1000,10000,100000] [--rounds 3] [--parts mix,park,retained]
-                             [--compare DIR]
+                             [--compare DIR] [--gc-log]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,24 +163,37 @@ def _wait_finished(server: ServerProcess, execution_id: str, timeout: float = 60
 
 
 def _launch(
-    target: str, n: int, *, drain: float, cancel: float, tree: Path | None = None
+    target: str,
+    n: int,
+    *,
+    drain: float,
+    cancel: float,
+    tree: Path | None = None,
+    gc_log: bool = False,
 ) -> ServerProcess:
-    """A fresh server; `tree`: run agent-server from another source tree (bench from ROOT)."""
+    """A fresh server; `tree`: run agent-server from another source tree (bench from ROOT);
+    `gc_log`: log every garbage-collection pause over 10 ms (bench/gc_pauses)."""
+    paths = [str(ROOT / "bench" / "gc_pauses")] if gc_log else []
+    if tree is not None:
+        paths.append(str(ROOT))
+    env = {"PYTHONPATH": os.pathsep.join(paths)} if paths else None
     port = free_port()
     if target == "agent-server":
         argv = agent_server_argv(port, APP, *_agent_flags(n, drain=drain, cancel=cancel))
     else:
         argv = baseline_argv(port, "--max-retained", str(max(10_000, n + SAMPLED_STARTS)))
-    if tree is None:
-        server = ServerProcess(target, argv, port)
-    else:
-        server = ServerProcess(target, argv, port, cwd=tree, env={"PYTHONPATH": str(ROOT)})
+    server = ServerProcess(target, argv, port, cwd=tree or ROOT, env=env)
     server.wait_ready()
     return server
 
 
 def run_mix(
-    n: int, *, drain: float = MIX_DRAIN, cancel: float = MIX_CANCEL, tree: Path | None = None
+    n: int,
+    *,
+    drain: float = MIX_DRAIN,
+    cancel: float = MIX_CANCEL,
+    tree: Path | None = None,
+    gc_log: bool = False,
 ) -> dict[str, Any]:
     """Item 3 at scale n (`tree`: agent-server from another source tree)."""
     swallowers = n // 10  # every tenth start
@@ -187,7 +203,7 @@ def run_mix(
     def request(index: int) -> bytes:
         return swallow if index % 10 == 9 else cooperative
 
-    with _launch("agent-server", n, drain=drain, cancel=cancel, tree=tree) as server:
+    with _launch("agent-server", n, drain=drain, cancel=cancel, tree=tree, gc_log=gc_log) as server:
         started = time.perf_counter()
         _start(server, request, n)
         start_seconds = time.perf_counter() - started
@@ -195,6 +211,12 @@ def run_mix(
         server.signal()
         code, elapsed = server.wait_exit(EXIT_TIMEOUT)
         stderr = server.stderr()
+        signalled = server.signalled_at or 0.0
+    pauses = [
+        float(line.split()[3])
+        for line in stderr.splitlines()
+        if line.startswith("GC_PAUSE ") and float(line.split()[2]) >= signalled
+    ]
     bound = drain + cancel
     try:
         report = shutdown_report(stderr)
@@ -214,6 +236,7 @@ def run_mix(
         "report_duration_seconds": report["duration_seconds"],
         "counted": counted,
         "adds_up": counted == n,
+        "gc_pause_after_signal": sum(pauses) if gc_log else None,
         "start_seconds": start_seconds,
     }
 
@@ -277,6 +300,7 @@ def run(
     mix_drain: float = MIX_DRAIN,
     mix_cancel: float = MIX_CANCEL,
     compare: Path | None = None,
+    gc_log: bool = False,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
     load_before = machine_load()
@@ -285,12 +309,13 @@ def run(
         for n in scales:
             if "mix" in parts:
                 for tree in (None,) if compare is None else (None, compare):
-                    mix = run_mix(n, drain=mix_drain, cancel=mix_cancel, tree=tree)
+                    mix = run_mix(n, drain=mix_drain, cancel=mix_cancel, tree=tree, gc_log=gc_log)
                     raw["mix"].append(mix)
                     progress(
                         f"round {index + 1} mix n={n} tree {tree}: exit "
                         f"{mix['exit_seconds']:.3f}s ratio {mix['ratio']:.3f} "
-                        f"code {mix['exit_code']} report {mix['report']}"
+                        f"code {mix['exit_code']} report {mix['report']} "
+                        f"GC pause after SIGTERM {mix['gc_pause_after_signal']}"
                     )
             for target in ("agent-server", "baseline"):
                 if "park" in parts:
@@ -329,6 +354,7 @@ def summarise(
                 "reports": [r["report"] for r in runs],
                 "all_add_up": all(r["adds_up"] for r in runs),
                 "exit_codes": sorted({r["exit_code"] for r in runs}),
+                "gc_pause_after_signal": [r["gc_pause_after_signal"] for r in runs],
             }
     for target in ("agent-server", "baseline"):
         per_scale: dict[int, Any] = {}
@@ -409,9 +435,12 @@ def markdown(data: dict[str, Any]) -> str:
             reports = "; ".join(
                 f"{r['finished']}/{r['cancelled']}/{r['abandoned']}" for r in entry["reports"]
             )
+            pauses = [p for p in entry.get("gc_pause_after_signal", []) if p is not None]
+            gc_text = f" GC pause after SIGTERM (s): {', '.join(f'{p:.2f}' for p in pauses)}"
             lines.append(
                 f"| {n} | {spread(entry['exit_seconds'], 3)} | {spread(entry['ratio'], 3)} | "
-                f"{entry['exit_codes']} | {reports} | {entry['all_add_up']} |"
+                f"{entry['exit_codes']} | {reports}{gc_text if pauses else ''} | "
+                f"{entry['all_add_up']} |"
             )
         lines.append("")
     if summary["park"]:
@@ -466,6 +495,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", default="mix,park,retained")
     parser.add_argument("--compare", type=Path, default=None, help="mix: another source tree")
+    parser.add_argument("--gc-log", action="store_true", help="mix: log GC pauses")
     args = parser.parse_args()
     scales = tuple(int(s) for s in args.scales.split(","))
     data = run(
@@ -473,6 +503,7 @@ def main() -> None:
         rounds=args.rounds,
         parts=tuple(args.parts.split(",")),
         compare=args.compare,
+        gc_log=args.gc_log,
     )
     data["raw_file"] = str(write_json("scale", data))
     print(markdown(data))
