@@ -104,17 +104,18 @@ class Agent:
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         yield
-        if self.shutdown.started is None:
-            self.shutdown.begin(time.monotonic(), time.time(), None)
-            report = await self.shutdown.run(skip_unready=True)
-            await push_shutdown(self)  # bounded by the time left before the grace period ends
-            if self.registry.abandoned_pending:
-                end_process(report.exit_code)
-            self.registry.close()  # its idle worker threads end before the check below
-            deadline = time.monotonic() + self.shutdown.plan.cancel_timeout
-            if await end_leftovers(deadline, cancel_tasks=False):
-                end_process(report.exit_code, "threads")
-        self.registry.close()
+        if self.shutdown.started is not None:  # `agent-server run` has drained already
+            self.registry.close()
+            return
+        self.shutdown.begin(time.monotonic(), time.time(), None)
+        report = await self.shutdown.run(skip_unready=True)
+        await push_shutdown(self)  # bounded by the time left before the grace period ends
+        if self.registry.abandoned_pending:
+            end_process(report.exit_code)
+        self.registry.close()  # its idle worker threads end before the check below
+        deadline = time.monotonic() + self.shutdown.plan.cancel_timeout
+        if await end_leftovers(deadline, cancel_tasks=False):
+            end_process(report.exit_code, "threads")
 
 
 def end_process(code: int, still_running: str = "abandoned work") -> None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
 import socket
 import threading
@@ -27,7 +26,13 @@ from uvicorn.server import HANDLED_SIGNALS
 from agent_server.agent import Agent, end_process
 from agent_server.logs import format_line
 from agent_server.pushgateway import push_shutdown
-from agent_server.shutdown import EXIT_RESERVE, ExitCode, Watchdog, end_leftovers
+from agent_server.shutdown import (
+    EXIT_RESERVE,
+    ExitCode,
+    Watchdog,
+    end_leftovers,
+    exit_with_line,
+)
 from agent_server.signals import block_in_this_thread, blocked_while_starting_threads
 
 logger = logging.getLogger("agent_server.runner")
@@ -52,8 +57,9 @@ def exit_on_signal_before_serving() -> None:
 
 def _exit_before_serving(sig: int, frame: FrameType | None) -> None:
     name = signal.Signals(sig).name
-    os.write(2, f"agent-server: {name} before serving: nothing to drain, exit code 0\n".encode())
-    os._exit(ExitCode.OK)
+    exit_with_line(
+        f"agent-server: {name} before serving: nothing to drain, exit code 0", ExitCode.OK
+    )
 
 
 class Runner(uvicorn.Server):
@@ -102,11 +108,11 @@ class Runner(uvicorn.Server):
         self._exit_now(self.exit_code, f"{signal.Signals(sig).name} after the shutdown")
 
     def _exit_now(self, code: int, why: str) -> None:
-        """One line straight to stderr (the logging locks may be held), then exit."""
-        message = f"{why} (exit code {code})"
-        line = format_line(self.agent.settings.log_format, "critical", logger.name, message)
-        os.write(2, (line + "\n").encode())
-        os._exit(code)
+        exit_with_line(self._critical_line(f"{why} (exit code {code})"), code)
+
+    def _critical_line(self, message: str) -> str:
+        """A log line in the configured format, built without the logging machinery."""
+        return format_line(self.agent.settings.log_format, "critical", logger.name, message)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -186,4 +192,4 @@ class Runner(uvicorn.Server):
             f"{self.agent.shutdown.plan.grace_period:g}s): exiting with code "
             f"{int(ExitCode.WATCHDOG)}"
         )
-        return format_line(self.agent.settings.log_format, "critical", logger.name, message)
+        return self._critical_line(message)

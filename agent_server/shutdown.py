@@ -108,6 +108,17 @@ class ShutdownReport:
         return asdict(self)
 
 
+def exit_with_line(line: str, code: int) -> None:
+    """Write one line straight to the stderr descriptor, then end the process at once.
+
+    For exits that cannot wait for the event loop or the logging machinery: a signal
+    handler may run while the interrupted code holds the logging locks, and a blocked loop
+    never gets back to anything else.
+    """
+    os.write(2, (line + "\n").encode())
+    os._exit(code)
+
+
 class Watchdog:
     """Ends the process at a deadline even when the event loop is blocked.
 
@@ -135,9 +146,7 @@ class Watchdog:
         block_in_this_thread()
         if self._disarmed.wait(max(0.0, deadline - time.monotonic())):
             return
-        text = self._line(time.monotonic() - started)
-        os.write(2, (text + "\n").encode())
-        os._exit(ExitCode.WATCHDOG)
+        exit_with_line(self._line(time.monotonic() - started), ExitCode.WATCHDOG)
 
 
 class ShutdownSequence:
