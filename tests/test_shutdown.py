@@ -276,12 +276,17 @@ def test_work_swallowing_cancellation_is_abandoned(
 # -- the watchdog and repeated signals -----------------------------------------------------
 
 
+#: Budget 0 + 0.5 + 0.5 + 0.5 + 1 <= 3: the watchdog fires at 3 - 1 = 2 s.
+WATCHDOG_BUDGET = (
+    *("--grace-period", "3", "--drain-timeout", "0.5", "--cancel-timeout", "0.5"),
+    *("--http-timeout", "0.5"),
+)
+
+
 def test_watchdog_ends_a_blocked_event_loop(server_factory: ServerFactory) -> None:
-    # Budget 0 + 0.5 + 0.5 + 0.5 + 1 <= 3: the watchdog fires at 3 - 1 = 2 s.
     server = server_factory(
         "tests_app:agent",
-        *("--grace-period", "3", "--drain-timeout", "0.5", "--cancel-timeout", "0.5"),
-        *("--http-timeout", "0.5"),
+        *WATCHDOG_BUDGET,
     )
     start_async(server, "block_loop", {"seconds": 600, "marker": "blocked"})
     server.wait_marker("blocked")

@@ -22,6 +22,7 @@ from conftest import ServerProcess
 from test_shutdown import (
     CLIENT_TIMEOUT,
     FAST,
+    WATCHDOG_BUDGET,
     finish,
     get_execution,
     post_sync,
@@ -160,8 +161,7 @@ def test_abandoned_work_as_pid1(pid1_factory: Pid1Factory) -> None:
 def test_watchdog_as_pid1(pid1_factory: Pid1Factory) -> None:
     server = pid1_factory(
         "tests_app:agent",
-        *("--grace-period", "3", "--drain-timeout", "0.5", "--cancel-timeout", "0.5"),
-        *("--http-timeout", "0.5"),
+        *WATCHDOG_BUDGET,
     )
     start_async(server, "block_loop", {"seconds": 600, "marker": "blocked"})
     server.wait_marker("blocked")
