@@ -1,4 +1,4 @@
-"""HTTP API: thin Starlette handlers that translate between HTTP and the registry.
+"""HTTP API: thin handlers on Starlette's router that translate between HTTP and the registry.
 
 Handlers know nothing of signals: they read the registry (admission, draining) and the
 agent's phase. Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
@@ -11,17 +11,17 @@ import json
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse as StarletteJSONResponse
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_server import jsoncodec
 from agent_server.auth import BearerAuth
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.openapi import openapi_document
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_server.api")
 
-SESSION_HEADER = "x-session-id"
+SESSION_HEADER = b"x-session-id"
 MAX_WAIT_SECONDS = 60.0
 MAX_LIST_LIMIT = 1000
 MAX_SESSION_ID_LENGTH = 256
@@ -49,13 +49,42 @@ JSON_MEDIA_TYPES = ("application/json",)
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-class JSONResponse(StarletteJSONResponse):
-    """Strict JSON escaped to ASCII: a lone surrogate a client sent (a valid JSON escape that
-    UTF-8 cannot encode) goes back out as an escape, never as a 500 on every later read."""
+class JSONResponse(Response):
+    """Strict JSON (see `agent_server.jsoncodec`), its headers built directly: Starlette's
+    general `init_headers` is a fifth of the cost of answering a status read."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self, content: Any, status_code: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = jsoncodec.dumps(content)
+        self.raw_headers = [
+            (b"content-length", b"%d" % len(self.body)),
+            (b"content-type", b"application/json"),
+        ]
+        if headers:
+            self.raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
     def render(self, content: Any) -> bytes:
-        text = json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-        return text.encode("ascii")
+        return jsoncodec.dumps(content)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Endpoint:
+    """One handler as an ASGI app: Starlette's `request_response` without its per-request
+    exception-handler plumbing, since `HttpApp` answers every error in one place."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handler(Request(scope, receive))
+        await response(scope, receive, send)
 
 
 class ApiError(HTTPException):
@@ -82,19 +111,21 @@ class Api:
         self.registry = agent.registry
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/reasoners", self.list_reasoners, methods=["GET"]),
-            Route("/reasoners/{name}", self.run_sync, methods=["POST"]),
-            Route("/reasoners/{name}/async", self.run_async, methods=["POST"]),
-            Route("/executions", self.list_executions, methods=["GET"]),
-            Route("/executions/{execution_id}", self.execution, methods=["GET", "DELETE"]),
-            Route("/executions/{execution_id}/cancel", self.cancel_execution, methods=["POST"]),
-            Route("/sessions/{session_id}", self.release_session, methods=["DELETE"]),
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/openapi.json", self.openapi, methods=["GET"]),
+        """The hot routes (runs and status reads) first: the router tries them in order."""
+        table: list[tuple[str, Handler, list[str]]] = [
+            ("/reasoners/{name}", self.run_sync, ["POST"]),
+            ("/reasoners/{name}/async", self.run_async, ["POST"]),
+            ("/executions/{execution_id}", self.execution, ["GET", "DELETE"]),
+            ("/executions/{execution_id}/cancel", self.cancel_execution, ["POST"]),
+            ("/reasoners", self.list_reasoners, ["GET"]),
+            ("/executions", self.list_executions, ["GET"]),
+            ("/sessions/{session_id}", self.release_session, ["DELETE"]),
+            ("/healthz", self.healthz, ["GET"]),
+            ("/readyz", self.readyz, ["GET"]),
+            ("/metrics", self.metrics, ["GET"]),
+            ("/openapi.json", self.openapi, ["GET"]),
         ]
+        return [Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table]
 
     # -- reasoners -----------------------------------------------------------------------------
 
@@ -123,8 +154,9 @@ class Api:
 
     async def _start(self, request: Request) -> Execution:
         reasoner = self._reasoner(request.path_params["name"])
-        session_id = self._session_id(request)
-        body = await self._read_json(request)
+        headers = _first_values(request.scope["headers"])
+        session_id = self._session_id(headers.get(SESSION_HEADER))
+        body = await self._read_json(request.receive, headers)
         try:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
@@ -141,44 +173,34 @@ class Api:
         return reasoner
 
     @staticmethod
-    def _session_id(request: Request) -> str | None:
-        value = request.headers.get(SESSION_HEADER)
-        if value is None:
+    def _session_id(raw: bytes | None) -> str | None:
+        if raw is None:
             return None
+        value = raw.decode("latin-1")
         if not 0 < len(value) <= MAX_SESSION_ID_LENGTH or not value.isprintable():
             raise ApiError(
                 400, f"X-Session-ID must be 1 to {MAX_SESSION_ID_LENGTH} printable characters"
             )
         return value
 
-    async def _read_json(self, request: Request) -> Any:
+    async def _read_json(self, receive: Receive, headers: dict[bytes, bytes]) -> Any:
         """The body as JSON, within the size limit; an empty body is None."""
         limit = self.agent.settings.max_body_size
-        declared = request.headers.get("content-length")
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body exceeds {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"request body exceeds {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:  # nobody to answer; not a server error worth a traceback
-            raise ApiError(499, "client disconnected before sending its body") from None
-        raw = b"".join(chunks)
+        raw = await _read_body(receive, limit)
         if not raw.strip():
             return None
-        content_type = request.headers.get("content-type")
+        content_type = headers.get(b"content-type")
         if content_type is not None:
-            media_type = content_type.split(";", 1)[0].strip().lower()
+            media_type = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
             if media_type not in JSON_MEDIA_TYPES and not media_type.endswith("+json"):
                 raise ApiError(415, f"unsupported content type {media_type!r}: send JSON")
         try:
-            return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+            return jsoncodec.loads(raw)
         except (ValueError, RecursionError) as exc:
-            raise ApiError(400, f"malformed JSON body: {_short(exc)}") from None
+            raise ApiError(400, f"malformed JSON body: {jsoncodec.short_error(exc)}") from None
 
     async def _wait_or_disconnect(self, execution: Execution, request: Request) -> bool:
         """Wait for the execution's end; False when the client went away first."""
@@ -296,6 +318,30 @@ class Api:
 # -- helpers ---------------------------------------------------------------------------------
 
 
+def _first_values(raw_headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header's first value by its (lower-case, per ASGI) name, in one pass."""
+    return dict(reversed(raw_headers))
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, or ApiError: 413 past `limit`, 499 when the client goes away (nobody
+    to answer; not a server error worth a traceback)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(499, "client disconnected before sending its body")
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 async def _disconnected(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -315,24 +361,6 @@ def _admission_error(reason: RejectReason) -> ApiError:
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     """Pydantic's error list without echoing internals (`url`, `ctx` objects)."""
     return json.loads(exc.json(include_url=False, include_context=False))  # type: ignore[no-any-return]
-
-
-def _refuse_constant(name: str) -> Any:
-    """NaN and Infinity are not JSON (RFC 8259), though Python's parser accepts them."""
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    """A number too large for a float (1e999) would silently become infinity."""
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"number out of range: {_short(ValueError(text))}")
-    return number
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _float_param(request: Request, name: str, *, minimum: float) -> float | None:
@@ -361,21 +389,20 @@ def _int_param(request: Request, name: str, *, minimum: int, maximum: int) -> in
     return number
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
+def _error_response(exc: HTTPException) -> Response:
     headers = dict(exc.headers or {})
     if exc.status_code in (204, 304):
         return Response(status_code=exc.status_code, headers=headers)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse({"detail": "internal server error"}, status_code=500)
+class HttpApp:
+    """The agent's HTTP front: answers every error as JSON, counts every response by route
+    template, and adds `Connection: close` while draining.
 
-
-class HttpMiddleware:
-    """Counts every response by route template and adds `Connection: close` while draining."""
+    One layer instead of Starlette's application stack (two middlewares and an exception
+    handler lookup per request) plus a metrics middleware: every layer costs every request.
+    """
 
     def __init__(self, app: ASGIApp, agent: Agent) -> None:
         self.app = app
@@ -385,8 +412,9 @@ class HttpMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope["app"] = self  # so the router raises HTTPException for 404 and 405, answered here
         started = time.perf_counter()
-        status = 500
+        status = 0
         registry = self.agent.registry
 
         async def send_wrapper(message: Message) -> None:
@@ -401,23 +429,30 @@ class HttpMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except HTTPException as exc:
+            if status:  # too late to answer: the server closes the connection
+                raise
+            await _error_response(exc)(scope, receive, send_wrapper)
+        except Exception as exc:
+            if status:
+                raise
+            logger.error("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
+            response = JSONResponse({"detail": "internal server error"}, status_code=500)
+            await response(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
-            self.agent.metrics.http_request(method, template, status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.agent.metrics.http_request(method, template, status or 500, seconds)
 
 
 def build_app(agent: Agent) -> ASGIApp:
-    """The Starlette app for `agent`, behind the bearer check when a token is set, wrapped in
-    the HTTP middleware (so 401s are counted and get `Connection: close` while draining)."""
+    """The routes of `agent`, behind the bearer check when a token is set, inside `HttpApp`
+    (so 401s are counted and get `Connection: close` while draining too)."""
     api = Api(agent)
-    app: ASGIApp = Starlette(
-        routes=api.routes(),
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
-        lifespan=agent.lifespan,
-    )
+    app: ASGIApp = Router(routes=api.routes(), lifespan=agent.lifespan)
     token = agent.settings.bearer_token
     if token is not None:
         app = BearerAuth(app, token)
-    return HttpMiddleware(app, agent)
+    return HttpApp(app, agent)

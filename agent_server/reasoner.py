@@ -7,13 +7,13 @@ request is a 422 before any task exists, and the result is serialised by its ann
 from __future__ import annotations
 
 import inspect
-import json
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
 
+from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
 
 ReasonerFunc = Callable[..., Any]
@@ -62,13 +62,17 @@ class Reasoner:
             )
         return_annotation = hints.get("return", Any)
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(return_annotation)
+        self._field_names = tuple(self.input_model.model_fields)
 
     def bind(self, body: Any) -> dict[str, Any]:
         """Validate a decoded JSON body into keyword arguments; raises pydantic's error."""
-        model = self.input_model.model_validate({} if body is None else body)
+        # pydantic-core's validator and serializers are called directly: the Python wrappers
+        # around them cost as much as the work itself for a small body or result.
+        validator = self.input_model.__pydantic_validator__
+        model = validator.validate_python({} if body is None else body)
         if self._model_param is not None:
             return {self._model_param: model}
-        return {field: getattr(model, field) for field in type(model).model_fields}
+        return {name: getattr(model, name) for name in self._field_names}
 
     def call(self, arguments: dict[str, Any], context: ExecutionContext) -> Any:
         """Call the function; a coroutine for `async def`, the plain result otherwise."""
@@ -86,11 +90,11 @@ class Reasoner:
         """JSON-ready data for the result; raises when the value cannot be represented."""
         # Validated first: a value that contradicts the annotation (and so the published
         # output schema) fails the execution instead of passing with a serializer warning.
-        value = self.output_adapter.validate_python(value)
-        data = self.output_adapter.dump_python(value, mode="json")
+        adapter = self.output_adapter
+        data = adapter.serializer.to_python(adapter.validator.validate_python(value), mode="json")
         # A float field keeps NaN and infinities, which no JSON response can carry: fail the
         # execution here rather than every later read of it with a 500.
-        json.dumps(data, allow_nan=False)
+        jsoncodec.check_finite(data)
         return data
 
     def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
