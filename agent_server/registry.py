@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
@@ -149,19 +149,18 @@ class InFlightRegistry:
         self, reasoner: Reasoner, arguments: dict[str, Any], session_id: str | None = None
     ) -> Execution:
         """Admit and start one execution, or raise AdmissionError."""
-        reason = self._refusal(session_id)
-        if reason is not None:
-            self.stats.rejected[reason.value] += 1
-            if self.observer is not None:
-                self.observer.execution_rejected(reason)
-            raise AdmissionError(reason)
+        if (
+            not self.admitting
+            or len(self._running) >= self.max_inflight
+            or (session_id is not None and session_id in self._releasing)
+        ):
+            self._refuse(session_id)
         execution = Execution(reasoner.name, session_id)
-        context = ExecutionContext(execution.execution_id, reasoner.name, session_id, self._drain)
-        task = asyncio.create_task(
-            self._run(execution, reasoner, arguments, context),
-            name=f"execution-{execution.execution_id}",
-        )
         key = execution.execution_id
+        context = ExecutionContext(key, reasoner.name, session_id, self._drain)
+        task = asyncio.get_running_loop().create_task(
+            self._run(execution, reasoner, arguments, context), name=f"execution-{key}"
+        )
         self._executions[key] = execution
         self._running[key] = task
         self._idle.clear()
@@ -172,6 +171,14 @@ class InFlightRegistry:
         if self.observer is not None:
             self.observer.execution_started(execution)
         return execution
+
+    def _refuse(self, session_id: str | None) -> NoReturn:
+        reason = self._refusal(session_id)
+        assert reason is not None
+        self.stats.rejected[reason.value] += 1
+        if self.observer is not None:
+            self.observer.execution_rejected(reason)
+        raise AdmissionError(reason)
 
     def _refusal(self, session_id: str | None) -> RejectReason | None:
         if not self.admitting:
@@ -454,7 +461,7 @@ class InFlightRegistry:
             )
             return
         execution.finish(status, result=result, error=error, reason=reason)
-        outcome = "abandoned" if execution.abandoned else status.value
+        outcome = "abandoned" if execution.abandoned else str(status)  # str(): no enum lookup
         self.stats.outcomes[outcome] += 1
         if self.observer is not None:
             self.observer.execution_finished(execution, outcome)
