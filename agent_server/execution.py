@@ -37,7 +37,7 @@ _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 def new_execution_id() -> str:
     """A random UUID 4 as 32 hex digits: unguessable and unique across restarts. The same
     value as `uuid.uuid4().hex` at half its cost (no UUID object built only to be printed)."""
-    return "%032x" % (int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET)  # noqa: UP031
+    return "%032x" % (int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET)
 
 
 def _isoformat(timestamp: float) -> str:

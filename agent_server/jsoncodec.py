@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import orjson
-from typing import Any
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 

@@ -4,6 +4,13 @@ Metrics observe; they never decide. Label values known up front (reasoner names,
 reasons, outcomes, phases) are initialised to zero so dashboards and rate() see every
 series from the first scrape. HTTP labels are route templates, never raw paths.
 
+The series that move on every request (executions, HTTP, rejections, session releases) are
+plain ints and floats in dicts keyed by label values, turned into metric families only when
+scraped (`Metrics.collect`). A prometheus_client child takes a lock on every `inc()` and
+`observe()`, about a microsecond each, several times per request. The shutdown metrics move
+a few times per process and are pushed from the shutdown, so they stay prometheus_client
+objects (and `shutdown_registry` holds just them).
+
 No `*_created` series are exposed. In the text format Prometheus scrapes they are plain
 gauges, one more series per counter and histogram child (a third of the output here), and
 nothing reads them: rate() and increase() detect counter resets on their own. The switch
@@ -14,26 +21,29 @@ registry drops them itself instead.
 from __future__ import annotations
 
 import copy
+from bisect import bisect_left
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
-from typing import TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Enum,
     Gauge,
-    Histogram,
     generate_latest,
+    utils,
 )
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from agent_server.execution import Execution
 from agent_server.registry import RejectReason
-
-M = TypeVar("M", bound=MetricWrapperBase)
 
 PREFIX = "agent_server"
 
@@ -51,6 +61,17 @@ SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
 SHUTDOWN_OUTCOMES = ("finished", "cancelled", "abandoned")
 SESSION_OUTCOMES = ("settled", "abandoned")
 
+#: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
+_go_float: Callable[[float], str] = utils.floatToGoString
+
+
+def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    return (*(_go_float(b) for b in bounds), "+Inf")
+
+
+EXECUTION_LE = _le_labels(EXECUTION_BUCKETS)
+HTTP_LE = _le_labels(HTTP_BUCKETS)
+
 
 class AgentRegistry(CollectorRegistry):
     """A CollectorRegistry that leaves out `*_created` samples (see the module docstring)."""
@@ -63,62 +84,62 @@ class AgentRegistry(CollectorRegistry):
             yield metric
 
 
+class HistogramSeries:
+    """One histogram series: a count per bucket (not cumulative, +Inf last) and the sum."""
+
+    __slots__ = ("bounds", "counts", "les", "sum")
+
+    def __init__(self, bounds: tuple[float, ...], les: tuple[str, ...]) -> None:
+        self.bounds = bounds
+        self.les = les
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # Buckets are `le`: the first bound >= value, which is what bisect_left finds.
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative, by `le` label: what HistogramMetricFamily takes."""
+        return list(zip(self.les, accumulate(self.counts), strict=True))
+
+
+class OutcomeSeries(HistogramSeries):
+    """Executions of one reasoner that ended one way: how many, and how long they took."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        super().__init__(EXECUTION_BUCKETS, EXECUTION_LE)
+        self.finished = 0
+
+
 class Metrics:
     """Every metric of the agent, registered on its own CollectorRegistry.
+
+    The per-request series live here as plain numbers and `collect()` exposes them; the
+    CollectorRegistry calls it on every scrape. Recording and scraping both happen on the
+    event loop thread (the in-flight registry's observer calls, the HTTP middleware, the
+    /metrics handler), one at a time, so nothing takes a lock.
 
     `shutdown_registry` holds only the shutdown metrics (the same objects), for the push to
     a Pushgateway at the end of the shutdown.
     """
 
     def __init__(self) -> None:
+        self._started: dict[str, int] = {}
+        self._outcomes: dict[tuple[str, str], OutcomeSeries] = {}
+        self._http: dict[tuple[str, str, int], HistogramSeries] = {}
+        self._rejected: dict[str, int] = {reason.value: 0 for reason in RejectReason}
+        self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
         self.registry = AgentRegistry(auto_describe=True)
-        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+        self.registry.register(self)
         self.shutdown_registry = AgentRegistry(auto_describe=True)
-        r = self.registry
-        self.executions_started = Counter(
-            f"{PREFIX}_executions_started_total", "Executions started.", ["reasoner"], registry=r
-        )
-        self.executions_finished = Counter(
-            f"{PREFIX}_executions_finished_total",
-            "Executions ended, by how they ended.",
-            ["reasoner", "status"],
-            registry=r,
-        )
-        self.executions_inflight = Gauge(
-            f"{PREFIX}_executions_inflight", "Executions running now.", ["reasoner"], registry=r
-        )
-        self.execution_duration = Histogram(
-            f"{PREFIX}_execution_duration_seconds",
-            "Execution duration from start to its recorded end.",
-            ["reasoner", "status"],
-            buckets=EXECUTION_BUCKETS,
-            registry=r,
-        )
-        self.requests_rejected = Counter(
-            f"{PREFIX}_requests_rejected_total",
-            "New work refused, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.http_requests = Counter(
-            f"{PREFIX}_http_requests_total",
-            "HTTP requests answered, by route template.",
-            ["method", "route", "status"],
-            registry=r,
-        )
-        self.http_request_duration = Histogram(
-            f"{PREFIX}_http_request_duration_seconds",
-            "HTTP request handling time, by route template.",
-            ["method", "route", "status"],
-            buckets=HTTP_BUCKETS,
-            registry=r,
-        )
-        self.session_releases = Counter(
-            f"{PREFIX}_session_releases_total",
-            "Session releases, by whether all their work settled.",
-            ["outcome"],
-            registry=r,
-        )
         self.draining = Gauge(
             f"{PREFIX}_draining", "1 from the first shutdown signal on.", registry=None
         )
@@ -148,12 +169,8 @@ class Metrics:
         for collector in self._shutdown_collectors():
             self.registry.register(collector)
             self.shutdown_registry.register(collector)
-        for reason in RejectReason:
-            self.requests_rejected.labels(reason.value)
         for outcome in SHUTDOWN_OUTCOMES:
             self.shutdown_executions.labels(outcome)
-        for outcome in SESSION_OUTCOMES:
-            self.session_releases.labels(outcome)
         self._phase = SHUTDOWN_PHASES[0]
         self.shutdown_phase.state(self._phase)
         self._shutdown_counted: Tally[str] = Tally()
@@ -169,49 +186,45 @@ class Metrics:
 
     def add_reasoner(self, name: str) -> None:
         """Create the reasoner's series at zero, so they exist before its first execution."""
-        self.executions_started.labels(name)
-        self.executions_inflight.labels(name)
+        self._started.setdefault(name, 0)
         for status in EXECUTION_OUTCOMES:
-            self.executions_finished.labels(name, status)
-            self.execution_duration.labels(name, status)
+            if (name, status) not in self._outcomes:
+                self._outcomes[name, status] = OutcomeSeries()
 
     # -- RegistryObserver ----------------------------------------------------------------------
 
     def execution_started(self, execution: Execution) -> None:
-        self._child(self.executions_started, execution.reasoner).inc()
-        self._child(self.executions_inflight, execution.reasoner).inc()
+        reasoner = execution.reasoner
+        self._started[reasoner] = self._started.get(reasoner, 0) + 1
 
     def execution_finished(self, execution: Execution, outcome: str) -> None:
-        self._child(self.executions_inflight, execution.reasoner).dec()
-        self._child(self.executions_finished, execution.reasoner, outcome).inc()
+        key = (execution.reasoner, outcome)
+        ended = self._outcomes.get(key)
+        if ended is None:
+            ended = self._outcomes[key] = OutcomeSeries()
+        ended.finished += 1
         duration = execution.duration_seconds
         if duration is not None:
-            self._child(self.execution_duration, execution.reasoner, outcome).observe(duration)
-        during_shutdown = self._shutdown_outcome(outcome)
-        if during_shutdown is not None:
-            self._count_shutdown(during_shutdown, 1)
+            ended.observe(duration)
+        if self._phase != "serving":
+            during_shutdown = self._shutdown_outcome(outcome)
+            if during_shutdown is not None:
+                self._count_shutdown(during_shutdown, 1)
 
     def execution_rejected(self, reason: RejectReason) -> None:
-        self.requests_rejected.labels(reason.value).inc()
+        self._rejected[reason.value] += 1
 
     def session_released(self, outcome: str) -> None:
-        self.session_releases.labels(outcome).inc()
+        self._releases[outcome] = self._releases.get(outcome, 0) + 1
 
     # -- HTTP and shutdown -------------------------------------------------------------------
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        code = str(status)
-        self._child(self.http_requests, method, route, code).inc()
-        self._child(self.http_request_duration, method, route, code).observe(seconds)
-
-    def _child(self, metric: M, *labels: str) -> M:
-        """`metric.labels(*labels)`, looked up once: `labels()` costs microseconds per call
-        (validation and a lock), and it runs several times per request."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return cast(M, child)
+        key = (method, route, status)
+        series = self._http.get(key)
+        if series is None:
+            series = self._http[key] = HistogramSeries(HTTP_BUCKETS, HTTP_LE)
+        series.observe(seconds)
 
     def shutdown_began(self, wall_time: float) -> None:
         self.draining.set(1)
@@ -243,7 +256,77 @@ class Metrics:
 
     def _count_shutdown(self, outcome: str, count: int) -> None:
         self._shutdown_counted[outcome] += count
-        self._child(self.shutdown_executions, outcome).inc(count)
+        self.shutdown_executions.labels(outcome).inc(count)
+
+    # -- exposition ----------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """The per-request series as metric families, in the order the registry shows them."""
+        yield from self._execution_families()
+        yield _counter(
+            "requests_rejected_total", "New work refused, by reason.", "reason", self._rejected
+        )
+        yield from self._http_families()
+        yield _counter(
+            "session_releases_total",
+            "Session releases, by whether all their work settled.",
+            "outcome",
+            self._releases,
+        )
+
+    def _execution_families(self) -> tuple[Metric, Metric, Metric, Metric]:
+        """`executions_inflight` is derived: every started execution is recorded finished
+        exactly once (abandoned included), so started minus finished is what runs now."""
+        running = dict(self._started)
+        finished = CounterMetricFamily(
+            f"{PREFIX}_executions_finished_total",
+            "Executions ended, by how they ended.",
+            labels=["reasoner", "status"],
+        )
+        duration = HistogramMetricFamily(
+            f"{PREFIX}_execution_duration_seconds",
+            "Execution duration from start to its recorded end.",
+            labels=["reasoner", "status"],
+        )
+        for (reasoner, status), ended in self._outcomes.items():
+            running[reasoner] = running.get(reasoner, 0) - ended.finished
+            finished.add_metric([reasoner, status], ended.finished)
+            duration.add_metric([reasoner, status], ended.buckets(), ended.sum)
+        started = _counter(
+            "executions_started_total", "Executions started.", "reasoner", self._started
+        )
+        inflight = GaugeMetricFamily(
+            f"{PREFIX}_executions_inflight", "Executions running now.", labels=["reasoner"]
+        )
+        for reasoner, count in running.items():
+            inflight.add_metric([reasoner], count)
+        return started, finished, inflight, duration
+
+    def _http_families(self) -> tuple[Metric, Metric]:
+        """`http_requests_total` is each duration series' count: both move on every request."""
+        names = ["method", "route", "status"]
+        requests = CounterMetricFamily(
+            f"{PREFIX}_http_requests_total",
+            "HTTP requests answered, by route template.",
+            labels=names,
+        )
+        duration = HistogramMetricFamily(
+            f"{PREFIX}_http_request_duration_seconds",
+            "HTTP request handling time, by route template.",
+            labels=names,
+        )
+        for (method, route, code), series in self._http.items():
+            labels = [method, route, str(code)]
+            requests.add_metric(labels, series.count)
+            duration.add_metric(labels, series.buckets(), series.sum)
+        return requests, duration
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(f"{PREFIX}_{name}", documentation, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family

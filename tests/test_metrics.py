@@ -347,3 +347,82 @@ async def test_two_agents_in_one_process_do_not_collide() -> None:
         P + "executions_started_total", {"reasoner": "echo"}
     )
     assert leaked is None
+
+
+# -- the histograms against prometheus_client's own ----------------------------------------
+
+
+def test_http_histogram_matches_prometheus_client_on_every_bound() -> None:
+    """The HTTP series are plain counts read at scrape time; they must bucket (`le`: value <=
+    bound), sum and print exactly as a prometheus_client Histogram fed the same values."""
+    from agent_server.metrics import Metrics
+
+    values = [
+        *HTTP_BUCKETS,  # exactly on each bound: counted in that bucket
+        *(b * (1 + 1e-9) for b in HTTP_BUCKETS),  # just above: the next one
+        0.0,
+        -0.25,
+        1e-9,
+        1e9,
+        float("inf"),
+        *(0.0001 * 1.37**n for n in range(50)),
+    ]
+    ours = Metrics()
+    reference_registry = prometheus_client.CollectorRegistry()
+    reference = prometheus_client.Histogram(
+        P + "http_request_duration_seconds",
+        "HTTP request handling time, by route template.",
+        ["method", "route", "status"],
+        buckets=HTTP_BUCKETS,
+        registry=reference_registry,
+    ).labels("GET", "/healthz", "200")
+    for value in values:
+        ours.http_request("GET", "/healthz", 200, value)
+        reference.observe(value)
+
+    def samples(registry: prometheus_client.CollectorRegistry) -> dict[Key, float]:
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in registry.collect()
+            if family.name == P + "http_request_duration_seconds"
+            for s in family.samples
+            if not s.name.endswith("_created")
+        }
+
+    expected = samples(reference_registry)
+    assert len(expected) == len(HTTP_BUCKETS) + 3  # the buckets, +Inf, count and sum
+    assert samples(ours.registry) == expected
+    healthz = {"method": "GET", "route": "/healthz", "status": "200"}
+    scraped = Scrape(ours.exposition().decode())
+    assert scraped("http_requests_total", **healthz) == len(values)
+    at_most_a_millisecond = sum(value <= 0.001 for value in values)
+    assert scraped("http_request_duration_seconds_bucket", **healthz, le="0.001") == (
+        at_most_a_millisecond
+    )
+    lines = prometheus_client.generate_latest(reference_registry).decode().splitlines()
+    bucket_lines = [line for line in lines if "_bucket{" in line]
+    assert bucket_lines and set(bucket_lines) <= set(scraped.text.splitlines())
+
+
+def test_inflight_is_started_minus_finished_for_every_reasoner() -> None:
+    """`executions_inflight` is computed at scrape time from the two counters."""
+    from agent_server.execution import Execution, ExecutionStatus
+    from agent_server.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.add_reasoner("a")
+    running = [Execution("a", None) for _ in range(3)] + [Execution("unlisted", None)]
+    for execution in running:
+        metrics.execution_started(execution)
+    running[0].finish(ExecutionStatus.SUCCEEDED)
+    metrics.execution_finished(running[0], "succeeded")
+    running[1].finish(ExecutionStatus.CANCELLED)
+    metrics.execution_finished(running[1], "abandoned")
+    m = Scrape(metrics.exposition().decode())
+    assert m("executions_started_total", reasoner="a") == 3
+    assert m("executions_inflight", reasoner="a") == 1
+    assert m("executions_finished_total", reasoner="a", status="abandoned") == 1
+    # a name never added gets its series on first use, as a labelled child would
+    assert m("executions_started_total", reasoner="unlisted") == 1
+    assert m("executions_inflight", reasoner="unlisted") == 1
+    assert m.labels("executions_finished_total", "reasoner") == {"a"}
