@@ -326,10 +326,15 @@ def _first_values(raw_headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
 async def _read_body(receive: Receive, limit: int) -> bytes:
     """The whole body, or ApiError: 413 past `limit`, 499 when the client goes away (nobody
     to answer; not a server error worth a traceback)."""
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the usual case: the whole body in one message
+        if len(body) > limit:
+            raise ApiError(413, f"request body exceeds {limit} bytes")
+        return body
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ApiError(499, "client disconnected before sending its body")
         chunk: bytes = message.get("body", b"")
@@ -339,7 +344,8 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
                 raise ApiError(413, f"request body exceeds {limit} bytes")
             chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return b"".join(chunks)
+        message = await receive()
 
 
 async def _disconnected(receive: Receive) -> None:

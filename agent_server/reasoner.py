@@ -74,13 +74,20 @@ class Reasoner:
             return {self._model_param: model}
         return {name: getattr(model, name) for name in self._field_names}
 
-    def call(self, arguments: dict[str, Any], context: ExecutionContext) -> Any:
+    @property
+    def wants_context(self) -> bool:
+        """Whether the function takes an ExecutionContext parameter."""
+        return bool(self._context_params)
+
+    def call(self, arguments: dict[str, Any], context: ExecutionContext | None) -> Any:
         """Call the function; a coroutine for `async def`, the plain result otherwise."""
         for param in self._context_params:
             arguments[param] = context
         return self.func(**arguments)
 
-    def coroutine(self, arguments: dict[str, Any], context: ExecutionContext) -> Awaitable[Any]:
+    def coroutine(
+        self, arguments: dict[str, Any], context: ExecutionContext | None
+    ) -> Awaitable[Any]:
         result = self.call(arguments, context)
         if not inspect.isawaitable(result):
             raise ReasonerDefinitionError(f"reasoner {self.name!r} did not return an awaitable")

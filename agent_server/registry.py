@@ -157,7 +157,11 @@ class InFlightRegistry:
             self._refuse(session_id)
         execution = Execution(reasoner.name, session_id)
         key = execution.execution_id
-        context = ExecutionContext(key, reasoner.name, session_id, self._drain)
+        context = (  # only for a reasoner that asks for one
+            ExecutionContext(key, reasoner.name, session_id, self._drain)
+            if reasoner.wants_context
+            else None
+        )
         task = asyncio.get_running_loop().create_task(
             self._run(execution, reasoner, arguments, context), name=f"execution-{key}"
         )
@@ -390,7 +394,7 @@ class InFlightRegistry:
         execution: Execution,
         reasoner: Reasoner,
         arguments: dict[str, Any],
-        context: ExecutionContext,
+        context: ExecutionContext | None,
     ) -> None:
         """Run the reasoner and record how it really ended; never raises."""
         try:
@@ -427,7 +431,7 @@ class InFlightRegistry:
             self._record(execution, ExecutionStatus.SUCCEEDED, result=result)
 
     async def _run_in_thread(
-        self, reasoner: Reasoner, arguments: dict[str, Any], context: ExecutionContext
+        self, reasoner: Reasoner, arguments: dict[str, Any], context: ExecutionContext | None
     ) -> Any:
         """A thread cannot be interrupted: on cancellation keep waiting, so the record is
         honest; settle bounds the wait and abandons it if need be."""
