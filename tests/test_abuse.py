@@ -471,6 +471,209 @@ def _status_line(http: httpx.Client, status: str) -> str:
     return "\n".join(line for line in lines if f'status="{status}"' in line)
 
 
+# -- request heads over several reads and on keep-alive connections --------------------------
+
+
+def _echo(text: bytes, *extra_headers: bytes) -> tuple[bytes, bytes]:
+    """The head and body of one echo request; `extra_headers` are whole header lines."""
+    body = b'{"text": "' + text + b'"}'
+    head = (
+        b"POST /reasoners/echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        + b"".join(extra_headers)
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    return head, body
+
+
+def _pad(size: int) -> bytes:
+    """One header line of `size` bytes in all."""
+    return b"X-Pad: " + b"p" * (size - 9) + b"\r\n"
+
+
+def _send_apart(raw: Raw, parts: list[bytes]) -> None:
+    """Each part in its own segment, paced like a slow client so the server reads them
+    apart (not a synchronisation: a coalesced read must give the same answer)."""
+    raw.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for index, part in enumerate(parts):
+        if index:
+            time.sleep(0.05)
+        raw.send(part)
+
+
+class Responses:
+    """Responses read in order from one keep-alive or pipelining connection."""
+
+    def __init__(self, raw: Raw) -> None:
+        self.sock = raw.sock
+        self.buffer = b""
+
+    def next(self) -> tuple[int, bytes]:
+        """The next response's status and body; AssertionError if the connection ends."""
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1])
+            for line in lines
+            if line.lower().startswith("content-length:")
+        )
+        while len(self.buffer) < length:
+            self._fill()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), body
+
+    def closed(self) -> bool:
+        """True when the server closes with nothing more to read."""
+        if self.buffer:
+            return False
+        try:
+            return self.sock.recv(65_536) == b""
+        except ConnectionResetError:
+            return True
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65_536)
+        if not chunk:
+            raise AssertionError(f"connection closed before a response: {self.buffer!r}")
+        self.buffer += chunk
+
+
+@pytest.mark.parametrize("split", [1, 2, 3], ids=["cr|lf-cr-lf", "crlf|crlf", "cr-lf-cr|lf"])
+def test_blank_line_split_across_reads_ends_the_head(server: ServerProcess, split: int) -> None:
+    """A 40 KB head whose blank line is cut between two reads, and a 20 KB body after it in
+    the second read: were the cut missed, the body would count as head (over 64 KiB, 431)."""
+    head, body = _echo(b"b" * 20_000, _pad(40_000))
+    raw = Raw(server.port)
+    try:
+        _send_apart(raw, [head[:-split], head[-split:] + body])
+        status, answer = Responses(raw).next()
+    finally:
+        raw.close()
+    assert status == 200, answer[:200]
+    assert len(answer) > 20_000
+
+
+@pytest.mark.parametrize(
+    ("pads", "status"),
+    [([30_000, 30_000], 200), ([30_000, 30_000, 30_000], 431), ([60_000, 10_000], 431)],
+)
+def test_head_size_is_counted_across_reads(
+    server: ServerProcess, pads: list[int], status: int
+) -> None:
+    """The 64 KiB bound holds for the whole head, however many reads bring it."""
+    head, body = _echo(b"x", *(_pad(size) for size in pads))
+    cut = len(head) // len(pads)
+    parts = [head[i * cut : (i + 1) * cut] for i in range(len(pads) - 1)]
+    parts.append(head[(len(pads) - 1) * cut :] + body)
+    raw = Raw(server.port)
+    try:
+        _send_apart(raw, parts)
+        got, answer = Responses(raw).next()
+    finally:
+        raw.close()
+    assert got == status, answer[:200]
+
+
+@pytest.mark.parametrize(("pad", "status"), [(60_000, 200), (70_000, 431)])
+@pytest.mark.parametrize("blank", [b"\r\n", b"\r\n\r\n", b"\n\r\n\r\n"], ids=["1", "2", "lf-2"])
+def test_blank_lines_before_a_request_line_do_not_end_its_head(
+    server: ServerProcess, blank: bytes, pad: int, status: int
+) -> None:
+    """The parser skips blank lines before a request line: the head after them is counted
+    whole, in one read or in two."""
+    head, body = _echo(b"x", _pad(pad))
+    for parts in ([blank + head + body], [blank + head[:1000], head[1000:] + body]):
+        raw = Raw(server.port)
+        try:
+            _send_apart(raw, parts)
+            got, answer = Responses(raw).next()
+        finally:
+            raw.close()
+        assert got == status, (len(parts), answer[:200])
+
+
+def test_keep_alive_requests_are_bounded_like_the_first(server: ServerProcess) -> None:
+    """On one connection: a request, one with a 60 KB body in three reads (the body is not
+    counted as head), one after blank lines, then a head over the limit: 431, closed."""
+    raw = Raw(server.port)
+    try:
+        replies = Responses(raw)
+        small_head, small_body = _echo(b"one")
+        raw.send(small_head + small_body)
+        assert replies.next()[0] == 200
+        big_head, big_body = _echo(b"b" * 60_000, _pad(10_000))
+        _send_apart(raw, [big_head, big_body[:30_000], big_body[30_000:]])
+        status, answer = replies.next()
+        assert status == 200 and len(answer) > 60_000, answer[:200]
+        raw.send(b"\r\n\r\n" + small_head + small_body)
+        assert replies.next()[0] == 200
+        huge_head, huge_body = _echo(b"x", _pad(40_000), _pad(40_000))
+        _send_apart(raw, [huge_head[:40_000], huge_head[40_000:] + huge_body])
+        assert replies.next()[0] == 431
+        raw.sock.settimeout(TIMEOUT)
+        assert replies.closed()
+    finally:
+        raw.close()
+
+
+def test_pipelined_requests_in_one_read_are_answered_in_order(server: ServerProcess) -> None:
+    raw = Raw(server.port)
+    try:
+        raw.send(b"".join(b"".join(_echo(text)) for text in (b"first", b"second", b"third")))
+        replies = Responses(raw)
+        answers = [replies.next() for _ in range(3)]
+    finally:
+        raw.close()
+    assert [status for status, _ in answers] == [200, 200, 200]
+    for (_, body), text in zip(answers, [b"first", b"second", b"third"], strict=True):
+        assert b'"' + text + b'"' in body
+
+
+def test_heads_on_keep_alive_connections_are_timed(server: ServerProcess) -> None:
+    """Five connections at once, each checked against the head timeout (uvicorn's keep-alive
+    timeout, 5 s): idle after a response, closed silently; half a second head, 408; a
+    request and half the next one in one read, 200 then 408; the same completed a second
+    later, 200 twice and then closed silently; blank lines then half a head on a new
+    connection, 408."""
+    head, body = _echo(b"x")
+    half = head[:30]
+    idle, second, pipelined, completed, blank = (Raw(server.port) for _ in range(5))
+    sockets = [idle, second, pipelined, completed, blank]
+    try:
+        for raw in (idle, second):
+            raw.send(head + body)
+            assert Responses(raw).next()[0] == 200
+        started = time.monotonic()
+        second.send(half)
+        pipelined.send(head + body + half)
+        completed.send(head + body + half)
+        blank.send(b"\r\n\r\n")
+        blank.send(half)
+        completed_replies = Responses(completed)
+        assert completed_replies.next()[0] == 200
+        time.sleep(1.0)  # a slow client, well inside the head timeout
+        completed.send(head[30:] + body)
+        assert completed_replies.next()[0] == 200
+        for raw in sockets:
+            raw.sock.settimeout(TIMEOUT)
+        assert Responses(idle).closed()
+        assert Responses(second).next()[0] == 408
+        pipelined_replies = Responses(pipelined)
+        assert [pipelined_replies.next()[0] for _ in range(2)] == [200, 408]
+        assert Responses(blank).next()[0] == 408
+        elapsed = time.monotonic() - started
+        assert 4.0 < elapsed < TIMEOUT
+        # Its head completed, the completed connection's timer is gone: no 408 came, and
+        # uvicorn's keep-alive timeout closed it silently.
+        assert completed_replies.closed()
+    finally:
+        for raw in sockets:
+            raw.close()
+
+
 # -- the end: healthy, no server errors, clean exit ------------------------------------------
 
 
