@@ -68,9 +68,6 @@ class JSONResponse(Response):
         if headers:
             self.raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
-    def render(self, content: Any) -> bytes:
-        return jsoncodec.dumps(content)
-
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -326,15 +323,10 @@ def _first_values(raw_headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
 async def _read_body(receive: Receive, limit: int) -> bytes:
     """The whole body, or ApiError: 413 past `limit`, 499 when the client goes away (nobody
     to answer; not a server error worth a traceback)."""
-    message = await receive()
-    if message["type"] == "http.request" and not message.get("more_body", False):
-        body: bytes = message.get("body", b"")  # the usual case: the whole body in one message
-        if len(body) > limit:
-            raise ApiError(413, f"request body exceeds {limit} bytes")
-        return body
     chunks: list[bytes] = []
     size = 0
     while True:
+        message = await receive()
         if message["type"] == "http.disconnect":
             raise ApiError(499, "client disconnected before sending its body")
         chunk: bytes = message.get("body", b"")
@@ -344,8 +336,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
                 raise ApiError(413, f"request body exceeds {limit} bytes")
             chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
-        message = await receive()
+            return b"".join(chunks)  # one chunk, the usual case, is returned as it is
 
 
 async def _disconnected(receive: Receive) -> None:

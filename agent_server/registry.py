@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
@@ -149,12 +149,12 @@ class InFlightRegistry:
         self, reasoner: Reasoner, arguments: dict[str, Any], session_id: str | None = None
     ) -> Execution:
         """Admit and start one execution, or raise AdmissionError."""
-        if (
-            not self.admitting
-            or len(self._running) >= self.max_inflight
-            or (session_id is not None and session_id in self._releasing)
-        ):
-            self._refuse(session_id)
+        reason = self._refusal(session_id)
+        if reason is not None:
+            self.stats.rejected[reason.value] += 1
+            if self.observer is not None:
+                self.observer.execution_rejected(reason)
+            raise AdmissionError(reason)
         execution = Execution(reasoner.name, session_id)
         key = execution.execution_id
         context = (  # only for a reasoner that asks for one
@@ -175,14 +175,6 @@ class InFlightRegistry:
         if self.observer is not None:
             self.observer.execution_started(execution)
         return execution
-
-    def _refuse(self, session_id: str | None) -> NoReturn:
-        reason = self._refusal(session_id)
-        assert reason is not None
-        self.stats.rejected[reason.value] += 1
-        if self.observer is not None:
-            self.observer.execution_rejected(reason)
-        raise AdmissionError(reason)
 
     def _refusal(self, session_id: str | None) -> RejectReason | None:
         if not self.admitting:
