@@ -73,6 +73,18 @@ def wait_phase(server: ServerProcess, name: str, timeout: float = 5.0) -> None:
     wait_until(lambda: phase(server) == name, f"phase {name}", server, timeout)
 
 
+def running(server: ServerProcess) -> int:
+    listed = httpx.get(
+        f"{server.url}/executions", params={"status": "running"}, timeout=CLIENT_TIMEOUT
+    )
+    assert listed.status_code == 200, listed.text
+    return len(listed.json())
+
+
+def wait_running(server: ServerProcess, count: int) -> None:
+    wait_until(lambda: running(server) == count, f"{count} running", server, CLIENT_TIMEOUT)
+
+
 def wait_stderr(server: ServerProcess, text: str, timeout: float = 10.0) -> None:
     wait_until(lambda: text in server.stderr(), repr(text), server, timeout)
 
@@ -185,14 +197,7 @@ def test_cooperative_reasoners_return_early(
     )
     background = start_async(server, "cooperative", {"seconds": 60})
     sync = post_sync(pool, server, "cooperative", {"seconds": 60})
-    wait_until(
-        lambda: (
-            len(httpx.get(f"{server.url}/executions", params={"status": "running"}).json()) == 2
-        ),
-        "two running executions",
-        server,
-        CLIENT_TIMEOUT,
-    )
+    wait_running(server, 2)
     server.signal()
     answered = sync.result(timeout=CLIENT_TIMEOUT)
     assert answered.status_code == 200
@@ -241,14 +246,7 @@ def test_work_swallowing_cancellation_is_abandoned(
     swallower = start_async(server, "swallow", {"seconds": 600})
     start_async(server, "thread_sleep", {"seconds": 600})
     sync = post_sync(pool, server, "swallow", {"seconds": 600})
-    wait_until(
-        lambda: (
-            len(httpx.get(f"{server.url}/executions", params={"status": "running"}).json()) == 3
-        ),
-        "three running executions",
-        server,
-        CLIENT_TIMEOUT,
-    )
+    wait_running(server, 3)
     server.signal()
     poll = pool.submit(get_execution, server, swallower, 10)
 
@@ -328,14 +326,7 @@ def test_third_signal_exits_at_once(server_factory: ServerFactory) -> None:
         *("--grace-period", "40", "--drain-timeout", "5", "--cancel-timeout", "30"),
     )
     start_async(server, "swallow", {"seconds": 600})
-    wait_until(
-        lambda: (
-            len(httpx.get(f"{server.url}/executions", params={"status": "running"}).json()) == 1
-        ),
-        "a running execution",
-        server,
-        CLIENT_TIMEOUT,
-    )
+    wait_running(server, 1)
     server.signal()
     wait_phase(server, "draining")
     server.signal()
@@ -432,14 +423,7 @@ def test_status_cancel_list_metrics_and_health_are_served_during_the_drain(
 def test_json_report(server_factory: ServerFactory) -> None:
     server = server_factory("tests_app:agent", *FAST, "--log-format", "json")
     start_async(server, "swallow", {"seconds": 600})
-    wait_until(
-        lambda: (
-            len(httpx.get(f"{server.url}/executions", params={"status": "running"}).json()) == 1
-        ),
-        "a running execution",
-        server,
-        CLIENT_TIMEOUT,
-    )
+    wait_running(server, 1)
     server.signal()
     code, _ = finish(server, timeout=15)
     assert code == 3
