@@ -590,3 +590,64 @@ async def test_unknown_route_and_method_are_json_errors(client: httpx.AsyncClien
     wrong_method = await client.get("/reasoners/echo")
     assert wrong_method.status_code == 405
     assert set(wrong_method.json()) == {"detail"}
+
+
+ROUTING_CASES = [
+    ("POST", "/reasoners/echo", {"text": "x"}),
+    ("POST", "/reasoners/echo/async", {"text": "x"}),
+    ("POST", "/reasoners/nowhere", {}),
+    ("GET", "/reasoners/echo", None),
+    ("PUT", "/reasoners/echo", None),
+    ("POST", "/reasoners/echo/", {"text": "x"}),
+    ("POST", "/reasoners/", {}),
+    ("GET", "/reasoners", None),
+    ("GET", "/reasoners/", None),
+    ("GET", "/executions/0123", None),
+    ("DELETE", "/executions/0123", None),
+    ("PATCH", "/executions/0123", None),
+    ("POST", "/executions/0123/cancel", None),
+    ("GET", "/executions/0123/cancel", None),
+    ("GET", "/executions?limit=1", None),
+    ("GET", "/executions/", None),
+    ("HEAD", "/healthz", None),
+    ("BREW", "/healthz", None),
+    ("GET", "/healthz/", None),
+    ("GET", "/nowhere", None),
+    ("DELETE", "/sessions/s1", None),
+    ("GET", "/sessions/s1", None),
+]
+
+
+async def _routed(app: Any, method: str, path: str, body: Any) -> tuple[Any, ...]:
+    """What a client can see of one answer, ids and times left out."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        response = await client.request(method, path, json=body)
+    content: Any = response.json() if response.content else None
+    if isinstance(content, dict):
+        content = content if "detail" in content else sorted(content)
+    elif isinstance(content, list):
+        content = len(content)
+    headers = {k: response.headers.get(k) for k in ("allow", "location", "content-type")}
+    if headers["location"] is not None and "/executions/" in headers["location"]:
+        headers["location"] = "/executions/{id}"
+    return response.status_code, headers, content
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTING_CASES)
+async def test_router_shortcut_answers_as_starlettes_router(
+    method: str, path: str, body: Any
+) -> None:
+    """The shortcut for full matches (ApiRouter) changes no answer: each request is sent to
+    an agent routed by it and to one routed by Starlette's Router alone."""
+    from starlette.routing import Router
+
+    from agent_server.api import Api, ApiRouter, HttpApp
+
+    answers = []
+    for router_class in (ApiRouter, Router):
+        agent = make_agent()
+        router = router_class(routes=Api(agent).routes(), lifespan=agent.lifespan)
+        answers.append(await _routed(HttpApp(router, agent), method, path, body))
+    assert answers[0] == answers[1]
+    assert answers[0][0] != 500
