@@ -37,6 +37,27 @@ HOST = "127.0.0.1"
 STARTUP_TIMEOUT = 60.0
 
 
+def split_cpus() -> tuple[set[int], set[int]] | None:
+    """One CPU for the servers and another for the load generator, when there are two.
+
+    On two cores a server and wrk left to the scheduler keep moving between them and take
+    turns on one, which moves throughput by more than the differences measured; pinned, each
+    server measured has one core to itself and wrk the other, the same for every server.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[0]}, {cpus[1]}
+
+
+def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that pins the child, so every thread it starts is pinned too."""
+    if cpus is None:
+        return None
+    chosen = set(cpus)
+    return lambda: os.sched_setaffinity(0, chosen)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
@@ -91,6 +112,7 @@ class ServerProcess:
         ready_path: str = "/readyz",
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
+        cpus: set[int] | None = None,
     ) -> None:
         self.name = name
         self.port = port
@@ -99,7 +121,12 @@ class ServerProcess:
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL, stderr=self._stderr
+            argv,
+            cwd=cwd,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            preexec_fn=_pin(cpus),  # sets only the CPU mask: no lock is taken
         )
         self.signalled_at: float | None = None
 
@@ -304,6 +331,7 @@ def run_wrk(
     duration: float = 5.0,
     connections: int = 16,
     threads: int = 1,
+    cpus: set[int] | None = None,
 ) -> LoadResult:
     """One wrk run (bounded by `duration`); non-2xx/3xx answers and socket errors are errors."""
     script = [f'wrk.method = "{method}"']
@@ -333,6 +361,7 @@ def run_wrk(
             text=True,
             timeout=seconds + 60,
             check=True,
+            preexec_fn=_pin(cpus),  # sets only the CPU mask: no lock is taken
         )
     finally:
         os.unlink(path)

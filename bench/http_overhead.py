@@ -10,8 +10,11 @@ then their median and range reported.
 an `agent_server/` package, e.g. a copy taken before a change), measured in the same rounds as
 `agent-server@DIR`, so a change is judged before/after under the same machine noise.
 
+Servers run on one CPU and wrk on another (`--no-pin` leaves them to the scheduler).
+
 Usage: python -m bench.http_overhead [--rounds 5] [--duration 5] [--connections 16]
                                      [--loader wrk|python] [--no-peers] [--compare DIR]
+                                     [--no-pin]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from bench.common import (
     machine_load,
     peer_version,
     run_wrk,
+    split_cpus,
     write_json,
 )
 
@@ -91,6 +95,7 @@ def _measure(
     duration: float,
     connections: int,
     loader: str,
+    cpus: set[int] | None,
 ) -> LoadResult:
     if scenario == "sync":
         method, path, body = "POST", "/reasoners/echo", ECHO_BODY
@@ -106,6 +111,7 @@ def _measure(
             body=body,
             duration=duration,
             connections=connections,
+            cpus=cpus,
         )
     else:
         raw = http_request(method, path, body)
@@ -129,9 +135,12 @@ def run(
     loader: str = "wrk",
     peers: bool = True,
     compare: Path | None = None,
+    pin: bool = True,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
     """Run every round; return raw results, per-round ratios and their spreads."""
+    split = split_cpus() if pin else None
+    server_cpus, load_cpus = (None, None) if split is None else split
     if loader == "wrk" and not have_wrk():
         raise RuntimeError("wrk is not installed (apt-get install -y wrk), or use --loader python")
     use_agentfield = peers and AGENTFIELD_PYTHON.exists()
@@ -147,21 +156,27 @@ def run(
         servers: dict[str, ServerProcess] = {}
         port = free_port()
         servers["agent-server"] = stack.enter_context(
-            ServerProcess("agent-server", agent_server_argv(port), port)
+            ServerProcess("agent-server", agent_server_argv(port), port, cpus=server_cpus)
         )
         port = free_port()
         servers["baseline"] = stack.enter_context(
-            ServerProcess("baseline", baseline_argv(port), port)
+            ServerProcess("baseline", baseline_argv(port), port, cpus=server_cpus)
         )
         if use_agentfield:
             port = free_port()
             servers["agentfield"] = stack.enter_context(
-                ServerProcess("agentfield", agentfield_argv(port), port, ready_path="/health")
+                ServerProcess(
+                    "agentfield",
+                    agentfield_argv(port),
+                    port,
+                    ready_path="/health",
+                    cpus=server_cpus,
+                )
             )
         if other is not None and compare is not None:
             port = free_port()
             servers[other] = stack.enter_context(
-                ServerProcess(other, agent_server_argv(port), port, cwd=compare)
+                ServerProcess(other, agent_server_argv(port), port, cwd=compare, cpus=server_cpus)
             )
         for server in servers.values():
             server.wait_ready()
@@ -175,6 +190,7 @@ def run(
                         duration=min(1.0, duration),
                         connections=connections,
                         loader=loader,
+                        cpus=load_cpus,
                     )
         for index in range(rounds):
             for scenario in SCENARIOS:
@@ -187,6 +203,7 @@ def run(
                         duration=duration,
                         connections=connections,
                         loader=loader,
+                        cpus=load_cpus,
                     )
                     results[scenario][target].append(result)
                     progress(
@@ -202,6 +219,8 @@ def run(
             "connections": connections,
             "loader": loader,
             "compare": None if compare is None else str(compare),
+            "server_cpus": None if server_cpus is None else sorted(server_cpus),
+            "load_cpus": None if load_cpus is None else sorted(load_cpus),
         },
         versions={
             "agentfield": peer_version(AGENTFIELD_PYTHON, "agentfield") if use_agentfield else None
@@ -307,6 +326,11 @@ def main() -> None:
     parser.add_argument("--loader", choices=("wrk", "python"), default="wrk")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--compare", type=Path, default=None)
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the scheduler place servers and wrk (default: one CPU each, when two)",
+    )
     args = parser.parse_args()
     data = run(
         rounds=args.rounds,
@@ -315,6 +339,7 @@ def main() -> None:
         loader=args.loader,
         peers=not args.no_peers,
         compare=args.compare,
+        pin=not args.no_pin,
     )
     data["raw_file"] = str(write_json("http_overhead", data))
     print(markdown(data))

@@ -7,6 +7,7 @@ answered, every request is counted, and the shutdown report's outcomes add up.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from bench.common import (  # noqa: E402
     free_port,
     have_wrk,
     run_wrk,
+    split_cpus,
 )
 from bench.profile_server import collapsed_top  # noqa: E402
 
@@ -54,15 +56,21 @@ def test_http_overhead_smoke() -> None:
 
 @pytest.mark.skipif(not have_wrk(), reason="wrk is a Debian package that .ci/run does not install")
 def test_wrk_against_the_baseline() -> None:
+    """Pinned as http_overhead pins them: the server on one CPU, wrk on another."""
+    split = split_cpus()
+    server_cpus, load_cpus = (None, None) if split is None else split
     port = free_port()
-    with ServerProcess("baseline", baseline_argv(port), port) as server:
+    with ServerProcess("baseline", baseline_argv(port), port, cpus=server_cpus) as server:
         server.wait_ready()
+        if server_cpus is not None:
+            assert os.sched_getaffinity(server.proc.pid) == server_cpus
         result = run_wrk(
             f"{server.url}/reasoners/echo",
             method="POST",
             body=b'{"text": "hello"}',
             duration=1,
             connections=2,
+            cpus=load_cpus,
         )
     assert result.requests > 0
     assert result.errors == 0
