@@ -1,0 +1,48 @@
+"""Strict JSON in and out: what the API reads from clients and writes back."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+from agent_server import jsoncodec
+
+DOCUMENT = {"text": "h\u00e9llo \u2603", "n": [1, 2.5, None, True]}
+
+
+@pytest.mark.parametrize(
+    "encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"]
+)
+def test_bodies_in_every_encoding_json_allows_decode_alike(encoding: str) -> None:
+    raw = json.dumps(DOCUMENT, ensure_ascii=False).encode(encoding)
+    assert jsoncodec.loads(raw) == DOCUMENT
+
+
+def test_encoding_shortcut_agrees_with_the_standard_library() -> None:
+    """Every body of up to four bytes drawn from the bytes that decide an encoding."""
+    alphabet = [0x00, 0x01, 0x20, 0x7B, 0x7F, 0x80, 0xBB, 0xBF, 0xEF, 0xFE, 0xFF]
+    for length in range(1, 5):
+        for combination in itertools.product(alphabet, repeat=length):
+            raw = bytes(combination)
+            assert jsoncodec._encoding(raw) == json.detect_encoding(raw), raw
+
+
+@pytest.mark.parametrize("raw", [b"NaN", b"[Infinity]", b'{"x": -Infinity}', b"1e400"])
+def test_non_finite_numbers_are_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        jsoncodec.loads(raw)
+
+
+def test_big_integers_stay_exact_and_odd_text_is_written() -> None:
+    big = 2**80 + 1
+    assert jsoncodec.loads(str(big).encode()) == big
+    assert json.loads(jsoncodec.dumps({"n": big, "s": "\ud800"})) == {"n": big, "s": "\ud800"}
+
+
+@pytest.mark.parametrize("value", [math.nan, [1.0, math.inf], {"a": {"b": (-math.inf,)}}])
+def test_check_finite_finds_nested_non_finite_floats(value: object) -> None:
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        jsoncodec.check_finite(value)
