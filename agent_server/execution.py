@@ -29,15 +29,45 @@ class CancelReason(enum.StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"
 
 
-#: The version (4) and variant (RFC 4122) bits of a random UUID.
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+class RandomIds:
+    """Random UUID 4s as 32 hex digits: unguessable and unique across restarts.
+
+    The same values as `uuid.uuid4().hex`, from `os.urandom` read 4 KiB at a time: one system
+    call per 256 ids instead of one per id (a quarter of what making an execution cost).
+    """
+
+    __slots__ = ("_next", "_pool")
+
+    POOL_BYTES = 4096
+
+    def __init__(self) -> None:
+        self._pool = bytearray()
+        self._next = 0
+
+    def new(self) -> str:
+        start = self._next
+        if start + 16 > len(self._pool):
+            self._pool = bytearray(os.urandom(self.POOL_BYTES))
+            start = 0
+        self._next = start + 16
+        raw = self._pool[start : start + 16]
+        raw[6] = raw[6] & 0x0F | 0x40  # version 4
+        raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+        return raw.hex()
+
+    def discard(self) -> None:
+        """Forget the pooled bytes: a forked child must not hand out its parent's ids."""
+        self._pool = bytearray()
+        self._next = 0
+
+
+#: One pool per process, like the operating system's random source it draws on.
+_ids = RandomIds()
+os.register_at_fork(after_in_child=_ids.discard)
 
 
 def new_execution_id() -> str:
-    """A random UUID 4 as 32 hex digits: unguessable and unique across restarts. The same
-    value as `uuid.uuid4().hex` at half its cost (no UUID object built only to be printed)."""
-    return "%032x" % (int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET)
+    return _ids.new()
 
 
 def _isoformat(timestamp: float) -> str:
