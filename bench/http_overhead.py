@@ -2,9 +2,10 @@
 same work under the same uvicorn settings, with AgentField's own server side by side.
 
 Scenarios: `sync` (POST /reasoners/echo), `async` (POST /reasoners/echo/async), `get`
-(GET /executions/{id} of a finished execution). Every round measures every server in a rotated
-order, so drift on a shared machine hits all of them alike; ratios are taken within a round,
-then their median and range reported.
+(GET /executions/{id} of a finished execution). Every round measures every server twice, half
+the duration each, in a rotated order and then in the reverse order (A B C C B A), so drift on
+a shared machine hits all of them alike; ratios are taken within a round, then their median
+and range reported.
 
 `--compare DIR` adds one more server: `agent-server run` from another source tree (DIR holds
 an `agent_server/` package, e.g. a copy taken before a change), measured in the same rounds as
@@ -127,6 +128,24 @@ def _measure(
     return result
 
 
+def _combined(parts: list[LoadResult]) -> LoadResult:
+    """One result from a server's runs in one round: requests over time, mean percentiles."""
+    requests = sum(part.requests for part in parts)
+    statuses: dict[int, int] = {}
+    for part in parts:
+        for code, count in part.statuses.items():
+            statuses[code] = statuses.get(code, 0) + count
+    return LoadResult(
+        requests=requests,
+        seconds=sum(part.seconds for part in parts),
+        p50_ms=sum(part.p50_ms for part in parts) / len(parts),
+        p99_ms=sum(part.p99_ms for part in parts) / len(parts),
+        errors=sum(part.errors for part in parts),
+        statuses=statuses,
+        server_cpu_us=sum(part.server_cpu_us * part.requests for part in parts) / max(1, requests),
+    )
+
+
 def run(
     *,
     rounds: int = 5,
@@ -196,21 +215,25 @@ def run(
             for scenario in SCENARIOS:
                 present = [t for t in targets[scenario] if t in servers]
                 shift = index % len(present)
-                for target in present[shift:] + present[:shift]:
+                order = present[shift:] + present[:shift]
+                halves: dict[str, list[LoadResult]] = {target: [] for target in order}
+                for target in order + order[::-1]:  # A B C C B A: drift cancels out
                     result = _measure(
                         servers[target],
                         scenario,
-                        duration=duration,
+                        duration=duration / 2,
                         connections=connections,
                         loader=loader,
                         cpus=load_cpus,
                     )
-                    results[scenario][target].append(result)
+                    halves[target].append(result)
                     progress(
                         f"round {index + 1}/{rounds} {scenario:5} {target:12} "
                         f"{result.rps:8.0f} req/s p50 {result.p50_ms:6.2f} ms "
                         f"p99 {result.p99_ms:6.2f} ms errors {result.errors}"
                     )
+                for target, pair in halves.items():
+                    results[scenario][target].append(_combined(pair))
     return _summarise(
         results,
         config={
