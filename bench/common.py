@@ -40,9 +40,9 @@ STARTUP_TIMEOUT = 60.0
 def split_cpus() -> tuple[set[int], set[int]] | None:
     """One CPU for the servers and another for the load generator, when there are two.
 
-    On two cores a server and wrk left to the scheduler keep moving between them and take
-    turns on one, which moves throughput by more than the differences measured; pinned, each
-    server measured has one core to itself and wrk the other, the same for every server.
+    Pinned, each server measured has one core to itself and wrk the other, the same for every
+    server. It changes the comparison with a server that hands requests between threads
+    (AgentField gains from it: bench/RESULTS.md), so it is an option, not the default.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:

@@ -11,11 +11,11 @@ and range reported.
 an `agent_server/` package, e.g. a copy taken before a change), measured in the same rounds as
 `agent-server@DIR`, so a change is judged before/after under the same machine noise.
 
-Servers run on one CPU and wrk on another (`--no-pin` leaves them to the scheduler).
+`--pin` puts the servers on one CPU and wrk on another; by default the scheduler places them.
 
 Usage: python -m bench.http_overhead [--rounds 5] [--duration 5] [--connections 16]
                                      [--loader wrk|python] [--no-peers] [--compare DIR]
-                                     [--no-pin]
+                                     [--pin]
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def run(
     loader: str = "wrk",
     peers: bool = True,
     compare: Path | None = None,
-    pin: bool = True,
+    pin: bool = False,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
     """Run every round; return raw results, per-round ratios and their spreads."""
@@ -350,9 +350,9 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--compare", type=Path, default=None)
     parser.add_argument(
-        "--no-pin",
+        "--pin",
         action="store_true",
-        help="let the scheduler place servers and wrk (default: one CPU each, when two)",
+        help="servers on one CPU and wrk on another (default: the scheduler places them)",
     )
     args = parser.parse_args()
     data = run(
@@ -362,7 +362,7 @@ def main() -> None:
         loader=args.loader,
         peers=not args.no_peers,
         compare=args.compare,
-        pin=not args.no_pin,
+        pin=args.pin,
     )
     data["raw_file"] = str(write_json("http_overhead", data))
     print(markdown(data))
