@@ -301,10 +301,35 @@ class LoadResult:
     statuses: dict[int, int] = field(default_factory=dict)
     #: Server CPU seconds spent during the run, per request, in microseconds (0: not measured).
     server_cpu_us: float = 0.0
+    #: Seconds the server kept working after the run ended (see `settle`).
+    settle_seconds: float = 0.0
 
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+
+#: A server is quiet once it uses less than this share of a CPU over `QUIET_WINDOW` seconds.
+QUIET_SHARE = 0.05
+QUIET_WINDOW = 0.5
+
+
+def settle(server: ServerProcess, limit: float = 60.0) -> float:
+    """Wait until `server` stops using CPU after a load run (at most `limit` seconds); the
+    seconds waited.
+
+    A server may defer work past its answers (AgentField goes on using a whole CPU for about
+    5 s per second of load): measured next, another server would share the machine with it.
+    """
+    started = time.monotonic()
+    last = server.cpu_seconds()
+    while time.monotonic() - started < limit:
+        time.sleep(QUIET_WINDOW)
+        now = server.cpu_seconds()
+        if now - last < QUIET_SHARE * QUIET_WINDOW:
+            break
+        last = now
+    return time.monotonic() - started
 
 
 def have_wrk() -> bool:

@@ -5,7 +5,9 @@ Scenarios: `sync` (POST /reasoners/echo), `async` (POST /reasoners/echo/async), 
 (GET /executions/{id} of a finished execution). Every round measures every server twice, half
 the duration each, in a rotated order and then in the reverse order (A B C C B A), so drift on
 a shared machine hits all of them alike; ratios are taken within a round, then their median
-and range reported.
+and range reported. After each run the next waits until the server measured is quiet again
+(`settle`): the CPU it spends on work deferred past its answers counts in its CPU per
+request and does not slow the next server down.
 
 `--compare DIR` adds one more server: `agent-server run` from another source tree (DIR holds
 an `agent_server/` package, e.g. a copy taken before a change), measured in the same rounds as
@@ -47,6 +49,7 @@ from bench.common import (
     machine_load,
     peer_version,
     run_wrk,
+    settle,
     split_cpus,
     write_json,
 )
@@ -123,6 +126,7 @@ def _measure(
         result = asyncio.run(
             drive_for(server.port, make, duration=duration, concurrency=connections)
         )
+    result.settle_seconds = settle(server)  # its deferred work counts, and ends before the next
     if result.requests:
         result.server_cpu_us = (server.cpu_seconds() - cpu_before) / result.requests * 1e6
     return result
@@ -143,6 +147,7 @@ def _combined(parts: list[LoadResult]) -> LoadResult:
         errors=sum(part.errors for part in parts),
         statuses=statuses,
         server_cpu_us=sum(part.server_cpu_us * part.requests for part in parts) / max(1, requests),
+        settle_seconds=sum(part.settle_seconds for part in parts),
     )
 
 
@@ -269,6 +274,7 @@ def _summarise(
                 "p50_ms": Spread.of([r.p50_ms for r in runs]).as_dict(),
                 "p99_ms": Spread.of([r.p99_ms for r in runs]).as_dict(),
                 "cpu_us": Spread.of([r.server_cpu_us for r in runs]).as_dict(),
+                "settle_s": Spread.of([r.settle_seconds for r in runs]).as_dict(),
                 "errors": sum(r.errors for r in runs),
                 "runs": [asdict(r) | {"rps": r.rps} for r in runs],
             }
@@ -317,15 +323,16 @@ def markdown(data: dict[str, Any]) -> str:
         return f"{d['median']:.{digits}f} [{d['low']:.{digits}f}-{d['high']:.{digits}f}]"
 
     lines = [
-        "| scenario | server | req/s | p50 ms | p99 ms | server CPU us/req | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | server | req/s | p50 ms | p99 ms | server CPU us/req | settle s | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for scenario, entry in data["scenarios"].items():
         for target, figures in entry["targets"].items():
             lines.append(
                 f"| {scenario} | {target} | {spread(figures['rps'], 0)} | "
                 f"{spread(figures['p50_ms'])} | {spread(figures['p99_ms'])} | "
-                f"{spread(figures['cpu_us'], 0)} | {figures['errors']} |"
+                f"{spread(figures['cpu_us'], 0)} | {spread(figures['settle_s'], 1)} | "
+                f"{figures['errors']} |"
             )
     lines += [
         "",

@@ -48,6 +48,7 @@ def test_http_overhead_smoke() -> None:
             assert run["requests"] > 0
             assert run["errors"] == 0
             assert sum(run["statuses"].values()) == run["requests"]
+            assert 0 < run["settle_seconds"] < 60  # waited for quiet, bounded
         ratio = entry["ratios"]["agent-server/baseline"]["rps"]
         assert ratio["n"] == 1 and ratio["median"] > 0
     table = http_overhead.markdown(data)
