@@ -33,7 +33,7 @@ class RandomIds:
     """Random UUID 4s as 32 hex digits: unguessable and unique across restarts.
 
     The same values as `uuid.uuid4().hex`, from `os.urandom` read 4 KiB at a time: one system
-    call per 256 ids instead of one per id (a quarter of what making an execution cost).
+    call per 256 ids instead of one per id (more than half of what making an execution cost).
     """
 
     __slots__ = ("_next", "_pool")
