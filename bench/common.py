@@ -41,8 +41,8 @@ def split_cpus() -> tuple[set[int], set[int]] | None:
     """One CPU for the servers and another for the load generator, when there are two.
 
     Pinned, each server measured has one core to itself and wrk the other, the same for every
-    server. It changes the comparison with a server that hands requests between threads
-    (AgentField gains from it: bench/RESULTS.md), so it is an option, not the default.
+    server. An option, not the default, so default runs compare with the earlier ones; with
+    the wait for quiet (`settle`) pinned and unpinned runs agree (bench/RESULTS.md, G and H).
     """
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
