@@ -502,6 +502,16 @@ def _send_apart(raw: Raw, parts: list[bytes]) -> None:
         raw.send(part)
 
 
+def _answer_to_parts(port: int, parts: list[bytes]) -> tuple[int, bytes]:
+    """Send one request in `parts` (`_send_apart`) on a new connection; its answer."""
+    raw = Raw(port)
+    try:
+        _send_apart(raw, parts)
+        return Responses(raw).next()
+    finally:
+        raw.close()
+
+
 class Responses:
     """Responses read in order from one keep-alive or pipelining connection."""
 
@@ -546,12 +556,7 @@ def test_blank_line_split_across_reads_ends_the_head(server: ServerProcess, spli
     """A 40 KB head whose blank line is cut between two reads, and a 20 KB body after it in
     the second read: were the cut missed, the body would count as head (over 64 KiB, 431)."""
     head, body = _echo(b"b" * 20_000, _pad(40_000))
-    raw = Raw(server.port)
-    try:
-        _send_apart(raw, [head[:-split], head[-split:] + body])
-        status, answer = Responses(raw).next()
-    finally:
-        raw.close()
+    status, answer = _answer_to_parts(server.port, [head[:-split], head[-split:] + body])
     assert status == 200, answer[:200]
     assert len(answer) > 20_000
 
@@ -568,12 +573,7 @@ def test_head_size_is_counted_across_reads(
     cut = len(head) // len(pads)
     parts = [head[i * cut : (i + 1) * cut] for i in range(len(pads) - 1)]
     parts.append(head[(len(pads) - 1) * cut :] + body)
-    raw = Raw(server.port)
-    try:
-        _send_apart(raw, parts)
-        got, answer = Responses(raw).next()
-    finally:
-        raw.close()
+    got, answer = _answer_to_parts(server.port, parts)
     assert got == status, answer[:200]
 
 
@@ -586,12 +586,7 @@ def test_blank_lines_before_a_request_line_do_not_end_its_head(
     whole, in one read or in two."""
     head, body = _echo(b"x", _pad(pad))
     for parts in ([blank + head + body], [blank + head[:1000], head[1000:] + body]):
-        raw = Raw(server.port)
-        try:
-            _send_apart(raw, parts)
-            got, answer = Responses(raw).next()
-        finally:
-            raw.close()
+        got, answer = _answer_to_parts(server.port, parts)
         assert got == status, (len(parts), answer[:200])
 
 
