@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent_server.api import build_app
+from agent_server.api import Api, build_app
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
+from agent_server.openapi import openapi_document
 from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
+from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
-from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence, end_leftovers
+from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence, finish_process
+from agent_server.store import ExecutionStore, open_store
 
 logger = logging.getLogger("agent_server.agent")
 
@@ -28,20 +29,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Agent:
-    """A named set of reasoners served over HTTP, with its own registry and metrics.
+    """A named set of reasoners served over HTTP, with its own registry, store and metrics.
 
     `uvicorn module:agent` serves it directly; `agent-server run module:agent` adds the full
-    signal-driven shutdown sequence around it.
+    signal-driven shutdown sequence around it. The parts that depend on settings (store,
+    registry, session releases, shutdown sequence) are built when the settings are known.
     """
 
     def __init__(self, name: str, settings: Settings | None = None) -> None:
         self.name = name
         self.reasoners: dict[str, Reasoner] = {}
         self.metrics = Metrics()
-        self.registry = InFlightRegistry(observer=self.metrics)
         self.phase = Phase.SERVING
-        self._settings = settings
-        self._shutdown: ShutdownSequence | None = None
+        self._settings: Settings | None = None
+        self._parts: _Parts | None = None
         self._app: ASGIApp | None = None
         if settings is not None:
             self.configure(settings)
@@ -56,11 +57,26 @@ class Agent:
         return self._settings
 
     @property
+    def _built(self) -> _Parts:
+        if self._parts is None:
+            self._parts = _Parts.build(self.name, self.settings, self.metrics, self.set_phase)
+        return self._parts
+
+    @property
+    def store(self) -> ExecutionStore:
+        return self._built.store
+
+    @property
+    def registry(self) -> InFlightRegistry:
+        return self._built.registry
+
+    @property
+    def releases(self) -> SessionReleases:
+        return self._built.releases
+
+    @property
     def shutdown(self) -> ShutdownSequence:
-        if self._shutdown is None:
-            plan = ShutdownPlan.from_settings(self.settings)
-            self._shutdown = ShutdownSequence(self.registry, self.metrics, self.set_phase, plan)
-        return self._shutdown
+        return self._built.shutdown
 
     def reasoner(
         self, name: str | None = None, *, description: str | None = None
@@ -79,11 +95,11 @@ class Agent:
 
     def configure(self, settings: Settings) -> None:
         """Apply settings before serving (the CLI does this with its flags)."""
+        if self._parts is not None and self._parts.registry.stats.started:
+            raise RuntimeError("configure() after executions started")
         self._settings = settings
-        self._shutdown = None
-        self.registry.max_inflight = settings.max_inflight
-        self.registry.result_ttl = settings.result_ttl
-        self.registry.max_retained = settings.max_retained
+        self._parts = None
+        self._app = None
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
@@ -91,37 +107,102 @@ class Agent:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
-            self._app = build_app(self)
+            self._app = self._build_app()
         await self._app(scope, receive, send)
+
+    def _build_app(self) -> ASGIApp:
+        parts = self._built
+        settings = self.settings
+        secured = settings.bearer_token is not None
+        api = Api(
+            self.reasoners,
+            parts.registry,
+            parts.store,
+            parts.releases,
+            self.metrics,
+            phase=lambda: self.phase.value,
+            max_body_size=settings.max_body_size,
+            openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
+        )
+        return build_app(api, self.lifespan, settings.bearer_token, parts.registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
-        """Plain `uvicorn module:agent`: drain (bounded) when uvicorn shuts down.
+        """Open the store; at the end, under plain `uvicorn module:agent`, drain (bounded).
 
         Under `agent-server run` the sequence has already run while the listener was open.
         """
-        _ = self.shutdown  # resolve settings now: a bad environment fails startup, not the drain
+        parts = self._built  # resolve settings now: a bad environment fails startup
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
-        yield
-        if self.shutdown.started is not None:  # `agent-server run` has drained already
-            self.registry.close()
-            return
-        self.shutdown.begin(time.monotonic(), time.time(), None)
-        report = await self.shutdown.run(skip_unready=True)
-        await push_shutdown(self)  # bounded by the time left before the grace period ends
-        if self.registry.abandoned_pending:
-            end_process(report.exit_code)
-        self.registry.close()  # its idle worker threads end before the check below
-        deadline = time.monotonic() + self.shutdown.plan.cancel_timeout
-        if await end_leftovers(deadline, cancel_tasks=False):
-            end_process(report.exit_code, "threads")
+        await parts.store.open(parts.registry.cancel)
+        report = None
+        try:
+            yield
+            if self.shutdown.started is None:  # plain uvicorn: the drain starts here
+                began = time.monotonic()
+                self.shutdown.begin(began, time.time(), None)
+                report = await self.shutdown.run(skip_unready=True)
+                await push_shutdown(
+                    self.settings.pushgateway,
+                    self.metrics.shutdown_registry,
+                    self.name,
+                    self.shutdown.plan.hard_end(began),
+                )
+        finally:
+            await parts.releases.close()
+            await parts.store.close()
+            parts.registry.close()  # its idle worker threads end before the check below
+        if report is not None:
+            plan = self.shutdown.plan
+            await finish_process(
+                report.exit_code,
+                abandoned_pending=parts.registry.abandoned_pending,
+                deadline=plan.leftovers_deadline(self.shutdown.started, time.monotonic()),
+                cancel_tasks=False,
+            )
 
 
-def end_process(code: int, still_running: str = "abandoned work") -> None:
-    """Exit now: asyncio.run's cleanup would wait without bound for abandoned tasks."""
-    logger.warning("exiting with %s still running (exit code %d)", still_running, code)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+class _Parts:
+    """What one configured agent runs with, each part given only what it uses."""
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: InFlightRegistry,
+        releases: SessionReleases,
+        shutdown: ShutdownSequence,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.releases = releases
+        self.shutdown = shutdown
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        settings: Settings,
+        metrics: Metrics,
+        set_phase: Callable[[Phase], None],
+    ) -> _Parts:
+        store = open_store(
+            settings.store_url,
+            replica_id=settings.replica_id,
+            agent_name=name,
+            result_ttl=settings.result_ttl,
+            max_retained=settings.max_retained,
+            lease_ttl=settings.lease_ttl,
+            observer=metrics,
+        )
+        registry = InFlightRegistry(store, max_inflight=settings.max_inflight, observer=metrics)
+        releases = SessionReleases(store, registry, observer=metrics)
+        shutdown = ShutdownSequence(
+            registry,
+            metrics,
+            set_phase,
+            ShutdownPlan.from_settings(settings),
+            limit_releases=releases.limit,
+            flush_ends=store.flush,
+        )
+        return cls(store, registry, releases, shutdown)

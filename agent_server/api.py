@@ -1,7 +1,8 @@
 """HTTP API: thin handlers on Starlette's router that translate between HTTP and the registry.
 
-Handlers know nothing of signals: they read the registry (admission, draining) and the
-agent's phase. Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
+Handlers know nothing of signals: they start work through the registry (admission,
+draining), read records from the store (whichever replica ran them), and read the phase.
+Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 from starlette._utils import get_route_path
@@ -20,23 +21,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, Router
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
 from agent_server.auth import BearerAuth
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
-from agent_server.openapi import openapi_document
+from agent_server.metrics import Metrics
 from agent_server.reasoner import Reasoner
-from agent_server.registry import (
-    AdmissionError,
-    ExecutionNotFound,
-    ExecutionRunning,
-    RejectReason,
-    SessionBusy,
-)
-
-if TYPE_CHECKING:
-    from agent_server.agent import Agent
+from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.sessions import SessionBusy, SessionReleases
+from agent_server.store.base import ExecutionRunning, ExecutionStore, StoreUnavailable
 
 logger = logging.getLogger("agent_server.api")
 
@@ -135,11 +129,28 @@ def _execution_response(
 
 
 class Api:
-    """The routes of DESIGN.md section 3, bound to one agent."""
+    """The routes of the HTTP API, given the parts they use."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.registry = agent.registry
+    def __init__(
+        self,
+        reasoners: dict[str, Reasoner],
+        registry: InFlightRegistry,
+        store: ExecutionStore,
+        releases: SessionReleases,
+        metrics: Metrics,
+        *,
+        phase: Callable[[], str],
+        max_body_size: int,
+        openapi: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.reasoners = reasoners
+        self.registry = registry
+        self.store = store
+        self.releases = releases
+        self.metrics = metrics
+        self.phase = phase
+        self.max_body_size = max_body_size
+        self.openapi_document = openapi
 
     def routes(self) -> list[Route]:
         """The hot routes (runs and status reads) first: the router tries them in order."""
@@ -153,7 +164,7 @@ class Api:
             ("/sessions/{session_id}", self.release_session, ["DELETE"]),
             ("/healthz", self.healthz, ["GET"]),
             ("/readyz", self.readyz, ["GET"]),
-            ("/metrics", self.metrics, ["GET"]),
+            ("/metrics", self.scrape, ["GET"]),
             ("/openapi.json", self.openapi, ["GET"]),
         ]
         return [Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table]
@@ -161,7 +172,7 @@ class Api:
     # -- reasoners -----------------------------------------------------------------------------
 
     async def list_reasoners(self, request: Request) -> Response:
-        return JSONResponse([r.describe() for r in self.agent.reasoners.values()])
+        return JSONResponse([r.describe() for r in self.reasoners.values()])
 
     async def run_sync(self, request: Request) -> Response:
         execution = await self._start(request)
@@ -193,12 +204,12 @@ class Api:
         except ValidationError as exc:
             raise ApiError(422, _validation_detail(exc)) from None
         try:
-            return self.registry.start(reasoner, arguments, session_id)
+            return await self.registry.start(reasoner, arguments, session_id)
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None
 
     def _reasoner(self, name: str) -> Reasoner:
-        reasoner = self.agent.reasoners.get(name)
+        reasoner = self.reasoners.get(name)
         if reasoner is None:
             raise ApiError(404, f"unknown reasoner: {name!r}")
         return reasoner
@@ -216,7 +227,7 @@ class Api:
 
     async def _read_json(self, receive: Receive, headers: dict[bytes, bytes]) -> Any:
         """The body as JSON, within the size limit; an empty body is None."""
-        limit = self.agent.settings.max_body_size
+        limit = self.max_body_size
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body exceeds {limit} bytes")
@@ -257,25 +268,26 @@ class Api:
         return await self.get_execution(request)
 
     async def get_execution(self, request: Request) -> Response:
-        execution = self._execution(request)
+        execution = await self._execution(request)
         wait = _float_param(request, "wait", minimum=0.0)
-        if wait is not None and wait > 0:
-            await execution.wait(min(wait, MAX_WAIT_SECONDS))
+        if wait is not None and wait > 0 and not execution.is_terminal:
+            execution = await self.store.wait(execution, min(wait, MAX_WAIT_SECONDS))
         return _execution_response(execution)
 
     async def cancel_execution(self, request: Request) -> Response:
-        execution = self._execution(request)
+        execution = await self._execution(request)
         if execution.is_terminal:
             return _execution_response(execution)
-        self.registry.cancel(execution.execution_id, CancelReason.REQUEST)
+        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
         return _execution_response(execution, 202)
 
     async def delete_execution(self, request: Request) -> Response:
-        execution = self._execution(request)
         try:
-            self.registry.forget(execution.execution_id)
+            known = await self.store.forget(request.path_params["execution_id"])
         except ExecutionRunning:
             raise ApiError(409, "execution is running: cancel it first") from None
+        if not known:
+            raise ApiError(404, "unknown execution")
         return Response(status_code=204)
 
     async def list_executions(self, request: Request) -> Response:
@@ -288,7 +300,7 @@ class Api:
                 allowed = ", ".join(s.value for s in ExecutionStatus)
                 raise ApiError(422, f"status must be one of: {allowed}") from None
         limit = _int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
-        executions = self.registry.list_executions(
+        executions = await self.store.list_executions(
             status=status,
             reasoner=request.query_params.get("reasoner"),
             session_id=request.query_params.get("session_id"),
@@ -296,12 +308,11 @@ class Api:
         )
         return JSONResponse([e.to_json() for e in executions])
 
-    def _execution(self, request: Request) -> Execution:
-        execution_id = request.path_params["execution_id"]
-        try:
-            return self.registry.get(execution_id)
-        except ExecutionNotFound:
-            raise ApiError(404, "unknown execution") from None
+    async def _execution(self, request: Request) -> Execution:
+        execution = await self.store.get(request.path_params["execution_id"])
+        if execution is None:
+            raise ApiError(404, "unknown execution")
+        return execution
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -317,7 +328,7 @@ class Api:
         if cancel_value not in ("true", "false", "1", "0"):
             raise ApiError(422, "cancel_running must be true or false")
         try:
-            release = await self.registry.release_session(
+            release = await self.releases.release(
                 session_id, timeout=timeout, cancel_running=cancel_value in ("true", "1")
             )
         except SessionBusy:
@@ -327,23 +338,23 @@ class Api:
     # -- health, metrics, schema ------------------------------------------------------------
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "phase": self.agent.phase.value})
+        return JSONResponse({"status": "ok", "phase": self.phase()})
 
     async def readyz(self, request: Request) -> Response:
         if self.registry.draining:
-            return JSONResponse({"status": "draining", "phase": self.agent.phase.value}, 503)
-        return JSONResponse({"status": "ready", "phase": self.agent.phase.value})
+            return JSONResponse({"status": "draining", "phase": self.phase()}, 503)
+        if not self.store.up:
+            return JSONResponse({"status": "store unavailable", "phase": self.phase()}, 503)
+        return JSONResponse({"status": "ready", "phase": self.phase()})
 
-    async def metrics(self, request: Request) -> Response:
+    async def scrape(self, request: Request) -> Response:
         return Response(
-            self.agent.metrics.exposition(),
+            self.metrics.exposition(),
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
     async def openapi(self, request: Request) -> Response:
-        secured = self.agent.settings.bearer_token is not None
-        document = openapi_document(self.agent.name, self.agent.reasoners.values(), secured=secured)
-        return JSONResponse(document)
+        return JSONResponse(self.openapi_document())
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -386,6 +397,8 @@ def _admission_error(reason: RejectReason) -> ApiError:
         return ApiError(429, "too many executions in flight", retry)
     if reason is RejectReason.SESSION_RELEASED:
         return ApiError(409, "session is being released")
+    if reason is RejectReason.STORE_UNAVAILABLE:
+        return ApiError(503, "execution store unavailable", retry)
     return ApiError(503, "server is shutting down", {**retry, "Connection": "close"})
 
 
@@ -442,9 +455,10 @@ class HttpApp:
     handler lookup per request) plus a metrics middleware: every layer costs every request.
     """
 
-    def __init__(self, app: ASGIApp, agent: Agent) -> None:
+    def __init__(self, app: ASGIApp, registry: InFlightRegistry, metrics: Metrics) -> None:
         self.app = app
-        self.agent = agent
+        self.registry = registry
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -453,7 +467,7 @@ class HttpApp:
         scope["app"] = self  # so the router raises HTTPException for 404 and 405, answered here
         started = time.perf_counter()
         status = 0
-        registry = self.agent.registry
+        registry = self.registry
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -471,6 +485,11 @@ class HttpApp:
             if status:  # too late to answer: the server closes the connection
                 raise
             await _error_response(exc)(scope, receive, send_wrapper)
+        except StoreUnavailable:
+            if status:
+                raise
+            unavailable = ApiError(503, "execution store unavailable", {"Retry-After": "1"})
+            await _error_response(unavailable)(scope, receive, send_wrapper)
         except Exception as exc:
             if status:
                 raise
@@ -482,16 +501,16 @@ class HttpApp:
             template = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
             seconds = time.perf_counter() - started
-            self.agent.metrics.http_request(method, template, status or 500, seconds)
+            self.metrics.http_request(method, template, status or 500, seconds)
 
 
-def build_app(agent: Agent) -> ASGIApp:
-    """The routes of `agent`, behind the bearer check when a token is set, inside `HttpApp`
+def build_app(
+    api: Api, lifespan: Lifespan[Any], token: str | None, registry: InFlightRegistry
+) -> ASGIApp:
+    """The routes of `api`, behind the bearer check when a token is set, inside `HttpApp`
     (so 401s are counted and get `Connection: close` while draining too)."""
-    api = Api(agent)
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
-    app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=agent.lifespan).app
-    token = agent.settings.bearer_token
+    app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan).app
     if token is not None:
         app = BearerAuth(app, token)
-    return HttpApp(app, agent)
+    return HttpApp(app, registry, api.metrics)

@@ -12,12 +12,21 @@ from typing import Any
 
 
 class ExecutionStatus(enum.StrEnum):
-    """Where an execution is; every status but `running` is terminal."""
+    """Where an execution is; `queued` and `running` are not terminal, the rest are.
 
+    `queued` and `lost` appear only with a shared store (docs/replicas.md).
+    """
+
+    QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+#: The statuses an execution can still leave.
+ACTIVE_STATUSES = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.RUNNING})
 
 
 class CancelReason(enum.StrEnum):
@@ -88,11 +97,17 @@ def _whole_second(seconds: int) -> str:
 
 
 class Execution:
-    """One execution. Slots keep the per-execution memory small: a server holds many."""
+    """One execution. Slots keep the per-execution memory small: a server holds many.
+
+    The replica that runs it holds the live object; a shared store hands other replicas
+    copies made by `restore`, which carry the recorded duration instead of clock readings.
+    """
 
     __slots__ = (
         "_done",
+        "_duration",
         "abandoned",
+        "attempt",
         "cancel_reason",
         "created_at",
         "error",
@@ -100,6 +115,7 @@ class Execution:
         "finished_at",
         "finished_monotonic",
         "reasoner",
+        "replica",
         "result",
         "session_id",
         "started_monotonic",
@@ -107,10 +123,14 @@ class Execution:
         "status_reason",
     )
 
-    def __init__(self, reasoner: str, session_id: str | None) -> None:
+    def __init__(
+        self, reasoner: str, session_id: str | None, replica: str = "", attempt: int = 1
+    ) -> None:
         self.execution_id = new_execution_id()
         self.reasoner = reasoner
         self.session_id = session_id
+        self.replica = replica
+        self.attempt = attempt
         self.status = ExecutionStatus.RUNNING
         self.status_reason: CancelReason | None = None
         self.cancel_reason: CancelReason | None = None
@@ -120,17 +140,57 @@ class Execution:
         self.started_monotonic = time.monotonic()
         self.finished_at: float | None = None
         self.finished_monotonic: float | None = None
+        self._duration: float | None = None
         self.abandoned = False
         self._done: asyncio.Event | None = None
 
+    @classmethod
+    def restore(
+        cls,
+        execution_id: str,
+        reasoner: str,
+        session_id: str | None,
+        *,
+        replica: str,
+        attempt: int,
+        status: ExecutionStatus,
+        created_at: float,
+        status_reason: CancelReason | None = None,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+        finished_at: float | None = None,
+        duration_seconds: float | None = None,
+        abandoned: bool = False,
+    ) -> Execution:
+        """A copy of a record read from a store: what another replica sees."""
+        execution = cls.__new__(cls)
+        execution.execution_id = execution_id
+        execution.reasoner = reasoner
+        execution.session_id = session_id
+        execution.replica = replica
+        execution.attempt = attempt
+        execution.status = status
+        execution.status_reason = status_reason
+        execution.cancel_reason = status_reason
+        execution.result = result
+        execution.error = error
+        execution.created_at = created_at
+        execution.started_monotonic = 0.0
+        execution.finished_at = finished_at
+        execution.finished_monotonic = None
+        execution._duration = duration_seconds
+        execution.abandoned = abandoned
+        execution._done = None
+        return execution
+
     @property
     def is_terminal(self) -> bool:
-        return self.status is not ExecutionStatus.RUNNING
+        return self.status not in ACTIVE_STATUSES
 
     @property
     def duration_seconds(self) -> float | None:
         if self.finished_monotonic is None:
-            return None
+            return self._duration
         return self.finished_monotonic - self.started_monotonic
 
     def finish(
@@ -177,6 +237,8 @@ class Execution:
             "created_at": _isoformat(self.created_at),
             "finished_at": None if self.finished_at is None else _isoformat(self.finished_at),
             "duration_seconds": self.duration_seconds,
+            "replica": self.replica,
+            "attempt": self.attempt,
         }
 
 

@@ -137,6 +137,7 @@ class Metrics:
         self._http: dict[tuple[str, str, int], HistogramSeries] = {}
         self._rejected: dict[str, int] = {reason.value: 0 for reason in RejectReason}
         self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
+        self._store = StoreSeries()
         self.registry = AgentRegistry(auto_describe=True)
         self.registry.register(self)
         self.shutdown_registry = AgentRegistry(auto_describe=True)
@@ -187,6 +188,7 @@ class Metrics:
     def add_reasoner(self, name: str) -> None:
         """Create the reasoner's series at zero, so they exist before its first execution."""
         self._started.setdefault(name, 0)
+        self._store.lost.setdefault(name, 0)
         for status in EXECUTION_OUTCOMES:
             if (name, status) not in self._outcomes:
                 self._outcomes[name, status] = OutcomeSeries()
@@ -216,6 +218,26 @@ class Metrics:
 
     def session_released(self, outcome: str) -> None:
         self._releases[outcome] = self._releases.get(outcome, 0) + 1
+
+    # -- StoreObserver -------------------------------------------------------------------------
+
+    def store_operation(self, operation: str, seconds: float, ok: bool) -> None:
+        self._store.operation(operation, seconds, ok)
+
+    def store_up(self, up: bool) -> None:
+        self._store.up = up
+
+    def execution_lost(self, execution: Execution) -> None:
+        """Counted by the replica that recorded the loss, which is seldom the owner: so not
+        part of any replica's in-flight arithmetic."""
+        lost = self._store.lost
+        lost[execution.reasoner] = lost.get(execution.reasoner, 0) + 1
+
+    def fenced_write(self, execution: Execution) -> None:
+        self._store.fenced += 1
+
+    def replicas_alive(self, count: int) -> None:
+        self._store.replicas = count
 
     # -- HTTP and shutdown -------------------------------------------------------------------
 
@@ -273,6 +295,7 @@ class Metrics:
             "outcome",
             self._releases,
         )
+        yield from self._store.families()
 
     def _execution_families(self) -> tuple[Metric, Metric, Metric, Metric]:
         """`executions_inflight` is derived: every started execution is recorded finished
@@ -292,6 +315,8 @@ class Metrics:
             running[reasoner] = running.get(reasoner, 0) - ended.finished
             finished.add_metric([reasoner, status], ended.finished)
             duration.add_metric([reasoner, status], ended.buckets(), ended.sum)
+        for reasoner, lost in self._store.lost.items():
+            finished.add_metric([reasoner, "lost"], lost)
         started = _counter(
             "executions_started_total", "Executions started.", "reasoner", self._started
         )
@@ -323,6 +348,53 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StoreSeries:
+    """What the execution store did, as plain numbers until scraped."""
+
+    def __init__(self) -> None:
+        self.durations: dict[str, HistogramSeries] = {}
+        self.errors: dict[str, int] = {}
+        self.up = True
+        self.fenced = 0
+        self.replicas = 1
+        self.lost: dict[str, int] = {}
+
+    def operation(self, operation: str, seconds: float, ok: bool) -> None:
+        series = self.durations.get(operation)
+        if series is None:
+            series = self.durations[operation] = HistogramSeries(HTTP_BUCKETS, HTTP_LE)
+            self.errors.setdefault(operation, 0)
+        series.observe(seconds)
+        if not ok:
+            self.errors[operation] += 1
+
+    def families(self) -> Iterator[Metric]:
+        duration = HistogramMetricFamily(
+            f"{PREFIX}_store_operation_duration_seconds",
+            "Execution store operations (round trips), by operation.",
+            labels=["operation"],
+        )
+        for operation, series in self.durations.items():
+            duration.add_metric([operation], series.buckets(), series.sum)
+        yield duration
+        yield _counter(
+            "store_errors_total", "Store operations that failed.", "operation", self.errors
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_store_up", "1 while the execution store answers.", value=int(self.up)
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_store_fenced_writes",
+            "Writes of an execution's end refused because this replica no longer owns it.",
+            value=self.fenced,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_replicas_alive",
+            "Replicas whose liveness the store holds (1 with the memory store).",
+            value=self.replicas,
+        )
 
 
 def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:

@@ -18,16 +18,12 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from prometheus_client import push_to_gateway
 from prometheus_client.registry import Collector
 
 from agent_server.signals import block_in_this_thread
-
-if TYPE_CHECKING:
-    from agent_server.agent import Agent
 
 logger = logging.getLogger("agent_server.pushgateway")
 
@@ -51,16 +47,14 @@ def grouping_key(agent_name: str) -> dict[str, str]:
     return {"agent": agent_name, "instance": socket.gethostname()}
 
 
-async def push_shutdown(agent: Agent) -> bool:
-    """After a shutdown, push its metrics if `--pushgateway` is set, before the watchdog."""
-    url = agent.settings.pushgateway
-    started = agent.shutdown.started
-    if url is None or started is None:
+async def push_shutdown(
+    url: str | None, registry: Collector, agent_name: str, hard_end: float | None
+) -> bool:
+    """After a shutdown, push its metrics if `--pushgateway` is set, before the watchdog
+    ends the process at `hard_end` (monotonic; None: no shutdown has begun)."""
+    if url is None or hard_end is None:
         return False
-    deadline = started + agent.shutdown.plan.watchdog_after
-    return await push_metrics(
-        url, agent.metrics.shutdown_registry, grouping_key(agent.name), push_bound(deadline)
-    )
+    return await push_metrics(url, registry, grouping_key(agent_name), push_bound(hard_end))
 
 
 async def push_metrics(url: str, registry: Collector, key: Mapping[str, str], bound: float) -> bool:

@@ -1,9 +1,10 @@
-"""InFlightRegistry: owns every execution's task from start to an observed end.
+"""InFlightRegistry: this process's executions, from admission to an observed end.
 
-The registry is the admission gate (draining, capacity, sessions being released), the
-lookup table (retention by TTL and count), and the one place that cancels, settles and
-abandons work with a deadline. Session release and the shutdown sequence both use the same
-`cancel` / `settle` / `abandon` operations, so they bound their waits the same way.
+The registry is the admission gate (draining, capacity), the owner of every task this
+process runs, and the one place that cancels, settles and abandons them with a deadline.
+Records live in the store (`agent_server.store`), which may be shared with other replicas;
+the registry writes each execution's start and end there. Session release and the shutdown
+sequence both use `cancel` / `settle` / `abandon`, so they bound their waits the same way.
 
 Settling uses `asyncio.wait` with the time left to one deadline: `wait_for(gather(...))`
 would wait past its deadline for a task that swallows `CancelledError`.
@@ -17,8 +18,8 @@ import enum
 import functools
 import logging
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterable
+from collections import Counter
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
+from agent_server.store.base import ExecutionStore, SessionReleasing, StoreUnavailable
 
 logger = logging.getLogger("agent_server.registry")
 
@@ -37,6 +39,7 @@ class RejectReason(enum.StrEnum):
     DRAINING = "draining"
     CAPACITY = "capacity"
     SESSION_RELEASED = "session_released"
+    STORE_UNAVAILABLE = "store_unavailable"
 
 
 class AdmissionError(Exception):
@@ -47,18 +50,6 @@ class AdmissionError(Exception):
         self.reason = reason
 
 
-class ExecutionNotFound(LookupError):
-    pass
-
-
-class ExecutionRunning(Exception):
-    """A running execution cannot be forgotten."""
-
-
-class SessionBusy(Exception):
-    """The session has running work and the caller chose not to cancel it."""
-
-
 class RegistryObserver(Protocol):
     """Told what happened; never decides anything (metrics implements it)."""
 
@@ -67,26 +58,6 @@ class RegistryObserver(Protocol):
     def execution_finished(self, execution: Execution, outcome: str) -> None: ...
 
     def execution_rejected(self, reason: RejectReason) -> None: ...
-
-    def session_released(self, outcome: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class SessionRelease:
-    session_id: str
-    cancelled: int
-    abandoned: int
-    forgotten: int
-    elapsed_seconds: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "cancelled": self.cancelled,
-            "abandoned": self.abandoned,
-            "forgotten": self.forgotten,
-            "elapsed_seconds": self.elapsed_seconds,
-        }
 
 
 @dataclass
@@ -103,34 +74,31 @@ class RegistryStats:
 
 
 class InFlightRegistry:
-    """Tracks executions: running tasks are strongly held until their end is observed."""
+    """Runs executions: their tasks are strongly held, keyed by identity, until their end
+    is observed; abandoned ones stay held until they end by themselves."""
 
     def __init__(
         self,
+        store: ExecutionStore,
         *,
         max_inflight: int = 1000,
-        result_ttl: float = 3600.0,
-        max_retained: int = 10_000,
         observer: RegistryObserver | None = None,
     ) -> None:
+        self.store = store
         self.max_inflight = max_inflight
-        self.result_ttl = result_ttl
-        self.max_retained = max_retained
         self.observer = observer
         self.stats = RegistryStats()
         self.admitting = True
-        self._executions: dict[str, Execution] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._executions: dict[asyncio.Task[None], Execution] = {}
         self._abandoned: dict[asyncio.Task[None], Execution] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
-        self._sessions: dict[str, set[str]] = {}
-        self._releasing: dict[str, asyncio.Future[SessionRelease]] = {}
+        self._starting = 0
         self._drain = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._executor: ThreadPoolExecutor | None = None
 
-    # -- admission and lookup ---------------------------------------------------------------
+    # -- admission -------------------------------------------------------------------------
 
     @property
     def draining(self) -> bool:
@@ -145,113 +113,85 @@ class InFlightRegistry:
         """Abandoned tasks that have still not ended."""
         return len(self._abandoned)
 
-    def start(
+    async def start(
         self, reasoner: Reasoner, arguments: dict[str, Any], session_id: str | None = None
     ) -> Execution:
-        """Admit and start one execution, or raise AdmissionError."""
-        reason = self._refusal(session_id)
+        """Admit, record and start one execution, or raise AdmissionError."""
+        reason = self._refusal()
         if reason is not None:
-            self.stats.rejected[reason.value] += 1
-            if self.observer is not None:
-                self.observer.execution_rejected(reason)
-            raise AdmissionError(reason)
-        execution = Execution(reasoner.name, session_id)
-        key = execution.execution_id
+            self._reject(reason)
+        execution = Execution(reasoner.name, session_id, self.store.replica_id)
+        self._starting += 1  # counts against capacity while its record is written
+        try:
+            await self.store.create(execution)
+        except SessionReleasing:
+            self._reject(RejectReason.SESSION_RELEASED)
+        except StoreUnavailable:
+            self._reject(RejectReason.STORE_UNAVAILABLE)
+        finally:
+            self._starting -= 1
         context = (  # only for a reasoner that asks for one
-            ExecutionContext(key, reasoner.name, session_id, self._drain)
+            ExecutionContext(execution.execution_id, reasoner.name, session_id, self._drain)
             if reasoner.wants_context
             else None
         )
         task = asyncio.get_running_loop().create_task(
-            self._run(execution, reasoner, arguments, context), name=f"execution-{key}"
+            self._run(execution, reasoner, arguments, context),
+            name=f"execution-{execution.execution_id}",
         )
-        self._executions[key] = execution
-        self._running[key] = task
+        self._running[execution.execution_id] = task
+        self._executions[task] = execution
         self._idle.clear()
-        if session_id is not None:
-            self._sessions.setdefault(session_id, set()).add(key)
-        task.add_done_callback(functools.partial(self._on_task_done, key))
+        task.add_done_callback(self._on_task_done)
         self.stats.started += 1
         if self.observer is not None:
             self.observer.execution_started(execution)
         return execution
 
-    def _refusal(self, session_id: str | None) -> RejectReason | None:
+    def _refusal(self) -> RejectReason | None:
         if not self.admitting:
             return RejectReason.DRAINING
-        if session_id is not None and session_id in self._releasing:
-            return RejectReason.SESSION_RELEASED
-        if len(self._running) >= self.max_inflight:
+        if len(self._running) + self._starting >= self.max_inflight:
             return RejectReason.CAPACITY
         return None
 
-    def get(self, execution_id: str) -> Execution:
-        self._expire()
-        execution = self._executions.get(execution_id)
-        if execution is None:
-            raise ExecutionNotFound(execution_id)
-        return execution
+    def _reject(self, reason: RejectReason) -> None:
+        self.stats.rejected[reason.value] += 1
+        if self.observer is not None:
+            self.observer.execution_rejected(reason)
+        raise AdmissionError(reason)
 
-    def list_executions(
-        self,
-        *,
-        status: ExecutionStatus | None = None,
-        reasoner: str | None = None,
-        session_id: str | None = None,
-        limit: int = 100,
-    ) -> list[Execution]:
-        """Newest first, filtered; bounded by `limit`."""
-        self._expire()
-        if session_id is not None:
-            keys: Iterable[str] = sorted(
-                self._sessions.get(session_id, ()),
-                key=lambda k: self._executions[k].created_at,
-                reverse=True,
-            )
-        else:
-            keys = reversed(self._executions)
-        found: list[Execution] = []
-        for key in keys:
-            if len(found) >= limit:
-                break
-            execution = self._executions[key]
-            if status is not None and execution.status is not status:
-                continue
-            if reasoner is not None and execution.reasoner != reasoner:
-                continue
-            found.append(execution)
-        return found
-
-    def forget(self, execution_id: str) -> None:
-        """Forget a finished execution; a running one raises ExecutionRunning."""
-        execution = self.get(execution_id)
-        if not execution.is_terminal:
-            raise ExecutionRunning(execution_id)
-        self._forget(execution_id)
+    def running(self, execution_id: str) -> Execution | None:
+        """The live execution when this process runs it."""
+        task = self._running.get(execution_id)
+        return None if task is None else self._executions.get(task)
 
     # -- cancellation, settling, abandonment -------------------------------------------------
 
-    def cancel(self, execution_id: str, reason: CancelReason) -> Execution:
-        """Request cancellation; the first reason given is the one recorded."""
-        execution = self.get(execution_id)
-        self._cancel(execution, reason)
-        return execution
-
-    def _cancel(self, execution: Execution, reason: CancelReason) -> None:
-        task = self._running.get(execution.execution_id)
-        if execution.is_terminal or task is None:
-            return
+    def cancel(
+        self, execution_id: str, reason: CancelReason, settle_within: float | None = None
+    ) -> bool:
+        """Cancel one execution this process runs; the first reason given is the one
+        recorded. With `settle_within`, it is abandoned if it has not ended by then.
+        False when it does not run here (any more)."""
+        task = self._running.get(execution_id)
+        if task is None:
+            return False
+        execution = self._executions[task]
+        if execution.is_terminal:
+            return False
         if execution.cancel_reason is None:
             execution.cancel_reason = reason
         task.cancel()
+        if settle_within is not None:
+            asyncio.get_running_loop().call_later(settle_within, self._abandon_late, task)
+        return True
 
     def cancel_all(self, reason: CancelReason) -> list[asyncio.Task[None]]:
         """Cancel every running execution; returns their tasks for `settle`."""
         tasks: list[asyncio.Task[None]] = []
         for key, task in list(self._running.items()):
-            execution = self._executions.get(key)  # None: ended and already evicted
-            if execution is not None and not execution.is_terminal:
-                self._cancel(execution, reason)
+            if self.cancel(key, reason):
                 tasks.append(task)
         return tasks
 
@@ -275,13 +215,21 @@ class InFlightRegistry:
                 abandoned.append(execution)
         return abandoned
 
+    def abandon(self, execution_id: str) -> Execution | None:
+        """Abandon now an execution this process runs, if it still does."""
+        task = self._running.get(execution_id)
+        return None if task is None else self._abandon(task)
+
+    def _abandon_late(self, task: asyncio.Task[None]) -> None:
+        if not task.done():
+            self._abandon(task)
+
     def _abandon(self, task: asyncio.Task[None]) -> Execution | None:
         """Give up on a task that will not settle: record it, keep it referenced, observe it."""
-        key = task.get_name().removeprefix("execution-")
-        execution = self._executions.get(key)
+        execution = self._executions.get(task)
         if execution is None or execution.is_terminal:
             return None
-        self._running.pop(key, None)
+        self._running.pop(execution.execution_id, None)
         self._abandoned[task] = execution
         if not self._running:
             self._idle.set()
@@ -289,7 +237,7 @@ class InFlightRegistry:
         self._record(execution, ExecutionStatus.CANCELLED, reason=execution.cancel_reason)
         logger.warning(
             "execution %s (%s) abandoned: it did not settle after cancellation (%s)",
-            key,
+            execution.execution_id,
             execution.reasoner,
             None if execution.cancel_reason is None else execution.cancel_reason.value,
         )
@@ -326,59 +274,6 @@ class InFlightRegistry:
     def close_admission(self) -> None:
         self.admitting = False
 
-    # -- sessions ------------------------------------------------------------------------------
-
-    async def release_session(
-        self, session_id: str, *, timeout: float | None, cancel_running: bool
-    ) -> SessionRelease:
-        """Cancel a session's running work, settle it by one deadline, forget its records.
-
-        Concurrent releases of one session share the first one's drain and answer.
-        """
-        ongoing = self._releasing.get(session_id)
-        if ongoing is not None:
-            return await asyncio.shield(ongoing)
-        started = time.monotonic()
-        keys = self._sessions.get(session_id, set())
-        # An ended execution's task leaves `_running` a loop iteration later: not running.
-        running = [
-            self._running[key]
-            for key in keys
-            if key in self._running and not self._executions[key].is_terminal
-        ]
-        if running and not cancel_running:
-            raise SessionBusy(session_id)
-        outcome: asyncio.Future[SessionRelease] = asyncio.get_running_loop().create_future()
-        self._releasing[session_id] = outcome
-        try:
-            deadline = None if timeout is None else started + timeout
-            for task in running:
-                key = task.get_name().removeprefix("execution-")
-                self._cancel(self._executions[key], CancelReason.SESSION_RELEASED)
-            abandoned = await self.settle(running, deadline)
-            forgotten = 0
-            for key in list(self._sessions.get(session_id, ())):
-                if not self._executions[key].is_terminal:  # running work is never forgotten
-                    continue
-                self._forget(key)
-                forgotten += 1
-            release = SessionRelease(
-                session_id=session_id,
-                cancelled=len(running) - len(abandoned),
-                abandoned=len(abandoned),
-                forgotten=forgotten,
-                elapsed_seconds=time.monotonic() - started,
-            )
-        except BaseException:
-            outcome.cancel()
-            raise
-        finally:
-            del self._releasing[session_id]
-        outcome.set_result(release)
-        if self.observer is not None:
-            self.observer.session_released("abandoned" if abandoned else "settled")
-        return release
-
     # -- the task --------------------------------------------------------------------------
 
     async def _run(
@@ -395,32 +290,48 @@ class InFlightRegistry:
             else:
                 value = await self._run_in_thread(reasoner, arguments, context)
             result = reasoner.serialize(value)
-        except asyncio.CancelledError:
-            reason = execution.cancel_reason
-            if reason is None and self.draining:
-                reason = CancelReason.SHUTDOWN
-            self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            if execution.is_terminal:
-                logger.warning(
-                    "abandoned execution %s (%s) ended later with %s: %s",
-                    execution.execution_id,
-                    execution.reasoner,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=exc,
-                )
-                return
-            logger.error(
-                "execution %s (%s) failed",
-                execution.execution_id,
-                execution.reasoner,
-                exc_info=exc,
-            )
-            error = {"type": type(exc).__name__, "message": str(exc)}
-            self._record(execution, ExecutionStatus.FAILED, error=error)
+        except asyncio.CancelledError as exc:
+            if self._was_cancelled(execution):
+                self._record_cancelled(execution)
+            else:  # raised by the reasoner's own code: nobody asked for it
+                self._record_failure(execution, exc)
+        except BaseException as exc:
+            self._record_failure(execution, exc)
         else:
             self._record(execution, ExecutionStatus.SUCCEEDED, result=result)
+
+    def _was_cancelled(self, execution: Execution) -> bool:
+        """Whether a cancellation was asked for, by this registry or by anyone else."""
+        task = asyncio.current_task()
+        return execution.cancel_reason is not None or (task is not None and task.cancelling() > 0)
+
+    def _record_cancelled(self, execution: Execution) -> None:
+        reason = execution.cancel_reason
+        if reason is None and self.draining:
+            reason = CancelReason.SHUTDOWN
+        if reason is None:  # cancelled from outside the registry: say so rather than nothing
+            reason = CancelReason.REQUEST
+        self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
+
+    def _record_failure(self, execution: Execution, exc: BaseException) -> None:
+        if execution.is_terminal:
+            logger.warning(
+                "abandoned execution %s (%s) ended later with %s: %s",
+                execution.execution_id,
+                execution.reasoner,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            return
+        logger.error(
+            "execution %s (%s) failed",
+            execution.execution_id,
+            execution.reasoner,
+            exc_info=exc,
+        )
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(
         self, reasoner: Reasoner, arguments: dict[str, Any], context: ExecutionContext | None
@@ -461,52 +372,22 @@ class InFlightRegistry:
         self.stats.outcomes[outcome] += 1
         if self.observer is not None:
             self.observer.execution_finished(execution, outcome)
-        self._finished[execution.execution_id] = None
-        self._expire()
+        self.store.end(execution)
 
-    def _on_task_done(self, key: str, task: asyncio.Task[None]) -> None:
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Observe the task's end exactly once and drop the strong reference."""
+        execution = self._executions.pop(task)
         if not task.cancelled():
             exc = task.exception()
             if exc is not None:  # _run never raises; anything here is a bug worth seeing
-                logger.error("execution task %s raised", key, exc_info=exc)
-        else:  # cancelled before its first step: _run never ran, so record the end here
-            execution = self._executions.get(key)
-            if execution is not None and not execution.is_terminal:
-                reason = execution.cancel_reason
-                if reason is None and self.draining:
-                    reason = CancelReason.SHUTDOWN
-                self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
-        if self._running.get(key) is task:
-            del self._running[key]
+                logger.error("execution task %s raised", task.get_name(), exc_info=exc)
+        elif not execution.is_terminal:  # cancelled before its first step: _run never ran
+            self._record_cancelled(execution)
+        if self._running.get(execution.execution_id) is task:
+            del self._running[execution.execution_id]
         self._abandoned.pop(task, None)
         if not self._running:
             self._idle.set()
-
-    # -- retention -------------------------------------------------------------------------
-
-    def _expire(self) -> None:
-        """Forget the oldest finished executions past the TTL or over `max_retained`."""
-        if not self._finished:
-            return
-        cutoff = time.monotonic() - self.result_ttl
-        while self._finished:
-            key = next(iter(self._finished))
-            finished = self._executions[key].finished_monotonic
-            over = len(self._finished) > self.max_retained
-            if not over and finished is not None and finished > cutoff:
-                break
-            self._forget(key)
-
-    def _forget(self, key: str) -> None:
-        execution = self._executions.pop(key, None)
-        self._finished.pop(key, None)
-        if execution is not None and execution.session_id is not None:
-            keys = self._sessions.get(execution.session_id)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._sessions[execution.session_id]
 
     def close(self) -> None:
         """Release the worker threads without waiting for abandoned ones."""

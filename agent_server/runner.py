@@ -23,16 +23,10 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 
-from agent_server.agent import Agent, end_process
+from agent_server.agent import Agent
 from agent_server.logs import format_line
 from agent_server.pushgateway import push_shutdown
-from agent_server.shutdown import (
-    EXIT_RESERVE,
-    ExitCode,
-    Watchdog,
-    end_leftovers,
-    exit_with_line,
-)
+from agent_server.shutdown import ExitCode, Watchdog, exit_with_line, finish_process
 from agent_server.signals import block_in_this_thread, blocked_while_starting_threads
 
 logger = logging.getLogger("agent_server.runner")
@@ -126,8 +120,20 @@ class Runner(uvicorn.Server):
         if threading.current_thread() is threading.main_thread():
             for sig in HANDLED_SIGNALS:  # uvicorn restored the handlers from before serving
                 signal.signal(sig, self._exit_late)
-        await push_shutdown(self.agent)  # last: bounded by the time left before the watchdog
-        await self._end_leftovers()
+        sequence = self.agent.shutdown
+        if sequence.started is not None:  # last: bounded by the time left before the watchdog
+            await push_shutdown(
+                self.agent.settings.pushgateway,
+                self.agent.metrics.shutdown_registry,
+                self.agent.name,
+                sequence.plan.hard_end(sequence.started),
+            )
+        await finish_process(
+            self.exit_code,
+            abandoned_pending=self.agent.registry.abandoned_pending,
+            deadline=sequence.plan.leftovers_deadline(sequence.started, time.monotonic()),
+            cancel_tasks=True,
+        )
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -169,22 +175,6 @@ class Runner(uvicorn.Server):
         self.config.timeout_graceful_shutdown = max(  # type: ignore[assignment]
             0.0, deadline - time.monotonic() - UVICORN_CLOSE_PAUSE
         )
-
-    async def _end_leftovers(self) -> None:
-        """Never wait without bound in `asyncio.run`'s cleanup or the interpreter's exit:
-        abandoned work ends the process at once; other leftovers get until one deadline."""
-        if self.agent.registry.abandoned_pending:
-            end_process(self.exit_code)
-        if await end_leftovers(self._leftovers_deadline(), cancel_tasks=True):
-            end_process(self.exit_code, "tasks or threads")
-
-    def _leftovers_deadline(self) -> float:
-        """Cancelled leftovers get the cancel timeout, and never past the exit reserve."""
-        sequence = self.agent.shutdown
-        deadline = time.monotonic() + sequence.plan.cancel_timeout
-        if sequence.started is not None:
-            deadline = min(deadline, sequence.plan.hard_end(sequence.started) - EXIT_RESERVE)
-        return deadline
 
     def _watchdog_line(self, elapsed: float) -> str:
         message = (

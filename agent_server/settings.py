@@ -6,9 +6,12 @@ configured phases is a clear error before any work is accepted, not a surprise a
 
 from __future__ import annotations
 
+import secrets
+import socket
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_server.auth import check_token, read_token_file
@@ -35,6 +38,22 @@ class Settings(BaseSettings):
     max_retained: int = Field(default=10_000, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = "text"
+    store: SecretStr = Field(
+        default=SecretStr("memory"),
+        description="memory, or a redis:// / rediss:// URL shared by every replica",
+    )
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="this process's name in the store [hostname-random]; on Kubernetes the pod",
+    )
+    lease_ttl: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds this replica's liveness lasts unrenewed (renewed every third)",
+    )
     pushgateway: str | None = None
     api_token: SecretStr | None = None
     api_token_file: str | None = None
@@ -50,6 +69,18 @@ class Settings(BaseSettings):
         if self.api_token_file is not None:
             self._file_token = SecretStr(read_token_file(self.api_token_file))
         return self
+
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url != "memory" and urlsplit(url).scheme not in ("redis", "rediss"):
+            raise ValueError("store must be memory or a redis:// or rediss:// URL")
+        return value
+
+    @property
+    def store_url(self) -> str:
+        return self.store.get_secret_value()
 
     @property
     def bearer_token(self) -> str | None:

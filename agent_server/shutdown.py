@@ -12,13 +12,14 @@ import enum
 import json
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent_server.execution import CancelReason
+from agent_server.execution import CancelReason, Execution
 from agent_server.metrics import Metrics
 from agent_server.registry import InFlightRegistry, RejectReason
 from agent_server.settings import SHUTDOWN_MARGIN, Settings
@@ -29,6 +30,8 @@ logger = logging.getLogger("agent_server.shutdown")
 #: Kept free before the watchdog deadline for what follows the planned phases: uvicorn's
 #: lifespan shutdown and the interpreter's exit.
 EXIT_RESERVE = 0.25
+#: Ends owed to the store get at least this long at shutdown (within the watchdog's bound).
+FLUSH_AT_LEAST = 0.5
 #: How often the end of the remaining non-daemon threads is checked.
 THREAD_POLL = 0.01
 
@@ -48,6 +51,7 @@ class ExitCode(enum.IntEnum):
     ABANDONED = 3
     WATCHDOG = 4
     FORCED = 5
+    UNRECORDED = 6  # ends that could not be written to the shared store
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,20 @@ class ShutdownPlan:
         """The monotonic time the watchdog fires for a shutdown that began at `started`."""
         return started + self.watchdog_after
 
+    def flush_deadline(self, started: float, now: float) -> float:
+        """Ends still owed to the store get what the budget leaves before the http phase:
+        at least a moment, never past the watchdog."""
+        latest = self.hard_end(started) - self.http_timeout - EXIT_RESERVE
+        return min(max(latest, now + FLUSH_AT_LEAST), self.hard_end(started) - EXIT_RESERVE)
+
+    def leftovers_deadline(self, started: float | None, now: float) -> float:
+        """What the process's leftovers get after the shutdown: the cancel timeout, and
+        never past the exit reserve before the watchdog."""
+        deadline = now + self.cancel_timeout
+        if started is not None:
+            deadline = min(deadline, self.hard_end(started) - EXIT_RESERVE)
+        return deadline
+
     def http_deadline(self, started: float, listener_closed: float) -> float:
         """Open responses get `http_timeout` after the listener closes, and never so long
         that the process could not end before the watchdog: with the whole budget used
@@ -100,6 +118,8 @@ class ShutdownReport:
     #: Abandoned earlier (by a session release) and still running: the exit ends them too.
     abandoned_earlier: int = 0
     rejected: int = 0
+    #: Ends that could not be written to the shared store (each logged as a JSON line).
+    unrecorded: int = 0
     duration_seconds: float = 0.0
     exit_code: int = ExitCode.OK
     plan: dict[str, float] = field(default_factory=dict)
@@ -149,8 +169,20 @@ class Watchdog:
         exit_with_line(self._line(time.monotonic() - started), ExitCode.WATCHDOG)
 
 
+#: Writes the ends still waiting for the store by a deadline; returns those it could not.
+FlushEnds = Callable[[float], Awaitable[list[Execution]]]
+
+
+async def _nothing_to_flush(deadline: float) -> list[Execution]:
+    return []
+
+
 class ShutdownSequence:
-    """Runs the phases against the registry; reports and sets the final metrics."""
+    """Runs the phases against the registry; reports and sets the final metrics.
+
+    `limit_releases` bounds session releases under way by the shutdown's settle deadline;
+    `flush_ends` writes what the store still owes before the report.
+    """
 
     def __init__(
         self,
@@ -158,11 +190,16 @@ class ShutdownSequence:
         metrics: Metrics,
         set_phase: Callable[[Phase], None],
         plan: ShutdownPlan,
+        *,
+        limit_releases: Callable[[float], None] | None = None,
+        flush_ends: FlushEnds = _nothing_to_flush,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
         self.set_phase = set_phase
         self.plan = plan
+        self.limit_releases = limit_releases
+        self.flush_ends = flush_ends
         self.started: float | None = None
         self.report: ShutdownReport | None = None
         self._signal: str | None = None
@@ -221,7 +258,17 @@ class ShutdownSequence:
         tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
         if tasks:
             logger.info("drain deadline: cancelling %d executions", len(tasks))
-        abandoned = await self.registry.settle(tasks, cancel_at + self.plan.cancel_timeout)
+        settle_at = cancel_at + self.plan.cancel_timeout
+        if self.limit_releases is not None:
+            self.limit_releases(settle_at)
+        abandoned = await self.registry.settle(tasks, settle_at)
+        unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, time.monotonic()))
+        for execution in unrecorded:
+            logger.error(
+                "end not written to the store: %s",
+                json.dumps(execution.to_json(), default=str),
+                extra={"unrecorded_execution": execution.to_json()},
+            )
 
         duration = time.monotonic() - t0
         phases["stopped"] = duration
@@ -236,7 +283,8 @@ class ShutdownSequence:
             rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]
             - self._rejected_before,
             duration_seconds=round(duration, 4),
-            exit_code=ExitCode.ABANDONED if abandoned or abandoned_earlier else ExitCode.OK,
+            unrecorded=len(unrecorded),
+            exit_code=_exit_code(bool(unrecorded), bool(abandoned or abandoned_earlier)),
             plan=asdict(self.plan),
         )
         self.metrics.shutdown_ended(
@@ -268,6 +316,34 @@ class ShutdownSequence:
                 await self._skip.wait()
         except TimeoutError:
             pass
+
+
+def _exit_code(unrecorded: bool, abandoned: bool) -> ExitCode:
+    """Ends missing from the store weigh most: clients cannot see them anywhere."""
+    if unrecorded:
+        return ExitCode.UNRECORDED
+    return ExitCode.ABANDONED if abandoned else ExitCode.OK
+
+
+async def finish_process(
+    code: int, *, abandoned_pending: int, deadline: float, cancel_tasks: bool
+) -> None:
+    """The last step of every shutdown, `agent-server run` or plain uvicorn: never wait
+    without bound in `asyncio.run`'s cleanup or the interpreter's exit. Abandoned work ends
+    the process at once; other leftovers get until `deadline`, then end it too."""
+    if abandoned_pending:
+        end_process(code)
+    if await end_leftovers(deadline, cancel_tasks=cancel_tasks):
+        end_process(code, "tasks or threads")
+
+
+def end_process(code: int, still_running: str = "abandoned work") -> None:
+    """Exit now: asyncio.run's cleanup would wait without bound for abandoned tasks."""
+    logger.warning("exiting with %s still running (exit code %d)", still_running, code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def end_leftovers(deadline: float, *, cancel_tasks: bool) -> list[str]:

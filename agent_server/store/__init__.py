@@ -1,0 +1,50 @@
+"""Where execution records live: the interface and its two implementations."""
+
+from __future__ import annotations
+
+from agent_server.store.base import (
+    CancelHandler,
+    ExecutionRunning,
+    ExecutionStore,
+    SessionReleasing,
+    StoreObserver,
+    StoreUnavailable,
+)
+from agent_server.store.memory import MemoryStore
+
+__all__ = [
+    "CancelHandler",
+    "ExecutionRunning",
+    "ExecutionStore",
+    "MemoryStore",
+    "SessionReleasing",
+    "StoreObserver",
+    "StoreUnavailable",
+    "open_store",
+]
+
+
+def open_store(
+    url: str,
+    *,
+    replica_id: str,
+    agent_name: str,
+    result_ttl: float,
+    max_retained: int,
+    lease_ttl: float,
+    observer: StoreObserver | None = None,
+) -> ExecutionStore:
+    """The store `--store` names: `memory`, or a `redis://` / `rediss://` URL."""
+    if url == "memory":
+        return MemoryStore(replica_id, result_ttl=result_ttl, max_retained=max_retained)
+    from agent_server.store.redis import RedisStore  # only when asked for: it needs redis-py
+
+    return RedisStore(
+        url,
+        replica_id=replica_id,
+        agent_name=agent_name,
+        result_ttl=result_ttl,
+        max_retained=max_retained,
+        lease_ttl=lease_ttl,
+        observer=observer,
+    )

@@ -1,0 +1,124 @@
+"""The execution store: where records live, whichever replica runs the work.
+
+One interface, two implementations: `memory` (one process, the embedded default) and
+`redis` (several replicas sharing one Redis). The registry keeps only what must be local
+(the tasks this process runs, its admission gate, its drain); everything a client may ask
+of any replica goes through here: records and their indexes, sessions being released,
+cancel requests for the owner, completion notices for waiters, and replica liveness.
+See docs/architecture.md for which guarantee lives where.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Protocol
+
+from agent_server.execution import CancelReason, Execution, ExecutionStatus
+
+#: How a cancel request reaches the registry of the execution's owner: the id, why, and
+#: the seconds it may take to settle before it is abandoned (None: no bound).
+CancelHandler = Callable[[str, CancelReason, float | None], object]
+
+
+class StoreUnavailable(Exception):
+    """The shared store cannot be reached now: new work and reads get 503."""
+
+
+class SessionReleasing(Exception):
+    """The session is being released: new work for it is refused (409)."""
+
+
+class ExecutionRunning(Exception):
+    """A running execution cannot be forgotten."""
+
+
+class StoreObserver(Protocol):
+    """Told what the store did; metrics implements it."""
+
+    def store_operation(self, operation: str, seconds: float, ok: bool) -> None: ...
+
+    def store_up(self, up: bool) -> None: ...
+
+    def execution_lost(self, execution: Execution) -> None: ...
+
+    def fenced_write(self, execution: Execution) -> None: ...
+
+    def replicas_alive(self, count: int) -> None: ...
+
+
+class ExecutionStore(abc.ABC):
+    """Records of every execution of one agent; shared by its replicas when remote."""
+
+    #: This process's name in the store; the owner of the executions it runs.
+    replica_id: str
+
+    @property
+    def up(self) -> bool:
+        """False while the store cannot be reached: readiness turns 503."""
+        return True
+
+    @abc.abstractmethod
+    async def open(self, on_cancel: CancelHandler) -> None:
+        """Connect and start what runs in the background; `on_cancel` gets the cancel
+        requests meant for this replica. Raises StoreUnavailable when it cannot connect."""
+
+    async def flush(self, deadline: float) -> list[Execution]:
+        """Write the ends still waiting by `deadline` (monotonic); return those that could
+        not be written (none for the memory store)."""
+        return []
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop the background work and disconnect; this replica's liveness ends."""
+
+    @abc.abstractmethod
+    async def create(self, execution: Execution) -> None:
+        """Record a new running execution. Raises SessionReleasing or StoreUnavailable."""
+
+    @abc.abstractmethod
+    def end(self, execution: Execution) -> None:
+        """Record the terminal state of an execution this replica owns, now or as soon as
+        the store can be reached; waiters on every replica are woken once it is written."""
+
+    @abc.abstractmethod
+    async def get(self, execution_id: str) -> Execution | None:
+        """The execution, or None when unknown (never existed, forgotten or expired)."""
+
+    @abc.abstractmethod
+    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
+        """The execution once terminal, or as it is when `timeout` seconds have passed."""
+
+    @abc.abstractmethod
+    async def list_executions(
+        self,
+        *,
+        status: ExecutionStatus | None,
+        reasoner: str | None,
+        session_id: str | None,
+        limit: int,
+    ) -> list[Execution]:
+        """Newest first, filtered, at most `limit`; bounded work per call."""
+
+    @abc.abstractmethod
+    async def forget(self, execution_id: str) -> bool:
+        """Forget a finished execution: False when unknown; ExecutionRunning when active."""
+
+    @abc.abstractmethod
+    async def request_cancel(
+        self, execution: Execution, reason: CancelReason, settle_within: float | None
+    ) -> None:
+        """Deliver a cancel request to the execution's owner, wherever it runs."""
+
+    @abc.abstractmethod
+    async def session(self, session_id: str) -> list[Execution]:
+        """Every execution the store holds for the session."""
+
+    @abc.abstractmethod
+    async def begin_release(self, session_id: str, seconds: float | None) -> None:
+        """Refuse new work for the session, on every replica, until `end_release` (or, for
+        a store shared with others, until `seconds` have passed, in case this one dies)."""
+
+    @abc.abstractmethod
+    async def end_release(self, session_id: str) -> None:
+        """Accept new work for the session again."""

@@ -1,0 +1,140 @@
+"""The memory store: records in this process's memory (one replica, nothing to run).
+
+A restart forgets what clients had not collected; several replicas need the redis store.
+Finished executions are kept until deleted, released with their session, or past
+`result_ttl`, and at most `max_retained` of them (the oldest go first).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.store.base import (
+    CancelHandler,
+    ExecutionRunning,
+    ExecutionStore,
+    SessionReleasing,
+)
+
+
+class MemoryStore(ExecutionStore):
+    """Every record is the live object the registry runs: reads cost a dict lookup."""
+
+    def __init__(
+        self, replica_id: str, *, result_ttl: float = 3600.0, max_retained: int = 10_000
+    ) -> None:
+        self.replica_id = replica_id
+        self.result_ttl = result_ttl
+        self.max_retained = max_retained
+        self._executions: dict[str, Execution] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._sessions: dict[str, set[str]] = {}
+        self._releasing: set[str] = set()
+        self._on_cancel: CancelHandler | None = None
+
+    async def open(self, on_cancel: CancelHandler) -> None:
+        self._on_cancel = on_cancel
+
+    async def close(self) -> None:
+        self._on_cancel = None
+
+    async def create(self, execution: Execution) -> None:
+        session_id = execution.session_id
+        if session_id is not None:
+            if session_id in self._releasing:
+                raise SessionReleasing(session_id)
+            self._sessions.setdefault(session_id, set()).add(execution.execution_id)
+        self._executions[execution.execution_id] = execution
+
+    def end(self, execution: Execution) -> None:
+        self._finished[execution.execution_id] = None
+        self._expire()
+
+    async def get(self, execution_id: str) -> Execution | None:
+        self._expire()
+        return self._executions.get(execution_id)
+
+    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
+        await execution.wait(timeout)
+        return execution
+
+    async def list_executions(
+        self,
+        *,
+        status: ExecutionStatus | None,
+        reasoner: str | None,
+        session_id: str | None,
+        limit: int,
+    ) -> list[Execution]:
+        self._expire()
+        if session_id is not None:
+            keys: Iterable[str] = sorted(
+                self._sessions.get(session_id, ()),
+                key=lambda k: self._executions[k].created_at,
+                reverse=True,
+            )
+        else:
+            keys = reversed(self._executions)
+        found: list[Execution] = []
+        for key in keys:
+            if len(found) >= limit:
+                break
+            execution = self._executions[key]
+            if status is not None and execution.status is not status:
+                continue
+            if reasoner is not None and execution.reasoner != reasoner:
+                continue
+            found.append(execution)
+        return found
+
+    async def forget(self, execution_id: str) -> bool:
+        execution = self._executions.get(execution_id)
+        if execution is None:
+            return False
+        if not execution.is_terminal:
+            raise ExecutionRunning(execution_id)
+        self._forget(execution_id)
+        return True
+
+    async def request_cancel(
+        self, execution: Execution, reason: CancelReason, settle_within: float | None
+    ) -> None:
+        if self._on_cancel is not None:
+            self._on_cancel(execution.execution_id, reason, settle_within)
+
+    async def session(self, session_id: str) -> list[Execution]:
+        return [self._executions[key] for key in self._sessions.get(session_id, ())]
+
+    async def begin_release(self, session_id: str, seconds: float | None) -> None:
+        self._releasing.add(session_id)
+
+    async def end_release(self, session_id: str) -> None:
+        self._releasing.discard(session_id)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def _expire(self) -> None:
+        """Forget the oldest finished executions past the TTL or over `max_retained`."""
+        if not self._finished:
+            return
+        cutoff = time.monotonic() - self.result_ttl
+        while self._finished:
+            key = next(iter(self._finished))
+            finished = self._executions[key].finished_monotonic
+            over = len(self._finished) > self.max_retained
+            if not over and finished is not None and finished > cutoff:
+                break
+            self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        execution = self._executions.pop(key, None)
+        self._finished.pop(key, None)
+        if execution is not None and execution.session_id is not None:
+            keys = self._sessions.get(execution.session_id)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._sessions[execution.session_id]
