@@ -111,10 +111,15 @@ class Agent:
         await self._app(scope, receive, send)
 
     def _build_app(self) -> ASGIApp:
+        settings = self.settings
+        return build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
+
+    def api(self) -> Api:
+        """The routes, bound to the parts they use."""
         parts = self._built
         settings = self.settings
         secured = settings.bearer_token is not None
-        api = Api(
+        return Api(
             self.reasoners,
             parts.registry,
             parts.store,
@@ -124,7 +129,6 @@ class Agent:
             max_body_size=settings.max_body_size,
             openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
         )
-        return build_app(api, self.lifespan, settings.bearer_token, parts.registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
@@ -135,7 +139,7 @@ class Agent:
         parts = self._built  # resolve settings now: a bad environment fails startup
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
-        await parts.store.open(parts.registry.cancel)
+        await parts.store.open()
         report = None
         try:
             yield
@@ -196,6 +200,7 @@ class _Parts:
             observer=metrics,
         )
         registry = InFlightRegistry(store, max_inflight=settings.max_inflight, observer=metrics)
+        store.deliver_cancels(registry.cancel)
         releases = SessionReleases(store, registry, observer=metrics)
         shutdown = ShutdownSequence(
             registry,

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent_server.auth import OPEN_PATHS
+from agent_server.execution import CancelReason, ExecutionStatus
 from agent_server.reasoner import Reasoner
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -43,15 +44,15 @@ EXECUTION_SCHEMA: dict[str, Any] = {
         "created_at",
         "finished_at",
         "duration_seconds",
+        "replica",
+        "attempt",
     ],
     "properties": {
         "execution_id": {"type": "string"},
         "reasoner": {"type": "string"},
         "session_id": NULLABLE_STRING,
-        "status": {"enum": ["running", "succeeded", "failed", "cancelled"]},
-        "status_reason": {
-            "enum": ["request", "session_released", "shutdown", "client_disconnected", None]
-        },
+        "status": {"enum": [status.value for status in ExecutionStatus]},
+        "status_reason": {"enum": [*(reason.value for reason in CancelReason), None]},
         "result": {},
         "error": {
             "oneOf": [
@@ -66,6 +67,8 @@ EXECUTION_SCHEMA: dict[str, Any] = {
         "created_at": {"type": "string"},
         "finished_at": NULLABLE_STRING,
         "duration_seconds": {"type": ["number", "null"]},
+        "replica": {"type": "string", "description": "the replica that runs or ran it"},
+        "attempt": {"type": "integer", "minimum": 1},
     },
 }
 

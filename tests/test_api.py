@@ -32,6 +32,8 @@ EXECUTION_KEYS = {
     "created_at",
     "finished_at",
     "duration_seconds",
+    "replica",
+    "attempt",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 
@@ -642,12 +644,13 @@ async def test_router_shortcut_answers_as_starlettes_router(
     an agent routed by it and to one routed by Starlette's Router alone."""
     from starlette.routing import Router
 
-    from agent_server.api import Api, ApiRouter, HttpApp
+    from agent_server.api import ApiRouter, HttpApp
 
     answers = []
     for router_class in (ApiRouter, Router):
         agent = make_agent()
-        router = router_class(routes=Api(agent).routes(), lifespan=agent.lifespan)
-        answers.append(await _routed(HttpApp(router, agent), method, path, body))
+        router = router_class(routes=agent.api().routes(), lifespan=agent.lifespan)
+        app = HttpApp(router, agent.registry, agent.metrics)
+        answers.append(await _routed(app, method, path, body))
     assert answers[0] == answers[1]
     assert answers[0][0] != 500

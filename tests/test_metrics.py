@@ -98,6 +98,11 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "shutdown_duration_seconds": "gauge",
         P + "shutdown_executions": "counter",
         P + "session_releases": "counter",
+        P + "store_operation_duration_seconds": "histogram",
+        P + "store_errors": "counter",
+        P + "store_up": "gauge",
+        P + "store_fenced_writes": "counter",
+        P + "replicas_alive": "gauge",
     }
     # _created series are left out on purpose (see agent_server.metrics)
     assert "_created" not in response.text
@@ -113,11 +118,15 @@ async def test_known_label_values_start_at_zero(served: Served) -> None:
         for status in ("succeeded", "failed", "cancelled", "abandoned"):
             assert m("executions_finished_total", reasoner=name, status=status) == 0
             assert m("execution_duration_seconds_count", reasoner=name, status=status) == 0
+        assert m("executions_finished_total", reasoner=name, status="lost") == 0
     assert m.labels("requests_rejected_total", "reason") == {
         "draining",
         "capacity",
         "session_released",
+        "store_unavailable",
     }
+    assert m("store_up") == 1
+    assert m("replicas_alive") == 1
     assert all(m("requests_rejected_total", reason=r) == 0 for r in ("draining", "capacity"))
     for outcome in ("finished", "cancelled", "abandoned"):
         assert m("shutdown_executions_total", outcome=outcome) == 0
@@ -214,7 +223,7 @@ async def test_session_release_rejection_and_outcome_are_counted(served: Served)
     execution_id = started.json()["execution_id"]
     release = asyncio.create_task(client.delete("/sessions/s-1", params={"timeout": 10}))
     deadline = time.monotonic() + 5
-    while registry.get(execution_id).cancel_reason is not CancelReason.SESSION_RELEASED:
+    while registry.running(execution_id).cancel_reason is not CancelReason.SESSION_RELEASED:  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "the release did not begin"
         await asyncio.sleep(0.005)
     refused = await client.post("/reasoners/echo", json={"text": "x"}, headers=headers)

@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests_app import make_agent
 
-from agent_server import Settings
+from agent_server import Agent, Settings
 from agent_server.metrics import Metrics
 from agent_server.pushgateway import (
     EXIT_RESERVE,
@@ -159,6 +159,13 @@ def closed_port_url() -> str:
 # -- in process ------------------------------------------------------------------------------
 
 
+def pushed_by(agent: Agent) -> tuple[str | None, Any, str, float | None]:
+    """What the runner hands `push_shutdown` for this agent."""
+    started = agent.shutdown.started
+    hard_end = None if started is None else agent.shutdown.plan.hard_end(started)
+    return agent.settings.pushgateway, agent.metrics.shutdown_registry, agent.name, hard_end
+
+
 async def test_push_after_a_shutdown_sends_only_the_shutdown_metrics() -> None:
     with PushReceiver() as receiver:
         agent = make_agent(Settings(pushgateway=receiver.url, grace_period=10))
@@ -168,7 +175,7 @@ async def test_push_after_a_shutdown_sends_only_the_shutdown_metrics() -> None:
             assert (await client.post("/reasoners/echo", json={"text": "x"})).status_code == 200
         agent.shutdown.begin(time.monotonic(), time.time(), "SIGTERM")
         report = await agent.shutdown.run()
-        assert await push_shutdown(agent) is True
+        assert await push_shutdown(*pushed_by(agent)) is True
         push = receiver.wait(timeout=5)
 
     assert len(receiver.pushes) == 1
@@ -245,8 +252,8 @@ async def test_nothing_is_pushed_without_time_or_without_a_shutdown() -> None:
     with PushReceiver() as receiver:
         assert await push_metrics(receiver.url, Metrics().shutdown_registry, {}, 0.0) is False
         agent = make_agent(Settings(pushgateway=receiver.url))
-        assert await push_shutdown(agent) is False  # no shutdown has begun
-        assert await push_shutdown(make_agent()) is False  # no gateway configured
+        assert await push_shutdown(*pushed_by(agent)) is False  # no shutdown has begun
+        assert await push_shutdown(*pushed_by(make_agent())) is False  # no gateway configured
         assert receiver.pushes == []
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from local_parts import local_registry
 from tests_app import cooperative, deferred_cleanup, fail, sleep, swallow, swallow_then_fail
 
 from agent_server.execution import CancelReason, ExecutionContext, ExecutionStatus
@@ -85,7 +86,7 @@ async def observed(caplog: pytest.LogCaptureFixture) -> AsyncIterator[pytest.Log
 
 async def started(registry: InFlightRegistry, func: Callable[..., Any], **kwargs: Any) -> Any:
     """Start an execution and let its task take its first step (it is inside the reasoner)."""
-    execution = registry.start(reasoner(func), kwargs)
+    execution = await registry.start(reasoner(func), kwargs)
     await asyncio.sleep(0)
     return execution
 
@@ -121,9 +122,12 @@ async def test_detector_sees_a_destroyed_pending_task() -> None:
 
 
 async def test_execution_ids_are_unique_and_random_looking(observed: object) -> None:
-    registry = InFlightRegistry(max_inflight=2000)
+    registry = await local_registry(max_inflight=2000)
     echo = reasoner(sleep)
-    ids = [registry.start(echo, {"seconds": 0.0, "marker": None}).execution_id for _ in range(500)]
+    ids = [
+        (await registry.start(echo, {"seconds": 0.0, "marker": None})).execution_id
+        for _ in range(500)
+    ]
     assert len(set(ids)) == 500
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
     # No shared prefix or counter pattern: the ids spread over the whole space.
@@ -133,28 +137,25 @@ async def test_execution_ids_are_unique_and_random_looking(observed: object) -> 
 
 
 async def test_a_lookup_returns_that_executions_own_outcome(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
 
     async def double(n: int) -> int:
         await asyncio.sleep(0.001 * (n % 7))
         return n * 2
 
     func = reasoner(double)
-    executions = {registry.start(func, {"n": n}).execution_id: n for n in range(50)}
+    executions = {(await registry.start(func, {"n": n})).execution_id: n for n in range(50)}
     assert await registry.wait_idle(time.monotonic() + WAIT)
     for execution_id, n in executions.items():
-        execution = registry.get(execution_id)
+        execution = await registry.store.get(execution_id)
         assert execution.execution_id == execution_id
         assert execution.status is ExecutionStatus.SUCCEEDED
         assert execution.result == n * 2
 
 
 async def test_unknown_execution_is_not_found() -> None:
-    from agent_server.registry import ExecutionNotFound
-
-    registry = InFlightRegistry()
-    with pytest.raises(ExecutionNotFound):
-        registry.get("0" * 32)
+    registry = await local_registry()
+    assert await registry.store.get("0" * 32) is None
 
 
 # -- every task observed ---------------------------------------------------------------------------
@@ -163,8 +164,8 @@ async def test_unknown_execution_is_not_found() -> None:
 async def test_failed_execution_is_recorded_and_observed(
     observed: pytest.LogCaptureFixture,
 ) -> None:
-    registry = InFlightRegistry()
-    execution = registry.start(reasoner(fail), {"message": "bad thing"})
+    registry = await local_registry()
+    execution = await registry.start(reasoner(fail), {"message": "bad thing"})
     assert await execution.wait(WAIT)
     assert execution.status is ExecutionStatus.FAILED
     assert execution.error == {"type": "ValueError", "message": "bad thing"}
@@ -175,8 +176,8 @@ async def test_failed_execution_is_recorded_and_observed(
 
 async def test_cancel_before_first_step_is_recorded(observed: object) -> None:
     """A task cancelled before it ever ran still ends its execution (cancelled, with reason)."""
-    registry = InFlightRegistry()
-    execution = registry.start(reasoner(sleep), {"seconds": 30.0, "marker": None})
+    registry = await local_registry()
+    execution = await registry.start(reasoner(sleep), {"seconds": 30.0, "marker": None})
     registry.cancel(execution.execution_id, CancelReason.REQUEST)
     assert await execution.wait(WAIT)
     assert execution.status is ExecutionStatus.CANCELLED
@@ -186,7 +187,7 @@ async def test_cancel_before_first_step_is_recorded(observed: object) -> None:
 
 
 async def test_cancel_records_the_first_reason(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, sleep, seconds=30.0, marker=None)
     registry.cancel(execution.execution_id, CancelReason.REQUEST)
     registry.cancel(execution.execution_id, CancelReason.SHUTDOWN)
@@ -206,7 +207,7 @@ async def test_catching_cancel_and_returning_is_succeeded(observed: object) -> N
             return "finished anyway"
         return "not reached"
 
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, stubborn)
     registry.cancel(execution.execution_id, CancelReason.REQUEST)
     assert await execution.wait(WAIT)
@@ -216,16 +217,16 @@ async def test_catching_cancel_and_returning_is_succeeded(observed: object) -> N
 
 async def test_running_tasks_are_strongly_referenced(observed: object) -> None:
     """Nothing but the registry holds the task; garbage collection must not destroy it."""
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution_id = (await started(registry, sleep, seconds=0.2, marker=None)).execution_id
     await settle_loop()
-    execution = registry.get(execution_id)
+    execution = await registry.store.get(execution_id)
     assert await execution.wait(WAIT)
     assert execution.status is ExecutionStatus.SUCCEEDED
 
 
 async def test_context_is_injected_and_sees_the_drain(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     seen: list[ExecutionContext] = []
     entered = asyncio.Event()
 
@@ -235,8 +236,8 @@ async def test_context_is_injected_and_sees_the_drain(observed: object) -> None:
         await ctx.wait_for_drain()
         return ctx.draining
 
-    execution = registry.start(reasoner(watcher), {}, session_id="s-ctx")
-    coop = registry.start(reasoner(cooperative), {"seconds": 30.0})
+    execution = await registry.start(reasoner(watcher), {}, session_id="s-ctx")
+    coop = await registry.start(reasoner(cooperative), {"seconds": 30.0})
     await asyncio.wait_for(entered.wait(), WAIT)
     assert seen[0].execution_id == execution.execution_id
     assert seen[0].session_id == "s-ctx"
@@ -254,15 +255,15 @@ async def test_context_is_injected_and_sees_the_drain(observed: object) -> None:
 
 
 async def test_capacity_and_closed_admission_refuse_with_a_reason(observed: object) -> None:
-    registry = InFlightRegistry(max_inflight=1)
+    registry = await local_registry(max_inflight=1)
     first = await started(registry, sleep, seconds=30.0, marker=None)
     with pytest.raises(AdmissionError) as refused:
-        registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
+        await registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
     assert refused.value.reason is RejectReason.CAPACITY
     registry.close_admission()
     assert not registry.admitting
     with pytest.raises(AdmissionError) as refused:
-        registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
+        await registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
     assert refused.value.reason is RejectReason.DRAINING
     assert registry.stats.rejected == {"capacity": 1, "draining": 1}
     assert registry.stats.started == 1
@@ -274,14 +275,14 @@ async def test_capacity_and_closed_admission_refuse_with_a_reason(observed: obje
 
 
 async def test_wait_idle_true_at_once_when_nothing_runs() -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     began = time.monotonic()
     assert await registry.wait_idle(began + 10)
     assert time.monotonic() - began < 0.1
 
 
 async def test_wait_idle_returns_when_work_finishes(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     await started(registry, sleep, seconds=0.1, marker=None)
     began = time.monotonic()
     assert await registry.wait_idle(began + 10)
@@ -289,7 +290,7 @@ async def test_wait_idle_returns_when_work_finishes(observed: object) -> None:
 
 
 async def test_wait_idle_stops_at_the_deadline(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, sleep, seconds=30.0, marker=None)
     began = time.monotonic()
     assert not await registry.wait_idle(began + 0.1)
@@ -301,7 +302,7 @@ async def test_wait_idle_stops_at_the_deadline(observed: object) -> None:
 
 
 async def test_wait_idle_returns_early_on_interrupt(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, sleep, seconds=30.0, marker=None)
     interrupt = asyncio.Event()
     asyncio.get_running_loop().call_later(0.05, interrupt.set)
@@ -316,7 +317,7 @@ async def test_cancel_all_then_settle_counts_each_outcome(
     observed: pytest.LogCaptureFixture,
 ) -> None:
     """The shutdown path: cancel everything, settle by one deadline, abandon the rest."""
-    registry = InFlightRegistry()
+    registry = await local_registry()
     done = await started(registry, sleep, seconds=0.0, marker=None)
     failed = await started(registry, fail, message="x")
     assert await done.wait(WAIT) and await failed.wait(WAIT)
@@ -358,8 +359,8 @@ async def test_cancel_all_then_settle_counts_each_outcome(
 async def test_cancel_all_skips_work_that_just_ended(observed: object) -> None:
     """Right after an execution is recorded its task is still finishing (and, with nothing
     retained, its record already evicted): it is neither cancelled nor a crash."""
-    registry = InFlightRegistry(max_retained=0)
-    execution = registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
+    registry = await local_registry(max_retained=0)
+    execution = await registry.start(reasoner(sleep), {"seconds": 0.0, "marker": None})
     assert await execution.wait(WAIT)
     assert registry.cancel_all(CancelReason.SHUTDOWN) == []
     assert execution.status is ExecutionStatus.SUCCEEDED
@@ -367,7 +368,7 @@ async def test_cancel_all_skips_work_that_just_ended(observed: object) -> None:
 
 
 async def test_settle_without_deadline_waits_for_the_end(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, deferred_cleanup, cleanup=0.1)
     tasks = registry.cancel_all(CancelReason.SHUTDOWN)
     began = time.monotonic()
@@ -378,7 +379,7 @@ async def test_settle_without_deadline_waits_for_the_end(observed: object) -> No
 
 
 async def test_settle_with_a_passed_deadline_abandons_at_once(observed: object) -> None:
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, swallow, seconds=0.3)
     tasks = registry.cancel_all(CancelReason.SHUTDOWN)
     began = time.monotonic()
@@ -393,7 +394,7 @@ async def test_abandoned_task_that_raises_later_is_observed(
     observed: pytest.LogCaptureFixture,
 ) -> None:
     """Abandoned, dropped by everyone but the registry, then raises: the error is logged."""
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, swallow_then_fail, linger=0.2)
     tasks = registry.cancel_all(CancelReason.SHUTDOWN)
     abandoned = await registry.settle(tasks, time.monotonic() + 0.05)
@@ -417,7 +418,7 @@ async def test_thread_reasoner_is_waited_for_or_abandoned(observed: object) -> N
         release.wait(WAIT)
         return "thread done"
 
-    registry = InFlightRegistry()
+    registry = await local_registry()
     execution = await started(registry, blocking)
     tasks = registry.cancel_all(CancelReason.SHUTDOWN)
     abandoned = await registry.settle(tasks, time.monotonic() + 0.05)
@@ -434,8 +435,8 @@ async def test_thread_reasoner_runs_in_a_worker_thread(observed: object) -> None
     def where() -> str:
         return threading.current_thread().name
 
-    registry = InFlightRegistry()
-    execution = registry.start(reasoner(where), {})
+    registry = await local_registry()
+    execution = await registry.start(reasoner(where), {})
     assert await execution.wait(WAIT)
     assert execution.result.startswith("reasoner")
     assert execution.result != threading.current_thread().name
@@ -444,13 +445,13 @@ async def test_thread_reasoner_runs_in_a_worker_thread(observed: object) -> None
 
 async def test_many_mixed_executions_leave_nothing_unobserved(observed: object) -> None:
     """A bounded burst of every kind of ending; afterwards every task is accounted for."""
-    registry = InFlightRegistry(max_inflight=500)
+    registry = await local_registry(max_inflight=500)
     kinds: list[tuple[Callable[..., Awaitable[Any]], dict[str, Any]]] = [
         (sleep, {"seconds": 0.0, "marker": None}),
         (fail, {"message": "m"}),
         (sleep, {"seconds": 30.0, "marker": None}),
     ]
-    executions = [registry.start(reasoner(f), dict(kw)) for _ in range(40) for f, kw in kinds]
+    executions = [await registry.start(reasoner(f), dict(kw)) for _ in range(40) for f, kw in kinds]
     await asyncio.sleep(0.01)
     tasks = registry.cancel_all(CancelReason.REQUEST)
     assert await registry.settle(tasks, time.monotonic() + WAIT) == []

@@ -129,7 +129,7 @@ async def test_memory_stays_bounded_under_many_executions() -> None:
     async with client:
         ids = [await run_echo(client, str(n)) for n in range(300)]
         assert await listed(client) == list(reversed(ids[-50:]))
-        assert len(agent.registry._executions) == 50
+        assert len(agent.store._executions) == 50  # type: ignore[attr-defined]
 
 
 async def test_delete_forgets_only_that_execution() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from local_parts import make_local
 from prometheus_client.parser import text_string_to_metric_families
 from test_registry import loop_reports
 from tests_app import deferred_cleanup, echo, make_agent, sleep, swallow, swallow_then_fail
@@ -21,14 +22,8 @@ from tests_app import deferred_cleanup, echo, make_agent, sleep, swallow, swallo
 from agent_server import Agent
 from agent_server.execution import CancelReason, ExecutionStatus
 from agent_server.reasoner import Reasoner
-from agent_server.registry import (
-    AdmissionError,
-    ExecutionNotFound,
-    InFlightRegistry,
-    RejectReason,
-    SessionBusy,
-    SessionRelease,
-)
+from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.sessions import SessionBusy, SessionRelease
 
 #: Bound for every wait on an event in this file.
 WAIT = 5.0
@@ -69,7 +64,7 @@ async def start_in(
     registry: InFlightRegistry, func: Any, session_id: str | None, **kwargs: Any
 ) -> Any:
     """Start an execution and let its task take its first step (it is inside the reasoner)."""
-    execution = registry.start(Reasoner(func, func.__name__, None), kwargs, session_id)
+    execution = await registry.start(Reasoner(func, func.__name__, None), kwargs, session_id)
     await asyncio.sleep(0)
     return execution
 
@@ -78,10 +73,11 @@ async def start_in(
 
 
 async def test_defining_case_returns_at_the_deadline(observed: pytest.LogCaptureFixture) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     execution = await start_in(registry, deferred_cleanup, "s1", cleanup=0.35)
     began = time.monotonic()
-    release = await registry.release_session("s1", timeout=0.03, cancel_running=True)
+    release = await local.releases.release("s1", timeout=0.03, cancel_running=True)
     elapsed = time.monotonic() - began
     assert 0.025 <= elapsed < QUICK, elapsed
     assert 0.025 <= release.elapsed_seconds < QUICK
@@ -89,8 +85,7 @@ async def test_defining_case_returns_at_the_deadline(observed: pytest.LogCapture
     assert execution.status is ExecutionStatus.CANCELLED
     assert execution.status_reason is CancelReason.SESSION_RELEASED
     assert execution.abandoned
-    with pytest.raises(ExecutionNotFound):
-        registry.get(execution.execution_id)
+    assert await registry.store.get(execution.execution_id) is None
     # The cleanup goes on, still owned; its end is observed.
     assert registry.abandoned_pending == 1
     await registry.wait_abandoned(time.monotonic() + WAIT)
@@ -103,46 +98,49 @@ async def test_defining_case_returns_at_the_deadline(observed: pytest.LogCapture
 async def test_swallowing_forever_is_abandoned_at_the_deadline(
     observed: pytest.LogCaptureFixture,
 ) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     forever = await start_in(registry, swallow, "s1", seconds=0.6)
     raising = await start_in(registry, swallow_then_fail, "s1", linger=0.3)
     began = time.monotonic()
-    release = await registry.release_session("s1", timeout=0.05, cancel_running=True)
+    release = await local.releases.release("s1", timeout=0.05, cancel_running=True)
     assert time.monotonic() - began < QUICK
     assert (release.cancelled, release.abandoned, release.forgotten) == (0, 2, 2)
     assert forever.abandoned and raising.abandoned
     # Cancelling again does not help either: they keep going, still referenced.
     for execution in (forever, raising):
-        registry._cancel(execution, CancelReason.REQUEST)
+        registry.cancel(execution.execution_id, CancelReason.REQUEST)
     await registry.wait_abandoned(time.monotonic() + WAIT)
     assert registry.abandoned_pending == 0
     assert "gave up after swallowing cancellation" in observed.text  # its exception, observed
 
 
 async def test_settled_work_counts_cancelled_not_abandoned(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     a = await start_in(registry, sleep, "s1", seconds=30.0, marker=None)
     b = await start_in(registry, deferred_cleanup, "s1", cleanup=0.05)
     done = await start_in(registry, echo, "s1", message={"text": "x"})
     assert await done.wait(WAIT)
-    release = await registry.release_session("s1", timeout=WAIT, cancel_running=True)
+    release = await local.releases.release("s1", timeout=WAIT, cancel_running=True)
     assert (release.cancelled, release.abandoned, release.forgotten) == (2, 0, 3)
     for execution in (a, b):
         assert execution.status is ExecutionStatus.CANCELLED
         assert execution.status_reason is CancelReason.SESSION_RELEASED
         assert not execution.abandoned
-    assert registry.list_executions(session_id="s1") == []
+    assert await registry.store.list_executions(session_id="s1") == []
 
 
 async def test_two_concurrent_releases_share_one_drain(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     await start_in(registry, swallow, "s1", seconds=0.6)
     await start_in(registry, deferred_cleanup, "s1", cleanup=0.01)
     began = time.monotonic()
-    first = asyncio.create_task(registry.release_session("s1", timeout=0.15, cancel_running=True))
+    first = asyncio.create_task(local.releases.release("s1", timeout=0.15, cancel_running=True))
     await asyncio.sleep(0)  # the first release is now under way
     # The second asks to wait without bound; it shares the first's drain and deadline.
-    second = asyncio.create_task(registry.release_session("s1", timeout=None, cancel_running=True))
+    second = asyncio.create_task(local.releases.release("s1", timeout=None, cancel_running=True))
     done, _ = await asyncio.wait({first, second}, timeout=WAIT)
     assert len(done) == 2
     elapsed = time.monotonic() - began
@@ -153,38 +151,44 @@ async def test_two_concurrent_releases_share_one_drain(observed: object) -> None
 
 
 async def test_session_being_released_refuses_new_work(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     stubborn = Stubborn()
     await start_in(registry, stubborn.stubborn, "s1")
-    release = asyncio.create_task(registry.release_session("s1", timeout=None, cancel_running=True))
+    release = asyncio.create_task(local.releases.release("s1", timeout=None, cancel_running=True))
     await asyncio.wait_for(stubborn.cancelled.wait(), WAIT)
     with pytest.raises(AdmissionError) as refused:
-        registry.start(Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1")
+        await registry.start(Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1")
     assert refused.value.reason is RejectReason.SESSION_RELEASED
     assert registry.stats.rejected["session_released"] == 1
-    other = registry.start(Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s2")
+    other = await registry.start(
+        Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s2"
+    )
     assert await other.wait(WAIT) and other.status is ExecutionStatus.SUCCEEDED
     stubborn.finish.set()
     result = await asyncio.wait_for(release, WAIT)
     assert (result.cancelled, result.abandoned) == (1, 0)
     # Released: the session id may be used again.
-    again = registry.start(Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1")
+    again = await registry.start(
+        Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1"
+    )
     assert await again.wait(WAIT)
 
 
 async def test_releasing_one_session_leaves_another_untouched(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     mine = await start_in(registry, sleep, "a", seconds=30.0, marker=None)
     theirs = await start_in(registry, sleep, "b", seconds=30.0, marker=None)
     theirs_done = await start_in(registry, echo, "b", message={"text": "kept"})
     no_session = await start_in(registry, sleep, None, seconds=30.0, marker=None)
-    release = await registry.release_session("a", timeout=WAIT, cancel_running=True)
+    release = await local.releases.release("a", timeout=WAIT, cancel_running=True)
     assert (release.cancelled, release.forgotten) == (1, 1)
     assert mine.status is ExecutionStatus.CANCELLED
     assert theirs.status is ExecutionStatus.RUNNING
     assert no_session.status is ExecutionStatus.RUNNING
-    assert registry.get(theirs_done.execution_id).result == {"text": "kept"}
-    assert {e.execution_id for e in registry.list_executions(session_id="b")} == {
+    assert (await registry.store.get(theirs_done.execution_id)).result == {"text": "kept"}
+    assert {e.execution_id for e in await registry.store.list_executions(session_id="b")} == {
         theirs.execution_id,
         theirs_done.execution_id,
     }
@@ -193,10 +197,11 @@ async def test_releasing_one_session_leaves_another_untouched(observed: object) 
 
 
 async def test_timeout_zero_returns_at_once(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     execution = await start_in(registry, deferred_cleanup, "s1", cleanup=0.5)
     began = time.monotonic()
-    release = await registry.release_session("s1", timeout=0, cancel_running=True)
+    release = await local.releases.release("s1", timeout=0, cancel_running=True)
     assert time.monotonic() - began < QUICK
     assert (release.cancelled, release.abandoned) == (0, 1)
     assert execution.status_reason is CancelReason.SESSION_RELEASED
@@ -204,37 +209,39 @@ async def test_timeout_zero_returns_at_once(observed: object) -> None:
 
 
 async def test_timeout_none_waits_for_the_cleanup(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     await start_in(registry, deferred_cleanup, "s1", cleanup=0.2)
     began = time.monotonic()
-    release = await registry.release_session("s1", timeout=None, cancel_running=True)
+    release = await local.releases.release("s1", timeout=None, cancel_running=True)
     assert time.monotonic() - began >= 0.19
     assert (release.cancelled, release.abandoned, release.forgotten) == (1, 0, 1)
 
 
 async def test_cancel_running_false_with_running_work_changes_nothing(observed: object) -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
+    registry = local.registry
     running = await start_in(registry, sleep, "s1", seconds=30.0, marker=None)
     finished = await start_in(registry, echo, "s1", message={"text": "x"})
     assert await finished.wait(WAIT)
     with pytest.raises(SessionBusy):
-        await registry.release_session("s1", timeout=WAIT, cancel_running=False)
+        await local.releases.release("s1", timeout=WAIT, cancel_running=False)
     assert running.status is ExecutionStatus.RUNNING
-    assert registry.get(finished.execution_id) is finished
+    assert await registry.store.get(finished.execution_id) is finished
     # Not left half-released: new work for the session is still admitted.
     extra = await start_in(registry, echo, "s1", message={"text": "y"})
     assert await extra.wait(WAIT)
     registry.cancel(running.execution_id, CancelReason.REQUEST)
     assert await running.wait(WAIT)
     # Nothing running any more: cancel_running=false just forgets the records.
-    release = await registry.release_session("s1", timeout=WAIT, cancel_running=False)
+    release = await local.releases.release("s1", timeout=WAIT, cancel_running=False)
     assert (release.cancelled, release.abandoned, release.forgotten) == (0, 0, 3)
 
 
 async def test_unknown_or_released_session_is_empty() -> None:
-    registry = InFlightRegistry()
+    local = await make_local()
     for _ in range(2):
-        release = await registry.release_session("nobody", timeout=0, cancel_running=False)
+        release = await local.releases.release("nobody", timeout=0, cancel_running=False)
         assert release == SessionRelease("nobody", 0, 0, 0, release.elapsed_seconds)
 
 

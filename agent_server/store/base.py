@@ -52,16 +52,22 @@ class ExecutionStore(abc.ABC):
 
     #: This process's name in the store; the owner of the executions it runs.
     replica_id: str
+    #: Where cancel requests for this replica go; nowhere until `deliver_cancels`.
+    on_cancel: CancelHandler | None = None
 
     @property
     def up(self) -> bool:
         """False while the store cannot be reached: readiness turns 503."""
         return True
 
+    def deliver_cancels(self, on_cancel: CancelHandler) -> None:
+        """Cancel requests meant for this replica go to `on_cancel` (the registry's)."""
+        self.on_cancel = on_cancel
+
     @abc.abstractmethod
-    async def open(self, on_cancel: CancelHandler) -> None:
-        """Connect and start what runs in the background; `on_cancel` gets the cancel
-        requests meant for this replica. Raises StoreUnavailable when it cannot connect."""
+    async def open(self) -> None:
+        """Connect and start what runs in the background. Raises StoreUnavailable when it
+        cannot connect."""
 
     async def flush(self, deadline: float) -> list[Execution]:
         """Write the ends still waiting by `deadline` (monotonic); return those that could
@@ -93,10 +99,10 @@ class ExecutionStore(abc.ABC):
     async def list_executions(
         self,
         *,
-        status: ExecutionStatus | None,
-        reasoner: str | None,
-        session_id: str | None,
-        limit: int,
+        status: ExecutionStatus | None = None,
+        reasoner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[Execution]:
         """Newest first, filtered, at most `limit`; bounded work per call."""
 

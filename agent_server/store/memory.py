@@ -13,7 +13,6 @@ from collections.abc import Iterable
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
-    CancelHandler,
     ExecutionRunning,
     ExecutionStore,
     SessionReleasing,
@@ -33,13 +32,12 @@ class MemoryStore(ExecutionStore):
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._sessions: dict[str, set[str]] = {}
         self._releasing: set[str] = set()
-        self._on_cancel: CancelHandler | None = None
 
-    async def open(self, on_cancel: CancelHandler) -> None:
-        self._on_cancel = on_cancel
+    async def open(self) -> None:
+        """Nothing to connect to."""
 
     async def close(self) -> None:
-        self._on_cancel = None
+        """Nothing to disconnect from."""
 
     async def create(self, execution: Execution) -> None:
         session_id = execution.session_id
@@ -64,10 +62,10 @@ class MemoryStore(ExecutionStore):
     async def list_executions(
         self,
         *,
-        status: ExecutionStatus | None,
-        reasoner: str | None,
-        session_id: str | None,
-        limit: int,
+        status: ExecutionStatus | None = None,
+        reasoner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
     ) -> list[Execution]:
         self._expire()
         if session_id is not None:
@@ -102,8 +100,8 @@ class MemoryStore(ExecutionStore):
     async def request_cancel(
         self, execution: Execution, reason: CancelReason, settle_within: float | None
     ) -> None:
-        if self._on_cancel is not None:
-            self._on_cancel(execution.execution_id, reason, settle_within)
+        if self.on_cancel is not None:
+            self.on_cancel(execution.execution_id, reason, settle_within)
 
     async def session(self, session_id: str) -> list[Execution]:
         return [self._executions[key] for key in self._sessions.get(session_id, ())]
