@@ -151,3 +151,31 @@ async def app_client() -> AsyncIterator[httpx.AsyncClient]:
         transport=httpx.ASGITransport(app=agent), base_url="http://testserver"
     ) as client:
         yield client
+
+
+# -- a real Redis for the store tests ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real `redis-server` per test module (skipped where it is not installed)."""
+    from redis_server import RedisServer, available
+
+    if not available():
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def redis_url(redis_server: object) -> str:
+    """The module's Redis, emptied for this test (FLUSHALL)."""
+    from redis_server import RedisServer
+
+    assert isinstance(redis_server, RedisServer)
+    if not redis_server.ping():  # a test stopped it: start it again
+        redis_server.start()
+    assert redis_server.command("FLUSHALL") == b"+OK\r\n"
+    return redis_server.url

@@ -1,0 +1,905 @@
+"""The redis store: the records of one agent shared by its replicas through one Redis.
+
+Redis is the engine: every transition of a record is one Lua script (atomic, one round
+trip), results expire with a Redis TTL, completion notices and cancel requests travel by
+pub/sub, and each replica's liveness is one entry of a sorted set scored by its expiry on
+Redis's own clock (no replica's clock decides another's fate). A single Redis, Sentinel or a
+managed Redis is the target; the scripts derive key names from the prefix, so Redis Cluster
+is not (docs/architecture.md).
+
+Keys (prefix `agent-server:{agent name}:`):
+
+- `x:{id}`: the record, a hash of `FIELDS`; finished ones expire after `result_ttl`.
+- `all`, `session:{sid}`, `running`: ids scored by `created_at` (lists, newest first).
+- `finished`: `{id}|{sid}` scored by the Redis time of the end (TTL pruning and
+  `max_retained` trimming, which also clear the other indexes).
+- `owned:{replica}`: the ids a replica runs, for the sweep of a dead replica's work.
+- `replicas`: replica ids scored by their liveness expiry (ms, Redis time); 0 once closed.
+- `releasing:{sid}`: present while the session is being released.
+- channels `ends` (ids whose end was written) and `cancel:{replica}` (cancel requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    TryAgainError,
+)
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from agent_server import jsoncodec
+from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.store.base import (
+    ExecutionRunning,
+    ExecutionStore,
+    SessionReleasing,
+    StoreObserver,
+    StoreUnavailable,
+)
+
+logger = logging.getLogger("agent_server.store")
+
+#: What "Redis cannot be reached now" looks like: a 503 and a retry, never a 500.
+_UNREACHABLE: tuple[type[Exception], ...] = (
+    ConnectionError,  # AuthenticationError and BusyLoadingError are ConnectionErrors
+    RedisTimeoutError,
+    OSError,
+    TimeoutError,
+    BusyLoadingError,
+    ReadOnlyError,  # a replica after a failover, until the client follows the new primary
+    TryAgainError,
+)
+_OPEN_FAILURES: tuple[type[Exception], ...] = (StoreUnavailable, *_UNREACHABLE)
+
+#: Bounded waits: an unreachable Redis never hangs a request.
+CONNECT_TIMEOUT = 2.0
+COMMAND_TIMEOUT = 2.0
+#: A waiter re-reads the record at least this often (covers a missed notice, a lost owner).
+REREAD_SECONDS = 1.0
+#: Ends kept locally while Redis is unreachable; past it they are counted, never dropped.
+OUTBOX_LIMIT = 10_000
+#: Ends written per pipeline.
+END_BATCH = 1000
+#: Retry pacing of the outbox and the pub/sub reader after an outage.
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 1.0
+#: Records of dead replicas moved to `lost` per sweep (the sweep runs every lease_ttl/3).
+SWEEP_LIMIT = 100
+#: Executions read per session (release, listing by session).
+SESSION_LIMIT = 10_000
+#: How long a release with no deadline holds its session (the releasing replica may die).
+RELEASE_HOLD_SECONDS = 24 * 3600.0
+
+#: The record's hash fields, in the order every script returns them.
+FIELDS = (
+    "execution_id",
+    "reasoner",
+    "session_id",
+    "replica",
+    "attempt",
+    "status",
+    "status_reason",
+    "result",
+    "error",
+    "created_at",
+    "finished_at",
+    "duration_seconds",
+    "abandoned",
+)
+
+# -- scripts ---------------------------------------------------------------------------------
+# Every script takes ARGV[1..3] = prefix, result_ttl (ms), max_retained, then its own.
+
+_PRELUDE = """
+local P = ARGV[1]
+local TTL = tonumber(ARGV[2])
+local MAXR = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local F = {'execution_id', 'reasoner', 'session_id', 'replica', 'attempt', 'status',
+  'status_reason', 'result', 'error', 'created_at', 'finished_at', 'duration_seconds',
+  'abandoned'}
+
+-- Delete a finished record and its index entries; member is "{id}|{session id}".
+local function drop(member)
+  local bar = string.find(member, '|', 1, true)
+  local id = string.sub(member, 1, bar - 1)
+  local sid = string.sub(member, bar + 1)
+  redis.call('DEL', P .. 'x:' .. id)
+  redis.call('ZREM', P .. 'all', id)
+  if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
+  redis.call('ZREM', P .. 'finished', member)
+end
+
+-- Past result_ttl or over max_retained, oldest first; bounded work per call.
+local function prune()
+  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', NOW - TTL, 'LIMIT', 0, 100)
+  for _, m in ipairs(old) do drop(m) end
+  local over = redis.call('ZCARD', P .. 'finished') - MAXR
+  if over > 0 then
+    for _, m in ipairs(redis.call('ZRANGE', P .. 'finished', 0, math.min(over, 100) - 1)) do
+      drop(m)
+    end
+  end
+end
+
+-- The record has just become terminal: move it between indexes, start its TTL, notify.
+local function finish(rec, id, sid, owner)
+  redis.call('ZREM', P .. 'running', id)
+  redis.call('SREM', P .. 'owned:' .. owner, id)
+  redis.call('ZADD', P .. 'finished', NOW, id .. '|' .. sid)
+  redis.call('PEXPIRE', rec, TTL)
+  prune()
+  redis.call('PUBLISH', P .. 'ends', id)
+end
+
+-- The record's fields plus 1 when this call moved it to lost (its owner stopped renewing
+-- its liveness), else 0; false when unknown.
+local function read(id)
+  local rec = P .. 'x:' .. id
+  local v = redis.call('HMGET', rec, unpack(F))
+  if not v[1] then return false end
+  local moved = 0
+  if v[6] == 'running' then
+    local expiry = redis.call('ZSCORE', P .. 'replicas', v[4])
+    if (not expiry) or tonumber(expiry) <= NOW then
+      local err = cjson.encode({type = 'ExecutionLost',
+        message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
+      local fin = string.format('%.6f', NOW / 1000)
+      redis.call('HSET', rec, 'status', 'lost', 'status_reason', '', 'error', err,
+        'finished_at', fin, 'duration_seconds', '')
+      v[6] = 'lost'; v[7] = ''; v[9] = err; v[11] = fin; v[12] = ''
+      finish(rec, id, v[3], v[4])
+      moved = 1
+    end
+  end
+  v[14] = moved
+  return v
+end
+"""
+
+# ARGV[4..]: id, session id ('' for none), created_at, owner, then field/value pairs.
+_CREATE = """
+local id, sid, score, owner = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return 0 end
+local rec = P .. 'x:' .. id
+redis.call('HSET', rec, unpack(ARGV, 8))
+redis.call('ZADD', P .. 'all', score, id)
+redis.call('ZADD', P .. 'running', score, id)
+redis.call('SADD', P .. 'owned:' .. owner, id)
+if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
+return 1
+"""
+
+# The fenced end. ARGV[4..]: id, owner, attempt, status, status_reason, result, error,
+# finished_at, duration_seconds, abandoned. Returns {1|0, the status found ('' if unknown)};
+# an end already written by this very owner and attempt (a retry after a lost reply) is 1.
+_END = """
+local id, owner, attempt, status, fin = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[11]
+local rec = P .. 'x:' .. id
+local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
+if not v[1] then return {0, ''} end
+if v[2] ~= owner or v[3] ~= attempt then return {0, v[1]} end
+if v[1] == 'running' then
+  redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[8], 'result', ARGV[9],
+    'error', ARGV[10], 'finished_at', fin, 'duration_seconds', ARGV[12], 'abandoned', ARGV[13])
+  finish(rec, id, v[4], owner)
+  return {1, 'running'}
+end
+if v[1] == status and v[5] == fin then return {1, v[1]} end
+return {0, v[1]}
+"""
+
+# ARGV[4..]: ids. One entry per id: read(id).
+_GET = """
+local out = {}
+for i = 4, #ARGV do out[#out + 1] = read(ARGV[i]) end
+return out
+"""
+
+# ARGV[4..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
+# reasoner ('' any). Returns the records that match (last value 1) or that this call moved
+# to lost (last value 0 when they do not match), newest first. Ids whose record expired are
+# dropped from the index as they are met.
+_LIST = """
+local index = P .. ARGV[4]
+local scan, limit, status, reasoner = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local out = {}
+local matched = 0
+for _, id in ipairs(redis.call('ZREVRANGE', index, 0, scan - 1)) do
+  local v = read(id)
+  if not v then
+    redis.call('ZREM', index, id)
+  else
+    local ok = (status == '' or v[6] == status) and (reasoner == '' or v[2] == reasoner)
+    if ok then
+      matched = matched + 1
+      v[15] = 1
+      out[#out + 1] = v
+    elseif v[14] == 1 then
+      v[15] = 0
+      out[#out + 1] = v
+    end
+    if matched >= limit then break end
+  end
+end
+return out
+"""
+
+# ARGV[4]: id. {0} unknown, {-1, record} still active, {1, record} forgotten.
+_FORGET = """
+local v = read(ARGV[4])
+if not v then return {0} end
+if v[6] == 'running' or v[6] == 'queued' then return {-1, v} end
+drop(ARGV[4] .. '|' .. v[3])
+redis.call('ZREM', P .. 'running', ARGV[4])
+return {1, v}
+"""
+
+# Renew this replica's liveness, count the live ones, move the running work of dead
+# replicas to lost (bounded), prune. ARGV[4..]: replica id, lease (ms), sweep limit.
+# Returns {replicas alive, records moved...}.
+_TICK = """
+local me, lease, budget = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+redis.call('ZADD', P .. 'replicas', NOW + lease, me)
+local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf')}
+local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', NOW, 'LIMIT', 0, 10)
+for _, replica in ipairs(dead) do
+  local owned = P .. 'owned:' .. replica
+  if budget > 0 then
+    for _, id in ipairs(redis.call('SRANDMEMBER', owned, budget)) do
+      local v = read(id)
+      if v and v[14] == 1 then out[#out + 1] = v end
+      if (not v) or v[6] ~= 'running' then redis.call('SREM', owned, id) end
+      budget = budget - 1
+    end
+  end
+  if redis.call('SCARD', owned) == 0 then redis.call('ZREM', P .. 'replicas', replica) end
+end
+prune()
+return out
+"""
+
+_SCRIPTS = {
+    name: _PRELUDE + body
+    for name, body in {
+        "create": _CREATE,
+        "end": _END,
+        "get": _GET,
+        "list": _LIST,
+        "forget": _FORGET,
+        "tick": _TICK,
+    }.items()
+}
+_SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
+
+
+def describe_url(url: str) -> str:
+    """Where the store is, for messages and logs: scheme, host, port and db, never the
+    user name or password the URL may carry."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = 6379
+    db = parts.path.lstrip("/") or "0"
+    return f"{parts.scheme}://{host}:{port}/{db}"
+
+
+def _json(value: Any) -> bytes:
+    return jsoncodec.dumps(value)
+
+
+def _unjson(text: str) -> Any:
+    """The standard library's parser, as for requests: it keeps integers past 64 bits exact
+    (orjson would turn them into floats)."""
+    return jsoncodec.loads(text.encode())
+
+
+def _number(text: str) -> float | None:
+    return float(text) if text else None
+
+
+class RedisStore(ExecutionStore):
+    """Records in Redis, shared by every replica of the agent; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        replica_id: str,
+        agent_name: str,
+        result_ttl: float = 3600.0,
+        max_retained: int = 10_000,
+        lease_ttl: float = 10.0,
+        observer: StoreObserver | None = None,
+        outbox_limit: int = OUTBOX_LIMIT,
+    ) -> None:
+        self.replica_id = replica_id
+        self.url = url
+        self.where = describe_url(url)
+        self.prefix = f"agent-server:{agent_name}:"
+        self.result_ttl = result_ttl
+        self.max_retained = max_retained
+        self.lease_ttl = lease_ttl
+        self.observer = observer
+        self.outbox_limit = outbox_limit
+        self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
+        self._client: aioredis.Redis | None = None
+        self._up = False
+        self._outbox: deque[Execution] = deque()
+        self._overflow: list[Execution] = []
+        self._failed: list[Execution] = []
+        self._writing = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.fenced = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self._up
+
+    @property
+    def _redis(self) -> aioredis.Redis:
+        if self._client is None:
+            raise StoreUnavailable(f"the store at {self.where} is not open")
+        return self._client
+
+    async def open(self) -> None:
+        """Connect (bounded), load the scripts, announce this replica, subscribe, and start
+        the renewal, the outbox writer and the pub/sub reader. Cancel requests for this
+        replica go where `deliver_cancels` said."""
+        try:
+            client = aioredis.Redis.from_url(
+                self.url,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                socket_timeout=COMMAND_TIMEOUT,
+                socket_keepalive=True,
+                decode_responses=True,
+                retry=Retry(NoBackoff(), 0),  # our callers retry; a command fails fast
+            )
+        except ValueError as exc:
+            raise StoreUnavailable(f"invalid store URL for {self.where}: {exc}") from None
+        self._client = client
+        pubsub: PubSub | None = None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
+                await cast(Awaitable[Any], client.ping())
+                await self._load_scripts()
+                await self._tick()
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(self._ends_channel, self._cancel_channel)
+        except _OPEN_FAILURES as exc:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            self._client = None
+            with contextlib.suppress(Exception):
+                await client.aclose()
+            reason = self._scrub(str(exc) or type(exc).__name__)
+            raise StoreUnavailable(f"cannot reach Redis at {self.where}: {reason}") from None
+        self._set_up(True)
+        self._tasks = [
+            asyncio.create_task(self._keep_alive(), name="store-liveness"),
+            asyncio.create_task(self._write_outbox(), name="store-outbox"),
+            asyncio.create_task(self._listen(pubsub), name="store-pubsub"),
+        ]
+        if self._outbox:
+            self._wake.set()
+
+    async def close(self) -> None:
+        """Stop the background tasks (observing them), end this replica's liveness so its
+        remaining running records read lost at once, and disconnect."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task, outcome in zip(
+            tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
+        ):
+            if isinstance(outcome, Exception):
+                logger.error("store task %s failed", task.get_name(), exc_info=outcome)
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT):
+                await cast(
+                    Awaitable[Any], client.zadd(self.prefix + "replicas", {self.replica_id: 0})
+                )
+        except _UNREACHABLE:
+            logger.warning("could not end the liveness of replica %s", self.replica_id)
+        with contextlib.suppress(Exception):
+            await client.aclose()
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+    async def flush(self, deadline: float) -> list[Execution]:
+        """Write the outbox until `deadline` (monotonic); what is left is unrecorded."""
+        backoff = BACKOFF_FIRST
+        while self._outbox and self._client is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._write_ends()
+                backoff = BACKOFF_FIRST
+            except TimeoutError:
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+        return [*self._outbox, *self._overflow, *self._failed]
+
+    # -- records ---------------------------------------------------------------------------
+
+    async def create(self, execution: Execution) -> None:
+        """One script: refused while the session is released, else the record and its
+        index entries."""
+        session_id = execution.session_id or ""
+        pairs: list[str | bytes] = []
+        for field, value in zip(FIELDS, self._fields(execution), strict=True):
+            pairs.extend((field, value))
+        async with self._operation("create"):
+            created = await self._script(
+                "create",
+                execution.execution_id,
+                session_id,
+                repr(execution.created_at),
+                execution.replica,
+                *pairs,
+            )
+        if not created:
+            raise SessionReleasing(session_id)
+
+    def end(self, execution: Execution) -> None:
+        """Queue the end for the outbox writer; past the outbox bound it is kept aside,
+        logged and reported by `flush` as unrecorded."""
+        if len(self._outbox) >= self.outbox_limit:
+            self._overflow.append(execution)
+            if len(self._overflow) == 1 or len(self._overflow) % 1000 == 0:
+                logger.error(
+                    "store outbox full (%d ends waiting for %s): end of execution %s not "
+                    "recorded (%d so far)",
+                    len(self._outbox),
+                    self.where,
+                    execution.execution_id,
+                    len(self._overflow),
+                )
+            return
+        self._outbox.append(execution)
+        self._wake.set()
+
+    async def get(self, execution_id: str) -> Execution | None:
+        """One script: the record, moved to lost first if its owner stopped renewing."""
+        async with self._operation("get"):
+            rows = await self._script("get", execution_id)
+        row = rows[0] if rows else None
+        return None if not row else self._restore(row)
+
+    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
+        """Woken by this replica's one pub/sub connection when the end is written; re-read
+        at least every REREAD_SECONDS in case a notice was missed or the owner died."""
+        if execution.is_terminal:
+            return execution
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        latest = execution
+        first = True
+        while True:
+            future: asyncio.Future[None] = loop.create_future()
+            waiters = self._waiters.setdefault(execution.execution_id, set())
+            waiters.add(future)
+            try:
+                try:
+                    found = await self.get(execution.execution_id)
+                except StoreUnavailable:
+                    if first or self._client is None:
+                        raise
+                    found = None  # keep waiting: the next re-read may reach it
+                else:
+                    if found is None:  # forgotten or expired meanwhile
+                        return latest
+                first = False
+                if found is not None:
+                    latest = found
+                    if found.is_terminal:
+                        return found
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return latest
+                pause = REREAD_SECONDS if remaining is None else min(REREAD_SECONDS, remaining)
+                await asyncio.wait({future}, timeout=pause)
+            finally:
+                waiters.discard(future)
+                if not waiters and self._waiters.get(execution.execution_id) is waiters:
+                    del self._waiters[execution.execution_id]
+
+    async def list_executions(
+        self,
+        *,
+        status: ExecutionStatus | None = None,
+        reasoner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Execution]:
+        """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
+        index (the session's, the running ones, or all, newest first), so a rare filter
+        may return fewer than `limit` although older matches exist."""
+        if session_id is not None:
+            index = f"session:{session_id}"
+        elif status is ExecutionStatus.RUNNING:
+            index = "running"
+        else:
+            index = "all"
+        return await self._list(
+            "list", index, max(limit * 10, 1000), limit, status or "", reasoner or ""
+        )
+
+    async def forget(self, execution_id: str) -> bool:
+        """One script: False when unknown, ExecutionRunning while active, else deleted."""
+        async with self._operation("forget"):
+            reply = await self._script("forget", execution_id)
+        code = int(reply[0])
+        if code == 0:
+            return False
+        self._restore(reply[1])  # counts a move to lost made on the way
+        if code < 0:
+            raise ExecutionRunning(execution_id)
+        return True
+
+    async def request_cancel(
+        self, execution: Execution, reason: CancelReason, settle_within: float | None
+    ) -> None:
+        """Straight to the local registry when this replica owns it, else one PUBLISH to
+        the owner's channel (nothing listens there once the owner is gone: it reads lost)."""
+        if execution.replica == self.replica_id:
+            if self.on_cancel is not None:
+                self.on_cancel(execution.execution_id, reason, settle_within)
+            return
+        message = orjson.dumps(
+            {"id": execution.execution_id, "reason": reason.value, "settle_within": settle_within}
+        )
+        async with self._operation("request_cancel"):
+            await cast(
+                Awaitable[Any],
+                self._redis.publish(f"{self.prefix}cancel:{execution.replica}", message),
+            )
+
+    async def session(self, session_id: str) -> list[Execution]:
+        """One script: the session's executions (at most SESSION_LIMIT), newest first."""
+        return await self._list(
+            "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", ""
+        )
+
+    async def begin_release(self, session_id: str, seconds: float | None) -> None:
+        """One SET with an expiry, so a replica dying mid-release does not hold the session
+        for ever."""
+        hold = RELEASE_HOLD_SECONDS if seconds is None else seconds
+        async with self._operation("begin_release"):
+            await cast(
+                Awaitable[Any],
+                self._redis.set(
+                    f"{self.prefix}releasing:{session_id}", 1, px=max(1, round(hold * 1000))
+                ),
+            )
+
+    async def end_release(self, session_id: str) -> None:
+        async with self._operation("end_release"):
+            await cast(Awaitable[Any], self._redis.delete(f"{self.prefix}releasing:{session_id}"))
+
+    # -- background work -------------------------------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        """Renew the liveness every lease_ttl/3 (one script call, whatever the number of
+        executions), which also sweeps the running work of dead replicas."""
+        interval = self.lease_ttl / 3
+        next_tick = time.monotonic() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+            next_tick = time.monotonic() + interval
+            with contextlib.suppress(StoreUnavailable):  # counted; the next tick retries
+                await self._tick()
+
+    async def _tick(self) -> None:
+        lease_ms = max(1, round(self.lease_ttl * 1000))
+        async with self._operation("renew"):
+            reply = await self._script("tick", self.replica_id, lease_ms, SWEEP_LIMIT)
+        if self.observer is not None:
+            self.observer.replicas_alive(int(reply[0]))
+        for row in reply[1:]:
+            self._restore(row)
+
+    async def _write_outbox(self) -> None:
+        """Write queued ends as they come; after an outage retry with a bounded backoff."""
+        backoff = BACKOFF_FIRST
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                try:
+                    await self._write_ends()
+                    backoff = BACKOFF_FIRST
+                except StoreUnavailable:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                except Exception:  # a bug, not an outage: say so, keep the ends, go on
+                    logger.exception("writing ends to %s failed", self.where)
+                    await asyncio.sleep(BACKOFF_MAX)
+
+    async def _write_ends(self) -> None:
+        """One pipeline of fenced end scripts for the oldest queued ends. An end refused
+        (the record is lost, or another owner or attempt holds it) is logged and counted;
+        nothing leaves the outbox unless Redis answered for it."""
+        async with self._writing:
+            pending = list(itertools.islice(self._outbox, END_BATCH))
+            for _ in range(2):  # a second pass only after Redis forgot its scripts
+                if not pending:
+                    return
+                async with self._operation("end"):
+                    pipe = self._redis.pipeline(transaction=False)
+                    for execution in pending:
+                        pipe.evalsha(_SHAS["end"], 0, *self._args, *self._end_args(execution))
+                    replies = await pipe.execute(raise_on_error=False)
+                for _ in pending:  # the oldest in the outbox: only this method removes
+                    self._outbox.popleft()
+                retry: list[Execution] = []
+                for execution, reply in zip(pending, replies, strict=True):
+                    if isinstance(reply, NoScriptError):
+                        retry.append(execution)
+                    elif isinstance(reply, Exception):
+                        logger.error(
+                            "end of execution %s could not be written: %s",
+                            execution.execution_id,
+                            reply,
+                        )
+                        self._failed.append(execution)
+                    else:
+                        self._ended(execution, reply)
+                self._outbox.extendleft(reversed(retry))
+                if retry:
+                    async with self._operation("load_scripts"):
+                        await self._load_scripts()
+                pending = retry
+
+    def _ended(self, execution: Execution, reply: Any) -> None:
+        written, found = int(reply[0]), reply[1]
+        if written:
+            return
+        self.fenced += 1
+        logger.warning(
+            "end of execution %s (replica %s, attempt %d) refused: the record is %s",
+            execution.execution_id,
+            execution.replica,
+            execution.attempt,
+            found or "unknown (expired, deleted, or Redis lost its data)",
+        )
+        if self.observer is not None:
+            self.observer.fenced_write(execution)
+
+    async def _listen(self, pubsub: PubSub | None) -> None:
+        """The one pub/sub connection of this replica: end notices wake its waiters, cancel
+        requests reach its registry. Reconnects after an outage, then wakes every waiter
+        to re-read (notices may have been missed meanwhile)."""
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                if pubsub is None:
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    await pubsub.subscribe(self._ends_channel, self._cancel_channel)
+                    self._wake_all()
+                backoff = BACKOFF_FIRST
+                while True:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=REREAD_SECONDS
+                    )
+                    if message is not None:
+                        self._dispatch(message)
+            except _UNREACHABLE as exc:
+                logger.debug("pub/sub connection to %s lost: %s", self.where, exc)
+                self._set_up(False)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    pubsub = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        channel, data = message.get("channel"), message.get("data")
+        if not isinstance(data, str):
+            return
+        if channel == self._ends_channel:
+            for future in self._waiters.get(data, ()):
+                if not future.done():
+                    future.set_result(None)
+            return
+        try:
+            request = orjson.loads(data)
+            reason = CancelReason(request["reason"])
+            settle_within = request["settle_within"]
+            execution_id = str(request["id"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignored a malformed cancel request: %r", data[:200])
+            return
+        if self.on_cancel is not None:
+            try:
+                self.on_cancel(execution_id, reason, settle_within)
+            except Exception:
+                logger.exception("cancel of execution %s failed", execution_id)
+
+    def _wake_all(self) -> None:
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def _ends_channel(self) -> str:
+        return self.prefix + "ends"
+
+    @property
+    def _cancel_channel(self) -> str:
+        return f"{self.prefix}cancel:{self.replica_id}"
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, name: str) -> AsyncIterator[None]:
+        """Time and report one operation; an unreachable Redis becomes StoreUnavailable and
+        turns the store down until an operation succeeds again."""
+        started = time.perf_counter()
+        try:
+            yield
+        except _UNREACHABLE as exc:
+            self._report(name, started, False)
+            self._set_up(False)
+            raise StoreUnavailable(f"Redis at {self.where}: {self._scrub(str(exc))}") from exc
+        except Exception:
+            self._report(name, started, False)
+            raise
+        self._report(name, started, True)
+        self._set_up(True)
+
+    def _report(self, name: str, started: float, ok: bool) -> None:
+        if self.observer is not None:
+            self.observer.store_operation(name, time.perf_counter() - started, ok)
+
+    def _set_up(self, up: bool) -> None:
+        if up == self._up:
+            return
+        self._up = up
+        if up:
+            logger.info("store %s reachable", self.where)
+            if self._outbox:
+                self._wake.set()
+        else:
+            logger.warning("store %s unreachable", self.where)
+        if self.observer is not None:
+            self.observer.store_up(up)
+
+    def _scrub(self, text: str) -> str:
+        """Never let a password in the URL reach a message."""
+        password = urllib.parse.urlsplit(self.url).password
+        if password:
+            text = text.replace(password, "***")
+            text = text.replace(urllib.parse.unquote(password), "***")
+        return text
+
+    async def _load_scripts(self) -> None:
+        for text in _SCRIPTS.values():
+            await cast(Awaitable[Any], self._redis.script_load(text))
+
+    async def _script(self, name: str, *args: Any) -> Any:
+        """EVALSHA, loading the scripts again if Redis has forgotten them (a restart)."""
+        try:
+            return await self._redis.evalsha(_SHAS[name], 0, *self._args, *args)
+        except NoScriptError:
+            await self._load_scripts()
+            return await self._redis.evalsha(_SHAS[name], 0, *self._args, *args)
+
+    async def _list(
+        self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str
+    ) -> list[Execution]:
+        async with self._operation(operation):
+            rows = await self._script("list", index, scan, limit, status, reasoner)
+        found: list[Execution] = []
+        for row in rows:
+            execution = self._restore(row)
+            if int(row[14]):
+                found.append(execution)
+        return found
+
+    def _restore(self, row: list[Any]) -> Execution:
+        """The record as a script returned it; a move to lost it made is counted here."""
+        (
+            execution_id,
+            reasoner,
+            session_id,
+            replica,
+            attempt,
+            status,
+            status_reason,
+            result,
+            error,
+            created_at,
+            finished_at,
+            duration,
+            abandoned,
+        ) = row[:13]
+        execution = Execution.restore(
+            execution_id,
+            reasoner,
+            session_id or None,
+            replica=replica,
+            attempt=int(attempt),
+            status=ExecutionStatus(status),
+            created_at=float(created_at),
+            status_reason=CancelReason(status_reason) if status_reason else None,
+            result=_unjson(result) if result else None,
+            error=_unjson(error) if error else None,
+            finished_at=_number(finished_at),
+            duration_seconds=_number(duration),
+            abandoned=abandoned == "1",
+        )
+        if int(row[13]) and self.observer is not None:
+            self.observer.execution_lost(execution)
+        return execution
+
+    def _fields(self, execution: Execution) -> list[str | bytes]:
+        """The hash values in FIELDS order."""
+        return [
+            execution.execution_id,
+            execution.reasoner,
+            execution.session_id or "",
+            execution.replica,
+            str(execution.attempt),
+            execution.status.value,
+            execution.status_reason.value if execution.status_reason else "",
+            _json(execution.result),
+            _json(execution.error),
+            repr(execution.created_at),
+            "" if execution.finished_at is None else repr(execution.finished_at),
+            "" if execution.duration_seconds is None else repr(execution.duration_seconds),
+            "1" if execution.abandoned else "0",
+        ]
+
+    def _end_args(self, execution: Execution) -> list[str | bytes]:
+        values = self._fields(execution)
+        return [
+            execution.execution_id,
+            execution.replica,
+            str(execution.attempt),
+            *values[5:9],  # status, status_reason, result, error
+            *values[10:13],  # finished_at, duration_seconds, abandoned
+        ]

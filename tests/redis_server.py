@@ -1,0 +1,108 @@
+"""A real `redis-server` child process on a free loopback port, for the store tests.
+
+No fake Redis: the redis store is tested against the server it will run against. Every
+wait is bounded; `stop` can save first so a restart on the same port and directory comes
+back with the same data (an outage, not a data loss).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+#: Seconds to wait for the server to answer PING, or to exit.
+START_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def available() -> bool:
+    return shutil.which("redis-server") is not None
+
+
+class RedisServer:
+    """`redis-server` with no persistence of its own, bound to 127.0.0.1."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = directory / "redis.log"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start it and wait (bounded) until it answers PING."""
+        command = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+            "--logfile",
+            str(self.log_path),
+        ]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.ping():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited early:\n{self.log()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"redis-server silent for {START_TIMEOUT}s:\n{self.log()}")
+            time.sleep(0.01)
+
+    def ping(self) -> bool:
+        return self.command("PING") == b"+PONG\r\n"
+
+    def command(self, *args: str) -> bytes | None:
+        """Send one command (RESP) and return the raw reply; None if it cannot connect."""
+        request = f"*{len(args)}\r\n".encode()
+        for arg in args:
+            data = arg.encode()
+            request += b"$%d\r\n%s\r\n" % (len(data), data)
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
+                sock.sendall(request)
+                return sock.recv(65536)
+        except OSError:
+            return None
+
+    def stop(self, *, save: bool = False) -> None:
+        """Stop it (saving its data first if asked, for a restart) and wait for the exit."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.command("SHUTDOWN", "SAVE" if save else "NOSAVE")
+            try:
+                self.proc.wait(timeout=START_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
