@@ -209,6 +209,41 @@ async def spawn_forgotten_task() -> str:
     return "spawned"
 
 
+class LibraryStop(BaseException):
+    """A library's own BaseException subclass, as some async libraries define."""
+
+
+async def raise_base(kind: str = "generator_exit") -> None:
+    """Raises a BaseException that is not a cancellation."""
+    if kind == "generator_exit":
+        raise GeneratorExit("generator closed")
+    if kind == "group":
+        raise BaseExceptionGroup("several", [LibraryStop("inner"), ValueError("also")])
+    if kind == "keyboard":
+        raise KeyboardInterrupt("interrupted")
+    if kind == "system_exit":
+        raise SystemExit(3)
+    raise LibraryStop("library stopped")
+
+
+async def raise_cancelled(after: float = 0.0) -> None:
+    """Raises CancelledError from its own code, with nobody asking for a cancellation."""
+    await asyncio.sleep(after)
+    raise asyncio.CancelledError("raised by the reasoner")
+
+
+async def renamed_swallow(
+    marker: str | None = None, name: str = "my-own-name", seconds: float = 600.0
+) -> str:
+    """Renames its own task, then swallows every cancellation: only abandonment ends it."""
+    task = asyncio.current_task()
+    assert task is not None
+    task.set_name(name)
+    if marker:
+        _mark(marker)
+    return await swallow(seconds)
+
+
 def collect_garbage() -> int:
     """Runs the cycle collector now, so a test need not wait for it."""
     return gc.collect()
@@ -250,6 +285,9 @@ REASONERS += [
     nan_result,
     big_result,
     leak,
+    raise_base,
+    raise_cancelled,
+    renamed_swallow,
 ]
 
 

@@ -11,8 +11,8 @@ Keys (prefix `agent-server:{agent name}:`):
 
 - `x:{id}`: the record, a hash of `FIELDS`; finished ones expire after `result_ttl`.
 - `all`, `session:{sid}`, `running`: ids scored by `created_at` (lists, newest first).
-- `finished`: `{id}|{sid}` scored by the Redis time of the end (TTL pruning and
-  `max_retained` trimming, which also clear the other indexes).
+- `finished`: `{id}|{sid}` scored by the Redis time of the end (us, strictly increasing),
+  for TTL pruning and `max_retained` trimming, which also clear the other indexes.
 - `owned:{replica}`: the ids a replica runs, for the sweep of a dead replica's work.
 - `replicas`: replica ids scored by their liveness expiry (ms, Redis time); 0 once closed.
 - `releasing:{sid}`: present while the session is being released.
@@ -115,6 +115,7 @@ local TTL = tonumber(ARGV[2])
 local MAXR = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local F = {'execution_id', 'reasoner', 'session_id', 'replica', 'attempt', 'status',
   'status_reason', 'result', 'error', 'created_at', 'finished_at', 'duration_seconds',
   'abandoned'}
@@ -132,7 +133,8 @@ end
 
 -- Past result_ttl or over max_retained, oldest first; bounded work per call.
 local function prune()
-  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', NOW - TTL, 'LIMIT', 0, 100)
+  local cutoff = NOW_US - TTL * 1000
+  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', cutoff, 'LIMIT', 0, 100)
   for _, m in ipairs(old) do drop(m) end
   local over = redis.call('ZCARD', P .. 'finished') - MAXR
   if over > 0 then
@@ -146,7 +148,12 @@ end
 local function finish(rec, id, sid, owner)
   redis.call('ZREM', P .. 'running', id)
   redis.call('SREM', P .. 'owned:' .. owner, id)
-  redis.call('ZADD', P .. 'finished', NOW, id .. '|' .. sid)
+  -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
+  -- several are written in the same microsecond.
+  local score = NOW_US
+  local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
+  if top[2] and tonumber(top[2]) >= score then score = tonumber(top[2]) + 1 end
+  redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
   redis.call('PEXPIRE', rec, TTL)
   prune()
   redis.call('PUBLISH', P .. 'ends', id)
