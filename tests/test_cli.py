@@ -83,6 +83,7 @@ def test_a_field_added_later_gets_its_flag_from_its_description() -> None:
         replica_id: str | None = Field(default=None, description="This replica's name.")
         mode: Literal["a", "b"] | None = Field(default=None, description="A or B.")
         verbose: bool = Field(default=True, description="Say more.")
+        token: str = Field(default_factory=lambda: "random", description="Made per run.")
 
     seen: dict[str, Any] = {}
 
@@ -102,11 +103,13 @@ def test_a_field_added_later_gets_its_flag_from_its_description() -> None:
         "replica_id": None,
         "mode": "b",
         "verbose": False,
+        "token": None,
     }
     assert runner.invoke(command, ["--mode", "c"]).exit_code == 2
     text = " ".join(runner.invoke(command, ["--help"]).output.split())
     assert "Seconds a lease lasts. [default: 10] [env: AGENT_SERVER_LEASE_TTL]" in text
     assert "--verbose / --no-verbose" in text
+    assert "Made per run. [env: AGENT_SERVER_TOKEN]" in text
 
 
 def test_absent_flags_leave_settings_to_the_environment() -> None:
