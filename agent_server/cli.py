@@ -87,7 +87,8 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
 def _help(field: str, info: FieldInfo) -> str:
     parts = [info.description or ""]
     # A factory's default (a random replica id, say) differs per run: not shown.
-    default = None if info.is_required() else info.get_default(call_default_factory=False)
+    made = info.is_required() or info.default_factory is not None
+    default = None if made else info.default
     if default is not None and not isinstance(default, SecretStr):
         parts.append(f"[default: {_shown(default)}]")
     parts.append(f"[env: {env_name(field)}]")
