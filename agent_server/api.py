@@ -128,6 +128,26 @@ def _execution_response(
     return JSONResponse(execution.to_json(), status_code=status_code, headers=headers)
 
 
+#: What each route answers in ordinary operation, overload and shutdown included: these
+#: `http_requests_total` series start at 0 (see `Metrics.expect_http`); reads answer 503
+#: while a shared store is unreachable. Rarer answers (401,
+#: 405, 413, 415, 499, unmatched paths) appear on first use.
+ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
+    ("POST", "/reasoners/{name}"): (200, 400, 404, 409, 422, 429, 500, 503),
+    ("POST", "/reasoners/{name}/async"): (202, 400, 404, 409, 422, 429, 503),
+    ("GET", "/executions/{execution_id}"): (200, 404, 503),
+    ("DELETE", "/executions/{execution_id}"): (204, 404, 409, 503),
+    ("POST", "/executions/{execution_id}/cancel"): (200, 202, 404, 503),
+    ("GET", "/reasoners"): (200,),
+    ("GET", "/executions"): (200, 422, 503),
+    ("DELETE", "/sessions/{session_id}"): (200, 409, 503),
+    ("GET", "/healthz"): (200,),
+    ("GET", "/readyz"): (200, 503),
+    ("GET", "/metrics"): (200,),
+    ("GET", "/openapi.json"): (200,),
+}
+
+
 class Api:
     """The routes of the HTTP API, given the parts they use."""
 
@@ -509,6 +529,8 @@ def build_app(
 ) -> ASGIApp:
     """The routes of `api`, behind the bearer check when a token is set, inside `HttpApp`
     (so 401s are counted and get `Connection: close` while draining too)."""
+    for (method, route), statuses in ROUTE_STATUSES.items():
+        api.metrics.expect_http(method, route, statuses)
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
     app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan).app
     if token is not None:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import click
 import uvicorn
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 from agent_server.agent import Agent
 from agent_server.http_limits import BoundedHttpToolsProtocol
@@ -21,10 +25,8 @@ from agent_server.shutdown import ExitCode
 
 ENV = "AGENT_SERVER_"
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Decorator(Protocol):
-    def __call__(self, func: F, /) -> F: ...
+#: The `help_option_names` uvicorn users expect.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 class AppLoadError(Exception):
@@ -46,7 +48,9 @@ def load_agent(path: str | None) -> Agent:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
-    candidate = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise AppLoadError(f"module {module_name!r} has no attribute {attribute!r}")
+    candidate = getattr(module, attribute)
     if not isinstance(candidate, Agent):
         raise AppLoadError(
             f"{path!r} is not an agent_server.Agent (found {type(candidate).__name__})"
@@ -54,57 +58,122 @@ def load_agent(path: str | None) -> Agent:
     return candidate
 
 
-def _option(flag: str, kind: Any, help_text: str) -> Decorator:
-    """A flag whose AGENT_SERVER_* twin is read when the flag is absent (the flag wins)."""
-    name = flag.removeprefix("--").replace("-", "_")
-    option: Decorator = click.option(
-        flag, name, type=kind, default=None, envvar=ENV + name.upper(), help=help_text
-    )
-    return option
+def env_name(field: str) -> str:
+    return ENV + field.upper()
 
 
-@click.group()
-def main() -> None:
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _click_type(annotation: Any) -> tuple[Any, bool]:
+    """The click type for a field's annotation, and whether it is an on/off switch.
+
+    Optional types take their inner type; a Literal becomes a choice; types click has no
+    parser for (SecretStr, URLs, ...) are read as text and validated by the model."""
+    if get_origin(annotation) in (Union, UnionType):
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(inner) == 1:
+            annotation = inner[0]
+    if get_origin(annotation) is Literal:
+        return click.Choice([str(choice) for choice in get_args(annotation)]), False
+    if annotation is bool:
+        return bool, True
+    if annotation in (int, float):
+        return annotation, False
+    return str, False
+
+
+def _help(field: str, info: FieldInfo) -> str:
+    parts = [info.description or ""]
+    # A factory's default (a random replica id, say) differs per run: not shown.
+    made = info.is_required() or info.default_factory is not None
+    default = None if made else info.default
+    if default is not None and not isinstance(default, SecretStr):
+        parts.append(f"[default: {_shown(default)}]")
+    parts.append(f"[env: {env_name(field)}]")
+    return " ".join(part for part in parts if part)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def settings_options(model: type[BaseSettings]) -> Callable[[F], F]:
+    """One flag per field of `model`: `--max-inflight` for `max_inflight`, `--x/--no-x` for a
+    bool. Flags default to None, so an absent flag leaves the field to the environment
+    (read by the model, under its AGENT_SERVER_* name) and then to its default."""
+
+    def decorate(func: F) -> F:
+        for field, info in reversed(model.model_fields.items()):
+            kind, switch = _click_type(info.annotation)
+            flag = flag_name(field)
+            decls = [f"{flag}/--no-{flag.removeprefix('--')}"] if switch else [flag]
+            option = click.option(
+                *decls, field, type=None if switch else kind, default=None, help=_help(field, info)
+            )
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def describe_errors(exc: ValidationError, flags: Iterable[str]) -> str:
+    """Each error under the name the user gave: the flag, else the environment variable;
+    errors about the settings as a whole (the budget) need no name."""
+    given = set(flags)
+    environment = {name.upper() for name in os.environ}
+    messages = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        field = str(error["loc"][0]) if error["loc"] else None
+        if field is None:
+            messages.append(message)
+        elif field in given:
+            messages.append(f"{flag_name(field)}: {message}")
+        elif env_name(field) in environment:
+            messages.append(f"{env_name(field)}: {message}")
+        else:
+            messages.append(f"{field}: {message}")
+    return "; ".join(messages)
+
+
+def _version() -> str:
+    try:
+        return version("agent-server")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@click.group(invoke_without_command=True, context_settings=CONTEXT)
+@click.version_option(_version(), "--version", prog_name="agent-server")
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """agent-server: serve reasoners, and shut down gracefully."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
-@main.command()
+@main.command(context_settings=CONTEXT)
 @click.argument("app", required=False, envvar=ENV + "APP")
-@_option("--host", str, "Address to listen on [127.0.0.1].")
-@_option("--port", int, "Port to listen on [8000].")
-@_option(
-    "--grace-period", float, "Seconds from SIGTERM to SIGKILL (terminationGracePeriodSeconds) [30]."
-)
-@_option("--unready-delay", float, "Seconds readiness is 503 while work is still accepted [0].")
-@_option(
-    "--drain-timeout",
-    float,
-    "Seconds running work may take to finish [what the grace period leaves].",
-)
-@_option("--cancel-timeout", float, "Seconds cancelled work may take to settle [5].")
-@_option("--http-timeout", float, "Seconds open responses get after the listener closes [1].")
-@_option("--max-inflight", int, "Running executions at once; beyond it, 429 [1000].")
-@_option("--max-body-size", int, "Request body bytes; beyond it, 413 [1048576].")
-@_option("--result-ttl", float, "Seconds finished executions are kept [3600].")
-@_option("--max-retained", int, "Finished executions kept at most [10000].")
-@_option("--log-level", click.Choice(["critical", "error", "warning", "info", "debug"]), "[info].")
-@_option("--log-format", click.Choice(["text", "json"]), "[text].")
-@_option("--pushgateway", str, "Prometheus Pushgateway URL to push the shutdown metrics to.")
-@_option("--api-token", str, "Bearer token every route but health and metrics requires [none].")
-@_option("--api-token-file", str, "File holding the bearer token (a mounted secret) [none].")
+@settings_options(Settings)
 def run(app: str | None, **flags: Any) -> None:
-    """Serve APP (module:attribute, an Agent); without APP, the embedded demo agent."""
+    """Serve APP (module:attribute, an Agent); without APP, the embedded demo agent.
+
+    Every flag has an AGENT_SERVER_* environment twin, named in its help; the flag wins.
+    APP is AGENT_SERVER_APP.
+    """
     exit_on_signal_before_serving()  # importing APP can take long; PID 1 must not ignore it
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         settings = Settings(**given)
     except ValidationError as exc:
-        messages = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: "
-            + error["msg"].removeprefix("Value error, ")
-            for error in exc.errors()
-        )
-        click.echo(f"agent-server: invalid settings: {messages}", err=True)
+        click.echo(f"agent-server: invalid settings: {describe_errors(exc, given)}", err=True)
         sys.exit(ExitCode.INVALID_SETTINGS)
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -120,7 +189,7 @@ def run(app: str | None, **flags: Any) -> None:
         lifespan="on",
         http=BoundedHttpToolsProtocol,  # bounds the request head: size and time
         log_config=None,
-        access_log=False,
+        access_log=settings.access_log,
         timeout_graceful_shutdown=int(settings.http_timeout)
         if settings.http_timeout.is_integer()
         else settings.http_timeout,  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ registry drops them itself instead.
 from __future__ import annotations
 
 import copy
+import time
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
@@ -135,6 +136,8 @@ class Metrics:
         self._started: dict[str, int] = {}
         self._outcomes: dict[tuple[str, str], OutcomeSeries] = {}
         self._http: dict[tuple[str, str, int], HistogramSeries] = {}
+        self._http_expected: dict[tuple[str, str, int], None] = {}
+        self._shutdown_started_at: float | None = None
         self._rejected: dict[str, int] = {reason.value: 0 for reason in RejectReason}
         self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
         self._store = StoreSeries()
@@ -248,9 +251,22 @@ class Metrics:
             series = self._http[key] = HistogramSeries(HTTP_BUCKETS, HTTP_LE)
         series.observe(seconds)
 
-    def shutdown_began(self, wall_time: float) -> None:
+    def expect_http(self, method: str, route: str, statuses: Iterable[int]) -> None:
+        """Expose `http_requests_total` at 0 for answers a route can give before it gives them.
+
+        A counter series that appears with its first count already in it is invisible to
+        rate() and increase() until its second sample: a pod's first 503s during a drain, or
+        all the POSTs of a short-lived pod, would add up to nothing. Only the counter starts
+        at 0; the duration histogram (25 lines per series) still appears on first use.
+        """
+        for status in statuses:
+            self._http_expected.setdefault((method, route, status))
+
+    def shutdown_began(self, wall_time: float, started: float | None = None) -> None:
+        """`started` is the signal's monotonic time, from which scrapes read the elapsed drain."""
         self.draining.set(1)
         self.shutdown_started.set(wall_time)
+        self._shutdown_started_at = time.monotonic() if started is None else started
 
     def set_phase(self, phase: str) -> None:
         self._phase = phase
@@ -296,6 +312,21 @@ class Metrics:
             self._releases,
         )
         yield from self._store.families()
+        yield self._shutdown_elapsed()
+
+    def _shutdown_elapsed(self) -> Metric:
+        """Seconds since the first signal, as of this scrape: what a scrape can see of a
+        shutdown in progress. `shutdown_duration_seconds` is set at the report, a moment
+        before the listener closes, so scrapes almost never see it; the pushed copy has it.
+        Not pushed: frozen in a Pushgateway it would read as a drain that never ends."""
+        started = self._shutdown_started_at
+        elapsed = 0.0 if started is None else max(0.0, time.monotonic() - started)
+        family = GaugeMetricFamily(
+            f"{PREFIX}_shutdown_elapsed_seconds",
+            "Seconds since the first shutdown signal, as of this scrape; 0 while serving.",
+        )
+        family.add_metric([], elapsed)
+        return family
 
     def _execution_families(self) -> tuple[Metric, Metric, Metric, Metric]:
         """`executions_inflight` is derived: every started execution is recorded finished
@@ -344,6 +375,9 @@ class Metrics:
             labels = [method, route, str(code)]
             requests.add_metric(labels, series.count)
             duration.add_metric(labels, series.buckets(), series.sum)
+        for method, route, code in self._http_expected:
+            if (method, route, code) not in self._http:
+                requests.add_metric([method, route, str(code)], 0)
         return requests, duration
 
     def exposition(self) -> bytes:

@@ -1,5 +1,8 @@
 """Settings: every flag of `agent-server run`, with its AGENT_SERVER_* environment twin.
 
+The CLI makes one flag per field (name, type, choices, default and help from the field and
+its `description`), so a setting is declared here once.
+
 The shutdown budget is checked here, at start, so a grace period that cannot hold the
 configured phases is a clear error before any work is accepted, not a surprise at SIGTERM.
 """
@@ -25,38 +28,77 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_SERVER_", extra="forbid", frozen=True)
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    grace_period: float = Field(default=30.0, gt=0)
-    unready_delay: float = Field(default=0.0, ge=0)
-    drain_timeout: float | None = Field(default=None, ge=0)
-    cancel_timeout: float = Field(default=5.0, ge=0)
-    http_timeout: float = Field(default=1.0, ge=0)
-    max_inflight: int = Field(default=1000, ge=1)
-    max_body_size: int = Field(default=1_048_576, ge=1)
-    result_ttl: float = Field(default=3600.0, gt=0)
-    max_retained: int = Field(default=10_000, ge=0)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-    log_format: Literal["text", "json"] = "text"
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on.")
+    grace_period: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds the platform allows from SIGTERM to SIGKILL "
+        "(Kubernetes terminationGracePeriodSeconds).",
+    )
+    unready_delay: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds readiness is 503 while new work is still accepted.",
+    )
+    drain_timeout: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds running work may take to finish before it is cancelled; "
+        "by default what the grace period leaves.",
+    )
+    cancel_timeout: float = Field(
+        default=5.0, ge=0, description="Seconds cancelled work may take to settle."
+    )
+    http_timeout: float = Field(
+        default=1.0, ge=0, description="Seconds open responses get after the listener closes."
+    )
+    max_inflight: int = Field(
+        default=1000, ge=1, description="Running executions at once; beyond it, 429."
+    )
+    max_body_size: int = Field(
+        default=1_048_576, ge=1, description="Request body bytes; beyond it, 413."
+    )
+    result_ttl: float = Field(
+        default=3600.0, gt=0, description="Seconds finished executions are kept."
+    )
+    max_retained: int = Field(default=10_000, ge=0, description="Finished executions kept at most.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Lowest level logged."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text, or json: one JSON object per line."
+    )
+    access_log: bool = Field(default=False, description="Log one line per HTTP request.")
     store: SecretStr = Field(
         default=SecretStr("memory"),
-        description="memory, or a redis:// / rediss:// URL shared by every replica",
+        description="Where execution records live: memory, or a redis:// / rediss:// URL "
+        "shared by every replica.",
     )
     replica_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
         min_length=1,
         max_length=253,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="this process's name in the store [hostname-random]; on Kubernetes the pod",
+        description="This process's name in the store; by default the hostname and a random "
+        "suffix (on Kubernetes, give the pod name).",
     )
     lease_ttl: float = Field(
         default=10.0,
         gt=0,
-        description="seconds this replica's liveness lasts unrenewed (renewed every third)",
+        description="Seconds this replica's liveness lasts unrenewed; renewed every third of it.",
     )
-    pushgateway: str | None = None
-    api_token: SecretStr | None = None
-    api_token_file: str | None = None
+    pushgateway: str | None = Field(
+        default=None,
+        description="Prometheus Pushgateway URL the shutdown metrics are pushed to at exit.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token every route but health and metrics requires.",
+    )
+    api_token_file: str | None = Field(
+        default=None, description="File holding the bearer token (a mounted secret)."
+    )
     _file_token: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")

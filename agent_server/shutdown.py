@@ -216,7 +216,7 @@ class ShutdownSequence:
         self._ended_before = self.registry.stats.ended
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
-        self.metrics.shutdown_began(wall_time)
+        self.metrics.shutdown_began(wall_time, started)
         self.set_phase(Phase.UNREADY)
         logger.info(
             "shutdown began (%s): %d executions in flight; admission closes in %gs, "

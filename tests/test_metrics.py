@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests_app import REASONERS, make_agent
 
 from agent_server import Agent, Settings
+from agent_server.api import ROUTE_STATUSES, Api
 from agent_server.execution import CancelReason
-from agent_server.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS
+from agent_server.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
 
 P = "agent_server_"
 Key = tuple[str, frozenset[tuple[str, str]]]
@@ -103,6 +104,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "store_up": "gauge",
         P + "store_fenced_writes": "counter",
         P + "replicas_alive": "gauge",
+        P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
     }
     # _created series are left out on purpose (see agent_server.metrics)
     assert "_created" not in response.text
@@ -132,6 +134,11 @@ async def test_known_label_values_start_at_zero(served: Served) -> None:
         assert m("shutdown_executions_total", outcome=outcome) == 0
     for outcome in ("settled", "abandoned"):
         assert m("session_releases_total", outcome=outcome) == 0
+    # rate() and increase() miss a counter's first count unless the series was seen at 0
+    for (method, route), statuses in ROUTE_STATUSES.items():
+        for status in statuses:
+            assert m("http_requests_total", method=method, route=route, status=str(status)) == 0
+    assert m("shutdown_elapsed_seconds") == 0
     phase = P + "shutdown_phase"
     assert m("shutdown_phase", **{phase: "serving"}) == 1
     for other in ("unready", "draining", "cancelling", "stopped"):
@@ -139,6 +146,26 @@ async def test_known_label_values_start_at_zero(served: Served) -> None:
     assert m("draining") == 0
     assert m("shutdown_started_timestamp_seconds") == 0
     assert m("shutdown_duration_seconds") == 0
+
+
+def test_every_route_has_its_statuses_known_up_front() -> None:
+    routes = {
+        (method, route.path)
+        for route in Api(make_agent()).routes()
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
+    assert set(ROUTE_STATUSES) == routes
+
+
+async def test_elapsed_shutdown_grows_from_the_signal_and_is_not_pushed() -> None:
+    metrics = Metrics()
+    metrics.shutdown_began(time.time(), time.monotonic() - 2.0)
+    elapsed = metrics.registry.get_sample_value(P + "shutdown_elapsed_seconds")
+    assert elapsed is not None and 2.0 <= elapsed < 10.0
+    pushed = {s.name for f in metrics.shutdown_registry.collect() for s in f.samples}
+    assert P + "draining" in pushed
+    assert P + "shutdown_elapsed_seconds" not in pushed
 
 
 async def test_buckets_span_ten_milliseconds_to_thirty_minutes(served: Served) -> None:
@@ -290,14 +317,7 @@ async def test_http_metrics_use_route_templates_never_raw_ids(served: Served) ->
     for value in (execution_id, "no-such-id", "no-such-reasoner", "/no/such/path"):
         assert value not in m.text
     routes = m.labels("http_requests_total", "route")
-    assert routes == {
-        "/reasoners/{name}/async",
-        "/reasoners/{name}",
-        "/executions/{execution_id}",
-        "/executions/{execution_id}/cancel",
-        "/healthz",
-        "unmatched",
-    }
+    assert routes == {template for _, template in ROUTE_STATUSES} | {"unmatched"}
     get = {"method": "GET", "route": "/executions/{execution_id}"}
     # the two terminal reads (long-poll and plain) and the unknown id
     assert m("http_requests_total", **get, status="200") == 2
@@ -350,7 +370,13 @@ async def test_two_agents_in_one_process_do_not_collide() -> None:
     async for b in serve(second):
         m = await scrape(b.client)
         assert m("executions_started_total", reasoner="echo") == 0
-        assert m.labels("http_requests_total", "route") == set()
+        counted = {
+            (labels["method"], labels["route"], labels["status"])
+            for (name, frozen), value in m.samples.items()
+            if name == P + "http_requests_total" and value > 0
+            for labels in [dict(frozen)]
+        }
+        assert counted == set()  # the scrape counts itself only once it has answered
     # nothing leaks into prometheus_client's process-wide default registry
     leaked = prometheus_client.REGISTRY.get_sample_value(
         P + "executions_started_total", {"reasoner": "echo"}
