@@ -16,6 +16,7 @@ from agent_server.api import build_app
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
+from agent_server.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
@@ -68,7 +69,12 @@ class Agent:
         """Register a function as a reasoner; the function itself is returned unchanged."""
 
         def register(func: F) -> F:
-            reasoner_name = name or func.__name__
+            reasoner_name = func.__name__ if name is None else name
+            if not is_reasoner_name(reasoner_name):
+                raise ReasonerDefinitionError(
+                    f"reasoner name {reasoner_name!r} cannot be served at /reasoners/{{name}}: "
+                    f"{REASONER_NAME_RULE}"
+                )
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
             self.reasoners[reasoner_name] = Reasoner(func, reasoner_name, description)

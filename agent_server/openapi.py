@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent_server.auth import OPEN_PATHS
+from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -106,12 +107,13 @@ EXECUTION_ID = {
     "required": True,
     "schema": {"type": "string"},
 }
+#: agent_server.names: what every route that takes a session id accepts (else 400).
+SESSION_ID_SCHEMA = {"type": "string", "maxLength": 256, "pattern": SESSION_ID_PATTERN}
 SESSION_HEADER = {
     "name": "X-Session-ID",
     "in": "header",
     "required": False,
-    # Printable ASCII with one visible character at least: HTTP trims the spaces around it.
-    "schema": {"type": "string", "maxLength": 256, "pattern": "^[ -~]*[!-~][ -~]*$"},
+    "schema": SESSION_ID_SCHEMA,
 }
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
@@ -239,7 +241,7 @@ def openapi_document(
                             "schema": {"enum": ["running", "succeeded", "failed", "cancelled"]},
                         },
                         {"name": "reasoner", "in": "query", "schema": {"type": "string"}},
-                        {"name": "session_id", "in": "query", "schema": {"type": "string"}},
+                        {"name": "session_id", "in": "query", "schema": SESSION_ID_SCHEMA},
                         {
                             "name": "limit",
                             "in": "query",
@@ -248,6 +250,7 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": _json({"type": "array", "items": _ref("Execution")}, "Executions"),
+                        "400": _error("Invalid session_id"),
                         "422": _error("Invalid filter"),
                     },
                 }
@@ -294,7 +297,7 @@ def openapi_document(
                             "name": "session_id",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string"},
+                            "schema": SESSION_ID_SCHEMA,
                         },
                         {
                             "name": "timeout",
@@ -311,6 +314,7 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": _json(_ref("SessionRelease"), "Released"),
+                        "400": _error("Invalid session id"),
                         "409": _error("Running work and cancel_running=false"),
                         "422": _error("Invalid parameter"),
                     },
