@@ -44,6 +44,8 @@ class Agent:
         self._settings = settings
         self._shutdown: ShutdownSequence | None = None
         self._app: ASGIApp | None = None
+        #: Set by `agent-server run`, whose runner drains while its listener is still open.
+        self.served_by_runner = False
         if settings is not None:
             self.configure(settings)
 
@@ -110,7 +112,9 @@ class Agent:
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         yield
-        if self.shutdown.started is not None:  # `agent-server run` has drained already
+        if self.shutdown.started is not None or self.served_by_runner:
+            # `agent-server run` has drained already, or its start failed (the port was
+            # taken): nothing was served, so there is no shutdown to begin or report.
             self.registry.close()
             return
         self.shutdown.begin(time.monotonic(), time.time(), None)

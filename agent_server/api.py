@@ -43,6 +43,10 @@ logger = logging.getLogger("agent_server.api")
 SESSION_HEADER = b"x-session-id"
 MAX_WAIT_SECONDS = 60.0
 MAX_LIST_LIMIT = 1000
+#: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
+#: the first one. A list of big results would otherwise be built, and pinned by a client
+#: that does not read it, whole: 1000 results of 4 MB are 4 GB.
+MAX_LIST_BYTES = 4 * 1024 * 1024
 RETRY_AFTER_SECONDS = "1"
 JSON_MEDIA_TYPES = ("application/json",)
 #: Methods counted by name; any other method string a client sends is counted as "other".
@@ -300,7 +304,9 @@ class Api:
             session_id=_checked_session_id(request.query_params.get("session_id"), "session_id"),
             limit=100 if limit is None else limit,
         )
-        return JSONResponse([e.to_json() for e in executions])
+        body, truncated = _list_body(executions)
+        headers = {"X-Truncated": "true"} if truncated else None
+        return Response(body, media_type="application/json", headers=headers)
 
     def _execution(self, request: Request) -> Execution:
         execution_id = request.path_params["execution_id"]
@@ -385,6 +391,20 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _list_body(executions: list[Execution]) -> tuple[bytes, bool]:
+    """A JSON list of the executions, in order, stopped before `MAX_LIST_BYTES` would be
+    passed (the first always goes in); whether it stopped early."""
+    parts: list[bytes] = []
+    size = 2
+    for execution in executions:
+        part = jsoncodec.dumps(execution.to_json())
+        size += len(part) + 1
+        if parts and size > MAX_LIST_BYTES:
+            return b"[" + b",".join(parts) + b"]", True
+        parts.append(part)
+    return b"[" + b",".join(parts) + b"]", False
 
 
 def _checked_session_id(value: str | None, where: str) -> str | None:

@@ -85,6 +85,10 @@ def main() -> None:
 @_option("--http-timeout", float, "Seconds open responses get after the listener closes [1].")
 @_option("--max-inflight", int, "Running executions at once; beyond it, 429 [1000].")
 @_option("--max-body-size", int, "Request body bytes; beyond it, 413 [1048576].")
+@_option("--body-timeout", float, "Seconds a request body may take after its head; then 408 [30].")
+@_option(
+    "--write-timeout", float, "Seconds a client may read none of its answer; then cut off [30]."
+)
 @_option("--result-ttl", float, "Seconds finished executions are kept [3600].")
 @_option("--max-retained", int, "Finished executions kept at most [10000].")
 @_option("--log-level", click.Choice(["critical", "error", "warning", "info", "debug"]), "[info].")
@@ -118,7 +122,8 @@ def run(app: str | None, **flags: Any) -> None:
         host=settings.host,
         port=settings.port,
         lifespan="on",
-        http=BoundedHttpToolsProtocol,  # bounds the request head: size and time
+        # Bounds the head (size, time), the body's time, unread answers and pipelining.
+        http=BoundedHttpToolsProtocol.with_timeouts(settings.body_timeout, settings.write_timeout),
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(settings.http_timeout)

@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     http_timeout: float = Field(default=1.0, ge=0)
     max_inflight: int = Field(default=1000, ge=1)
     max_body_size: int = Field(default=1_048_576, ge=1)
+    body_timeout: float = Field(default=30.0, gt=0)
+    write_timeout: float = Field(default=30.0, gt=0)
     result_ttl: float = Field(default=3600.0, gt=0)
     max_retained: int = Field(default=10_000, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
