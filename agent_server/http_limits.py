@@ -9,10 +9,11 @@ connection's start) is answered 408, or closed silently when nothing was sent; e
 the connection is closed.
 
 Past the head: a body not whole `body_timeout` seconds after its head is answered 408 and
-closed (size is bounded by the API's `--max-body-size`); a client that reads nothing of its
-answer for `write_timeout` seconds is cut off, freeing the bytes it pinned; at most
-`MAX_PIPELINE` requests wait behind the one being answered, and reading stops while any
-wait; uvicorn's text answers (parse errors, a body cut by shutdown) are JSON here.
+closed (size is bounded by the API's `--max-body-size`); a client that does not read its
+answer down to the transport's low-water mark within `write_timeout` seconds is cut off,
+freeing the bytes it pinned; at most `MAX_PIPELINE` requests wait behind the one being
+answered, and reading stops while any wait; uvicorn's text answers (parse errors, a body
+cut by shutdown) are JSON here.
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         "_head_tail",
         "_head_timer",
         "_in_head",
-        "_write_left",
         "_write_timer",
         "_writer",
     )
@@ -138,7 +138,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self._write_left = 0
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
         self._writer = CoalescingWriter(transport, self.loop)
@@ -299,7 +298,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         HttpToolsProtocol.pause_writing(self)
         if self._write_timer is None:
-            self._write_left = self.transport.get_write_buffer_size()
             self._write_timer = self.loop.call_later(self.write_timeout, self._write_late)
 
     def resume_writing(self) -> None:
@@ -309,20 +307,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._write_timer = None
 
     def _write_late(self) -> None:
-        """A client that read nothing of its answer for a whole period is cut off: its
-        unsent bytes are freed, and the response's task ends (its writes return)."""
-        left = self.transport.get_write_buffer_size()
-        if left < self._write_left:  # it reads, slowly: another period
-            self._write_left = left
-            self._write_timer = self.loop.call_later(self.write_timeout, self._write_late)
-            return
+        """A client that did not read its answer down to the transport's low-water mark
+        within the deadline is cut off: its unsent bytes are freed, and the response's task
+        ends (its writes return). A slow reader gets a new deadline at every resume."""
         self._write_timer = None
         self.transport.abort()
 
     def abort_if_unread(self) -> bool:
         """At the end of the shutdown's http phase: abort a connection whose client is not
-        reading its answer, so its task ends instead of being cancelled by uvicorn."""
-        if self.flow.write_paused and not self.transport.is_closing():
+        reading its answer, so its task ends instead of being cancelled by uvicorn, and a
+        connection closing with unread bytes still buffered, which uvicorn would wait for."""
+        if self.flow.write_paused or self.transport.get_write_buffer_size():
             self.transport.abort()
             return True
         return False
