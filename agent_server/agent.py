@@ -14,6 +14,7 @@ from agent_server.api import Api, build_app
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
+from agent_server.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.openapi import openapi_document
 from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
@@ -44,6 +45,8 @@ class Agent:
         self._settings: Settings | None = None
         self._parts: _Parts | None = None
         self._app: ASGIApp | None = None
+        #: Set by `agent-server run`, whose runner drains while its listener is still open.
+        self.served_by_runner = False
         if settings is not None:
             self.configure(settings)
 
@@ -84,7 +87,12 @@ class Agent:
         """Register a function as a reasoner; the function itself is returned unchanged."""
 
         def register(func: F) -> F:
-            reasoner_name = name or func.__name__
+            reasoner_name = func.__name__ if name is None else name
+            if not is_reasoner_name(reasoner_name):
+                raise ReasonerDefinitionError(
+                    f"reasoner name {reasoner_name!r} cannot be served at /reasoners/{{name}}: "
+                    f"{REASONER_NAME_RULE}"
+                )
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
             self.reasoners[reasoner_name] = Reasoner(func, reasoner_name, description)
@@ -143,7 +151,9 @@ class Agent:
         report = None
         try:
             yield
-            if self.shutdown.started is None:  # plain uvicorn: the drain starts here
+            # Under `agent-server run` the sequence has run already, or the start failed (the
+            # port was taken): nothing was served, so there is no shutdown to begin or report.
+            if self.shutdown.started is None and not self.served_by_runner:
                 began = time.monotonic()
                 self.shutdown.begin(began, time.time(), None)
                 report = await self.shutdown.run(skip_unready=True)

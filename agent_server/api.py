@@ -8,7 +8,6 @@ Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -27,6 +26,7 @@ from agent_server import jsoncodec
 from agent_server.auth import BearerAuth
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.metrics import Metrics
+from agent_server.names import SESSION_ID_RULE, is_session_id, is_session_id_bytes
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionReleases
@@ -37,7 +37,10 @@ logger = logging.getLogger("agent_server.api")
 SESSION_HEADER = b"x-session-id"
 MAX_WAIT_SECONDS = 60.0
 MAX_LIST_LIMIT = 1000
-MAX_SESSION_ID_LENGTH = 256
+#: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
+#: the first one. A list of big results would otherwise be built, and pinned by a client
+#: that does not read it, whole: 1000 results of 4 MB are 4 GB.
+MAX_LIST_BYTES = 4 * 1024 * 1024
 RETRY_AFTER_SECONDS = "1"
 JSON_MEDIA_TYPES = ("application/json",)
 #: Methods counted by name; any other method string a client sends is counted as "other".
@@ -187,7 +190,17 @@ class Api:
             ("/metrics", self.scrape, ["GET"]),
             ("/openapi.json", self.openapi, ["GET"]),
         ]
-        return [Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table]
+        routes = [
+            Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table
+        ]
+        # Any rest of the path is the session id, so an id with a '/' (sent as '%2F', which
+        # uvicorn decodes) is refused as an id (400), not missed as a route (404). The
+        # template keeps its plain name in metrics and the OpenAPI document.
+        sessions = Route(
+            "/sessions/{session_id:path}", Endpoint(self.release_session), methods=["DELETE"]
+        )
+        sessions.path = "/sessions/{session_id}"
+        return [sessions if route.path == sessions.path else route for route in routes]
 
     # -- reasoners -----------------------------------------------------------------------------
 
@@ -238,12 +251,9 @@ class Api:
     def _session_id(raw: bytes | None) -> str | None:
         if raw is None:
             return None
-        value = raw.decode("latin-1")
-        if not 0 < len(value) <= MAX_SESSION_ID_LENGTH or not value.isprintable():
-            raise ApiError(
-                400, f"X-Session-ID must be 1 to {MAX_SESSION_ID_LENGTH} printable characters"
-            )
-        return value
+        if not is_session_id_bytes(raw):
+            raise ApiError(400, f"invalid X-Session-ID: {SESSION_ID_RULE}")
+        return raw.decode("ascii")
 
     async def _read_json(self, receive: Receive, headers: dict[bytes, bytes]) -> Any:
         """The body as JSON, within the size limit; an empty body is None."""
@@ -323,10 +333,12 @@ class Api:
         executions = await self.store.list_executions(
             status=status,
             reasoner=request.query_params.get("reasoner"),
-            session_id=request.query_params.get("session_id"),
+            session_id=_checked_session_id(request.query_params.get("session_id"), "session_id"),
             limit=100 if limit is None else limit,
         )
-        return JSONResponse([e.to_json() for e in executions])
+        body, truncated = _list_body(executions)
+        headers = {"X-Truncated": "true"} if truncated else None
+        return Response(body, media_type="application/json", headers=headers)
 
     async def _execution(self, request: Request) -> Execution:
         execution = await self.store.get(request.path_params["execution_id"])
@@ -337,7 +349,8 @@ class Api:
     # -- sessions ------------------------------------------------------------------------------
 
     async def release_session(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
+        session_id = _checked_session_id(request.path_params["session_id"], "session id")
+        assert session_id is not None
         timeout_value = request.query_params.get("timeout", "30")
         timeout: float | None
         if timeout_value.lower() == "none":
@@ -411,6 +424,28 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
+def _list_body(executions: list[Execution]) -> tuple[bytes, bool]:
+    """A JSON list of the executions, in order, stopped before `MAX_LIST_BYTES` would be
+    passed (the first always goes in); whether it stopped early."""
+    parts: list[bytes] = []
+    size = 2
+    for execution in executions:
+        part = jsoncodec.dumps(execution.to_json())
+        size += len(part) + 1
+        if parts and size > MAX_LIST_BYTES:
+            return b"[" + b",".join(parts) + b"]", True
+        parts.append(part)
+    return b"[" + b",".join(parts) + b"]", False
+
+
+def _checked_session_id(value: str | None, where: str) -> str | None:
+    """The same rule as `X-Session-ID`, for a session id in a path or a query: an id no
+    request could have carried is a 400, not a silent miss."""
+    if value is not None and not is_session_id(value):
+        raise ApiError(400, f"invalid {where}: {SESSION_ID_RULE}")
+    return value
+
+
 def _admission_error(reason: RejectReason) -> ApiError:
     retry = {"Retry-After": RETRY_AFTER_SECONDS}
     if reason is RejectReason.CAPACITY:
@@ -423,8 +458,30 @@ def _admission_error(reason: RejectReason) -> ApiError:
 
 
 def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
-    """Pydantic's error list without echoing internals (`url`, `ctx` objects)."""
-    return json.loads(exc.json(include_url=False, include_context=False))  # type: ignore[no-any-return]
+    """Pydantic's error list without echoing internals (`url`, `ctx` objects), made of JSON
+    data that UTF-8 can always carry: the input echoed back may hold a lone surrogate (a
+    valid JSON escape), which pydantic's own `json()` cannot encode (a 500 otherwise)."""
+    errors = exc.errors(include_url=False, include_context=False)
+    return [{key: _encodable(value) for key, value in error.items()} for error in errors]
+
+
+def _encodable(value: Any) -> Any:
+    """JSON data whose strings all encode to UTF-8: a string that does not is sent with
+    its unencodable characters backslash-escaped (`"\\ud800"`); what is not JSON data
+    (a validator's own input) is sent as its repr."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        return [_encodable(item) for item in value]
+    if isinstance(value, dict):
+        return {_encodable(str(key)): _encodable(item) for key, item in value.items()}
+    return _encodable(repr(value))
 
 
 def _query_param(request: Request, name: str) -> str | None:

@@ -187,7 +187,8 @@ def run(app: str | None, **flags: Any) -> None:
         host=settings.host,
         port=settings.port,
         lifespan="on",
-        http=BoundedHttpToolsProtocol,  # bounds the request head: size and time
+        # Bounds the head (size, time), the body's time, unread answers and pipelining.
+        http=BoundedHttpToolsProtocol.with_timeouts(settings.body_timeout, settings.write_timeout),
         log_config=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=int(settings.http_timeout)

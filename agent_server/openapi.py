@@ -12,6 +12,7 @@ from typing import Any
 
 from agent_server.auth import OPEN_PATHS
 from agent_server.execution import CancelReason, ExecutionStatus
+from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -109,12 +110,13 @@ EXECUTION_ID = {
     "required": True,
     "schema": {"type": "string"},
 }
+#: agent_server.names: what every route that takes a session id accepts (else 400).
+SESSION_ID_SCHEMA = {"type": "string", "maxLength": 256, "pattern": SESSION_ID_PATTERN}
 SESSION_HEADER = {
     "name": "X-Session-ID",
     "in": "header",
     "required": False,
-    # Printable ASCII with one visible character at least: HTTP trims the spaces around it.
-    "schema": {"type": "string", "maxLength": 256, "pattern": "^[ -~]*[!-~][ -~]*$"},
+    "schema": SESSION_ID_SCHEMA,
 }
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
@@ -242,7 +244,7 @@ def openapi_document(
                             "schema": {"enum": ["running", "succeeded", "failed", "cancelled"]},
                         },
                         {"name": "reasoner", "in": "query", "schema": {"type": "string"}},
-                        {"name": "session_id", "in": "query", "schema": {"type": "string"}},
+                        {"name": "session_id", "in": "query", "schema": SESSION_ID_SCHEMA},
                         {
                             "name": "limit",
                             "in": "query",
@@ -251,6 +253,7 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": _json({"type": "array", "items": _ref("Execution")}, "Executions"),
+                        "400": _error("Invalid session_id"),
                         "422": _error("Invalid filter"),
                     },
                 }
@@ -297,7 +300,7 @@ def openapi_document(
                             "name": "session_id",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string"},
+                            "schema": SESSION_ID_SCHEMA,
                         },
                         {
                             "name": "timeout",
@@ -314,6 +317,7 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": _json(_ref("SessionRelease"), "Released"),
+                        "400": _error("Invalid session id"),
                         "409": _error("Running work and cancel_running=false"),
                         "422": _error("Invalid parameter"),
                     },

@@ -24,6 +24,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 
 from agent_server.agent import Agent
+from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import format_line
 from agent_server.pushgateway import push_shutdown
 from agent_server.shutdown import ExitCode, Watchdog, exit_with_line, finish_process
@@ -36,6 +37,9 @@ logger = logging.getLogger("agent_server.runner")
 LISTENER_LINGER = 0.1
 #: uvicorn's shutdown pauses this long after asking open connections to close.
 UVICORN_CLOSE_PAUSE = 0.1
+#: Connections whose clients do not read are aborted this long before the http deadline:
+#: uvicorn checks every 0.1 s whether its connections and tasks have ended.
+UNREAD_ABORT_LEAD = 0.3
 
 
 def exit_on_signal_before_serving() -> None:
@@ -62,6 +66,7 @@ class Runner(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, agent: Agent) -> None:
         super().__init__(config)
         self.agent = agent
+        agent.served_by_runner = True
         self.exit_code: int = ExitCode.OK
         self.signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,6 +180,20 @@ class Runner(uvicorn.Server):
         self.config.timeout_graceful_shutdown = max(  # type: ignore[assignment]
             0.0, deadline - time.monotonic() - UVICORN_CLOSE_PAUSE
         )
+        loop = asyncio.get_running_loop()
+        loop.call_at(max(loop.time(), deadline - UNREAD_ABORT_LEAD), self._abort_unread)
+
+    def _abort_unread(self) -> None:
+        """Clients that are not reading their answers are cut off just before uvicorn's
+        deadline: their tasks end, where uvicorn would cancel them and log an ERROR (and an
+        "Exception in ASGI application") for what is the client's doing."""
+        aborted = sum(
+            connection.abort_if_unread()
+            for connection in list(self.server_state.connections)
+            if isinstance(connection, BoundedHttpToolsProtocol)
+        )
+        if aborted:
+            logger.info("closed %d connections whose clients were not reading", aborted)
 
     def _watchdog_line(self, elapsed: float) -> str:
         message = (

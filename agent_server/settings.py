@@ -59,6 +59,16 @@ class Settings(BaseSettings):
     max_body_size: int = Field(
         default=1_048_576, ge=1, description="Request body bytes; beyond it, 413."
     )
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a request body may take to arrive after its head; then 408.",
+    )
+    write_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client may leave its answer unread before the connection is cut.",
+    )
     result_ttl: float = Field(
         default=3600.0, gt=0, description="Seconds finished executions are kept."
     )

@@ -8,6 +8,7 @@ wait is bounded by a deadline computed here once; remaining time is recomputed f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -128,15 +129,34 @@ class ShutdownReport:
         return asdict(self)
 
 
+#: Seconds an exit that cannot wait gives its last line to reach stderr.
+EXIT_LINE_WAIT = 0.1
+
+
 def exit_with_line(line: str, code: int) -> None:
-    """Write one line straight to the stderr descriptor, then end the process at once.
+    """Write one line to the stderr descriptor, then end the process at once, whether or
+    not the line could be written.
 
     For exits that cannot wait for the event loop or the logging machinery: a signal
     handler may run while the interrupted code holds the logging locks, and a blocked loop
-    never gets back to anything else.
+    never gets back to anything else. The write happens in a thread of its own, waited for
+    at most `EXIT_LINE_WAIT`: stderr may be a full pipe nobody reads, where a write blocks
+    for good (the descriptor's blocking mode is shared with other processes, so it is not
+    changed).
     """
-    os.write(2, (line + "\n").encode())
-    os._exit(code)
+    writer = threading.Thread(
+        target=_write_stderr, args=((line + "\n").encode(),), name="exit-line", daemon=True
+    )
+    try:
+        writer.start()
+        writer.join(EXIT_LINE_WAIT)
+    finally:
+        os._exit(code)
+
+
+def _write_stderr(data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, data)
 
 
 class Watchdog:

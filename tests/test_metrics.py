@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests_app import REASONERS, make_agent
 
 from agent_server import Agent, Settings
-from agent_server.api import ROUTE_STATUSES, Api
+from agent_server.api import ROUTE_STATUSES
 from agent_server.execution import CancelReason
 from agent_server.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
 
@@ -151,7 +151,7 @@ async def test_known_label_values_start_at_zero(served: Served) -> None:
 def test_every_route_has_its_statuses_known_up_front() -> None:
     routes = {
         (method, route.path)
-        for route in Api(make_agent()).routes()
+        for route in make_agent().api().routes()
         for method in route.methods or ()
         if method != "HEAD"
     }

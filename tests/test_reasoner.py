@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -161,6 +162,48 @@ def test_duplicate_reasoner_name_is_refused() -> None:
 
     with pytest.raises(ReasonerDefinitionError):
         agent.reasoner(name="same")(same)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "  ", "x/async", "a/b", "a b", " a", "a\n", "%41", "a%2Fb", "caf\u00e9", ".hidden",
+     "-x", "..", "a?b", "a#b", "a:b", "<lambda>", "x" * 129],
+)  # fmt: skip
+def test_names_the_routes_cannot_address_are_refused(name: str) -> None:
+    """`x/async` would be served as `x`'s async route, a blank name only percent-encoded:
+    a reasoner no request can reach is refused when it is registered, saying what is allowed."""
+    agent = Agent("names")
+
+    async def func() -> str:
+        return "ran"
+
+    with pytest.raises(ReasonerDefinitionError, match=re.escape("A-Z a-z 0-9 _ . -")):
+        agent.reasoner(name=name)(func)
+    assert agent.reasoners == {}
+
+
+def test_a_function_whose_own_name_cannot_be_served_is_refused() -> None:
+    with pytest.raises(ReasonerDefinitionError):
+        Agent("lambdas").reasoner()(lambda: None)
+
+
+@pytest.mark.parametrize("name", ["a", "_private", "9lives", "x.y-z_1", "v1.2", "A" * 128])
+async def test_every_allowed_name_is_served_at_its_routes(name: str) -> None:
+    agent = Agent("names")
+
+    @agent.reasoner(name=name)
+    async def func() -> str:
+        return "ran"
+
+    transport = httpx.ASGITransport(app=agent)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        listed = (await client.get("/reasoners")).json()
+        assert [r["name"] for r in listed] == [name]
+        run = await client.post(f"/reasoners/{name}")
+        assert run.status_code == 200 and run.json()["reasoner"] == name
+        started = await client.post(f"/reasoners/{name}/async")
+        assert started.status_code == 202 and started.json()["reasoner"] == name
+        await client.get(f"/executions/{started.json()['execution_id']}", params={"wait": 5})
 
 
 def test_decorator_returns_the_function_unchanged() -> None:

@@ -276,7 +276,18 @@ async def leak(megabytes: int = 64) -> int:
     return len(_LEAKED)
 
 
+class Label(BaseModel):
+    name: Annotated[str, Field(pattern=r"^[a-z]+$", max_length=8)]
+    kind: Literal["a", "b"] = "a"
+
+
+async def labelled(label: Label, note: Annotated[str, Field(min_length=2)] = "ok") -> str:
+    """Constrained strings, a literal and a nested model: inputs for 422 details."""
+    return f"{label.name}:{label.kind}:{note}"
+
+
 REASONERS += [
+    labelled,
     cleanup_raises,
     spawn_failing_task,
     spawn_forgotten_task,
