@@ -179,3 +179,19 @@ def redis_url(redis_server: object) -> str:
         redis_server.start()
     assert redis_server.command("FLUSHALL") == b"+OK\r\n"
     return redis_server.url
+
+
+def server_errors(exposition: str) -> dict[str, float]:
+    """Answers with a 5xx status other than 503 (refusals), by series, from `/metrics` text:
+    the series exist at 0 from the start, so only their counts tell."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name != "agent_server_http_requests":
+            continue
+        for sample in family.samples:
+            status = sample.labels.get("status", "")
+            if status.startswith("5") and status != "503" and sample.value:
+                found[repr(sample.labels)] = sample.value
+    return found

@@ -1,9 +1,11 @@
 """The deployment files agree with the server: the rendered Kubernetes manifests (kustomize
-base and the example overlay), the Dockerfile and the Grafana dashboard.
+base, the example overlays and the Redis component), the Dockerfile and the Grafana dashboard.
 
 The manifests are rendered with `kubectl kustomize` (skipped when kubectl is absent: deploy/ci.sh
-installs it). The shutdown budget is checked by the server's own `Settings`, built from the
-environment the container would get.
+installs it) and validated with `kubernetes-validate --strict` (skipped when absent; deploy/ci.sh
+installs it in its tools venv). The shutdown budget is checked by the server's own `Settings`,
+built from the environment the container would get. The Redis container's arguments and probes
+run against a real `redis-server` when it is installed.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from conftest import free_port
 from pydantic import ValidationError
 
 from agent_server.metrics import Metrics
@@ -26,6 +32,10 @@ from agent_server.settings import SHUTDOWN_MARGIN, Settings
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kubernetes"
 EXAMPLE = ROOT / "deploy" / "examples" / "long-running"
+REPLICAS = ROOT / "deploy" / "examples" / "replicas"
+REDIS_COMPONENT = BASE / "components" / "redis"
+#: What the downward API gives `fieldRef: metadata.name` on Kubernetes: the pod's name.
+POD_NAME = "agent-server-5d8f7c9b4-x7k2p"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-server.json"
 ENV_PREFIX = "AGENT_SERVER_"
 #: Environment variables the image reads that are not Settings fields.
@@ -59,15 +69,31 @@ def example() -> list[Manifest]:
     return render(EXAMPLE)
 
 
-def one(manifests: list[Manifest], kind: str) -> Manifest:
-    found = [m for m in manifests if m["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+@pytest.fixture(scope="module")
+def replicas() -> list[Manifest]:
+    return render(REPLICAS)
+
+
+def one(manifests: list[Manifest], kind: str, name: str | None = None) -> Manifest:
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
 
 
-def pod_spec(manifests: list[Manifest]) -> Manifest:
-    spec: Manifest = one(manifests, "Deployment")["spec"]["template"]["spec"]
+def pod_spec(manifests: list[Manifest], name: str = "agent-server") -> Manifest:
+    spec: Manifest = one(manifests, "Deployment", name)["spec"]["template"]["spec"]
     return spec
+
+
+def pod_labels(manifests: list[Manifest], name: str) -> dict[str, str]:
+    labels: dict[str, str] = one(manifests, "Deployment", name)["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    return labels
 
 
 def server_container(manifests: list[Manifest]) -> Manifest:
@@ -79,7 +105,8 @@ def server_container(manifests: list[Manifest]) -> Manifest:
 
 
 def container_env(manifests: list[Manifest]) -> dict[str, str]:
-    """The environment the container gets: envFrom ConfigMaps, then env (which wins)."""
+    """The environment the container gets: envFrom ConfigMaps, then env (which wins); the
+    downward API's pod name is resolved to what Kubernetes would give (POD_NAME)."""
     container = server_container(manifests)
     config_maps = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "ConfigMap"}
     env: dict[str, str] = {}
@@ -88,6 +115,11 @@ def container_env(manifests: list[Manifest]) -> dict[str, str]:
         assert ref in config_maps, f"envFrom names ConfigMap {ref!r}, which is not rendered"
         env.update(config_maps[ref].get("data", {}))
     for item in container.get("env", []):
+        if "valueFrom" in item:
+            field = item["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            assert field == "metadata.name", f"env {item['name']}: unexpected {item['valueFrom']}"
+            env[item["name"]] = POD_NAME
+            continue
         assert "value" in item, f"env {item['name']} is not a plain value"
         env[item["name"]] = item["value"]
     return env
@@ -113,7 +145,7 @@ def settings_of(manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch) -> S
 # ---- the shutdown budget ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["base", "example"])
+@pytest.mark.parametrize("which", ["base", "example", "replicas"])
 def test_grace_period_is_the_one_value_the_kubelet_and_the_server_share(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -131,7 +163,7 @@ def test_the_example_overlay_changes_the_grace_period_in_one_place(
     assert pod_spec(base)["terminationGracePeriodSeconds"] != 600
 
 
-@pytest.mark.parametrize("which", ["base", "example"])
+@pytest.mark.parametrize("which", ["base", "example", "replicas"])
 def test_the_budget_passes_the_servers_own_check(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,7 +192,7 @@ def test_a_grace_period_too_short_for_the_budget_is_refused(
         server_settings({**env, "AGENT_SERVER_GRACE_PERIOD": str(too_short)}, monkeypatch)
 
 
-@pytest.mark.parametrize("which", ["base", "example"])
+@pytest.mark.parametrize("which", ["base", "example", "replicas"])
 def test_every_agent_server_variable_is_a_known_setting(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -225,7 +257,7 @@ def test_security_context(base: list[Manifest]) -> None:
 
 
 def test_service_and_disruption_budget_select_the_pods(base: list[Manifest]) -> None:
-    labels = one(base, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels = pod_labels(base, "agent-server")
     service = one(base, "Service")
     assert service["spec"]["selector"].items() <= labels.items()
     target = service["spec"]["ports"][0]["targetPort"]
@@ -253,6 +285,300 @@ def test_servicemonitor_component_scrapes_the_service_instead_of_the_pods(
     assert annotations["prometheus.io/scrape"] == "false", "scraped twice"
 
 
+# ---- strict schema validation ----------------------------------------------------------------
+
+
+def kubernetes_validate() -> str:
+    scratch = Path(os.environ.get("AGENT_SERVER_SCRATCH", "/tmp/agent-server-image"))
+    for candidate in (
+        os.environ.get("KUBERNETES_VALIDATE"),
+        shutil.which("kubernetes-validate"),
+        str(Path(sys.executable).parent / "kubernetes-validate"),
+        str(scratch / "tools" / "bin" / "kubernetes-validate"),
+    ):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    pytest.skip("kubernetes-validate is not installed (deploy/ci.sh installs it)")
+
+
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE, REPLICAS], ids=lambda d: d.name)
+def test_every_rendered_resource_passes_strict_validation(directory: Path) -> None:
+    """kubernetes-validate --strict refuses unknown fields, such as a misspelt one, and wrong
+    types, such as a terminationGracePeriodSeconds rendered as a string. It has no schema for
+    the ServiceMonitor CRD: that one may only be reported as not validated."""
+    validator = kubernetes_validate()
+    rendered = yaml.safe_dump_all(render(directory))
+    done = subprocess.run(
+        [validator, "--strict", "-"],
+        input=rendered,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 0, "\n".join(output)
+    unexpected = [
+        line
+        for line in output
+        if line.strip()
+        and not line.startswith("INFO ")
+        and "Couldn't find schema for kind ServiceMonitor " not in line
+    ]
+    assert not unexpected, unexpected
+    passed = sum("passed for resource" in line for line in output)
+    kinds = [m["kind"] for m in render(directory) if m["kind"] != "ServiceMonitor"]
+    assert passed == len(kinds), f"{passed} resources validated, {len(kinds)} rendered"
+
+
+def test_strict_validation_refuses_a_misspelt_field(base: list[Manifest]) -> None:
+    """The check above can fail: the same base with one misspelt field does not pass."""
+    validator = kubernetes_validate()
+    broken = json.loads(json.dumps(base))
+    spec = next(m for m in broken if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    spec["enableServiceLink"] = spec.pop("enableServiceLinks")
+    done = subprocess.run(
+        [validator, "--strict", "-"],
+        input=yaml.safe_dump_all(broken),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "enableServiceLink" in done.stdout + done.stderr
+
+
+# ---- several replicas: the Redis component and the replicas overlay --------------------------
+
+REDIS = "agent-server-redis"
+
+
+def redis_container(manifests: list[Manifest]) -> Manifest:
+    containers = pod_spec(manifests, REDIS)["containers"]
+    assert len(containers) == 1
+    container: Manifest = containers[0]
+    return container
+
+
+def env_item(manifests: list[Manifest], name: str) -> Manifest:
+    found = [e for e in server_container(manifests).get("env", []) if e["name"] == name]
+    assert len(found) == 1, f"expected one env {name}, found {len(found)}"
+    return found[0]
+
+
+def test_the_replicas_overlay_runs_three_servers_and_one_redis(replicas: list[Manifest]) -> None:
+    assert one(replicas, "Deployment", "agent-server")["spec"]["replicas"] == 3
+    redis = one(replicas, "Deployment", REDIS)
+    assert redis["spec"]["replicas"] == 1, "two Redis pods would each hold part of the records"
+    assert redis["spec"]["strategy"]["type"] == "Recreate"
+    assert {m["metadata"].get("namespace") for m in replicas} == {"agents"}
+
+
+def test_the_store_url_points_at_the_redis_service(
+    replicas: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = urlsplit(env_item(replicas, "AGENT_SERVER_STORE")["value"])
+    service = one(replicas, "Service", REDIS)
+    assert url.scheme == "redis"
+    assert url.hostname == service["metadata"]["name"]
+    ports = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+    assert len(ports) == 1, f"the Service has no port {url.port}"
+    target = container_port(redis_container(replicas), ports[0]["targetPort"])
+    assert target == 6379
+    assert url.path == "/0"
+    assert url.password is None, "a password in a plain env value: use a Secret"
+    settings = settings_of(replicas, monkeypatch)
+    assert settings.store_url == env_item(replicas, "AGENT_SERVER_STORE")["value"]
+
+
+def test_the_replica_id_is_the_pod_name(
+    replicas: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    item = env_item(replicas, "AGENT_SERVER_REPLICA_ID")
+    assert item["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # A pod name is a replica id the server accepts.
+    assert settings_of(replicas, monkeypatch).replica_id == POD_NAME
+
+
+def test_the_base_keeps_the_memory_store(
+    base: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = container_env(base)
+    assert "AGENT_SERVER_STORE" not in env and "AGENT_SERVER_REPLICA_ID" not in env
+    assert settings_of(base, monkeypatch).store_url == "memory"
+
+
+def test_services_and_budget_select_only_their_own_pods(replicas: list[Manifest]) -> None:
+    servers = pod_labels(replicas, "agent-server")
+    redis = pod_labels(replicas, REDIS)
+    redis_service = one(replicas, "Service", REDIS)["spec"]["selector"]
+    server_service = one(replicas, "Service", "agent-server")["spec"]["selector"]
+    budget = one(replicas, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert redis_service.items() <= redis.items()
+    assert not redis_service.items() <= servers.items()
+    for selector in (server_service, budget):
+        assert selector.items() <= servers.items()
+        assert not selector.items() <= redis.items(), "would select the Redis pod"
+    redis_deployment = one(replicas, "Deployment", REDIS)
+    assert redis_deployment["spec"]["selector"]["matchLabels"].items() <= redis.items()
+
+
+def test_the_disruption_budget_keeps_two_of_three_serving(replicas: list[Manifest]) -> None:
+    count = one(replicas, "Deployment", "agent-server")["spec"]["replicas"]
+    budget = one(replicas, "PodDisruptionBudget")["spec"]
+    if "maxUnavailable" in budget:
+        available = count - int(budget["maxUnavailable"])
+    else:
+        available = int(budget["minAvailable"])
+    assert available == count - 1 == 2
+
+
+def test_the_replicas_spread_over_nodes(replicas: list[Manifest]) -> None:
+    constraints = pod_spec(replicas)["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in constraints] == ["kubernetes.io/hostname"]
+    selector = constraints[0]["labelSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels(replicas, "agent-server").items()
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (Ki, Mi, Gi) or a Redis one (kb, mb, gb: powers of 1024)."""
+    units = {"Ki": 1, "Mi": 2, "Gi": 3, "kb": 1, "mb": 2, "gb": 3}
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|kb|mb|gb)", quantity)
+    assert match is not None, quantity
+    return int(match[1]) * 1024 ** units[match[2]]
+
+
+def redis_flags(container: Manifest) -> dict[str, str]:
+    args = container["args"]
+    assert args[0] == "redis-server"
+    assert len(args) % 2 == 1 and all(a.startswith("--") for a in args[1::2]), args
+    return dict(zip(args[1::2], args[2::2], strict=True))
+
+
+def test_redis_forgets_nothing_silently(replicas: list[Manifest]) -> None:
+    """No persistence by default (said in the comments), and noeviction below the memory limit:
+    a full Redis refuses writes instead of dropping records."""
+    container = redis_container(replicas)
+    flags = redis_flags(container)
+    assert flags["--save"] == "" and flags["--appendonly"] == "no"
+    assert flags["--maxmemory-policy"] == "noeviction"
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    assert memory_bytes(flags["--maxmemory"]) < limit
+    data = [m["mountPath"] for m in container["volumeMounts"]]
+    assert flags["--dir"] in data, "Redis's directory is not a volume (read-only root)"
+
+
+def test_redis_pod_security_and_resources(replicas: list[Manifest]) -> None:
+    pod = pod_spec(replicas, REDIS)
+    container = redis_container(replicas)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["enableServiceLinks"] is False
+    assert pod["automountServiceAccountToken"] is False
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind])
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert "redis-cli ping" in " ".join(container[probe]["exec"]["command"]), probe
+
+
+# The probes and arguments, run for real: a redis-server started with the manifest's arguments,
+# and each probe's command run with `redis-cli` pointed at it.
+
+
+def run_probe(command: list[str], port: int, bin_dir: Path) -> int:
+    """A probe's exec command, with redis-cli talking to `port` (the pod's is 6379)."""
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REDIS_TEST_PORT": str(port)}
+    env.pop("REDISCLI_AUTH", None)
+    return subprocess.run(command, env=env, timeout=10, check=False).returncode
+
+
+@pytest.fixture
+def redis_cli_shim(tmp_path: Path) -> Path:
+    real = shutil.which("redis-cli")
+    if real is None or shutil.which("redis-server") is None:
+        pytest.skip("needs Debian's redis-server (.ci/run installs it)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "redis-cli"
+    shim.write_text(f'#!/bin/sh\nexec {real} -p "$REDIS_TEST_PORT" "$@"\n')
+    shim.chmod(0o755)
+    return bin_dir
+
+
+def start_redis(flags: dict[str, str], tmp_path: Path, extra: list[str]) -> tuple[int, Any]:
+    port = free_port()
+    args = [a for pair in {**flags, "--dir": str(tmp_path)}.items() for a in pair]
+    proc = subprocess.Popen(
+        ["redis-server", *args, "--port", str(port), "--bind", "127.0.0.1", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        ping = subprocess.run(
+            ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False
+        )
+        if ping.stdout.strip() in ("PONG", "NOAUTH Authentication required."):
+            return port, proc
+        assert time.monotonic() < deadline, "redis-server did not answer within 10 s"
+        time.sleep(0.05)
+
+
+def stop_redis(proc: Any) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_redis_arguments_and_probes_on_a_real_redis(
+    replicas: list[Manifest], tmp_path: Path, redis_cli_shim: Path
+) -> None:
+    container = redis_container(replicas)
+    readiness = container["readinessProbe"]["exec"]["command"]
+    liveness = container["livenessProbe"]["exec"]["command"]
+    port, proc = start_redis(redis_flags(container), tmp_path, [])
+    try:
+        assert run_probe(readiness, port, redis_cli_shim) == 0
+        assert run_probe(liveness, port, redis_cli_shim) == 0
+        config = subprocess.run(
+            ["redis-cli", "-p", str(port), "config", "get", "appendonly"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert config.stdout.split() == ["appendonly", "no"]
+    finally:
+        stop_redis(proc)
+    # Redis gone: both probes fail.
+    assert run_probe(readiness, port, redis_cli_shim) != 0
+    assert run_probe(liveness, port, redis_cli_shim) != 0
+
+
+def test_readiness_probe_fails_on_an_error_reply(
+    replicas: list[Manifest], tmp_path: Path, redis_cli_shim: Path
+) -> None:
+    """redis-cli exits 0 for an error reply (NOAUTH here): the probe compares the answer."""
+    container = redis_container(replicas)
+    port, proc = start_redis(redis_flags(container), tmp_path, ["--requirepass", "secret"])
+    try:
+        bare = subprocess.run(
+            ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False
+        )
+        assert bare.stdout.startswith("NOAUTH")
+        assert run_probe(container["readinessProbe"]["exec"]["command"], port, redis_cli_shim) != 0
+    finally:
+        stop_redis(proc)
+
+
 # ---- the image -------------------------------------------------------------------------------
 
 
@@ -275,6 +601,7 @@ def exposed_metric_names() -> set[str]:
     metrics = Metrics()
     metrics.add_reasoner("example")
     metrics.http_request("GET", "/readyz", 200, 0.001)  # HTTP series exist once observed
+    metrics.store_operation("get", 0.001, True)  # and store series once an operation ran
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
 
 
@@ -300,7 +627,14 @@ def test_dashboard_queries_only_metrics_the_server_exposes() -> None:
         "agent_server_requests_rejected_total",
         "agent_server_shutdown_duration_seconds",
         "agent_server_shutdown_executions_total",
+        "agent_server_store_up",
+        "agent_server_store_errors_total",
+        "agent_server_store_operation_duration_seconds_bucket",
+        "agent_server_store_fenced_writes_total",
+        "agent_server_replicas_alive",
     ):
         assert required in used, f"no panel shows {required}"
     titles = {panel["title"] for panel in dashboard["panels"]}
     assert any(title.startswith("Shutdown") for title in titles)
+    lost = [e for e in exprs if re.search(r'executions_finished_total\{[^}]*status="lost"', e)]
+    assert lost, "no panel shows the executions whose owner died (status lost)"

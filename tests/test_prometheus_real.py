@@ -365,6 +365,10 @@ def check_dashboard(prom: Prometheus, report: dict[str, Any], began: float, now:
         "Shutdown duration",
         "Shutdowns per rollout (Pushgateway)",
         "Shutdowns per rollout (scraped)",
+        "Store up by pod",
+        "Replicas alive",
+        "Lost executions",
+        "Fenced writes",
     }
 
 
@@ -385,6 +389,12 @@ def check_panel(
         assert {s["metric"]["outcome"] for s in over if max(range_values([s])) > 0} >= {
             "finished"
         }, (title, over)
+    elif title == "Store up by pod":  # the memory store: always up, one pod
+        assert set(seen) == {1.0} and [s["metric"]["pod"] for s in over] == [POD], (title, over)
+    elif title == "Replicas alive":  # the memory store counts only itself
+        assert set(seen) == {1.0}, (title, over)
+    elif title in ("Lost executions", "Fenced writes"):  # one replica: nothing lost or fenced
+        assert seen and set(seen) == {0.0}, (title, over)
     elif title == "Shutdown duration" and ref == "A":  # scraped: the drain as it went
         assert seen and 1 < max(seen) <= report["duration_seconds"] + 1, (title, over)
         assert current == [], (title, current)
