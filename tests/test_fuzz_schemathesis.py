@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from conftest import server_errors
 
 #: Generated cases the run must reach; the seed makes the run repeatable.
 MIN_CASES = 1000
