@@ -6,7 +6,8 @@
 #      machine has none, or one whose kustomize is too old for components and replacements;
 #   2. hadolint Dockerfile;
 #   3. kubectl kustomize deploy/kubernetes | kubernetes-validate --strict, and the same for the
-#      example overlay deploy/examples/long-running (which adds the ServiceMonitor component);
+#      example overlays deploy/examples/long-running (which adds the ServiceMonitor component)
+#      and deploy/examples/replicas (three replicas and the Redis component);
 #   4. deploy/test-image.sh: build the image, run it, stop it, check it drained.
 #
 # Run from anywhere: bash deploy/ci.sh. Scratch: $AGENT_SERVER_SCRATCH [/tmp/agent-server-image].
@@ -93,6 +94,7 @@ validate() {  # validate KUSTOMIZATION_DIR
 }
 validate deploy/kubernetes
 validate deploy/examples/long-running
+validate deploy/examples/replicas
 
 # ---- 4. the image, for real ------------------------------------------------------------------
 bash "$here/test-image.sh"
