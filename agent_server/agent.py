@@ -45,8 +45,6 @@ class Agent:
         self._settings: Settings | None = None
         self._parts: _Parts | None = None
         self._app: ASGIApp | None = None
-        #: Set by `agent-server run`, whose runner drains while its listener is still open.
-        self.served_by_runner = False
         if settings is not None:
             self.configure(settings)
 
@@ -109,6 +107,12 @@ class Agent:
         self._parts = None
         self._app = None
 
+    async def push_shutdown(self, hard_end: float) -> bool:
+        """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
+        return await push_shutdown(
+            self.settings.pushgateway, self.metrics.shutdown_registry, self.name, hard_end
+        )
+
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
         self.metrics.set_phase(phase.value)
@@ -153,16 +157,11 @@ class Agent:
             yield
             # Under `agent-server run` the sequence has run already, or the start failed (the
             # port was taken): nothing was served, so there is no shutdown to begin or report.
-            if self.shutdown.started is None and not self.served_by_runner:
+            if self.shutdown.started is None and not self.shutdown.driven_by_signals:
                 began = time.monotonic()
                 self.shutdown.begin(began, time.time(), None)
                 report = await self.shutdown.run(skip_unready=True)
-                await push_shutdown(
-                    self.settings.pushgateway,
-                    self.metrics.shutdown_registry,
-                    self.name,
-                    self.shutdown.plan.hard_end(began),
-                )
+                await self.push_shutdown(self.shutdown.plan.hard_end(began))
         finally:
             await parts.releases.close()
             await parts.store.close()

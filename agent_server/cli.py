@@ -195,6 +195,8 @@ def run(app: str | None, **flags: Any) -> None:
         if settings.http_timeout.is_integer()
         else settings.http_timeout,  # type: ignore[arg-type]
     )
-    runner = Runner(config, agent)
+    runner = Runner(
+        config, agent.shutdown, log_format=settings.log_format, push=agent.push_shutdown
+    )
     runner.run()
     sys.exit(runner.exit_code)

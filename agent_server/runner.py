@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
@@ -23,11 +24,15 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 
-from agent_server.agent import Agent
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import format_line
-from agent_server.pushgateway import push_shutdown
-from agent_server.shutdown import ExitCode, Watchdog, exit_with_line, finish_process
+from agent_server.shutdown import (
+    ExitCode,
+    ShutdownSequence,
+    Watchdog,
+    exit_with_line,
+    finish_process,
+)
 from agent_server.signals import block_in_this_thread, blocked_while_starting_threads
 
 logger = logging.getLogger("agent_server.runner")
@@ -63,10 +68,21 @@ def _exit_before_serving(sig: int, frame: FrameType | None) -> None:
 class Runner(uvicorn.Server):
     """Serves one Agent; the first SIGTERM/SIGINT drains, the second cancels, the third exits."""
 
-    def __init__(self, config: uvicorn.Config, agent: Agent) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        shutdown: ShutdownSequence,
+        *,
+        log_format: str,
+        push: Callable[[float], Awaitable[object]],
+    ) -> None:
+        """`shutdown` is the agent's sequence, which this runner now drives; `push` sends
+        the shutdown metrics before the process ends at the monotonic time it is given."""
         super().__init__(config)
-        self.agent = agent
-        agent.served_by_runner = True
+        self.sequence = shutdown
+        self.log_format = log_format
+        self.push = push
+        shutdown.driven_by_signals = True
         self.exit_code: int = ExitCode.OK
         self.signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,14 +98,14 @@ class Runner(uvicorn.Server):
         self.signals += 1
         now = time.monotonic()
         if self.signals == 1:
-            self.watchdog.arm(self.agent.shutdown.plan.watchdog_after, now)
+            self.watchdog.arm(self.sequence.plan.watchdog_after, now)
             if self._loop is None:  # before startup: nothing to drain yet
                 self.should_exit = True
                 return
             self._loop.call_soon_threadsafe(self._begin, now, time.time(), sig)
         elif self.signals == 2:
             if self._loop is not None:
-                self._loop.call_soon_threadsafe(self.agent.shutdown.skip_to_cancel)
+                self._loop.call_soon_threadsafe(self.sequence.skip_to_cancel)
         else:
             self._exit_now(ExitCode.FORCED, "third signal: exiting now")
 
@@ -98,7 +114,7 @@ class Runner(uvicorn.Server):
         # flight it stalls the loop for seconds. From here on only objects made during the
         # shutdown are collected; the process ends soon after.
         gc.freeze()
-        self.agent.shutdown.begin(started, wall_time, signal.Signals(sig).name)
+        self.sequence.begin(started, wall_time, signal.Signals(sig).name)
         assert self._requested is not None
         self._requested.set()
 
@@ -111,7 +127,7 @@ class Runner(uvicorn.Server):
 
     def _critical_line(self, message: str) -> str:
         """A log line in the configured format, built without the logging machinery."""
-        return format_line(self.agent.settings.log_format, "critical", logger.name, message)
+        return format_line(self.log_format, "critical", logger.name, message)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -125,17 +141,12 @@ class Runner(uvicorn.Server):
         if threading.current_thread() is threading.main_thread():
             for sig in HANDLED_SIGNALS:  # uvicorn restored the handlers from before serving
                 signal.signal(sig, self._exit_late)
-        sequence = self.agent.shutdown
+        sequence = self.sequence
         if sequence.started is not None:  # last: bounded by the time left before the watchdog
-            await push_shutdown(
-                self.agent.settings.pushgateway,
-                self.agent.metrics.shutdown_registry,
-                self.agent.name,
-                sequence.plan.hard_end(sequence.started),
-            )
+            await self.push(sequence.plan.hard_end(sequence.started))
         await finish_process(
             self.exit_code,
-            abandoned_pending=self.agent.registry.abandoned_pending,
+            abandoned_pending=sequence.registry.abandoned_pending,
             deadline=sequence.plan.leftovers_deadline(sequence.started, time.monotonic()),
             cancel_tasks=True,
         )
@@ -157,7 +168,7 @@ class Runner(uvicorn.Server):
         try:
             await asyncio.wait({ticker, requested}, return_when=asyncio.FIRST_COMPLETED)
             if self._requested.is_set():
-                report = await self.agent.shutdown.run()
+                report = await self.sequence.run()
                 self.exit_code = report.exit_code
                 await self._close_listener()
         finally:
@@ -169,7 +180,7 @@ class Runner(uvicorn.Server):
     async def _close_listener(self) -> None:
         """Stop accepting connections, let already-accepted requests be answered, and give
         uvicorn what is left of the http phase for open responses."""
-        sequence = self.agent.shutdown
+        sequence = self.sequence
         assert sequence.started is not None
         deadline = sequence.plan.http_deadline(sequence.started, time.monotonic())
         for server in self.servers:
@@ -198,7 +209,7 @@ class Runner(uvicorn.Server):
     def _watchdog_line(self, elapsed: float) -> str:
         message = (
             f"watchdog fired {elapsed:.2f}s after the first signal (grace period "
-            f"{self.agent.shutdown.plan.grace_period:g}s): exiting with code "
+            f"{self.sequence.plan.grace_period:g}s): exiting with code "
             f"{int(ExitCode.WATCHDOG)}"
         )
         return self._critical_line(message)

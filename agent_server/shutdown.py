@@ -220,6 +220,9 @@ class ShutdownSequence:
         self.plan = plan
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
+        #: True when `agent-server run` drives the sequence from signals; otherwise the
+        #: lifespan shutdown of plain uvicorn runs it.
+        self.driven_by_signals = False
         self.started: float | None = None
         self.report: ShutdownReport | None = None
         self._signal: str | None = None
