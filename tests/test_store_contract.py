@@ -12,9 +12,10 @@ Every wait is bounded; nothing sleeps to synchronise (polls carry deadlines).
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,11 @@ def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     return execution._done is not None
 
 
+async def closed(store: ExecutionStore) -> None:
+    """Close it, bounded: a hang shows here, not as the whole run's timeout."""
+    await asyncio.wait_for(store.close(), 10.0)
+
+
 def open_redis(url: str, replica_id: str, seen: Recorder, **options: Any) -> RedisStore:
     return RedisStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
 
@@ -150,7 +156,7 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
 
     yield make
     for store in opened:
-        await store.close()
+        await closed(store)
 
 
 # -- records, reads and lists -----------------------------------------------------------------
@@ -391,7 +397,7 @@ async def test_max_retained_drops_the_oldest_finished(replicas: Factory) -> None
 # -- redis only: lost, fencing, outage --------------------------------------------------------
 
 OWNER = """
-import asyncio, sys
+import asyncio, pathlib, sys
 from agent_server.execution import Execution
 from agent_server.store.redis import RedisStore
 
@@ -400,33 +406,43 @@ async def main():
     await store.open()
     execution = Execution("sleep", "s1", "doomed")
     await store.create(execution)
-    print(execution.execution_id, flush=True)
+    pathlib.Path(sys.argv[3]).write_text(execution.execution_id)
     await asyncio.sleep(60)
 
 asyncio.run(main())
 """
 
 
+@pytest.fixture
+def doomed(redis_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A replica in a process of its own that runs one execution until it is killed; and
+    the file where it writes that execution's id once recorded."""
+    started = tmp_path / "started"
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, redis_url, AGENT, str(started)])
+    yield owner, started
+    owner.kill()
+    owner.wait(timeout=5.0)
+
+
 @needs_redis
-async def test_a_killed_owner_s_work_reads_lost_once(redis_url: str) -> None:
+async def test_a_killed_owner_s_work_reads_lost_once(
+    redis_url: str, doomed: tuple[subprocess.Popen[bytes], Path]
+) -> None:
     """kill -9 of the owner: two other replicas reading concurrently both see `lost` within
     a lease, and the move is counted once between them."""
-    owner = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", OWNER, redis_url, AGENT, stdout=asyncio.subprocess.PIPE
-    )
+    owner, started = doomed
     b_seen, c_seen = Recorder(), Recorder()
     b = open_redis(redis_url, "B", b_seen, lease_ttl=0.3)
     c = open_redis(redis_url, "C", c_seen, lease_ttl=0.3)
     try:
-        assert owner.stdout is not None
-        line = await asyncio.wait_for(owner.stdout.readline(), 15.0)
-        execution_id = line.decode().strip()
+        await eventually(lambda: asyncio.sleep(0, started.exists()), timeout=15.0)
+        execution_id = started.read_text()
         await b.open()
         await c.open()
         running = await b.get(execution_id)
         assert running is not None and running.status is ExecutionStatus.RUNNING
         owner.kill()
-        await owner.wait()
+        await eventually(lambda: asyncio.sleep(0, owner.poll() is not None))
         killed = time.monotonic()
 
         async def lost_on(store: RedisStore) -> Execution:
@@ -450,11 +466,8 @@ async def test_a_killed_owner_s_work_reads_lost_once(redis_url: str) -> None:
         assert await b.list_executions(status=ExecutionStatus.RUNNING, limit=10) == []
         assert len(b_seen.lost) + len(c_seen.lost) == 1
     finally:
-        if owner.returncode is None:
-            owner.kill()
-            await owner.wait()
-        await b.close()
-        await c.close()
+        await closed(b)
+        await closed(c)
 
 
 @needs_redis
@@ -471,15 +484,15 @@ async def test_the_sweep_shows_lost_without_a_read(redis_url: str) -> None:
         for execution in executions:
             await a.create(execution)
         await eventually(lambda: asyncio.sleep(0, 2 in b_seen.alive))
-        await a.close()  # its liveness ends now; its running work is lost
+        await closed(a)  # its liveness ends now; its running work is lost
         await eventually(lambda: asyncio.sleep(0, len(b_seen.lost) == 3), timeout=BOUND)
         assert sorted(b_seen.lost) == sorted(e.execution_id for e in executions)
         assert b_seen.alive[-1] == 1
         lost = await b.list_executions(status=ExecutionStatus.LOST, limit=10)
         assert len(lost) == 3 and len(b_seen.lost) == 3
     finally:
-        await a.close()
-        await b.close()
+        await closed(a)
+        await closed(b)
 
 
 @needs_redis
@@ -509,8 +522,8 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
         assert again.result is None
         assert await a.flush(time.monotonic() + 1.0) == []  # refused is not unrecorded
     finally:
-        await a.close()
-        await b.close()
+        await closed(a)
+        await closed(b)
 
 
 @pytest.fixture
@@ -558,8 +571,8 @@ async def test_ends_wait_in_the_outbox_during_an_outage(own_redis: RedisServer) 
         assert a_seen.fenced == []
         assert await a.flush(time.monotonic() + 1.0) == []
     finally:
-        await a.close()
-        await b.close()
+        await closed(a)
+        await closed(b)
 
 
 async def test_flush_returns_what_could_not_be_written_by_its_deadline(
@@ -587,7 +600,7 @@ async def test_flush_returns_what_could_not_be_written_by_its_deadline(
             await a.create(Execution("sleep", None, "A"))
         assert not a.up
     finally:
-        await asyncio.wait_for(a.close(), 10.0)
+        await closed(a)
 
 
 @needs_redis
