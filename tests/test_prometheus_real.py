@@ -210,7 +210,13 @@ def substitute(expr: str, range_seconds: int) -> str:
 def gateway(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}"]
+    # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: a run
+    # would start with the groups of the run before it. Memory only, one gateway a test.
+    command = [
+        "prometheus-pushgateway",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--persistence.file=",
+    ]
     proc = start_daemon(command, f"{url}/-/ready", tmp_path / "pushgateway.log")
     yield url
     stop(proc)
