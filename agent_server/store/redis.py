@@ -723,6 +723,7 @@ class RedisStore(ExecutionStore):
                 if pubsub is None:
                     pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                     await pubsub.subscribe(self._ends_channel, self._cancel_channel)
+                    self._set_up(True)
                     self._wake_all()
                 backoff = BACKOFF_FIRST
                 while True:
