@@ -37,7 +37,8 @@ AGENT = "contract"
 #: Bound of every poll in this file unless a test says otherwise.
 BOUND = 5.0
 
-needs_redis = pytest.mark.skipif(not available(), reason="redis-server is not installed")
+#: Marks the tests that need a real redis-server (the fixture fails when it is missing).
+needs_redis = pytest.mark.redis
 
 
 @dataclass
@@ -496,6 +497,38 @@ async def test_the_sweep_shows_lost_without_a_read(redis_url: str) -> None:
 
 
 @needs_redis
+async def test_a_replica_judges_others_only_after_a_whole_lease_up(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """Right after it reached Redis (at start, or after an outage, when no replica could
+    renew), a replica does not yet declare others' work lost: their owners renew first."""
+    a_seen, b_seen = Recorder(), Recorder()
+    a = open_redis(redis_url, "A", a_seen, lease_ttl=60.0)
+    b = open_redis(redis_url, "B", b_seen, lease_ttl=1.0)
+    await a.open()
+    await b.open()
+    opened = time.monotonic()
+    try:
+        execution = Execution("sleep", None, "A")
+        await a.create(execution)
+        assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "0", "A")
+        early = await b.get(execution.execution_id)
+        assert early is not None
+        assert early.status is ExecutionStatus.RUNNING or time.monotonic() - opened >= 1.0
+
+        async def lost() -> bool:
+            found = await b.get(execution.execution_id)
+            return found is not None and found.status is ExecutionStatus.LOST
+
+        await eventually(lost)
+        assert time.monotonic() - opened >= 1.0
+        assert b_seen.lost == [execution.execution_id]
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+@needs_redis
 async def test_an_end_written_after_lost_is_refused_and_counted(
     redis_url: str, redis_server: RedisServer
 ) -> None:
@@ -503,15 +536,19 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
     and ends its execution: the write is refused, the record stays lost."""
     a_seen, b_seen = Recorder(), Recorder()
     a = open_redis(redis_url, "A", a_seen, lease_ttl=60.0)  # no renewal during the test
-    b = open_redis(redis_url, "B", b_seen)
+    b = open_redis(redis_url, "B", b_seen, lease_ttl=0.3)  # judges others after 0.3 s up
     await a.open()
     await b.open()
     try:
         execution = Execution("sleep", None, "A")
         await a.create(execution)
         assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "0", "A")
-        found = await b.get(execution.execution_id)
-        assert found is not None and found.status is ExecutionStatus.LOST
+
+        async def lost() -> bool:
+            found = await b.get(execution.execution_id)
+            return found is not None and found.status is ExecutionStatus.LOST
+
+        await eventually(lost)
         assert b_seen.lost == [execution.execution_id]
 
         execution.finish(ExecutionStatus.SUCCEEDED, result="late")
@@ -530,7 +567,7 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
 def own_redis(tmp_path: Path) -> Any:
     """A redis-server of this test's own, which the test may stop and start again."""
     if not available():
-        pytest.skip("redis-server is not installed")
+        raise AssertionError("redis-server is not installed (apt-get install redis-server)")
     server = RedisServer(tmp_path)
     server.start()
     yield server

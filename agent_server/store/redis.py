@@ -107,12 +107,15 @@ FIELDS = (
 )
 
 # -- scripts ---------------------------------------------------------------------------------
-# Every script takes ARGV[1..3] = prefix, result_ttl (ms), max_retained, then its own.
+# Every script takes ARGV[1..4] = prefix, result_ttl (ms), max_retained, judge (1 when the
+# caller may move other replicas' work to lost), then its own.
 
 _PRELUDE = """
 local P = ARGV[1]
 local TTL = tonumber(ARGV[2])
 local MAXR = tonumber(ARGV[3])
+-- Whether the caller may judge other replicas' liveness (see RedisStore._common).
+local JUDGE = ARGV[4] == '1'
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -166,7 +169,7 @@ local function read(id)
   local v = redis.call('HMGET', rec, unpack(F))
   if not v[1] then return false end
   local moved = 0
-  if v[6] == 'running' then
+  if v[6] == 'running' and JUDGE then
     local expiry = redis.call('ZSCORE', P .. 'replicas', v[4])
     if (not expiry) or tonumber(expiry) <= NOW then
       local err = cjson.encode({type = 'ExecutionLost',
@@ -184,12 +187,12 @@ local function read(id)
 end
 """
 
-# ARGV[4..]: id, session id ('' for none), created_at, owner, then field/value pairs.
+# ARGV[5..]: id, session id ('' for none), created_at, owner, then field/value pairs.
 _CREATE = """
-local id, sid, score, owner = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return 0 end
 local rec = P .. 'x:' .. id
-redis.call('HSET', rec, unpack(ARGV, 8))
+redis.call('HSET', rec, unpack(ARGV, 9))
 redis.call('ZADD', P .. 'all', score, id)
 redis.call('ZADD', P .. 'running', score, id)
 redis.call('SADD', P .. 'owned:' .. owner, id)
@@ -197,18 +200,18 @@ if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
 return 1
 """
 
-# The fenced end. ARGV[4..]: id, owner, attempt, status, status_reason, result, error,
+# The fenced end. ARGV[5..]: id, owner, attempt, status, status_reason, result, error,
 # finished_at, duration_seconds, abandoned. Returns {1|0, the status found ('' if unknown)};
 # an end already written by this very owner and attempt (a retry after a lost reply) is 1.
 _END = """
-local id, owner, attempt, status, fin = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[11]
+local id, owner, attempt, status, fin = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[12]
 local rec = P .. 'x:' .. id
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
 if not v[1] then return {0, ''} end
 if v[2] ~= owner or v[3] ~= attempt then return {0, v[1]} end
 if v[1] == 'running' then
-  redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[8], 'result', ARGV[9],
-    'error', ARGV[10], 'finished_at', fin, 'duration_seconds', ARGV[12], 'abandoned', ARGV[13])
+  redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[9], 'result', ARGV[10],
+    'error', ARGV[11], 'finished_at', fin, 'duration_seconds', ARGV[13], 'abandoned', ARGV[14])
   finish(rec, id, v[4], owner)
   return {1, 'running'}
 end
@@ -216,20 +219,20 @@ if v[1] == status and v[5] == fin then return {1, v[1]} end
 return {0, v[1]}
 """
 
-# ARGV[4..]: ids. One entry per id: read(id).
+# ARGV[5..]: ids. One entry per id: read(id).
 _GET = """
 local out = {}
-for i = 4, #ARGV do out[#out + 1] = read(ARGV[i]) end
+for i = 5, #ARGV do out[#out + 1] = read(ARGV[i]) end
 return out
 """
 
-# ARGV[4..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
+# ARGV[5..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
 # reasoner ('' any). Returns the records that match (last value 1) or that this call moved
 # to lost (last value 0 when they do not match), newest first. Ids whose record expired are
 # dropped from the index as they are met.
 _LIST = """
-local index = P .. ARGV[4]
-local scan, limit, status, reasoner = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local index = P .. ARGV[5]
+local scan, limit, status, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local out = {}
 local matched = 0
 for _, id in ipairs(redis.call('ZREVRANGE', index, 0, scan - 1)) do
@@ -252,21 +255,21 @@ end
 return out
 """
 
-# ARGV[4]: id. {0} unknown, {-1, record} still active, {1, record} forgotten.
+# ARGV[5]: id. {0} unknown, {-1, record} still active, {1, record} forgotten.
 _FORGET = """
-local v = read(ARGV[4])
+local v = read(ARGV[5])
 if not v then return {0} end
 if v[6] == 'running' or v[6] == 'queued' then return {-1, v} end
-drop(ARGV[4] .. '|' .. v[3])
-redis.call('ZREM', P .. 'running', ARGV[4])
+drop(ARGV[5] .. '|' .. v[3])
+redis.call('ZREM', P .. 'running', ARGV[5])
 return {1, v}
 """
 
 # Renew this replica's liveness, count the live ones, move the running work of dead
-# replicas to lost (bounded), prune. ARGV[4..]: replica id, lease (ms), sweep limit.
+# replicas to lost (bounded), prune. ARGV[5..]: replica id, lease (ms), sweep limit.
 # Returns {replicas alive, records moved...}.
 _TICK = """
-local me, lease, budget = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local me, lease, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZADD', P .. 'replicas', NOW + lease, me)
 local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf')}
 local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', NOW, 'LIMIT', 0, 10)
@@ -358,6 +361,8 @@ class RedisStore(ExecutionStore):
         self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
         self._client: aioredis.Redis | None = None
         self._up = False
+        self._up_since = 0.0
+        self._tick_now = asyncio.Event()
         self._outbox: deque[Execution] = deque()
         self._overflow: list[Execution] = []
         self._failed: list[Execution] = []
@@ -632,7 +637,10 @@ class RedisStore(ExecutionStore):
         interval = self.lease_ttl / 3
         next_tick = time.monotonic() + interval
         while True:
-            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                    await self._tick_now.wait()
+            self._tick_now.clear()
             next_tick = time.monotonic() + interval
             with contextlib.suppress(StoreUnavailable):  # counted; the next tick retries
                 await self._tick()
@@ -675,7 +683,7 @@ class RedisStore(ExecutionStore):
                 async with self._operation("end"):
                     pipe = self._redis.pipeline(transaction=False)
                     for execution in pending:
-                        pipe.evalsha(_SHAS["end"], 0, *self._args, *self._end_args(execution))
+                        pipe.evalsha(_SHAS["end"], 0, *self._common(), *self._end_args(execution))
                     replies = await pipe.execute(raise_on_error=False)
                 for _ in pending:  # the oldest in the outbox: only this method removes
                     self._outbox.popleft()
@@ -799,6 +807,14 @@ class RedisStore(ExecutionStore):
         self._report(name, started, True)
         self._set_up(True)
 
+    def _common(self) -> tuple[str | int, ...]:
+        """The arguments every script takes. A replica judges others' liveness only once it
+        has reached Redis without a failure for a whole lease: after an outage of Redis
+        every lease looks expired until its owner renews (at once on reconnection), and no
+        replica, this one included, could renew meanwhile."""
+        judge = self._up and time.monotonic() - self._up_since >= self.lease_ttl
+        return (*self._args, 1 if judge else 0)
+
     def _report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:
             self.observer.store_operation(name, time.perf_counter() - started, ok)
@@ -808,6 +824,8 @@ class RedisStore(ExecutionStore):
             return
         self._up = up
         if up:
+            self._up_since = time.monotonic()
+            self._tick_now.set()  # renew this replica's liveness now
             logger.info("store %s reachable", self.where)
             if self._outbox:
                 self._wake.set()
@@ -831,10 +849,10 @@ class RedisStore(ExecutionStore):
     async def _script(self, name: str, *args: Any) -> Any:
         """EVALSHA, loading the scripts again if Redis has forgotten them (a restart)."""
         try:
-            return await self._redis.evalsha(_SHAS[name], 0, *self._args, *args)
+            return await self._redis.evalsha(_SHAS[name], 0, *self._common(), *args)
         except NoScriptError:
             await self._load_scripts()
-            return await self._redis.evalsha(_SHAS[name], 0, *self._args, *args)
+            return await self._redis.evalsha(_SHAS[name], 0, *self._common(), *args)
 
     async def _list(
         self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str
