@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.api import Api, build_app
+from agent_server.durable import QueueTaker
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
@@ -60,7 +61,9 @@ class Agent:
     @property
     def _built(self) -> _Parts:
         if self._parts is None:
-            self._parts = _Parts.build(self.name, self.settings, self.metrics, self.set_phase)
+            self._parts = _Parts.build(
+                self.name, self.reasoners, self.settings, self.metrics, self.set_phase
+            )
         return self._parts
 
     @property
@@ -80,9 +83,20 @@ class Agent:
         return self._built.shutdown
 
     def reasoner(
-        self, name: str | None = None, *, description: str | None = None
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        resumable: bool = False,
+        max_attempts: int | None = None,
     ) -> Callable[[F], F]:
-        """Register a function as a reasoner; the function itself is returned unchanged."""
+        """Register a function as a reasoner; the function itself is returned unchanged.
+
+        `resumable=True`: the reasoner may `await ctx.checkpoint(state)`; with a shared store
+        its executions are handed off to another replica at shutdown, and retried after
+        their owner's death up to `max_attempts` attempts in all (default 3).
+        """
+        attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
         def register(func: F) -> F:
             reasoner_name = func.__name__ if name is None else name
@@ -93,7 +107,9 @@ class Agent:
                 )
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
-            self.reasoners[reasoner_name] = Reasoner(func, reasoner_name, description)
+            self.reasoners[reasoner_name] = Reasoner(
+                func, reasoner_name, description, resumable=resumable, max_attempts=attempts
+            )
             self.metrics.add_reasoner(reasoner_name)
             return func
 
@@ -139,6 +155,7 @@ class Agent:
             self.metrics,
             phase=lambda: self.phase.value,
             max_body_size=settings.max_body_size,
+            idempotency_ttl=settings.idempotency_ttl,
             openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
         )
 
@@ -152,6 +169,7 @@ class Agent:
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         await parts.store.open()
+        parts.taker.start()
         report = None
         try:
             yield
@@ -163,6 +181,7 @@ class Agent:
                 report = await self.shutdown.run(skip_unready=True)
                 await self.push_shutdown(self.shutdown.plan.hard_end(began))
         finally:
+            await parts.taker.close()
             await parts.releases.close()
             await parts.store.close()
             parts.registry.close()  # its idle worker threads end before the check below
@@ -185,16 +204,19 @@ class _Parts:
         registry: InFlightRegistry,
         releases: SessionReleases,
         shutdown: ShutdownSequence,
+        taker: QueueTaker,
     ) -> None:
         self.store = store
         self.registry = registry
         self.releases = releases
         self.shutdown = shutdown
+        self.taker = taker
 
     @classmethod
     def build(
         cls,
         name: str,
+        reasoners: dict[str, Reasoner],
         settings: Settings,
         metrics: Metrics,
         set_phase: Callable[[Phase], None],
@@ -208,7 +230,12 @@ class _Parts:
             lease_ttl=settings.lease_ttl,
             observer=metrics,
         )
-        registry = InFlightRegistry(store, max_inflight=settings.max_inflight, observer=metrics)
+        registry = InFlightRegistry(
+            store,
+            max_inflight=settings.max_inflight,
+            max_checkpoint_size=settings.max_checkpoint_size,
+            observer=metrics,
+        )
         store.deliver_cancels(registry.cancel)
         releases = SessionReleases(store, registry, observer=metrics)
         shutdown = ShutdownSequence(
@@ -219,4 +246,4 @@ class _Parts:
             limit_releases=releases.limit,
             flush_ends=store.flush,
         )
-        return cls(store, registry, releases, shutdown)
+        return cls(store, registry, releases, shutdown, QueueTaker(store, registry, reasoners))

@@ -8,6 +8,8 @@ Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import math
 import time
@@ -30,11 +32,19 @@ from agent_server.names import SESSION_ID_RULE, is_session_id, is_session_id_byt
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionReleases
-from agent_server.store.base import ExecutionRunning, ExecutionStore, StoreUnavailable
+from agent_server.store.base import (
+    ExecutionRunning,
+    ExecutionStore,
+    Idempotency,
+    IdempotencyMismatch,
+    StoreUnavailable,
+)
 
 logger = logging.getLogger("agent_server.api")
 
 SESSION_HEADER = b"x-session-id"
+IDEMPOTENCY_HEADER = b"idempotency-key"
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_WAIT_SECONDS = 60.0
 MAX_LIST_LIMIT = 1000
 #: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
@@ -165,6 +175,7 @@ class Api:
         phase: Callable[[], str],
         max_body_size: int,
         openapi: Callable[[], dict[str, Any]],
+        idempotency_ttl: float = 86_400.0,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -173,6 +184,7 @@ class Api:
         self.metrics = metrics
         self.phase = phase
         self.max_body_size = max_body_size
+        self.idempotency_ttl = idempotency_ttl
         self.openapi_document = openapi
 
     def routes(self) -> list[Route]:
@@ -208,14 +220,27 @@ class Api:
         return JSONResponse([r.describe() for r in self.reasoners.values()])
 
     async def run_sync(self, request: Request) -> Response:
-        execution = await self._start(request)
-        if not await self._wait_or_disconnect(execution, request):
-            self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
+        execution, started = await self._start(request)
+        ended = await self._wait_or_disconnect(execution, request)
+        if ended is None:
+            if started:  # a repeat of an idempotent request leaves the first one's work be
+                self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
             return _execution_response(execution, 499)  # nobody is listening any more
+        execution = ended
         if execution.status is ExecutionStatus.SUCCEEDED:
             return _execution_response(execution)
         if execution.status is ExecutionStatus.FAILED:
             return _execution_response(execution, 500)
+        if execution.status is ExecutionStatus.QUEUED:  # handed off: follow it elsewhere
+            return _execution_response(
+                execution,
+                503,
+                {
+                    "Retry-After": RETRY_AFTER_SECONDS,
+                    "Location": f"/executions/{execution.execution_id}",
+                    "Connection": "close",
+                },
+            )
         if execution.status_reason is CancelReason.SHUTDOWN:
             return _execution_response(
                 execution, 503, {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
@@ -223,23 +248,37 @@ class Api:
         return _execution_response(execution, 409)
 
     async def run_async(self, request: Request) -> Response:
-        execution = await self._start(request)
+        execution, _ = await self._start(request)
         location = f"/executions/{execution.execution_id}"
         return _execution_response(execution, 202, {"Location": location})
 
-    async def _start(self, request: Request) -> Execution:
+    async def _start(self, request: Request) -> tuple[Execution, bool]:
+        """Start the execution, or find the one an earlier request with the same
+        Idempotency-Key started; True when this request started it."""
         reasoner = self._reasoner(request.path_params["name"])
         headers = _first_values(request.scope["headers"])
         session_id = self._session_id(headers.get(SESSION_HEADER))
+        key = _idempotency_key(headers.get(IDEMPOTENCY_HEADER))
         body = await self._read_json(request.receive, headers)
         try:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
             raise ApiError(422, _validation_detail(exc)) from None
+        idempotency = (
+            None
+            if key is None
+            else Idempotency(
+                key, _fingerprint(reasoner.name, session_id, body), self.idempotency_ttl
+            )
+        )
         try:
-            return await self.registry.start(reasoner, arguments, session_id)
+            return await self.registry.start_once(
+                reasoner, arguments, session_id, body=body, idempotency=idempotency
+            )
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None
+        except IdempotencyMismatch:
+            raise ApiError(422, "Idempotency-Key was first used for a different request") from None
 
     def _reasoner(self, name: str) -> Reasoner:
         reasoner = self.reasoners.get(name)
@@ -274,12 +313,17 @@ class Api:
         except (ValueError, RecursionError) as exc:
             raise ApiError(400, f"malformed JSON body: {jsoncodec.short_error(exc)}") from None
 
-    async def _wait_or_disconnect(self, execution: Execution, request: Request) -> bool:
-        """Wait for the execution's end; False when the client went away first."""
+    async def _wait_or_disconnect(self, execution: Execution, request: Request) -> Execution | None:
+        """The execution once it has ended (or was handed off); None when the client went
+        away first. Work this replica runs is waited for here; other work (a repeat of an
+        idempotent request) through the store."""
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
         if execution.is_terminal:  # so no watcher tasks for it (a third of a sync run's cost)
-            return True
-        ended = asyncio.create_task(execution.wait(None))
+            return execution
+        local = self.registry.running(execution.execution_id) is execution
+        ended: asyncio.Task[object] = asyncio.create_task(
+            execution.wait(None) if local else self.store.wait(execution, None)
+        )
         gone = asyncio.create_task(_disconnected(request.receive))
         try:
             await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -287,7 +331,13 @@ class Api:
             for task in (ended, gone):
                 task.cancel()
             await asyncio.gather(ended, gone, return_exceptions=True)
-        return execution.is_terminal
+        if local:
+            return execution if await execution.wait(0) else None
+        if ended.done() and not ended.cancelled() and ended.exception() is None:
+            latest = ended.result()
+            assert isinstance(latest, Execution)
+            return latest
+        return None
 
     # -- executions ----------------------------------------------------------------------------
 
@@ -444,6 +494,24 @@ def _checked_session_id(value: str | None, where: str) -> str | None:
     if value is not None and not is_session_id(value):
         raise ApiError(400, f"invalid {where}: {SESSION_ID_RULE}")
     return value
+
+
+def _idempotency_key(raw: bytes | None) -> str | None:
+    """1 to 255 printable ASCII characters, or 400."""
+    if raw is None:
+        return None
+    if not 0 < len(raw) <= MAX_IDEMPOTENCY_KEY_LENGTH or not all(0x20 <= b < 0x7F for b in raw):
+        raise ApiError(
+            400,
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters",
+        )
+    return raw.decode("ascii")
+
+
+def _fingerprint(reasoner: str, session_id: str | None, body: Any) -> str:
+    """What makes two requests the same: reasoner, session and body (as JSON, keys sorted)."""
+    canonical = json.dumps([reasoner, session_id, body], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _admission_error(reason: RejectReason) -> ApiError:

@@ -8,7 +8,10 @@ import functools
 import math
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from agent_server import jsoncodec
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -108,12 +111,15 @@ class Execution:
         "_duration",
         "abandoned",
         "attempt",
+        "body",
         "cancel_reason",
+        "checkpoint",
         "created_at",
         "error",
         "execution_id",
         "finished_at",
         "finished_monotonic",
+        "max_attempts",
         "reasoner",
         "replica",
         "result",
@@ -142,6 +148,12 @@ class Execution:
         self.finished_monotonic: float | None = None
         self._duration: float | None = None
         self.abandoned = False
+        #: Resumable executions only: the request body (to bind a later attempt's arguments
+        #: again), the last checkpoint (JSON text) and how many attempts an owner's death
+        #: may cost. None, None, 1 for the others.
+        self.body: Any = None
+        self.checkpoint: str | None = None
+        self.max_attempts = 1
         self._done: asyncio.Event | None = None
 
     @classmethod
@@ -180,6 +192,9 @@ class Execution:
         execution.finished_monotonic = None
         execution._duration = duration_seconds
         execution.abandoned = abandoned
+        execution.body = None
+        execution.checkpoint = None
+        execution.max_attempts = 1
         execution._done = None
         return execution
 
@@ -192,6 +207,18 @@ class Execution:
         if self.finished_monotonic is None:
             return self._duration
         return self.finished_monotonic - self.started_monotonic
+
+    @property
+    def resumable(self) -> bool:
+        return self.max_attempts > 1 or self.body is not None
+
+    def mark_queued(self) -> None:
+        """Handed off: the next attempt runs on another replica; this object stays this
+        attempt's view (its end, if it comes, is fenced). Wakes local waiters: a
+        synchronous caller answers 503 with the execution's Location."""
+        self.status = ExecutionStatus.QUEUED
+        if self._done is not None:
+            self._done.set()
 
     def finish(
         self,
@@ -212,8 +239,8 @@ class Execution:
             self._done.set()
 
     async def wait(self, timeout: float | None) -> bool:
-        """Wait until terminal or `timeout` seconds pass; True when terminal."""
-        if self.is_terminal:
+        """Wait until terminal (or handed off) or `timeout` seconds pass; True when so."""
+        if self.is_terminal or self.status is ExecutionStatus.QUEUED:
             return True
         if self._done is None:
             self._done = asyncio.Event()
@@ -242,18 +269,59 @@ class Execution:
         }
 
 
-class ExecutionContext:
-    """What a reasoner may know about its own execution, and whether the server is draining."""
+class CheckpointTooLarge(ValueError):
+    """A checkpoint's JSON is over `--max-checkpoint-size` bytes."""
 
-    __slots__ = ("_drain", "execution_id", "reasoner", "session_id")
+
+class StaleAttempt(RuntimeError):
+    """This attempt no longer owns its execution (a newer attempt runs it, or it was lost):
+    its checkpoints and its end are refused."""
+
+
+#: Writes a checkpoint's JSON for an execution (fenced by owner and attempt).
+CheckpointWriter = Callable[["Execution", str], Awaitable[None]]
+
+
+class ExecutionContext:
+    """What a reasoner may know about its own execution, and whether the server is draining.
+
+    A resumable reasoner also reads `attempt` and `checkpoint_state` (its last checkpoint, or
+    None) when it starts, and calls `await ctx.checkpoint(state)` after each step.
+    """
+
+    __slots__ = ("_drain", "_execution", "_max_checkpoint", "_writer", "checkpoint_state")
 
     def __init__(
-        self, execution_id: str, reasoner: str, session_id: str | None, drain: asyncio.Event
+        self,
+        execution: Execution,
+        drain: asyncio.Event,
+        writer: CheckpointWriter | None = None,
+        max_checkpoint_size: int = 65_536,
     ) -> None:
-        self.execution_id = execution_id
-        self.reasoner = reasoner
-        self.session_id = session_id
+        self._execution = execution
         self._drain = drain
+        self._writer = writer
+        self._max_checkpoint = max_checkpoint_size
+        self.checkpoint_state: Any = (
+            None if execution.checkpoint is None else jsoncodec.loads(execution.checkpoint.encode())
+        )
+
+    @property
+    def execution_id(self) -> str:
+        return self._execution.execution_id
+
+    @property
+    def reasoner(self) -> str:
+        return self._execution.reasoner
+
+    @property
+    def session_id(self) -> str | None:
+        return self._execution.session_id
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt; each hand-off or retry after an owner's death adds one."""
+        return self._execution.attempt
 
     @property
     def draining(self) -> bool:
@@ -263,3 +331,18 @@ class ExecutionContext:
     async def wait_for_drain(self) -> None:
         """Return once shutdown has begun; race it against work to stop cooperatively."""
         await self._drain.wait()
+
+    async def checkpoint(self, state: Any) -> None:
+        """Record `state` (JSON) as this execution's progress: a later attempt starts with
+        it as `checkpoint_state`. Raises CheckpointTooLarge past the size limit, and
+        StaleAttempt when a newer attempt owns the execution."""
+        text = jsoncodec.dumps(state).decode()
+        if len(text.encode()) > self._max_checkpoint:
+            raise CheckpointTooLarge(
+                f"checkpoint of {len(text.encode())} bytes exceeds {self._max_checkpoint}"
+            )
+        if self._writer is None:
+            raise RuntimeError(f"reasoner {self.reasoner!r} is not resumable: no checkpoints")
+        await self._writer(self._execution, text)
+        self._execution.checkpoint = text
+        self.checkpoint_state = state

@@ -59,7 +59,7 @@ HTTP_BUCKETS = (0.001, 0.0025, 0.005, *EXECUTION_BUCKETS)
 
 EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
-SHUTDOWN_OUTCOMES = ("finished", "cancelled", "abandoned")
+SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "abandoned")
 SESSION_OUTCOMES = ("settled", "abandoned")
 
 #: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
@@ -166,7 +166,7 @@ class Metrics:
         self.shutdown_executions = Counter(
             f"{PREFIX}_shutdown_executions_total",
             "Executions that ended during the shutdown: finished before the drain deadline, "
-            "cancelled at it and settled, or abandoned.",
+            "cancelled at it and settled, handed off to another replica, or abandoned.",
             ["outcome"],
             registry=None,
         )
@@ -289,7 +289,7 @@ class Metrics:
         if self._phase in ("unready", "draining"):
             return "finished"
         if self._phase == "cancelling":
-            return "abandoned" if outcome == "abandoned" else "cancelled"
+            return outcome if outcome in ("abandoned", "handed_off") else "cancelled"
         return None
 
     def _count_shutdown(self, outcome: str, count: int) -> None:

@@ -118,6 +118,14 @@ SESSION_HEADER = {
     "required": False,
     "schema": SESSION_ID_SCHEMA,
 }
+IDEMPOTENCY_HEADER = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A repeat with the same reasoner, session and body gets the same "
+    "execution, never a second run; the same key with another request is 422.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+}
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
 EXECUTION_LINKS = {
@@ -142,11 +150,11 @@ OPERATION_IDS = {
     ("/openapi.json", "get"): "openapi",
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body or X-Session-ID"),
+    "400": _error("Malformed JSON body, X-Session-ID or Idempotency-Key"),
     "409": _error("The session is being released"),
     "413": _error("Body over the size limit"),
     "415": _error("Body is not JSON"),
-    "422": _error("Invalid input"),
+    "422": _error("Invalid input, or an Idempotency-Key first used for another request"),
     "429": _error("Too many executions in flight"),
     "503": _error("Not accepting work: shutting down"),
 }
@@ -171,7 +179,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
-        "parameters": [SESSION_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "200": {**_json(succeeded, "The execution succeeded"), "links": EXECUTION_LINKS},
@@ -190,7 +198,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},

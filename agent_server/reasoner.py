@@ -26,9 +26,27 @@ class ReasonerDefinitionError(TypeError):
 class Reasoner:
     """A function plus how to turn a JSON body into its arguments and its result into JSON."""
 
-    def __init__(self, func: ReasonerFunc, name: str, description: str | None) -> None:
+    def __init__(
+        self,
+        func: ReasonerFunc,
+        name: str,
+        description: str | None,
+        *,
+        resumable: bool = False,
+        max_attempts: int = 1,
+    ) -> None:
+        if max_attempts < 1:
+            raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
+        if max_attempts > 1 and not resumable:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: only a resumable reasoner may have more than one attempt"
+            )
         self.func = func
         self.name = name
+        #: A resumable reasoner's executions are handed off at shutdown (with a shared
+        #: store) and retried after their owner's death, up to `max_attempts` attempts.
+        self.resumable = resumable
+        self.max_attempts = max_attempts
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
         try:

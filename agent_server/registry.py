@@ -27,7 +27,12 @@ from typing import Any, Protocol
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
-from agent_server.store.base import ExecutionStore, SessionReleasing, StoreUnavailable
+from agent_server.store.base import (
+    ExecutionStore,
+    Idempotency,
+    SessionReleasing,
+    StoreUnavailable,
+)
 
 logger = logging.getLogger("agent_server.registry")
 
@@ -82,16 +87,22 @@ class InFlightRegistry:
         store: ExecutionStore,
         *,
         max_inflight: int = 1000,
+        max_checkpoint_size: int = 65_536,
         observer: RegistryObserver | None = None,
     ) -> None:
         self.store = store
         self.max_inflight = max_inflight
+        self.max_checkpoint_size = max_checkpoint_size
         self.observer = observer
         self.stats = RegistryStats()
         self.admitting = True
         self._running: dict[str, asyncio.Task[None]] = {}
         self._executions: dict[asyncio.Task[None], Execution] = {}
         self._abandoned: dict[asyncio.Task[None], Execution] = {}
+        #: Executions to hand off once they settle (resumable, shared store, at shutdown).
+        self._handing_off: set[str] = set()
+        #: Abandoned tasks of executions handed off: stale attempts, still running here.
+        self._stale: set[asyncio.Task[None]] = set()
         self._starting = 0
         self._drain = asyncio.Event()
         self._idle = asyncio.Event()
@@ -110,28 +121,70 @@ class InFlightRegistry:
 
     @property
     def abandoned_pending(self) -> int:
-        """Abandoned tasks that have still not ended."""
+        """Abandoned tasks that have still not ended (stale attempts included)."""
         return len(self._abandoned)
+
+    @property
+    def stale_pending(self) -> int:
+        """Tasks of executions handed off that did not settle: their attempt is stale."""
+        return len(self._stale)
 
     async def start(
         self, reasoner: Reasoner, arguments: dict[str, Any], session_id: str | None = None
     ) -> Execution:
         """Admit, record and start one execution, or raise AdmissionError."""
+        execution, _ = await self.start_once(reasoner, arguments, session_id)
+        return execution
+
+    async def start_once(
+        self,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        session_id: str | None = None,
+        *,
+        body: Any = None,
+        idempotency: Idempotency | None = None,
+    ) -> tuple[Execution, bool]:
+        """Admit, record and start one execution; or, for a repeated idempotency key, the
+        execution it started first. True when this call started it."""
         reason = self._refusal()
         if reason is not None:
             self._reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
+        if reasoner.resumable:
+            execution.body = body
+            execution.max_attempts = reasoner.max_attempts
         self._starting += 1  # counts against capacity while its record is written
         try:
-            await self.store.create(execution)
+            earlier = await self.store.create(execution, idempotency)
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable:
             self._reject(RejectReason.STORE_UNAVAILABLE)
         finally:
             self._starting -= 1
+        if earlier is not None:
+            return earlier, False
+        self._launch(execution, reasoner, arguments)
+        return execution, True
+
+    def resume(self, reasoner: Reasoner, arguments: dict[str, Any], execution: Execution) -> None:
+        """Run the next attempt of an execution this replica has claimed from the queue."""
+        self._launch(execution, reasoner, arguments)
+
+    @property
+    def can_take(self) -> bool:
+        """Whether queued work may be claimed now: admitting, with capacity to spare."""
+        return self.admitting and self._refusal() is None
+
+    def _launch(self, execution: Execution, reasoner: Reasoner, arguments: dict[str, Any]) -> None:
         context = (  # only for a reasoner that asks for one
-            ExecutionContext(execution.execution_id, reasoner.name, session_id, self._drain)
+            ExecutionContext(
+                execution,
+                self._drain,
+                self.store.checkpoint if reasoner.resumable else None,
+                self.max_checkpoint_size,
+            )
             if reasoner.wants_context
             else None
         )
@@ -146,7 +199,6 @@ class InFlightRegistry:
         self.stats.started += 1
         if self.observer is not None:
             self.observer.execution_started(execution)
-        return execution
 
     def _refusal(self) -> RejectReason | None:
         if not self.admitting:
@@ -188,9 +240,15 @@ class InFlightRegistry:
         return True
 
     def cancel_all(self, reason: CancelReason) -> list[asyncio.Task[None]]:
-        """Cancel every running execution; returns their tasks for `settle`."""
+        """Cancel every running execution; returns their tasks for `settle`. At shutdown
+        with a store that can hand off, resumable executions are handed off once settled
+        (or abandoned) instead of ending cancelled."""
+        hand_off = reason is CancelReason.SHUTDOWN and self.store.supports_handoff
         tasks: list[asyncio.Task[None]] = []
         for key, task in list(self._running.items()):
+            execution = self._executions[task]
+            if hand_off and execution.resumable and not execution.is_terminal:
+                self._handing_off.add(key)
             if self.cancel(key, reason):
                 tasks.append(task)
         return tasks
@@ -225,7 +283,8 @@ class InFlightRegistry:
             self._abandon(task)
 
     def _abandon(self, task: asyncio.Task[None]) -> Execution | None:
-        """Give up on a task that will not settle: record it, keep it referenced, observe it."""
+        """Give up on a task that will not settle: record it, keep it referenced, observe it.
+        An execution being handed off is handed off now; its task is a stale attempt."""
         execution = self._executions.get(task)
         if execution is None or execution.is_terminal:
             return None
@@ -233,6 +292,10 @@ class InFlightRegistry:
         self._abandoned[task] = execution
         if not self._running:
             self._idle.set()
+        if execution.execution_id in self._handing_off:
+            self._stale.add(task)
+            self._hand_off(execution)
+            return None
         execution.abandoned = True
         self._record(execution, ExecutionStatus.CANCELLED, reason=execution.cancel_reason)
         logger.warning(
@@ -291,7 +354,9 @@ class InFlightRegistry:
                 value = await self._run_in_thread(reasoner, arguments, context)
             result = reasoner.serialize(value)
         except asyncio.CancelledError as exc:
-            if self._was_cancelled(execution):
+            if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
+                self._hand_off(execution)
+            elif self._was_cancelled(execution):
                 self._record_cancelled(execution)
             else:  # raised by the reasoner's own code: nobody asked for it
                 self._record_failure(execution, exc)
@@ -314,7 +379,7 @@ class InFlightRegistry:
         self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
 
     def _record_failure(self, execution: Execution, exc: BaseException) -> None:
-        if execution.is_terminal:
+        if execution.is_terminal and execution.status is not ExecutionStatus.QUEUED:
             logger.warning(
                 "abandoned execution %s (%s) ended later with %s: %s",
                 execution.execution_id,
@@ -359,6 +424,17 @@ class InFlightRegistry:
         error: dict[str, str] | None = None,
         reason: CancelReason | None = None,
     ) -> None:
+        if execution.status is ExecutionStatus.QUEUED:  # a stale attempt, handed off earlier
+            logger.warning(
+                "stale attempt %d of execution %s (%s) ended later: %s; its end is fenced",
+                execution.attempt,
+                execution.execution_id,
+                execution.reasoner,
+                status.value,
+            )
+            execution.finish(status, result=result, error=error, reason=reason)
+            self.store.end(execution)  # refused by the store: a newer attempt owns it
+            return
         if execution.is_terminal:  # abandoned earlier; its record stays as it was reported
             logger.warning(
                 "abandoned execution %s (%s) ended later: %s",
@@ -381,13 +457,33 @@ class InFlightRegistry:
             exc = task.exception()
             if exc is not None:  # _run never raises; anything here is a bug worth seeing
                 logger.error("execution task %s raised", task.get_name(), exc_info=exc)
+        elif execution.execution_id in self._handing_off:  # cancelled before its first step
+            self._hand_off(execution)
         elif not execution.is_terminal:  # cancelled before its first step: _run never ran
             self._record_cancelled(execution)
         if self._running.get(execution.execution_id) is task:
             del self._running[execution.execution_id]
         self._abandoned.pop(task, None)
+        self._stale.discard(task)
+        self._handing_off.discard(execution.execution_id)
         if not self._running:
             self._idle.set()
+
+    def _hand_off(self, execution: Execution) -> None:
+        """The next attempt goes to the queue; this one ends here (status_reason: handoff)."""
+        if execution.status is not ExecutionStatus.RUNNING:
+            return
+        execution.mark_queued()
+        self.stats.outcomes["handed_off"] += 1
+        if self.observer is not None:
+            self.observer.execution_finished(execution, "handed_off")
+        self.store.hand_off(execution)
+        logger.info(
+            "execution %s (%s) handed off after attempt %d (status_reason: handoff)",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+        )
 
     def close(self) -> None:
         """Release the worker threads without waiting for abandoned ones."""

@@ -98,6 +98,16 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds this replica's liveness lasts unrenewed; renewed every third of it.",
     )
+    idempotency_ttl: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="Seconds an Idempotency-Key is remembered: a repeat gets the same execution.",
+    )
+    max_checkpoint_size: int = Field(
+        default=65_536,
+        ge=1,
+        description="Bytes of JSON a resumable reasoner's checkpoint may take.",
+    )
     pushgateway: str | None = Field(
         default=None,
         description="Prometheus Pushgateway URL the shutdown metrics are pushed to at exit.",

@@ -115,6 +115,8 @@ class ShutdownReport:
     phases: dict[str, float] = field(default_factory=dict)
     finished: int = 0
     cancelled: int = 0
+    #: Resumable executions queued for another replica at the drain deadline.
+    handed_off: int = 0
     abandoned: int = 0
     #: Abandoned earlier (by a session release) and still running: the exit ends them too.
     abandoned_earlier: int = 0
@@ -278,6 +280,7 @@ class ShutdownSequence:
 
         self.set_phase(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
+        handed_before = self.registry.stats.outcomes["handed_off"]
         tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
         if tasks:
             logger.info("drain deadline: cancelling %d executions", len(tasks))
@@ -285,6 +288,7 @@ class ShutdownSequence:
         if self.limit_releases is not None:
             self.limit_releases(settle_at)
         abandoned = await self.registry.settle(tasks, settle_at)
+        handed_off = self.registry.stats.outcomes["handed_off"] - handed_before
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, time.monotonic()))
         for execution in unrecorded:
             logger.error(
@@ -295,12 +299,15 @@ class ShutdownSequence:
 
         duration = time.monotonic() - t0
         phases["stopped"] = duration
-        abandoned_earlier = max(0, self.registry.abandoned_pending - len(abandoned))
+        abandoned_earlier = max(
+            0, self.registry.abandoned_pending - len(abandoned) - self.registry.stale_pending
+        )
         report = ShutdownReport(
             signal=self._signal,
             phases={name: round(seconds, 4) for name, seconds in phases.items()},
             finished=finished,
-            cancelled=len(tasks) - len(abandoned),
+            cancelled=len(tasks) - len(abandoned) - handed_off,
+            handed_off=handed_off,
             abandoned=len(abandoned),
             abandoned_earlier=abandoned_earlier,
             rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]
@@ -315,6 +322,7 @@ class ShutdownSequence:
             [
                 ("finished", report.finished),
                 ("cancelled", report.cancelled),
+                ("handed_off", report.handed_off),
                 ("abandoned", report.abandoned),
             ],
         )

@@ -11,7 +11,9 @@ See docs/architecture.md for which guarantee lives where.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
@@ -19,6 +21,20 @@ from agent_server.execution import CancelReason, Execution, ExecutionStatus
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
 CancelHandler = Callable[[str, CancelReason, float | None], object]
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """An `Idempotency-Key` and what it was first used for: a repeat of the same request
+    gets the same execution; the same key for another request is refused."""
+
+    key: str
+    fingerprint: str
+    ttl: float
+
+
+class IdempotencyMismatch(Exception):
+    """The key was first used for a different request (reasoner, session or body): 422."""
 
 
 class StoreUnavailable(Exception):
@@ -78,9 +94,37 @@ class ExecutionStore(abc.ABC):
     async def close(self) -> None:
         """Stop the background work and disconnect; this replica's liveness ends."""
 
+    @property
+    def supports_handoff(self) -> bool:
+        """Whether another replica can take an execution this one hands off."""
+        return False
+
     @abc.abstractmethod
-    async def create(self, execution: Execution) -> None:
-        """Record a new running execution. Raises SessionReleasing or StoreUnavailable."""
+    async def create(
+        self, execution: Execution, idempotency: Idempotency | None = None
+    ) -> Execution | None:
+        """Record a new running execution and return None; or, when `idempotency` names a
+        key already used for the same request, create nothing and return that execution.
+        Raises SessionReleasing, IdempotencyMismatch or StoreUnavailable."""
+
+    @abc.abstractmethod
+    async def checkpoint(self, execution: Execution, state: str) -> None:
+        """Record a resumable execution's progress (JSON text), only while this replica's
+        attempt owns it; raises StaleAttempt otherwise."""
+
+    def hand_off(self, execution: Execution) -> None:
+        """Queue the next attempt of an execution this replica gives up at shutdown (through
+        the same outbox as ends, fenced the same way)."""
+        raise NotImplementedError("this store has nowhere to hand off to")
+
+    async def claim(self) -> Execution | None:
+        """Take the oldest queued execution for this replica (atomically), with its body and
+        last checkpoint, or None when the queue is empty."""
+        return None
+
+    async def wait_queued(self, timeout: float) -> None:
+        """Return when work may have been queued, or after `timeout` seconds."""
+        await asyncio.sleep(timeout)
 
     @abc.abstractmethod
     def end(self, execution: Execution) -> None:

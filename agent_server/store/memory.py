@@ -15,8 +15,13 @@ from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
+    Idempotency,
+    IdempotencyMismatch,
     SessionReleasing,
 )
+
+#: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
+MAX_IDEMPOTENCY_KEYS = 100_000
 
 
 class MemoryStore(ExecutionStore):
@@ -32,6 +37,8 @@ class MemoryStore(ExecutionStore):
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._sessions: dict[str, set[str]] = {}
         self._releasing: set[str] = set()
+        #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
+        self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -39,13 +46,47 @@ class MemoryStore(ExecutionStore):
     async def close(self) -> None:
         """Nothing to disconnect from."""
 
-    async def create(self, execution: Execution) -> None:
+    async def create(
+        self, execution: Execution, idempotency: Idempotency | None = None
+    ) -> Execution | None:
         session_id = execution.session_id
+        if session_id is not None and session_id in self._releasing:
+            raise SessionReleasing(session_id)
+        if idempotency is not None:
+            earlier = self._first_use(idempotency)
+            if earlier is not None:
+                return earlier
+            self._keys[idempotency.key] = (
+                idempotency.fingerprint,
+                execution.execution_id,
+                time.monotonic() + idempotency.ttl,
+            )
+            while len(self._keys) > MAX_IDEMPOTENCY_KEYS:
+                self._keys.popitem(last=False)
         if session_id is not None:
-            if session_id in self._releasing:
-                raise SessionReleasing(session_id)
             self._sessions.setdefault(session_id, set()).add(execution.execution_id)
         self._executions[execution.execution_id] = execution
+        return None
+
+    def _first_use(self, idempotency: Idempotency) -> Execution | None:
+        """The execution the key was first used for, if it is still known."""
+        now = time.monotonic()
+        while self._keys:  # expired keys leave, oldest first
+            oldest = next(iter(self._keys.values()))
+            if oldest[2] > now:
+                break
+            self._keys.popitem(last=False)
+        found = self._keys.get(idempotency.key)
+        if found is None:
+            return None
+        fingerprint, execution_id, _ = found
+        if fingerprint != idempotency.fingerprint:
+            raise IdempotencyMismatch(idempotency.key)
+        return self._executions.get(execution_id)  # None: forgotten; the key is used anew
+
+    async def checkpoint(self, execution: Execution, state: str) -> None:
+        """One process, one attempt: nothing can own it but the caller."""
+        execution.checkpoint = state
 
     def end(self, execution: Execution) -> None:
         self._finished[execution.execution_id] = None

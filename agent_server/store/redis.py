@@ -47,10 +47,12 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server import jsoncodec
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.execution import CancelReason, Execution, ExecutionStatus, StaleAttempt
 from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
+    Idempotency,
+    IdempotencyMismatch,
     SessionReleasing,
     StoreObserver,
     StoreUnavailable,
@@ -171,7 +173,23 @@ local function read(id)
   local moved = 0
   if v[6] == 'running' and JUDGE then
     local expiry = redis.call('ZSCORE', P .. 'replicas', v[4])
+    local r = {}
     if (not expiry) or tonumber(expiry) <= NOW then
+      r = redis.call('HMGET', rec, 'max_attempts', 'retries')
+    end
+    local retries = tonumber(r[2] or '0') or 0
+    if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
+      -- A resumable execution whose owner died: its next attempt is queued.
+      local attempt = tostring(tonumber(v[5]) + 1)
+      redis.call('HSET', rec, 'status', 'queued', 'attempt', attempt, 'replica', '',
+        'retries', retries + 1)
+      redis.call('ZREM', P .. 'running', id)
+      redis.call('SREM', P .. 'owned:' .. v[4], id)
+      redis.call('RPUSH', P .. 'queue', id)
+      redis.call('PUBLISH', P .. 'queued', id)
+      v[4] = ''; v[5] = attempt; v[6] = 'queued'
+      moved = 2
+    elseif (not expiry) or tonumber(expiry) <= NOW then
       local err = cjson.encode({type = 'ExecutionLost',
         message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
       local fin = string.format('%.6f', NOW / 1000)
@@ -187,17 +205,31 @@ local function read(id)
 end
 """
 
-# ARGV[5..]: id, session id ('' for none), created_at, owner, then field/value pairs.
+# ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
+# none), its fingerprint, its TTL (ms), then field/value pairs. Returns {1} created, {0}
+# session being released, {-1} key used for another request, {2, record} the execution
+# the key was first used for (nothing created).
 _CREATE = """
 local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return 0 end
+local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
+if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return {0} end
+if key ~= '' then
+  local first = redis.call('GET', P .. 'idem:' .. key)
+  if first then
+    local bar = string.find(first, '|', 1, true)
+    if string.sub(first, 1, bar - 1) ~= fingerprint then return {-1} end
+    local earlier = read(string.sub(first, bar + 1))
+    if earlier then return {2, earlier} end
+  end
+  redis.call('SET', P .. 'idem:' .. key, fingerprint .. '|' .. id, 'PX', key_ttl)
+end
 local rec = P .. 'x:' .. id
-redis.call('HSET', rec, unpack(ARGV, 9))
+redis.call('HSET', rec, unpack(ARGV, 12))
 redis.call('ZADD', P .. 'all', score, id)
 redis.call('ZADD', P .. 'running', score, id)
 redis.call('SADD', P .. 'owned:' .. owner, id)
 if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
-return 1
+return {1}
 """
 
 # The fenced end. ARGV[5..]: id, owner, attempt, status, status_reason, result, error,
@@ -289,6 +321,57 @@ prune()
 return out
 """
 
+# A resumable execution's progress, fenced like an end. ARGV[5..]: id, owner, attempt,
+# checkpoint (JSON). Returns {1|0, the status found ('' if unknown)}.
+_CHECKPOINT = """
+local rec = P .. 'x:' .. ARGV[5]
+local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
+if not v[1] then return {0, ''} end
+if v[1] ~= 'running' or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {0, v[1]} end
+redis.call('HSET', rec, 'checkpoint', ARGV[8])
+return {1, v[1]}
+"""
+
+# Hand-off at shutdown, fenced like an end. ARGV[5..]: id, owner, attempt. The next attempt
+# is queued for whichever replica takes it first. Returns {1|0, the status found}.
+_HANDOFF = """
+local id, owner, attempt = ARGV[5], ARGV[6], ARGV[7]
+local rec = P .. 'x:' .. id
+local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
+if not v[1] then return {0, ''} end
+if v[1] ~= 'running' or v[2] ~= owner or v[3] ~= attempt then
+  if v[1] == 'queued' and v[3] == tostring(tonumber(attempt) + 1) then return {1, v[1]} end
+  return {0, v[1]}
+end
+redis.call('HSET', rec, 'status', 'queued', 'attempt', tostring(tonumber(attempt) + 1),
+  'replica', '')
+redis.call('ZREM', P .. 'running', id)
+redis.call('SREM', P .. 'owned:' .. owner, id)
+redis.call('RPUSH', P .. 'queue', id)
+redis.call('PUBLISH', P .. 'queued', id)
+return {1, 'running'}
+"""
+
+# Take the oldest queued execution. ARGV[5]: this replica. Returns {record, {body,
+# checkpoint, max_attempts}} or false when nothing is queued.
+_CLAIM = """
+local me = ARGV[5]
+while true do
+  local id = redis.call('LPOP', P .. 'queue')
+  if not id then return false end
+  local rec = P .. 'x:' .. id
+  local v = redis.call('HMGET', rec, 'status', 'created_at')
+  if v[1] == 'queued' then
+    redis.call('HSET', rec, 'status', 'running', 'replica', me)
+    redis.call('ZADD', P .. 'running', v[2], id)
+    redis.call('SADD', P .. 'owned:' .. me, id)
+    local row = redis.call('HMGET', rec, unpack(F))
+    row[14] = 0
+    return {row, redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')}
+  end
+end
+"""
+
 _SCRIPTS = {
     name: _PRELUDE + body
     for name, body in {
@@ -298,6 +381,9 @@ _SCRIPTS = {
         "list": _LIST,
         "forget": _FORGET,
         "tick": _TICK,
+        "checkpoint": _CHECKPOINT,
+        "handoff": _HANDOFF,
+        "claim": _CLAIM,
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
@@ -363,7 +449,10 @@ class RedisStore(ExecutionStore):
         self._up = False
         self._up_since = 0.0
         self._tick_now = asyncio.Event()
-        self._outbox: deque[Execution] = deque()
+        #: Writes owed to Redis, oldest first: the execution, the script (`end` or
+        #: `handoff`) and its arguments, taken when the write was queued.
+        self._outbox: deque[tuple[Execution, str, list[str | bytes]]] = deque()
+        self._queued = asyncio.Event()
         self._overflow: list[Execution] = []
         self._failed: list[Execution] = []
         self._writing = asyncio.Lock()
@@ -407,7 +496,9 @@ class RedisStore(ExecutionStore):
                 await self._load_scripts()
                 await self._tick()
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(self._ends_channel, self._cancel_channel)
+                await pubsub.subscribe(
+                    self._ends_channel, self._cancel_channel, self._queued_channel
+                )
         except _OPEN_FAILURES as exc:
             if pubsub is not None:
                 with contextlib.suppress(Exception):
@@ -470,45 +561,123 @@ class RedisStore(ExecutionStore):
             except StoreUnavailable:
                 await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
                 backoff = min(backoff * 2, BACKOFF_MAX)
-        return [*self._outbox, *self._overflow, *self._failed]
+        return [entry[0] for entry in self._outbox] + [*self._overflow, *self._failed]
 
     # -- records ---------------------------------------------------------------------------
 
-    async def create(self, execution: Execution) -> None:
-        """One script: refused while the session is released, else the record and its
-        index entries."""
+    @property
+    def supports_handoff(self) -> bool:
+        return True
+
+    async def create(
+        self, execution: Execution, idempotency: Idempotency | None = None
+    ) -> Execution | None:
+        """One script: refused while the session is released; with an idempotency key
+        already used for the same request, the execution it started; else the record, its
+        index entries, and the key (set if absent, atomically: one execution per key)."""
         session_id = execution.session_id or ""
         pairs: list[str | bytes] = []
         for field, value in zip(FIELDS, self._fields(execution), strict=True):
             pairs.extend((field, value))
+        if execution.resumable:
+            pairs.extend(
+                ("body", _json(execution.body), "max_attempts", str(execution.max_attempts))
+            )
+        key = "" if idempotency is None else idempotency.key
+        fingerprint = "" if idempotency is None else idempotency.fingerprint
+        key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
         async with self._operation("create"):
-            created = await self._script(
+            reply = await self._script(
                 "create",
                 execution.execution_id,
                 session_id,
                 repr(execution.created_at),
                 execution.replica,
+                key,
+                fingerprint,
+                key_ttl,
                 *pairs,
             )
-        if not created:
+        code = int(reply[0])
+        if code == 0:
             raise SessionReleasing(session_id)
+        if code == -1:
+            raise IdempotencyMismatch(key)
+        if code == 2:
+            return self._restore(reply[1])
+        return None
+
+    async def checkpoint(self, execution: Execution, state: str) -> None:
+        """One script, fenced by owner and attempt like an end."""
+        async with self._operation("checkpoint"):
+            reply = await self._script(
+                "checkpoint",
+                execution.execution_id,
+                execution.replica,
+                str(execution.attempt),
+                state,
+            )
+        if not int(reply[0]):
+            self._refused("checkpoint", execution, reply[1])
+            raise StaleAttempt(
+                f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
+                f"owns it (the record is {reply[1] or 'gone'})"
+            )
+
+    def hand_off(self, execution: Execution) -> None:
+        """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
+        self._enqueue(
+            execution,
+            "handoff",
+            [execution.execution_id, execution.replica, str(execution.attempt)],
+        )
+
+    async def claim(self) -> Execution | None:
+        """One script: the oldest queued execution, now running here, with its body and
+        last checkpoint; None when nothing is queued."""
+        async with self._operation("claim"):
+            reply = await self._script("claim", self.replica_id)
+        if not reply:
+            return None
+        row, (body, checkpoint, max_attempts) = reply
+        execution = self._restore(row)
+        execution.body = _unjson(body) if body else None
+        execution.checkpoint = checkpoint or None
+        execution.max_attempts = int(max_attempts or 1)
+        # Its duration runs from its creation, across attempts.
+        execution.started_monotonic = time.monotonic() - max(
+            0.0, time.time() - execution.created_at
+        )
+        return execution
+
+    async def wait_queued(self, timeout: float) -> None:
+        """Woken by the `queued` notice on this replica's pub/sub connection."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._queued.wait()
+        self._queued.clear()
 
     def end(self, execution: Execution) -> None:
-        """Queue the end for the outbox writer; past the outbox bound it is kept aside,
-        logged and reported by `flush` as unrecorded."""
+        """Queue the end for the outbox writer (its arguments taken now)."""
+        self._enqueue(execution, "end", self._end_args(execution))
+
+    def _enqueue(self, execution: Execution, script: str, args: list[str | bytes]) -> None:
+        """Past the outbox bound a write is kept aside, logged and reported by `flush` as
+        unrecorded."""
         if len(self._outbox) >= self.outbox_limit:
             self._overflow.append(execution)
             if len(self._overflow) == 1 or len(self._overflow) % 1000 == 0:
                 logger.error(
-                    "store outbox full (%d ends waiting for %s): end of execution %s not "
+                    "store outbox full (%d writes waiting for %s): %s of execution %s not "
                     "recorded (%d so far)",
                     len(self._outbox),
                     self.where,
+                    script,
                     execution.execution_id,
                     len(self._overflow),
                 )
             return
-        self._outbox.append(execution)
+        self._outbox.append((execution, script, args))
         self._wake.set()
 
     async def get(self, execution_id: str) -> Execution | None:
@@ -682,15 +851,17 @@ class RedisStore(ExecutionStore):
                     return
                 async with self._operation("end"):
                     pipe = self._redis.pipeline(transaction=False)
-                    for execution in pending:
-                        pipe.evalsha(_SHAS["end"], 0, *self._common(), *self._end_args(execution))
+                    common = self._common()
+                    for _, script, args in pending:
+                        pipe.evalsha(_SHAS[script], 0, *common, *args)
                     replies = await pipe.execute(raise_on_error=False)
                 for _ in pending:  # the oldest in the outbox: only this method removes
                     self._outbox.popleft()
-                retry: list[Execution] = []
-                for execution, reply in zip(pending, replies, strict=True):
+                retry: list[tuple[Execution, str, list[str | bytes]]] = []
+                for entry, reply in zip(pending, replies, strict=True):
+                    execution, script, _ = entry
                     if isinstance(reply, NoScriptError):
-                        retry.append(execution)
+                        retry.append(entry)
                     elif isinstance(reply, Exception):
                         logger.error(
                             "end of execution %s could not be written: %s",
@@ -698,21 +869,20 @@ class RedisStore(ExecutionStore):
                             reply,
                         )
                         self._failed.append(execution)
-                    else:
-                        self._ended(execution, reply)
+                    elif not int(reply[0]):
+                        self._refused(script, execution, reply[1])
                 self._outbox.extendleft(reversed(retry))
                 if retry:
                     async with self._operation("load_scripts"):
                         await self._load_scripts()
                 pending = retry
 
-    def _ended(self, execution: Execution, reply: Any) -> None:
-        written, found = int(reply[0]), reply[1]
-        if written:
-            return
+    def _refused(self, write: str, execution: Execution, found: str) -> None:
+        """A fenced write: this attempt no longer owns the record. Logged and counted."""
         self.fenced += 1
         logger.warning(
-            "end of execution %s (replica %s, attempt %d) refused: the record is %s",
+            "%s of execution %s (replica %s, attempt %d) refused: the record is %s",
+            write,
             execution.execution_id,
             execution.replica,
             execution.attempt,
@@ -730,7 +900,9 @@ class RedisStore(ExecutionStore):
             try:
                 if pubsub is None:
                     pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(self._ends_channel, self._cancel_channel)
+                    await pubsub.subscribe(
+                        self._ends_channel, self._cancel_channel, self._queued_channel
+                    )
                     self._set_up(True)
                     self._wake_all()
                 backoff = BACKOFF_FIRST
@@ -760,6 +932,9 @@ class RedisStore(ExecutionStore):
                 if not future.done():
                     future.set_result(None)
             return
+        if channel == self._queued_channel:
+            self._queued.set()
+            return
         try:
             request = orjson.loads(data)
             reason = CancelReason(request["reason"])
@@ -785,6 +960,10 @@ class RedisStore(ExecutionStore):
     @property
     def _ends_channel(self) -> str:
         return self.prefix + "ends"
+
+    @property
+    def _queued_channel(self) -> str:
+        return self.prefix + "queued"
 
     @property
     def _cancel_channel(self) -> str:
@@ -898,8 +1077,16 @@ class RedisStore(ExecutionStore):
             duration_seconds=_number(duration),
             abandoned=abandoned == "1",
         )
-        if int(row[13]) and self.observer is not None:
+        moved = int(row[13])
+        if moved == 1 and self.observer is not None:
             self.observer.execution_lost(execution)
+        elif moved == 2:
+            logger.warning(
+                "execution %s (%s): its owner stopped renewing its liveness; attempt %d queued",
+                execution.execution_id,
+                execution.reasoner,
+                execution.attempt,
+            )
         return execution
 
     def _fields(self, execution: Execution) -> list[str | bytes]:

@@ -1,0 +1,91 @@
+"""Taking queued work: the next attempt of an execution another replica handed off at its
+shutdown, or of one whose owner died (resumable reasoners, shared store only).
+
+One task per replica, owned by the agent's lifespan: it claims work while this replica
+admits new work and has capacity, woken by the store's `queued` notice and, in case a
+notice is missed, every `POLL_SECONDS`. Claiming is one atomic script in the store: the
+claimed record is running under this replica before anything else can see it, so a replica
+that dies right after claiming is caught by its liveness like any other owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pydantic import ValidationError
+
+from agent_server.execution import Execution, ExecutionStatus
+from agent_server.reasoner import Reasoner
+from agent_server.registry import InFlightRegistry
+from agent_server.store.base import ExecutionStore, StoreUnavailable
+
+logger = logging.getLogger("agent_server.durable")
+
+#: Queued work is looked for at least this often, notice or not.
+POLL_SECONDS = 1.0
+
+
+class QueueTaker:
+    """Claims queued executions for this replica's registry."""
+
+    def __init__(
+        self, store: ExecutionStore, registry: InFlightRegistry, reasoners: dict[str, Reasoner]
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.reasoners = reasoners
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.store.supports_handoff and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="queue-taker")
+
+    async def close(self) -> None:
+        """Stop taking work and observe the task's end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            logger.exception("taking queued work failed")
+
+    async def _run(self) -> None:
+        while True:
+            await self.store.wait_queued(POLL_SECONDS)
+            try:
+                while self.registry.can_take:
+                    execution = await self.store.claim()
+                    if execution is None:
+                        break
+                    self._resume(execution)
+            except StoreUnavailable:
+                continue  # readiness says so; the next poll tries again
+
+    def _resume(self, execution: Execution) -> None:
+        reasoner = self.reasoners.get(execution.reasoner)
+        try:
+            if reasoner is None or not reasoner.resumable:
+                raise LookupError(f"reasoner {execution.reasoner!r} is not resumable here")
+            arguments = reasoner.bind(execution.body)
+        except (LookupError, ValidationError) as exc:
+            # A replica serving other code (a rollout that renamed the reasoner): the
+            # execution ends failed here rather than circulating.
+            logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
+            execution.finish(
+                ExecutionStatus.FAILED,
+                error={"type": type(exc).__name__, "message": str(exc)},
+            )
+            self.store.end(execution)
+            return
+        logger.info(
+            "execution %s (%s): attempt %d taken from the queue",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+        )
+        self.registry.resume(reasoner, arguments, execution)
