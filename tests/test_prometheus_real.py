@@ -1,10 +1,10 @@
-"""The README's PromQL and the Grafana dashboard, run by a real Prometheus around a real drain.
+"""The PromQL of docs/metrics.md and the Grafana dashboard, run by a real Prometheus.
 
 Debian's `prometheus` scrapes a real `agent-server run` every second, with the `namespace`
 and `pod` labels a Kubernetes scrape adds, and a real `prometheus-pushgateway` (with
 `honor_labels`, and the gateway's own pod labels, as on a cluster) that receives the
 shutdown push. The server serves traffic, drains with refusals, a finished, a cancelled and
-an abandoned execution, and exits. Then every PromQL block of the README and every
+an abandoned execution, and exits. Then every PromQL block of docs/metrics.md and every
 expression of the dashboard must parse and show what it says it shows.
 
 The server runs in its own UTS namespace with a pod-like hostname, because the pushed
@@ -31,7 +31,7 @@ from conftest import ServerProcess, free_port
 from test_shutdown import assert_clean_stderr, shutdown_report
 
 ROOT = Path(__file__).parent.parent
-README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-server.json"
 NAMESPACE = "agents"
 POD = "agent-server-5d8f7c9b4-x7k2p"
@@ -170,8 +170,8 @@ def prometheus_config(server_port: int, gateway_port: int) -> dict[str, Any]:
 
 
 def readme_queries() -> list[str]:
-    blocks = re.findall(r"```promql\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 5, "the README's example queries are gone"
+    blocks = re.findall(r"```promql\n(.*?)```", METRICS_DOC.read_text(), re.S)
+    assert len(blocks) >= 5, "the example queries of docs/metrics.md are gone"
     return [" ".join(block.split()) for block in blocks]
 
 
@@ -315,7 +315,7 @@ def check_through_a_drain(prom: Prometheus, server: ServerProcess) -> None:
 
 
 def check_readme(prom: Prometheus, report: dict[str, Any], refused: int) -> None:
-    """Each README block, with what its text says it answers."""
+    """Each block of docs/metrics.md, with what its text says it answers."""
     for expr in readme_queries():
         result = prom.instant(expr)
         got = values(result)
@@ -335,7 +335,7 @@ def check_readme(prom: Prometheus, report: dict[str, Any], refused: int) -> None
         elif "requests_rejected_total" in expr:
             assert len(got) == 1 and 0 < got[0] <= 1, (expr, result, refused)
         else:
-            raise AssertionError(f"no check for the README query {expr!r}")
+            raise AssertionError(f"no check for the docs/metrics.md query {expr!r}")
 
 
 def by_label(result: Result, label: str) -> dict[str, float]:
