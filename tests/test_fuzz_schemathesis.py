@@ -5,6 +5,7 @@ conforms to the document: status code, content type, headers and body schema."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import server_errors
+from conftest import TESTS_DIR, server_errors
 
 #: Generated cases the run must reach; the seed makes the run repeatable.
 MIN_CASES = 1000
@@ -55,8 +56,19 @@ def test_served_openapi_document_holds_under_fuzzing(server_factory: Any, tmp_pa
         "--report-json-path",
         str(report_path),
     ]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # unique Idempotency-Keys (see tests/fuzz_hooks.py)
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+    }
     run = subprocess.run(
-        command, capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=tmp_path, check=False
+        command,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        cwd=tmp_path,
+        check=False,
+        env=env,
     )
     output = run.stdout[-20_000:] + run.stderr[-5_000:]
     assert report_path.exists(), output
