@@ -261,7 +261,7 @@ class ShutdownSequence:
         self._skip.set()
 
     async def run(self, *, skip_unready: bool = False) -> ShutdownReport:
-        """Phases 2 to 6 of DESIGN.md section 5. `begin` must have been called."""
+        """Steps 2 to 7 of docs/shutdown.md. `begin` must have been called."""
         assert self.started is not None, "begin() first"
         t0 = self.started
         phases: dict[str, float] = {"unready": 0.0}

@@ -1,4 +1,4 @@
-"""The HTTP API in-process (httpx over ASGI): every route of DESIGN.md section 3, its status
+"""The HTTP API in-process (httpx over ASGI): every route of docs/api.md, its status
 codes, the execution JSON, and bad input that must never crash anything."""
 
 from __future__ import annotations

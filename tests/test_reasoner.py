@@ -1,4 +1,4 @@
-"""Input binding and output serialisation (DESIGN.md section 2), as a unit and through HTTP."""
+"""Input binding and output serialisation (docs/architecture.md: reasoner), as a unit and through HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Session release (DESIGN.md section 3), in-process: on the registry and through the API.
+"""Session release (docs/api.md), in-process: on the registry and through the API.
 
 The defining case: a reasoner that catches CancelledError and then spends 0.35 s cleaning up,
 released with timeout=0.03, returns in about 0.03 s and counts it abandoned.

@@ -302,6 +302,51 @@ REASONERS += [
 ]
 
 
+# -- resumable reasoners (durable executions) --------------------------------------------
+
+
+async def _record_step(ctx: ExecutionContext, step: int) -> None:
+    """Tell the test (through its Redis, when it gives one) which attempt did which step,
+    in which process: its own account, independent of the server's records."""
+    url = os.environ.get("TESTS_REDIS_URL")
+    if not url:
+        return
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        entry = f"{ctx.attempt}:{step}:{os.getpid()}:{time.time():.6f}"
+        await client.rpush(f"tests:steps:{ctx.execution_id}", entry)
+    finally:
+        await client.aclose()
+
+
+async def steps(
+    ctx: ExecutionContext, count: int = 20, pause: float = 0.2, marker: str | None = None
+) -> dict[str, int]:
+    """A long job of `count` steps that checkpoints after each: a later attempt resumes
+    after the last step recorded."""
+    if marker:
+        _mark(marker)
+    state = ctx.checkpoint_state or {"done": 0}
+    for step in range(int(state["done"]), count):
+        await asyncio.sleep(pause)
+        await _record_step(ctx, step)
+        await ctx.checkpoint({"done": step + 1})
+    return {"steps": count, "attempt": ctx.attempt}
+
+
+async def slow_first_attempt(ctx: ExecutionContext, first: float = 2.0) -> str:
+    """The first attempt is slow (its owner may be paused meanwhile) and then tries to
+    checkpoint and finish; later attempts finish at once."""
+    if ctx.attempt == 1:
+        _mark("first-attempt")
+        await asyncio.sleep(first)
+        await ctx.checkpoint({"late": True})
+        return "stale"
+    return "fresh"
+
+
 def _limit_address_space() -> None:
     """TESTS_MEMORY_HEADROOM_MB caps the address space at its current size plus that much,
     so a leaking reasoner meets a real MemoryError instead of the machine's memory."""
@@ -322,6 +367,9 @@ def make_agent(settings: Settings | None = None) -> Agent:
     fresh = Agent("tests", settings)
     for func in REASONERS:
         fresh.reasoner()(func)
+    fresh.reasoner(resumable=True, max_attempts=3)(steps)
+    fresh.reasoner(name="steps_once", resumable=True, max_attempts=1)(steps)
+    fresh.reasoner(resumable=True, max_attempts=3)(slow_first_attempt)
     return fresh
 
 

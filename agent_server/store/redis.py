@@ -41,6 +41,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ConnectionError,
     NoScriptError,
+    OutOfMemoryError,
     ReadOnlyError,
     TryAgainError,
 )
@@ -69,6 +70,7 @@ _UNREACHABLE: tuple[type[Exception], ...] = (
     BusyLoadingError,
     ReadOnlyError,  # a replica after a failover, until the client follows the new primary
     TryAgainError,
+    OutOfMemoryError,  # maxmemory with noeviction: writes refused until memory frees up
 )
 _OPEN_FAILURES: tuple[type[Exception], ...] = (StoreUnavailable, *_UNREACHABLE)
 
