@@ -1,4 +1,4 @@
-"""Input binding and output serialisation (docs/architecture.md: reasoner), as a unit and through HTTP."""
+"""Input binding and output serialisation (docs/architecture.md), as a unit and over HTTP."""
 
 from __future__ import annotations
 
