@@ -36,7 +36,13 @@ class Replica(ServerProcess):
     """`agent-server run tests_app:agent` on a fixed loopback port with the redis store."""
 
     def __init__(
-        self, port: int, replica_id: str, store: str, marker_dir: Path, extra: list[str]
+        self,
+        port: int,
+        replica_id: str,
+        store: str,
+        marker_dir: Path,
+        extra: list[str],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.fixed_port = port
         self.replica_id = replica_id
@@ -50,7 +56,7 @@ class Replica(ServerProcess):
             str(LEASE),
             *extra,
         ]
-        super().__init__(args, {}, marker_dir)
+        super().__init__(args, env or {}, marker_dir)
 
     def command(self, args: list[str]) -> list[str]:
         return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
@@ -59,10 +65,17 @@ class Replica(ServerProcess):
 class Cluster:
     """Three replicas, one Redis, one haproxy; replicas can be restarted on their port."""
 
-    def __init__(self, tmp_path: Path, redis: RedisServer, extra: list[str]) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        redis: RedisServer,
+        extra: list[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp_path = tmp_path
         self.redis = redis
         self.extra = extra
+        self.env = env or {}
         self.ports = [free_port() for _ in range(3)]
         self.incarnations = 0
         self.replicas = [self.start(index) for index in range(3)]
@@ -81,6 +94,7 @@ class Cluster:
             self.redis.url,
             marker_dir,
             self.extra,
+            self.env,
         )
 
     def url(self, index: int) -> str:
