@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.api import Api, build_app
+from agent_server.docs_page import DocsPage
 from agent_server.durable import QueueTaker
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
@@ -140,7 +142,9 @@ class Agent:
 
     def _build_app(self) -> ASGIApp:
         settings = self.settings
-        return build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
+        app = build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
+        secured = settings.bearer_token is not None
+        return DocsPage(app, self.name, secured=secured) if settings.docs else app
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""
@@ -156,6 +160,8 @@ class Agent:
             phase=lambda: self.phase.value,
             max_body_size=settings.max_body_size,
             idempotency_ttl=settings.idempotency_ttl,
+            sse_heartbeat=settings.sse_heartbeat,
+            streams_closing=parts.streams_closing,
             openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
         )
 
@@ -205,12 +211,15 @@ class _Parts:
         releases: SessionReleases,
         shutdown: ShutdownSequence,
         taker: QueueTaker,
+        streams_closing: asyncio.Event,
     ) -> None:
         self.store = store
         self.registry = registry
         self.releases = releases
         self.shutdown = shutdown
         self.taker = taker
+        #: Set when the listener closes: open event streams end with a retry hint.
+        self.streams_closing = streams_closing
 
     @classmethod
     def build(
@@ -228,12 +237,15 @@ class _Parts:
             result_ttl=settings.result_ttl,
             max_retained=settings.max_retained,
             lease_ttl=settings.lease_ttl,
+            max_events=settings.max_events,
             observer=metrics,
         )
+        streams_closing = asyncio.Event()
         registry = InFlightRegistry(
             store,
             max_inflight=settings.max_inflight,
             max_checkpoint_size=settings.max_checkpoint_size,
+            max_events=settings.max_events,
             observer=metrics,
         )
         store.deliver_cancels(registry.cancel)
@@ -245,5 +257,7 @@ class _Parts:
             ShutdownPlan.from_settings(settings),
             limit_releases=releases.limit,
             flush_ends=store.flush,
+            end_streams=streams_closing.set,
         )
-        return cls(store, registry, releases, shutdown, QueueTaker(store, registry, reasoners))
+        taker = QueueTaker(store, registry, reasoners)
+        return cls(store, registry, releases, shutdown, taker, streams_closing)

@@ -26,6 +26,14 @@ from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
 from agent_server.auth import BearerAuth
+from agent_server.events import (
+    EventSource,
+    LocalEvents,
+    RemoteEvents,
+    SseResponse,
+    event_stream,
+    named,
+)
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.metrics import Metrics
 from agent_server.names import SESSION_ID_RULE, is_session_id, is_session_id_bytes
@@ -77,7 +85,7 @@ class JSONResponse(Response):
             self.raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request], Awaitable[Response | SseResponse]]
 
 
 class Endpoint:
@@ -151,6 +159,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/executions/{execution_id}"): (200, 404, 503),
     ("DELETE", "/executions/{execution_id}"): (204, 404, 409, 503),
     ("POST", "/executions/{execution_id}/cancel"): (200, 202, 404, 503),
+    ("GET", "/executions/{execution_id}/events"): (200, 400, 404, 503),
     ("GET", "/reasoners"): (200,),
     ("GET", "/executions"): (200, 422, 503),
     ("DELETE", "/sessions/{session_id}"): (200, 409, 503),
@@ -176,6 +185,8 @@ class Api:
         max_body_size: int,
         openapi: Callable[[], dict[str, Any]],
         idempotency_ttl: float = 86_400.0,
+        sse_heartbeat: float = 15.0,
+        streams_closing: asyncio.Event | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -185,6 +196,9 @@ class Api:
         self.phase = phase
         self.max_body_size = max_body_size
         self.idempotency_ttl = idempotency_ttl
+        self.sse_heartbeat = sse_heartbeat
+        #: Set when the listener closes at shutdown: open event streams end with a retry.
+        self.streams_closing = streams_closing or asyncio.Event()
         self.openapi_document = openapi
 
     def routes(self) -> list[Route]:
@@ -194,6 +208,7 @@ class Api:
             ("/reasoners/{name}/async", self.run_async, ["POST"]),
             ("/executions/{execution_id}", self.execution, ["GET", "DELETE"]),
             ("/executions/{execution_id}/cancel", self.cancel_execution, ["POST"]),
+            ("/executions/{execution_id}/events", self.execution_events, ["GET"]),
             ("/reasoners", self.list_reasoners, ["GET"]),
             ("/executions", self.list_executions, ["GET"]),
             ("/sessions/{session_id}", self.release_session, ["DELETE"]),
@@ -219,7 +234,9 @@ class Api:
     async def list_reasoners(self, request: Request) -> Response:
         return JSONResponse([r.describe() for r in self.reasoners.values()])
 
-    async def run_sync(self, request: Request) -> Response:
+    async def run_sync(self, request: Request) -> Response | SseResponse:
+        if _wants_events(request.scope["headers"]):
+            return await self.run_streamed(request)
         execution, started = await self._start(request)
         ended = await self._wait_or_disconnect(execution, request)
         if ended is None:
@@ -246,6 +263,35 @@ class Api:
                 execution, 503, {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
             )
         return _execution_response(execution, 409)
+
+    async def run_streamed(self, request: Request) -> SseResponse:
+        """Start and stream the run: `event: start` (the execution JSON, so a client can
+        resume on any replica), its events, then `event: end`. The run does not depend on
+        the stream: a client that goes away reconnects to `/executions/{id}/events`."""
+        execution, _ = await self._start(request)
+        first = named("start", execution.to_json())
+        return self._stream(execution, 0, first)
+
+    async def execution_events(self, request: Request) -> SseResponse:
+        cursor = _event_cursor(request)
+        execution = await self._execution(request)
+        return self._stream(execution, cursor, None)
+
+    def _stream(self, execution: Execution, cursor: int, first: bytes | None) -> SseResponse:
+        """Events from this process when it runs the execution (or, with the memory store,
+        ran it); else from the shared store."""
+        live = self.registry.running(execution.execution_id)
+        source: EventSource
+        if live is not None:
+            source = LocalEvents(live)
+        elif not self.store.shared:
+            source = LocalEvents(execution)
+        else:
+            source = RemoteEvents(self.store, execution)
+        stream = event_stream(
+            source, cursor, heartbeat=self.sse_heartbeat, closing=self.streams_closing, first=first
+        )
+        return SseResponse(stream, self.metrics.stream_opened)
 
     async def run_async(self, request: Request) -> Response:
         execution, _ = await self._start(request)
@@ -494,6 +540,24 @@ def _checked_session_id(value: str | None, where: str) -> str | None:
     if value is not None and not is_session_id(value):
         raise ApiError(400, f"invalid {where}: {SESSION_ID_RULE}")
     return value
+
+
+def _wants_events(raw_headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name == b"accept" and b"text/event-stream" in value for name, value in raw_headers)
+
+
+def _event_cursor(request: Request) -> int:
+    """The last event a client has: `Last-Event-ID`, else `?after=N`, else 0."""
+    raw = request.headers.get("last-event-id")
+    name = "Last-Event-ID"
+    if raw is None:
+        raw = _query_param(request, "after")
+        name = "after"
+    if raw is None or raw == "":
+        return 0
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise ApiError(400, f"{name} must be an event number (a non-negative integer)")
+    return int(raw)
 
 
 def _idempotency_key(raw: bytes | None) -> str | None:

@@ -7,11 +7,13 @@ import enum
 import functools
 import math
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_server import jsoncodec
+from agent_server.events import Event, EventLog, encode_data
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -116,6 +118,7 @@ class Execution:
         "checkpoint",
         "created_at",
         "error",
+        "events",
         "execution_id",
         "finished_at",
         "finished_monotonic",
@@ -154,6 +157,8 @@ class Execution:
         self.body: Any = None
         self.checkpoint: str | None = None
         self.max_attempts = 1
+        #: Its live events (agent_server.events), made when first needed.
+        self.events: EventLog | None = None
         self._done: asyncio.Event | None = None
 
     @classmethod
@@ -195,6 +200,7 @@ class Execution:
         execution.body = None
         execution.checkpoint = None
         execution.max_attempts = 1
+        execution.events = None
         execution._done = None
         return execution
 
@@ -208,6 +214,12 @@ class Execution:
             return self._duration
         return self.finished_monotonic - self.started_monotonic
 
+    def event_log(self, keep: int = 1) -> EventLog:
+        """Its event log; made with room for `keep` events if it has none yet."""
+        if self.events is None:
+            self.events = EventLog(keep)
+        return self.events
+
     @property
     def resumable(self) -> bool:
         return self.max_attempts > 1 or self.body is not None
@@ -219,6 +231,8 @@ class Execution:
         self.status = ExecutionStatus.QUEUED
         if self._done is not None:
             self._done.set()
+        if self.events is not None:
+            self.events.wake()
 
     def finish(
         self,
@@ -237,6 +251,8 @@ class Execution:
         self.finished_monotonic = time.monotonic()
         if self._done is not None:
             self._done.set()
+        if self.events is not None:
+            self.events.wake()
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait until terminal (or handed off) or `timeout` seconds pass; True when so."""
@@ -280,6 +296,10 @@ class StaleAttempt(RuntimeError):
 
 #: Writes a checkpoint's JSON for an execution (fenced by owner and attempt).
 CheckpointWriter = Callable[["Execution", str], Awaitable[None]]
+#: Told of each event an execution emits (the shared store, metrics).
+EmitObserver = Callable[["Execution", Event], None]
+#: Event names travel on an `event:` line of a stream.
+EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 class ExecutionContext:
@@ -289,7 +309,14 @@ class ExecutionContext:
     None) when it starts, and calls `await ctx.checkpoint(state)` after each step.
     """
 
-    __slots__ = ("_drain", "_execution", "_max_checkpoint", "_writer", "checkpoint_state")
+    __slots__ = (
+        "_drain",
+        "_emitted",
+        "_execution",
+        "_max_checkpoint",
+        "_writer",
+        "checkpoint_state",
+    )
 
     def __init__(
         self,
@@ -297,11 +324,13 @@ class ExecutionContext:
         drain: asyncio.Event,
         writer: CheckpointWriter | None = None,
         max_checkpoint_size: int = 65_536,
+        emitted: EmitObserver | None = None,
     ) -> None:
         self._execution = execution
         self._drain = drain
         self._writer = writer
         self._max_checkpoint = max_checkpoint_size
+        self._emitted = emitted
         self.checkpoint_state: Any = (
             None if execution.checkpoint is None else jsoncodec.loads(execution.checkpoint.encode())
         )
@@ -331,6 +360,16 @@ class ExecutionContext:
     async def wait_for_drain(self) -> None:
         """Return once shutdown has begun; race it against work to stop cooperatively."""
         await self._drain.wait()
+
+    async def emit(self, data: Any, event: str = "progress") -> int:
+        """Publish an event (JSON data) to the execution's readers; its number is returned.
+        Never waits for a reader: the last `--max-events` are kept for replay."""
+        if not EVENT_NAME.fullmatch(event):
+            raise ValueError("event names are 1 to 64 of A-Z a-z 0-9 _ . : -")
+        emitted = self._execution.event_log().append(event, encode_data(data))
+        if self._emitted is not None:
+            self._emitted(self._execution, emitted)
+        return emitted.id
 
     async def checkpoint(self, state: Any) -> None:
         """Record `state` (JSON) as this execution's progress: a later attempt starts with

@@ -141,6 +141,8 @@ class Metrics:
         self._rejected: dict[str, int] = {reason.value: 0 for reason in RejectReason}
         self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
         self._store = StoreSeries()
+        self._emitted: dict[str, int] = {}
+        self.streams_open = 0
         self.registry = AgentRegistry(auto_describe=True)
         self.registry.register(self)
         self.shutdown_registry = AgentRegistry(auto_describe=True)
@@ -192,6 +194,7 @@ class Metrics:
         """Create the reasoner's series at zero, so they exist before its first execution."""
         self._started.setdefault(name, 0)
         self._store.lost.setdefault(name, 0)
+        self._emitted.setdefault(name, 0)
         for status in EXECUTION_OUTCOMES:
             if (name, status) not in self._outcomes:
                 self._outcomes[name, status] = OutcomeSeries()
@@ -221,6 +224,14 @@ class Metrics:
 
     def session_released(self, outcome: str) -> None:
         self._releases[outcome] = self._releases.get(outcome, 0) + 1
+
+    def event_emitted(self, execution: Execution) -> None:
+        reasoner = execution.reasoner
+        self._emitted[reasoner] = self._emitted.get(reasoner, 0) + 1
+
+    def stream_opened(self, change: int) -> None:
+        """+1 when an event stream opens, -1 when it ends."""
+        self.streams_open += change
 
     # -- StoreObserver -------------------------------------------------------------------------
 
@@ -312,6 +323,14 @@ class Metrics:
             self._releases,
         )
         yield from self._store.families()
+        yield _counter(
+            "events_emitted_total", "Events emitted by reasoners.", "reasoner", self._emitted
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_event_streams_open",
+            "Event streams (Server-Sent Events) open now.",
+            value=self.streams_open,
+        )
         yield self._shutdown_elapsed()
 
     def _shutdown_elapsed(self) -> Metric:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent_server.events import Event
 from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
@@ -64,6 +65,8 @@ class RegistryObserver(Protocol):
 
     def execution_rejected(self, reason: RejectReason) -> None: ...
 
+    def event_emitted(self, execution: Execution) -> None: ...
+
 
 @dataclass
 class RegistryStats:
@@ -88,11 +91,13 @@ class InFlightRegistry:
         *,
         max_inflight: int = 1000,
         max_checkpoint_size: int = 65_536,
+        max_events: int = 1000,
         observer: RegistryObserver | None = None,
     ) -> None:
         self.store = store
         self.max_inflight = max_inflight
         self.max_checkpoint_size = max_checkpoint_size
+        self.max_events = max_events
         self.observer = observer
         self.stats = RegistryStats()
         self.admitting = True
@@ -172,22 +177,27 @@ class InFlightRegistry:
         """Run the next attempt of an execution this replica has claimed from the queue."""
         self._launch(execution, reasoner, arguments)
 
+    def _emitted(self, execution: Execution, event: Event) -> None:
+        self.store.emit(execution, event)
+        if self.observer is not None:
+            self.observer.event_emitted(execution)
+
     @property
     def can_take(self) -> bool:
         """Whether queued work may be claimed now: admitting, with capacity to spare."""
         return self.admitting and self._refusal() is None
 
     def _launch(self, execution: Execution, reasoner: Reasoner, arguments: dict[str, Any]) -> None:
-        context = (  # only for a reasoner that asks for one
-            ExecutionContext(
+        context = None
+        if reasoner.wants_context:  # only for a reasoner that asks for one: it may emit
+            execution.event_log(self.max_events)
+            context = ExecutionContext(
                 execution,
                 self._drain,
                 self.store.checkpoint if reasoner.resumable else None,
                 self.max_checkpoint_size,
+                self._emitted,
             )
-            if reasoner.wants_context
-            else None
-        )
         task = asyncio.get_running_loop().create_task(
             self._run(execution, reasoner, arguments, context),
             name=f"execution-{execution.execution_id}",

@@ -185,6 +185,8 @@ class Runner(uvicorn.Server):
         deadline = sequence.plan.http_deadline(sequence.started, time.monotonic())
         for server in self.servers:
             server.close()
+        if sequence.end_streams is not None:  # open event streams end with a retry hint
+            sequence.end_streams()
         if self.server_state.connections:
             await asyncio.sleep(LISTENER_LINGER)
         # uvicorn passes it to asyncio.wait_for, which takes any number of seconds.

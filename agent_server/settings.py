@@ -108,6 +108,16 @@ class Settings(BaseSettings):
         ge=1,
         description="Bytes of JSON a resumable reasoner's checkpoint may take.",
     )
+    max_events: int = Field(
+        default=1000,
+        ge=1,
+        description="Events kept per execution for replay (the oldest go first).",
+    )
+    sse_heartbeat: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds between heartbeat comments on a quiet event stream.",
+    )
     pushgateway: str | None = Field(
         default=None,
         description="Prometheus Pushgateway URL the shutdown metrics are pushed to at exit.",
@@ -118,6 +128,10 @@ class Settings(BaseSettings):
     )
     api_token_file: str | None = Field(
         default=None, description="File holding the bearer token (a mounted secret)."
+    )
+    docs: bool = Field(
+        default=True,
+        description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
     _file_token: SecretStr | None = PrivateAttr(default=None)
 

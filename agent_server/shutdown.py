@@ -203,7 +203,8 @@ class ShutdownSequence:
     """Runs the phases against the registry; reports and sets the final metrics.
 
     `limit_releases` bounds session releases under way by the shutdown's settle deadline;
-    `flush_ends` writes what the store still owes before the report.
+    `flush_ends` writes what the store still owes before the report; `end_streams` ends
+    open event streams when the listener closes (the runner calls it then).
     """
 
     def __init__(
@@ -215,6 +216,7 @@ class ShutdownSequence:
         *,
         limit_releases: Callable[[float], None] | None = None,
         flush_ends: FlushEnds = _nothing_to_flush,
+        end_streams: Callable[[], None] | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -222,6 +224,8 @@ class ShutdownSequence:
         self.plan = plan
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
+        #: Ends open event streams (with a retry hint) as the listener closes.
+        self.end_streams = end_streams
         #: True when `agent-server run` drives the sequence from signals; otherwise the
         #: lifespan shutdown of plain uvicorn runs it.
         self.driven_by_signals = False

@@ -14,7 +14,7 @@ import pytest
 from openapi_spec_validator import validate as validate_openapi
 from prometheus_client.parser import text_string_to_metric_families
 from test_registry import loop_reports
-from tests_app import REASONERS, make_agent
+from tests_app import make_agent, reasoner_names
 
 from agent_server import Agent, Settings
 from agent_server.execution import CancelReason
@@ -148,7 +148,7 @@ async def test_list_reasoners_with_schemas(client: httpx.AsyncClient) -> None:
     response = await client.get("/reasoners")
     assert response.status_code == 200
     reasoners = {r["name"]: r for r in response.json()}
-    assert set(reasoners) == {f.__name__ for f in REASONERS} | {"gated"}
+    assert set(reasoners) == reasoner_names() | {"gated"}
     for described in reasoners.values():
         assert set(described) == {"name", "description", "input_schema", "output_schema"}
         assert isinstance(described["input_schema"], dict)

@@ -15,7 +15,7 @@ import httpx
 import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests_app import REASONERS, make_agent
+from tests_app import make_agent, reasoner_names
 
 from agent_server import Agent, Settings
 from agent_server.api import ROUTE_STATUSES
@@ -104,6 +104,8 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "store_up": "gauge",
         P + "store_fenced_writes": "counter",
         P + "replicas_alive": "gauge",
+        P + "events_emitted": "counter",
+        P + "event_streams_open": "gauge",
         P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
     }
     # _created series are left out on purpose (see agent_server.metrics)
@@ -112,7 +114,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
 
 async def test_known_label_values_start_at_zero(served: Served) -> None:
     m = await scrape(served.client)
-    names = {func.__name__ for func in REASONERS}
+    names = reasoner_names()
     assert m.labels("executions_started_total", "reasoner") == names
     for name in names:
         assert m("executions_started_total", reasoner=name) == 0

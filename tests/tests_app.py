@@ -347,6 +347,33 @@ async def slow_first_attempt(ctx: ExecutionContext, first: float = 2.0) -> str:
     return "fresh"
 
 
+# -- reasoners that emit events ------------------------------------------------------------
+
+
+async def chatter(
+    ctx: ExecutionContext, count: int = 5, pause: float = 0.0, fail_at: int | None = None
+) -> dict[str, int]:
+    """Emits `count` progress events, `pause` seconds apart; fails after `fail_at` of them."""
+    for n in range(count):
+        if fail_at is not None and n == fail_at:
+            raise RuntimeError(f"failed after {n} events")
+        await ctx.emit({"n": n}, event="progress")
+        if pause:
+            await asyncio.sleep(pause)
+    return {"emitted": count}
+
+
+async def tokens(ctx: ExecutionContext, text: str = "hello world", pause: float = 0.05) -> str:
+    """Streams its words as `token` events, as a model streams tokens."""
+    for word in text.split():
+        await ctx.emit(word, event="token")
+        await asyncio.sleep(pause)
+    return text
+
+
+REASONERS += [chatter, tokens]
+
+
 def _limit_address_space() -> None:
     """TESTS_MEMORY_HEADROOM_MB caps the address space at its current size plus that much,
     so a leaking reasoner meets a real MemoryError instead of the machine's memory."""
@@ -360,6 +387,14 @@ def _limit_address_space() -> None:
 
 
 _limit_address_space()
+
+
+#: Every reasoner name make_agent registers: the plain ones and the resumable ones.
+RESUMABLE_NAMES = {"steps", "steps_once", "slow_first_attempt"}
+
+
+def reasoner_names() -> set[str]:
+    return {func.__name__ for func in REASONERS} | RESUMABLE_NAMES
 
 
 def make_agent(settings: Settings | None = None) -> Agent:

@@ -32,6 +32,7 @@ def open_store(
     result_ttl: float,
     max_retained: int,
     lease_ttl: float,
+    max_events: int = 1000,
     observer: StoreObserver | None = None,
 ) -> ExecutionStore:
     """The store `--store` names: `memory`, or a `redis://` / `rediss://` URL."""
@@ -47,4 +48,5 @@ def open_store(
         max_retained=max_retained,
         lease_ttl=lease_ttl,
         observer=observer,
+        max_events=max_events,
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent_server.events import Event
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
@@ -95,9 +96,29 @@ class ExecutionStore(abc.ABC):
         """Stop the background work and disconnect; this replica's liveness ends."""
 
     @property
+    def shared(self) -> bool:
+        """Whether other replicas read these records (and events) too."""
+        return False
+
+    @property
     def supports_handoff(self) -> bool:
         """Whether another replica can take an execution this one hands off."""
-        return False
+        return self.shared
+
+    def emit(self, execution: Execution, event: Event) -> None:
+        """Keep an event where other replicas can read it (in order with the end); the
+        execution's own log already holds it for this process's readers."""
+        return None
+
+    async def events_since(
+        self, execution_id: str, cursor: int, limit: int
+    ) -> tuple[int, list[Event]]:
+        """Up to `limit` kept events after `cursor`, and how many after it are gone."""
+        return 0, []
+
+    async def wait_events(self, execution_id: str, timeout: float) -> None:
+        """Return when the execution may have new events (or ended), or after `timeout`."""
+        await asyncio.sleep(timeout)
 
     @abc.abstractmethod
     async def create(

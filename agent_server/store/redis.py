@@ -48,6 +48,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server import jsoncodec
+from agent_server.events import Event
 from agent_server.execution import CancelReason, Execution, ExecutionStatus, StaleAttempt
 from agent_server.store.base import (
     ExecutionRunning,
@@ -132,7 +133,7 @@ local function drop(member)
   local bar = string.find(member, '|', 1, true)
   local id = string.sub(member, 1, bar - 1)
   local sid = string.sub(member, bar + 1)
-  redis.call('DEL', P .. 'x:' .. id)
+  redis.call('DEL', P .. 'x:' .. id, P .. 'ev:' .. id)
   redis.call('ZREM', P .. 'all', id)
   if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
   redis.call('ZREM', P .. 'finished', member)
@@ -162,6 +163,7 @@ local function finish(rec, id, sid, owner)
   if top[2] and tonumber(top[2]) >= score then score = tonumber(top[2]) + 1 end
   redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
   redis.call('PEXPIRE', rec, TTL)
+  redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
   prune()
   redis.call('PUBLISH', P .. 'ends', id)
 end
@@ -369,9 +371,28 @@ while true do
     redis.call('SADD', P .. 'owned:' .. me, id)
     local row = redis.call('HMGET', rec, unpack(F))
     row[14] = 0
-    return {row, redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')}
+    local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')
+    local last = redis.call('XREVRANGE', P .. 'ev:' .. id, '+', '-', 'COUNT', 1)
+    extra[4] = last[1] and last[1][1] or '0-0'
+    return {row, extra}
   end
 end
+"""
+
+# An event, written only while this attempt owns the execution (a stale attempt's events
+# are dropped). ARGV[5..]: id, owner, attempt, event number, name, data (JSON), events kept.
+_EMIT = """
+local id = ARGV[5]
+local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'replica', 'attempt')
+if v[1] ~= 'running' or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {1, 'dropped'} end
+local key = P .. 'ev:' .. id
+local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= tonumber(ARGV[8]) then
+  return {1, 'dropped'}
+end
+redis.call('XADD', key, 'MAXLEN', ARGV[11], ARGV[8] .. '-1', 'e', ARGV[9], 'd', ARGV[10])
+redis.call('PUBLISH', P .. 'events', id)
+return {1, ''}
 """
 
 _SCRIPTS = {
@@ -386,6 +407,7 @@ _SCRIPTS = {
         "checkpoint": _CHECKPOINT,
         "handoff": _HANDOFF,
         "claim": _CLAIM,
+        "emit": _EMIT,
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
@@ -436,6 +458,7 @@ class RedisStore(ExecutionStore):
         lease_ttl: float = 10.0,
         observer: StoreObserver | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
+        max_events: int = 1000,
     ) -> None:
         self.replica_id = replica_id
         self.url = url
@@ -446,6 +469,9 @@ class RedisStore(ExecutionStore):
         self.lease_ttl = lease_ttl
         self.observer = observer
         self.outbox_limit = outbox_limit
+        self.max_events = max_events
+        self.events_dropped = 0
+        self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
         self._client: aioredis.Redis | None = None
         self._up = False
@@ -499,7 +525,10 @@ class RedisStore(ExecutionStore):
                 await self._tick()
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(
-                    self._ends_channel, self._cancel_channel, self._queued_channel
+                    self._ends_channel,
+                    self._cancel_channel,
+                    self._queued_channel,
+                    self._events_channel,
                 )
         except _OPEN_FAILURES as exc:
             if pubsub is not None:
@@ -563,13 +592,65 @@ class RedisStore(ExecutionStore):
             except StoreUnavailable:
                 await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
                 backoff = min(backoff * 2, BACKOFF_MAX)
-        return [entry[0] for entry in self._outbox] + [*self._overflow, *self._failed]
+        owed = [entry[0] for entry in self._outbox if entry[1] != "emit"]
+        return [*owed, *self._overflow, *self._failed]
 
     # -- records ---------------------------------------------------------------------------
 
     @property
-    def supports_handoff(self) -> bool:
+    def shared(self) -> bool:
         return True
+
+    def emit(self, execution: Execution, event: Event) -> None:
+        """Through the outbox, in order with the end: XADD to the execution's capped stream
+        (fenced by owner and attempt) and a notice to readers on other replicas."""
+        self._enqueue(
+            execution,
+            "emit",
+            [
+                execution.execution_id,
+                execution.replica,
+                str(execution.attempt),
+                str(event.id),
+                event.event,
+                event.data,
+                str(self.max_events),
+            ],
+        )
+
+    async def events_since(
+        self, execution_id: str, cursor: int, limit: int
+    ) -> tuple[int, list[Event]]:
+        """One XRANGE after `cursor` (exclusive). Numbers are contiguous: a gap before the
+        first one read is what the cap trimmed."""
+        async with self._operation("events"):
+            rows = await cast(
+                Awaitable[Any],
+                self._redis.xrange(
+                    f"{self.prefix}ev:{execution_id}", min=f"({cursor}-1", count=limit
+                ),
+            )
+        events = [
+            Event(
+                int(entry_id.split("-", 1)[0]), fields.get("e", "message"), fields.get("d", "null")
+            )
+            for entry_id, fields in rows
+        ]
+        missed = events[0].id - cursor - 1 if events else 0
+        return max(0, missed), events
+
+    async def wait_events(self, execution_id: str, timeout: float) -> None:
+        """Woken by the `events` (or `ends`) notice for this execution on this replica's
+        one pub/sub connection."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._event_waiters.setdefault(execution_id, set())
+        waiters.add(future)
+        try:
+            await asyncio.wait({future}, timeout=timeout)
+        finally:
+            waiters.discard(future)
+            if not waiters and self._event_waiters.get(execution_id) is waiters:
+                del self._event_waiters[execution_id]
 
     async def create(
         self, execution: Execution, idempotency: Idempotency | None = None
@@ -641,8 +722,10 @@ class RedisStore(ExecutionStore):
             reply = await self._script("claim", self.replica_id)
         if not reply:
             return None
-        row, (body, checkpoint, max_attempts) = reply
+        row, (body, checkpoint, max_attempts, last_event) = reply
         execution = self._restore(row)
+        # Its events go on numbering where the last attempt stopped.
+        execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
         execution.body = _unjson(body) if body else None
         execution.checkpoint = checkpoint or None
         execution.max_attempts = int(max_attempts or 1)
@@ -665,7 +748,16 @@ class RedisStore(ExecutionStore):
 
     def _enqueue(self, execution: Execution, script: str, args: list[str | bytes]) -> None:
         """Past the outbox bound a write is kept aside, logged and reported by `flush` as
-        unrecorded."""
+        unrecorded; an event is dropped (counted and logged): it is no execution's end."""
+        if len(self._outbox) >= self.outbox_limit and script == "emit":
+            self.events_dropped += 1
+            if self.events_dropped % 1000 == 1:
+                logger.warning(
+                    "store outbox full: events not written to %s (%d so far)",
+                    self.where,
+                    self.events_dropped,
+                )
+            return
         if len(self._outbox) >= self.outbox_limit:
             self._overflow.append(execution)
             if len(self._overflow) == 1 or len(self._overflow) % 1000 == 0:
@@ -864,6 +956,10 @@ class RedisStore(ExecutionStore):
                     execution, script, _ = entry
                     if isinstance(reply, NoScriptError):
                         retry.append(entry)
+                    elif isinstance(reply, Exception) and script == "emit":
+                        logger.warning(
+                            "event of execution %s not written: %s", execution.execution_id, reply
+                        )
                     elif isinstance(reply, Exception):
                         logger.error(
                             "end of execution %s could not be written: %s",
@@ -903,7 +999,10 @@ class RedisStore(ExecutionStore):
                 if pubsub is None:
                     pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                     await pubsub.subscribe(
-                        self._ends_channel, self._cancel_channel, self._queued_channel
+                        self._ends_channel,
+                        self._cancel_channel,
+                        self._queued_channel,
+                        self._events_channel,
                     )
                     self._set_up(True)
                     self._wake_all()
@@ -930,7 +1029,12 @@ class RedisStore(ExecutionStore):
         if not isinstance(data, str):
             return
         if channel == self._ends_channel:
-            for future in self._waiters.get(data, ()):
+            for future in [*self._waiters.get(data, ()), *self._event_waiters.get(data, ())]:
+                if not future.done():
+                    future.set_result(None)
+            return
+        if channel == self._events_channel:
+            for future in self._event_waiters.get(data, ()):
                 if not future.done():
                     future.set_result(None)
             return
@@ -962,6 +1066,10 @@ class RedisStore(ExecutionStore):
     @property
     def _ends_channel(self) -> str:
         return self.prefix + "ends"
+
+    @property
+    def _events_channel(self) -> str:
+        return self.prefix + "events"
 
     @property
     def _queued_channel(self) -> str:
