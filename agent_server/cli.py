@@ -1,8 +1,11 @@
-"""`agent-server run [APP]`: load an Agent, validate the settings and budget, serve it."""
+"""`agent-server run [APP]`: load an Agent, validate the settings and budget, serve it.
+`agent-server call NAME [JSON]`: run a reasoner on a server through `agent_server.client`."""
 
 from __future__ import annotations
 
+import enum
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -17,6 +20,16 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from agent_server.agent import Agent
+from agent_server.auth import TokenError, check_token, read_token_file
+from agent_server.client import (
+    DEFAULT_URL,
+    AgentClient,
+    AgentServerError,
+    Execution,
+    InvalidInput,
+    Unavailable,
+    WaitTimeout,
+)
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import configure_logging
 from agent_server.runner import Runner, exit_on_signal_before_serving
@@ -200,3 +213,164 @@ def run(app: str | None, **flags: Any) -> None:
     )
     runner.run()
     sys.exit(runner.exit_code)
+
+
+class CallExit(enum.IntEnum):
+    """`agent-server call`'s exit codes: one per way a call can end."""
+
+    SUCCEEDED = 0
+    FAILED = 1
+    INVALID = 2  # usage, input JSON, or the server refused the input (400, 413, 415, 422)
+    CANCELLED = 3
+    LOST = 4
+    UNREACHABLE = 5  # no answer, or still refused (429/503), after the retries
+    REFUSED = 6  # 401, 404, 409 and any other error answer
+    TIMEOUT = 7  # --timeout passed before the end
+
+
+END_CODES = {
+    "succeeded": CallExit.SUCCEEDED,
+    "failed": CallExit.FAILED,
+    "cancelled": CallExit.CANCELLED,
+    "lost": CallExit.LOST,
+}
+
+
+def _call_token(token_file: str | None) -> str | None:
+    if token_file is not None:
+        return read_token_file(token_file)
+    token = os.environ.get(ENV + "API_TOKEN")
+    return check_token(token) if token else None
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False))
+
+
+def _ended(execution: Execution) -> int:
+    """Print the execution; its end's exit code, with a line on stderr for any other end
+    than `succeeded`."""
+    _print_json(execution.json)
+    if execution.status != "succeeded":
+        try:
+            execution.outcome()
+        except AgentServerError as exc:
+            click.echo(f"agent-server: {exc}", err=True)
+    return END_CODES.get(execution.status, CallExit.REFUSED)
+
+
+def _error_code(exc: AgentServerError) -> int:
+    if isinstance(exc, WaitTimeout):
+        return CallExit.TIMEOUT
+    if isinstance(exc, Unavailable):
+        return CallExit.UNREACHABLE
+    if isinstance(exc, InvalidInput):
+        return CallExit.INVALID
+    return CallExit.REFUSED
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.argument("input_json", metavar="[JSON]", required=False)
+@click.option(
+    "--url",
+    default=DEFAULT_URL,
+    show_default=True,
+    envvar="AGENT_SERVER_URL",
+    help="The server (or the Service in front of its replicas). [env: AGENT_SERVER_URL]",
+)
+@click.option(
+    "--async",
+    "background",
+    is_flag=True,
+    help="Start it in the background and print the execution as started (exit 0).",
+)
+@click.option(
+    "--stream", is_flag=True, help="Start it and print its events as they come, one JSON line each."
+)
+@click.option("--session", default=None, help="The session (X-Session-ID) it belongs to.")
+@click.option(
+    "--token-file",
+    default=None,
+    envvar=ENV + "API_TOKEN_FILE",
+    help="File holding the bearer token; else AGENT_SERVER_API_TOKEN, if set. "
+    "[env: AGENT_SERVER_API_TOKEN_FILE]",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds to wait for the end (a synchronous run is then cancelled).",
+)
+@click.option(
+    "--retry-for",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to keep retrying refusals (429, 503) and connection errors.",
+)
+def call(
+    name: str,
+    input_json: str | None,
+    url: str,
+    background: bool,
+    stream: bool,
+    session: str | None,
+    token_file: str | None,
+    timeout: float | None,
+    retry_for: float,
+) -> None:
+    """Run reasoner NAME with JSON input (an object of its parameters) on a server, and print
+    the execution as JSON. Rides rollouts like the Python client (docs/client.md).
+
+    \b
+    Exit codes:
+      0  succeeded (or started, with --async)
+      1  failed
+      2  usage error, input that is not JSON, or input the server refused (400, 422, ...)
+      3  cancelled
+      4  lost
+      5  unreachable: no answer, or still 429/503, after --retry-for seconds
+      6  refused: unauthorized (401), unknown reasoner (404), conflict (409), other errors
+      7  --timeout passed before the end
+    Anything but 0 also writes one line to stderr.
+    """
+    if background and stream:
+        raise click.UsageError("give --async or --stream, not both")
+    try:
+        payload = None if input_json is None else json.loads(input_json)
+    except ValueError as exc:
+        click.echo(f"agent-server: JSON input is not valid JSON: {exc}", err=True)
+        sys.exit(CallExit.INVALID)
+    try:
+        token = _call_token(token_file)
+    except TokenError as exc:
+        click.echo(f"agent-server: {exc}", err=True)
+        sys.exit(CallExit.INVALID)
+    try:
+        with AgentClient(url, token=token, retry_for=retry_for) as client:
+            if background:
+                handle = client.start(name, payload, session=session)
+                _print_json(handle.execution.json)
+                sys.exit(CallExit.SUCCEEDED)
+            if stream:
+                handle = client.start(name, payload, session=session)
+                end: Execution | None = None
+                for event in handle.events():
+                    _print_json({"id": event.id, "event": event.event, "data": event.data})
+                    if event.event == "end" and isinstance(event.data, dict):
+                        end = Execution.from_json(event.data)
+                if end is None:  # pragma: no cover - a stream ends with its end event
+                    end = handle.get()
+                code = END_CODES.get(end.status, CallExit.REFUSED)
+                if code != CallExit.SUCCEEDED:
+                    try:
+                        end.outcome()
+                    except AgentServerError as exc:
+                        click.echo(f"agent-server: {exc}", err=True)
+                sys.exit(code)
+            execution = client.run_execution(name, payload, session=session, timeout=timeout)
+            sys.exit(_ended(execution))
+    except AgentServerError as exc:
+        click.echo(f"agent-server: {exc}", err=True)
+        sys.exit(_error_code(exc))

@@ -288,7 +288,8 @@ def error_from_response(response: httpx.Response) -> AgentServerError:
                 exc.status = status
                 return exc
     detail = body.get("detail") if isinstance(body, dict) else body
-    message = f"{response.request.method} {response.request.url.path}: {status} {detail}"
+    shown = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+    message = f"{response.request.method} {response.request.url.path}: {status} {shown}"
     kind: type[AgentServerError] = AgentServerError
     if status == 401:
         kind = Unauthorized
