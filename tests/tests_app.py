@@ -374,6 +374,30 @@ async def tokens(ctx: ExecutionContext, text: str = "hello world", pause: float 
 REASONERS += [chatter, tokens]
 
 
+# -- a reasoner that counts its runs ------------------------------------------------------
+
+
+async def counted(key: str, seconds: float = 0.0) -> dict[str, Any]:
+    """Counts each run in the test's Redis (TESTS_REDIS_URL), under `tests:runs:{key}`,
+    then sleeps `seconds`: the test's own count of how often a start really ran."""
+    runs = 0
+    url = os.environ.get("TESTS_REDIS_URL")
+    if url:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(url)
+        try:
+            runs = int(await client.incr(f"tests:runs:{key}"))
+        finally:
+            await client.aclose()
+    if seconds:
+        await asyncio.sleep(seconds)
+    return {"key": key, "runs": runs}
+
+
+REASONERS += [counted]
+
+
 def _limit_address_space() -> None:
     """TESTS_MEMORY_HEADROOM_MB caps the address space at its current size plus that much,
     so a leaking reasoner meets a real MemoryError instead of the machine's memory."""
