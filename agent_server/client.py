@@ -131,8 +131,9 @@ class Execution:
 
 @dataclass(frozen=True)
 class Event:
-    """One server-sent event of an execution: its number, name and JSON data. The stream's
-    last event is `end`, whose data is the execution."""
+    """One server-sent event of an execution: its number (None for the unnumbered `start`,
+    `missed` and `end`), name and JSON data. The stream's last event is `end`, whose data
+    is the execution."""
 
     id: int | None
     event: str
@@ -165,8 +166,9 @@ Reasoners = list[ReasonerInfo]
 
 
 class AgentServerError(Exception):
-    """Any error this client reports: `status` is the HTTP status (None when there was no
-    answer), `body` the server's JSON (`{"detail": ...}` or an execution)."""
+    """Any error this client reports: `status` is the HTTP status of the answer it comes
+    from (None when there was none, or for an end read from the execution itself), `body`
+    the server's JSON (`{"detail": ...}` or the execution)."""
 
     def __init__(self, message: str, *, status: int | None = None, body: Any = None) -> None:
         super().__init__(message)
@@ -596,7 +598,7 @@ class SseParser:
             parsed: Any = json.loads(text)
         except ValueError:
             parsed = text
-        return Event(event_id if event_id is not None else self.last_id, event, parsed)
+        return Event(event_id, event, parsed)
 
 
 class _Stream:
