@@ -143,11 +143,29 @@ OPERATION_IDS = {
     ("/executions/{execution_id}", "get"): "getExecution",
     ("/executions/{execution_id}", "delete"): "deleteExecution",
     ("/executions/{execution_id}/cancel", "post"): "cancelExecution",
+    ("/executions/{execution_id}/events", "get"): "streamExecutionEvents",
     ("/sessions/{session_id}", "delete"): "releaseSession",
     ("/healthz", "get"): "healthz",
     ("/readyz", "get"): "readyz",
     ("/metrics", "get"): "metrics",
     ("/openapi.json", "get"): "openapi",
+}
+EVENT_STREAM: dict[str, Any] = {
+    "description": "text/event-stream: `id:` numbered events, comment heartbeats, a `missed` "
+    "event when a reader fell behind what is kept, and `event: end` (data: the execution)",
+    "content": {
+        "text/event-stream": {
+            "schema": {  # one event; `data` is JSON text
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "event": {"type": "string"},
+                    "data": {"type": "string"},
+                    "retry": {"type": "integer"},
+                },
+            }
+        }
+    },
 }
 START_ERRORS: dict[str, Any] = {
     "400": _error("Malformed JSON body, X-Session-ID or Idempotency-Key"),
@@ -182,7 +200,15 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
-            "200": {**_json(succeeded, "The execution succeeded"), "links": EXECUTION_LINKS},
+            "200": {
+                "description": "The execution succeeded; with `Accept: text/event-stream`, "
+                "its events (`event: start` first, `event: end` last)",
+                "content": {
+                    "application/json": {"schema": succeeded},
+                    **EVENT_STREAM["content"],
+                },
+                "links": EXECUTION_LINKS,
+            },
             "500": _json(_ref("Execution"), "The execution failed"),
             **START_ERRORS,
             "409": _json(
@@ -296,6 +322,31 @@ def openapi_document(
                     "responses": {
                         "200": _json(_ref("Execution"), "Already terminal"),
                         "202": _json(_ref("Execution"), "Cancellation requested"),
+                        "404": _error("Unknown execution"),
+                    },
+                }
+            },
+            "/executions/{execution_id}/events": {
+                "get": {
+                    "summary": "Its events as Server-Sent Events: replay after Last-Event-ID "
+                    "(or ?after=N), then live, heartbeats, and `event: end` with the execution",
+                    "parameters": [
+                        EXECUTION_ID,
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        },
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        },
+                    ],
+                    "responses": {
+                        "200": EVENT_STREAM,
+                        "400": _error("Invalid Last-Event-ID or after"),
                         "404": _error("Unknown execution"),
                     },
                 }
