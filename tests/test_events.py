@@ -34,7 +34,12 @@ def read_all(url: str, path: str, headers: dict[str, str] | None = None) -> list
 
 
 def numbered(events: list[ServerSentEvent]) -> list[int]:
-    return [int(e.id) for e in events if e.event not in ("end", "start", "missed")]
+    """The numbers of the real events (a retry hint carries the last id seen, as SSE says)."""
+    return [
+        int(e.id)
+        for e in events
+        if e.event not in ("end", "start", "missed") and e.retry is None and e.data
+    ]
 
 
 def start(url: str, reasoner: str, body: dict[str, Any]) -> str:
@@ -298,3 +303,36 @@ def test_a_draining_replica_sends_its_readers_elsewhere(cluster: Cluster) -> Non
     ids = numbered(seen) + numbered(rest)
     assert ids == list(range(1, len(ids) + 1))
     assert rest[-1].event == "end"
+
+
+def test_a_stream_of_work_elsewhere_ends_with_retry_when_its_replica_drains(
+    cluster: Cluster,
+) -> None:
+    """Replica 0 serves the stream of a run owned by replica 1; when replica 0's listener
+    closes, the stream ends with a retry hint, and the reader resumes on replica 2."""
+    execution_id = start(cluster.url(1), "tokens", {"text": "y " * 200, "pause": 0.02})
+    seen: list[ServerSentEvent] = []
+
+    async def read_then_drain() -> None:
+        async with (
+            httpx.AsyncClient(timeout=WAIT) as client,
+            aconnect_sse(
+                client, "GET", f"{cluster.url(0)}/executions/{execution_id}/events"
+            ) as source,
+        ):
+            async for event in source.aiter_sse():
+                seen.append(event)
+                if len(seen) == 5:
+                    cluster.replicas[0].signal(signal.SIGTERM)
+
+    asyncio.run(read_then_drain())
+    assert cluster.replicas[0].wait_exit(timeout=WAIT)[0] == 0
+    assert seen[-1].retry is not None  # not `end`: the run goes on elsewhere
+    last = [e for e in seen if e.id][-1].id
+    rest = read_all(
+        cluster.url(2), f"/executions/{execution_id}/events", headers={"Last-Event-ID": last}
+    )
+    ids = numbered(seen) + numbered(rest)
+    assert ids == list(range(1, 201))
+    assert rest[-1].event == "end"
+    assert json.loads(rest[-1].data)["status"] == "succeeded"
