@@ -150,3 +150,42 @@ def test_agentfield_peer_smoke() -> None:
         answer = httpx.post(f"{server.url}/reasoners/echo", json={"text": "hi"}, timeout=10)
     assert answer.status_code == 200
     assert answer.json() == {"text": "hi"}
+
+
+def test_store_smoke() -> None:
+    """bench.store --quick against this tree (item 3 compares it with itself): every item
+    runs and is printed; structure only. Needs redis-server, as the store tests do."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.store", "--quick", "--before", str(ROOT)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = done.stdout
+    for heading in (
+        "### Item 1: Redis round trips",
+        "### Item 2: background start + wait",
+        "### Item 3: sync echo",
+        "### Item 4: renewal cost",
+        "### Item 5: long-poll wake latency",
+        "### Item 6: Redis memory",
+    ):
+        assert heading in out, heading
+    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
+    items = raw["items"]
+    one_by_one = items["1"]["scenarios"]["start, end, GET (one at a time)"]
+    assert one_by_one["statuses"] == {"succeeded": one_by_one["lives"]}
+    assert one_by_one["evalsha_per_life"] > 0 and one_by_one["round_trips_per_life"] > 0
+    for store in ("memory", "redis"):
+        assert items["2"]["targets"][store]["errors"] == 0
+        assert items["2"]["targets"][store]["lives"] > 0
+    assert all(t["errors"] == 0 for t in items["3"]["targets"].values())
+    assert [row["in_flight"] for row in items["4"]["rows"]] == [1, 20]
+    assert all(row["running_in_redis"] == row["in_flight"] for row in items["4"]["rows"])
+    for results in items["5"]["rounds"].values():
+        assert all(
+            r["measured"] + r["failed"] + r["not_waiting_at_end"] == r["waiters"] for r in results
+        )
+    assert items["6"]["points"][-1]["keys_added"] >= items["6"]["points"][-1]["retained"]
