@@ -333,6 +333,7 @@ def call(
       5  unreachable: no answer, or still 429/503, after --retry-for seconds
       6  refused: unauthorized (401), unknown reasoner (404), conflict (409), other errors
       7  --timeout passed before the end
+
     Anything but 0 also writes one line to stderr.
     """
     if background and stream:
