@@ -2,10 +2,12 @@
 shutdown, or of one whose owner died (resumable reasoners, shared store only).
 
 One task per replica, owned by the agent's lifespan: it claims work while this replica
-admits new work and has capacity, woken by the store's `queued` notice and, in case a
-notice is missed, every `POLL_SECONDS`. Claiming is one atomic script in the store: the
-claimed record is running under this replica before anything else can see it, so a replica
-that dies right after claiming is caught by its liveness like any other owner.
+admits new work and has capacity, woken by the store's `queued` notice (the liveness
+renewal, which sees the queue's length, wakes it too in case a notice was missed), and
+every `POLL_SECONDS` after a claim left work behind (capacity was full). Claiming is one
+atomic script in the store: the claimed record is running under this replica before anything
+else can see it, so a replica that dies right after claiming is caught by its liveness like
+any other owner.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from agent_server.store.base import ExecutionStore, StoreUnavailable
 
 logger = logging.getLogger("agent_server.durable")
 
-#: Queued work is looked for at least this often, notice or not.
+#: With capacity full, queued work is looked for again this often.
 POLL_SECONDS = 1.0
+#: Without a notice, the taker looks anyway this often (the renewal wakes it before).
+IDLE_SECONDS = 60.0
 
 
 class QueueTaker:
@@ -55,16 +59,21 @@ class QueueTaker:
             logger.exception("taking queued work failed")
 
     async def _run(self) -> None:
+        wait = IDLE_SECONDS
         while True:
-            await self.store.wait_queued(POLL_SECONDS)
+            await self.store.wait_queued(wait)
+            wait = IDLE_SECONDS
             try:
-                while self.registry.can_take:
+                while True:
+                    if not self.registry.can_take:
+                        wait = POLL_SECONDS  # work may be left: look again soon
+                        break
                     execution = await self.store.claim()
                     if execution is None:
                         break
                     self._resume(execution)
             except StoreUnavailable:
-                continue  # readiness says so; the next poll tries again
+                wait = POLL_SECONDS  # readiness says so; try again soon
 
     def _resume(self, execution: Execution) -> None:
         reasoner = self.reasoners.get(execution.reasoner)

@@ -80,6 +80,12 @@ CONNECT_TIMEOUT = 2.0
 COMMAND_TIMEOUT = 2.0
 #: A waiter re-reads the record at least this often (covers a missed notice, a lost owner).
 REREAD_SECONDS = 1.0
+#: Waiters woken together are read in batches of this many ids (one script call each).
+WAKE_BATCH = 500
+#: End notices remembered, for a waiter that registers just after its notice.
+RECENT_ENDS = 10_000
+#: Connections to Redis per replica; past it, an operation waits (bounded) for one.
+MAX_CONNECTIONS = 64
 #: Ends kept locally while Redis is unreachable; past it they are counted, never dropped.
 OUTBOX_LIMIT = 10_000
 #: Ends written per pipeline.
@@ -303,11 +309,12 @@ return {1, v}
 
 # Renew this replica's liveness, count the live ones, move the running work of dead
 # replicas to lost (bounded), prune. ARGV[5..]: replica id, lease (ms), sweep limit.
-# Returns {replicas alive, records moved...}.
+# Returns {replicas alive, queued executions, records moved...}.
 _TICK = """
 local me, lease, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZADD', P .. 'replicas', NOW + lease, me)
-local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf')}
+local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf'),
+  redis.call('LLEN', P .. 'queue')}
 local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', NOW, 'LIMIT', 0, 10)
 for _, replica in ipairs(dead) do
   local owned = P .. 'owned:' .. replica
@@ -472,6 +479,12 @@ class RedisStore(ExecutionStore):
         self.max_events = max_events
         self.events_dropped = 0
         self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: Ids whose end notice woke waiters, read together by `_read_woken`.
+        self._woken: set[str] = set()
+        self._read_due = asyncio.Event()
+        #: The last RECENT_ENDS ids whose end was noticed (a waiter that registers just
+        #: after its notice reads at once instead of at the next re-read).
+        self._recent_ends: dict[str, None] = {}
         self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
         self._client: aioredis.Redis | None = None
         self._up = False
@@ -485,7 +498,7 @@ class RedisStore(ExecutionStore):
         self._failed: list[Execution] = []
         self._writing = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, set[asyncio.Future[Execution | None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.fenced = 0
 
@@ -506,14 +519,19 @@ class RedisStore(ExecutionStore):
         the renewal, the outbox writer and the pub/sub reader. Cancel requests for this
         replica go where `deliver_cancels` said."""
         try:
-            client = aioredis.Redis.from_url(
+            # A bounded pool that makes an operation wait (at most COMMAND_TIMEOUT) for a free
+            # connection: a burst past the bound is queued, not refused as an outage.
+            pool = aioredis.BlockingConnectionPool.from_url(
                 self.url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=COMMAND_TIMEOUT,
                 socket_connect_timeout=CONNECT_TIMEOUT,
                 socket_timeout=COMMAND_TIMEOUT,
                 socket_keepalive=True,
                 decode_responses=True,
                 retry=Retry(NoBackoff(), 0),  # our callers retry; a command fails fast
             )
+            client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
         except ValueError as exc:
             raise StoreUnavailable(f"invalid store URL for {self.where}: {exc}") from None
         self._client = client
@@ -544,6 +562,7 @@ class RedisStore(ExecutionStore):
             asyncio.create_task(self._keep_alive(), name="store-liveness"),
             asyncio.create_task(self._write_outbox(), name="store-outbox"),
             asyncio.create_task(self._listen(pubsub), name="store-pubsub"),
+            asyncio.create_task(self._read_woken(), name="store-wakes"),
         ]
         if self._outbox:
             self._wake.set()
@@ -782,42 +801,47 @@ class RedisStore(ExecutionStore):
         return None if not row else self._restore(row)
 
     async def wait(self, execution: Execution, timeout: float | None) -> Execution:
-        """Woken by this replica's one pub/sub connection when the end is written; re-read
-        at least every REREAD_SECONDS in case a notice was missed or the owner died."""
+        """Woken by this replica's one pub/sub connection when the end is written: one read
+        for every waiter woken together (`_read_woken`), none of its own. `execution` is a
+        copy the caller has just read; an end noticed since is re-read at once, and a re-read
+        every REREAD_SECONDS covers a missed notice or an owner that died."""
         if execution.is_terminal:
             return execution
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         latest = execution
-        first = True
+        key = execution.execution_id
+        read_now = key in self._recent_ends  # ended between the caller's read and now
         while True:
-            future: asyncio.Future[None] = loop.create_future()
-            waiters = self._waiters.setdefault(execution.execution_id, set())
+            future: asyncio.Future[Execution | None] = loop.create_future()
+            waiters = self._waiters.setdefault(key, set())
             waiters.add(future)
             try:
-                try:
-                    found = await self.get(execution.execution_id)
-                except StoreUnavailable:
-                    if first or self._client is None:
-                        raise
-                    found = None  # keep waiting: the next re-read may reach it
-                else:
-                    if found is None:  # forgotten or expired meanwhile
-                        return latest
-                first = False
-                if found is not None:
+                if read_now:
+                    try:
+                        found = await self.get(key)
+                    except StoreUnavailable:
+                        if self._client is None:
+                            raise
+                        found = latest  # keep waiting: the next re-read may reach it
+                    if found is None or found.is_terminal:
+                        return found or latest
                     latest = found
-                    if found.is_terminal:
-                        return found
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return latest
                 pause = REREAD_SECONDS if remaining is None else min(REREAD_SECONDS, remaining)
                 await asyncio.wait({future}, timeout=pause)
+                woken = future.result() if future.done() and not future.cancelled() else None
+                if woken is not None:
+                    if woken.is_terminal:
+                        return woken
+                    latest = woken
+                read_now = woken is None  # a notice without a record, or a timed re-read
             finally:
                 waiters.discard(future)
-                if not waiters and self._waiters.get(execution.execution_id) is waiters:
-                    del self._waiters[execution.execution_id]
+                if not waiters and self._waiters.get(key) is waiters:
+                    del self._waiters[key]
 
     async def list_executions(
         self,
@@ -914,7 +938,9 @@ class RedisStore(ExecutionStore):
             reply = await self._script("tick", self.replica_id, lease_ms, SWEEP_LIMIT)
         if self.observer is not None:
             self.observer.replicas_alive(int(reply[0]))
-        for row in reply[1:]:
+        if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
+            self._queued.set()
+        for row in reply[2:]:
             self._restore(row)
 
     async def _write_outbox(self) -> None:
@@ -1029,7 +1055,13 @@ class RedisStore(ExecutionStore):
         if not isinstance(data, str):
             return
         if channel == self._ends_channel:
-            for future in [*self._waiters.get(data, ()), *self._event_waiters.get(data, ())]:
+            self._recent_ends[data] = None
+            while len(self._recent_ends) > RECENT_ENDS:
+                self._recent_ends.pop(next(iter(self._recent_ends)))
+            if data in self._waiters:
+                self._woken.add(data)
+                self._read_due.set()
+            for future in self._event_waiters.get(data, ()):
                 if not future.done():
                     future.set_result(None)
             return
@@ -1054,6 +1086,26 @@ class RedisStore(ExecutionStore):
                 self.on_cancel(execution_id, reason, settle_within)
             except Exception:
                 logger.exception("cancel of execution %s failed", execution_id)
+
+    async def _read_woken(self) -> None:
+        """One read (the `get` script, many ids) for every waiter woken by end notices
+        since the last one; each waiter gets its record without a read of its own."""
+        while True:
+            await self._read_due.wait()
+            self._read_due.clear()
+            ids, self._woken = list(self._woken), set()
+            for start in range(0, len(ids), WAKE_BATCH):
+                batch = ids[start : start + WAKE_BATCH]
+                try:
+                    async with self._operation("get"):
+                        rows = await self._script("get", *batch)
+                except StoreUnavailable:
+                    rows = [None] * len(batch)  # the waiters re-read on their own
+                for execution_id, row in zip(batch, rows, strict=True):
+                    found = self._restore(row) if row else None
+                    for future in self._waiters.get(execution_id, ()):
+                        if not future.done():
+                            future.set_result(found)
 
     def _wake_all(self) -> None:
         for futures in self._waiters.values():
