@@ -8,20 +8,14 @@ endpoints of a Service follow readiness. Bound to loopback; every wait is bounde
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+from conftest import free_port
 
 START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def available() -> bool:

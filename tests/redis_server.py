@@ -13,14 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from conftest import free_port
+
 #: Seconds to wait for the server to answer PING, or to exit.
 START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def available() -> bool:

@@ -273,25 +273,32 @@ def test_a_reader_resumes_on_another_replica_missing_nothing(cluster: Cluster) -
     assert numbered(replay) == list(range(1, 41))
 
 
-def test_a_draining_replica_sends_its_readers_elsewhere(cluster: Cluster) -> None:
-    """The stream on the draining replica ends with a retry hint when its listener closes
-    (the run was cancelled at the drain deadline, so it ends: `end` comes first)."""
-    execution_id = start(cluster.url(0), "tokens", {"text": "x " * 500, "pause": 0.02})
+def read_while_draining(cluster: Cluster, index: int, execution_id: str) -> list[ServerSentEvent]:
+    """Read the stream from replica `index`, which gets SIGTERM after five events, to the
+    stream's end."""
     seen: list[ServerSentEvent] = []
 
     async def read_then_drain() -> None:
         async with (
             httpx.AsyncClient(timeout=WAIT) as client,
             aconnect_sse(
-                client, "GET", f"{cluster.url(0)}/executions/{execution_id}/events"
+                client, "GET", f"{cluster.url(index)}/executions/{execution_id}/events"
             ) as source,
         ):
             async for event in source.aiter_sse():
                 seen.append(event)
                 if len(seen) == 5:
-                    cluster.replicas[0].signal(signal.SIGTERM)
+                    cluster.replicas[index].signal(signal.SIGTERM)
 
     asyncio.run(read_then_drain())
+    return seen
+
+
+def test_a_draining_replica_sends_its_readers_elsewhere(cluster: Cluster) -> None:
+    """The stream on the draining replica ends with a retry hint when its listener closes
+    (the run was cancelled at the drain deadline, so it ends: `end` comes first)."""
+    execution_id = start(cluster.url(0), "tokens", {"text": "x " * 500, "pause": 0.02})
+    seen = read_while_draining(cluster, 0, execution_id)
     code, _ = cluster.replicas[0].wait_exit(timeout=WAIT)
     assert code == 0
     assert seen[-1].event == "end" or seen[-1].retry is not None
@@ -311,21 +318,7 @@ def test_a_stream_of_work_elsewhere_ends_with_retry_when_its_replica_drains(
     """Replica 0 serves the stream of a run owned by replica 1; when replica 0's listener
     closes, the stream ends with a retry hint, and the reader resumes on replica 2."""
     execution_id = start(cluster.url(1), "tokens", {"text": "y " * 200, "pause": 0.02})
-    seen: list[ServerSentEvent] = []
-
-    async def read_then_drain() -> None:
-        async with (
-            httpx.AsyncClient(timeout=WAIT) as client,
-            aconnect_sse(
-                client, "GET", f"{cluster.url(0)}/executions/{execution_id}/events"
-            ) as source,
-        ):
-            async for event in source.aiter_sse():
-                seen.append(event)
-                if len(seen) == 5:
-                    cluster.replicas[0].signal(signal.SIGTERM)
-
-    asyncio.run(read_then_drain())
+    seen = read_while_draining(cluster, 0, execution_id)
     assert cluster.replicas[0].wait_exit(timeout=WAIT)[0] == 0
     assert seen[-1].retry is not None  # not `end`: the run goes on elsewhere
     last = [e for e in seen if e.id][-1].id
