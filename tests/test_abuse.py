@@ -543,9 +543,11 @@ class Responses:
         if self.buffer:
             return False
         try:
-            return self.sock.recv(65_536) == b""
+            chunk = self.sock.recv(65_536)
         except ConnectionResetError:
             return True
+        self.buffer += chunk  # not closed: what came is the next response's
+        return chunk == b""
 
     def _fill(self) -> None:
         chunk = self.sock.recv(65_536)
