@@ -44,6 +44,7 @@ from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
+    IdempotencyForgotten,
     IdempotencyMismatch,
     StoreUnavailable,
 )
@@ -325,6 +326,12 @@ class Api:
             raise _admission_error(exc.reason) from None
         except IdempotencyMismatch:
             raise ApiError(422, "Idempotency-Key was first used for a different request") from None
+        except IdempotencyForgotten:
+            raise ApiError(
+                409,
+                "Idempotency-Key's execution was forgotten (deleted, released or expired): "
+                "send a new key to run again",
+            ) from None
 
     def _reasoner(self, name: str) -> Reasoner:
         reasoner = self.reasoners.get(name)

@@ -126,6 +126,7 @@ class Execution:
         "reasoner",
         "replica",
         "result",
+        "resumable",
         "session_id",
         "started_monotonic",
         "status",
@@ -154,6 +155,7 @@ class Execution:
         #: Resumable executions only: the request body (to bind a later attempt's arguments
         #: again), the last checkpoint (JSON text) and how many attempts an owner's death
         #: may cost. None, None, 1 for the others.
+        self.resumable = False
         self.body: Any = None
         self.checkpoint: str | None = None
         self.max_attempts = 1
@@ -197,6 +199,7 @@ class Execution:
         execution.finished_monotonic = None
         execution._duration = duration_seconds
         execution.abandoned = abandoned
+        execution.resumable = False
         execution.body = None
         execution.checkpoint = None
         execution.max_attempts = 1
@@ -219,10 +222,6 @@ class Execution:
         if self.events is None:
             self.events = EventLog(keep)
         return self.events
-
-    @property
-    def resumable(self) -> bool:
-        return self.max_attempts > 1 or self.body is not None
 
     def mark_queued(self) -> None:
         """Handed off: the next attempt runs on another replica; this object stays this
@@ -300,6 +299,8 @@ CheckpointWriter = Callable[["Execution", str], Awaitable[None]]
 EmitObserver = Callable[["Execution", Event], None]
 #: Event names travel on an `event:` line of a stream.
 EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: Names the stream itself uses around a reasoner's events.
+RESERVED_EVENTS = frozenset({"start", "missed", "end"})
 
 
 class ExecutionContext:
@@ -364,8 +365,11 @@ class ExecutionContext:
     async def emit(self, data: Any, event: str = "progress") -> int:
         """Publish an event (JSON data) to the execution's readers; its number is returned.
         Never waits for a reader: the last `--max-events` are kept for replay."""
-        if not EVENT_NAME.fullmatch(event):
-            raise ValueError("event names are 1 to 64 of A-Z a-z 0-9 _ . : -")
+        if not EVENT_NAME.fullmatch(event) or event in RESERVED_EVENTS:
+            raise ValueError(
+                "event names are 1 to 64 of A-Z a-z 0-9 _ . : -, other than "
+                + ", ".join(sorted(RESERVED_EVENTS))
+            )
         emitted = self._execution.event_log().append(event, encode_data(data))
         if self._emitted is not None:
             self._emitted(self._execution, emitted)

@@ -157,6 +157,7 @@ class InFlightRegistry:
             self._reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
         if reasoner.resumable:
+            execution.resumable = True
             execution.body = body
             execution.max_attempts = reasoner.max_attempts
         self._starting += 1  # counts against capacity while its record is written

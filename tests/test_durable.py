@@ -286,3 +286,13 @@ def test_a_stale_attempt_cannot_overwrite_the_newer_one(cluster: Cluster) -> Non
     again = httpx.get(f"{cluster.url(2)}/executions/{execution_id}", timeout=5).json()
     assert (again["status"], again["result"], again["attempt"]) == ("succeeded", "fresh", 2)
     assert re.search(rf"{execution_id}.*refused", owner.stderr()), owner.stderr()
+
+
+async def test_a_key_whose_execution_was_forgotten_is_409(client: httpx.AsyncClient) -> None:
+    key = {"Idempotency-Key": "forgotten"}
+    first = await client.post("/reasoners/echo", json={"text": "a"}, headers=key)
+    assert (await client.delete(f"/executions/{first.json()['execution_id']}")).status_code == 204
+    again = await client.post("/reasoners/echo", json={"text": "a"}, headers=key)
+    assert again.status_code == 409
+    assert "forgotten" in again.json()["detail"]
+    assert await started_count(client, "echo") == 1  # never a second run

@@ -657,3 +657,136 @@ async def test_open_fails_fast_naming_the_host_never_the_password() -> None:
     assert "s3cret" not in message and "user" not in message
     assert not store.up
     await store.close()
+
+
+# -- durable executions on the shared store ----------------------------------------------------
+
+
+def resumable(replica: str, session_id: str | None = None) -> Execution:
+    execution = Execution("steps", session_id, replica)
+    execution.resumable = True
+    execution.body = {"count": 3}
+    execution.max_attempts = 3
+    return execution
+
+
+async def wait_status(store: ExecutionStore, execution_id: str, status: ExecutionStatus) -> Any:
+    async def reached() -> Any:
+        found = await store.get(execution_id)
+        return found if found is not None and found.status is status else None
+
+    return await eventually(reached)
+
+
+@needs_redis
+async def test_a_hand_off_is_claimed_once_with_its_body_and_checkpoint(redis_url: str) -> None:
+    a_seen, b_seen = Recorder(), Recorder()
+    a = open_redis(redis_url, "A", a_seen)
+    b = open_redis(redis_url, "B", b_seen)
+    await a.open()
+    await b.open()
+    try:
+        execution = resumable("A")
+        await a.create(execution)
+        await a.checkpoint(execution, '{"done": 2}')
+        execution.mark_queued()
+        a.hand_off(execution)
+        queued = await wait_status(b, execution.execution_id, ExecutionStatus.QUEUED)
+        assert (queued.attempt, queued.replica) == (2, "")
+        claimed = await b.claim()
+        assert claimed is not None and claimed.execution_id == execution.execution_id
+        assert (claimed.attempt, claimed.replica, claimed.status) == (
+            2,
+            "B",
+            ExecutionStatus.RUNNING,
+        )
+        assert claimed.body == {"count": 3} and claimed.checkpoint == '{"done": 2}'
+        assert await a.claim() is None  # taken once
+        # The old attempt can write neither a checkpoint nor an end any more.
+        from agent_server.execution import StaleAttempt
+
+        with pytest.raises(StaleAttempt):
+            await a.checkpoint(execution, '{"done": 3}')
+        claimed.finish(ExecutionStatus.SUCCEEDED, result="fresh")
+        b.end(claimed)
+        ended = await wait_status(a, execution.execution_id, ExecutionStatus.SUCCEEDED)
+        assert ended.result == "fresh"
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+@needs_redis
+async def test_a_queued_execution_is_cancelled_by_any_replica(redis_url: str) -> None:
+    a = open_redis(redis_url, "A", Recorder())
+    b = open_redis(redis_url, "B", Recorder())
+    await a.open()
+    await b.open()
+    try:
+        execution = resumable("A")
+        await a.create(execution)
+        execution.mark_queued()
+        a.hand_off(execution)
+        queued = await wait_status(b, execution.execution_id, ExecutionStatus.QUEUED)
+        await b.request_cancel(queued, CancelReason.REQUEST, None)
+        cancelled = await b.get(execution.execution_id)
+        assert cancelled is not None
+        assert (cancelled.status, cancelled.status_reason) == (
+            ExecutionStatus.CANCELLED,
+            CancelReason.REQUEST,
+        )
+        assert await a.claim() is None  # it left the queue
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+@needs_redis
+async def test_queued_work_of_a_session_being_released_is_not_claimed(redis_url: str) -> None:
+    a = open_redis(redis_url, "A", Recorder())
+    b = open_redis(redis_url, "B", Recorder())
+    await a.open()
+    await b.open()
+    try:
+        execution = resumable("A", "s-rel")
+        await a.create(execution)
+        execution.mark_queued()
+        a.hand_off(execution)
+        await wait_status(b, execution.execution_id, ExecutionStatus.QUEUED)
+        await b.begin_release("s-rel", 5.0)
+        assert await b.claim() is None
+        found = await b.get(execution.execution_id)
+        assert found is not None
+        assert (found.status, found.status_reason) == (
+            ExecutionStatus.CANCELLED,
+            CancelReason.SESSION_RELEASED,
+        )
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("redis", marks=needs_redis)])
+async def test_a_key_whose_execution_was_forgotten_starts_nothing(
+    kind: str, redis_url: str
+) -> None:
+    from agent_server.store.base import Idempotency, IdempotencyForgotten
+
+    store: ExecutionStore = (
+        MemoryStore("A") if kind == "memory" else open_redis(redis_url, "A", Recorder())
+    )
+    await store.open()
+    try:
+        key = Idempotency("k", "fingerprint", 60.0)
+        first = Execution("echo", None, "A")
+        assert await store.create(first, key) is None
+        first.finish(ExecutionStatus.SUCCEEDED, result=1)
+        store.end(first)
+        await eventually(lambda: terminal(store, first.execution_id))
+        again = await store.create(Execution("echo", None, "A"), key)
+        assert again is not None and again.execution_id == first.execution_id
+        assert await store.forget(first.execution_id)
+        with pytest.raises(IdempotencyForgotten):
+            await store.create(Execution("echo", None, "A"), key)
+    finally:
+        await closed(store)

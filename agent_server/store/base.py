@@ -38,6 +38,11 @@ class IdempotencyMismatch(Exception):
     """The key was first used for a different request (reasoner, session or body): 422."""
 
 
+class IdempotencyForgotten(Exception):
+    """The key's execution was forgotten (deleted, released or expired) while the key is
+    still remembered: starting again would be a second run (409)."""
+
+
 class StoreUnavailable(Exception):
     """The shared store cannot be reached now: new work and reads get 503."""
 
@@ -126,7 +131,8 @@ class ExecutionStore(abc.ABC):
     ) -> Execution | None:
         """Record a new running execution and return None; or, when `idempotency` names a
         key already used for the same request, create nothing and return that execution.
-        Raises SessionReleasing, IdempotencyMismatch or StoreUnavailable."""
+        Raises SessionReleasing, IdempotencyMismatch, IdempotencyForgotten or
+        StoreUnavailable."""
 
     @abc.abstractmethod
     async def checkpoint(self, execution: Execution, state: str) -> None:

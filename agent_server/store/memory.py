@@ -16,6 +16,7 @@ from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
+    IdempotencyForgotten,
     IdempotencyMismatch,
     SessionReleasing,
 )
@@ -82,7 +83,10 @@ class MemoryStore(ExecutionStore):
         fingerprint, execution_id, _ = found
         if fingerprint != idempotency.fingerprint:
             raise IdempotencyMismatch(idempotency.key)
-        return self._executions.get(execution_id)  # None: forgotten; the key is used anew
+        earlier = self._executions.get(execution_id)
+        if earlier is None:
+            raise IdempotencyForgotten(idempotency.key)
+        return earlier
 
     async def checkpoint(self, execution: Execution, state: str) -> None:
         """One process, one attempt: nothing can own it but the caller."""

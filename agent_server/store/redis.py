@@ -54,6 +54,7 @@ from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
+    IdempotencyForgotten,
     IdempotencyMismatch,
     SessionReleasing,
     StoreObserver,
@@ -174,6 +175,14 @@ local function finish(rec, id, sid, owner)
   redis.call('PUBLISH', P .. 'ends', id)
 end
 
+-- End a queued execution (nobody runs it) as cancelled.
+local function cancel_queued(rec, id, sid, reason)
+  redis.call('HSET', rec, 'status', 'cancelled', 'status_reason', reason,
+    'finished_at', string.format('%.6f', NOW / 1000), 'duration_seconds', '')
+  redis.call('LREM', P .. 'queue', 0, id)
+  finish(rec, id, sid, '')
+end
+
 -- The record's fields plus 1 when this call moved it to lost (its owner stopped renewing
 -- its liveness), else 0; false when unknown.
 local function read(id)
@@ -217,8 +226,8 @@ end
 
 # ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
 # none), its fingerprint, its TTL (ms), then field/value pairs. Returns {1} created, {0}
-# session being released, {-1} key used for another request, {2, record} the execution
-# the key was first used for (nothing created).
+# session being released, {-1} key used for another request, {-2} the key's execution was
+# forgotten, {2, record} the execution the key was first used for (nothing created).
 _CREATE = """
 local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
@@ -230,6 +239,7 @@ if key ~= '' then
     if string.sub(first, 1, bar - 1) ~= fingerprint then return {-1} end
     local earlier = read(string.sub(first, bar + 1))
     if earlier then return {2, earlier} end
+    return {-2}
   end
   redis.call('SET', P .. 'idem:' .. key, fingerprint .. '|' .. id, 'PX', key_ttl)
 end
@@ -371,8 +381,10 @@ while true do
   local id = redis.call('LPOP', P .. 'queue')
   if not id then return false end
   local rec = P .. 'x:' .. id
-  local v = redis.call('HMGET', rec, 'status', 'created_at')
-  if v[1] == 'queued' then
+  local v = redis.call('HMGET', rec, 'status', 'created_at', 'session_id')
+  if v[1] == 'queued' and v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
+    cancel_queued(rec, id, v[3], 'session_released')  -- its session is being released
+  elseif v[1] == 'queued' then
     redis.call('HSET', rec, 'status', 'running', 'replica', me)
     redis.call('ZADD', P .. 'running', v[2], id)
     redis.call('SADD', P .. 'owned:' .. me, id)
@@ -402,6 +414,20 @@ redis.call('PUBLISH', P .. 'events', id)
 return {1, ''}
 """
 
+# Cancel a queued execution: nobody runs it, so it ends here. ARGV[5..]: id, reason.
+# Returns {1, ''} cancelled; {0, owner} when a replica claimed it meanwhile (send it there);
+# {0, ''} when it is no longer active.
+_CANCEL_QUEUED = """
+local rec = P .. 'x:' .. ARGV[5]
+local v = redis.call('HMGET', rec, 'status', 'replica', 'session_id')
+if v[1] == 'queued' then
+  cancel_queued(rec, ARGV[5], v[3], ARGV[6])
+  return {1, ''}
+end
+if v[1] == 'running' then return {0, v[2]} end
+return {0, ''}
+"""
+
 _SCRIPTS = {
     name: _PRELUDE + body
     for name, body in {
@@ -415,6 +441,7 @@ _SCRIPTS = {
         "handoff": _HANDOFF,
         "claim": _CLAIM,
         "emit": _EMIT,
+        "cancel_queued": _CANCEL_QUEUED,
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
@@ -705,6 +732,8 @@ class RedisStore(ExecutionStore):
             raise SessionReleasing(session_id)
         if code == -1:
             raise IdempotencyMismatch(key)
+        if code == -2:
+            raise IdempotencyForgotten(key)
         if code == 2:
             return self._restore(reply[1])
         return None
@@ -748,6 +777,7 @@ class RedisStore(ExecutionStore):
         execution.body = _unjson(body) if body else None
         execution.checkpoint = checkpoint or None
         execution.max_attempts = int(max_attempts or 1)
+        execution.resumable = True
         # Its duration runs from its creation, across attempts.
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at
@@ -881,7 +911,14 @@ class RedisStore(ExecutionStore):
     ) -> None:
         """Straight to the local registry when this replica owns it, else one PUBLISH to
         the owner's channel (nothing listens there once the owner is gone: it reads lost)."""
-        if execution.replica == self.replica_id:
+        owner = execution.replica
+        if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
+            async with self._operation("request_cancel"):
+                reply = await self._script("cancel_queued", execution.execution_id, reason.value)
+            if int(reply[0]) or not reply[1]:
+                return
+            owner = reply[1]  # claimed meanwhile: the request goes to its new owner
+        if owner == self.replica_id:
             if self.on_cancel is not None:
                 self.on_cancel(execution.execution_id, reason, settle_within)
             return
@@ -891,7 +928,7 @@ class RedisStore(ExecutionStore):
         async with self._operation("request_cancel"):
             await cast(
                 Awaitable[Any],
-                self._redis.publish(f"{self.prefix}cancel:{execution.replica}", message),
+                self._redis.publish(f"{self.prefix}cancel:{owner}", message),
             )
 
     async def session(self, session_id: str) -> list[Execution]:
