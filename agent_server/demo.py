@@ -1,7 +1,7 @@
 """The embedded demo agent: what `agent-server run` serves when no APP is given.
 
 It shows each way of running: sync, background, failure, a thread, and a long run that
-checkpoints and returns early when the server begins to drain.
+reports each step as a live event and returns early when the server begins to drain.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def count_words(text: str) -> int:
 async def research(
     steps: int = 10, step_seconds: float = 1.0, *, ctx: ExecutionContext
 ) -> dict[str, object]:
-    """A long run that checkpoints after each step and stops early when the server drains."""
+    """A long run that emits a `progress` event after each step and stops early when the
+    server drains."""
     done = 0
     started = time.monotonic()
     for _ in range(steps):
@@ -63,6 +64,7 @@ async def research(
         if ctx.draining:
             break
         done += 1
+        await ctx.emit({"step": done, "of": steps}, event="progress")
     return {
         "steps_done": done,
         "steps_asked": steps,
