@@ -800,6 +800,80 @@ def item_round_trips(source: Path, n: int, progress: Callable[[str], None]) -> d
     return found
 
 
+# -- profiles (--profile) --------------------------------------------------------------------
+
+
+class Spy:
+    """`py-spy record` of one server process for `seconds` (sampling, no instrumentation),
+    collapsed stacks to bench/out/; `top()` ranks its frames (bench.profile_server)."""
+
+    def __init__(
+        self, server: ServerProcess, seconds: float, name: str, delay: float = 0.0
+    ) -> None:
+        from bench.common import OUT_DIR
+
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        self.path = OUT_DIR / f"profile-store-{name}-{time.strftime('%H%M%S')}.collapsed"
+        self.server = server
+        self.seconds = seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        if delay > 0:  # from `delay` seconds from now (a timer thread), not attached before
+            self._timer: threading.Timer | None = threading.Timer(delay, self._start)
+            self._timer.start()
+        else:
+            self._timer = None
+            self._start()
+            time.sleep(0.5)  # attached before the load begins
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(self.server.proc.pid),
+                "--duration",
+                str(max(1, round(self.seconds))),
+                "--rate",
+                "250",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(self.path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def top(self, limit: int = 20) -> dict[str, Any]:
+        from bench.profile_server import collapsed_top
+
+        if self._timer is not None:
+            self._timer.join()
+        if self.proc is None:
+            return {"error": "py-spy did not start"}
+        try:
+            self.proc.wait(timeout=self.seconds + 30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if not self.path.exists():
+            return {"error": "py-spy wrote nothing"}
+        total, inclusive, own = collapsed_top(self.path, 100_000)
+        ours = [(frame, n) for frame, n in inclusive if "agent_server/" in frame]
+        return {
+            "file": str(self.path),
+            "samples": total,
+            "inclusive": ours[:limit],  # agent_server's own frames, inclusive of callees
+            "self": own[:limit],
+        }
+
+
+def have_spy() -> bool:
+    return shutil.which("py-spy") is not None
+
+
 # -- item 2: start + wait throughput, redis against memory ----------------------------------
 
 
@@ -810,6 +884,7 @@ def item_throughput(
     count: int,
     concurrency: int,
     progress: Callable[[str], None],
+    profile: bool = False,
 ) -> dict[str, Any]:
     runs: dict[str, list[LoadResult]] = {"memory": [], "redis": []}
     redis_cpu: dict[str, list[float]] = {"memory": [], "redis": []}
@@ -858,7 +933,15 @@ def item_throughput(
                     )
                 )
                 redis_cpu[name].append(sum(u * r.requests for r, u in pair) / max(1, requests))
+        profiles: dict[str, Any] = {}
+        if profile and have_spy():  # after the measured rounds: py-spy's sampling costs CPU
+            for name in ("redis", "memory"):
+                spy = Spy(servers[name], 4.0, f"lives-{name}")
+                asyncio.run(lives(servers[name].port, count * 4, concurrency, 3.5))
+                profiles[name] = spy.top()
+                progress(f"item 2 profile of {name}: {profiles[name].get('file')}")
     return {
+        "profiles": profiles,
         "count_per_round": count,
         "concurrency": concurrency,
         "targets": {
@@ -1121,8 +1204,8 @@ async def _wake(
             await connection.close()
 
     failures: Counter[str] = Counter()
-    # Opened in small batches: a replica's redis-py pool holds at most 100 connections, and
-    # a long-poll's first reads need one each (see RESULTS.md, item 5).
+    # Opened in small batches, as in every run since the first: until 38ee9a9 a replica's
+    # redis-py pool refused past 100 connections, and a long-poll's first read needs one.
     polls: list[asyncio.Task[tuple[float, float, dict[str, Any]] | int]] = []
     for first in range(0, len(ids), OPEN_BATCH):
         polls += [asyncio.ensure_future(poll(key)) for key in ids[first : first + OPEN_BATCH]]
@@ -1181,10 +1264,14 @@ def item_wake(
     rounds: int,
     margin: float,
     progress: Callable[[str], None],
-    what_if_pool: bool = True,
+    profile: bool = False,
 ) -> dict[str, Any]:
+    """Replica A starts, replica B long-polls; the one-process memory store beside them.
+
+    (Until 38ee9a9 a third pair ran with bench/redis_pool's blocking pool as a what-if; the
+    store now builds a blocking pool of its own, which that injection no longer replaces.)
+    """
     capacity = ("--max-inflight", str(waiters + 100))
-    what_if = {"PYTHONPATH": str(ROOT / "bench" / "redis_pool")}
     with RedisServer() as redis, contextlib.ExitStack() as stack:
         pairs: dict[str, tuple[ServerProcess, ServerProcess]] = {}
         a = stack.enter_context(
@@ -1194,18 +1281,6 @@ def item_wake(
             agent_server("replica b", source, *redis_flags(redis.url, "bench-b"), *capacity)
         )
         pairs["cross-replica (redis)"] = (a, b)
-        if what_if_pool:
-            c = stack.enter_context(
-                agent_server(
-                    "replica c", source, *redis_flags(redis.url, "bench-c"), *capacity, env=what_if
-                )
-            )
-            d = stack.enter_context(
-                agent_server(
-                    "replica d", source, *redis_flags(redis.url, "bench-d"), *capacity, env=what_if
-                )
-            )
-            pairs["cross-replica (redis), blocking pool of 100 (what-if)"] = (c, d)
         memory = stack.enter_context(agent_server("memory", source, *capacity))
         pairs["one process (memory)"] = (memory, memory)
         found: dict[str, list[dict[str, Any]]] = {name: [] for name in pairs}
@@ -1213,8 +1288,19 @@ def item_wake(
             server.wait_ready()
         for index in range(rounds):
             for name, (starts, polls) in pairs.items():
+                spies = (
+                    {
+                        # the wake only: from 0.5 s before the planned end, for 2 s
+                        role: Spy(server, 2.0, f"wake-{role}-{index + 1}", delay=margin - 0.5)
+                        for role, server in (("starts", starts), ("polls", polls))
+                    }
+                    if profile and have_spy() and starts is not polls
+                    else {}
+                )
                 with EndNotices(redis.port, PREFIX + "ends") as ends:
                     result = asyncio.run(_wake(starts.port, polls.port, waiters, margin, ends.seen))
+                if spies:
+                    result["profiles"] = {role: spy.top() for role, spy in spies.items()}
                 result["store_unreachable_logged"] = polls.stderr().count("unreachable")
                 found[name].append(result)
                 progress(
@@ -1350,6 +1436,7 @@ def run(
     source: Path = ROOT,
     before: Path | None = None,
     progress: Callable[[str], None] = log,
+    profile: bool = False,
 ) -> dict[str, Any]:
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
@@ -1375,6 +1462,7 @@ def run(
             count=sizes.throughput,
             concurrency=sizes.concurrency,
             progress=progress,
+            profile=profile,
         )
     if 3 in items:
         if before is None or not (before / "agent_server").is_dir():
@@ -1400,6 +1488,7 @@ def run(
             rounds=sizes.wake_rounds,
             margin=sizes.margin,
             progress=progress,
+            profile=profile,
         )
     if 6 in items:
         data["items"]["6"] = item_memory(source, n=sizes.retained, progress=progress)
@@ -1413,6 +1502,35 @@ def run(
 
 def _spread(d: dict[str, float], digits: int = 2) -> str:
     return f"{d['median']:.{digits}f} [{d['low']:.{digits}f}-{d['high']:.{digits}f}]"
+
+
+def _profile_tables(items: dict[str, Any], limit: int = 12) -> list[str]:
+    """The top frames of every py-spy profile taken (--profile), share of samples."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for name, entry in items.get("2", {}).get("profiles", {}).items():
+        found.append((f"item 2, {name} store, start + wait lives", entry))
+    for where, results in items.get("5", {}).get("rounds", {}).items():
+        for index, result in enumerate(results, 1):
+            for role, entry in result.get("profiles", {}).items():
+                found.append((f"item 5, {where}, round {index}, replica that {role}", entry))
+    out: list[str] = []
+    for title, entry in found:
+        if not entry.get("samples"):
+            continue
+        total = entry["samples"]
+        out += [f"#### Profile: {title} ({total} samples, `{entry['file']}`)", ""]
+        out += [
+            "| self % | frame | | inclusive % | agent_server frame (with callees) |",
+            "|---|---|---|---|---|",
+        ]
+        for (own, own_n), (inc, inc_n) in zip(
+            entry["self"][:limit], entry["inclusive"][:limit], strict=False
+        ):
+            out.append(
+                f"| {100 * own_n / total:.1f} | `{own}` | | {100 * inc_n / total:.1f} | `{inc}` |"
+            )
+        out.append("")
+    return out
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -1565,6 +1683,7 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{p['record_hash_bytes']} | {index['all']:,} / {index['finished']:,} |"
             )
         out += ["", f"marginal: **{found['marginal_bytes']:.0f} B** per retained execution", ""]
+    out += _profile_tables(items)
     out.append(
         f"source {data['source']} at {data['commit']}; {data['redis']}; load "
         f"{data['load_before']} -> {data['load_after']}; {data['seconds']} s"
@@ -1587,6 +1706,12 @@ def main() -> None:
     parser.add_argument("--waiters", type=int, default=None, help="item 5: waiters")
     parser.add_argument("--wake-rounds", type=int, default=None, help="item 5: rounds")
     parser.add_argument("--retained", type=int, default=None, help="item 6: executions")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy: items 2 (one extra run per store, after the rounds) and 5 (both "
+        "replicas, 2 s around the wake, every round: its latencies carry the cost)",
+    )
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -1600,7 +1725,13 @@ def main() -> None:
     }
     sizes = Sizes(**(sizes.__dict__ | {k: v for k, v in overrides.items() if v is not None}))
     items = tuple(int(item) for item in args.items.split(",") if item.strip())
-    data = run(sizes=sizes, items=items, source=args.source.resolve(), before=args.before)
+    data = run(
+        sizes=sizes,
+        items=items,
+        source=args.source.resolve(),
+        before=args.before,
+        profile=args.profile,
+    )
     data["command"] = shlex.join(["python", "-m", "bench.store", *sys.argv[1:]])
     data["raw_file"] = str(write_json("store", data))
     print(f"`{data['command']}`\n")

@@ -189,3 +189,52 @@ def test_store_smoke() -> None:
             r["measured"] + r["failed"] + r["not_waiting_at_end"] == r["waiters"] for r in results
         )
     assert items["6"]["points"][-1]["keys_added"] >= items["6"]["points"][-1]["retained"]
+
+
+def test_events_smoke() -> None:
+    """bench.events --quick: fan-out to 1 and 10 readers (memory) and 1 across replicas
+    (redis), a few idle streams, the emit microbenchmark; structure only."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.events", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    out = done.stdout
+    for heading in ("### Item 1: events per second", "### Items 2 and 3", "### Item 4: `await"):
+        assert heading in out, heading
+    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
+    items = raw["items"]
+    for where in ("one process (memory)", "cross-replica (redis)"):
+        for readers, level in items["1"][where]["levels"].items():
+            assert level["incomplete"] == 0 and not level["errors"], (where, readers)
+            assert all(run["readers"] == int(readers) for run in level["runs"])
+    rows = items["2"]["rows"]
+    assert [row["streams_open_metric"] for row in rows] == [row["streams"] for row in rows]
+    assert items["2"]["streams_open_after_close"] == 0
+    assert items["4"]["ratio_emit_to_put"] > 0
+
+
+def test_durable_smoke() -> None:
+    """bench.durable --quick: one drain handing 10 executions to one replica, and the
+    command counts; structure only."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.durable", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    out = done.stdout
+    assert "### Item 1: hand-off latency" in out and "### Item 2: Redis commands" in out
+    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
+    (drain,) = raw["items"]["1"]["rounds"]
+    assert drain["handed_over"] == drain["executions"] == 10
+    assert drain["statuses"] == {"succeeded": 10}
+    assert drain["deadline_logged_minus_planned_ms"] is not None
+    scenarios = raw["items"]["2"]["scenarios"]
+    assert all(entry["ok"] == entry["lives"] for entry in scenarios.values())
+    assert raw["items"]["2"]["added"]["per checkpoint"]["round_trips"] > 0
