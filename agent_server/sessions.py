@@ -3,8 +3,10 @@ deadline, forget its records.
 
 Each release runs in a task owned here, not in the request that asked for it: concurrent
 callers of one release share its answer, and one caller going away does not cut it short
-for the others. Every wait ends by the release's deadline, and no later than the shutdown's
-own settle deadline (`limit`), so a release always answers JSON before the listener closes.
+for the others. A release that finds another replica's under way (a shared store) joins it
+and answers with its answer. Every wait ends by the release's deadline, and no later than
+the shutdown's own settle deadline (`limit`), so a release always answers JSON before the
+listener closes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from agent_server.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
 
 logger = logging.getLogger("agent_server.sessions")
+
+#: A release that joined another replica's looks at the shutdown's limit this often.
+JOIN_SLICE = 1.0
+#: ...and waits this long past its own deadline for the shared answer: the release it joined
+#: began a moment earlier, and answers a moment after its own deadline (it forgets the
+#: session's records first).
+JOIN_GRACE = 0.25
 
 
 class SessionBusy(Exception):
@@ -112,7 +121,10 @@ class SessionReleases:
         deadline: float | None,
     ) -> SessionRelease:
         hold = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
-        await self.store.begin_release(session_id, hold)
+        other = await self.store.begin_release(session_id, hold)
+        if other is not None:
+            return await self._join(session_id, other, started, deadline)
+        answer: SessionRelease | None = None
         try:
             settle_within = None if deadline is None else max(0.0, deadline - time.monotonic())
             for execution in running:
@@ -125,17 +137,43 @@ class SessionReleases:
             for execution in await self.store.session(session_id):
                 if execution.is_terminal and await self.store.forget(execution.execution_id):
                     forgotten += 1
+            answer = SessionRelease(
+                session_id=session_id,
+                cancelled=len(running) - abandoned,
+                abandoned=abandoned,
+                forgotten=forgotten,
+                elapsed_seconds=time.monotonic() - started,
+            )
         finally:
-            await self.store.end_release(session_id)
+            await self.store.end_release(session_id, None if answer is None else answer.to_json())
+        assert answer is not None  # set in the try: an exception left above
         if self.observer is not None:
             self.observer.session_released("abandoned" if abandoned else "settled")
-        return SessionRelease(
-            session_id=session_id,
-            cancelled=len(running) - abandoned,
-            abandoned=abandoned,
-            forgotten=forgotten,
-            elapsed_seconds=time.monotonic() - started,
-        )
+        return answer
+
+    async def _join(
+        self, session_id: str, release_id: str, started: float, deadline: float | None
+    ) -> SessionRelease:
+        """Another replica is releasing this session: its answer is this one's, by this
+        release's own deadline (and JOIN_GRACE). Past it, what still runs counts as
+        abandoned."""
+        while True:
+            end = self._end(deadline)
+            end = None if end is None else end + JOIN_GRACE
+            left = JOIN_SLICE if end is None else min(JOIN_SLICE, end - time.monotonic())
+            shared = await self.store.shared_release(release_id, max(0.0, left))
+            if shared is not None:
+                return SessionRelease(
+                    session_id=session_id,
+                    cancelled=int(shared["cancelled"]),
+                    abandoned=int(shared["abandoned"]),
+                    forgotten=int(shared["forgotten"]),
+                    elapsed_seconds=time.monotonic() - started,
+                )
+            end = self._end(deadline)
+            if end is not None and time.monotonic() >= end + JOIN_GRACE:
+                still = [e for e in await self.store.session(session_id) if not e.is_terminal]
+                return SessionRelease(session_id, 0, len(still), 0, time.monotonic() - started)
 
     async def _wait(self, running: list[Execution], deadline: float | None) -> int:
         """Wait for the executions' ends by the deadline (or the shutdown's); how many

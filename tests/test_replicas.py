@@ -462,3 +462,30 @@ def test_an_unreachable_store_at_start_exits_1_naming_the_host(tmp_path: Path) -
     assert time.monotonic() - began < 15
     assert f"127.0.0.1:{port}" in output
     assert "s3cret-password" not in output
+
+
+def test_concurrent_releases_on_two_replicas_share_one_answer(cluster: Cluster) -> None:
+    headers = {"X-Session-ID": "twice"}
+    httpx.post(
+        f"{cluster.url(0)}/reasoners/swallow/async", json={"seconds": 3}, headers=headers
+    ).raise_for_status()
+    httpx.post(
+        f"{cluster.url(0)}/reasoners/sleep/async", json={"seconds": 30}, headers=headers
+    ).raise_for_status()
+
+    async def both() -> tuple[list[httpx.Response], float]:
+        async with httpx.AsyncClient(timeout=WAIT) as client:
+            began = time.monotonic()
+            answers = await asyncio.gather(
+                client.delete(f"{cluster.url(1)}/sessions/twice", params={"timeout": 1}),
+                client.delete(f"{cluster.url(2)}/sessions/twice", params={"timeout": 1}),
+            )
+            return list(answers), time.monotonic() - began
+
+    answers, elapsed = asyncio.run(both())
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    counts = [
+        (a.json()["cancelled"], a.json()["abandoned"], a.json()["forgotten"]) for a in answers
+    ]
+    assert counts[0] == counts[1] == (1, 1, 1), counts
+    assert elapsed < 2.5, elapsed  # each by its own deadline

@@ -14,7 +14,7 @@ import abc
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent_server.events import Event
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
@@ -192,10 +192,18 @@ class ExecutionStore(abc.ABC):
         """Every execution the store holds for the session."""
 
     @abc.abstractmethod
-    async def begin_release(self, session_id: str, seconds: float | None) -> None:
+    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
         """Refuse new work for the session, on every replica, until `end_release` (or, for
-        a store shared with others, until `seconds` have passed, in case this one dies)."""
+        a store shared with others, until `seconds` have passed, in case this one dies).
+        None when this call began the release; else the id of the release another replica
+        has under way (its answer comes from `shared_release`)."""
 
     @abc.abstractmethod
-    async def end_release(self, session_id: str) -> None:
-        """Accept new work for the session again."""
+    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
+        """Accept new work for the session again; `answer` is shared with the releases
+        that joined this one on other replicas."""
+
+    async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
+        """The answer of a release another replica has under way, once it ends; None when it
+        does not end within `timeout` seconds."""
+        return None

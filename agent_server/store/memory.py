@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
@@ -151,10 +152,12 @@ class MemoryStore(ExecutionStore):
     async def session(self, session_id: str) -> list[Execution]:
         return [self._executions[key] for key in self._sessions.get(session_id, ())]
 
-    async def begin_release(self, session_id: str, seconds: float | None) -> None:
+    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
+        """One process: concurrent releases already share one (agent_server.sessions)."""
         self._releasing.add(session_id)
+        return None
 
-    async def end_release(self, session_id: str) -> None:
+    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
         self._releasing.discard(session_id)
 
     # -- retention -------------------------------------------------------------------------

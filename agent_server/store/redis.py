@@ -49,7 +49,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server import jsoncodec
 from agent_server.events import Event
-from agent_server.execution import CancelReason, Execution, ExecutionStatus, StaleAttempt
+from agent_server.execution import (
+    CancelReason,
+    Execution,
+    ExecutionStatus,
+    StaleAttempt,
+    new_execution_id,
+)
 from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
@@ -98,6 +104,8 @@ BACKOFF_MAX = 1.0
 SWEEP_LIMIT = 100
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
+#: How often a release that joined another replica's reads its answer.
+RELEASE_POLL = 0.05
 #: How long a release with no deadline holds its session (the releasing replica may die).
 RELEASE_HOLD_SECONDS = 24 * 3600.0
 
@@ -428,6 +436,17 @@ if v[1] == 'running' then return {0, v[2]} end
 return {0, ''}
 """
 
+# End a release: its answer for the releases that joined it (a minute), and the session free
+# again if this release still holds it. ARGV[5..]: session id, release id, answer ('' none).
+_END_RELEASE = """
+local key = P .. 'releasing:' .. ARGV[5]
+if ARGV[6] ~= '' and ARGV[7] ~= '' then
+  redis.call('SET', P .. 'released:' .. ARGV[6], ARGV[7], 'PX', 60000)
+end
+if ARGV[6] == '' or redis.call('GET', key) == ARGV[6] then redis.call('DEL', key) end
+return 1
+"""
+
 _SCRIPTS = {
     name: _PRELUDE + body
     for name, body in {
@@ -442,6 +461,7 @@ _SCRIPTS = {
         "claim": _CLAIM,
         "emit": _EMIT,
         "cancel_queued": _CANCEL_QUEUED,
+        "end_release": _END_RELEASE,
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
@@ -512,6 +532,8 @@ class RedisStore(ExecutionStore):
         #: The last RECENT_ENDS ids whose end was noticed (a waiter that registers just
         #: after its notice reads at once instead of at the next re-read).
         self._recent_ends: dict[str, None] = {}
+        #: The id of each release this replica has under way, by session.
+        self._releases: dict[str, str] = {}
         self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
         self._client: aioredis.Redis | None = None
         self._up = False
@@ -937,21 +959,50 @@ class RedisStore(ExecutionStore):
             "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", ""
         )
 
-    async def begin_release(self, session_id: str, seconds: float | None) -> None:
-        """One SET with an expiry, so a replica dying mid-release does not hold the session
-        for ever."""
+    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
+        """One SET NX with an expiry (a replica dying mid-release does not hold the session
+        for ever), holding this release's id; when another replica's release holds it, its
+        id (a second round trip)."""
         hold = RELEASE_HOLD_SECONDS if seconds is None else seconds
+        release_id = new_execution_id()
+        key = f"{self.prefix}releasing:{session_id}"
         async with self._operation("begin_release"):
-            await cast(
+            began = await cast(
                 Awaitable[Any],
-                self._redis.set(
-                    f"{self.prefix}releasing:{session_id}", 1, px=max(1, round(hold * 1000))
-                ),
+                self._redis.set(key, release_id, px=max(1, round(hold * 1000)), nx=True),
+            )
+            other = None if began else await cast(Awaitable[Any], self._redis.get(key))
+        if began or not other:
+            if not began:  # it ended between the two commands: begin again
+                return await self.begin_release(session_id, seconds)
+            self._releases[session_id] = release_id
+            return None
+        return str(other)
+
+    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
+        """Publish the answer for the releases that joined this one (kept a minute), then
+        free the session: one script."""
+        release_id = self._releases.pop(session_id, "")
+        async with self._operation("end_release"):
+            await self._script(
+                "end_release", session_id, release_id, _json(answer) if answer else ""
             )
 
-    async def end_release(self, session_id: str) -> None:
-        async with self._operation("end_release"):
-            await cast(Awaitable[Any], self._redis.delete(f"{self.prefix}releasing:{session_id}"))
+    async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
+        """Read the other release's answer every RELEASE_POLL seconds until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            async with self._operation("shared_release"):
+                found = await cast(
+                    Awaitable[Any], self._redis.get(f"{self.prefix}released:{release_id}")
+                )
+            if found:
+                answer: dict[str, Any] = _unjson(found)
+                return answer
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await asyncio.sleep(min(RELEASE_POLL, remaining))
 
     # -- background work -------------------------------------------------------------------
 
