@@ -790,3 +790,31 @@ async def test_a_key_whose_execution_was_forgotten_starts_nothing(
             await store.create(Execution("echo", None, "A"), key)
     finally:
         await closed(store)
+
+
+@needs_redis
+async def test_a_burst_of_events_never_stands_in_an_ends_way(redis_url: str) -> None:
+    """More events than the outbox keeps for them: the surplus is dropped and counted,
+    while every end is written (Redis is up all along)."""
+    from agent_server.events import Event
+    from agent_server.store.redis import EVENTS_PENDING
+
+    a = open_redis(redis_url, "A", Recorder(), outbox_limit=100)
+    await a.open()
+    try:
+        noisy, quiet = Execution("chatter", None, "A"), Execution("echo", None, "A")
+        for execution in (noisy, quiet):
+            await a.create(execution)
+        for n in range(1, EVENTS_PENDING + 2_001):
+            a.emit(noisy, Event(n, "progress", str(n)))
+        for execution in (noisy, quiet):
+            execution.finish(ExecutionStatus.SUCCEEDED, result="ok")
+            a.end(execution)
+        for execution in (noisy, quiet):
+            await wait_status(a, execution.execution_id, ExecutionStatus.SUCCEEDED)
+        assert a.events_dropped >= 2_000
+        _, kept = await a.events_since(noisy.execution_id, 0, 10)
+        assert [event.id for event in kept] == list(range(1, 11))  # the first ones were kept
+        assert await a.flush(time.monotonic() + 1.0) == []  # nothing owed: no end unrecorded
+    finally:
+        await closed(a)

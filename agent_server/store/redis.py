@@ -95,6 +95,8 @@ RECENT_ENDS = 10_000
 MAX_CONNECTIONS = 64
 #: Ends kept locally while Redis is unreachable; past it they are counted, never dropped.
 OUTBOX_LIMIT = 10_000
+#: Events waiting for Redis; past it, new events are dropped (never an end).
+EVENTS_PENDING = 10_000
 #: Ends written per pipeline.
 END_BATCH = 1000
 #: Retry pacing of the outbox and the pub/sub reader after an outage.
@@ -525,6 +527,7 @@ class RedisStore(ExecutionStore):
         self.outbox_limit = outbox_limit
         self.max_events = max_events
         self.events_dropped = 0
+        self._pending_events = 0
         self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Ids whose end notice woke waiters, read together by `_read_woken`.
         self._woken: set[str] = set()
@@ -818,9 +821,16 @@ class RedisStore(ExecutionStore):
         self._enqueue(execution, "end", self._end_args(execution))
 
     def _enqueue(self, execution: Execution, script: str, args: list[str | bytes]) -> None:
-        """Past the outbox bound a write is kept aside, logged and reported by `flush` as
-        unrecorded; an event is dropped (counted and logged): it is no execution's end."""
-        if len(self._outbox) >= self.outbox_limit and script == "emit":
+        """Ends and hand-offs are bounded by `outbox_limit`, events by EVENTS_PENDING on their
+        own, so a burst of events never stands in an end's way. Past its bound an end is
+        kept aside, logged and reported by `flush` as unrecorded; an event is dropped
+        (counted and logged: readers see the gap as `missed`)."""
+        if script == "emit":
+            if self._pending_events < EVENTS_PENDING:
+                self._pending_events += 1
+                self._outbox.append((execution, script, args))
+                self._wake.set()
+                return
             self.events_dropped += 1
             if self.events_dropped % 1000 == 1:
                 logger.warning(
@@ -829,7 +839,7 @@ class RedisStore(ExecutionStore):
                     self.events_dropped,
                 )
             return
-        if len(self._outbox) >= self.outbox_limit:
+        if len(self._outbox) - self._pending_events >= self.outbox_limit:
             self._overflow.append(execution)
             if len(self._overflow) == 1 or len(self._overflow) % 1000 == 0:
                 logger.error(
@@ -1064,7 +1074,8 @@ class RedisStore(ExecutionStore):
                         pipe.evalsha(_SHAS[script], 0, *common, *args)
                     replies = await pipe.execute(raise_on_error=False)
                 for _ in pending:  # the oldest in the outbox: only this method removes
-                    self._outbox.popleft()
+                    if self._outbox.popleft()[1] == "emit":
+                        self._pending_events -= 1
                 retry: list[tuple[Execution, str, list[str | bytes]]] = []
                 for entry, reply in zip(pending, replies, strict=True):
                     execution, script, _ = entry
@@ -1084,6 +1095,7 @@ class RedisStore(ExecutionStore):
                     elif not int(reply[0]):
                         self._refused(script, execution, reply[1])
                 self._outbox.extendleft(reversed(retry))
+                self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
                     async with self._operation("load_scripts"):
                         await self._load_scripts()
