@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -14,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agent_server.api import Api, build_app
 from agent_server.docs_page import DocsPage
 from agent_server.durable import QueueTaker
+from agent_server.events import Closing
 from agent_server.logs import configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
@@ -211,7 +211,7 @@ class _Parts:
         releases: SessionReleases,
         shutdown: ShutdownSequence,
         taker: QueueTaker,
-        streams_closing: asyncio.Event,
+        streams_closing: Closing,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -240,7 +240,7 @@ class _Parts:
             max_events=settings.max_events,
             observer=metrics,
         )
-        streams_closing = asyncio.Event()
+        streams_closing = Closing()
         registry = InFlightRegistry(
             store,
             max_inflight=settings.max_inflight,

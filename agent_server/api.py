@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 from agent_server import jsoncodec
 from agent_server.auth import BearerAuth
 from agent_server.events import (
+    Closing,
     EventSource,
     LocalEvents,
     RemoteEvents,
@@ -187,7 +188,7 @@ class Api:
         openapi: Callable[[], dict[str, Any]],
         idempotency_ttl: float = 86_400.0,
         sse_heartbeat: float = 15.0,
-        streams_closing: asyncio.Event | None = None,
+        streams_closing: Closing | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -199,7 +200,7 @@ class Api:
         self.idempotency_ttl = idempotency_ttl
         self.sse_heartbeat = sse_heartbeat
         #: Set when the listener closes at shutdown: open event streams end with a retry.
-        self.streams_closing = streams_closing or asyncio.Event()
+        self.streams_closing = streams_closing or Closing()
         self.openapi_document = openapi
 
     def routes(self) -> list[Route]:
@@ -289,9 +290,13 @@ class Api:
             source = LocalEvents(execution)
         else:
             source = RemoteEvents(self.store, execution)
-        stream = event_stream(
-            source, cursor, heartbeat=self.sse_heartbeat, closing=self.streams_closing, first=first
-        )
+        heartbeat, closing = self.sse_heartbeat, self.streams_closing
+
+        def stream(gone: asyncio.Future[None]) -> AsyncIterator[bytes]:
+            return event_stream(
+                source, cursor, heartbeat=heartbeat, closing=closing, gone=gone, first=first
+            )
+
         return SseResponse(stream, self.metrics.stream_opened)
 
     async def run_async(self, request: Request) -> Response:

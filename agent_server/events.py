@@ -120,20 +120,50 @@ def named(event: str, data: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (event.encode(), jsoncodec.dumps(data))
 
 
+class Closing:
+    """Set once, when the listener closes: every open stream then ends with a retry hint.
+    Streams wait on its one future, not on a task each."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def future(self) -> asyncio.Future[None]:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+            if self._set:
+                self._future.set_result(None)
+        return self._future
+
+
 class EventSource:
     """Where a stream reads one execution's events: its live log when this process runs
     it (or, with the memory store, ran it), else the shared store."""
 
-    async def read(self, cursor: int) -> tuple[int, list[Event]]:
-        raise NotImplementedError
+    #: The longest a stream waits between two looks at the source, notice or not.
+    reread: float | None = None
 
-    async def wait(self, timeout: float) -> None:
-        """Return at the next event or end, or after `timeout` seconds."""
+    async def read(self, cursor: int) -> tuple[int, list[Event]]:
         raise NotImplementedError
 
     async def latest(self) -> Execution:
         """The execution as it is now."""
         raise NotImplementedError
+
+    def notice(self) -> asyncio.Future[None]:
+        """Done at the next event or end (a future, so a waiting stream holds no task)."""
+        raise NotImplementedError
+
+    def done_with(self, notice: asyncio.Future[None]) -> None:
+        """The stream no longer waits on `notice`."""
 
 
 class LocalEvents(EventSource):
@@ -144,17 +174,17 @@ class LocalEvents(EventSource):
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return self.log.since(cursor)
 
-    async def wait(self, timeout: float) -> None:
-        if self.execution.is_terminal:
-            return
-        await asyncio.wait({self.log.changed()}, timeout=timeout)
-
     async def latest(self) -> Execution:
         return self.execution
+
+    def notice(self) -> asyncio.Future[None]:
+        return self.log.changed()
 
 
 class RemoteEvents(EventSource):
     """An execution run on another replica (or ended there): its events from the store."""
+
+    reread = REMOTE_REREAD
 
     def __init__(self, store: ExecutionStore, execution: Execution) -> None:
         self.store = store
@@ -163,14 +193,17 @@ class RemoteEvents(EventSource):
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return await self.store.events_since(self.execution.execution_id, cursor, REMOTE_BATCH)
 
-    async def wait(self, timeout: float) -> None:
-        await self.store.wait_events(self.execution.execution_id, min(timeout, REMOTE_REREAD))
-
     async def latest(self) -> Execution:
         found = await self.store.get(self.execution.execution_id)
         if found is not None:  # None: forgotten meanwhile; the last copy read ends it
             self.execution = found
         return self.execution
+
+    def notice(self) -> asyncio.Future[None]:
+        return self.store.event_notice(self.execution.execution_id)
+
+    def done_with(self, notice: asyncio.Future[None]) -> None:
+        self.store.drop_notice(self.execution.execution_id, notice)
 
 
 async def event_stream(
@@ -178,19 +211,23 @@ async def event_stream(
     cursor: int,
     *,
     heartbeat: float,
-    closing: asyncio.Event,
+    closing: Closing,
+    gone: asyncio.Future[None],
     first: bytes | None = None,
 ) -> AsyncIterator[bytes]:
     """The bytes of one SSE stream: `first` (a start event), replay after `cursor`, live
     events, a heartbeat after `heartbeat` quiet seconds, and `end`; or a retry hint when
-    `closing` is set."""
+    `closing` is set. Ends quietly once `gone` (the client left) is done.
+
+    The execution's state is read only when no event is left to send: its events are all
+    written before its end, so one more read after seeing the end sends the last of them.
+    """
     loop = asyncio.get_running_loop()
     if first is not None:
         yield first
     sent = loop.time()
-    while True:
-        execution = await source.latest()
-        ended = execution.is_terminal  # read before the events: none can follow an end
+    ended: Execution | None = None
+    while not gone.done():
         missed, events = await source.read(cursor)
         if missed:
             yield named("missed", {"missed": missed, "after": cursor})
@@ -200,9 +237,13 @@ async def event_stream(
         if events:
             sent = loop.time()
             continue  # a batch may have been capped: read again before waiting
-        if ended:
-            yield named("end", execution.to_json())
+        if ended is not None:
+            yield named("end", ended.to_json())
             return
+        execution = await source.latest()
+        if execution.is_terminal:
+            ended = execution  # one more read: events written before the end
+            continue
         if closing.is_set():
             yield b"retry: %d\n\n" % RETRY_MS
             return
@@ -211,22 +252,29 @@ async def event_stream(
             yield comment("heartbeat")
             sent = loop.time()
             continue
-        waited = asyncio.ensure_future(source.wait(heartbeat - quiet))
-        cut = asyncio.ensure_future(closing.wait())
+        timeout = heartbeat - quiet
+        if source.reread is not None:
+            timeout = min(timeout, source.reread)
+        notice = source.notice()
         try:
-            await asyncio.wait({waited, cut}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {notice, closing.future(), gone},
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
-            for task in (waited, cut):
-                task.cancel()
-            await asyncio.gather(waited, cut, return_exceptions=True)
+            source.done_with(notice)
+
+
+#: Makes a response's stream, given the future that is done when its client leaves.
+StreamFactory = Callable[[asyncio.Future[None]], AsyncIterator[bytes]]
 
 
 class SseResponse:
-    """A `text/event-stream` response that ends when its stream ends or the client goes."""
+    """A `text/event-stream` response that ends when its stream ends or the client goes.
+    One task per stream (the one reading the client's disconnect); waiting costs none."""
 
-    def __init__(
-        self, stream: AsyncIterator[bytes], on_open: Callable[[int], None] | None = None
-    ) -> None:
+    def __init__(self, stream: StreamFactory, on_open: Callable[[int], None] | None = None) -> None:
         self.stream = stream
         self.on_open = on_open
 
@@ -244,27 +292,21 @@ class SseResponse:
         )
         if self.on_open is not None:
             self.on_open(1)
-        writer = asyncio.ensure_future(self._write(send))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone: asyncio.Future[None] = asyncio.ensure_future(_disconnected(receive))
+        stream = self.stream(gone)
         try:
-            await asyncio.wait({writer, gone}, return_when=asyncio.FIRST_COMPLETED)
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if not gone.done():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client went away mid-send: nobody to answer
         finally:
-            for task in (writer, gone):
-                task.cancel()
-            results = await asyncio.gather(writer, gone, return_exceptions=True)
+            await stream.aclose()  # type: ignore[attr-defined]
+            gone.cancel()
+            await asyncio.gather(gone, return_exceptions=True)
             if self.on_open is not None:
                 self.on_open(-1)
-        error = results[0]
-        if isinstance(error, Exception) and not isinstance(error, OSError):
-            logger.error("event stream failed", exc_info=error)
-
-    async def _write(self, send: Send) -> None:
-        try:
-            async for chunk in self.stream:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            await self.stream.aclose()  # type: ignore[attr-defined]
 
 
 async def _disconnected(receive: Receive) -> None:

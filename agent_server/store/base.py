@@ -121,9 +121,13 @@ class ExecutionStore(abc.ABC):
         """Up to `limit` kept events after `cursor`, and how many after it are gone."""
         return 0, []
 
-    async def wait_events(self, execution_id: str, timeout: float) -> None:
-        """Return when the execution may have new events (or ended), or after `timeout`."""
-        await asyncio.sleep(timeout)
+    def event_notice(self, execution_id: str) -> asyncio.Future[None]:
+        """A future done when the execution may have new events (or ended)."""
+        return asyncio.get_running_loop().create_future()
+
+    def drop_notice(self, execution_id: str, notice: asyncio.Future[None]) -> None:
+        """Nobody waits on `notice` any more."""
+        return None
 
     @abc.abstractmethod
     async def create(

@@ -710,17 +710,18 @@ class RedisStore(ExecutionStore):
         missed = events[0].id - cursor - 1 if events else 0
         return max(0, missed), events
 
-    async def wait_events(self, execution_id: str, timeout: float) -> None:
-        """Woken by the `events` (or `ends`) notice for this execution on this replica's
-        one pub/sub connection."""
+    def event_notice(self, execution_id: str) -> asyncio.Future[None]:
+        """Done at the `events` (or `ends`) notice for this execution on this replica's one
+        pub/sub connection."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._event_waiters.setdefault(execution_id, set())
-        waiters.add(future)
-        try:
-            await asyncio.wait({future}, timeout=timeout)
-        finally:
-            waiters.discard(future)
-            if not waiters and self._event_waiters.get(execution_id) is waiters:
+        self._event_waiters.setdefault(execution_id, set()).add(future)
+        return future
+
+    def drop_notice(self, execution_id: str, notice: asyncio.Future[None]) -> None:
+        waiters = self._event_waiters.get(execution_id)
+        if waiters is not None:
+            waiters.discard(notice)
+            if not waiters:
                 del self._event_waiters[execution_id]
 
     async def create(
