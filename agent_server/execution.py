@@ -315,6 +315,7 @@ class ExecutionContext:
         "_emitted",
         "_execution",
         "_max_checkpoint",
+        "_names",
         "_writer",
         "checkpoint_state",
     )
@@ -332,6 +333,8 @@ class ExecutionContext:
         self._writer = writer
         self._max_checkpoint = max_checkpoint_size
         self._emitted = emitted
+        #: Event names this execution emitted already (found valid then).
+        self._names: set[str] = set()
         self.checkpoint_state: Any = (
             None if execution.checkpoint is None else jsoncodec.loads(execution.checkpoint.encode())
         )
@@ -365,11 +368,15 @@ class ExecutionContext:
     async def emit(self, data: Any, event: str = "progress") -> int:
         """Publish an event (JSON data) to the execution's readers; its number is returned.
         Never waits for a reader: the last `--max-events` are kept for replay."""
-        if not EVENT_NAME.fullmatch(event) or event in RESERVED_EVENTS:
+        if event not in self._names and (
+            not EVENT_NAME.fullmatch(event) or event in RESERVED_EVENTS
+        ):
             raise ValueError(
                 "event names are 1 to 64 of A-Z a-z 0-9 _ . : -, other than "
                 + ", ".join(sorted(RESERVED_EVENTS))
             )
+        if len(self._names) < 64:  # a reasoner uses a few names: each is checked once
+            self._names.add(event)
         emitted = self._execution.event_log().append(event, encode_data(data))
         if self._emitted is not None:
             self._emitted(self._execution, emitted)
