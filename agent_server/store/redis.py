@@ -169,6 +169,10 @@ local function prune()
   end
 end
 
+-- Whether finish() publishes the end notice itself: the outbox's writer publishes one
+-- notice for a whole batch of ends instead (see RedisStore._write_ends).
+local NOTIFY = true
+
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 local function finish(rec, id, sid, owner)
   redis.call('ZREM', P .. 'running', id)
@@ -182,7 +186,7 @@ local function finish(rec, id, sid, owner)
   redis.call('PEXPIRE', rec, TTL)
   redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
   prune()
-  redis.call('PUBLISH', P .. 'ends', id)
+  if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end
 
 -- End a queued execution (nobody runs it) as cancelled.
@@ -266,6 +270,7 @@ return {1}
 # finished_at, duration_seconds, abandoned. Returns {1|0, the status found ('' if unknown)};
 # an end already written by this very owner and attempt (a retry after a lost reply) is 1.
 _END = """
+NOTIFY = false
 local id, owner, attempt, status, fin = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[12]
 local rec = P .. 'x:' .. id
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
@@ -408,7 +413,8 @@ while true do
 end
 """
 
-# An event, written only while this attempt owns the execution (a stale attempt's events
+# An event (its notice is published once per batch by the outbox's writer), written only
+# while this attempt owns the execution (a stale attempt's events
 # are dropped). ARGV[5..]: id, owner, attempt, event number, name, data (JSON), events kept.
 _EMIT = """
 local id = ARGV[5]
@@ -420,7 +426,6 @@ if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= tonumber(ARGV[8])
   return {1, 'dropped'}
 end
 redis.call('XADD', key, 'MAXLEN', ARGV[11], ARGV[8] .. '-1', 'e', ARGV[9], 'd', ARGV[10])
-redis.call('PUBLISH', P .. 'events', id)
 return {1, ''}
 """
 
@@ -1071,9 +1076,22 @@ class RedisStore(ExecutionStore):
                 async with self._operation("end"):
                     pipe = self._redis.pipeline(transaction=False)
                     common = self._common()
-                    for _, script, args in pending:
+                    ended: dict[str, None] = {}
+                    emitted: dict[str, None] = {}
+                    for execution, script, args in pending:
                         pipe.evalsha(_SHAS[script], 0, *common, *args)
+                        if script == "end":
+                            ended[execution.execution_id] = None
+                        elif script == "emit":
+                            emitted[execution.execution_id] = None
+                    # One notice per batch for every replica, not one per end or event (a
+                    # notice for a refused end only makes a waiter read again).
+                    if ended:
+                        pipe.publish(self._ends_channel, " ".join(ended))
+                    if emitted:
+                        pipe.publish(self._events_channel, " ".join(emitted))
                     replies = await pipe.execute(raise_on_error=False)
+                    replies = replies[: len(pending)]
                 for _ in pending:  # the oldest in the outbox: only this method removes
                     if self._outbox.popleft()[1] == "emit":
                         self._pending_events -= 1
@@ -1155,21 +1173,24 @@ class RedisStore(ExecutionStore):
         channel, data = message.get("channel"), message.get("data")
         if not isinstance(data, str):
             return
-        if channel == self._ends_channel:
-            self._recent_ends[data] = None
+        if channel == self._ends_channel:  # one id, or a batch of them
+            for execution_id in data.split():
+                self._recent_ends[execution_id] = None
+                if execution_id in self._waiters:
+                    self._woken.add(execution_id)
+                for future in self._event_waiters.get(execution_id, ()):
+                    if not future.done():
+                        future.set_result(None)
             while len(self._recent_ends) > RECENT_ENDS:
                 self._recent_ends.pop(next(iter(self._recent_ends)))
-            if data in self._waiters:
-                self._woken.add(data)
+            if self._woken:
                 self._read_due.set()
-            for future in self._event_waiters.get(data, ()):
-                if not future.done():
-                    future.set_result(None)
             return
         if channel == self._events_channel:
-            for future in self._event_waiters.get(data, ()):
-                if not future.done():
-                    future.set_result(None)
+            for execution_id in data.split():
+                for future in self._event_waiters.get(execution_id, ()):
+                    if not future.done():
+                        future.set_result(None)
             return
         if channel == self._queued_channel:
             self._queued.set()
