@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource as SseEvents
+from httpx_sse import ServerSentEvent
 
 __all__ = [
     "AgentClient",
@@ -557,48 +559,8 @@ class _Calls:
         )
 
 
-class SseParser:
-    """Server-sent events from lines (the WHATWG rules): `id`, `event`, `data` (JSON) and
-    `retry`; comments (heartbeats) are skipped."""
-
-    def __init__(self) -> None:
-        self.last_id: int | None = None
-        self.retry: float | None = None
-        self._event = ""
-        self._data: list[str] = []
-        self._id: int | None = None
-
-    def feed(self, line: str) -> Event | None:
-        """One line (without its end); the event it completes, if any."""
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id":
-            if "\0" not in value:
-                self._id = int(value) if value.isdigit() else None
-                self.last_id = self._id if self._id is not None else self.last_id
-        elif name == "retry" and value.isdigit():
-            self.retry = int(value) / 1000
-        return None
-
-    def _dispatch(self) -> Event | None:
-        data, event, event_id = self._data, self._event or "message", self._id
-        self._data, self._event, self._id = [], "", None
-        if not data:
-            return None
-        text = "\n".join(data)
-        try:
-            parsed: Any = json.loads(text)
-        except ValueError:
-            parsed = text
-        return Event(event_id, event, parsed)
+#: Events the stream sends around a reasoner's own: they carry no number.
+UNNUMBERED = frozenset({"start", "missed", "end"})
 
 
 class _Stream:
@@ -607,13 +569,31 @@ class _Stream:
     def __init__(self, calls: _Calls, execution_id: str, after: int | None) -> None:
         self.calls = calls
         self.execution_id = execution_id
-        self.parser = SseParser()
-        self.parser.last_id = after
+        #: The number of the last event received: where a new connection resumes.
+        self.last_id = after
+        #: The server's `retry:` hint, in seconds.
+        self.retry: float | None = None
         self.failures = 0
         self.first_failure: float | None = None
 
     def send(self) -> _Send:
-        return self.calls.events_send(self.execution_id, self.parser.last_id)
+        return self.calls.events_send(self.execution_id, self.last_id)
+
+    def take(self, sse: ServerSentEvent) -> Event | None:
+        """The event a server-sent event carries (httpx-sse parses the stream), or None for
+        a bare `retry:` hint. Its data is JSON; `start`, `missed` and `end` have no number."""
+        if sse.retry is not None:
+            self.retry = sse.retry / 1000
+        if not sse.data:
+            return None
+        number = None
+        if sse.event not in UNNUMBERED and sse.id.isdigit():
+            number = self.last_id = int(sse.id)
+        try:
+            data: Any = json.loads(sse.data)
+        except ValueError:
+            data = sse.data
+        return Event(number, sse.event, data)
 
     def opened(self, response: httpx.Response) -> None:
         """Raise for an answer that is not a stream (404, 401, ... or retries exhausted)."""
@@ -629,7 +609,7 @@ class _Stream:
 
     def failed(self, reason: httpx.Response | Exception | None, hint: float | None) -> float:
         """Seconds to wait before resuming, or the error when retries are exhausted."""
-        delay = hint if hint is not None else self.parser.retry
+        delay = hint if hint is not None else self.retry
         if delay is None:
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**self.failures)
         self.failures += 1
@@ -799,8 +779,8 @@ class AgentClient:
                     if response.status_code != 200:
                         response.read()
                         stream.opened(response)
-                    for line in response.iter_lines():
-                        event = stream.parser.feed(line)
+                    for sse in SseEvents(response).iter_sse():
+                        event = stream.take(sse)
                         if event is None:
                             continue
                         stream.received()
@@ -974,8 +954,8 @@ class AsyncAgentClient:
                     if response.status_code != 200:
                         await response.aread()
                         stream.opened(response)
-                    async for line in response.aiter_lines():
-                        event = stream.parser.feed(line)
+                    async for sse in SseEvents(response).aiter_sse():
+                        event = stream.take(sse)
                         if event is None:
                             continue
                         stream.received()
