@@ -88,7 +88,7 @@ COMMAND_TIMEOUT = 2.0
 #: A waiter re-reads the record at least this often (covers a missed notice, a lost owner).
 REREAD_SECONDS = 1.0
 #: Waiters woken together are read in batches of this many ids (one script call each).
-WAKE_BATCH = 500
+WAKE_BATCH = 100
 #: End notices remembered, for a waiter that registers just after its notice.
 RECENT_ENDS = 10_000
 #: Connections to Redis per replica; past it, an operation waits (bounded) for one.
@@ -98,7 +98,7 @@ OUTBOX_LIMIT = 10_000
 #: Events waiting for Redis; past it, new events are dropped (never an end).
 EVENTS_PENDING = 10_000
 #: Ends written per pipeline.
-END_BATCH = 1000
+END_BATCH = 100
 #: Retry pacing of the outbox and the pub/sub reader after an outage.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
