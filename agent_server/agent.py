@@ -142,9 +142,7 @@ class Agent:
 
     def _build_app(self) -> ASGIApp:
         settings = self.settings
-        app = build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
-        secured = settings.bearer_token is not None
-        return DocsPage(app, self.name, secured=secured) if settings.docs else app
+        return build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""
@@ -163,6 +161,7 @@ class Agent:
             sse_heartbeat=settings.sse_heartbeat,
             streams_closing=parts.streams_closing,
             openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
+            docs=DocsPage(self.name, secured=secured) if settings.docs else None,
         )
 
     @contextlib.asynccontextmanager

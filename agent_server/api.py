@@ -25,7 +25,8 @@ from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
-from agent_server.auth import BearerAuth
+from agent_server.auth import OPEN_PATHS, BearerAuth
+from agent_server.docs_page import DocsPage
 from agent_server.events import (
     Closing,
     EventSource,
@@ -169,6 +170,8 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/readyz"): (200, 503),
     ("GET", "/metrics"): (200,),
     ("GET", "/openapi.json"): (200,),
+    ("GET", "/docs"): (200,),
+    ("GET", "/docs/{name}"): (200, 404),
 }
 
 
@@ -189,6 +192,7 @@ class Api:
         idempotency_ttl: float = 86_400.0,
         sse_heartbeat: float = 15.0,
         streams_closing: Closing | None = None,
+        docs: DocsPage | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -201,6 +205,7 @@ class Api:
         self.sse_heartbeat = sse_heartbeat
         #: Set when the listener closes at shutdown: open event streams end with a retry.
         self.streams_closing = streams_closing or Closing()
+        self.docs = docs
         self.openapi_document = openapi
 
     def routes(self) -> list[Route]:
@@ -219,6 +224,8 @@ class Api:
             ("/metrics", self.scrape, ["GET"]),
             ("/openapi.json", self.openapi, ["GET"]),
         ]
+        if self.docs is not None:  # last: people, not programs, read it
+            table += [(path, handler, ["GET"]) for path, handler in self.docs.routes()]
         routes = [
             Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table
         ]
@@ -735,5 +742,6 @@ def build_app(
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
     app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan).app
     if token is not None:
-        app = BearerAuth(app, token)
+        open_paths = OPEN_PATHS | (api.docs.open_paths if api.docs is not None else frozenset())
+        app = BearerAuth(app, token, open_paths)
     return HttpApp(app, registry, api.metrics)

@@ -11,9 +11,12 @@ for the token, loads the document with it, and fills Swagger UI's "Authorize" wi
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
 
 PATH = "/docs"
@@ -102,56 +105,46 @@ INIT_SCRIPT = """\
 
 
 class DocsPage:
-    """ASGI middleware answering `GET /docs` and its assets; everything else goes on."""
+    """The page and its assets, as two routes of the API's router (so they cost the other
+    routes nothing, and are counted and closed while draining like every answer)."""
 
-    def __init__(self, app: ASGIApp, title: str, *, secured: bool) -> None:
-        self.app = app
+    #: The paths that need no token, as the probes.
+    open_paths = frozenset({PATH, f"{PATH}/{INIT}", *(f"{PATH}/{name}" for name in ASSETS)})
+
+    def __init__(self, title: str, *, secured: bool) -> None:
         self.root = Path(str(swagger_ui_path))
         self._assets: dict[str, bytes] = {}  # read on first use, then kept (1.5 MB in all)
-        self.page = PAGE.format(
+        self.page_body = PAGE.format(
             title=_escape(title), secured="true" if secured else "false"
         ).encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(PATH):
-            await self.app(scope, receive, send)
-            return
-        if path == PATH:
-            body, media_type = self.page, "text/html; charset=utf-8"
-        elif path == f"{PATH}/{INIT}":
-            body, media_type = INIT_SCRIPT.encode(), "text/javascript; charset=utf-8"
-        elif path.removeprefix(PATH + "/") in ASSETS:
-            name = path.removeprefix(PATH + "/")
-            body, media_type = self._asset(name), ASSETS[name]
-        else:
-            await self.app(scope, receive, send)
-            return
-        if scope["method"] not in ("GET", "HEAD"):
-            await _answer(send, 405, b'{"detail":"Method Not Allowed"}', "application/json")
-            return
-        await _answer(send, 200, b"" if scope["method"] == "HEAD" else body, media_type, len(body))
+    def routes(self) -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
+        return [(PATH, self.page), (PATH + "/{name}", self.asset)]
 
-    def _asset(self, name: str) -> bytes:
+    async def page(self, request: Request) -> Response:
+        return _answer(self.page_body, "text/html; charset=utf-8")
+
+    async def asset(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name == INIT:
+            return _answer(INIT_SCRIPT.encode(), "text/javascript; charset=utf-8")
+        if name not in ASSETS:
+            raise HTTPException(404, "unknown docs asset")
         if name not in self._assets:
             self._assets[name] = (self.root / name).read_bytes()
-        return self._assets[name]
+        return _answer(self._assets[name], ASSETS[name])
 
 
-async def _answer(
-    send: Send, status: int, body: bytes, media_type: str, length: int | None = None
-) -> None:
-    headers = [
-        (b"content-type", media_type.encode()),
-        (b"content-length", b"%d" % (len(body) if length is None else length)),
-        (b"content-security-policy", CSP.encode()),
-        (b"x-content-type-options", b"nosniff"),
-        (b"cache-control", b"no-cache"),
-    ]
-    if status == 405:
-        headers.append((b"allow", b"GET, HEAD"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def _answer(body: bytes, media_type: str) -> Response:
+    return Response(
+        body,
+        media_type=media_type,
+        headers={
+            "Content-Security-Policy": CSP,
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "no-cache",
+        },
+    )
 
 
 def _escape(text: str) -> str:
