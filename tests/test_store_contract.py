@@ -820,3 +820,30 @@ async def test_a_burst_of_events_never_stands_in_an_ends_way(redis_url: str) -> 
         assert await a.flush(time.monotonic() + 1.0) == []  # nothing owed: no end unrecorded
     finally:
         await closed(a)
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("redis", marks=needs_redis)])
+async def test_a_key_for_another_request_is_refused_and_expires(kind: str, redis_url: str) -> None:
+    from agent_server.store.base import Idempotency, IdempotencyMismatch
+
+    store: ExecutionStore = (
+        MemoryStore("A") if kind == "memory" else open_redis(redis_url, "A", Recorder())
+    )
+    await store.open()
+    try:
+        first = Execution("echo", None, "A")
+        assert await store.create(first, Idempotency("k", "one", 0.3)) is None
+        with pytest.raises(IdempotencyMismatch):
+            await store.create(Execution("echo", None, "A"), Idempotency("k", "two", 0.3))
+        second = Execution("echo", None, "A")
+
+        async def reusable() -> bool:  # the key expires after its TTL: a new request may use it
+            try:
+                return await store.create(second, Idempotency("k", "two", 0.3)) is None
+            except IdempotencyMismatch:
+                return False
+
+        assert await eventually(reusable, timeout=5.0)
+        assert await store.get(second.execution_id) is not None
+    finally:
+        await closed(store)
