@@ -1113,6 +1113,10 @@ class RedisStore(ExecutionStore):
                         self._failed.append(execution)
                     elif not int(reply[0]):
                         self._refused(script, execution, reply[1])
+                    elif script == "end":  # written: this replica's waiters need no read
+                        for future in self._waiters.get(execution.execution_id, ()):
+                            if not future.done():
+                                future.set_result(execution)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
