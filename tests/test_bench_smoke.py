@@ -55,7 +55,7 @@ def test_http_overhead_smoke() -> None:
     assert "| sync | agent-server |" in table and "agent-server/baseline" in table
 
 
-@pytest.mark.skipif(not have_wrk(), reason="wrk is a Debian package that .ci/run does not install")
+@pytest.mark.skipif(not have_wrk(), reason="needs wrk (Debian; .ci/run installs it)")
 def test_wrk_against_the_baseline() -> None:
     """Pinned as http_overhead pins them: the server on one CPU, wrk on another."""
     split = split_cpus()
