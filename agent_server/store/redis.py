@@ -29,7 +29,7 @@ import logging
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any, cast
 
 import orjson
@@ -474,6 +474,13 @@ _SCRIPTS = {
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
 
 
+def _resolve(futures: Iterable[asyncio.Future[Any]], value: Any) -> None:
+    """Hand `value` to every waiter still waiting (one may have timed out meanwhile)."""
+    for future in futures:
+        if not future.done():
+            future.set_result(value)
+
+
 def describe_url(url: str) -> str:
     """Where the store is, for messages and logs: scheme, host, port and db, never the
     user name or password the URL may carry."""
@@ -647,10 +654,7 @@ class RedisStore(ExecutionStore):
             logger.warning("could not end the liveness of replica %s", self.replica_id)
         with contextlib.suppress(Exception):
             await client.aclose()
-        for futures in self._waiters.values():
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
+        self._wake_all()
 
     async def flush(self, deadline: float) -> list[Execution]:
         """Write the outbox until `deadline` (monotonic); what is left is unrecorded."""
@@ -1114,9 +1118,7 @@ class RedisStore(ExecutionStore):
                     elif not int(reply[0]):
                         self._refused(script, execution, reply[1])
                     elif script == "end":  # written: this replica's waiters need no read
-                        for future in self._waiters.get(execution.execution_id, ()):
-                            if not future.done():
-                                future.set_result(execution)
+                        _resolve(self._waiters.get(execution.execution_id, ()), execution)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
@@ -1182,9 +1184,7 @@ class RedisStore(ExecutionStore):
                 self._recent_ends[execution_id] = None
                 if execution_id in self._waiters:
                     self._woken.add(execution_id)
-                for future in self._event_waiters.get(execution_id, ()):
-                    if not future.done():
-                        future.set_result(None)
+                _resolve(self._event_waiters.get(execution_id, ()), None)
             while len(self._recent_ends) > RECENT_ENDS:
                 self._recent_ends.pop(next(iter(self._recent_ends)))
             if self._woken:
@@ -1192,9 +1192,7 @@ class RedisStore(ExecutionStore):
             return
         if channel == self._events_channel:
             for execution_id in data.split():
-                for future in self._event_waiters.get(execution_id, ()):
-                    if not future.done():
-                        future.set_result(None)
+                _resolve(self._event_waiters.get(execution_id, ()), None)
             return
         if channel == self._queued_channel:
             self._queued.set()
@@ -1229,15 +1227,11 @@ class RedisStore(ExecutionStore):
                     rows = [None] * len(batch)  # the waiters re-read on their own
                 for execution_id, row in zip(batch, rows, strict=True):
                     found = self._restore(row) if row else None
-                    for future in self._waiters.get(execution_id, ()):
-                        if not future.done():
-                            future.set_result(found)
+                    _resolve(self._waiters.get(execution_id, ()), found)
 
     def _wake_all(self) -> None:
         for futures in self._waiters.values():
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
+            _resolve(futures, None)
 
     # -- helpers ---------------------------------------------------------------------------
 
