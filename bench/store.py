@@ -1268,8 +1268,8 @@ def item_wake(
 ) -> dict[str, Any]:
     """Replica A starts, replica B long-polls; the one-process memory store beside them.
 
-    (Until 38ee9a9 a third pair ran with bench/redis_pool's blocking pool as a what-if; the
-    store now builds a blocking pool of its own, which that injection no longer replaces.)
+    (Until 38ee9a9 a third pair ran with an injected blocking pool as a what-if; the store
+    now builds a blocking pool of its own.)
     """
     capacity = ("--max-inflight", str(waiters + 100))
     with RedisServer() as redis, contextlib.ExitStack() as stack:
