@@ -29,6 +29,9 @@ JOIN_SLICE = 1.0
 #: began a moment earlier, and answers a moment after its own deadline (it forgets the
 #: session's records first).
 JOIN_GRACE = 0.25
+#: A release waits this long past its deadline for the ends of work other replicas run: each
+#: owner abandons its part at the same deadline, and its end takes a moment to arrive.
+OWNER_GRACE = 0.2
 
 
 class SessionBusy(Exception):
@@ -177,7 +180,8 @@ class SessionReleases:
 
     async def _wait(self, running: list[Execution], deadline: float | None) -> int:
         """Wait for the executions' ends by the deadline (or the shutdown's); how many
-        settled. Those this replica runs that have not are abandoned here, at the deadline."""
+        settled. Those this replica runs that have not are abandoned here, at the deadline;
+        those others run, by their owners (OWNER_GRACE)."""
         waiters = {
             asyncio.create_task(self.store.wait(execution, None)): execution
             for execution in running
@@ -197,6 +201,11 @@ class SessionReleases:
                 if not done:  # the deadline passed
                     break
                 pending -= done
+            remote = {t for t in pending if self.registry.running(waiters[t].execution_id) is None}
+            if remote and not limited.done():
+                # Their owners abandon them at this same deadline: wait for those ends, so
+                # an abandoned execution is forgotten wherever it ran, as it is here.
+                await asyncio.wait(remote, timeout=OWNER_GRACE)
         finally:
             for task in [*waiters, limited]:
                 task.cancel()

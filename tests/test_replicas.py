@@ -238,7 +238,7 @@ def test_session_release_across_owners_answers_by_its_deadline(cluster: Cluster)
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert (body["cancelled"], body["abandoned"]) == (1, 1)
-    assert body["forgotten"] >= 2
+    assert body["forgotten"] == 3  # the abandoned one too, wherever it ran
     assert elapsed < 1.0 + 1.0, elapsed
     assert httpx.get(f"{cluster.url(0)}/executions/{polite['execution_id']}").status_code == 404
     # The session can be used again once released.
@@ -487,5 +487,6 @@ def test_concurrent_releases_on_two_replicas_share_one_answer(cluster: Cluster) 
     counts = [
         (a.json()["cancelled"], a.json()["abandoned"], a.json()["forgotten"]) for a in answers
     ]
-    assert counts[0] == counts[1] == (1, 1, 1), counts
+    # The abandoned one is forgotten too, as on one process: its owner ends it at the deadline.
+    assert counts[0] == counts[1] == (1, 1, 2), counts
     assert elapsed < 2.5, elapsed  # each by its own deadline
