@@ -66,6 +66,7 @@ from agent_server.store.base import (
     StoreObserver,
     StoreUnavailable,
 )
+from agent_server.store.resp import RedisLink
 
 logger = logging.getLogger("agent_server.store")
 
@@ -551,6 +552,8 @@ class RedisStore(ExecutionStore):
         self._releases: dict[str, str] = {}
         self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
         self._client: aioredis.Redis | None = None
+        #: The scripts' connection (one, multiplexed); redis-py's pool serves the rest.
+        self._link: RedisLink | None = None
         self._up = False
         self._up_since = 0.0
         self._tick_now = asyncio.Event()
@@ -599,6 +602,7 @@ class RedisStore(ExecutionStore):
         except ValueError as exc:
             raise StoreUnavailable(f"invalid store URL for {self.where}: {exc}") from None
         self._client = client
+        self._link = RedisLink(self.url, connect_timeout=CONNECT_TIMEOUT, timeout=COMMAND_TIMEOUT)
         pubsub: PubSub | None = None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
@@ -619,6 +623,9 @@ class RedisStore(ExecutionStore):
             self._client = None
             with contextlib.suppress(Exception):
                 await client.aclose()
+            with contextlib.suppress(Exception):
+                await self._link.close()
+            self._link = None
             reason = self._scrub(str(exc) or type(exc).__name__)
             raise StoreUnavailable(f"cannot reach Redis at {self.where}: {reason}") from None
         self._set_up(True)
@@ -654,6 +661,10 @@ class RedisStore(ExecutionStore):
             logger.warning("could not end the liveness of replica %s", self.replica_id)
         with contextlib.suppress(Exception):
             await client.aclose()
+        link, self._link = self._link, None
+        if link is not None:
+            with contextlib.suppress(Exception):
+                await link.close()
         self._wake_all()
 
     async def flush(self, deadline: float) -> list[Execution]:
@@ -1078,12 +1089,12 @@ class RedisStore(ExecutionStore):
                 if not pending:
                     return
                 async with self._operation("end"):
-                    pipe = self._redis.pipeline(transaction=False)
                     common = self._common()
+                    commands: list[list[str | bytes | int]] = []
                     ended: dict[str, None] = {}
                     emitted: dict[str, None] = {}
                     for execution, script, args in pending:
-                        pipe.evalsha(_SHAS[script], 0, *common, *args)
+                        commands.append(["EVALSHA", _SHAS[script], 0, *common, *args])
                         if script == "end":
                             ended[execution.execution_id] = None
                         elif script == "emit":
@@ -1091,10 +1102,10 @@ class RedisStore(ExecutionStore):
                     # One notice per batch for every replica, not one per end or event (a
                     # notice for a refused end only makes a waiter read again).
                     if ended:
-                        pipe.publish(self._ends_channel, " ".join(ended))
+                        commands.append(["PUBLISH", self._ends_channel, " ".join(ended)])
                     if emitted:
-                        pipe.publish(self._events_channel, " ".join(emitted))
-                    replies = await pipe.execute(raise_on_error=False)
+                        commands.append(["PUBLISH", self._events_channel, " ".join(emitted)])
+                    replies = await self._scripts.pipeline(commands)
                     replies = replies[: len(pending)]
                 for _ in pending:  # the oldest in the outbox: only this method removes
                     if self._outbox.popleft()[1] == "emit":
@@ -1307,13 +1318,19 @@ class RedisStore(ExecutionStore):
         for text in _SCRIPTS.values():
             await cast(Awaitable[Any], self._redis.script_load(text))
 
+    @property
+    def _scripts(self) -> RedisLink:
+        if self._link is None:
+            raise StoreUnavailable(f"the store at {self.where} is not open")
+        return self._link
+
     async def _script(self, name: str, *args: Any) -> Any:
         """EVALSHA, loading the scripts again if Redis has forgotten them (a restart)."""
         try:
-            return await self._redis.evalsha(_SHAS[name], 0, *self._common(), *args)
+            return await self._scripts.call("EVALSHA", _SHAS[name], 0, *self._common(), *args)
         except NoScriptError:
             await self._load_scripts()
-            return await self._redis.evalsha(_SHAS[name], 0, *self._common(), *args)
+            return await self._scripts.call("EVALSHA", _SHAS[name], 0, *self._common(), *args)
 
     async def _list(
         self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str

@@ -1,0 +1,242 @@
+"""One multiplexed connection to Redis, for the store's scripts.
+
+Redis answers the commands of one connection in the order they came, so concurrent callers
+can share one connection: each call appends a future to a queue and writes its command, and
+each reply resolves the oldest future. There is no pool to take a connection from and no
+per-call timer: one timer watches the oldest unanswered command, and a connection that
+leaves it unanswered past `timeout` is dropped, failing every call waiting on it (as
+redis-py's socket timeout drops its connection). hiredis, the parser redis-py itself uses,
+packs the commands and parses the replies.
+
+Why not redis-py here: its asyncio client takes a pooled connection, packs in Python and
+arms a timeout for every call, about 35 us of CPU per call on the machines of
+bench/RESULTS.md against 7 us here, and a store operation is on the path of every request.
+redis-py keeps what it does well: pub/sub, and the store's less frequent commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ConnectionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+
+#: Error replies by their first word, as redis-py maps them.
+_ERRORS: dict[str, type[ResponseError] | type[ConnectionError]] = {
+    "NOSCRIPT": NoScriptError,
+    "READONLY": ReadOnlyError,
+    "LOADING": BusyLoadingError,
+    "OOM": OutOfMemoryError,
+    "TRYAGAIN": TryAgainError,
+    "NOAUTH": AuthenticationError,
+    "WRONGPASS": AuthenticationError,
+}
+
+Command = Sequence[str | bytes | int | float]
+
+
+def reply_error(message: str) -> Exception:
+    """The redis-py exception for an error reply, so callers handle one set of errors."""
+    kind = _ERRORS.get(message.split(" ", 1)[0], ResponseError)
+    return kind(message)
+
+
+def _pack(command: Command) -> bytes:
+    packed: bytes = hiredis.pack_command(cast(Any, tuple(command)))
+    return packed
+
+
+class _Protocol(asyncio.Protocol):
+    """Replies resolve the oldest waiting future; a lost connection fails them all."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.reader = hiredis.Reader(encoding="utf-8")
+        self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+        error = ConnectionError(f"connection to Redis lost: {exc or 'closed'}")
+        while self.waiting:
+            future, _ = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while (reply := self.reader.gets()) is not False:
+                future, _ = self.waiting.popleft()
+                if future.done():  # its caller went away
+                    continue
+                if isinstance(reply, hiredis.ReplyError):
+                    future.set_exception(reply_error(str(reply)))
+                else:
+                    future.set_result(reply)
+        except (hiredis.ProtocolError, IndexError) as exc:  # out of step: start over
+            self.abort(f"unexpected data from Redis: {exc}")
+
+    @property
+    def open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def send(self, payload: bytes, count: int) -> list[asyncio.Future[Any]]:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionError("connection to Redis lost")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        futures = [loop.create_future() for _ in range(count)]
+        self.waiting.extend((future, deadline) for future in futures)
+        self.transport.write(payload)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._check)
+        return futures
+
+    def _check(self) -> None:
+        """The oldest command is answered by its deadline, or the connection goes."""
+        self._timer = None
+        if not self.waiting:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = self.waiting[0][1]
+        if deadline <= loop.time():
+            self.abort(f"no reply from Redis in {self.timeout:g} s")
+        else:
+            self._timer = loop.call_at(deadline, self._check)
+
+    def abort(self, why: str) -> None:
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost fails the waiting futures
+        error = ConnectionError(why)
+        while self.waiting:
+            future, _ = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+
+class RedisLink:
+    """Connects on first use and again after a loss; `call` and `pipeline` share it."""
+
+    def __init__(self, url: str, *, connect_timeout: float, timeout: float) -> None:
+        self.options = parse_url(url)
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self._protocol: _Protocol | None = None
+        self._connecting = asyncio.Lock()
+
+    async def call(self, *args: str | bytes | int | float) -> Any:
+        protocol = self._protocol
+        if protocol is None or not protocol.open:
+            protocol = await self._connect()
+        (future,) = protocol.send(_pack(args), 1)
+        return await future
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """One write for every command; each reply or error reply (as an exception, in
+        its place). A lost connection raises for the whole pipeline."""
+        protocol = self._protocol
+        if protocol is None or not protocol.open:
+            protocol = await self._connect()
+        payload = b"".join(_pack(command) for command in commands)
+        replies: list[Any] = []
+        failure: Exception | None = None
+        for future in protocol.send(payload, len(commands)):
+            try:
+                replies.append(await future)
+            except ResponseError as exc:
+                replies.append(exc)
+            except Exception as exc:  # the connection: every later reply fails the same way
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return replies
+
+    async def close(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.open:
+            protocol.transport.close()  # type: ignore[union-attr]
+            await asyncio.wait({protocol.closed}, timeout=self.connect_timeout)
+
+    async def _connect(self) -> _Protocol:
+        async with self._connecting:
+            if self._protocol is not None and self._protocol.open:
+                return self._protocol
+            protocol: _Protocol | None = None
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    protocol = await self._open()
+                    await self._hello(protocol)
+            except BaseException as exc:
+                if protocol is not None:
+                    protocol.abort("set-up failed")
+                if isinstance(exc, TimeoutError):
+                    raise ConnectionError(
+                        f"no connection to Redis in {self.connect_timeout:g} s"
+                    ) from None
+                if isinstance(exc, OSError):
+                    raise ConnectionError(str(exc)) from None
+                raise
+            self._protocol = protocol
+            return protocol
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        options = self.options
+        kind = options.get("connection_class")
+        if kind is UnixDomainSocketConnection:
+            _, protocol = await loop.create_unix_connection(
+                lambda: _Protocol(self.timeout), str(options["path"])
+            )
+            return protocol
+        context: ssl.SSLContext | None = None
+        if kind is SSLConnection:
+            context = ssl.create_default_context()
+            if str(options.get("ssl_cert_reqs", "required")).lower() == "none":
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        _, protocol = await loop.create_connection(
+            lambda: _Protocol(self.timeout),
+            str(options.get("host", "localhost")),
+            int(options.get("port", 6379)),
+            ssl=context,
+        )
+        return protocol
+
+    async def _hello(self, protocol: _Protocol) -> None:
+        """AUTH and SELECT as the URL says, before any caller's command."""
+        commands: list[Command] = []
+        password = self.options.get("password")
+        if password is not None:
+            username = self.options.get("username")
+            commands.append(("AUTH", username, password) if username else ("AUTH", password))
+        if int(self.options.get("db", 0) or 0):
+            commands.append(("SELECT", int(self.options["db"])))
+        if not commands:
+            return
+        payload = b"".join(_pack(command) for command in commands)
+        for future in protocol.send(payload, len(commands)):
+            await future

@@ -1,0 +1,139 @@
+"""The store's multiplexed Redis connection (agent_server/store/resp.py) against a real
+`redis-server`: replies reach their own callers under concurrency, error replies keep the
+connection in step, a lost or silent Redis fails every waiting call fast, and the next call
+connects again; AUTH and SELECT as the URL says."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.exceptions import AuthenticationError, ConnectionError, NoScriptError, ResponseError
+from redis_server import RedisServer, available
+
+from agent_server.store.resp import RedisLink
+
+#: Every wait in these tests is bounded by this.
+BOUND = 10.0
+
+
+def link(url: str, timeout: float = 2.0) -> RedisLink:
+    return RedisLink(url, connect_timeout=2.0, timeout=timeout)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, which the test may stop, pause or restart."""
+    assert available(), "redis-server is not installed (apt-get install redis-server)"
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.kill()
+
+
+async def test_concurrent_calls_each_get_their_own_reply(redis_url: str) -> None:
+    redis = link(redis_url)
+    try:
+
+        async def one(n: int) -> None:
+            for i in range(50):
+                value = f"{n}-{i}-é"
+                assert await redis.call("SET", f"k{n}", value) == "OK"
+                assert await redis.call("GET", f"k{n}") == value
+
+        async with asyncio.timeout(BOUND):
+            await asyncio.gather(*(one(n) for n in range(40)))
+        replies = await redis.pipeline([("INCR", "n"), ("INCR", "n"), ("GET", "n")])
+        assert replies == [1, 2, "2"]
+    finally:
+        await redis.close()
+
+
+async def test_error_replies_are_raised_and_the_connection_stays_in_step(redis_url: str) -> None:
+    redis = link(redis_url)
+    try:
+        with pytest.raises(NoScriptError):
+            await redis.call("EVALSHA", "0" * 40, 0)
+        with pytest.raises(ResponseError, match="wrong number of arguments"):
+            await redis.call("GET")
+        replies = await redis.pipeline(
+            [("SET", "a", "1"), ("EVALSHA", "0" * 40, 0), ("INCR", "a"), ("HGET", "a", "x")]
+        )
+        assert replies[0] == "OK" and replies[2] == 2
+        assert isinstance(replies[1], NoScriptError)
+        assert isinstance(replies[3], ResponseError) and "WRONGTYPE" in str(replies[3])
+        assert await redis.call("EVAL", "return {ARGV[1], false, 3}", 0, "x") == ["x", None, 3]
+    finally:
+        await redis.close()
+
+
+async def test_a_lost_connection_fails_waiting_calls_and_the_next_call_reconnects(
+    own_redis: RedisServer,
+) -> None:
+    redis = link(own_redis.url)
+    try:
+        await redis.call("CLIENT", "SETNAME", "doomed")
+        waiting = asyncio.ensure_future(redis.call("BLPOP", "nothing", 0))
+        await asyncio.sleep(0)
+        assert own_redis.command("CLIENT", "KILL", "SKIPME", "yes").startswith(b":")  # type: ignore[union-attr]
+        async with asyncio.timeout(BOUND):
+            with pytest.raises(ConnectionError):
+                await waiting
+        assert await redis.call("PING") == "PONG"  # connected again
+        own_redis.stop()
+        with pytest.raises(ConnectionError):
+            await redis.call("PING")
+        own_redis.start()
+        assert await redis.call("PING") == "PONG"
+    finally:
+        await redis.close()
+
+
+async def test_a_silent_redis_fails_every_waiting_call_by_the_timeout(
+    own_redis: RedisServer,
+) -> None:
+    redis = link(own_redis.url, timeout=0.5)
+    assert own_redis.proc is not None
+    try:
+        assert await redis.call("PING") == "PONG"
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        async with asyncio.timeout(BOUND):
+            outcomes = await asyncio.gather(
+                *(redis.call("PING") for _ in range(20)), return_exceptions=True
+            )
+        assert all(isinstance(outcome, ConnectionError) for outcome in outcomes), outcomes
+        assert loop.time() - began < 0.5 + 1.0
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        async with asyncio.timeout(BOUND):
+            assert await redis.call("PING") == "PONG"
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        await redis.close()
+
+
+async def test_auth_and_select_as_the_url_says(own_redis: RedisServer) -> None:
+    assert own_redis.command("CONFIG", "SET", "requirepass", "s3cret") == b"+OK\r\n"
+    base = f"127.0.0.1:{own_redis.port}"
+    redis = link(f"redis://:s3cret@{base}/3")
+    try:
+        assert await redis.call("SET", "where", "db3") == "OK"
+        assert await redis.call("SELECT", 0) == "OK"
+        assert await redis.call("GET", "where") is None  # it was written in db 3
+    finally:
+        await redis.close()
+    wrong = link(f"redis://:nope@{base}/0")
+    with pytest.raises(AuthenticationError):
+        await wrong.call("PING")
+    await wrong.close()
+    nobody = link(f"redis://127.0.0.1:{own_redis.port}/0")
+    with pytest.raises(AuthenticationError):  # NOAUTH
+        await nobody.call("GET", "x")
+    await nobody.close()
