@@ -70,6 +70,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -111,10 +112,17 @@ class _Protocol(asyncio.Protocol):
         deadline = loop.time() + self.timeout
         futures = [loop.create_future() for _ in range(count)]
         self.waiting.extend((future, deadline) for future in futures)
-        self.transport.write(payload)
+        if not self._out:  # the commands of one loop turn leave in one write
+            loop.call_soon(self._flush)
+        self._out.append(payload)
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check)
         return futures
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None:
+            self.transport.write(b"".join(out))
 
     def _check(self) -> None:
         """The oldest command is answered by its deadline, or the connection goes."""
