@@ -438,7 +438,15 @@ class EndNotices:
                 return
             for message in self._parser.feed(chunk):
                 if len(message) == 3 and message[0] == b"message":
-                    self.seen.setdefault(message[2].decode(), now)
+                    for execution_id in _noticed_ids(message[2].decode()):
+                        self.seen.setdefault(execution_id, now)
+
+
+def _noticed_ids(data: str) -> list[str]:
+    """The ids of an end notice: space-separated ids, or a JSON list of records and ids."""
+    if not data.startswith("["):
+        return data.split()
+    return [item if isinstance(item, str) else str(item[0]) for item in json.loads(data)]
 
 
 class Monitor:

@@ -847,3 +847,42 @@ async def test_a_key_for_another_request_is_refused_and_expires(kind: str, redis
         assert await store.get(second.execution_id) is not None
     finally:
         await closed(store)
+
+
+async def test_an_end_notice_carries_the_record_so_waiters_elsewhere_need_no_read(
+    redis_url: str,
+) -> None:
+    """B's waiters get the records from the notice itself: no `get` on B after the end;
+    a record too large for a notice goes by id and B reads it."""
+    from agent_server.store.redis import NOTICE_RECORD_MAX
+
+    a, b_seen = open_redis(redis_url, "A", Recorder()), Recorder()
+    b = open_redis(redis_url, "B", b_seen)
+    await a.open()
+    await b.open()
+    try:
+        small = Execution("echo", "s-1", "A")
+        large = Execution("echo", None, "A")
+        for execution in (small, large):
+            await a.create(execution)
+        seen = [await b.get(e.execution_id) for e in (small, large)]
+        waiters = [asyncio.create_task(b.wait(e, 10.0)) for e in seen if e is not None]
+        for execution in (small, large):
+            await eventually(lambda e=execution: asyncio.sleep(0, is_waiting(b, e)))
+        reads_before = b_seen.operations.count(("get", True))
+        small.finish(ExecutionStatus.SUCCEEDED, result={"text": "é" * 10})
+        large.finish(
+            ExecutionStatus.FAILED, error={"type": "X", "message": "x" * NOTICE_RECORD_MAX}
+        )
+        a.end(small)
+        a.end(large)
+        got_small, got_large = await asyncio.wait_for(asyncio.gather(*waiters), BOUND)
+        assert got_small.to_json() == small.to_json()
+        assert got_large.to_json() == large.to_json()
+        # One read, for the large one; the small one came with its notice.
+        assert b_seen.operations.count(("get", True)) - reads_before == 1
+        read = await b.get(small.execution_id)
+        assert read is not None and read.to_json() == got_small.to_json()
+    finally:
+        await closed(a)
+        await closed(b)

@@ -100,6 +100,9 @@ OUTBOX_LIMIT = 10_000
 EVENTS_PENDING = 10_000
 #: Ends written per pipeline.
 END_BATCH = 100
+#: An end notice carries a record up to this size (its fields' characters); a larger one
+#: goes by id, and the replicas waiting for it read it.
+NOTICE_RECORD_MAX = 4096
 #: Retry pacing of the outbox and the pub/sub reader after an outage.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
@@ -171,8 +174,12 @@ local function prune()
 end
 
 -- Whether finish() publishes the end notice itself: the outbox's writer publishes one
--- notice for a whole batch of ends instead (see RedisStore._write_ends).
+-- notice for a whole batch of ends instead (see RedisStore._notify_ends).
 local NOTIFY = true
+-- Whether finish() prunes: the end script prunes once for its whole batch instead.
+local PRUNE = true
+-- The highest score of `finished`, once read (nothing but finish() raises it).
+local LAST = nil
 
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 local function finish(rec, id, sid, owner)
@@ -180,13 +187,17 @@ local function finish(rec, id, sid, owner)
   redis.call('SREM', P .. 'owned:' .. owner, id)
   -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
   -- several are written in the same microsecond.
+  if LAST == nil then
+    local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
+    LAST = tonumber(top[2] or '0')
+  end
   local score = NOW_US
-  local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
-  if top[2] and tonumber(top[2]) >= score then score = tonumber(top[2]) + 1 end
+  if LAST >= score then score = LAST + 1 end
+  LAST = score
   redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
   redis.call('PEXPIRE', rec, TTL)
   redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
-  prune()
+  if PRUNE then prune() end
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end
 
@@ -267,24 +278,36 @@ if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
 return {1}
 """
 
-# The fenced end. ARGV[5..]: id, owner, attempt, status, status_reason, result, error,
-# finished_at, duration_seconds, abandoned. Returns {1|0, the status found ('' if unknown)};
-# an end already written by this very owner and attempt (a retry after a lost reply) is 1.
+# Fenced ends, a batch in one call. ARGV[5..]: per end, id, owner, attempt, status,
+# status_reason, result, error, finished_at, duration_seconds, abandoned. Returns per end
+# 1|0 and the status found ('' if unknown); an end already written by this very owner and
+# attempt (a retry after a lost reply) is 1. Prunes once for the batch.
 _END = """
 NOTIFY = false
-local id, owner, attempt, status, fin = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[12]
-local rec = P .. 'x:' .. id
-local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
-if not v[1] then return {0, ''} end
-if v[2] ~= owner or v[3] ~= attempt then return {0, v[1]} end
-if v[1] == 'running' then
-  redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[9], 'result', ARGV[10],
-    'error', ARGV[11], 'finished_at', fin, 'duration_seconds', ARGV[13], 'abandoned', ARGV[14])
-  finish(rec, id, v[4], owner)
-  return {1, 'running'}
+PRUNE = false
+local out = {}
+for i = 5, #ARGV, 10 do
+  local id, owner, attempt, status, fin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+    ARGV[i + 7]
+  local rec = P .. 'x:' .. id
+  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
+  local ok = 0
+  if v[1] and v[2] == owner and v[3] == attempt then
+    if v[1] == 'running' then
+      redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
+        'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
+        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
+      finish(rec, id, v[4], owner)
+      ok = 1
+    elseif v[1] == status and v[5] == fin then
+      ok = 1
+    end
+  end
+  out[#out + 1] = ok
+  out[#out + 1] = v[1] or ''
 end
-if v[1] == status and v[5] == fin then return {1, v[1]} end
-return {0, v[1]}
+prune()
+return out
 """
 
 # ARGV[5..]: ids. One entry per id: read(id).
@@ -1080,9 +1103,10 @@ class RedisStore(ExecutionStore):
                     await asyncio.sleep(BACKOFF_MAX)
 
     async def _write_ends(self) -> None:
-        """One pipeline of fenced end scripts for the oldest queued ends. An end refused
-        (the record is lost, or another owner or attempt holds it) is logged and counted;
-        nothing leaves the outbox unless Redis answered for it."""
+        """One pipeline for the oldest queued writes: each run of ends is one call of the
+        fenced `end` script, each event or hand-off one call. An end refused (the record is
+        lost, or another owner or attempt holds it) is logged and counted; nothing leaves
+        the outbox unless Redis answered for it."""
         async with self._writing:
             pending = list(itertools.islice(self._outbox, END_BATCH))
             for _ in range(2):  # a second pass only after Redis forgot its scripts
@@ -1091,28 +1115,37 @@ class RedisStore(ExecutionStore):
                 async with self._operation("end"):
                     common = self._common()
                     commands: list[list[str | bytes | int]] = []
-                    ended: dict[str, None] = {}
+                    #: The outbox entries each command writes: [start, stop).
+                    spans: list[tuple[int, int]] = []
                     emitted: dict[str, None] = {}
-                    for execution, script, args in pending:
+                    for index, (execution, script, args) in enumerate(pending):
+                        if script == "end" and spans and pending[spans[-1][0]][1] == "end":
+                            commands[-1].extend(args)
+                            spans[-1] = (spans[-1][0], index + 1)
+                            continue
                         commands.append(["EVALSHA", _SHAS[script], 0, *common, *args])
-                        if script == "end":
-                            ended[execution.execution_id] = None
-                        elif script == "emit":
+                        spans.append((index, index + 1))
+                        if script == "emit":
                             emitted[execution.execution_id] = None
-                    # One notice per batch for every replica, not one per end or event (a
-                    # notice for a refused end only makes a waiter read again).
-                    if ended:
-                        commands.append(["PUBLISH", self._ends_channel, " ".join(ended)])
+                    # One notice per batch for every replica, not one per event.
                     if emitted:
                         commands.append(["PUBLISH", self._events_channel, " ".join(emitted)])
-                    replies = await self._scripts.pipeline(commands)
-                    replies = replies[: len(pending)]
+                    answers = await self._scripts.pipeline(commands)
+                replies: list[Any] = []
+                for (start, stop), answer in zip(spans, answers, strict=False):
+                    if isinstance(answer, Exception):
+                        replies.extend([answer] * (stop - start))
+                    elif pending[start][1] == "end":
+                        replies.extend(zip(answer[0::2], answer[1::2], strict=True))
+                    else:
+                        replies.append(answer)
                 for _ in pending:  # the oldest in the outbox: only this method removes
                     if self._outbox.popleft()[1] == "emit":
                         self._pending_events -= 1
                 retry: list[tuple[Execution, str, list[str | bytes]]] = []
+                written: list[tuple[Execution, list[str | bytes]]] = []
                 for entry, reply in zip(pending, replies, strict=True):
-                    execution, script, _ = entry
+                    execution, script, args = entry
                     if isinstance(reply, NoScriptError):
                         retry.append(entry)
                     elif isinstance(reply, Exception) and script == "emit":
@@ -1121,7 +1154,8 @@ class RedisStore(ExecutionStore):
                         )
                     elif isinstance(reply, Exception):
                         logger.error(
-                            "end of execution %s could not be written: %s",
+                            "%s of execution %s could not be written: %s",
+                            script,
                             execution.execution_id,
                             reply,
                         )
@@ -1130,12 +1164,40 @@ class RedisStore(ExecutionStore):
                         self._refused(script, execution, reply[1])
                     elif script == "end":  # written: this replica's waiters need no read
                         _resolve(self._waiters.get(execution.execution_id, ()), execution)
+                        written.append((execution, args))
+                if written:
+                    await self._notify_ends(written)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
                     async with self._operation("load_scripts"):
                         await self._load_scripts()
                 pending = retry
+
+    async def _notify_ends(self, written: list[tuple[Execution, list[str | bytes]]]) -> None:
+        """One notice for a batch of ends written, to every replica, carrying each record
+        as written (the end's arguments and the fields set at its creation) so their
+        waiters need no read; a large one goes by id and is read. A notice that cannot be
+        sent leaves those waiters to their next re-read."""
+        notice: list[str | list[str]] = []
+        for execution, args in written:
+            end = [value.decode() if isinstance(value, bytes) else value for value in args]
+            row = [
+                end[0],  # execution_id
+                execution.reasoner,
+                execution.session_id or "",
+                *end[1:7],  # replica, attempt, status, status_reason, result, error
+                repr(execution.created_at),
+                *end[7:10],  # finished_at, duration_seconds, abandoned
+            ]
+            if sum(len(value) for value in row) <= NOTICE_RECORD_MAX:
+                notice.append(row)
+            else:
+                notice.append(execution.execution_id)
+        try:
+            await self._scripts.call("PUBLISH", self._ends_channel, _json(notice))
+        except _UNREACHABLE as exc:
+            logger.debug("end notice not sent to %s: %s", self.where, exc)
 
     def _refused(self, write: str, execution: Execution, found: str) -> None:
         """A fenced write: this attempt no longer owns the record. Logged and counted."""
@@ -1190,11 +1252,14 @@ class RedisStore(ExecutionStore):
         channel, data = message.get("channel"), message.get("data")
         if not isinstance(data, str):
             return
-        if channel == self._ends_channel:  # one id, or a batch of them
-            for execution_id in data.split():
+        if channel == self._ends_channel:
+            for execution_id, row in self._ends(data):
                 self._recent_ends[execution_id] = None
                 if execution_id in self._waiters:
-                    self._woken.add(execution_id)
+                    if row is None:
+                        self._woken.add(execution_id)
+                    else:
+                        _resolve(self._waiters[execution_id], self._restore([*row, 0]))
                 _resolve(self._event_waiters.get(execution_id, ()), None)
             while len(self._recent_ends) > RECENT_ENDS:
                 self._recent_ends.pop(next(iter(self._recent_ends)))
@@ -1221,6 +1286,24 @@ class RedisStore(ExecutionStore):
                 self.on_cancel(execution_id, reason, settle_within)
             except Exception:
                 logger.exception("cancel of execution %s failed", execution_id)
+
+    def _ends(self, data: str) -> list[tuple[str, list[Any] | None]]:
+        """An end notice: ids separated by spaces (a script's), or a JSON list of records
+        and ids (`_notify_ends`); each id with its record when the notice carries it."""
+        if not data.startswith("["):
+            return [(execution_id, None) for execution_id in data.split()]
+        try:
+            items = orjson.loads(data)
+        except ValueError:
+            logger.warning("ignored a malformed end notice: %r", data[:200])
+            return []
+        ends: list[tuple[str, list[Any] | None]] = []
+        for item in items:
+            if isinstance(item, str):
+                ends.append((item, None))
+            elif isinstance(item, list) and len(item) == len(FIELDS) and item:
+                ends.append((str(item[0]), item))
+        return ends
 
     async def _read_woken(self) -> None:
         """One read (the `get` script, many ids) for every waiter woken by end notices
