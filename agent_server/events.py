@@ -23,6 +23,7 @@ its own, where this server ends its streams from its shutdown sequence.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Receive, Scope, Send
 
 from agent_server import jsoncodec
+from agent_server.http_limits import CONNECTION, ConnectionClosed
 
 if TYPE_CHECKING:
     from agent_server.execution import Execution
@@ -274,13 +276,35 @@ async def event_stream(
             timeout = min(timeout, source.reread)
         notice = source.notice()
         try:
-            await asyncio.wait(
-                {notice, closing.future(), gone},
-                timeout=timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await _first(loop, (notice, closing.future(), gone), timeout)
         finally:
             source.done_with(notice)
+
+
+async def _first(
+    loop: asyncio.AbstractEventLoop, futures: tuple[asyncio.Future[None], ...], timeout: float
+) -> None:
+    """Until one of `futures` is done or `timeout` passes: `asyncio.wait`'s
+    FIRST_COMPLETED for an idle stream, in one future, one callback and one timer instead
+    of a set, a counter, a closure and a timer per call."""
+    if any(future.done() for future in futures):
+        return
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(timeout, wake, None)
+    for future in futures:
+        future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        for future in futures:
+            future.remove_done_callback(wake)
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 #: Makes a response's stream, given the future that is done when its client leaves.
@@ -289,7 +313,8 @@ StreamFactory = Callable[[asyncio.Future[None]], AsyncIterator[bytes]]
 
 class SseResponse:
     """A `text/event-stream` response that ends when its stream ends or the client goes.
-    One task per stream (the one reading the client's disconnect); waiting costs none."""
+    Under this server's protocol a stream runs no task of its own (it waits on futures);
+    under another ASGI server, one task reads the client's disconnect."""
 
     def __init__(self, stream: StreamFactory, on_open: Callable[[int], None] | None = None) -> None:
         self.stream = stream
@@ -309,7 +334,12 @@ class SseResponse:
         )
         if self.on_open is not None:
             self.on_open(1)
-        gone: asyncio.Future[None] = asyncio.ensure_future(_disconnected(receive))
+        closed = scope.get(CONNECTION)
+        reader: asyncio.Task[None] | None = None
+        if isinstance(closed, ConnectionClosed):  # this server's protocol: no task needed
+            gone = closed.future()
+        else:  # another ASGI server: a task reads http.disconnect
+            gone = reader = asyncio.ensure_future(_disconnected(receive))
         stream = self.stream(gone)
         try:
             async for chunk in stream:
@@ -320,8 +350,9 @@ class SseResponse:
             pass  # the client went away mid-send: nobody to answer
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-            gone.cancel()
-            await asyncio.gather(gone, return_exceptions=True)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
             if self.on_open is not None:
                 self.on_open(-1)
 

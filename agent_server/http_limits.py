@@ -28,6 +28,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent_server.coalescing import CoalescingWriter
 
+#: The scope key of the request's connection (its `closed()` future).
+CONNECTION = "agent_server.connection"
+
 #: Request line plus headers, in bytes; nginx's default buffers allow 32 KiB.
 MAX_HEAD_SIZE = 65_536
 
@@ -90,6 +93,33 @@ class PipelineFull(Exception):
     """Raised in the parser's callback to stop it: the connection queued its bound."""
 
 
+class ConnectionClosed:
+    """Whether the client's connection is gone, as a future made on first use.
+
+    A long response (an event stream) waits on it instead of running a task that reads
+    `http.disconnect`. One per connection, in the scope of each of its requests under
+    CONNECTION; it refers to neither, so a request's objects stay free of cycles."""
+
+    __slots__ = ("_future", "_loop", "_set")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] | None = None
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def future(self) -> asyncio.Future[None]:
+        if self._future is None:
+            self._future = self._loop.create_future()
+            if self._set:
+                self._future.set_result(None)
+        return self._future
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a size and a time bound on every request head.
 
@@ -106,6 +136,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     __slots__ = (
         "_body_timer",
+        "_closed",
         "_head_bytes",
         "_head_limit",
         "_head_scope",
@@ -138,6 +169,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._closed = ConnectionClosed(self.loop)
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
         self._writer = CoalescingWriter(transport, self.loop)
@@ -148,6 +180,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         for timer in (self._body_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
+        self._closed.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -259,6 +292,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._disarm_head_timer()
         HttpToolsProtocol.on_headers_complete(self)
+        self.scope[CONNECTION] = self._closed  # type: ignore[literal-required]
         if self.cycle is not None:  # its response goes out in one send (agent_server.coalescing)
             self.cycle.transport = self._writer  # type: ignore[assignment]
 

@@ -234,6 +234,43 @@ def test_1000_open_streams_end_cleanly_through_a_drain(server_factory: Any) -> N
     assert "Task was destroyed" not in stderr and "never retrieved" not in stderr
 
 
+def test_readers_that_leave_are_let_go_at_once_without_a_heartbeat(server_factory: Any) -> None:
+    """An idle stream notices its client leaving from the connection itself, not at its
+    next write: with heartbeats 600 s apart, 50 readers that hang up are gone from the
+    open-streams gauge within seconds, and the server keeps serving."""
+    server = server_factory("tests_app:agent", "--sse-heartbeat", "600")
+    execution_id = start(server.url, "sleep", {"seconds": 60})
+
+    async def run() -> None:
+        connections = []
+        for _ in range(50):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                f"GET /executions/{execution_id}/events HTTP/1.1\r\nhost: x\r\n\r\n".encode()
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            connections.append(writer)
+        await asyncio.to_thread(
+            wait_for,
+            lambda: metric(server.url, "agent_server_event_streams_open") == 50,
+            WAIT,
+            "50 streams open",
+        )
+        for writer in connections:
+            writer.close()
+        await asyncio.to_thread(
+            wait_for,
+            lambda: metric(server.url, "agent_server_event_streams_open") == 0,
+            WAIT,
+            "every stream let go",
+        )
+
+    asyncio.run(run())
+    assert httpx.get(f"{server.url}/executions/{execution_id}", timeout=WAIT).status_code == 200
+    assert "Exception in ASGI application" not in server.stderr()
+
+
 # -- across replicas ---------------------------------------------------------------------------
 
 
