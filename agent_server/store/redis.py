@@ -29,7 +29,7 @@ import logging
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, cast
 
 import orjson
@@ -498,6 +498,35 @@ _SCRIPTS = {
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
 
 
+class _Operation:
+    """`RedisStore._operation`: a plain context manager (it awaits nothing itself), on the
+    path of every store call."""
+
+    __slots__ = ("name", "started", "store")
+
+    def __init__(self, store: RedisStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> None:
+        store = self.store
+        if error is None:
+            store._report(self.name, self.started, True)
+            store._set_up(True)
+            return
+        if isinstance(error, Exception):
+            store._report(self.name, self.started, False)
+        if isinstance(error, _UNREACHABLE):
+            store._set_up(False)
+            raise StoreUnavailable(f"Redis at {store.where}: {store._scrub(str(error))}") from error
+
+
 def _resolve(futures: Iterable[asyncio.Future[Any]], value: Any) -> None:
     """Hand `value` to every waiter still waiting (one may have timed out meanwhile)."""
     for future in futures:
@@ -737,7 +766,7 @@ class RedisStore(ExecutionStore):
     ) -> tuple[int, list[Event]]:
         """One XRANGE after `cursor` (exclusive). Numbers are contiguous: a gap before the
         first one read is what the cap trimmed."""
-        async with self._operation("events"):
+        with self._operation("events"):
             rows = await cast(
                 Awaitable[Any],
                 self._redis.xrange(
@@ -784,7 +813,7 @@ class RedisStore(ExecutionStore):
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
-        async with self._operation("create"):
+        with self._operation("create"):
             reply = await self._script(
                 "create",
                 execution.execution_id,
@@ -809,7 +838,7 @@ class RedisStore(ExecutionStore):
 
     async def checkpoint(self, execution: Execution, state: str) -> None:
         """One script, fenced by owner and attempt like an end."""
-        async with self._operation("checkpoint"):
+        with self._operation("checkpoint"):
             reply = await self._script(
                 "checkpoint",
                 execution.execution_id,
@@ -835,7 +864,7 @@ class RedisStore(ExecutionStore):
     async def claim(self) -> Execution | None:
         """One script: the oldest queued execution, now running here, with its body and
         last checkpoint; None when nothing is queued."""
-        async with self._operation("claim"):
+        with self._operation("claim"):
             reply = await self._script("claim", self.replica_id)
         if not reply:
             return None
@@ -901,7 +930,7 @@ class RedisStore(ExecutionStore):
 
     async def get(self, execution_id: str) -> Execution | None:
         """One script: the record, moved to lost first if its owner stopped renewing."""
-        async with self._operation("get"):
+        with self._operation("get"):
             rows = await self._script("get", execution_id)
         row = rows[0] if rows else None
         return None if not row else self._restore(row)
@@ -972,7 +1001,7 @@ class RedisStore(ExecutionStore):
 
     async def forget(self, execution_id: str) -> bool:
         """One script: False when unknown, ExecutionRunning while active, else deleted."""
-        async with self._operation("forget"):
+        with self._operation("forget"):
             reply = await self._script("forget", execution_id)
         code = int(reply[0])
         if code == 0:
@@ -989,7 +1018,7 @@ class RedisStore(ExecutionStore):
         the owner's channel (nothing listens there once the owner is gone: it reads lost)."""
         owner = execution.replica
         if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
-            async with self._operation("request_cancel"):
+            with self._operation("request_cancel"):
                 reply = await self._script("cancel_queued", execution.execution_id, reason.value)
             if int(reply[0]) or not reply[1]:
                 return
@@ -1001,7 +1030,7 @@ class RedisStore(ExecutionStore):
         message = orjson.dumps(
             {"id": execution.execution_id, "reason": reason.value, "settle_within": settle_within}
         )
-        async with self._operation("request_cancel"):
+        with self._operation("request_cancel"):
             await cast(
                 Awaitable[Any],
                 self._redis.publish(f"{self.prefix}cancel:{owner}", message),
@@ -1020,7 +1049,7 @@ class RedisStore(ExecutionStore):
         hold = RELEASE_HOLD_SECONDS if seconds is None else seconds
         release_id = new_execution_id()
         key = f"{self.prefix}releasing:{session_id}"
-        async with self._operation("begin_release"):
+        with self._operation("begin_release"):
             began = await cast(
                 Awaitable[Any],
                 self._redis.set(key, release_id, px=max(1, round(hold * 1000)), nx=True),
@@ -1037,7 +1066,7 @@ class RedisStore(ExecutionStore):
         """Publish the answer for the releases that joined this one (kept a minute), then
         free the session: one script."""
         release_id = self._releases.pop(session_id, "")
-        async with self._operation("end_release"):
+        with self._operation("end_release"):
             await self._script(
                 "end_release", session_id, release_id, _json(answer) if answer else ""
             )
@@ -1046,7 +1075,7 @@ class RedisStore(ExecutionStore):
         """Read the other release's answer every RELEASE_POLL seconds until `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
-            async with self._operation("shared_release"):
+            with self._operation("shared_release"):
                 found = await cast(
                     Awaitable[Any], self._redis.get(f"{self.prefix}released:{release_id}")
                 )
@@ -1076,7 +1105,7 @@ class RedisStore(ExecutionStore):
 
     async def _tick(self) -> None:
         lease_ms = max(1, round(self.lease_ttl * 1000))
-        async with self._operation("renew"):
+        with self._operation("renew"):
             reply = await self._script("tick", self.replica_id, lease_ms, SWEEP_LIMIT)
         if self.observer is not None:
             self.observer.replicas_alive(int(reply[0]))
@@ -1112,7 +1141,7 @@ class RedisStore(ExecutionStore):
             for _ in range(2):  # a second pass only after Redis forgot its scripts
                 if not pending:
                     return
-                async with self._operation("end"):
+                with self._operation("end"):
                     common = self._common()
                     commands: list[list[str | bytes | int]] = []
                     #: The outbox entries each command writes: [start, stop).
@@ -1170,7 +1199,7 @@ class RedisStore(ExecutionStore):
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
-                    async with self._operation("load_scripts"):
+                    with self._operation("load_scripts"):
                         await self._load_scripts()
                 pending = retry
 
@@ -1315,7 +1344,7 @@ class RedisStore(ExecutionStore):
             for start in range(0, len(ids), WAKE_BATCH):
                 batch = ids[start : start + WAKE_BATCH]
                 try:
-                    async with self._operation("get"):
+                    with self._operation("get"):
                         rows = await self._script("get", *batch)
                 except StoreUnavailable:
                     rows = [None] * len(batch)  # the waiters re-read on their own
@@ -1345,22 +1374,10 @@ class RedisStore(ExecutionStore):
     def _cancel_channel(self) -> str:
         return f"{self.prefix}cancel:{self.replica_id}"
 
-    @contextlib.asynccontextmanager
-    async def _operation(self, name: str) -> AsyncIterator[None]:
+    def _operation(self, name: str) -> _Operation:
         """Time and report one operation; an unreachable Redis becomes StoreUnavailable and
         turns the store down until an operation succeeds again."""
-        started = time.perf_counter()
-        try:
-            yield
-        except _UNREACHABLE as exc:
-            self._report(name, started, False)
-            self._set_up(False)
-            raise StoreUnavailable(f"Redis at {self.where}: {self._scrub(str(exc))}") from exc
-        except Exception:
-            self._report(name, started, False)
-            raise
-        self._report(name, started, True)
-        self._set_up(True)
+        return _Operation(self, name)
 
     def _common(self) -> tuple[str | int, ...]:
         """The arguments every script takes. A replica judges others' liveness only once it
@@ -1418,7 +1435,7 @@ class RedisStore(ExecutionStore):
     async def _list(
         self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str
     ) -> list[Execution]:
-        async with self._operation(operation):
+        with self._operation(operation):
             rows = await self._script("list", index, scan, limit, status, reasoner)
         found: list[Execution] = []
         for row in rows:
