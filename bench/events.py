@@ -349,6 +349,10 @@ async def _open_idle(
             writer.write(http_request("GET", f"/executions/{key}?wait=60"))
             await writer.drain()
             return writer
+        if kind == "bare":
+            writer.write(http_request("GET", "/"))
+            await reader.readuntil(b"\r\n\r\n")
+            return writer
         writer.write(http_request("GET", f"/executions/{key}/events"))
         head = await reader.readuntil(b"\r\n\r\n")
         if b" 200 " not in head.split(b"\r\n", 1)[0]:
@@ -382,7 +386,19 @@ def item_idle(
     """Idle event streams, and (the reference, on a fresh server) as many idle long-polls."""
     found = _idle(source, points=points, kind="stream", progress=progress)
     found["long_poll"] = _idle(source, points=points[-1:], kind="long-poll", progress=progress)
+    found["bare"] = _idle(source, points=points[-1:], kind="bare", progress=progress)
     return found
+
+
+def _idle_server(kind: str, source: Path, flags: tuple[str, ...]) -> ServerProcess:
+    """agent-server for streams and long-polls; for `bare`, uvicorn with bench/apps/idle_app.py
+    on the same loop and parser."""
+    if kind != "bare":
+        return events_server("memory", source, *flags)
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", "idle_app:app", "--port", str(port)]
+    argv += ["--host", HOST, "--loop", "uvloop", "--http", "httptools", "--log-level", "warning"]
+    return ServerProcess("bare uvicorn", argv, port, env={"PYTHONPATH": str(APPS)})
 
 
 def _idle(
@@ -393,14 +409,16 @@ def _idle(
         raise RuntimeError(f"{max(points)} streams need more than the fd limit {limit}")
     flags = ("--sse-heartbeat", "600", "--max-inflight", "100")
     rows: list[dict[str, Any]] = []
-    with events_server("memory", source, *flags) as server:
+    with _idle_server(kind, source, flags) as server:
         server.wait_ready()
 
         async def go() -> dict[str, Any]:
-            status, started = await _request(server.port, "POST", "/reasoners/hold/async", {})
-            if status != 202:
-                raise RuntimeError(f"hold answered {status}")
-            key = started["execution_id"]
+            key = "bare"
+            if kind != "bare":
+                status, started = await _request(server.port, "POST", "/reasoners/hold/async", {})
+                if status != 202:
+                    raise RuntimeError(f"hold answered {status}")
+                key = started["execution_id"]
             await _close_all(await _open_idle(server.port, key, 200, kind=kind))  # warm-up
             await asyncio.sleep(1.0)
             base = server.rss_bytes()
@@ -411,7 +429,7 @@ def _idle(
                 opened_in = time.monotonic() - began
                 await asyncio.sleep(1.0)
                 rss = server.rss_bytes()
-                open_now = await _streams_open(server.port)
+                open_now = await _streams_open(server.port) if kind != "bare" else target
                 cpu_before = server.cpu_seconds()
                 await asyncio.sleep(2.0)
                 idle_cpu = (server.cpu_seconds() - cpu_before) / 2.0
@@ -434,7 +452,9 @@ def _idle(
             return {
                 "close_seconds": closed_in,
                 "rss_after_close": server.rss_bytes(),
-                "streams_open_after_close": await _streams_open(server.port),
+                "streams_open_after_close": (
+                    await _streams_open(server.port) if kind != "bare" else 0
+                ),
                 "base": base,
             }
 
@@ -686,6 +706,15 @@ def markdown(data: dict[str, Any]) -> str:
                 f"Reference, a fresh server: {ref['streams']:,} idle `GET ?wait=60` on the same "
                 f"kind of execution: **{ref['bytes_per_stream']:,.0f} B** each; a stream / a "
                 f"long-poll: **{ratio:.2f}**",
+                "",
+            ]
+        if "bare" in found:
+            (floor,) = found["bare"]["rows"]
+            share = floor["bytes_per_stream"] / found["rows"][-1]["bytes_per_stream"]
+            out += [
+                f"The floor, a fresh bare uvicorn (bench/apps/idle_app.py, uvloop + httptools) "
+                f"holding {floor['streams']:,} requests open: **{floor['bytes_per_stream']:,.0f} "
+                f"B** each, {share:.0%} of a stream here",
                 "",
             ]
     if "4" in items:

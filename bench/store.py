@@ -220,10 +220,13 @@ class _Commands:
     def __init__(self, keep: int = 2) -> None:
         self.buffer = bytearray()
         self.keep = keep
+        #: How many arguments each command of the last `feed` had in all.
+        self.sizes: list[int] = []
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         self.buffer += data
         found: list[list[bytes]] = []
+        self.sizes = []
         position = 0
         while (parsed := self._one(position)) is not None:
             arguments, position = parsed
@@ -237,7 +240,9 @@ class _Commands:
         if end < 0:
             return None
         if buffer[position : position + 1] != b"*":  # an inline command
-            return bytes(buffer[position:end]).split()[:2], end + 2
+            words = bytes(buffer[position:end]).split()
+            self.sizes.append(len(words))
+            return words[:2], end + 2
         count = int(buffer[position + 1 : end])
         position = end + 2
         arguments: list[bytes] = []
@@ -252,6 +257,7 @@ class _Commands:
             if len(arguments) < self.keep:
                 arguments.append(bytes(buffer[start : start + length]))
             position = start + length + 2
+        self.sizes.append(count)
         return arguments, position
 
 
@@ -260,6 +266,8 @@ class _Flight:
     """The commands a client sent on one connection before Redis answered."""
 
     commands: list[str] = field(default_factory=list)
+    #: Ends written by its `end` scripts (one call writes a run of them, 10 arguments each).
+    ends: int = 0
 
 
 class CountingRelay:
@@ -362,7 +370,7 @@ class CountingRelay:
             self.round_trips[kind] += 1
             if kind == "work":
                 self.batch_sizes[len(current.commands)] += 1
-            self.ends_answered += current.commands.count("EVALSHA end")
+            self.ends_answered += current.ends
 
         async def outbound() -> None:
             while data := await reader.read(65536):
@@ -372,6 +380,11 @@ class CountingRelay:
                     if current is None:
                         current = flight[0] = _Flight()
                     current.commands.extend(names)
+                    current.ends += sum(
+                        (size - 7) // 10  # EVALSHA, sha, 0, four common arguments
+                        for size, name in zip(parser.sizes, names, strict=True)
+                        if name == "EVALSHA end"
+                    )
                     self.commands.update(names)
                 upstream_writer.write(data)
                 await upstream_writer.drain()

@@ -100,8 +100,8 @@ OUTBOX_LIMIT = 10_000
 EVENTS_PENDING = 10_000
 #: Ends written per pipeline.
 END_BATCH = 100
-#: An end notice carries a record up to this size (its fields' characters); a larger one
-#: goes by id, and the replicas waiting for it read it.
+#: An end notice carries a record whose result and error take up to this many bytes; a
+#: larger one goes by id, and the replicas waiting for it read it.
 NOTICE_RECORD_MAX = 4096
 #: Retry pacing of the outbox and the pub/sub reader after an outage.
 BACKOFF_FIRST = 0.05
@@ -278,19 +278,23 @@ if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
 return {1}
 """
 
-# Fenced ends, a batch in one call. ARGV[5..]: per end, id, owner, attempt, status,
-# status_reason, result, error, finished_at, duration_seconds, abandoned. Returns per end
-# 1|0 and the status found ('' if unknown); an end already written by this very owner and
-# attempt (a retry after a lost reply) is 1. Prunes once for the batch.
+# Fenced ends, a batch in one call. ARGV[5]: the largest record an end notice carries;
+# ARGV[6..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
+# duration_seconds, abandoned. Returns per end 1|0 and the status found ('' if unknown); an
+# end already written by this very owner and attempt (a retry after a lost reply) is 1.
+# Prunes once for the batch, and publishes one notice for the ends it wrote: a JSON list of
+# their records (FIELDS order), or of their ids for records over the size.
 _END = """
 NOTIFY = false
 PRUNE = false
-local out = {}
-for i = 5, #ARGV, 10 do
+local largest = tonumber(ARGV[5])
+local out, notice = {}, {}
+for i = 6, #ARGV, 10 do
   local id, owner, attempt, status, fin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
     ARGV[i + 7]
   local rec = P .. 'x:' .. id
-  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at')
+  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at',
+    'reasoner', 'created_at')
   local ok = 0
   if v[1] and v[2] == owner and v[3] == attempt then
     if v[1] == 'running' then
@@ -299,6 +303,12 @@ for i = 5, #ARGV, 10 do
         'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
       finish(rec, id, v[4], owner)
       ok = 1
+      if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
+        notice[#notice + 1] = {id, v[6], v[4], owner, attempt, status, ARGV[i + 4],
+          ARGV[i + 5], ARGV[i + 6], v[7], fin, ARGV[i + 8], ARGV[i + 9]}
+      else
+        notice[#notice + 1] = id
+      end
     elseif v[1] == status and v[5] == fin then
       ok = 1
     end
@@ -307,6 +317,7 @@ for i = 5, #ARGV, 10 do
   out[#out + 1] = v[1] or ''
 end
 prune()
+if #notice > 0 then redis.call('PUBLISH', P .. 'ends', cjson.encode(notice)) end
 return out
 """
 
@@ -1152,7 +1163,10 @@ class RedisStore(ExecutionStore):
                             commands[-1].extend(args)
                             spans[-1] = (spans[-1][0], index + 1)
                             continue
-                        commands.append(["EVALSHA", _SHAS[script], 0, *common, *args])
+                        command = ["EVALSHA", _SHAS[script], 0, *common]
+                        if script == "end":
+                            command.append(NOTICE_RECORD_MAX)
+                        commands.append([*command, *args])
                         spans.append((index, index + 1))
                         if script == "emit":
                             emitted[execution.execution_id] = None
@@ -1172,9 +1186,8 @@ class RedisStore(ExecutionStore):
                     if self._outbox.popleft()[1] == "emit":
                         self._pending_events -= 1
                 retry: list[tuple[Execution, str, list[str | bytes]]] = []
-                written: list[tuple[Execution, list[str | bytes]]] = []
                 for entry, reply in zip(pending, replies, strict=True):
-                    execution, script, args = entry
+                    execution, script, _ = entry
                     if isinstance(reply, NoScriptError):
                         retry.append(entry)
                     elif isinstance(reply, Exception) and script == "emit":
@@ -1193,40 +1206,12 @@ class RedisStore(ExecutionStore):
                         self._refused(script, execution, reply[1])
                     elif script == "end":  # written: this replica's waiters need no read
                         _resolve(self._waiters.get(execution.execution_id, ()), execution)
-                        written.append((execution, args))
-                if written:
-                    await self._notify_ends(written)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
                     with self._operation("load_scripts"):
                         await self._load_scripts()
                 pending = retry
-
-    async def _notify_ends(self, written: list[tuple[Execution, list[str | bytes]]]) -> None:
-        """One notice for a batch of ends written, to every replica, carrying each record
-        as written (the end's arguments and the fields set at its creation) so their
-        waiters need no read; a large one goes by id and is read. A notice that cannot be
-        sent leaves those waiters to their next re-read."""
-        notice: list[str | list[str]] = []
-        for execution, args in written:
-            end = [value.decode() if isinstance(value, bytes) else value for value in args]
-            row = [
-                end[0],  # execution_id
-                execution.reasoner,
-                execution.session_id or "",
-                *end[1:7],  # replica, attempt, status, status_reason, result, error
-                repr(execution.created_at),
-                *end[7:10],  # finished_at, duration_seconds, abandoned
-            ]
-            if sum(len(value) for value in row) <= NOTICE_RECORD_MAX:
-                notice.append(row)
-            else:
-                notice.append(execution.execution_id)
-        try:
-            await self._scripts.call("PUBLISH", self._ends_channel, _json(notice))
-        except _UNREACHABLE as exc:
-            logger.debug("end notice not sent to %s: %s", self.where, exc)
 
     def _refused(self, write: str, execution: Execution, found: str) -> None:
         """A fenced write: this attempt no longer owns the record. Logged and counted."""
