@@ -701,20 +701,22 @@ def markdown(data: dict[str, Any]) -> str:
         ]
         if "long_poll" in found:
             (ref,) = found["long_poll"]["rows"]
-            ratio = found["rows"][-1]["bytes_per_stream"] / ref["bytes_per_stream"]
+            per_poll = ref["bytes_per_stream"]
+            ratio = f"{found['rows'][-1]['bytes_per_stream'] / per_poll:.2f}" if per_poll else "n/a"
             out += [
                 f"Reference, a fresh server: {ref['streams']:,} idle `GET ?wait=60` on the same "
-                f"kind of execution: **{ref['bytes_per_stream']:,.0f} B** each; a stream / a "
-                f"long-poll: **{ratio:.2f}**",
+                f"kind of execution: **{per_poll:,.0f} B** each; a stream / a "
+                f"long-poll: **{ratio}**",
                 "",
             ]
         if "bare" in found:
             (floor,) = found["bare"]["rows"]
-            share = floor["bytes_per_stream"] / found["rows"][-1]["bytes_per_stream"]
+            stream = found["rows"][-1]["bytes_per_stream"]
+            share = f"{floor['bytes_per_stream'] / stream:.0%}" if stream > 0 else "n/a"
             out += [
                 f"The floor, a fresh bare uvicorn (bench/apps/idle_app.py, uvloop + httptools) "
                 f"holding {floor['streams']:,} requests open: **{floor['bytes_per_stream']:,.0f} "
-                f"B** each, {share:.0%} of a stream here",
+                f"B** each, {share} of a stream here (too few streams move RSS by whole pages)",
                 "",
             ]
     if "4" in items:
