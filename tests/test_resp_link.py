@@ -137,3 +137,30 @@ async def test_auth_and_select_as_the_url_says(own_redis: RedisServer) -> None:
     with pytest.raises(AuthenticationError):  # NOAUTH
         await nobody.call("GET", "x")
     await nobody.close()
+
+
+async def test_a_caller_that_goes_away_leaves_the_connection_in_step(
+    own_redis: RedisServer,
+) -> None:
+    """Calls cancelled while Redis is paused: their replies, when they come, are skipped,
+    and the next callers get their own."""
+    redis = link(own_redis.url, timeout=5.0)
+    assert own_redis.proc is not None
+    try:
+        assert await redis.call("SET", "k", "before") == "OK"
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        gone = [
+            asyncio.ensure_future(redis.pipeline([("GET", "k"), ("INCR", "n")])),
+            asyncio.ensure_future(redis.call("GET", "k")),
+        ]
+        await asyncio.sleep(0.05)
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        async with asyncio.timeout(BOUND):
+            assert await redis.call("SET", "k", "after") == "OK"
+            assert await redis.pipeline([("GET", "k"), ("GET", "n")]) == ["after", "1"]
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        await redis.close()

@@ -172,13 +172,18 @@ class RedisLink:
         payload = b"".join(_pack(command) for command in commands)
         replies: list[Any] = []
         failure: Exception | None = None
-        for future in protocol.send(payload, len(commands)):
-            try:
-                replies.append(await future)
-            except ResponseError as exc:
-                replies.append(exc)
-            except Exception as exc:  # the connection: every later reply fails the same way
-                failure = failure or exc
+        futures = protocol.send(payload, len(commands))
+        try:
+            for future in futures:
+                try:
+                    replies.append(await future)
+                except ResponseError as exc:
+                    replies.append(exc)
+                except Exception as exc:  # the connection: every later reply fails alike
+                    failure = failure or exc
+        finally:
+            for future in futures:  # a caller that went away: its replies are skipped
+                future.cancel()
         if failure is not None:
             raise failure
         return replies
