@@ -37,6 +37,7 @@ from agent_server.events import (
     named,
 )
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.http_limits import client_gone
 from agent_server.metrics import Metrics
 from agent_server.names import SESSION_ID_RULE, is_session_id, is_session_id_bytes
 from agent_server.reasoner import Reasoner
@@ -389,13 +390,15 @@ class Api:
         ended: asyncio.Task[object] = asyncio.create_task(
             execution.wait(None) if local else self.store.wait(execution, None)
         )
-        gone = asyncio.create_task(_disconnected(request.receive))
+        gone, reader = client_gone(request.scope, request.receive)
         try:
-            await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
+            watched: set[asyncio.Future[Any]] = {ended, gone}
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (ended, gone):
+            watchers = [ended] if reader is None else [ended, reader]
+            for task in watchers:
                 task.cancel()
-            await asyncio.gather(ended, gone, return_exceptions=True)
+            await asyncio.gather(*watchers, return_exceptions=True)
         if local:
             return execution if await execution.wait(0) else None
         if ended.done() and not ended.cancelled() and ended.exception() is None:
@@ -530,13 +533,6 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)  # one chunk, the usual case, is returned as it is
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _list_body(executions: list[Execution]) -> tuple[bytes, bool]:

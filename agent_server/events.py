@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Receive, Scope, Send
 
 from agent_server import jsoncodec
-from agent_server.http_limits import CONNECTION, ConnectionClosed
+from agent_server.http_limits import client_gone
 
 if TYPE_CHECKING:
     from agent_server.execution import Execution
@@ -334,12 +334,7 @@ class SseResponse:
         )
         if self.on_open is not None:
             self.on_open(1)
-        closed = scope.get(CONNECTION)
-        reader: asyncio.Task[None] | None = None
-        if isinstance(closed, ConnectionClosed):  # this server's protocol: no task needed
-            gone = closed.future()
-        else:  # another ASGI server: a task reads http.disconnect
-            gone = reader = asyncio.ensure_future(_disconnected(receive))
+        gone, reader = client_gone(scope, receive)
         stream = self.stream(gone)
         try:
             async for chunk in stream:
@@ -355,10 +350,3 @@ class SseResponse:
                 await asyncio.gather(reader, return_exceptions=True)
             if self.on_open is not None:
                 self.on_open(-1)
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return

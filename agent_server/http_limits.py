@@ -23,6 +23,7 @@ import json
 from collections.abc import Sized
 
 import httptools
+from starlette.types import Receive, Scope
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -118,6 +119,24 @@ class ConnectionClosed:
             if self._set:
                 self._future.set_result(None)
         return self._future
+
+
+def client_gone(
+    scope: Scope, receive: Receive
+) -> tuple[asyncio.Future[None], asyncio.Task[None] | None]:
+    """A future done once the client has gone. Under this server's protocol it is the
+    connection's own (no task); under another ASGI server, a task that reads
+    `http.disconnect`, returned as well for the caller to cancel and await."""
+    closed = scope.get(CONNECTION)
+    if isinstance(closed, ConnectionClosed):
+        return closed.future(), None
+    reader = asyncio.ensure_future(_disconnected(receive))
+    return reader, reader
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
