@@ -164,3 +164,56 @@ async def test_a_caller_that_goes_away_leaves_the_connection_in_step(
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)
         await redis.close()
+
+
+def test_rediss_verifies_the_server_as_the_url_says(tmp_path: Path) -> None:
+    """A TLS Redis (Debian's redis-server with a `--tls-port`): verified against the CA the
+    URL names, refused without it, accepted unverified with `ssl_cert_reqs=none`."""
+    import subprocess
+    import time
+
+    import trustme
+    from conftest import free_port
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            *("--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1"),
+            *("--tls-cert-file", str(tmp_path / "cert.pem")),
+            *("--tls-key-file", str(tmp_path / "key.pem")),
+            *("--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    async def ping(url: str) -> object:
+        redis = link(url)
+        try:
+            return await redis.call("PING")
+        finally:
+            await redis.close()
+
+    base = f"rediss://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + BOUND
+        while True:  # until it accepts TLS connections (bounded)
+            try:
+                assert asyncio.run(ping(f"{base}?ssl_cert_reqs=none")) == "PONG"
+                break
+            except ConnectionError:
+                assert server.poll() is None, "redis-server exited: built without TLS?"
+                assert time.monotonic() < deadline, "the TLS Redis never answered"
+                time.sleep(0.05)
+        assert asyncio.run(ping(f"{base}?ssl_ca_certs={tmp_path / 'ca.pem'}")) == "PONG"
+        with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            asyncio.run(ping(base))  # the system's CAs do not know this one
+    finally:
+        server.kill()
+        server.wait(timeout=BOUND)

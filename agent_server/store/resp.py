@@ -226,8 +226,9 @@ class RedisLink:
             )
             return protocol
         context: ssl.SSLContext | None = None
-        if kind is SSLConnection:
-            context = ssl.create_default_context()
+        if kind is SSLConnection:  # rediss://, with redis-py's `ssl_ca_certs` and `ssl_cert_reqs`
+            cafile = options.get("ssl_ca_certs")
+            context = ssl.create_default_context(cafile=None if cafile is None else str(cafile))
             if str(options.get("ssl_cert_reqs", "required")).lower() == "none":
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
