@@ -12,6 +12,7 @@ Every wait is bounded; nothing sleeps to synchronise (polls carry deadlines).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -883,6 +884,46 @@ async def test_an_end_notice_carries_the_record_so_waiters_elsewhere_need_no_rea
         assert b_seen.operations.count(("get", True)) - reads_before == 1
         read = await b.get(small.execution_id)
         assert read is not None and read.to_json() == got_small.to_json()
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+async def test_a_malformed_end_notice_is_read_instead_and_the_listener_lives_on(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """A notice whose record does not parse wakes its waiter to read the record; one that is
+    not JSON is ignored; either way the pub/sub reader goes on serving later notices."""
+    a, b = open_redis(redis_url, "A", Recorder()), open_redis(redis_url, "B", Recorder())
+    await a.open()
+    await b.open()
+    try:
+        first, second = Execution("echo", None, "A"), Execution("echo", None, "A")
+        for execution in (first, second):
+            await a.create(execution)
+        seen = await b.get(first.execution_id)
+        assert seen is not None
+        waiter = asyncio.create_task(b.wait(seen, 10.0))
+        await eventually(lambda: asyncio.sleep(0, is_waiting(b, first)))
+        # The end written behind the store's back (no notice of its own), then two bad notices.
+        record = f"agent-server:{AGENT}:x:{first.execution_id}"
+        fields = ("status", "succeeded", "result", '"one"', "finished_at", repr(time.time()))
+        assert redis_server.command("HSET", record, *fields) is not None
+        channel = f"agent-server:{AGENT}:ends"
+        bad_row = [first.execution_id, *["?"] * 12]  # status "?" is no status
+        for data in ("[not json", json.dumps([bad_row])):
+            assert redis_server.command("PUBLISH", channel, data) is not None
+        found = await asyncio.wait_for(waiter, BOUND)
+        assert found.status is ExecutionStatus.SUCCEEDED and found.result == "one"
+        seen = await b.get(second.execution_id)
+        assert seen is not None
+        later = asyncio.create_task(b.wait(seen, 10.0))
+        await eventually(lambda: asyncio.sleep(0, is_waiting(b, second)))
+        second.finish(ExecutionStatus.SUCCEEDED, result="two")
+        a.end(second)
+        found = await asyncio.wait_for(later, BOUND)
+        assert found.result == "two"
+        assert all(task.get_name() != "store-pubsub" or not task.done() for task in b._tasks)
     finally:
         await closed(a)
         await closed(b)

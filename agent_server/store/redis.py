@@ -1270,10 +1270,11 @@ class RedisStore(ExecutionStore):
             for execution_id, row in self._ends(data):
                 self._recent_ends[execution_id] = None
                 if execution_id in self._waiters:
-                    if row is None:
-                        self._woken.add(execution_id)
+                    found = None if row is None else self._from_notice(row)
+                    if found is None:
+                        self._woken.add(execution_id)  # read with the others woken
                     else:
-                        _resolve(self._waiters[execution_id], self._restore([*row, 0]))
+                        _resolve(self._waiters[execution_id], found)
                 _resolve(self._event_waiters.get(execution_id, ()), None)
             while len(self._recent_ends) > RECENT_ENDS:
                 self._recent_ends.pop(next(iter(self._recent_ends)))
@@ -1300,6 +1301,14 @@ class RedisStore(ExecutionStore):
                 self.on_cancel(execution_id, reason, settle_within)
             except Exception:
                 logger.exception("cancel of execution %s failed", execution_id)
+
+    def _from_notice(self, row: list[Any]) -> Execution | None:
+        """A record from an end notice; None (it is read instead) if it does not parse."""
+        try:
+            return self._restore([*row, 0])
+        except (ValueError, TypeError, KeyError) as exc:
+            logger.warning("an end notice's record did not parse (%s): it is read instead", exc)
+            return None
 
     def _ends(self, data: str) -> list[tuple[str, list[Any] | None]]:
         """An end notice: ids separated by spaces (a script's), or a JSON list of records
