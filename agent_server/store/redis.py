@@ -16,7 +16,11 @@ Keys (prefix `agent-server:{agent name}:`):
 - `owned:{replica}`: the ids a replica runs, for the sweep of a dead replica's work.
 - `replicas`: replica ids scored by their liveness expiry (ms, Redis time); 0 once closed.
 - `releasing:{sid}`: present while the session is being released.
-- channels `ends` (ids whose end was written) and `cancel:{replica}` (cancel requests).
+- channels `ends` (ends written: a JSON list of records, or of ids for large ones; a bare
+  id from a script that moved a record to lost) and `cancel:{replica}` (cancel requests).
+
+The scripts go through one multiplexed connection (`resp.RedisLink`); pub/sub and the rare
+commands through redis-py's pool.
 """
 
 from __future__ import annotations
