@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent_server import jsoncodec
 from agent_server.http_limits import client_gone
+from agent_server.latch import Latch
 
 if TYPE_CHECKING:
     from agent_server.execution import Execution
@@ -139,28 +140,11 @@ def named(event: str, data: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (event.encode(), jsoncodec.dumps(data))
 
 
-class Closing:
+class Closing(Latch):
     """Set once, when the listener closes: every open stream then ends with a retry hint.
     Streams wait on its one future, not on a task each."""
 
-    def __init__(self) -> None:
-        self._set = False
-        self._future: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        if self._future is not None and not self._future.done():
-            self._future.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def future(self) -> asyncio.Future[None]:
-        if self._future is None:
-            self._future = asyncio.get_running_loop().create_future()
-            if self._set:
-                self._future.set_result(None)
-        return self._future
+    __slots__ = ()
 
 
 class EventSource:

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent_server.coalescing import CoalescingWriter
+from agent_server.latch import Latch
 
 #: The scope key of the request's connection (its `closed()` future).
 CONNECTION = "agent_server.connection"
@@ -94,31 +95,14 @@ class PipelineFull(Exception):
     """Raised in the parser's callback to stop it: the connection queued its bound."""
 
 
-class ConnectionClosed:
-    """Whether the client's connection is gone, as a future made on first use.
+class ConnectionClosed(Latch):
+    """Set when the client's connection is gone.
 
-    A long response (an event stream) waits on it instead of running a task that reads
-    `http.disconnect`. One per connection, in the scope of each of its requests under
+    A long response (an event stream) waits on its future instead of running a task that
+    reads `http.disconnect`. One per connection, in the scope of each of its requests under
     CONNECTION; it refers to neither, so a request's objects stay free of cycles."""
 
-    __slots__ = ("_future", "_loop", "_set")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._future: asyncio.Future[None] | None = None
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-        if self._future is not None and not self._future.done():
-            self._future.set_result(None)
-
-    def future(self) -> asyncio.Future[None]:
-        if self._future is None:
-            self._future = self._loop.create_future()
-            if self._set:
-                self._future.set_result(None)
-        return self._future
+    __slots__ = ()
 
 
 def client_gone(
@@ -188,7 +172,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self._closed = ConnectionClosed(self.loop)
+        self._closed = ConnectionClosed()
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
         self._writer = CoalescingWriter(transport, self.loop)

@@ -169,6 +169,19 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[object]:
+    """A redis-server of this test's own, which the test may stop, pause (SIGSTOP: SIGKILL
+    still ends it) or start again on the same port."""
+    from redis_server import RedisServer, available
+
+    assert available(), "redis-server is not installed (apt-get install redis-server)"
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
 def redis_url(redis_server: object) -> str:
     """The module's Redis, emptied for this test (FLUSHALL)."""
     from redis_server import RedisServer

@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from redis.exceptions import AuthenticationError, ConnectionError, NoScriptError, ResponseError
-from redis_server import RedisServer, available
+from redis_server import RedisServer
 
 from agent_server.store.resp import RedisLink
 
@@ -23,18 +22,6 @@ BOUND = 10.0
 
 def link(url: str, timeout: float = 2.0) -> RedisLink:
     return RedisLink(url, connect_timeout=2.0, timeout=timeout)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, which the test may stop, pause or restart."""
-    assert available(), "redis-server is not installed (apt-get install redis-server)"
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    if server.proc is not None and server.proc.poll() is None:
-        os.kill(server.proc.pid, signal.SIGCONT)
-    server.kill()
 
 
 async def test_concurrent_calls_each_get_their_own_reply(redis_url: str) -> None:

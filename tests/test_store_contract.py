@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import RedisServer, available, free_port
+from redis_server import RedisServer, free_port
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import (
@@ -562,17 +562,6 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
     finally:
         await closed(a)
         await closed(b)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Any:
-    """A redis-server of this test's own, which the test may stop and start again."""
-    if not available():
-        raise AssertionError("redis-server is not installed (apt-get install redis-server)")
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 async def test_ends_wait_in_the_outbox_during_an_outage(own_redis: RedisServer) -> None:

@@ -178,7 +178,7 @@ local function prune()
 end
 
 -- Whether finish() publishes the end notice itself: the outbox's writer publishes one
--- notice for a whole batch of ends instead (see RedisStore._notify_ends).
+-- notice for the ends of a whole batch instead (see _END).
 local NOTIFY = true
 -- Whether finish() prunes: the end script prunes once for its whole batch instead.
 local PRUNE = true

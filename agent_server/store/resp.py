@@ -79,11 +79,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = None
         if self._timer is not None:
             self._timer.cancel()
-        error = ConnectionError(f"connection to Redis lost: {exc or 'closed'}")
-        while self.waiting:
-            future, _ = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+        self._fail(ConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -138,8 +134,11 @@ class _Protocol(asyncio.Protocol):
 
     def abort(self, why: str) -> None:
         if self.transport is not None:
-            self.transport.abort()  # connection_lost fails the waiting futures
-        error = ConnectionError(why)
+            self.transport.abort()  # its connection_lost comes in a later loop turn
+        self._fail(ConnectionError(why))
+
+    def _fail(self, error: ConnectionError) -> None:
+        """Every command still waiting fails with `error`."""
         while self.waiting:
             future, _ = self.waiting.popleft()
             if not future.done():
