@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,10 +30,10 @@ from agent_server.docs_page import DocsPage
 from agent_server.events import (
     Closing,
     EventSource,
+    EventStream,
     LocalEvents,
     RemoteEvents,
-    SseResponse,
-    event_stream,
+    Streams,
     named,
 )
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
@@ -89,7 +89,7 @@ class JSONResponse(Response):
             self.raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
 
-Handler = Callable[[Request], Awaitable[Response | SseResponse]]
+Handler = Callable[[Request], Awaitable[Response | EventStream]]
 
 
 class Endpoint:
@@ -132,7 +132,12 @@ class ApiRouter(Router):
                 scope["route"] = route
                 scope["endpoint"] = route.endpoint
                 scope["path_params"] = params
-                await route.app(scope, receive, send)
+                endpoint = route.app
+                if isinstance(endpoint, Endpoint):  # its call, inline: a frame less held
+                    response = await endpoint.handler(Request(scope, receive))
+                    await response(scope, receive, send)
+                else:
+                    await endpoint(scope, receive, send)
                 return
         await Router.app(self, scope, receive, send)
 
@@ -203,9 +208,8 @@ class Api:
         self.phase = phase
         self.max_body_size = max_body_size
         self.idempotency_ttl = idempotency_ttl
-        self.sse_heartbeat = sse_heartbeat
-        #: Set when the listener closes at shutdown: open event streams end with a retry.
-        self.streams_closing = streams_closing or Closing()
+        #: `closing` is set when the listener closes at shutdown: open streams end with a retry.
+        self.streams = Streams(sse_heartbeat, streams_closing or Closing(), metrics.stream_opened)
         self.docs = docs
         self.openapi_document = openapi
 
@@ -244,7 +248,7 @@ class Api:
     async def list_reasoners(self, request: Request) -> Response:
         return JSONResponse([r.describe() for r in self.reasoners.values()])
 
-    async def run_sync(self, request: Request) -> Response | SseResponse:
+    async def run_sync(self, request: Request) -> Response | EventStream:
         if _wants_events(request.scope["headers"]):
             return await self.run_streamed(request)
         execution, started = await self._start(request)
@@ -274,7 +278,7 @@ class Api:
             )
         return _execution_response(execution, 409)
 
-    async def run_streamed(self, request: Request) -> SseResponse:
+    async def run_streamed(self, request: Request) -> EventStream:
         """Start and stream the run: `event: start` (the execution JSON, so a client can
         resume on any replica), its events, then `event: end`. The run does not depend on
         the stream: a client that goes away reconnects to `/executions/{id}/events`."""
@@ -282,12 +286,12 @@ class Api:
         first = named("start", execution.to_json())
         return self._stream(execution, 0, first)
 
-    async def execution_events(self, request: Request) -> SseResponse:
+    async def execution_events(self, request: Request) -> EventStream:
         cursor = _event_cursor(request)
         execution = await self._execution(request)
         return self._stream(execution, cursor, None)
 
-    def _stream(self, execution: Execution, cursor: int, first: bytes | None) -> SseResponse:
+    def _stream(self, execution: Execution, cursor: int, first: bytes | None) -> EventStream:
         """Events from this process when it runs the execution (or, with the memory store,
         ran it); else from the shared store."""
         live = self.registry.running(execution.execution_id)
@@ -298,14 +302,7 @@ class Api:
             source = LocalEvents(execution)
         else:
             source = RemoteEvents(self.store, execution)
-        heartbeat, closing = self.sse_heartbeat, self.streams_closing
-
-        def stream(gone: asyncio.Future[None]) -> AsyncIterator[bytes]:
-            return event_stream(
-                source, cursor, heartbeat=heartbeat, closing=closing, gone=gone, first=first
-            )
-
-        return SseResponse(stream, self.metrics.stream_opened)
+        return EventStream(self.streams, source, cursor, first)
 
     async def run_async(self, request: Request) -> Response:
         execution, _ = await self._start(request)
@@ -690,32 +687,20 @@ class HttpApp:
             return
         scope["app"] = self  # so the router raises HTTPException for 404 and 405, answered here
         started = time.perf_counter()
-        status = 0
-        registry = self.registry
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if registry.draining:
-                    headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
-                    headers.append((b"connection", b"close"))
-                    message["headers"] = headers
-            await send(message)
-
+        send_wrapper = _Answer(send, self.registry)
         try:
             await self.app(scope, receive, send_wrapper)
         except HTTPException as exc:
-            if status:  # too late to answer: the server closes the connection
+            if send_wrapper.status:  # too late to answer: the server closes the connection
                 raise
             await _error_response(exc)(scope, receive, send_wrapper)
         except StoreUnavailable:
-            if status:
+            if send_wrapper.status:
                 raise
             unavailable = ApiError(503, "execution store unavailable", {"Retry-After": "1"})
             await _error_response(unavailable)(scope, receive, send_wrapper)
         except Exception as exc:
-            if status:
+            if send_wrapper.status:
                 raise
             logger.error("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
             response = JSONResponse({"detail": "internal server error"}, status_code=500)
@@ -725,7 +710,30 @@ class HttpApp:
             template = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
             seconds = time.perf_counter() - started
-            self.metrics.http_request(method, template, status or 500, seconds)
+            self.metrics.http_request(method, template, send_wrapper.status or 500, seconds)
+
+
+class _Answer:
+    """The `send` of one request under `HttpApp`: notes the status it answers, and adds
+    `Connection: close` while draining. A slotted object, not a closure: a closure and its
+    two cells are held by every request in flight (and every open stream) at twice the
+    size."""
+
+    __slots__ = ("registry", "send", "status")
+
+    def __init__(self, send: Send, registry: InFlightRegistry) -> None:
+        self.send = send
+        self.registry = registry
+        self.status = 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            if self.registry.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
+                headers.append((b"connection", b"close"))
+                message["headers"] = headers
+        await self.send(message)
 
 
 def build_app(

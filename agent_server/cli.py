@@ -196,7 +196,7 @@ def run(app: str | None, **flags: Any) -> None:
         sys.exit(ExitCode.INVALID_SETTINGS)
     agent.configure(settings)
     config = uvicorn.Config(
-        agent,
+        agent.asgi(),
         host=settings.host,
         port=settings.port,
         lifespan="on",

@@ -20,6 +20,8 @@ class CoalescingWriter:
     """The write side of one connection's transport, for uvicorn's `RequestResponseCycle`
     (which only calls `write`, `close` and `is_closing`)."""
 
+    __slots__ = ("_held", "_loop", "transport")
+
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self._loop = loop

@@ -23,17 +23,16 @@ its own, where this server ends its streams from its shutdown sequence.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
 from agent_server.http_limits import client_gone
-from agent_server.latch import Latch
 
 if TYPE_CHECKING:
     from agent_server.execution import Execution
@@ -47,6 +46,8 @@ RETRY_MS = 1000
 REMOTE_BATCH = 500
 #: A reader of an execution run elsewhere re-reads at least this often (a missed notice).
 REMOTE_REREAD = 1.0
+#: The spacing of the ticks waiting streams share (at most: a quarter of the heartbeat).
+TICK = 0.1
 
 
 class Event:
@@ -83,15 +84,29 @@ class Event:
         )
 
 
+class Waiters(set["asyncio.Future[None]"]):
+    """Futures completed together: every stream waiting on one thing (an execution's next
+    event, the listener's close, a tick). A set, so a stream woken by something else leaves
+    the others in O(1), where a future's callback list is copied at every removal."""
+
+    __slots__ = ()
+
+    def wake(self) -> None:
+        for waiter in self:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.clear()
+
+
 class EventLog:
     """The events of one execution: the last `keep` of them, and who waits for more."""
 
-    __slots__ = ("_changed", "_events", "last_id")
+    __slots__ = ("_events", "_listeners", "last_id")
 
     def __init__(self, keep: int) -> None:
         self._events: deque[Event] = deque(maxlen=keep)
         self.last_id = 0
-        self._changed: asyncio.Future[None] | None = None
+        self._listeners: Waiters | None = None
 
     def append(self, event: str, data: str) -> Event:
         self.last_id += 1
@@ -101,16 +116,19 @@ class EventLog:
         return emitted
 
     def wake(self) -> None:
-        """Every reader waiting on `changed` looks again (an event, or the end)."""
-        changed, self._changed = self._changed, None
-        if changed is not None and not changed.done():
-            changed.set_result(None)
+        """Every reader waiting looks again (an event, or the end)."""
+        if self._listeners:
+            self._listeners.wake()
 
-    def changed(self) -> asyncio.Future[None]:
-        """Done at the next append or wake; shared by every reader."""
-        if self._changed is None:
-            self._changed = asyncio.get_running_loop().create_future()
-        return self._changed
+    def listen(self, waiter: asyncio.Future[None]) -> None:
+        """`waiter` is done at the next append or wake."""
+        if self._listeners is None:
+            self._listeners = Waiters()
+        self._listeners.add(waiter)
+
+    def unlisten(self, waiter: asyncio.Future[None]) -> None:
+        if self._listeners is not None:
+            self._listeners.discard(waiter)
 
     def since(self, cursor: int) -> tuple[int, list[Event]]:
         """The kept events after `cursor`, and how many after it are no longer kept."""
@@ -140,16 +158,73 @@ def named(event: str, data: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (event.encode(), jsoncodec.dumps(data))
 
 
-class Closing(Latch):
-    """Set once, when the listener closes: every open stream then ends with a retry hint.
-    Streams wait on its one future, not on a task each."""
+class Closing:
+    """Set once, when the listener closes: every open stream then ends with a retry hint."""
 
-    __slots__ = ()
+    __slots__ = ("_set", "waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self.waiters = Waiters()
+
+    def set(self) -> None:
+        self._set = True
+        self.waiters.wake()
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class Ticks:
+    """The timers of waiting streams, shared: a stream that waits until `deadline` joins
+    the waiters of the first tick at or after it. One timer a tick (at most one every
+    `resolution` seconds) instead of one a stream (600 bytes each under uvloop), so a
+    heartbeat may come up to `resolution` late."""
+
+    __slots__ = ("_loop", "_ticks", "resolution")
+
+    def __init__(self, resolution: float) -> None:
+        self.resolution = resolution
+        self._ticks: dict[int, Waiters] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def at(self, deadline: float) -> Waiters:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a tick of another loop would never fire here
+            self._loop, self._ticks = loop, {}
+        slot = math.ceil(deadline / self.resolution)
+        tick = self._ticks.get(slot)
+        if tick is None:
+            tick = self._ticks[slot] = Waiters()
+            loop.call_at(slot * self.resolution, self._fire, slot)
+        return tick
+
+    def _fire(self, slot: int) -> None:
+        tick = self._ticks.pop(slot, None)
+        if tick is not None:
+            tick.wake()
+
+
+class Streams:
+    """What every event stream of one app shares: the heartbeat period, the listener's
+    close, the ticks they wait on, and the open-streams gauge."""
+
+    __slots__ = ("closing", "heartbeat", "opened", "ticks")
+
+    def __init__(
+        self, heartbeat: float, closing: Closing, opened: Callable[[int], None] | None = None
+    ) -> None:
+        self.heartbeat = heartbeat
+        self.closing = closing
+        self.ticks = Ticks(min(TICK, heartbeat / 4))
+        self.opened = opened
 
 
 class EventSource:
     """Where a stream reads one execution's events: its live log when this process runs
     it (or, with the memory store, ran it), else the shared store."""
+
+    __slots__ = ()
 
     #: The longest a stream waits between two looks at the source, notice or not.
     reread: float | None = None
@@ -161,15 +236,18 @@ class EventSource:
         """The execution as it is now."""
         raise NotImplementedError
 
-    def notice(self) -> asyncio.Future[None]:
-        """Done at the next event or end (a future, so a waiting stream holds no task)."""
+    def listen(self, waiter: asyncio.Future[None]) -> None:
+        """`waiter` is done at the next event or end (a future the stream awaits: no task)."""
         raise NotImplementedError
 
-    def done_with(self, notice: asyncio.Future[None]) -> None:
-        """The stream no longer waits on `notice`."""
+    def unlisten(self, waiter: asyncio.Future[None]) -> None:
+        """The stream no longer waits on `waiter`."""
+        raise NotImplementedError
 
 
 class LocalEvents(EventSource):
+    __slots__ = ("execution", "log")
+
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
         self.log = execution.event_log()
@@ -180,12 +258,17 @@ class LocalEvents(EventSource):
     async def latest(self) -> Execution:
         return self.execution
 
-    def notice(self) -> asyncio.Future[None]:
-        return self.log.changed()
+    def listen(self, waiter: asyncio.Future[None]) -> None:
+        self.log.listen(waiter)
+
+    def unlisten(self, waiter: asyncio.Future[None]) -> None:
+        self.log.unlisten(waiter)
 
 
 class RemoteEvents(EventSource):
     """An execution run on another replica (or ended there): its events from the store."""
+
+    __slots__ = ("execution", "store")
 
     reread = REMOTE_REREAD
 
@@ -202,107 +285,51 @@ class RemoteEvents(EventSource):
             self.execution = found
         return self.execution
 
-    def notice(self) -> asyncio.Future[None]:
-        return self.store.event_notice(self.execution.execution_id)
+    def listen(self, waiter: asyncio.Future[None]) -> None:
+        self.store.event_notice(self.execution.execution_id, waiter)
 
-    def done_with(self, notice: asyncio.Future[None]) -> None:
-        self.store.drop_notice(self.execution.execution_id, notice)
+    def unlisten(self, waiter: asyncio.Future[None]) -> None:
+        self.store.drop_notice(self.execution.execution_id, waiter)
 
 
-async def event_stream(
-    source: EventSource,
-    cursor: int,
-    *,
-    heartbeat: float,
-    closing: Closing,
-    gone: asyncio.Future[None],
-    first: bytes | None = None,
-) -> AsyncIterator[bytes]:
-    """The bytes of one SSE stream: `first` (a start event), replay after `cursor`, live
+class _Wakeup(asyncio.Future[None]):
+    """A future that is also the callback completing it: one object where a stream waits
+    on several things, not a future and a closure."""
+
+    __slots__ = ()
+
+    def __call__(self, _: object) -> None:
+        if not self.done():
+            self.set_result(None)
+
+
+def _body(chunk: bytes) -> Message:
+    return {"type": "http.response.body", "body": chunk, "more_body": True}
+
+
+class EventStream:
+    """A `text/event-stream` response: `first` (a start event), replay after `cursor`, live
     events, a heartbeat after `heartbeat` quiet seconds, and `end`; or a retry hint when
-    `closing` is set. Ends quietly once `gone` (the client left) is done.
+    the listener closes. Ends quietly once the client has gone.
 
-    The execution's state is read only when no event is left to send: its events are all
-    written before its end, so one more read after seeing the end sends the last of them.
+    An idle stream is what a server holds by the thousand, so it is lean: it runs in its
+    request's task as one frame (no generator under it), and waits on one future that its
+    source, the listener's close, a shared tick and the client's departure complete, with
+    no task or timer of its own (under another ASGI server, one task reads the client's
+    disconnect). The execution's state is read only when no event is left to send: its
+    events are all written before its end, so one more read after seeing the end sends
+    the last of them.
     """
-    loop = asyncio.get_running_loop()
-    if first is not None:
-        yield first
-    sent = loop.time()
-    ended: Execution | None = None
-    while not gone.done():
-        missed, events = await source.read(cursor)
-        if missed:
-            yield named("missed", {"missed": missed, "after": cursor})
-        for event in events:
-            yield event.encode()
-            cursor = event.id
-        if events:
-            sent = loop.time()
-            continue  # a batch may have been capped: read again before waiting
-        if ended is not None:
-            yield named("end", ended.to_json())
-            return
-        execution = await source.latest()
-        if execution.is_terminal:
-            ended = execution  # one more read: events written before the end
-            continue
-        if closing.is_set():
-            yield b"retry: %d\n\n" % RETRY_MS
-            return
-        quiet = loop.time() - sent
-        if quiet >= heartbeat:
-            yield comment("heartbeat")
-            sent = loop.time()
-            continue
-        timeout = heartbeat - quiet
-        if source.reread is not None:
-            timeout = min(timeout, source.reread)
-        notice = source.notice()
-        try:
-            await _first(loop, (notice, closing.future(), gone), timeout)
-        finally:
-            source.done_with(notice)
 
+    __slots__ = ("cursor", "first", "source", "streams")
 
-async def _first(
-    loop: asyncio.AbstractEventLoop, futures: tuple[asyncio.Future[None], ...], timeout: float
-) -> None:
-    """Until one of `futures` is done or `timeout` passes: `asyncio.wait`'s
-    FIRST_COMPLETED for an idle stream, in one future, one callback and one timer instead
-    of a set, a counter, a closure and a timer per call."""
-    if any(future.done() for future in futures):
-        return
-    waiter: asyncio.Future[None] = loop.create_future()
-    wake = functools.partial(_wake, waiter)
-    timer = loop.call_later(timeout, wake, None)
-    for future in futures:
-        future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        for future in futures:
-            future.remove_done_callback(wake)
-
-
-def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-#: Makes a response's stream, given the future that is done when its client leaves.
-StreamFactory = Callable[[asyncio.Future[None]], AsyncIterator[bytes]]
-
-
-class SseResponse:
-    """A `text/event-stream` response that ends when its stream ends or the client goes.
-    Under this server's protocol a stream runs no task of its own (it waits on futures);
-    under another ASGI server, one task reads the client's disconnect."""
-
-    def __init__(self, stream: StreamFactory, on_open: Callable[[int], None] | None = None) -> None:
-        self.stream = stream
-        self.on_open = on_open
+    def __init__(
+        self, streams: Streams, source: EventSource, cursor: int, first: bytes | None = None
+    ) -> None:
+        self.streams = streams
+        self.source = source
+        self.cursor = cursor
+        self.first = first
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -316,21 +343,63 @@ class SseResponse:
                 ],
             }
         )
-        if self.on_open is not None:
-            self.on_open(1)
+        streams, source, cursor = self.streams, self.source, self.cursor
+        if streams.opened is not None:
+            streams.opened(1)
         gone, reader = client_gone(scope, receive)
-        stream = self.stream(gone)
+        loop = asyncio.get_running_loop()
+        ended: Execution | None = None
         try:
-            async for chunk in stream:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if self.first is not None:
+                await send(_body(self.first))
+            sent = loop.time()
+            while not gone.done():
+                missed, events = await source.read(cursor)
+                if missed:
+                    await send(_body(named("missed", {"missed": missed, "after": cursor})))
+                if events:  # one write for a batch (a batch may be capped: read again)
+                    await send(_body(b"".join([event.encode() for event in events])))
+                    cursor = events[-1].id
+                    sent = loop.time()
+                    continue
+                if ended is not None:
+                    await send(_body(named("end", ended.to_json())))
+                    break
+                execution = await source.latest()
+                if execution.is_terminal:
+                    ended = execution  # one more read: events written before the end
+                    continue
+                if streams.closing.is_set():
+                    await send(_body(b"retry: %d\n\n" % RETRY_MS))
+                    break
+                now = loop.time()
+                if now - sent >= streams.heartbeat:
+                    await send(_body(comment("heartbeat")))
+                    sent = now
+                    continue
+                deadline = sent + streams.heartbeat
+                if source.reread is not None:
+                    deadline = min(deadline, now + source.reread)
+                wakeup = _Wakeup(loop=loop)
+                tick = streams.ticks.at(deadline)
+                tick.add(wakeup)
+                streams.closing.waiters.add(wakeup)
+                source.listen(wakeup)
+                gone.add_done_callback(wakeup)
+                try:
+                    await wakeup
+                finally:
+                    gone.remove_done_callback(wakeup)
+                    source.unlisten(wakeup)
+                    streams.closing.waiters.discard(wakeup)
+                    tick.discard(wakeup)
             if not gone.done():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client went away mid-send: nobody to answer
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
-            if self.on_open is not None:
-                self.on_open(-1)
+            if streams.opened is not None:
+                streams.opened(-1)

@@ -21,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sized
+from typing import Any
 
 import httptools
 from starlette.types import Receive, Scope
+from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from agent_server.coalescing import CoalescingWriter
+from agent_server.flag import Flag
 from agent_server.latch import Latch
 
 #: The scope key of the request's connection (its `closed()` future).
@@ -82,13 +85,27 @@ class PipelineFlowControl(FlowControl):
     `receive()` resumes it, and each read then parses and queues whatever it holds."""
 
     def __init__(self, transport: asyncio.Transport, pipeline: Sized) -> None:
-        super().__init__(transport)
+        # FlowControl's own attributes, its event a Flag (agent_server.flag)
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._is_writable_event = Flag(True)  # type: ignore[assignment]
         self._pipeline = pipeline
 
     def resume_reading(self) -> None:
         if self.read_paused and not self._pipeline:
             self.read_paused = False
             self._transport.resume_reading()
+
+
+class Pipeline(list[tuple[RequestResponseCycle, ASGI3Application]]):
+    """uvicorn's queue of pipelined requests as a list: an empty deque is 600 bytes, held
+    by every connection, where pipelining is rare and its queue short."""
+
+    __slots__ = ()
+
+    def appendleft(self, item: tuple[RequestResponseCycle, ASGI3Application]) -> None:
+        self.insert(0, item)
 
 
 class PipelineFull(Exception):
@@ -162,6 +179,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """This protocol with other body and write deadlines (uvicorn takes a class)."""
         attributes = {"__slots__": (), "body_timeout": body_timeout, "write_timeout": write_timeout}
         return type(cls.__name__, (cls,), attributes)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        HttpToolsProtocol.__init__(self, *args, **kwargs)
+        self.pipeline = Pipeline()  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._in_head = True  # the next byte read belongs to a head, not to a body
@@ -296,8 +317,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._disarm_head_timer()
         HttpToolsProtocol.on_headers_complete(self)
         self.scope[CONNECTION] = self._closed  # type: ignore[literal-required]
-        if self.cycle is not None:  # its response goes out in one send (agent_server.coalescing)
-            self.cycle.transport = self._writer  # type: ignore[assignment]
+        cycle = self.cycle
+        if cycle is not None:  # its response goes out in one send (agent_server.coalescing)
+            cycle.transport = self._writer  # type: ignore[assignment]
+            cycle.message_event = Flag()  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         HttpToolsProtocol.on_message_complete(self)

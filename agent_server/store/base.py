@@ -121,12 +121,12 @@ class ExecutionStore(abc.ABC):
         """Up to `limit` kept events after `cursor`, and how many after it are gone."""
         return 0, []
 
-    def event_notice(self, execution_id: str) -> asyncio.Future[None]:
-        """A future done when the execution may have new events (or ended)."""
-        return asyncio.get_running_loop().create_future()
+    def event_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        """Complete `waiter` when the execution may have new events (or ended)."""
+        return None
 
-    def drop_notice(self, execution_id: str, notice: asyncio.Future[None]) -> None:
-        """Nobody waits on `notice` any more."""
+    def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        """Nobody waits on `waiter` any more."""
         return None
 
     @abc.abstractmethod

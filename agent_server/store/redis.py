@@ -797,17 +797,15 @@ class RedisStore(ExecutionStore):
         missed = events[0].id - cursor - 1 if events else 0
         return max(0, missed), events
 
-    def event_notice(self, execution_id: str) -> asyncio.Future[None]:
-        """Done at the `events` (or `ends`) notice for this execution on this replica's one
-        pub/sub connection."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._event_waiters.setdefault(execution_id, set()).add(future)
-        return future
+    def event_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        """`waiter` is completed at the `events` (or `ends`) notice for this execution on
+        this replica's one pub/sub connection."""
+        self._event_waiters.setdefault(execution_id, set()).add(waiter)
 
-    def drop_notice(self, execution_id: str, notice: asyncio.Future[None]) -> None:
+    def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
         waiters = self._event_waiters.get(execution_id)
         if waiters is not None:
-            waiters.discard(notice)
+            waiters.discard(waiter)
             if not waiters:
                 del self._event_waiters[execution_id]
 
