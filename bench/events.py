@@ -710,13 +710,16 @@ def markdown(data: dict[str, Any]) -> str:
                 "",
             ]
         if "bare" in found:
-            (floor,) = found["bare"]["rows"]
+            (bare,) = found["bare"]["rows"]
             stream = found["rows"][-1]["bytes_per_stream"]
-            share = f"{floor['bytes_per_stream'] / stream:.0%}" if stream > 0 else "n/a"
+            held = bare["bytes_per_stream"]
+            share = "n/a (too few to move RSS)"
+            if stream > 0 and held > 0:
+                share = f"{stream / held:.0%}"
             out += [
-                f"The floor, a fresh bare uvicorn (bench/apps/idle_app.py, uvloop + httptools) "
-                f"holding {floor['streams']:,} requests open: **{floor['bytes_per_stream']:,.0f} "
-                f"B** each, {share} of a stream here (too few streams move RSS by whole pages)",
+                f"Reference, a fresh bare uvicorn with its own protocol (bench/apps/idle_app.py, "
+                f"uvloop + httptools) holding {bare['streams']:,} requests open: "
+                f"**{held:,.0f} B** each; a stream here takes {share} of that",
                 "",
             ]
     if "4" in items:

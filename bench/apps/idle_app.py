@@ -1,7 +1,8 @@
-"""The floor under every idle stream: a bare ASGI app that answers a response head and then
-holds the request open, served by uvicorn on the same stack as agent-server (uvloop,
-httptools). What one held connection costs here is what uvicorn itself costs, before any
-application code (bench/events.py item 2's reference)."""
+"""uvicorn's own cost for a held request: a bare ASGI app that answers a response head and
+then holds the request open, served by uvicorn with its own httptools protocol on the same
+loop (uvloop). What one held connection costs here is what uvicorn costs before any
+application code; agent-server's protocol trims some of it (bench/events.py item 2's
+reference)."""
 
 from __future__ import annotations
 
