@@ -116,9 +116,12 @@ class EventLog:
         return emitted
 
     def wake(self) -> None:
-        """Every reader waiting looks again (an event, or the end)."""
-        if self._listeners:
-            self._listeners.wake()
+        """Every reader waiting looks again (an event, or the end), on the loop's next
+        turn: what a reasoner emits in one turn then leaves in one write per reader, not
+        one write (and system call) per event."""
+        listeners, self._listeners = self._listeners, None
+        if listeners:
+            asyncio.get_running_loop().call_soon(listeners.wake)
 
     def listen(self, waiter: asyncio.Future[None]) -> None:
         """`waiter` is done at the next append or wake."""
@@ -188,8 +191,9 @@ class Ticks:
         self._ticks: dict[int, Waiters] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def at(self, deadline: float) -> Waiters:
-        loop = asyncio.get_running_loop()
+    def at(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Waiters:
+        """The tick for `deadline` on `loop` (given: looking the running loop up costs a
+        system call, getpid, in every wait)."""
         if loop is not self._loop:  # a tick of another loop would never fire here
             self._loop, self._ticks = loop, {}
         slot = math.ceil(deadline / self.resolution)
@@ -381,7 +385,7 @@ class EventStream:
                 if source.reread is not None:
                     deadline = min(deadline, now + source.reread)
                 wakeup = _Wakeup(loop=loop)
-                tick = streams.ticks.at(deadline)
+                tick = streams.ticks.at(loop, deadline)
                 tick.add(wakeup)
                 streams.closing.waiters.add(wakeup)
                 source.listen(wakeup)

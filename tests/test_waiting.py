@@ -5,6 +5,7 @@ waits on instead of a timer and callbacks of its own). On a real event loop."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -75,10 +76,10 @@ async def test_waiters_wake_once_and_skip_those_gone() -> None:
 async def test_a_tick_comes_at_or_after_its_deadline_and_is_shared() -> None:
     loop = asyncio.get_running_loop()
     ticks = Ticks(0.05)
-    deadline = loop.time() + 0.2
-    tick = ticks.at(deadline)
-    assert ticks.at(deadline + 0.01) is tick  # one timer for the deadlines of one tick
-    assert ticks.at(deadline + 0.1) is not tick
+    deadline = math.ceil((loop.time() + 0.2) / 0.05) * 0.05 - 0.04  # early in its tick
+    tick = ticks.at(loop, deadline)
+    assert ticks.at(loop, deadline + 0.01) is tick  # one timer for the deadlines of one tick
+    assert ticks.at(loop, deadline + 0.1) is not tick
     woken = loop.create_future()
     tick.add(woken)
     async with asyncio.timeout(TIMEOUT):
@@ -92,11 +93,14 @@ def test_ticks_follow_the_running_loop() -> None:
     deadline = time.monotonic() + 0.3  # asyncio's loop clock
 
     async def make_a_tick() -> None:
-        ticks.at(deadline)  # its timer is on this loop, gone before it fires
+        ticks.at(
+            asyncio.get_running_loop(), deadline
+        )  # its timer is on this loop, gone before it fires
 
     async def wait_for_it() -> None:
-        woken = asyncio.get_running_loop().create_future()
-        ticks.at(deadline).add(woken)
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+        ticks.at(loop, deadline).add(woken)
         async with asyncio.timeout(TIMEOUT):
             await woken
 
