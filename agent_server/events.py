@@ -215,9 +215,7 @@ class Streams:
 
     __slots__ = ("closing", "heartbeat", "opened", "ticks")
 
-    def __init__(
-        self, heartbeat: float, closing: Closing, opened: Callable[[int], None] | None = None
-    ) -> None:
+    def __init__(self, heartbeat: float, closing: Closing, opened: Callable[[int], None]) -> None:
         self.heartbeat = heartbeat
         self.closing = closing
         self.ticks = Ticks(min(TICK, heartbeat / 4))
@@ -348,8 +346,7 @@ class EventStream:
             }
         )
         streams, source, cursor = self.streams, self.source, self.cursor
-        if streams.opened is not None:
-            streams.opened(1)
+        streams.opened(1)
         gone, reader = client_gone(scope, receive)
         loop = asyncio.get_running_loop()
         ended: Execution | None = None
@@ -405,5 +402,4 @@ class EventStream:
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
-            if streams.opened is not None:
-                streams.opened(-1)
+            streams.opened(-1)
