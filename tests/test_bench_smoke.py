@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,6 +35,22 @@ from bench.common import (  # noqa: E402
 from bench.profile_server import collapsed_top  # noqa: E402
 
 PEERS_MISSING = "peer virtualenvs (BENCH_PEERS_DIR) are set up by hand, outside the repository"
+
+
+def run_quick(module: str, *args: str, timeout: float = 180) -> tuple[str, dict[str, Any]]:
+    """`python -m bench.<module> --quick ARGS`: what it printed, and the raw results it
+    wrote (the path on its last `raw:` line)."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--quick", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    out = done.stdout
+    raw: dict[str, Any] = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
+    return out, raw
 
 
 def test_http_overhead_smoke() -> None:
@@ -155,15 +172,7 @@ def test_agentfield_peer_smoke() -> None:
 def test_store_smoke() -> None:
     """bench.store --quick against this tree (item 3 compares it with itself): every item
     runs and is printed; structure only. Needs redis-server, as the store tests do."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.store", "--quick", "--before", str(ROOT)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    out = done.stdout
+    out, raw = run_quick("store", "--before", str(ROOT), timeout=120)
     for heading in (
         "### Item 1: Redis round trips",
         "### Item 2: background start + wait",
@@ -173,7 +182,6 @@ def test_store_smoke() -> None:
         "### Item 6: Redis memory",
     ):
         assert heading in out, heading
-    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
     items = raw["items"]
     one_by_one = items["1"]["scenarios"]["start, end, GET (one at a time)"]
     assert one_by_one["statuses"] == {"succeeded": one_by_one["lives"]}
@@ -194,18 +202,9 @@ def test_store_smoke() -> None:
 def test_events_smoke() -> None:
     """bench.events --quick: fan-out to 1 and 10 readers (memory) and 1 across replicas
     (redis), a few idle streams, the emit microbenchmark; structure only."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.events", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
-    out = done.stdout
+    out, raw = run_quick("events")
     for heading in ("### Item 1: events per second", "### Items 2 and 3", "### Item 4: `await"):
         assert heading in out, heading
-    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
     items = raw["items"]
     for where in ("one process (memory)", "cross-replica (redis)"):
         for readers, level in items["1"][where]["levels"].items():
@@ -220,17 +219,8 @@ def test_events_smoke() -> None:
 def test_durable_smoke() -> None:
     """bench.durable --quick: one drain handing 10 executions to one replica, and the
     command counts; structure only."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.durable", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
-    out = done.stdout
+    out, raw = run_quick("durable")
     assert "### Item 1: hand-off latency" in out and "### Item 2: Redis commands" in out
-    raw = json.loads(Path(out.rsplit("raw: ", 1)[1].strip()).read_text())
     (drain,) = raw["items"]["1"]["rounds"]
     assert drain["handed_over"] == drain["executions"] == 10
     assert drain["statuses"] == {"succeeded": 10}
