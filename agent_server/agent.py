@@ -250,6 +250,7 @@ class _Parts:
             observer=metrics,
         )
         store.deliver_cancels(registry.cancel)
+        store.deliver_orphans(registry.runs, registry.adopt)
         releases = SessionReleases(store, registry, observer=metrics)
         shutdown = ShutdownSequence(
             registry,

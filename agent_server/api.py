@@ -28,6 +28,7 @@ from agent_server import jsoncodec
 from agent_server.auth import OPEN_PATHS, BearerAuth
 from agent_server.docs_page import DocsPage
 from agent_server.events import (
+    RECORD_WAIT,
     Closing,
     EventSource,
     EventStream,
@@ -257,6 +258,16 @@ class Api:
                 self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
             return _execution_response(execution, 499)  # nobody is listening any more
         execution = ended
+        if execution.is_terminal and not await self._recorded(execution):
+            # Not a verdict the store may contradict: the client reads the record later.
+            return _execution_response(
+                execution,
+                503,
+                {
+                    "Retry-After": RETRY_AFTER_SECONDS,
+                    "Location": f"/executions/{execution.execution_id}",
+                },
+            )
         if execution.status is ExecutionStatus.SUCCEEDED:
             return _execution_response(execution)
         if execution.status is ExecutionStatus.FAILED:
@@ -277,6 +288,14 @@ class Api:
             )
         return _execution_response(execution, 409)
 
+    async def _recorded(self, execution: Execution) -> bool:
+        """Whether the end is in the store: a copy read from the store, or an end the
+        memory store holds, is (no future to wait on); this replica's own end to a shared
+        store is once written, within RECORD_WAIT."""
+        if execution.recorded is None:
+            return True
+        return await self.store.recorded(execution, RECORD_WAIT)
+
     async def run_streamed(self, request: Request) -> EventStream:
         """Start and stream the run: `event: start` (the execution JSON, so a client can
         resume on any replica), its events, then `event: end`. The run does not depend on
@@ -296,7 +315,7 @@ class Api:
         live = self.registry.running(execution.execution_id)
         source: EventSource
         if live is not None:
-            source = LocalEvents(live)
+            source = LocalEvents(live, self.store if self.store.shared else None)
         elif not self.store.shared:
             source = LocalEvents(execution)
         else:
@@ -415,8 +434,30 @@ class Api:
         execution = await self._execution(request)
         wait = _float_param(request, "wait", minimum=0.0)
         if wait is not None and wait > 0 and not execution.is_terminal:
-            execution = await self.store.wait(execution, min(wait, MAX_WAIT_SECONDS))
+            return await self._long_poll(execution, min(wait, MAX_WAIT_SECONDS))
         return _execution_response(execution)
+
+    async def _long_poll(self, execution: Execution, timeout: float) -> Response:
+        """The execution once terminal or after `timeout`; when the listener closes first
+        (shutdown), as it is now, with `Connection: close`, so the client polls again on
+        another replica instead of being cut into a 500 by the http phase's end."""
+        closing = self.streams.closing
+        if closing.is_set():
+            return _execution_response(execution, headers={"Connection": "close"})
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        waiting = asyncio.ensure_future(self.store.wait(execution, timeout))
+        watched: set[asyncio.Future[Any]] = {waiting, closed}
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+        if waiting.cancelled():
+            return _execution_response(execution, headers={"Connection": "close"})
+        return _execution_response(waiting.result())
 
     async def cancel_execution(self, request: Request) -> Response:
         execution = await self._execution(request)

@@ -46,6 +46,10 @@ RETRY_MS = 1000
 REMOTE_BATCH = 500
 #: A reader of an execution run elsewhere re-reads at least this often (a missed notice).
 REMOTE_REREAD = 1.0
+#: How long a stream's end (and a synchronous run's answer) waits for the end to be written
+#: to a shared store before it ends with a retry hint (503 + Location) instead: past two
+#: command timeouts, a reconnection included.
+RECORD_WAIT = 5.0
 #: The spacing of the ticks waiting streams share (at most: a quarter of the heartbeat).
 TICK = 0.1
 
@@ -246,13 +250,24 @@ class EventSource:
         """The stream no longer waits on `waiter`."""
         raise NotImplementedError
 
+    async def recorded(self, execution: Execution) -> bool:
+        """Whether its end may be told: it is in the store every replica reads."""
+        return True
+
 
 class LocalEvents(EventSource):
-    __slots__ = ("execution", "log")
+    __slots__ = ("execution", "log", "store")
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Execution, store: ExecutionStore | None = None) -> None:
         self.execution = execution
         self.log = execution.event_log()
+        #: The shared store this process writes the execution's end to, if any.
+        self.store = store
+
+    async def recorded(self, execution: Execution) -> bool:
+        if self.store is None or execution.recorded is None:
+            return True
+        return await self.store.recorded(execution, RECORD_WAIT)
 
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return self.log.since(cursor)
@@ -364,7 +379,10 @@ class EventStream:
                     sent = loop.time()
                     continue
                 if ended is not None:
-                    await send(_body(named("end", ended.to_json())))
+                    if await source.recorded(ended):
+                        await send(_body(named("end", ended.to_json())))
+                    else:  # not a verdict the store may contradict: read it there
+                        await send(_body(b"retry: %d\n\n" % RETRY_MS))
                     break
                 execution = await source.latest()
                 if execution.is_terminal:

@@ -124,6 +124,7 @@ class Execution:
         "finished_monotonic",
         "max_attempts",
         "reasoner",
+        "recorded",
         "replica",
         "result",
         "resumable",
@@ -162,6 +163,9 @@ class Execution:
         #: Its live events (agent_server.events), made when first needed.
         self.events: EventLog | None = None
         self._done: asyncio.Event | None = None
+        #: With a shared store, done once its end is written there (True) or refused
+        #: (False): a client is told a terminal status only once it is recorded.
+        self.recorded: asyncio.Future[bool] | None = None
 
     @classmethod
     def restore(
@@ -205,6 +209,7 @@ class Execution:
         execution.max_attempts = 1
         execution.events = None
         execution._done = None
+        execution.recorded = None
         return execution
 
     @property

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 
 from agent_server.execution import Execution
 from agent_server.registry import RejectReason
+from agent_server.store.base import WRITE_RETRY_REASONS
 
 PREFIX = "agent_server"
 
@@ -253,6 +254,10 @@ class Metrics:
     def replicas_alive(self, count: int) -> None:
         self._store.replicas = count
 
+    def write_retried(self, reason: str) -> None:
+        retries = self._store.retries
+        retries[reason] = retries.get(reason, 0) + 1
+
     # -- HTTP and shutdown -------------------------------------------------------------------
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -413,6 +418,8 @@ class StoreSeries:
         self.fenced = 0
         self.replicas = 1
         self.lost: dict[str, int] = {}
+        #: Outbox writes Redis refused for a transient reason, kept and retried, by reason.
+        self.retries: dict[str, int] = dict.fromkeys(WRITE_RETRY_REASONS, 0)
 
     def operation(self, operation: str, seconds: float, ok: bool) -> None:
         series = self.durations.get(operation)
@@ -440,8 +447,15 @@ class StoreSeries:
         )
         yield CounterMetricFamily(
             f"{PREFIX}_store_fenced_writes",
-            "Writes of an execution's end refused because this replica no longer owns it.",
+            "Writes of an attempt (its end, hand-off or checkpoint) refused because this "
+            "replica's attempt no longer owns the execution.",
             value=self.fenced,
+        )
+        yield _counter(
+            "store_write_retries_total",
+            "Outbox writes Redis refused for a transient reason, kept and retried.",
+            "reason",
+            self.retries,
         )
         yield GaugeMetricFamily(
             f"{PREFIX}_replicas_alive",

@@ -39,6 +39,8 @@ logger = logging.getLogger("agent_server.registry")
 
 #: Worker threads for `def` reasoners; they cannot be cancelled, only waited for or abandoned.
 THREAD_WORKERS = 32
+#: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
+UNANSWERED_LIMIT = 10_000
 
 
 class RejectReason(enum.StrEnum):
@@ -109,6 +111,9 @@ class InFlightRegistry:
         #: Abandoned tasks of executions handed off: stale attempts, still running here.
         self._stale: set[asyncio.Task[None]] = set()
         self._starting = 0
+        #: Starts refused because the store did not answer, by id, oldest first: the store
+        #: may have recorded them (see `adopt`).
+        self._unanswered: dict[str, tuple[Execution, Reasoner, dict[str, Any]]] = {}
         self._drain = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -166,6 +171,11 @@ class InFlightRegistry:
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable:
+            # The store may have recorded it all the same (its answer was lost): if so it
+            # asks, through `adopt`, for it to run here after all.
+            self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
+            while len(self._unanswered) > UNANSWERED_LIMIT:
+                self._unanswered.pop(next(iter(self._unanswered)))
             self._reject(RejectReason.STORE_UNAVAILABLE)
         finally:
             self._starting -= 1
@@ -173,6 +183,21 @@ class InFlightRegistry:
             return earlier, False
         self._launch(execution, reasoner, arguments)
         return execution, True
+
+    def runs(self, execution_id: str) -> bool:
+        """Whether a task of this process runs the execution."""
+        return execution_id in self._running
+
+    def adopt(self, execution_id: str) -> bool:
+        """Run an execution whose start was refused for want of an answer from the store,
+        which recorded it after all (a client retrying with its key is told it runs).
+        False when this process no longer knows it, or no longer admits work."""
+        unanswered = self._unanswered.pop(execution_id, None)
+        if unanswered is None or not self.admitting:
+            return False
+        execution, reasoner, arguments = unanswered
+        self._launch(execution, reasoner, arguments)
+        return True
 
     def resume(self, reasoner: Reasoner, arguments: dict[str, Any], execution: Execution) -> None:
         """Run the next attempt of an execution this replica has claimed from the queue."""

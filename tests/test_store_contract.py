@@ -51,6 +51,7 @@ class Recorder:
     ups: list[bool] = field(default_factory=list)
     alive: list[int] = field(default_factory=list)
     operations: list[tuple[str, bool]] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)
 
     def store_operation(self, operation: str, seconds: float, ok: bool) -> None:
         assert seconds >= 0
@@ -67,6 +68,9 @@ class Recorder:
 
     def replicas_alive(self, count: int) -> None:
         self.alive.append(count)
+
+    def write_retried(self, reason: str) -> None:
+        self.retries.append(reason)
 
 
 @dataclass
@@ -512,7 +516,8 @@ async def test_a_replica_judges_others_only_after_a_whole_lease_up(
     try:
         execution = Execution("sleep", None, "A")
         await a.create(execution)
-        assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "0", "A")
+        # A's lease lapsed long ago (1 ms after the epoch; 0 would say A closed it itself).
+        assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
         early = await b.get(execution.execution_id)
         assert early is not None
         assert early.status is ExecutionStatus.RUNNING or time.monotonic() - opened >= 1.0

@@ -55,6 +55,21 @@ class ExecutionRunning(Exception):
     """A running execution cannot be forgotten."""
 
 
+#: Why a shared store may refuse a write for a while (section 12, invariant 4): such a write
+#: stays in the outbox and is retried; only a fencing refusal drops one.
+WRITE_RETRY_REASONS = (
+    "readonly",
+    "oom",
+    "loading",
+    "busy",
+    "masterdown",
+    "tryagain",
+    "noreplicas",
+    "connection",
+    "timeout",
+)
+
+
 class StoreObserver(Protocol):
     """Told what the store did; metrics implements it."""
 
@@ -67,6 +82,8 @@ class StoreObserver(Protocol):
     def fenced_write(self, execution: Execution) -> None: ...
 
     def replicas_alive(self, count: int) -> None: ...
+
+    def write_retried(self, reason: str) -> None: ...
 
 
 class ExecutionStore(abc.ABC):
@@ -85,6 +102,13 @@ class ExecutionStore(abc.ABC):
     def deliver_cancels(self, on_cancel: CancelHandler) -> None:
         """Cancel requests meant for this replica go to `on_cancel` (the registry's)."""
         self.on_cancel = on_cancel
+
+    def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
+        """What a shared store asks of the registry to repair records this replica owns but
+        runs nothing for (section 12, invariant 3): whether it runs a task for an id, and
+        to run (`adopt`) an execution whose create got no answer but was recorded after all
+        (True when it does). A store in this process never needs them."""
+        return None
 
     @abc.abstractmethod
     async def open(self) -> None:
@@ -161,6 +185,12 @@ class ExecutionStore(abc.ABC):
     def end(self, execution: Execution) -> None:
         """Record the terminal state of an execution this replica owns, now or as soon as
         the store can be reached; waiters on every replica are woken once it is written."""
+
+    async def recorded(self, execution: Execution, timeout: float) -> bool:
+        """Whether the end of an execution this replica ran is recorded where every replica
+        reads it, waiting at most `timeout` seconds: a client is told a terminal status only
+        then (section 12, invariant 1). At once for a store in this process."""
+        return True
 
     @abc.abstractmethod
     async def get(self, execution_id: str) -> Execution | None:
