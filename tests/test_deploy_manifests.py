@@ -1,11 +1,12 @@
 """The deployment files agree with the server: the rendered Kubernetes manifests (kustomize
-base, the example overlays and the Redis component), the Dockerfile and the Grafana dashboard.
+base with its Redis store, and every example overlay), the Dockerfile and the Grafana dashboard.
 
 The manifests are rendered with `kubectl kustomize` (skipped when kubectl is absent: deploy/ci.sh
 installs it) and validated with `kubernetes-validate --strict` (skipped when absent; deploy/ci.sh
-installs it in its tools venv). The shutdown budget is checked by the server's own `Settings`,
-built from the environment the container would get. The Redis container's arguments and probes
-run against a real `redis-server` when it is installed.
+installs it in its tools venv). The shutdown budget and the store are checked by the server's own
+`Settings`, built from the environment the container would get: what ships runs several
+replicas only on a shared store. The Redis container's arguments and probes run against a real
+`redis-server` when it is installed.
 """
 
 from __future__ import annotations
@@ -31,9 +32,19 @@ from agent_server.settings import SHUTDOWN_MARGIN, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kubernetes"
-EXAMPLE = ROOT / "deploy" / "examples" / "long-running"
-REPLICAS = ROOT / "deploy" / "examples" / "replicas"
-REDIS_COMPONENT = BASE / "components" / "redis"
+EXAMPLES = ROOT / "deploy" / "examples"
+EXAMPLE = EXAMPLES / "long-running"
+REPLICAS = EXAMPLES / "replicas"
+SINGLE_POD = EXAMPLES / "single-pod-memory"
+#: Every kustomization that ships, by the fixture that renders it.
+KUSTOMIZATIONS = {
+    "base": BASE,
+    "example": EXAMPLE,
+    "replicas": REPLICAS,
+    "single_pod": SINGLE_POD,
+}
+#: The ones sharing the base's Redis (all but the memory-store single pod).
+WITH_REDIS = ["base", "example", "replicas"]
 #: What the downward API gives `fieldRef: metadata.name` on Kubernetes: the pod's name.
 POD_NAME = "agent-server-5d8f7c9b4-x7k2p"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-server.json"
@@ -74,6 +85,11 @@ def replicas() -> list[Manifest]:
     return render(REPLICAS)
 
 
+@pytest.fixture(scope="module")
+def single_pod() -> list[Manifest]:
+    return render(SINGLE_POD)
+
+
 def one(manifests: list[Manifest], kind: str, name: str | None = None) -> Manifest:
     found = [
         m
@@ -84,30 +100,39 @@ def one(manifests: list[Manifest], kind: str, name: str | None = None) -> Manife
     return found[0]
 
 
+def workload(manifests: list[Manifest], name: str) -> Manifest:
+    """The one Deployment or StatefulSet called `name`."""
+    found = [
+        m
+        for m in manifests
+        if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"expected one workload {name}, found {len(found)}"
+    return found[0]
+
+
 def pod_spec(manifests: list[Manifest], name: str = "agent-server") -> Manifest:
-    spec: Manifest = one(manifests, "Deployment", name)["spec"]["template"]["spec"]
+    spec: Manifest = workload(manifests, name)["spec"]["template"]["spec"]
     return spec
 
 
 def pod_labels(manifests: list[Manifest], name: str) -> dict[str, str]:
-    labels: dict[str, str] = one(manifests, "Deployment", name)["spec"]["template"]["metadata"][
-        "labels"
-    ]
+    labels: dict[str, str] = workload(manifests, name)["spec"]["template"]["metadata"]["labels"]
     return labels
 
 
-def server_container(manifests: list[Manifest]) -> Manifest:
-    containers = pod_spec(manifests)["containers"]
+def server_container(manifests: list[Manifest], name: str = "agent-server") -> Manifest:
+    containers = pod_spec(manifests, name)["containers"]
     found = [c for c in containers if c["name"] == "agent-server"]
     assert len(found) == 1, "no container named agent-server"
     container: Manifest = found[0]
     return container
 
 
-def container_env(manifests: list[Manifest]) -> dict[str, str]:
+def container_env(manifests: list[Manifest], name: str = "agent-server") -> dict[str, str]:
     """The environment the container gets: envFrom ConfigMaps, then env (which wins); the
     downward API's pod name is resolved to what Kubernetes would give (POD_NAME)."""
-    container = server_container(manifests)
+    container = server_container(manifests, name)
     config_maps = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "ConfigMap"}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
@@ -138,14 +163,16 @@ def server_settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Set
     return Settings(**fields)
 
 
-def settings_of(manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    return server_settings(container_env(manifests), monkeypatch)
+def settings_of(
+    manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch, name: str = "agent-server"
+) -> Settings:
+    return server_settings(container_env(manifests, name), monkeypatch)
 
 
 # ---- the shutdown budget ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["base", "example", "replicas"])
+@pytest.mark.parametrize("which", list(KUSTOMIZATIONS))
 def test_grace_period_is_the_one_value_the_kubelet_and_the_server_share(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -163,7 +190,7 @@ def test_the_example_overlay_changes_the_grace_period_in_one_place(
     assert pod_spec(base)["terminationGracePeriodSeconds"] != 600
 
 
-@pytest.mark.parametrize("which", ["base", "example", "replicas"])
+@pytest.mark.parametrize("which", list(KUSTOMIZATIONS))
 def test_the_budget_passes_the_servers_own_check(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,7 +219,7 @@ def test_a_grace_period_too_short_for_the_budget_is_refused(
         server_settings({**env, "AGENT_SERVER_GRACE_PERIOD": str(too_short)}, monkeypatch)
 
 
-@pytest.mark.parametrize("which", ["base", "example", "replicas"])
+@pytest.mark.parametrize("which", list(KUSTOMIZATIONS))
 def test_every_agent_server_variable_is_a_known_setting(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -236,7 +263,9 @@ def test_probes_hit_readyz_and_healthz_on_the_servers_port(
 def test_prometheus_annotations_point_at_metrics(
     base: list[Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    annotations = one(base, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    annotations = one(base, "Deployment", "agent-server")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
     assert int(annotations["prometheus.io/port"]) == settings_of(base, monkeypatch).port
@@ -258,7 +287,7 @@ def test_security_context(base: list[Manifest]) -> None:
 
 def test_service_and_disruption_budget_select_the_pods(base: list[Manifest]) -> None:
     labels = pod_labels(base, "agent-server")
-    service = one(base, "Service")
+    service = one(base, "Service", "agent-server")
     assert service["spec"]["selector"].items() <= labels.items()
     target = service["spec"]["ports"][0]["targetPort"]
     assert container_port(server_container(base), target) == 8000
@@ -272,7 +301,7 @@ def test_servicemonitor_component_scrapes_the_service_instead_of_the_pods(
     """kubernetes-validate has no schema for the ServiceMonitor CRD: check it against the
     Service it must select."""
     monitor = one(example, "ServiceMonitor")
-    service = one(example, "Service")
+    service = one(example, "Service", "agent-server")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -281,7 +310,9 @@ def test_servicemonitor_component_scrapes_the_service_instead_of_the_pods(
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in port_names
         assert endpoint["path"] == "/metrics"
-    annotations = one(example, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    annotations = one(example, "Deployment", "agent-server")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
     assert annotations["prometheus.io/scrape"] == "false", "scraped twice"
 
 
@@ -301,7 +332,17 @@ def kubernetes_validate() -> str:
     pytest.skip("kubernetes-validate is not installed (deploy/ci.sh installs it)")
 
 
-@pytest.mark.parametrize("directory", [BASE, EXAMPLE, REPLICAS], ids=lambda d: d.name)
+def test_every_example_is_rendered_and_validated() -> None:
+    """A new example directory cannot ship unchecked: each one is in KUSTOMIZATIONS (and so in
+    every parametrized test here) and in deploy/ci.sh's loop."""
+    shipped = {d for d in EXAMPLES.iterdir() if (d / "kustomization.yaml").is_file()}
+    assert shipped == set(KUSTOMIZATIONS.values()) - {BASE}
+    assert "for example in deploy/examples/*/" in (ROOT / "deploy" / "ci.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "directory", list(KUSTOMIZATIONS.values()), ids=[d.name for d in KUSTOMIZATIONS.values()]
+)
 def test_every_rendered_resource_passes_strict_validation(directory: Path) -> None:
     """kubernetes-validate --strict refuses unknown fields, such as a misspelt one, and wrong
     types, such as a terminationGracePeriodSeconds rendered as a string. It has no schema for
@@ -331,12 +372,24 @@ def test_every_rendered_resource_passes_strict_validation(directory: Path) -> No
     assert passed == len(kinds), f"{passed} resources validated, {len(kinds)} rendered"
 
 
-def test_strict_validation_refuses_a_misspelt_field(base: list[Manifest]) -> None:
-    """The check above can fail: the same base with one misspelt field does not pass."""
+@pytest.mark.parametrize(
+    ("kind", "field", "misspelt"),
+    [
+        ("Deployment", "enableServiceLinks", "enableServiceLink"),
+        ("StatefulSet", "volumeClaimTemplates", "volumeClaimTemplate"),
+    ],
+)
+def test_strict_validation_refuses_a_misspelt_field(
+    base: list[Manifest], kind: str, field: str, misspelt: str
+) -> None:
+    """The check above can fail: the same base with one misspelt field, in the agent's
+    Deployment or in Redis's StatefulSet, does not pass."""
     validator = kubernetes_validate()
     broken = json.loads(json.dumps(base))
-    spec = next(m for m in broken if m["kind"] == "Deployment")["spec"]["template"]["spec"]
-    spec["enableServiceLink"] = spec.pop("enableServiceLinks")
+    spec = next(m for m in broken if m["kind"] == kind)["spec"]
+    if kind == "Deployment":
+        spec = spec["template"]["spec"]
+    spec[misspelt] = spec.pop(field)
     done = subprocess.run(
         [validator, "--strict", "-"],
         input=yaml.safe_dump_all(broken),
@@ -346,12 +399,14 @@ def test_strict_validation_refuses_a_misspelt_field(base: list[Manifest]) -> Non
         check=False,
     )
     assert done.returncode != 0
-    assert "enableServiceLink" in done.stdout + done.stderr
+    assert misspelt in done.stdout + done.stderr
 
 
-# ---- several replicas: the Redis component and the replicas overlay --------------------------
+# ---- the store: replicas share the base's Redis; only a single pod keeps memory -------------
 
 REDIS = "agent-server-redis"
+#: Store URL schemes whose records every replica shares (anything else is a process's own).
+SHARED_SCHEMES = ("redis", "rediss", "redis+sentinel")
 
 
 def redis_container(manifests: list[Manifest]) -> Manifest:
@@ -367,61 +422,160 @@ def env_item(manifests: list[Manifest], name: str) -> Manifest:
     return found[0]
 
 
-def test_the_replicas_overlay_runs_three_servers_and_one_redis(replicas: list[Manifest]) -> None:
-    assert one(replicas, "Deployment", "agent-server")["spec"]["replicas"] == 3
-    redis = one(replicas, "Deployment", REDIS)
-    assert redis["spec"]["replicas"] == 1, "two Redis pods would each hold part of the records"
-    assert redis["spec"]["strategy"]["type"] == "Recreate"
-    assert {m["metadata"].get("namespace") for m in replicas} == {"agents"}
+def unshared_replicated(manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The Deployments that run more than one agent-server pod without a shared store: each
+    of their pods would know only its own executions."""
+    found = []
+    for deployment in (m for m in manifests if m["kind"] == "Deployment"):
+        if int(deployment["spec"].get("replicas", 1)) <= 1:
+            continue
+        name = deployment["metadata"]["name"]
+        store = settings_of(manifests, monkeypatch, name).store_url
+        if urlsplit(store).scheme not in SHARED_SCHEMES:
+            found.append(name)
+    return found
 
 
-def test_the_store_url_points_at_the_redis_service(
-    replicas: list[Manifest], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("which", list(KUSTOMIZATIONS))
+def test_several_replicas_only_on_a_shared_store(
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = urlsplit(env_item(replicas, "AGENT_SERVER_STORE")["value"])
-    service = one(replicas, "Service", REDIS)
+    assert unshared_replicated(request.getfixturevalue(which), monkeypatch) == []
+
+
+def test_the_shared_store_check_can_fail(
+    base: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above is live: the base's two replicas on the memory store (set, or left at
+    the server's default) are caught; one replica on it is not."""
+    for store in ("memory", None):
+        broken = json.loads(json.dumps(base))
+        data = next(m for m in broken if m["kind"] == "ConfigMap")["data"]
+        if store is None:
+            del data["AGENT_SERVER_STORE"]
+        else:
+            data["AGENT_SERVER_STORE"] = store
+        assert unshared_replicated(broken, monkeypatch) == ["agent-server"]
+        one(broken, "Deployment", "agent-server")["spec"]["replicas"] = 1
+        assert unshared_replicated(broken, monkeypatch) == []
+
+
+@pytest.mark.parametrize("which", WITH_REDIS)
+def test_the_replicas_share_the_redis_that_ships_with_them(
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = request.getfixturevalue(which)
+    assert one(manifests, "Deployment", "agent-server")["spec"]["replicas"] > 1
+    store = container_env(manifests)["AGENT_SERVER_STORE"]
+    url = urlsplit(store)
+    service = one(manifests, "Service", REDIS)
     assert url.scheme == "redis"
     assert url.hostname == service["metadata"]["name"]
     ports = [p for p in service["spec"]["ports"] if p["port"] == url.port]
     assert len(ports) == 1, f"the Service has no port {url.port}"
-    target = container_port(redis_container(replicas), ports[0]["targetPort"])
+    target = container_port(redis_container(manifests), ports[0]["targetPort"])
     assert target == 6379
+    assert service["spec"]["selector"].items() <= pod_labels(manifests, REDIS).items()
     assert url.path == "/0"
-    assert url.password is None, "a password in a plain env value: use a Secret"
-    settings = settings_of(replicas, monkeypatch)
-    assert settings.store_url == env_item(replicas, "AGENT_SERVER_STORE")["value"]
+    assert url.password is None, "a password in a plain value: take the URL from a Secret"
+    assert settings_of(manifests, monkeypatch).store_url == store
 
 
+@pytest.mark.parametrize("which", WITH_REDIS)
 def test_the_replica_id_is_the_pod_name(
-    replicas: list[Manifest], monkeypatch: pytest.MonkeyPatch
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    item = env_item(replicas, "AGENT_SERVER_REPLICA_ID")
+    manifests = request.getfixturevalue(which)
+    item = env_item(manifests, "AGENT_SERVER_REPLICA_ID")
     assert item["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # A pod name is a replica id the server accepts.
-    assert settings_of(replicas, monkeypatch).replica_id == POD_NAME
+    assert settings_of(manifests, monkeypatch).replica_id == POD_NAME
 
 
-def test_the_base_keeps_the_memory_store(
-    base: list[Manifest], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("which", WITH_REDIS)
+def test_rollouts_and_drains_keep_replicas_serving(
+    which: str, request: pytest.FixtureRequest
 ) -> None:
-    env = container_env(base)
-    assert "AGENT_SERVER_STORE" not in env and "AGENT_SERVER_REPLICA_ID" not in env
-    assert settings_of(base, monkeypatch).store_url == "memory"
+    """A new pod is ready before an old one drains, and a node drain evicts one at a time."""
+    manifests = request.getfixturevalue(which)
+    strategy = one(manifests, "Deployment", "agent-server")["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert one(manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
 
-def test_services_and_budget_select_only_their_own_pods(replicas: list[Manifest]) -> None:
-    servers = pod_labels(replicas, "agent-server")
-    redis = pod_labels(replicas, REDIS)
-    redis_service = one(replicas, "Service", REDIS)["spec"]["selector"]
-    server_service = one(replicas, "Service", "agent-server")["spec"]["selector"]
-    budget = one(replicas, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+def test_the_replicas_overlay_runs_three_servers_and_one_redis(replicas: list[Manifest]) -> None:
+    assert one(replicas, "Deployment", "agent-server")["spec"]["replicas"] == 3
+    assert one(replicas, "StatefulSet", REDIS)["spec"]["replicas"] == 1
+    assert {m["metadata"].get("namespace") for m in replicas} == {"agents"}
+
+
+def statefulset_claims(statefulset: Manifest) -> dict[str, Manifest]:
+    return {c["metadata"]["name"]: c for c in statefulset["spec"].get("volumeClaimTemplates", [])}
+
+
+@pytest.mark.parametrize("which", WITH_REDIS)
+def test_redis_is_one_stateful_pod_on_its_own_volume(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    manifests = request.getfixturevalue(which)
+    redis = workload(manifests, REDIS)  # one of the name: no Deployment beside it
+    assert redis["kind"] == "StatefulSet"
+    spec = redis["spec"]
+    assert spec["replicas"] == 1, "two Redis pods would each hold part of the records"
+    assert spec["serviceName"] == one(manifests, "Service", REDIS)["metadata"]["name"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels(manifests, REDIS).items()
+    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    # Time to fsync the append-only file on SIGTERM, and a number, not a string.
+    grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert isinstance(grace, int) and grace >= 10
+    container = redis_container(manifests)
+    flags = redis_flags(container)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert flags["--dir"] in mounts, "Redis's directory is not a volume (read-only root)"
+    volume = mounts[flags["--dir"]]
+    claims = statefulset_claims(redis)
+    assert volume in claims, f"{flags['--dir']} is not on a volumeClaimTemplate"
+    pod_volumes = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
+    assert volume not in pod_volumes, "a pod volume (an emptyDir) of the claim's name"
+    claim = claims[volume]["spec"]
+    assert claim["accessModes"] == ["ReadWriteOnce"]
+    # Room for the append-only file: its base, growth to twice that, and a rewrite's new base.
+    storage = memory_bytes(claim["resources"]["requests"]["storage"])
+    assert storage >= 3 * memory_bytes(flags["--maxmemory"])
+
+
+def test_redis_keeps_an_append_only_file_and_forgets_nothing_silently(
+    base: list[Manifest],
+) -> None:
+    """The append-only file fsynced every second (RDB snapshots off: the file makes them
+    redundant), and noeviction below the memory limit: a full Redis refuses writes instead of
+    dropping records."""
+    container = redis_container(base)
+    flags = redis_flags(container)
+    assert flags["--appendonly"] == "yes"
+    assert flags["--appendfsync"] == "everysec"
+    assert flags["--save"] == ""
+    assert flags["--maxmemory-policy"] == "noeviction"
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    assert memory_bytes(flags["--maxmemory"]) < limit
+
+
+@pytest.mark.parametrize("which", WITH_REDIS)
+def test_services_and_budget_select_only_their_own_pods(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    manifests = request.getfixturevalue(which)
+    servers = pod_labels(manifests, "agent-server")
+    redis = pod_labels(manifests, REDIS)
+    redis_service = one(manifests, "Service", REDIS)["spec"]["selector"]
+    server_service = one(manifests, "Service", "agent-server")["spec"]["selector"]
+    budget = one(manifests, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
     assert redis_service.items() <= redis.items()
     assert not redis_service.items() <= servers.items()
     for selector in (server_service, budget):
         assert selector.items() <= servers.items()
         assert not selector.items() <= redis.items(), "would select the Redis pod"
-    redis_deployment = one(replicas, "Deployment", REDIS)
-    assert redis_deployment["spec"]["selector"]["matchLabels"].items() <= redis.items()
 
 
 def test_the_disruption_budget_keeps_two_of_three_serving(replicas: list[Manifest]) -> None:
@@ -441,6 +595,35 @@ def test_the_replicas_spread_over_nodes(replicas: list[Manifest]) -> None:
     assert selector.items() <= pod_labels(replicas, "agent-server").items()
 
 
+def test_the_single_pod_example_keeps_memory_on_one_pod(
+    single_pod: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = one(single_pod, "Deployment", "agent-server")
+    assert deployment["spec"]["replicas"] == 1
+    # The old pod is gone before the new one starts: two pods never share the Service.
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert settings_of(single_pod, monkeypatch).store_url == "memory"
+    assert container_env(single_pod)["AGENT_SERVER_STORE"] == "memory"
+    kinds = sorted(m["kind"] for m in single_pod)
+    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], "a Redis left"
+
+
+def test_the_single_pod_example_says_what_it_gives_up() -> None:
+    text = (SINGLE_POD / "kustomization.yaml").read_text()
+    comment = " ".join(
+        line.lstrip("# ").strip() for line in text.splitlines() if line.lstrip().startswith("#")
+    )
+    for given_up in (
+        "results are lost whenever the pod goes",
+        "no hand-off",
+        "a rollout's new pod cannot answer for the old pod's executions",
+        "Recreate",
+        "Only for development",
+    ):
+        assert given_up in comment, given_up
+    assert "deploy/examples/single-pod-memory" in (ROOT / "docs" / "deploy.md").read_text()
+
+
 def memory_bytes(quantity: str) -> int:
     """A Kubernetes memory quantity (Ki, Mi, Gi) or a Redis one (kb, mb, gb: powers of 1024)."""
     units = {"Ki": 1, "Mi": 2, "Gi": 3, "kb": 1, "mb": 2, "gb": 3}
@@ -456,24 +639,13 @@ def redis_flags(container: Manifest) -> dict[str, str]:
     return dict(zip(args[1::2], args[2::2], strict=True))
 
 
-def test_redis_forgets_nothing_silently(replicas: list[Manifest]) -> None:
-    """No persistence by default (said in the comments), and noeviction below the memory limit:
-    a full Redis refuses writes instead of dropping records."""
-    container = redis_container(replicas)
-    flags = redis_flags(container)
-    assert flags["--save"] == "" and flags["--appendonly"] == "no"
-    assert flags["--maxmemory-policy"] == "noeviction"
-    limit = memory_bytes(container["resources"]["limits"]["memory"])
-    assert memory_bytes(flags["--maxmemory"]) < limit
-    data = [m["mountPath"] for m in container["volumeMounts"]]
-    assert flags["--dir"] in data, "Redis's directory is not a volume (read-only root)"
-
-
-def test_redis_pod_security_and_resources(replicas: list[Manifest]) -> None:
-    pod = pod_spec(replicas, REDIS)
-    container = redis_container(replicas)
+def test_redis_pod_security_and_resources(base: list[Manifest]) -> None:
+    pod = pod_spec(base, REDIS)
+    container = redis_container(base)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
+    # The volume is writable by Redis's group.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
     assert pod["enableServiceLinks"] is False
     assert pod["automountServiceAccountToken"] is False
     context = container["securityContext"]
@@ -539,23 +711,25 @@ def stop_redis(proc: Any) -> None:
         proc.wait()
 
 
+def redis_cli(port: int, *command: str) -> list[str]:
+    done = subprocess.run(
+        ["redis-cli", "-p", str(port), *command], capture_output=True, text=True, check=True
+    )
+    return done.stdout.split()
+
+
 def test_redis_arguments_and_probes_on_a_real_redis(
-    replicas: list[Manifest], tmp_path: Path, redis_cli_shim: Path
+    base: list[Manifest], tmp_path: Path, redis_cli_shim: Path
 ) -> None:
-    container = redis_container(replicas)
+    container = redis_container(base)
     readiness = container["readinessProbe"]["exec"]["command"]
     liveness = container["livenessProbe"]["exec"]["command"]
     port, proc = start_redis(redis_flags(container), tmp_path, [])
     try:
         assert run_probe(readiness, port, redis_cli_shim) == 0
         assert run_probe(liveness, port, redis_cli_shim) == 0
-        config = subprocess.run(
-            ["redis-cli", "-p", str(port), "config", "get", "appendonly"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert config.stdout.split() == ["appendonly", "no"]
+        assert redis_cli(port, "config", "get", "appendonly") == ["appendonly", "yes"]
+        assert redis_cli(port, "config", "get", "appendfsync") == ["appendfsync", "everysec"]
     finally:
         stop_redis(proc)
     # Redis gone: both probes fail.
@@ -563,11 +737,31 @@ def test_redis_arguments_and_probes_on_a_real_redis(
     assert run_probe(liveness, port, redis_cli_shim) != 0
 
 
+def test_redis_keeps_its_records_across_a_restart(
+    base: list[Manifest], tmp_path: Path, redis_cli_shim: Path
+) -> None:
+    """With the manifest's arguments, what Redis acknowledged before a SIGTERM (what the kubelet
+    sends) is there after it starts again on the same directory (the claim, in the pod)."""
+    flags = redis_flags(redis_container(base))
+    port, proc = start_redis(flags, tmp_path, [])
+    try:
+        assert redis_cli(port, "set", "agent-server:test:record", "kept") == ["OK"]
+    finally:
+        stop_redis(proc)
+    assert proc.returncode == 0, "Redis did not shut down cleanly on SIGTERM"
+    assert not list(tmp_path.glob("*.rdb")), "an RDB snapshot: --save '' should turn them off"
+    port, proc = start_redis(flags, tmp_path, [])
+    try:
+        assert redis_cli(port, "get", "agent-server:test:record") == ["kept"]
+    finally:
+        stop_redis(proc)
+
+
 def test_readiness_probe_fails_on_an_error_reply(
-    replicas: list[Manifest], tmp_path: Path, redis_cli_shim: Path
+    base: list[Manifest], tmp_path: Path, redis_cli_shim: Path
 ) -> None:
     """redis-cli exits 0 for an error reply (NOAUTH here): the probe compares the answer."""
-    container = redis_container(replicas)
+    container = redis_container(base)
     port, proc = start_redis(redis_flags(container), tmp_path, ["--requirepass", "secret"])
     try:
         bare = subprocess.run(
