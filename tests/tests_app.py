@@ -398,6 +398,62 @@ async def counted(key: str, seconds: float = 0.0) -> dict[str, Any]:
 REASONERS += [counted]
 
 
+# -- reasoners that leave evidence: the fault-injection test's own account (tests/faults.py) --
+
+#: The directory, shared by every replica of one test, where the evidenced reasoners note each
+#: run of their body: one file per execution, one line per run (or step).
+EVIDENCE_DIR_ENV = "TESTS_EVIDENCE_DIR"
+#: This process's `--replica-id`, written in each line of evidence.
+REPLICA_ID_ENV = "TESTS_REPLICA_ID"
+#: Attempts `evidenced_steps` may take (owners killed, paused past their lease, rolled).
+EVIDENCED_STEPS_MAX_ATTEMPTS = 4
+
+
+def _evidence(ctx: ExecutionContext, *fields: object) -> None:
+    """Append one line to this execution's evidence file. One write with O_APPEND per line,
+    so the lines of processes writing at once never interleave, and a process killed right
+    after still leaves its line (the kernel has it)."""
+    folder = os.environ.get(EVIDENCE_DIR_ENV)
+    if not folder:
+        return
+    replica = os.environ.get(REPLICA_ID_ENV, "-")
+    words = [*fields, replica, os.getpid(), f"{time.time():.6f}"]
+    line = " ".join(str(word) for word in words) + "\n"
+    fd = os.open(Path(folder, ctx.execution_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+async def evidenced(
+    ctx: ExecutionContext, seconds: float = 0.2, fail: bool = False
+) -> dict[str, float]:
+    """Not resumable: notes each run of its body (`run ATTEMPT ...`), sleeps `seconds`, then
+    returns, or raises ValueError when `fail`."""
+    _evidence(ctx, "run", ctx.attempt)
+    await asyncio.sleep(seconds)
+    if fail:
+        raise ValueError("failed on purpose")
+    return {"slept": seconds}
+
+
+async def evidenced_steps(
+    ctx: ExecutionContext, count: int = 5, pause: float = 0.2
+) -> dict[str, int]:
+    """Resumable: `count` steps of `pause` seconds, each noted once done (`step ATTEMPT STEP
+    COUNT ...`) and then checkpointed; a later attempt resumes after the last checkpoint."""
+    state = ctx.checkpoint_state or {"done": 0}
+    for step in range(int(state["done"]), count):
+        await asyncio.sleep(pause)
+        _evidence(ctx, "step", ctx.attempt, step, count)
+        await ctx.checkpoint({"done": step + 1})
+    return {"steps": count, "attempt": ctx.attempt}
+
+
+REASONERS += [evidenced]
+
+
 def _limit_address_space() -> None:
     """TESTS_MEMORY_HEADROOM_MB caps the address space at its current size plus that much,
     so a leaking reasoner meets a real MemoryError instead of the machine's memory."""
@@ -414,7 +470,7 @@ _limit_address_space()
 
 
 #: Every reasoner name make_agent registers: the plain ones and the resumable ones.
-RESUMABLE_NAMES = {"steps", "steps_once", "slow_first_attempt"}
+RESUMABLE_NAMES = {"steps", "steps_once", "slow_first_attempt", "evidenced_steps"}
 
 
 def reasoner_names() -> set[str]:
@@ -429,6 +485,7 @@ def make_agent(settings: Settings | None = None) -> Agent:
     fresh.reasoner(resumable=True, max_attempts=3)(steps)
     fresh.reasoner(name="steps_once", resumable=True, max_attempts=1)(steps)
     fresh.reasoner(resumable=True, max_attempts=3)(slow_first_attempt)
+    fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_steps)
     return fresh
 
 

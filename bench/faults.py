@@ -1,0 +1,82 @@
+"""Long fault-injection runs (DESIGN.md section 12): the harness of tests/faults.py (three
+replicas behind haproxy on one Redis with AOF, a load of clients keeping a history, a seeded
+schedule of kills, rollouts, pauses, Redis restarts and cuts, then the checker), for longer
+and over several seeds. Prints per seed the counts (calls, executions, each kind of fault,
+violations by invariant) and the violations; the exit code is 1 if any seed broke one.
+
+A passing seed's directory is removed; a failing one's is kept under bench/out/faults/ (its
+`history.jsonl` holds every exchange, nemesis action and final record, and each replica's
+log is in its own directory). `--source DIR` runs the replicas on the agent_server of another
+checkout (put first on their PYTHONPATH).
+
+Usage: python -m bench.faults [--seconds 120] [--seed 1 | --seeds 1-20] [--clients 6]
+       [--source DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench.common import OUT_DIR, ROOT, log
+
+
+def seeds(seed: int, span: str | None) -> list[int]:
+    if span is None:
+        return [seed]
+    first, _, last = span.partition("-")
+    low, high = int(first), int(last or first)
+    if high < low:
+        raise SystemExit(f"--seeds {span}: the last seed is below the first")
+    return list(range(low, high + 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=120.0, help="seconds of faults per seed")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", help="a range of seeds, A-B (inclusive); overrides --seed")
+    parser.add_argument("--clients", type=int, default=6, help="client threads (half raw httpx)")
+    parser.add_argument("--source", type=Path, help="a checkout whose agent_server to run")
+    parser.add_argument("--keep", action="store_true", help="keep passing seeds' directories")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import faults  # tests/faults.py: the harness and its checker
+
+    out = OUT_DIR / "faults"
+    out.mkdir(parents=True, exist_ok=True)
+    failed: list[int] = []
+    totals: dict[str, int] = {}
+    for seed in seeds(args.seed, args.seeds):
+        directory = out / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        directory.mkdir()
+        log(f"seed {seed}: {args.seconds:g}s of faults in {directory}")
+        run = faults.run_faults(
+            seed,
+            args.seconds,
+            directory,
+            clients=args.clients,
+            source=args.source.resolve() if args.source else None,
+            log=log,
+        )
+        print(run.report(limit=10), flush=True)
+        print(f"  outcomes: {dict(sorted(run.outcomes.items()))}", flush=True)
+        for invariant, count in run.by_invariant().items():
+            totals[invariant] = totals.get(invariant, 0) + count
+        if run.violations:
+            failed.append(seed)
+            print(f"  kept: {directory}", flush=True)
+        elif not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    ran = len(seeds(args.seed, args.seeds))
+    broken = ", ".join(f"{k}={n}" for k, n in sorted(totals.items())) or "none"
+    print(f"{ran - len(failed)} of {ran} seeds passed; failed: {failed or 'none'}; {broken}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
