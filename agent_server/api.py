@@ -259,9 +259,13 @@ class Api:
             return _execution_response(execution, 499)  # nobody is listening any more
         execution = ended
         if execution.is_terminal and not await self._recorded(execution):
-            # Not a verdict the store may contradict: the client reads the record later.
-            return _execution_response(
-                execution,
+            # No verdict the store may contradict: the client reads the record there.
+            return JSONResponse(
+                {
+                    "detail": "the execution ended, but its end is not recorded in the shared "
+                    "store yet (or this attempt no longer owns it): read it at Location",
+                    "execution_id": execution.execution_id,
+                },
                 503,
                 {
                     "Retry-After": RETRY_AFTER_SECONDS,

@@ -353,10 +353,20 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _refusal(response: httpx.Response) -> bool:
-    """A 429, 502, 503 or 504 that did no work: no execution in its body."""
-    if response.status_code not in (429, 502, 503, 504):
+    """A 429, 502, 503 or 504 that did no work: no execution in its body, and no
+    `Location` of one to follow."""
+    if response.status_code not in (429, 502, 503, 504) or _followed(response):
         return False
     return not _execution_body(_body(response))
+
+
+def _followed(response: httpx.Response) -> str | None:
+    """The execution a 503 + `Location` points to: a synchronous run whose end is to be
+    read there (handed off at shutdown, or not yet recorded in the shared store)."""
+    location = response.headers.get("location")
+    if response.status_code != 503 or not location:
+        return None
+    return location.rstrip("/").rsplit("/", 1)[-1] or None
 
 
 class _Calls:
@@ -449,13 +459,15 @@ class _Calls:
             # It may have started: the same key finds that execution instead of a second one.
             execution = yield from self.start(name, input, session, key)
             return (yield from self.wait(execution.execution_id, deadline))
+        followed = _followed(response)
+        if followed is not None:  # its end is read where the Location says, not here
+            return (yield from self.wait(followed, deadline))
         body = _body(response)
         if not _execution_body(body):
             raise error_from_response(response)
         execution = Execution.from_json(body)
         if execution.is_terminal:
             return execution
-        # 503 + Location: handed off to another replica at shutdown; follow it there.
         return (yield from self.wait(execution.execution_id, deadline))
 
     # -- executions ---------------------------------------------------------------------------

@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     store: SecretStr = Field(
         default=SecretStr("memory"),
         description="Where execution records live: memory, or a redis:// / rediss:// URL "
-        "shared by every replica.",
+        "shared by every replica (redis+sentinel://host:26379,host2:26379/SERVICE/DB through "
+        "Sentinel).",
     )
     replica_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
@@ -150,8 +151,15 @@ class Settings(BaseSettings):
     @classmethod
     def _check_store(cls, value: SecretStr) -> SecretStr:
         url = value.get_secret_value()
+        if url.lower().startswith("redis+sentinel://"):
+            from agent_server.store.sentinel import parse_url  # redis-py only when asked for
+
+            parse_url(url)  # a malformed one fails the start; its message omits the password
+            return value
         if url != "memory" and urlsplit(url).scheme not in ("redis", "rediss"):
-            raise ValueError("store must be memory or a redis:// or rediss:// URL")
+            raise ValueError(
+                "store must be memory, or a redis://, rediss:// or redis+sentinel:// URL"
+            )
         return value
 
     @property

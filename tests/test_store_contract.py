@@ -511,8 +511,8 @@ async def test_a_replica_judges_others_only_after_a_whole_lease_up(
     a = open_redis(redis_url, "A", a_seen, lease_ttl=60.0)
     b = open_redis(redis_url, "B", b_seen, lease_ttl=1.0)
     await a.open()
+    opened = time.monotonic()  # B's first renewal is part of its open
     await b.open()
-    opened = time.monotonic()
     try:
         execution = Execution("sleep", None, "A")
         await a.create(execution)

@@ -277,3 +277,47 @@ async def test_the_pubsub_reader_survives_any_error_and_rereads(
     ended = await asyncio.wait_for(waiting, BOUND)
     assert ended.status is ExecutionStatus.SUCCEEDED
     assert not reader.done()
+
+
+# -- invariant 1, end to end: a real server, a real client ----------------------------------
+
+
+def test_a_sync_run_whose_end_cannot_be_recorded_is_no_verdict(
+    own_redis: RedisServer, server_factory: Any
+) -> None:
+    """While Redis refuses writes (full), a synchronous run that ends answers 503 +
+    `Location` (no verdict the store may contradict); the project's client follows it and
+    returns the result once the end is written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from agent_server.client import AgentClient
+
+    server = server_factory(
+        "tests_app:agent", "--store", own_redis.url, "--replica-id", "A", "--lease-ttl", "2"
+    )
+    with ThreadPoolExecutor(2) as pool, AgentClient(server.url, retry_for=30) as client:
+        raw = pool.submit(
+            httpx.post,
+            f"{server.url}/reasoners/sleep",
+            json={"seconds": 1.0, "marker": "raw"},
+            timeout=BOUND + 5,
+        )
+        followed = pool.submit(client.run, "sleep", {"seconds": 1.0, "marker": "client"})
+        server.wait_marker("raw")
+        server.wait_marker("client")
+        assert own_redis.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        assert own_redis.command("CONFIG", "SET", "maxmemory", "1") == b"+OK\r\n"
+        try:
+            answer = raw.result(timeout=BOUND + 5)
+        finally:
+            own_redis.command("CONFIG", "SET", "maxmemory", "0")
+        assert answer.status_code == 503, answer.text
+        assert "status" not in answer.json()  # no execution body: nothing to take as final
+        location = answer.headers["location"]
+        assert location == f"/executions/{answer.json()['execution_id']}"
+        assert answer.headers["retry-after"]
+        assert followed.result(timeout=BOUND * 3) == {"slept": 1.0}
+        record = httpx.get(f"{server.url}{location}", params={"wait": BOUND}, timeout=BOUND * 2)
+        assert record.json()["status"] == "succeeded"

@@ -35,7 +35,8 @@ def open_store(
     max_events: int = 1000,
     observer: StoreObserver | None = None,
 ) -> ExecutionStore:
-    """The store `--store` names: `memory`, or a `redis://` / `rediss://` URL."""
+    """The store `--store` names: `memory`, or a `redis://`, `rediss://` or
+    `redis+sentinel://` URL."""
     if url == "memory":
         return MemoryStore(replica_id, result_ttl=result_ttl, max_retained=max_retained)
     from agent_server.store.redis import RedisStore  # only when asked for: it needs redis-py

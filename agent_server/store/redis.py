@@ -33,7 +33,7 @@ import logging
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import orjson
@@ -47,6 +47,7 @@ from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisError,
     TryAgainError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -60,6 +61,7 @@ from agent_server.execution import (
     StaleAttempt,
     new_execution_id,
 )
+from agent_server.store import sentinel
 from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
@@ -87,6 +89,41 @@ _UNREACHABLE: tuple[type[Exception], ...] = (
 )
 _OPEN_FAILURES: tuple[type[Exception], ...] = (StoreUnavailable, *_UNREACHABLE)
 
+#: Error replies (by their first word) with which Redis refuses a write for a while: during
+#: a failover, while full, loading, busy with a script, or without its replicas. Such a
+#: write stays in the outbox and is retried (section 12, invariant 4).
+_TRANSIENT_REPLIES = {
+    "READONLY": "readonly",
+    "OOM": "oom",
+    "LOADING": "loading",
+    "BUSY": "busy",
+    "MASTERDOWN": "masterdown",
+    "TRYAGAIN": "tryagain",
+    "NOREPLICAS": "noreplicas",
+}
+
+
+def transient_reason(error: BaseException) -> str | None:
+    """Why Redis refused or missed a write for a while (a `WRITE_RETRY_REASONS` value), or
+    None when the failure is not transient (a bug: retrying would not help)."""
+    if isinstance(error, StoreUnavailable) and error.__cause__ is not None:
+        error = error.__cause__
+    if isinstance(error, RedisError):
+        first = str(error).split(" ", 1)[0]
+        if first in _TRANSIENT_REPLIES:
+            return _TRANSIENT_REPLIES[first]
+    if isinstance(error, (RedisTimeoutError, TimeoutError)) or str(error).startswith("no reply"):
+        return "timeout"
+    if isinstance(error, (ConnectionError, OSError)):
+        return "connection"
+    return None
+
+
+class _Refused(StoreUnavailable):
+    """Redis refused some writes of a batch for a transient reason: they are back in the
+    outbox (counted), and the writer backs off."""
+
+
 #: Bounded waits: an unreachable Redis never hangs a request.
 CONNECT_TIMEOUT = 2.0
 COMMAND_TIMEOUT = 2.0
@@ -112,6 +149,8 @@ BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
 #: Records of dead replicas moved to `lost` per sweep (the sweep runs every lease_ttl/3).
 SWEEP_LIMIT = 100
+#: Owned records looked at per repair (`_repair`); the rest wait for the next one.
+ORPHAN_SCAN = 10_000
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
 #: How often a release that joined another replica's reads its answer.
@@ -137,15 +176,14 @@ FIELDS = (
 )
 
 # -- scripts ---------------------------------------------------------------------------------
-# Every script takes ARGV[1..4] = prefix, result_ttl (ms), max_retained, judge (1 when the
-# caller may move other replicas' work to lost), then its own.
+# Every script takes ARGV[1..4] = prefix, result_ttl (ms), max_retained, the calling
+# replica's id, then its own.
 
 _PRELUDE = """
 local P = ARGV[1]
 local TTL = tonumber(ARGV[2])
 local MAXR = tonumber(ARGV[3])
--- Whether the caller may judge other replicas' liveness (see RedisStore._common).
-local JUDGE = ARGV[4] == '1'
+local ME = ARGV[4]
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -213,19 +251,40 @@ local function cancel_queued(rec, id, sid, reason)
   finish(rec, id, sid, '')
 end
 
+-- This caller's renewals (see renew()): nil until read, false when it has none.
+local MINE = nil
+
+-- Whether `owner` may be judged by this caller: the verdict rests on the store's evidence
+-- alone, decided here, when the script runs (a command sent before a pause runs after it).
+-- The owner's lease has lapsed on Redis's clock (or it closed it), and this caller renewed
+-- its own continuously (no gap over half its lease, the last one recent) for at least a
+-- whole lease before now. A pause, restart or cut of Redis stops everyone's renewals, so
+-- after one nobody judges until each live replica has had a whole lease to renew again.
+local function judged(owner)
+  local expiry = redis.call('ZSCORE', P .. 'replicas', owner)
+  if expiry and tonumber(expiry) > NOW then return false end
+  if MINE == nil then
+    MINE = false
+    local r = redis.call('HGET', P .. 'renewals', ME)
+    if r then
+      local last, since, lease = string.match(r, '^(%d+)|(%d+)|(%d+)$')
+      MINE = {last = tonumber(last), since = tonumber(since), lease = tonumber(lease)}
+    end
+  end
+  if not MINE or NOW - MINE.last > MINE.lease / 2 then return false end
+  if expiry and tonumber(expiry) == 0 then return true end  -- it ended its liveness itself
+  return MINE.since <= NOW - MINE.lease
+end
+
 -- The record's fields plus 1 when this call moved it to lost (its owner stopped renewing
--- its liveness), else 0; false when unknown.
+-- its liveness), 2 when it queued its next attempt instead, else 0; false when unknown.
 local function read(id)
   local rec = P .. 'x:' .. id
   local v = redis.call('HMGET', rec, unpack(F))
   if not v[1] then return false end
   local moved = 0
-  if v[6] == 'running' and JUDGE then
-    local expiry = redis.call('ZSCORE', P .. 'replicas', v[4])
-    local r = {}
-    if (not expiry) or tonumber(expiry) <= NOW then
-      r = redis.call('HMGET', rec, 'max_attempts', 'retries')
-    end
+  if v[6] == 'running' and judged(v[4]) then
+    local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
     local retries = tonumber(r[2] or '0') or 0
     if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
       -- A resumable execution whose owner died: its next attempt is queued.
@@ -238,7 +297,7 @@ local function read(id)
       redis.call('PUBLISH', P .. 'queued', id)
       v[4] = ''; v[5] = attempt; v[6] = 'queued'
       moved = 2
-    elseif (not expiry) or tonumber(expiry) <= NOW then
+    else
       local err = cjson.encode({type = 'ExecutionLost',
         message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
       local fin = string.format('%.6f', NOW / 1000)
@@ -257,10 +316,13 @@ end
 # ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
 # none), its fingerprint, its TTL (ms), then field/value pairs. Returns {1} created, {0}
 # session being released, {-1} key used for another request, {-2} the key's execution was
-# forgotten, {2, record} the execution the key was first used for (nothing created).
+# forgotten, {-3} the id was voided by its creator (`_SETTLE`), {2, record} the execution
+# the key was first used for (nothing created).
 _CREATE = """
 local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
+-- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
+if redis.call('EXISTS', P .. 'void:' .. id) == 1 then return {-3} end
 if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return {0} end
 if key ~= '' then
   local first = redis.call('GET', P .. 'idem:' .. key)
@@ -372,17 +434,27 @@ return {1, v}
 """
 
 # Renew this replica's liveness, count the live ones, move the running work of dead
-# replicas to lost (bounded), prune. ARGV[5..]: replica id, lease (ms), sweep limit.
+# replicas to lost (bounded, only when judged() allows), prune. ARGV[5..]: lease (ms),
+# sweep limit.
 # Returns {replicas alive, queued executions, records moved...}.
 _TICK = """
-local me, lease, budget = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-redis.call('ZADD', P .. 'replicas', NOW + lease, me)
+local lease, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
+-- Renewals: `renewals` holds "last|since|lease" per replica (Redis ms), `since` the first
+-- renewal of the current unbroken run (no gap over half the lease); judged() reads it.
+local since = NOW
+local r = redis.call('HGET', P .. 'renewals', ME)
+if r then
+  local last, first = string.match(r, '^(%d+)|(%d+)|')
+  if last and NOW - tonumber(last) <= lease / 2 then since = tonumber(first) end
+end
+redis.call('HSET', P .. 'renewals', ME, NOW .. '|' .. since .. '|' .. lease)
+redis.call('ZADD', P .. 'replicas', NOW + lease, ME)
 local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf'),
   redis.call('LLEN', P .. 'queue')}
 local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', NOW, 'LIMIT', 0, 10)
 for _, replica in ipairs(dead) do
   local owned = P .. 'owned:' .. replica
-  if budget > 0 then
+  if budget > 0 and judged(replica) then
     for _, id in ipairs(redis.call('SRANDMEMBER', owned, budget)) do
       local v = read(id)
       if v and v[14] == 1 then out[#out + 1] = v end
@@ -390,7 +462,10 @@ for _, replica in ipairs(dead) do
       budget = budget - 1
     end
   end
-  if redis.call('SCARD', owned) == 0 then redis.call('ZREM', P .. 'replicas', replica) end
+  if redis.call('SCARD', owned) == 0 then
+    redis.call('ZREM', P .. 'replicas', replica)
+    redis.call('HDEL', P .. 'renewals', replica)
+  end
 end
 prune()
 return out
@@ -493,6 +568,36 @@ if ARGV[6] == '' or redis.call('GET', key) == ARGV[6] then redis.call('DEL', key
 return 1
 """
 
+# Settle creates whose answer this replica never got (sent, then no reply in time: Redis
+# may still run them, section 12). ARGV[5..]: ids. Per id, the record (read()) if it was
+# created; else false, and the id is voided so that a create still on its way is refused.
+_SETTLE = """
+local out = {}
+for i = 5, #ARGV do
+  local v = read(ARGV[i])
+  if not v then redis.call('SET', P .. 'void:' .. ARGV[i], '1', 'PX', 86400000) end
+  out[#out + 1] = v
+end
+return out
+"""
+
+# The running executions this replica owns in the store, so it can find those it runs no
+# task for (section 12, invariant 3). ARGV[5]: at most this many. Returns {record (read()),
+# max_attempts or ''} per execution.
+_OWNED = """
+local out = {}
+local owned = P .. 'owned:' .. ME
+for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
+  local v = read(id)
+  if v and v[6] == 'running' and v[4] == ME then
+    out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
+  elseif (not v) or v[4] ~= ME then
+    redis.call('SREM', owned, id)
+  end
+end
+return out
+"""
+
 _SCRIPTS = {
     name: _PRELUDE + body
     for name, body in {
@@ -508,6 +613,8 @@ _SCRIPTS = {
         "emit": _EMIT,
         "cancel_queued": _CANCEL_QUEUED,
         "end_release": _END_RELEASE,
+        "settle": _SETTLE,
+        "owned": _OWNED,
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
@@ -542,6 +649,22 @@ class _Operation:
             raise StoreUnavailable(f"Redis at {store.where}: {store._scrub(str(error))}") from error
 
 
+def _reraise_cancellation(error: Exception | None) -> None:
+    """redis-py may turn the cancellation of a read into another error (the connection it
+    drops on the way out) or into a quiet timeout: a task being cancelled stops, whatever
+    it was told."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from error
+
+
+def _recorded(execution: Execution, written: bool) -> None:
+    """Tell whoever waits on `RedisStore.recorded` whether the end is in Redis."""
+    future = execution.recorded
+    if future is not None and not future.done():
+        future.set_result(written)
+
+
 def _resolve(futures: Iterable[asyncio.Future[Any]], value: Any) -> None:
     """Hand `value` to every waiter still waiting (one may have timed out meanwhile)."""
     for future in futures:
@@ -551,7 +674,9 @@ def _resolve(futures: Iterable[asyncio.Future[Any]], value: Any) -> None:
 
 def describe_url(url: str) -> str:
     """Where the store is, for messages and logs: scheme, host, port and db, never the
-    user name or password the URL may carry."""
+    user name or password the URL may carry; for Sentinel, the sentinels and the service."""
+    if sentinel.is_sentinel_url(url):
+        return sentinel.describe(url)
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "unix":
         return f"unix://{parts.path}"
@@ -599,6 +724,9 @@ class RedisStore(ExecutionStore):
         self.replica_id = replica_id
         self.url = url
         self.where = describe_url(url)
+        #: Behind Sentinel a failover can lose writes the old primary acknowledged but no
+        #: replica had: writers may follow theirs with `WAIT 1 <ms>` on the scripts' link.
+        self.replicated_writes = sentinel.is_sentinel_url(url)
         self.prefix = f"agent-server:{agent_name}:"
         self.result_ttl = result_ttl
         self.max_retained = max_retained
@@ -617,12 +745,16 @@ class RedisStore(ExecutionStore):
         self._recent_ends: dict[str, None] = {}
         #: The id of each release this replica has under way, by session.
         self._releases: dict[str, str] = {}
-        self._args = (self.prefix, max(1, round(result_ttl * 1000)), max(0, max_retained))
+        self._args = (
+            self.prefix,
+            max(1, round(result_ttl * 1000)),
+            max(0, max_retained),
+            replica_id,
+        )
         self._client: aioredis.Redis | None = None
         #: The scripts' connection (one, multiplexed); redis-py's pool serves the rest.
         self._link: RedisLink | None = None
         self._up = False
-        self._up_since = 0.0
         self._tick_now = asyncio.Event()
         #: Writes owed to Redis, oldest first: the execution, the script (`end` or
         #: `handoff`) and its arguments, taken when the write was queued.
@@ -635,6 +767,16 @@ class RedisStore(ExecutionStore):
         self._waiters: dict[str, set[asyncio.Future[Execution | None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.fenced = 0
+        #: Creates sent without an answer (Redis may run them yet), settled by `_repair`.
+        self._in_doubt: dict[str, Execution] = {}
+        #: Ids whose create is on its way: not orphans, whatever the store says.
+        self._creating: set[str] = set()
+        self._claiming = 0
+        #: Whether this replica may own running records it runs nothing for: after a create
+        #: or claim that got no answer, and at open (a replica id used before).
+        self._repair_due = True
+        self._runs: Callable[[str], bool] | None = None
+        self._adopt: Callable[[str], bool] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -653,23 +795,33 @@ class RedisStore(ExecutionStore):
         the renewal, the outbox writer and the pub/sub reader. Cancel requests for this
         replica go where `deliver_cancels` said."""
         try:
-            # A bounded pool that makes an operation wait (at most COMMAND_TIMEOUT) for a free
-            # connection: a burst past the bound is queued, not refused as an outage.
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url,
-                max_connections=MAX_CONNECTIONS,
-                timeout=COMMAND_TIMEOUT,
-                socket_connect_timeout=CONNECT_TIMEOUT,
-                socket_timeout=COMMAND_TIMEOUT,
-                socket_keepalive=True,
-                decode_responses=True,
-                retry=Retry(NoBackoff(), 0),  # our callers retry; a command fails fast
-            )
-            client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+            if sentinel.is_sentinel_url(self.url):  # both find the primary through Sentinel
+                client, link = sentinel.connect(
+                    self.url,
+                    max_connections=MAX_CONNECTIONS,
+                    timeout=COMMAND_TIMEOUT,
+                    connect_timeout=CONNECT_TIMEOUT,
+                )
+            else:
+                # A bounded pool that makes an operation wait (at most COMMAND_TIMEOUT) for a
+                # free connection: a burst past the bound is queued, not refused as an outage.
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    self.url,
+                    max_connections=MAX_CONNECTIONS,
+                    timeout=COMMAND_TIMEOUT,
+                    socket_connect_timeout=CONNECT_TIMEOUT,
+                    socket_timeout=COMMAND_TIMEOUT,
+                    socket_keepalive=True,
+                    decode_responses=True,
+                    retry=Retry(NoBackoff(), 0),  # our callers retry; a command fails fast
+                )
+                client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+                link = RedisLink(self.url, connect_timeout=CONNECT_TIMEOUT, timeout=COMMAND_TIMEOUT)
         except ValueError as exc:
-            raise StoreUnavailable(f"invalid store URL for {self.where}: {exc}") from None
+            reason = self._scrub(str(exc))
+            raise StoreUnavailable(f"invalid store URL for {self.where}: {reason}") from None
         self._client = client
-        self._link = RedisLink(self.url, connect_timeout=CONNECT_TIMEOUT, timeout=COMMAND_TIMEOUT)
+        self._link = link
         pubsub: PubSub | None = None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
@@ -711,19 +863,23 @@ class RedisStore(ExecutionStore):
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task, outcome in zip(
-            tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
-        ):
-            if isinstance(outcome, Exception):
+        if tasks:  # bounded: a task that ignores its cancellation is named, not waited for
+            _, late = await asyncio.wait(tasks, timeout=COMMAND_TIMEOUT)
+            for task in late:
+                logger.error("store task %s did not stop when cancelled", task.get_name())
+        for task in tasks:
+            outcome = task.exception() if task.done() and not task.cancelled() else None
+            if outcome is not None:
                 logger.error("store task %s failed", task.get_name(), exc_info=outcome)
         client, self._client = self._client, None
         if client is None:
             return
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT):
-                await cast(
-                    Awaitable[Any], client.zadd(self.prefix + "replicas", {self.replica_id: 0})
-                )
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.zadd(self.prefix + "replicas", {self.replica_id: 0})
+                    pipe.hdel(self.prefix + "renewals", self.replica_id)
+                    await pipe.execute()
         except _UNREACHABLE:
             logger.warning("could not end the liveness of replica %s", self.replica_id)
         with contextlib.suppress(Exception):
@@ -747,7 +903,8 @@ class RedisStore(ExecutionStore):
                 backoff = BACKOFF_FIRST
             except TimeoutError:
                 break
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
+                self._retrying(exc)
                 await asyncio.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
                 backoff = min(backoff * 2, BACKOFF_MAX)
         owed = [entry[0] for entry in self._outbox if entry[1] != "emit"]
@@ -826,19 +983,32 @@ class RedisStore(ExecutionStore):
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
-        with self._operation("create"):
-            reply = await self._script(
-                "create",
-                execution.execution_id,
-                session_id,
-                repr(execution.created_at),
-                execution.replica,
-                key,
-                fingerprint,
-                key_ttl,
-                *pairs,
-            )
+        execution_id = execution.execution_id
+        self._creating.add(execution_id)
+        try:
+            with self._operation("create"):
+                reply = await self._script(
+                    "create",
+                    execution_id,
+                    session_id,
+                    repr(execution.created_at),
+                    execution.replica,
+                    key,
+                    fingerprint,
+                    key_ttl,
+                    *pairs,
+                )
+        except StoreUnavailable:
+            # Sent, perhaps: Redis may run it yet (a pause). `_repair` settles it.
+            if len(self._in_doubt) < self.outbox_limit:
+                self._in_doubt[execution_id] = execution
+            self._repair_due = True
+            raise
+        finally:
+            self._creating.discard(execution_id)
         code = int(reply[0])
+        if code == -3:
+            raise StoreUnavailable(f"the create of execution {execution_id} was given up")
         if code == 0:
             raise SessionReleasing(session_id)
         if code == -1:
@@ -877,8 +1047,15 @@ class RedisStore(ExecutionStore):
     async def claim(self) -> Execution | None:
         """One script: the oldest queued execution, now running here, with its body and
         last checkpoint; None when nothing is queued."""
-        with self._operation("claim"):
-            reply = await self._script("claim", self.replica_id)
+        self._claiming += 1
+        try:
+            with self._operation("claim"):
+                reply = await self._script("claim", self.replica_id)
+        except StoreUnavailable:
+            self._repair_due = True  # it may have been claimed here all the same
+            raise
+        finally:
+            self._claiming -= 1
         if not reply:
             return None
         row, (body, checkpoint, max_attempts, last_event) = reply
@@ -903,8 +1080,20 @@ class RedisStore(ExecutionStore):
         self._queued.clear()
 
     def end(self, execution: Execution) -> None:
-        """Queue the end for the outbox writer (its arguments taken now)."""
+        """Queue the end for the outbox writer (its arguments taken now); `recorded` tells
+        when it is in Redis."""
+        execution.recorded = asyncio.get_running_loop().create_future()
         self._enqueue(execution, "end", self._end_args(execution))
+
+    async def recorded(self, execution: Execution, timeout: float) -> bool:
+        """Whether the end is in Redis within `timeout` seconds: False when it was refused
+        (fenced), could not be kept, or is still owed."""
+        future = execution.recorded
+        if future is None:
+            return False
+        if not future.done():
+            await asyncio.wait({future}, timeout=timeout)
+        return future.done() and future.result()
 
     def _enqueue(self, execution: Execution, script: str, args: list[str | bytes]) -> None:
         """Ends and hand-offs are bounded by `outbox_limit`, events by EVENTS_PENDING on their
@@ -927,6 +1116,7 @@ class RedisStore(ExecutionStore):
             return
         if len(self._outbox) - self._pending_events >= self.outbox_limit:
             self._overflow.append(execution)
+            _recorded(execution, False)
             if len(self._overflow) == 1 or len(self._overflow) % 1000 == 0:
                 logger.error(
                     "store outbox full (%d writes waiting for %s): %s of execution %s not "
@@ -1115,11 +1305,84 @@ class RedisStore(ExecutionStore):
             next_tick = time.monotonic() + interval
             with contextlib.suppress(StoreUnavailable):  # counted; the next tick retries
                 await self._tick()
+                await self._repair()
+
+    def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
+        self._runs = runs
+        self._adopt = adopt
+
+    async def _repair(self) -> None:
+        """Accepted means it runs (section 12, invariant 3). A create that got no answer is
+        settled: run here if Redis recorded it after all, else voided so it never will be.
+        Then every running record this replica owns with no task here and no write owed
+        is an orphan (a claim that got no answer, a replica id used before): a resumable
+        one is handed back to the queue, any other ends `failed`, visibly, never `running`
+        for good."""
+        while self._in_doubt:
+            ids = list(itertools.islice(self._in_doubt, WAKE_BATCH))
+            with self._operation("settle"):
+                rows = await self._script("settle", *ids)
+            for execution_id, row in zip(ids, rows, strict=True):
+                self._in_doubt.pop(execution_id, None)
+                mine = bool(row) and row[5] == "running" and row[3] == self.replica_id
+                if mine and self._adopt is not None and self._adopt(execution_id):
+                    logger.warning(
+                        "execution %s: its start got no answer from Redis in time but was "
+                        "recorded; it runs now",
+                        execution_id,
+                    )
+            self._repair_due = True  # what was recorded and not adopted is an orphan
+        if not self._repair_due or self._claiming or self._creating or self._runs is None:
+            return
+        self._repair_due = False
+        try:
+            with self._operation("owned"):
+                rows = await self._script("owned", ORPHAN_SCAN)
+        except StoreUnavailable:
+            self._repair_due = True
+            raise
+        owed = {entry[0].execution_id for entry in self._outbox}
+        owed.update(execution.execution_id for execution in (*self._overflow, *self._failed))
+        for row, max_attempts in rows:
+            execution = self._restore(row)
+            key = execution.execution_id
+            if key in owed or key in self._creating or self._runs(key):
+                continue
+            if max_attempts:
+                logger.warning(
+                    "execution %s (%s): replica %s owns attempt %d but runs no task for it; "
+                    "its next attempt is queued",
+                    key,
+                    execution.reasoner,
+                    self.replica_id,
+                    execution.attempt,
+                )
+                self.hand_off(execution)
+                continue
+            logger.warning(
+                "execution %s (%s): replica %s owns it but runs no task for it (its start got "
+                "no answer in time); it ends failed",
+                key,
+                execution.reasoner,
+                self.replica_id,
+            )
+            execution.started_monotonic = time.monotonic() - max(
+                0.0, time.time() - execution.created_at
+            )
+            execution.finish(
+                ExecutionStatus.FAILED,
+                error={
+                    "type": "ExecutionNotStarted",
+                    "message": f"replica {self.replica_id} accepted it while Redis did not "
+                    "answer, and could not start it",
+                },
+            )
+            self.end(execution)
 
     async def _tick(self) -> None:
         lease_ms = max(1, round(self.lease_ttl * 1000))
         with self._operation("renew"):
-            reply = await self._script("tick", self.replica_id, lease_ms, SWEEP_LIMIT)
+            reply = await self._script("tick", lease_ms, SWEEP_LIMIT)
         if self.observer is not None:
             self.observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
@@ -1137,7 +1400,8 @@ class RedisStore(ExecutionStore):
                 try:
                     await self._write_ends()
                     backoff = BACKOFF_FIRST
-                except StoreUnavailable:
+                except StoreUnavailable as exc:
+                    self._retrying(exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
                 except Exception:  # a bug, not an outage: say so, keep the ends, go on
@@ -1151,9 +1415,11 @@ class RedisStore(ExecutionStore):
         the outbox unless Redis answered for it."""
         async with self._writing:
             pending = list(itertools.islice(self._outbox, END_BATCH))
+            later: list[tuple[Execution, str, list[str | bytes]]] = []
+            reasons: list[str] = []
             for _ in range(2):  # a second pass only after Redis forgot its scripts
                 if not pending:
-                    return
+                    break
                 with self._operation("end"):
                     common = self._common()
                     commands: list[list[str | bytes | int]] = []
@@ -1192,6 +1458,9 @@ class RedisStore(ExecutionStore):
                     execution, script, _ = entry
                     if isinstance(reply, NoScriptError):
                         retry.append(entry)
+                    elif isinstance(reply, Exception) and (reason := transient_reason(reply)):
+                        later.append(entry)
+                        reasons.append(reason)
                     elif isinstance(reply, Exception) and script == "emit":
                         logger.warning(
                             "event of execution %s not written: %s", execution.execution_id, reply
@@ -1204,9 +1473,12 @@ class RedisStore(ExecutionStore):
                             reply,
                         )
                         self._failed.append(execution)
+                        _recorded(execution, False)
                     elif not int(reply[0]):
                         self._refused(script, execution, reply[1])
+                        _recorded(execution, False)
                     elif script == "end":  # written: this replica's waiters need no read
+                        _recorded(execution, True)
                         _resolve(self._waiters.get(execution.execution_id, ()), execution)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
@@ -1214,6 +1486,24 @@ class RedisStore(ExecutionStore):
                     with self._operation("load_scripts"):
                         await self._load_scripts()
                 pending = retry
+            if later:  # refused for now: back to the front, in their order, and retried
+                self._outbox.extendleft(reversed(later))
+                self._pending_events += sum(1 for entry in later if entry[1] == "emit")
+                for reason in reasons:
+                    self._count_retry(reason)
+                self._set_up(False)
+                raise _Refused(
+                    f"Redis at {self.where} refused {len(later)} writes for now ({reasons[0]})"
+                )
+
+    def _retrying(self, error: StoreUnavailable) -> None:
+        """A whole batch failed to reach Redis: it stays in the outbox; count why."""
+        if not isinstance(error, _Refused):
+            self._count_retry(transient_reason(error) or "connection")
+
+    def _count_retry(self, reason: str) -> None:
+        if self.observer is not None:
+            self.observer.write_retried(reason)
 
     def _refused(self, write: str, execution: Execution, found: str) -> None:
         """A fenced write: this attempt no longer owns the record. Logged and counted."""
@@ -1245,16 +1535,32 @@ class RedisStore(ExecutionStore):
                         self._events_channel,
                     )
                     self._set_up(True)
+                    # What may have been missed meanwhile: every waiter re-reads its record,
+                    # the taker looks at the queue.
                     self._wake_all()
+                    self._queued.set()
                 backoff = BACKOFF_FIRST
                 while True:
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=REREAD_SECONDS
                     )
+                    _reraise_cancellation(None)  # a cancellation its read swallowed
                     if message is not None:
                         self._dispatch(message)
             except _UNREACHABLE as exc:
+                _reraise_cancellation(exc)
                 logger.debug("pub/sub connection to %s lost: %s", self.where, exc)
+                self._set_up(False)
+            except Exception as exc:
+                _reraise_cancellation(exc)
+                # A reset can surface as another error than ConnectionError (a closed
+                # transport's RuntimeError under uvloop): the reader reconnects all the same.
+                logger.warning(
+                    "pub/sub connection to %s lost (%s: %s); reconnecting",
+                    self.where,
+                    type(exc).__name__,
+                    exc,
+                )
                 self._set_up(False)
             finally:
                 if pubsub is not None:
@@ -1376,12 +1682,9 @@ class RedisStore(ExecutionStore):
         return _Operation(self, name)
 
     def _common(self) -> tuple[str | int, ...]:
-        """The arguments every script takes. A replica judges others' liveness only once it
-        has reached Redis without a failure for a whole lease: after an outage of Redis
-        every lease looks expired until its owner renews (at once on reconnection), and no
-        replica, this one included, could renew meanwhile."""
-        judge = self._up and time.monotonic() - self._up_since >= self.lease_ttl
-        return (*self._args, 1 if judge else 0)
+        """The arguments every script takes; the caller's id lets a script decide, when it
+        runs, whether this replica may judge others (`judged` in `_PRELUDE`)."""
+        return self._args
 
     def _report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:
@@ -1392,7 +1695,6 @@ class RedisStore(ExecutionStore):
             return
         self._up = up
         if up:
-            self._up_since = time.monotonic()
             self._tick_now.set()  # renew this replica's liveness now
             logger.info("store %s reachable", self.where)
             if self._outbox:
@@ -1404,7 +1706,10 @@ class RedisStore(ExecutionStore):
 
     def _scrub(self, text: str) -> str:
         """Never let a password in the URL reach a message."""
-        password = urllib.parse.urlsplit(self.url).password
+        try:
+            password = urllib.parse.urlsplit(self.url).password
+        except ValueError:  # brackets holding no address: the URL is refused as malformed
+            password = None
         if password:
             text = text.replace(password, "***")
             text = text.replace(urllib.parse.unquote(password), "***")

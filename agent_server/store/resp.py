@@ -12,6 +12,10 @@ Why not redis-py here: its asyncio client takes a pooled connection, packs in Py
 arms a timeout for every call, about 35 us of CPU per call on the machines of
 bench/RESULTS.md against 7 us here, and a store operation is on the path of every request.
 redis-py keeps what it does well: pub/sub, and the store's less frequent commands.
+
+A link given a `Locator` (Sentinel, agent_server/store/sentinel.py) asks it where the primary
+is on every connect, checks with `ROLE` that the node is the primary, and retires a connection
+that answers `READONLY` (a demoted primary), so that the next call asks again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
@@ -47,6 +51,20 @@ _ERRORS: dict[str, type[ResponseError] | type[ConnectionError]] = {
 }
 
 Command = Sequence[str | bytes | int | float]
+#: A host and port.
+Address = tuple[str, int]
+
+
+class Locator(Protocol):
+    """Where a link connects when its URL cannot say: the primary, which moves."""
+
+    async def primary(self) -> Address:
+        """Where the primary is now; ConnectionError when nobody can say."""
+        ...
+
+    def not_primary(self, address: Address) -> None:
+        """The node at `address` answered that it is not the primary."""
+        ...
 
 
 def reply_error(message: str) -> Exception:
@@ -63,8 +81,14 @@ def _pack(command: Command) -> bytes:
 class _Protocol(asyncio.Protocol):
     """Replies resolve the oldest waiting future; a lost connection fails them all."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, follow: bool = False) -> None:
         self.timeout = timeout
+        #: Set for a located link: a READONLY reply retires the connection.
+        self.follow = follow
+        #: Takes no new commands; closes once the ones sent are answered.
+        self.retired = False
+        #: Where it is connected, for a located link.
+        self.address: Address | None = None
         self.reader = hiredis.Reader(encoding="utf-8")
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.transport: asyncio.Transport | None = None
@@ -88,18 +112,30 @@ class _Protocol(asyncio.Protocol):
             self.reader.feed(data)
             while (reply := self.reader.gets()) is not False:
                 future, _ = self.waiting.popleft()
+                error = reply_error(str(reply)) if isinstance(reply, hiredis.ReplyError) else None
+                if self.follow and isinstance(error, ReadOnlyError):
+                    self.retired = True  # no longer the primary: the next call locates it
                 if future.done():  # its caller went away
                     continue
-                if isinstance(reply, hiredis.ReplyError):
-                    future.set_exception(reply_error(str(reply)))
+                if error is not None:
+                    future.set_exception(error)
                 else:
                     future.set_result(reply)
         except (hiredis.ProtocolError, IndexError) as exc:  # out of step: start over
             self.abort(f"unexpected data from Redis: {exc}")
+            return
+        if self.retired:
+            self.retire()
+
+    def retire(self) -> None:
+        """Take no new commands, and close once the ones sent are answered."""
+        self.retired = True
+        if not self.waiting and self.transport is not None:
+            self.transport.close()
 
     @property
     def open(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        return self.transport is not None and not self.transport.is_closing() and not self.retired
 
     def send(self, payload: bytes, count: int) -> list[asyncio.Future[Any]]:
         if self.transport is None or self.transport.is_closing():
@@ -146,12 +182,23 @@ class _Protocol(asyncio.Protocol):
 
 
 class RedisLink:
-    """Connects on first use and again after a loss; `call` and `pipeline` share it."""
+    """Connects on first use and again after a loss; `call` and `pipeline` share it.
 
-    def __init__(self, url: str, *, connect_timeout: float, timeout: float) -> None:
+    With `locator`, the host and port come from it on every connect (the rest of `url`,
+    credentials, db and TLS, still applies) and the node must answer `ROLE` as the primary."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        timeout: float,
+        locator: Locator | None = None,
+    ) -> None:
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self.locator = locator
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
 
@@ -187,6 +234,18 @@ class RedisLink:
             raise failure
         return replies
 
+    @property
+    def address(self) -> Address | None:
+        """Where a located link is connected now, if it is."""
+        protocol = self._protocol
+        return protocol.address if protocol is not None and protocol.open else None
+
+    def retire(self) -> None:
+        """The primary moved: the next call connects (and asks the locator) again, while
+        the replies to the commands already sent still reach their callers."""
+        if self._protocol is not None:
+            self._protocol.retire()
+
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.open:
@@ -200,8 +259,10 @@ class RedisLink:
             protocol: _Protocol | None = None
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    protocol = await self._open()
-                    await self._hello(protocol)
+                    address = None if self.locator is None else await self.locator.primary()
+                    protocol = await self._open(address)
+                    protocol.address = address
+                    await self._hello(protocol, address)
             except BaseException as exc:
                 if protocol is not None:
                     protocol.abort("set-up failed")
@@ -215,11 +276,12 @@ class RedisLink:
             self._protocol = protocol
             return protocol
 
-    async def _open(self) -> _Protocol:
+    async def _open(self, address: Address | None) -> _Protocol:
+        """Connect to `address`, or where the URL says."""
         loop = asyncio.get_running_loop()
         options = self.options
         kind = options.get("connection_class")
-        if kind is UnixDomainSocketConnection:
+        if kind is UnixDomainSocketConnection and address is None:
             _, protocol = await loop.create_unix_connection(
                 lambda: _Protocol(self.timeout), str(options["path"])
             )
@@ -231,16 +293,18 @@ class RedisLink:
             if str(options.get("ssl_cert_reqs", "required")).lower() == "none":
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
+        if address is None:
+            address = (str(options.get("host", "localhost")), int(options.get("port", 6379)))
         _, protocol = await loop.create_connection(
-            lambda: _Protocol(self.timeout),
-            str(options.get("host", "localhost")),
-            int(options.get("port", 6379)),
+            lambda: _Protocol(self.timeout, follow=self.locator is not None),
+            *address,
             ssl=context,
         )
         return protocol
 
-    async def _hello(self, protocol: _Protocol) -> None:
-        """AUTH and SELECT as the URL says, before any caller's command."""
+    async def _hello(self, protocol: _Protocol, address: Address | None) -> None:
+        """AUTH and SELECT as the URL says, before any caller's command; on a located
+        node, ROLE: a replica (the locator's view is behind) is no place to write."""
         commands: list[Command] = []
         password = self.options.get("password")
         if password is not None:
@@ -248,8 +312,17 @@ class RedisLink:
             commands.append(("AUTH", username, password) if username else ("AUTH", password))
         if int(self.options.get("db", 0) or 0):
             commands.append(("SELECT", int(self.options["db"])))
+        if address is not None:
+            commands.append(("ROLE",))
         if not commands:
             return
         payload = b"".join(_pack(command) for command in commands)
-        for future in protocol.send(payload, len(commands)):
-            await future
+        replies = [await future for future in protocol.send(payload, len(commands))]
+        if address is not None and self.locator is not None:
+            role = replies[-1][0] if isinstance(replies[-1], list) and replies[-1] else "?"
+            if role != "master":
+                self.locator.not_primary(address)
+                host, port = address
+                raise ConnectionError(
+                    f"{host}:{port} answers ROLE {role}, not master: not the primary (yet)"
+                )
