@@ -491,6 +491,8 @@ class History:
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
+        #: The wall clock at t=0, to place the replicas' log lines and records' times.
+        self.wall0 = time.time()
         self._lock = threading.Lock()
         self.exchanges: list[Exchange] = []
         self.calls: list[Call] = []
@@ -888,6 +890,13 @@ class Nemesis:
         self.log(f"nemesis: {fault.kind} {fault}")
         if fault.kind in ("kill9", "rollout", "pause-replica"):
             replica = cluster.replicas[fault.target]
+            if replica.proc.poll() is not None:  # it died of itself: that is worth a look
+                self.history.note(
+                    "exited", f"{replica.replica_id} exited {replica.proc.returncode} unasked"
+                )
+                replica.close()
+                self._replace(fault.target)
+                return
             rid = replica.replica_id
             if fault.kind == "kill9":
                 event("kill9", rid, "begin")
@@ -958,7 +967,8 @@ class Nemesis:
         cluster.proxy.restore()
         for index, replica in enumerate(cluster.replicas):
             if replica.proc.poll() is None:
-                os.kill(replica.proc.pid, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(replica.proc.pid, signal.SIGCONT)
             else:
                 self.history.note(
                     "exited", f"{replica.replica_id} exited {replica.proc.returncode}"
@@ -1516,6 +1526,7 @@ class FaultRun:
 def write_history(history: History, final: Mapping[str, Final], path: Path) -> None:
     """The whole history and the final records, one JSON object a line, for a post-mortem."""
     with path.open("w") as out:
+        out.write(json.dumps({"type": "start", "wall_clock": history.wall0}) + "\n")
         for kind, items in (
             ("nemesis", history.nemesis),
             ("note", history.notes),
@@ -1593,6 +1604,10 @@ def run_faults(
             outcomes=Counter(f.state for f in final.values()),
             elapsed=time.monotonic() - began,
         )
+    except Exception as exc:
+        raise RuntimeError(
+            f"seed {seed}: the harness failed (its parts are in {directory})"
+        ) from exc
     finally:
         stop.set()
         cluster.close()
