@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -372,6 +373,34 @@ async def test_the_link_and_the_client_reach_the_primary_through_the_sentinels(
         link = store._scripts
         assert await link.call("SET", "w", "1") == "OK"
         assert await link.call("WAIT", 1, 1000) == 1
+    finally:
+        await store.close()
+
+
+async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Redises) -> None:
+    """Asynchronous replication acknowledges what no replica has yet, and a failover then
+    loses it: with Sentinel an end is recorded (and a synchronous caller answered) only
+    once `WAIT 1` says a replica has it; until then it stays in the outbox."""
+    from agent_server.execution import Execution, ExecutionStatus
+
+    store = RedisStore(redises.url(), replica_id="A", agent_name="sentinel-wait")
+    await store.open()
+    try:
+        execution = Execution("sleep", None, "A")
+        await store.create(execution)
+        assert redises.replica.proc is not None
+        redises.replica.proc.send_signal(signal.SIGSTOP)  # the replica stops acknowledging
+        try:
+            execution.finish(ExecutionStatus.SUCCEEDED, result="replicated")
+            store.end(execution)
+            assert not await store.recorded(execution, 1.5)
+            assert store._outbox, "an end no replica has left the outbox"
+        finally:
+            redises.replica.proc.send_signal(signal.SIGCONT)
+        assert await store.recorded(execution, WAIT)
+        assert store.fenced == 0 and store._failed == []
+        key = f"agent-server:sentinel-wait:x:{execution.execution_id}"
+        assert redises.replica.client.hget(key, "status") == "succeeded"
     finally:
         await store.close()
 

@@ -149,6 +149,9 @@ BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
 #: Records of dead replicas moved to `lost` per sweep (the sweep runs every lease_ttl/3).
 SWEEP_LIMIT = 100
+#: With Sentinel, how long a batch of writes waits for a replica to have it (`WAIT`): well
+#: under COMMAND_TIMEOUT, since the replies behind it on the shared connection wait too.
+REPLICA_WAIT_MS = 500
 #: Owned records looked at per repair (`_repair`); the rest wait for the next one.
 ORPHAN_SCAN = 10_000
 #: Executions read per session (release, listing by session).
@@ -656,6 +659,11 @@ def _reraise_cancellation(error: Exception | None) -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError from error
+
+
+def _on_a_replica(reply: Any) -> bool:
+    """A `WAIT 1` reply: at least one replica has the writes before it."""
+    return isinstance(reply, int) and reply >= 1
 
 
 def _recorded(execution: Execution, written: bool) -> None:
@@ -1441,7 +1449,15 @@ class RedisStore(ExecutionStore):
                     # One notice per batch for every replica, not one per event.
                     if emitted:
                         commands.append(["PUBLISH", self._events_channel, " ".join(emitted)])
+                    if self.replicated_writes:  # acknowledged only once a replica has them
+                        commands.append(["WAIT", 1, REPLICA_WAIT_MS])
                     answers = await self._scripts.pipeline(commands)
+                if self.replicated_writes and not _on_a_replica(answers[-1]):
+                    # A failover could lose them: they stay in the outbox (every script is
+                    # idempotent for the same attempt) and are written again.
+                    self._count_retry("noreplicas")
+                    self._set_up(False)
+                    raise _Refused(f"no replica of {self.where} acknowledged the writes")
                 replies: list[Any] = []
                 for (start, stop), answer in zip(spans, answers, strict=False):
                     if isinstance(answer, Exception):
