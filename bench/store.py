@@ -21,11 +21,15 @@
    same with one memory-store process, for reference.
 6. Redis memory per retained small execution: `used_memory` before and after N finished
    echo executions.
+7. Sync echo throughput (`POST /reasoners/echo`, bench.http_overhead's sync scenario and
+   measurement) with the redis store against the memory store: both servers up together,
+   each measured twice per round in mirrored order (A B B A), ratio per round; server and
+   redis-server CPU per request. A sync run on Redis answers once its end is recorded.
 
 `--source DIR` serves agent-server from another checkout (default: this repository), so a
 run can measure a commit while the working tree changes. `--quick` is the smoke size.
 
-Usage: python -m bench.store [--quick] [--items 1,2,3,4,5,6] [--source DIR] [--before DIR]
+Usage: python -m bench.store [--quick] [--items 1,2,3,4,5,6,7] [--source DIR] [--before DIR]
                              [--rounds 4] [--waiters 1000] ...
 """
 
@@ -1388,6 +1392,102 @@ def item_memory(source: Path, *, n: int, progress: Callable[[str], None]) -> dic
     return {"points": points, "marginal_bytes": marginal}
 
 
+# -- item 7: sync echo throughput, redis against memory --------------------------------------
+
+
+def item_sync_stores(
+    source: Path,
+    *,
+    rounds: int,
+    duration: float,
+    loader: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """`POST /reasoners/echo` (bench.http_overhead's sync scenario) with the redis store
+    against the memory store: both up together, each measured twice per round in mirrored
+    order (A B B A), ratio per round. With the redis store a sync run answers only once its
+    end is recorded in Redis, so every request waits for the outbox's write."""
+    from bench.http_overhead import _combined, _measure
+
+    names = ("memory", "redis")
+    results: dict[str, list[LoadResult]] = {name: [] for name in names}
+    redis_cpu: dict[str, list[float]] = {name: [] for name in names}
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        servers = {
+            "memory": stack.enter_context(agent_server("agent-server memory", source)),
+            "redis": stack.enter_context(
+                agent_server("agent-server redis", source, *redis_flags(redis.url, "bench-a"))
+            ),
+        }
+        for server in servers.values():
+            server.wait_ready()
+        for server in servers.values():  # warm-up
+            _measure(
+                server,
+                "sync",
+                duration=min(1.0, duration),
+                connections=16,
+                loader=loader,
+                cpus=None,
+            )
+        for index in range(rounds):
+            shift = index % len(names)
+            order = list(names[shift:] + names[:shift])
+            halves: dict[str, list[tuple[LoadResult, float]]] = {name: [] for name in order}
+            for name in order + order[::-1]:
+                redis_before = redis.cpu_seconds()
+                result = _measure(
+                    servers[name],
+                    "sync",
+                    duration=duration / 2,
+                    connections=16,
+                    loader=loader,
+                    cpus=None,
+                )
+                redis_us = (redis.cpu_seconds() - redis_before) / max(1, result.requests) * 1e6
+                halves[name].append((result, redis_us))
+                progress(
+                    f"item 7 round {index + 1}/{rounds} {name:6} {result.rps:7.0f} req/s "
+                    f"p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms "
+                    f"errors {result.errors}"
+                )
+            for name, pair in halves.items():
+                combined = _combined([r for r, _ in pair])
+                results[name].append(combined)
+                redis_cpu[name].append(
+                    sum(u * r.requests for r, u in pair) / max(1, combined.requests)
+                )
+
+    def ratio(attribute: str) -> dict[str, float]:
+        pairs = zip(results["redis"], results["memory"], strict=True)
+        values = [getattr(a, attribute) / getattr(b, attribute) for a, b in pairs]
+        return Spread.of([v for v in values if v > 0] or [0.0]).as_dict()
+
+    return {
+        "loader": loader,
+        "rounds": rounds,
+        "duration": duration,
+        "connections": 16,
+        "targets": {
+            name: {
+                "rps": Spread.of([r.rps for r in runs]).as_dict(),
+                "p50_ms": Spread.of([r.p50_ms for r in runs]).as_dict(),
+                "p99_ms": Spread.of([r.p99_ms for r in runs]).as_dict(),
+                "server_cpu_us": Spread.of([r.server_cpu_us for r in runs]).as_dict(),
+                "redis_cpu_us": Spread.of(redis_cpu[name]).as_dict(),
+                "errors": sum(r.errors for r in runs),
+                "requests": sum(r.requests for r in runs),
+            }
+            for name, runs in results.items()
+        },
+        "ratio": {
+            "rps": ratio("rps"),
+            "server_cpu": ratio("server_cpu_us"),
+            "p50": ratio("p50_ms"),
+        },
+    }
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -1397,6 +1497,7 @@ class Sizes:
     rounds: int = 4
     throughput: int = 4000
     concurrency: int = 8
+    #: Items 3 and 7 (the sync echo): rounds, and seconds per server per round.
     sync_rounds: int = 6
     sync_duration: float = 4.0
     loader: str = "wrk"
@@ -1426,7 +1527,7 @@ QUICK = Sizes(
     retained=200,
 )
 
-ITEMS = (1, 2, 3, 4, 5, 6)
+ITEMS = (1, 2, 3, 4, 5, 6, 7)
 
 
 def tree_commit(source: Path) -> str:
@@ -1513,6 +1614,14 @@ def run(
         )
     if 6 in items:
         data["items"]["6"] = item_memory(source, n=sizes.retained, progress=progress)
+    if 7 in items:
+        data["items"]["7"] = item_sync_stores(
+            source,
+            rounds=sizes.sync_rounds,
+            duration=sizes.sync_duration,
+            loader=loader,
+            progress=progress,
+        )
     data["load_after"] = machine_load()
     data["seconds"] = round(time.monotonic() - began, 1)
     return data
@@ -1704,6 +1813,32 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{p['record_hash_bytes']} | {index['all']:,} / {index['finished']:,} |"
             )
         out += ["", f"marginal: **{found['marginal_bytes']:.0f} B** per retained execution", ""]
+    if "7" in items:
+        found = items["7"]
+        out += [
+            "### Item 7: sync echo (`POST /reasoners/echo`), redis store against memory store",
+            "",
+            f"loader {found['loader']}, {found['connections']} connections, {found['rounds']} "
+            f"rounds of {found['duration']} s per server",
+            "",
+            "| store | req/s | p50 ms | p99 ms | server CPU us/req | redis-server CPU us/req "
+            "| errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, t in found["targets"].items():
+            out.append(
+                f"| {name} | {_spread(t['rps'], 0)} | {_spread(t['p50_ms'])} | "
+                f"{_spread(t['p99_ms'])} | {_spread(t['server_cpu_us'], 0)} | "
+                f"{_spread(t['redis_cpu_us'], 0)} | {t['errors']} |"
+            )
+        ratio = found["ratio"]
+        out += [
+            "",
+            f"redis / memory: req/s **{_spread(ratio['rps'])}**, server CPU per request "
+            f"{_spread(ratio['server_cpu'])}, p50 {_spread(ratio['p50'])} "
+            "(target: req/s >= 0.5)",
+            "",
+        ]
     out += _profile_tables(items)
     out.append(
         f"source {data['source']} at {data['commit']}; {data['redis']}; load "
@@ -1714,7 +1849,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke size, under 30 s")
+    parser.add_argument("--quick", action="store_true", help="smoke size, about 30 s")
     parser.add_argument("--items", default=",".join(map(str, ITEMS)))
     parser.add_argument("--source", type=Path, default=ROOT, help="checkout served")
     parser.add_argument(
@@ -1723,7 +1858,7 @@ def main() -> None:
     parser.add_argument("--lives", type=int, default=None, help="item 1: lives per kind")
     parser.add_argument("--rounds", type=int, default=None, help="item 2: rounds")
     parser.add_argument("--throughput", type=int, default=None, help="item 2: lives per run")
-    parser.add_argument("--sync-rounds", type=int, default=None, help="item 3: rounds")
+    parser.add_argument("--sync-rounds", type=int, default=None, help="items 3, 7: rounds")
     parser.add_argument("--waiters", type=int, default=None, help="item 5: waiters")
     parser.add_argument("--wake-rounds", type=int, default=None, help="item 5: rounds")
     parser.add_argument("--retained", type=int, default=None, help="item 6: executions")

@@ -180,6 +180,7 @@ def test_store_smoke() -> None:
         "### Item 4: renewal cost",
         "### Item 5: long-poll wake latency",
         "### Item 6: Redis memory",
+        "### Item 7: sync echo",
     ):
         assert heading in out, heading
     items = raw["items"]
@@ -197,6 +198,10 @@ def test_store_smoke() -> None:
             r["measured"] + r["failed"] + r["not_waiting_at_end"] == r["waiters"] for r in results
         )
     assert items["6"]["points"][-1]["keys_added"] >= items["6"]["points"][-1]["retained"]
+    for store in ("memory", "redis"):
+        assert items["7"]["targets"][store]["errors"] == 0
+        assert items["7"]["targets"][store]["requests"] > 0
+    assert items["7"]["ratio"]["rps"]["median"] > 0
 
 
 def test_events_smoke() -> None:
