@@ -74,6 +74,9 @@ class QueueTaker:
                     self._resume(execution)
             except StoreUnavailable:
                 wait = POLL_SECONDS  # readiness says so; try again soon
+            except Exception:  # a bug, not an outage: say so, and keep taking work
+                logger.exception("taking queued work failed")
+                wait = POLL_SECONDS
 
     def _resume(self, execution: Execution) -> None:
         reasoner = self.reasoners.get(execution.reasoner)

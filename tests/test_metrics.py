@@ -103,6 +103,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "store_errors": "counter",
         P + "store_up": "gauge",
         P + "store_fenced_writes": "counter",
+        P + "store_write_retries": "counter",
         P + "replicas_alive": "gauge",
         P + "events_emitted": "counter",
         P + "event_streams_open": "gauge",

@@ -200,9 +200,10 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
     """A create sent while Redis is paused times out (the start answers 503), but Redis
     runs it on resume: the record exists, `running` under a live owner. The owner either
     runs it after all (its registry still has it) or ends it `failed`; never `running`
-    for good with no task anywhere."""
-    a = await stores("A", lease_ttl=LEASE)
-    b = await stores("B", lease_ttl=LEASE)
+    for good with no task anywhere. (The lease outlasts the pause: past it, the create
+    would be refused when it runs, A's lease having lapsed.)"""
+    a = await stores("A", lease_ttl=8.0)
+    b = await stores("B", lease_ttl=8.0)
     adoptions: list[str] = []
 
     def adopt(execution_id: str) -> bool:
@@ -249,6 +250,29 @@ async def test_a_create_that_never_reached_redis_stays_absent(
     with pytest.raises(StoreUnavailable):
         await a.create(execution)
     assert await a.get(execution.execution_id) is None
+
+
+async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """A replica paused past its lease is being judged; work it accepted on waking, before
+    its first renewal, would be judged at once. Its create is refused (a 503 the client
+    retries) and it renews at once."""
+    a = await stores("A", lease_ttl=LEASE)
+    assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
+    with pytest.raises(StoreUnavailable, match="lease lapsed"):
+        await a.create(Execution("sleep", None, "A"))
+    assert await a.claim() is None
+
+    async def created() -> bool:
+        try:
+            await a.create(Execution("sleep", None, "A"))
+        except StoreUnavailable:
+            return False
+        return True
+
+    assert await eventually(created, timeout=BOUND)
+    assert not a._in_doubt  # a refusal is an answer: nothing to settle
 
 
 # -- the pub/sub reader survives ---------------------------------------------------------------

@@ -319,13 +319,18 @@ end
 # ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
 # none), its fingerprint, its TTL (ms), then field/value pairs. Returns {1} created, {0}
 # session being released, {-1} key used for another request, {-2} the key's execution was
-# forgotten, {-3} the id was voided by its creator (`_SETTLE`), {2, record} the execution
-# the key was first used for (nothing created).
+# forgotten, {-3} the id was voided by its creator (`_SETTLE`), {-4} the owner's lease has
+# lapsed (it must renew first), {2, record} the execution the key was first used for
+# (nothing created).
 _CREATE = """
 local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
 -- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
 if redis.call('EXISTS', P .. 'void:' .. id) == 1 then return {-3} end
+-- An owner whose lease lapsed (paused past it: its work is being judged) takes no new work
+-- until it has renewed; what it took now would be judged at once.
+local lease = redis.call('ZSCORE', P .. 'replicas', owner)
+if (not lease) or tonumber(lease) <= NOW then return {-4} end
 if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return {0} end
 if key ~= '' then
   local first = redis.call('GET', P .. 'idem:' .. key)
@@ -509,6 +514,8 @@ return {1, 'running'}
 # checkpoint, max_attempts}} or false when nothing is queued.
 _CLAIM = """
 local me = ARGV[5]
+local lease = redis.call('ZSCORE', P .. 'replicas', me)
+if (not lease) or tonumber(lease) <= NOW then return false end  -- renew first, as _CREATE
 while true do
   local id = redis.call('LPOP', P .. 'queue')
   if not id then return false end
@@ -647,9 +654,16 @@ class _Operation:
             return
         if isinstance(error, Exception):
             store._report(self.name, self.started, False)
-        if isinstance(error, _UNREACHABLE):
+        if isinstance(error, _UNREACHABLE) or _reset(error):
             store._set_up(False)
             raise StoreUnavailable(f"Redis at {store.where}: {store._scrub(str(error))}") from error
+
+
+def _reset(error: BaseException | None) -> bool:
+    """A connection reset that surfaces as another error than ConnectionError: uvloop's
+    `RuntimeError: unable to perform operation on <TCPTransport closed=True ...>; the
+    handler is closed` when redis-py writes on a transport a reset closed."""
+    return isinstance(error, RuntimeError) and "closed" in str(error)
 
 
 def _reraise_cancellation(error: Exception | None) -> None:
@@ -1017,6 +1031,9 @@ class RedisStore(ExecutionStore):
         code = int(reply[0])
         if code == -3:
             raise StoreUnavailable(f"the create of execution {execution_id} was given up")
+        if code == -4:
+            self._tick_now.set()
+            raise StoreUnavailable(f"replica {execution.replica}'s lease lapsed: renewing first")
         if code == 0:
             raise SessionReleasing(session_id)
         if code == -1:
@@ -1028,15 +1045,28 @@ class RedisStore(ExecutionStore):
         return None
 
     async def checkpoint(self, execution: Execution, state: str) -> None:
-        """One script, fenced by owner and attempt like an end."""
-        with self._operation("checkpoint"):
-            reply = await self._script(
-                "checkpoint",
-                execution.execution_id,
-                execution.replica,
-                str(execution.attempt),
-                state,
-            )
+        """One script, fenced by owner and attempt like an end. Redis unreachable or
+        refusing for a while is waited out (retried with a bounded backoff, as the outbox
+        does; a cancellation still ends the wait): a reasoner's progress is written before
+        it goes on, and an outage does not fail it (section 12, invariant 4)."""
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                with self._operation("checkpoint"):
+                    reply = await self._script(
+                        "checkpoint",
+                        execution.execution_id,
+                        execution.replica,
+                        str(execution.attempt),
+                        state,
+                    )
+                break
+            except StoreUnavailable as exc:
+                if self._client is None:
+                    raise  # closed: nothing will write it
+                self._count_retry(transient_reason(exc) or "connection")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
         if not int(reply[0]):
             self._refused("checkpoint", execution, reply[1])
             raise StaleAttempt(
@@ -1311,9 +1341,13 @@ class RedisStore(ExecutionStore):
                     await self._tick_now.wait()
             self._tick_now.clear()
             next_tick = time.monotonic() + interval
-            with contextlib.suppress(StoreUnavailable):  # counted; the next tick retries
+            try:
                 await self._tick()
                 await self._repair()
+            except StoreUnavailable:
+                pass  # counted; the next tick retries
+            except Exception:  # a bug, not an outage: say so, and keep renewing
+                logger.exception("renewing the liveness of replica %s failed", self.replica_id)
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         self._runs = runs
