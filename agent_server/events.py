@@ -309,7 +309,7 @@ class RemoteEvents(EventSource):
         self.store.drop_notice(self.execution.execution_id, waiter)
 
 
-class _Wakeup(asyncio.Future[None]):
+class Wakeup(asyncio.Future[None]):
     """A future that is also the callback completing it: one object where a stream waits
     on several things, not a future and a closure."""
 
@@ -399,7 +399,7 @@ class EventStream:
                 deadline = sent + streams.heartbeat
                 if source.reread is not None:
                     deadline = min(deadline, now + source.reread)
-                wakeup = _Wakeup(loop=loop)
+                wakeup = Wakeup(loop=loop)
                 tick = streams.ticks.at(loop, deadline)
                 tick.add(wakeup)
                 streams.closing.waiters.add(wakeup)

@@ -32,13 +32,12 @@ import itertools
 import logging
 import time
 import urllib.parse
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -53,7 +52,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server import jsoncodec
-from agent_server.events import Event
+from agent_server.events import Event, Wakeup
 from agent_server.execution import (
     CancelReason,
     Execution,
@@ -317,7 +316,8 @@ end
 """
 
 # ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
-# none), its fingerprint, its TTL (ms), then field/value pairs. Returns {1} created, {0}
+# none), its fingerprint, its TTL (ms), then the record's values in F's order, then any more
+# field/value pairs (a resumable one's body and max_attempts). Returns {1} created, {0}
 # session being released, {-1} key used for another request, {-2} the key's execution was
 # forgotten, {-3} the id was voided by its creator (`_SETTLE`), {-4} the owner's lease has
 # lapsed (it must renew first), {2, record} the execution the key was first used for
@@ -344,7 +344,10 @@ if key ~= '' then
   redis.call('SET', P .. 'idem:' .. key, fingerprint .. '|' .. id, 'PX', key_ttl)
 end
 local rec = P .. 'x:' .. id
-redis.call('HSET', rec, unpack(ARGV, 12))
+local values = {}
+for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[11 + i] end
+for i = 12 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+redis.call('HSET', rec, unpack(values))
 redis.call('ZADD', P .. 'all', score, id)
 redis.call('ZADD', P .. 'running', score, id)
 redis.call('SADD', P .. 'owned:' .. owner, id)
@@ -628,6 +631,8 @@ _SCRIPTS = {
     }.items()
 }
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
+#: The same, as bytes for the commands (packed as they are).
+_EVALSHA = {name: sha.encode() for name, sha in _SHAS.items()}
 
 
 class _Operation:
@@ -664,15 +669,6 @@ def _reset(error: BaseException | None) -> bool:
     `RuntimeError: unable to perform operation on <TCPTransport closed=True ...>; the
     handler is closed` when redis-py writes on a transport a reset closed."""
     return isinstance(error, RuntimeError) and "closed" in str(error)
-
-
-def _reraise_cancellation(error: Exception | None) -> None:
-    """redis-py may turn the cancellation of a read into another error (the connection it
-    drops on the way out) or into a quiet timeout: a task being cancelled stops, whatever
-    it was told."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from error
 
 
 def _on_a_replica(reply: Any) -> bool:
@@ -764,18 +760,25 @@ class RedisStore(ExecutionStore):
         self._read_due = asyncio.Event()
         #: The last RECENT_ENDS ids whose end was noticed (a waiter that registers just
         #: after its notice reads at once instead of at the next re-read).
-        self._recent_ends: dict[str, None] = {}
+        #: An OrderedDict: dropping the oldest is O(1) (a dict's first key, once many were
+        #: popped, is found by a scan over the holes they left).
+        self._recent_ends: OrderedDict[str, None] = OrderedDict()
         #: The id of each release this replica has under way, by session.
         self._releases: dict[str, str] = {}
-        self._args = (
-            self.prefix,
+        #: The arguments every script takes (the caller's id lets a script decide, when it
+        #: runs, whether this replica may judge others: `judged`), as bytes: packed as they
+        #: are, on the path of every script call.
+        self._args: tuple[bytes | int, ...] = (
+            self.prefix.encode(),
             max(1, round(result_ttl * 1000)),
             max(0, max_retained),
-            replica_id,
+            replica_id.encode(),
         )
         self._client: aioredis.Redis | None = None
         #: The scripts' connection (one, multiplexed); redis-py's pool serves the rest.
         self._link: RedisLink | None = None
+        #: The subscriber (a twin of `_link`): end notices, cancel requests, queued work.
+        self._subscriber: RedisLink | None = None
         self._up = False
         self._tick_now = asyncio.Event()
         #: Writes owed to Redis, oldest first: the execution, the script (`end` or
@@ -844,36 +847,28 @@ class RedisStore(ExecutionStore):
             raise StoreUnavailable(f"invalid store URL for {self.where}: {reason}") from None
         self._client = client
         self._link = link
-        pubsub: PubSub | None = None
+        self._subscriber = link.twin()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
                 await cast(Awaitable[Any], client.ping())
                 await self._load_scripts()
                 await self._tick()
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(
-                    self._ends_channel,
-                    self._cancel_channel,
-                    self._queued_channel,
-                    self._events_channel,
-                )
+                subscribed = await self._subscribe()
         except _OPEN_FAILURES as exc:
-            if pubsub is not None:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
             self._client = None
             with contextlib.suppress(Exception):
                 await client.aclose()
-            with contextlib.suppress(Exception):
-                await self._link.close()
-            self._link = None
+            for each in (self._link, self._subscriber):
+                with contextlib.suppress(Exception):
+                    await each.close()
+            self._link = self._subscriber = None
             reason = self._scrub(str(exc) or type(exc).__name__)
             raise StoreUnavailable(f"cannot reach Redis at {self.where}: {reason}") from None
         self._set_up(True)
         self._tasks = [
             asyncio.create_task(self._keep_alive(), name="store-liveness"),
             asyncio.create_task(self._write_outbox(), name="store-outbox"),
-            asyncio.create_task(self._listen(pubsub), name="store-pubsub"),
+            asyncio.create_task(self._listen(subscribed), name="store-pubsub"),
             asyncio.create_task(self._read_woken(), name="store-wakes"),
         ]
         if self._outbox:
@@ -906,10 +901,11 @@ class RedisStore(ExecutionStore):
             logger.warning("could not end the liveness of replica %s", self.replica_id)
         with contextlib.suppress(Exception):
             await client.aclose()
-        link, self._link = self._link, None
-        if link is not None:
-            with contextlib.suppress(Exception):
-                await link.close()
+        for link in (self._link, self._subscriber):
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    await link.close()
+        self._link = self._subscriber = None
         self._wake_all()
 
     async def flush(self, deadline: float) -> list[Execution]:
@@ -995,9 +991,7 @@ class RedisStore(ExecutionStore):
         already used for the same request, the execution it started; else the record, its
         index entries, and the key (set if absent, atomically: one execution per key)."""
         session_id = execution.session_id or ""
-        pairs: list[str | bytes] = []
-        for field, value in zip(FIELDS, self._fields(execution), strict=True):
-            pairs.extend((field, value))
+        pairs = self._new_record(execution)  # the values, in FIELDS order: the script names them
         if execution.resumable:
             pairs.extend(
                 ("body", _json(execution.body), "max_attempts", str(execution.max_attempts))
@@ -1129,8 +1123,15 @@ class RedisStore(ExecutionStore):
         future = execution.recorded
         if future is None:
             return False
-        if not future.done():
-            await asyncio.wait({future}, timeout=timeout)
+        if not future.done():  # one future and one timer, not asyncio.wait's set and task
+            waiter = Wakeup(loop=asyncio.get_running_loop())
+            timer = waiter.get_loop().call_later(timeout, waiter, None)
+            future.add_done_callback(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                future.remove_done_callback(waiter)
         return future.done() and future.result()
 
     def _enqueue(self, execution: Execution, script: str, args: list[str | bytes]) -> None:
@@ -1463,7 +1464,7 @@ class RedisStore(ExecutionStore):
                 if not pending:
                     break
                 with self._operation("end"):
-                    common = self._common()
+                    common = self._args
                     commands: list[list[str | bytes | int]] = []
                     #: The outbox entries each command writes: [start, stop).
                     spans: list[tuple[int, int]] = []
@@ -1473,7 +1474,7 @@ class RedisStore(ExecutionStore):
                             commands[-1].extend(args)
                             spans[-1] = (spans[-1][0], index + 1)
                             continue
-                        command = ["EVALSHA", _SHAS[script], 0, *common]
+                        command = [b"EVALSHA", _EVALSHA[script], 0, *common]
                         if script == "end":
                             command.append(NOTICE_RECORD_MAX)
                         commands.append([*command, *args])
@@ -1569,42 +1570,36 @@ class RedisStore(ExecutionStore):
         if self.observer is not None:
             self.observer.fenced_write(execution)
 
-    async def _listen(self, pubsub: PubSub | None) -> None:
+    async def _subscribe(self) -> asyncio.Future[None]:
+        """Subscribe the subscriber link; the future is done when its connection is lost."""
+        assert self._subscriber is not None
+        return await self._subscriber.subscribe(
+            (self._ends_channel, self._cancel_channel, self._queued_channel, self._events_channel),
+            self._dispatch,
+        )
+
+    async def _listen(self, subscribed: asyncio.Future[None] | None) -> None:
         """The one pub/sub connection of this replica: end notices wake its waiters, cancel
         requests reach its registry. Reconnects after an outage, then wakes every waiter
         to re-read (notices may have been missed meanwhile)."""
         backoff = BACKOFF_FIRST
         while True:
             try:
-                if pubsub is None:
-                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(
-                        self._ends_channel,
-                        self._cancel_channel,
-                        self._queued_channel,
-                        self._events_channel,
-                    )
+                if subscribed is None:
+                    subscribed = await self._subscribe()
                     self._set_up(True)
                     # What may have been missed meanwhile: every waiter re-reads its record,
                     # the taker looks at the queue.
                     self._wake_all()
                     self._queued.set()
                 backoff = BACKOFF_FIRST
-                while True:
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=REREAD_SECONDS
-                    )
-                    _reraise_cancellation(None)  # a cancellation its read swallowed
-                    if message is not None:
-                        self._dispatch(message)
+                await asyncio.shield(subscribed)  # until the connection is lost
+                logger.debug("pub/sub connection to %s lost", self.where)
+                self._set_up(False)
             except _UNREACHABLE as exc:
-                _reraise_cancellation(exc)
                 logger.debug("pub/sub connection to %s lost: %s", self.where, exc)
                 self._set_up(False)
-            except Exception as exc:
-                _reraise_cancellation(exc)
-                # A reset can surface as another error than ConnectionError (a closed
-                # transport's RuntimeError under uvloop): the reader reconnects all the same.
+            except Exception as exc:  # a bug, not an outage: say so, and reconnect
                 logger.warning(
                     "pub/sub connection to %s lost (%s: %s); reconnecting",
                     self.where,
@@ -1612,18 +1607,18 @@ class RedisStore(ExecutionStore):
                     exc,
                 )
                 self._set_up(False)
-            finally:
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-                    pubsub = None
+            subscribed = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        channel, data = message.get("channel"), message.get("data")
-        if not isinstance(data, str):
-            return
+    def _dispatch(self, channel: str, data: str) -> None:
+        """One message of this replica's subscriber; never raises (a bad one is logged)."""
+        try:
+            self._dispatched(channel, data)
+        except Exception:
+            logger.exception("a message on %s could not be handled: %r", channel, data[:200])
+
+    def _dispatched(self, channel: str, data: str) -> None:
         if channel == self._ends_channel:
             for execution_id, row in self._ends(data):
                 self._recent_ends[execution_id] = None
@@ -1635,7 +1630,7 @@ class RedisStore(ExecutionStore):
                         _resolve(self._waiters[execution_id], found)
                 _resolve(self._event_waiters.get(execution_id, ()), None)
             while len(self._recent_ends) > RECENT_ENDS:
-                self._recent_ends.pop(next(iter(self._recent_ends)))
+                self._recent_ends.popitem(last=False)
             if self._woken:
                 self._read_due.set()
             return
@@ -1731,11 +1726,6 @@ class RedisStore(ExecutionStore):
         turns the store down until an operation succeeds again."""
         return _Operation(self, name)
 
-    def _common(self) -> tuple[str | int, ...]:
-        """The arguments every script takes; the caller's id lets a script decide, when it
-        runs, whether this replica may judge others (`judged` in `_PRELUDE`)."""
-        return self._args
-
     def _report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:
             self.observer.store_operation(name, time.perf_counter() - started, ok)
@@ -1778,10 +1768,10 @@ class RedisStore(ExecutionStore):
     async def _script(self, name: str, *args: Any) -> Any:
         """EVALSHA, loading the scripts again if Redis has forgotten them (a restart)."""
         try:
-            return await self._scripts.call("EVALSHA", _SHAS[name], 0, *self._common(), *args)
+            return await self._scripts.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
         except NoScriptError:
             await self._load_scripts()
-            return await self._scripts.call("EVALSHA", _SHAS[name], 0, *self._common(), *args)
+            return await self._scripts.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
 
     async def _list(
         self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str
@@ -1839,8 +1829,9 @@ class RedisStore(ExecutionStore):
             )
         return execution
 
-    def _fields(self, execution: Execution) -> list[str | bytes]:
-        """The hash values in FIELDS order."""
+    def _new_record(self, execution: Execution) -> list[str | bytes]:
+        """The hash values in FIELDS order, for a record being created: nothing ended yet,
+        so no result, error or end to encode (on the path of every start)."""
         return [
             execution.execution_id,
             execution.reasoner,
@@ -1848,21 +1839,27 @@ class RedisStore(ExecutionStore):
             execution.replica,
             str(execution.attempt),
             execution.status.value,
-            execution.status_reason.value if execution.status_reason else "",
-            _json(execution.result),
-            _json(execution.error),
+            "",
+            b"null",
+            b"null",
             repr(execution.created_at),
-            "" if execution.finished_at is None else repr(execution.finished_at),
-            "" if execution.duration_seconds is None else repr(execution.duration_seconds),
-            "1" if execution.abandoned else "0",
+            "",
+            "",
+            "0",
         ]
 
     def _end_args(self, execution: Execution) -> list[str | bytes]:
-        values = self._fields(execution)
+        """An end's arguments of the `end` script: who writes it, then what it records."""
+        duration = execution.duration_seconds
         return [
             execution.execution_id,
             execution.replica,
             str(execution.attempt),
-            *values[5:9],  # status, status_reason, result, error
-            *values[10:13],  # finished_at, duration_seconds, abandoned
+            execution.status.value,
+            execution.status_reason.value if execution.status_reason else "",
+            _json(execution.result),
+            b"null" if execution.error is None else _json(execution.error),
+            "" if execution.finished_at is None else repr(execution.finished_at),
+            "" if duration is None else repr(duration),
+            "1" if execution.abandoned else "0",
         ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import hiredis
@@ -93,6 +93,8 @@ class _Protocol(asyncio.Protocol):
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: A subscriber's: takes each reply no command waits for (a published message).
+        self.on_push: Callable[[Any], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
 
@@ -111,6 +113,9 @@ class _Protocol(asyncio.Protocol):
         try:
             self.reader.feed(data)
             while (reply := self.reader.gets()) is not False:
+                if self.on_push is not None and not self.waiting:
+                    self.on_push(reply)
+                    continue
                 future, _ = self.waiting.popleft()
                 error = reply_error(str(reply)) if isinstance(reply, hiredis.ReplyError) else None
                 if self.follow and isinstance(error, ReadOnlyError):
@@ -195,12 +200,14 @@ class RedisLink:
         timeout: float,
         locator: Locator | None = None,
     ) -> None:
+        self.url = url
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.locator = locator
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
+        self._twins: list[RedisLink] = []
 
     async def call(self, *args: str | bytes | int | float) -> Any:
         protocol = self._protocol
@@ -234,17 +241,57 @@ class RedisLink:
             raise failure
         return replies
 
+    async def subscribe(
+        self, channels: Sequence[str], on_message: Callable[[str, str], None]
+    ) -> asyncio.Future[None]:
+        """Make this link a subscriber of `channels` (it takes no other command): each
+        message published there goes to `on_message(channel, data)`, parsed by hiredis as
+        every reply is (redis-py's pub/sub costs several times as much per message, and
+        every replica hears every end). Returns the future that is done when the connection
+        is lost; a new `subscribe` connects again."""
+        protocol = self._protocol
+        if protocol is None or not protocol.open:
+            protocol = await self._connect()
+
+        def pushed(reply: Any) -> None:
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == "message":
+                on_message(str(reply[1]), str(reply[2]))
+
+        protocol.on_push = pushed  # before the confirmations: a message may follow them
+        for future in protocol.send(_pack(("SUBSCRIBE", *channels)), len(channels)):
+            await future
+        return protocol.closed
+
+    def twin(self) -> RedisLink:
+        """Another link to the same place (the same locator): a subscriber beside the
+        commands' link. Retiring this link retires its twins too."""
+        twin = RedisLink(
+            self.url,
+            connect_timeout=self.connect_timeout,
+            timeout=self.timeout,
+            locator=self.locator,
+        )
+        self._twins.append(twin)
+        return twin
+
     @property
     def address(self) -> Address | None:
         """Where a located link is connected now, if it is."""
         protocol = self._protocol
         return protocol.address if protocol is not None and protocol.open else None
 
+    def addresses(self) -> list[Address]:
+        """Where this link and its twins are connected now."""
+        found = [link.address for link in (self, *self._twins)]
+        return [address for address in found if address is not None]
+
     def retire(self) -> None:
         """The primary moved: the next call connects (and asks the locator) again, while
         the replies to the commands already sent still reach their callers."""
         if self._protocol is not None:
             self._protocol.retire()
+        for twin in self._twins:
+            twin.retire()
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None

@@ -264,8 +264,8 @@ async def _watch(locator: SentinelLocator, link: RedisLink, pool: SentinelConnec
 async def _follow(locator: SentinelLocator, link: RedisLink, pool: SentinelConnectionPool) -> None:
     address = await locator.primary()
     moved = False
-    if link.address not in (None, address):
-        link.retire()
+    if any(elsewhere != address for elsewhere in link.addresses()):
+        link.retire()  # and its twin, the subscriber
         moved = True
     known = pool.master_address
     if known is not None and (str(known[0]), int(known[1])) != address:
