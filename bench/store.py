@@ -460,7 +460,10 @@ class EndNotices:
 
 
 def _noticed_ids(data: str) -> list[str]:
-    """The ids of an end notice: space-separated ids, or a JSON list of records and ids."""
+    """The ids of an end notice: space-separated ids, or `@{writer} ` and a JSON list of
+    records and ids."""
+    if data.startswith("@"):
+        data = data.partition(" ")[2]
     if not data.startswith("["):
         return data.split()
     return [item if isinstance(item, str) else str(item[0]) for item in json.loads(data)]

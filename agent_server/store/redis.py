@@ -359,8 +359,9 @@ return {1}
 # ARGV[6..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
 # duration_seconds, abandoned. Returns per end 1|0 and the status found ('' if unknown); an
 # end already written by this very owner and attempt (a retry after a lost reply) is 1.
-# Prunes once for the batch, and publishes one notice for the ends it wrote: a JSON list of
-# their records (FIELDS order), or of their ids for records over the size.
+# Prunes once for the batch, and publishes one notice for the ends it wrote: '@', the
+# writer's id, a space, then a JSON list of their records (FIELDS order), or of their ids
+# for records over the size (the writer skips its own notices: it knows what it wrote).
 _END = """
 NOTIFY = false
 PRUNE = false
@@ -394,7 +395,7 @@ for i = 6, #ARGV, 10 do
   out[#out + 1] = v[1] or ''
 end
 prune()
-if #notice > 0 then redis.call('PUBLISH', P .. 'ends', cjson.encode(notice)) end
+if #notice > 0 then redis.call('PUBLISH', P .. 'ends', '@' .. ME .. ' ' .. cjson.encode(notice)) end
 return out
 """
 
@@ -1528,9 +1529,8 @@ class RedisStore(ExecutionStore):
                     elif not int(reply[0]):
                         self._refused(script, execution, reply[1])
                         _recorded(execution, False)
-                    elif script == "end":  # written: this replica's waiters need no read
-                        _recorded(execution, True)
-                        _resolve(self._waiters.get(execution.execution_id, ()), execution)
+                    elif script == "end":
+                        self._written(execution)
                 self._outbox.extendleft(reversed(retry))
                 self._pending_events += sum(1 for entry in retry if entry[1] == "emit")
                 if retry:
@@ -1546,6 +1546,22 @@ class RedisStore(ExecutionStore):
                 raise _Refused(
                     f"Redis at {self.where} refused {len(later)} writes for now ({reasons[0]})"
                 )
+
+    def _written(self, execution: Execution) -> None:
+        """Its end is in Redis: what the end notice does on other replicas is done here,
+        without a read (the notice itself is skipped when it comes back)."""
+        _recorded(execution, True)
+        key = execution.execution_id
+        self._noticed(key)
+        _resolve(self._waiters.get(key, ()), execution)
+        _resolve(self._event_waiters.get(key, ()), None)
+
+    def _noticed(self, execution_id: str) -> None:
+        """Remember an end for a waiter that registers just after it (the last RECENT_ENDS)."""
+        recent = self._recent_ends
+        recent[execution_id] = None
+        if len(recent) > RECENT_ENDS:
+            recent.popitem(last=False)
 
     def _retrying(self, error: StoreUnavailable) -> None:
         """A whole batch failed to reach Redis: it stays in the outbox; count why."""
@@ -1621,7 +1637,7 @@ class RedisStore(ExecutionStore):
     def _dispatched(self, channel: str, data: str) -> None:
         if channel == self._ends_channel:
             for execution_id, row in self._ends(data):
-                self._recent_ends[execution_id] = None
+                self._noticed(execution_id)
                 if execution_id in self._waiters:
                     found = None if row is None else self._from_notice(row)
                     if found is None:
@@ -1629,8 +1645,6 @@ class RedisStore(ExecutionStore):
                     else:
                         _resolve(self._waiters[execution_id], found)
                 _resolve(self._event_waiters.get(execution_id, ()), None)
-            while len(self._recent_ends) > RECENT_ENDS:
-                self._recent_ends.popitem(last=False)
             if self._woken:
                 self._read_due.set()
             return
@@ -1664,8 +1678,13 @@ class RedisStore(ExecutionStore):
             return None
 
     def _ends(self, data: str) -> list[tuple[str, list[Any] | None]]:
-        """An end notice: ids separated by spaces (a script's), or a JSON list of records
-        and ids (`_notify_ends`); each id with its record when the notice carries it."""
+        """An end notice: ids separated by spaces (a script's), or the `end` script's
+        `@{writer} [records and ids]`; each id with its record when the notice carries it.
+        This replica's own notices are skipped: `_written` handled those ends."""
+        if data.startswith("@"):
+            writer, _, data = data[1:].partition(" ")
+            if writer == self.replica_id:
+                return []
         if not data.startswith("["):
             return [(execution_id, None) for execution_id in data.split()]
         try:
