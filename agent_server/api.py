@@ -394,9 +394,14 @@ class Api:
             if media_type not in JSON_MEDIA_TYPES and not media_type.endswith("+json"):
                 raise ApiError(415, f"unsupported content type {media_type!r}: send JSON")
         try:
-            return jsoncodec.loads(raw)
+            body = jsoncodec.loads(raw)
         except (ValueError, RecursionError) as exc:
             raise ApiError(400, f"malformed JSON body: {jsoncodec.short_error(exc)}") from None
+        try:  # what is accepted must be written back the same (idempotency, hand-off)
+            jsoncodec.check(body, "the body")
+        except jsoncodec.Unrecordable as exc:
+            raise ApiError(400, str(exc)) from None
+        return body
 
     async def _wait_or_disconnect(self, execution: Execution, request: Request) -> Execution | None:
         """The execution once it has ended (or was handed off); None when the client went

@@ -17,7 +17,7 @@ import logging
 
 from pydantic import ValidationError
 
-from agent_server.execution import Execution, ExecutionStatus
+from agent_server.execution import Execution, ExecutionStatus, error_of
 from agent_server.reasoner import Reasoner
 from agent_server.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
@@ -90,7 +90,7 @@ class QueueTaker:
             logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
             execution.finish(
                 ExecutionStatus.FAILED,
-                error={"type": type(exc).__name__, "message": str(exc)},
+                error=error_of(exc),
             )
             self.store.end(execution)
             return

@@ -148,11 +148,9 @@ class EventLog:
 
 
 def encode_data(data: Any) -> str:
-    """An event's data as JSON text; ValueError for what is not JSON data."""
-    try:
-        return jsoncodec.dumps(data).decode("utf-8", "surrogatepass")
-    except TypeError as exc:
-        raise ValueError(f"event data is not JSON: {exc}") from None
+    """An event's data as JSON text; ValueError (`jsoncodec.Unrecordable`) for what cannot
+    be written and read back the same (NaN included, which would become null)."""
+    return jsoncodec.dumps_recordable(data, "event data").decode("utf-8", "surrogatepass")
 
 
 def comment(text: str) -> bytes:

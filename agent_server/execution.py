@@ -289,6 +289,29 @@ class Execution:
         }
 
 
+#: Characters of an exception's message an execution's `error` keeps (and a log line shows).
+MAX_ERROR_MESSAGE = 8192
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message, taken safely: a reasoner's exception whose `__str__` raises
+    (or returns something that is not text) must still end its execution `failed`. Falls
+    back to `repr`, then to a placeholder; cut to MAX_ERROR_MESSAGE characters."""
+    for render in (str, repr):
+        try:
+            text = render(exc)
+        except Exception:
+            continue
+        if isinstance(text, str):
+            return text if len(text) <= MAX_ERROR_MESSAGE else text[:MAX_ERROR_MESSAGE] + "..."
+    return f"<{type(exc).__name__} whose message cannot be shown>"
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    """The `error` of an execution that failed with `exc`."""
+    return {"type": type(exc).__name__, "message": exception_text(exc)}
+
+
 class CheckpointTooLarge(ValueError):
     """A checkpoint's JSON is over `--max-checkpoint-size` bytes."""
 
@@ -391,7 +414,7 @@ class ExecutionContext:
         """Record `state` (JSON) as this execution's progress: a later attempt starts with
         it as `checkpoint_state`. Raises CheckpointTooLarge past the size limit, and
         StaleAttempt when a newer attempt owns the execution."""
-        text = jsoncodec.dumps(state).decode()
+        text = jsoncodec.dumps_recordable(state, "the checkpoint").decode()
         if len(text.encode()) > self._max_checkpoint:
             raise CheckpointTooLarge(
                 f"checkpoint of {len(text.encode())} bytes exceeds {self._max_checkpoint}"

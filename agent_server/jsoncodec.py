@@ -1,19 +1,21 @@
 """Strict JSON both ways: what the API reads from clients and writes back to them.
 
-Strict means RFC 8259: no `NaN` or `Infinity` in, none out (results are checked with
-`check_finite` when they are recorded), no number that only fits a float as infinity
-(`1e400`). Output is UTF-8 from orjson, a fifth of the standard library's cost per response;
-what orjson refuses (a lone surrogate a client sent, a valid JSON escape that UTF-8 cannot
-encode; an integer beyond 64 bits) goes out through the standard library, escaped to ASCII,
-never as a 500. Input stays with the standard library's parser, which keeps big integers
-exact and accepts those escapes; one decoder serves every request (`json.loads` with options
-builds a new one per call).
+Strict means RFC 8259: no `NaN` or `Infinity` in, none out, no number that only fits a float
+as infinity (`1e400`); results, checkpoints, events and bodies are checked with `check`, so
+what cannot be written and read back the same is refused where it enters. Output is UTF-8
+from orjson, a fifth of the standard library's cost per response; what orjson refuses (a
+lone surrogate a client sent, a valid JSON escape that UTF-8 cannot encode; an integer
+beyond 64 bits) goes out through the standard library, escaped to ASCII, never as a 500.
+Input stays with the standard library's parser, which keeps big integers exact and accepts
+those escapes; one decoder serves every request (`json.loads` with options builds a new one
+per call).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 import orjson
@@ -29,19 +31,53 @@ def dumps(value: Any) -> bytes:
         return _ENCODER.encode(value).encode("ascii")
 
 
-def check_finite(value: Any) -> None:
-    """ValueError when JSON data holds NaN or an infinity, which no JSON document can carry
-    (orjson would write them as null)."""
-    pending = [value]
+#: Nesting this codec writes and reads back: orjson writes at most 254 levels, and the
+#: standard library's parser recurses once per level.
+MAX_DEPTH = 200
+#: Digits of an integer the parser reads back (Python's own limit on int <-> str).
+MAX_INT_DIGITS = sys.get_int_max_str_digits() or 4300
+
+
+class Unrecordable(ValueError):
+    """A value this codec cannot write and read back the same: an execution that produced
+    it fails (its result, checkpoint or event), a request that sent it is a 400."""
+
+
+def check(value: Any, what: str = "value") -> None:
+    """The one place that decides whether JSON data can be recorded: raises Unrecordable
+    for NaN or an infinity (orjson would write null), an integer past MAX_INT_DIGITS (the
+    parser would refuse it when read back) or nesting deeper than MAX_DEPTH. Iterative: a
+    deep value never reaches the recursion limit here."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
-                raise ValueError(f"{item!r} is not JSON compliant")
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
+                raise Unrecordable(f"{what} holds {item!r}, which JSON cannot carry")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if abs(item) >= _TOO_MANY_DIGITS:
+                raise Unrecordable(f"{what} holds an integer of more than {MAX_INT_DIGITS} digits")
+        elif isinstance(item, dict | list | tuple):
+            if depth > MAX_DEPTH:
+                raise Unrecordable(f"{what} is nested deeper than {MAX_DEPTH} levels")
+            if isinstance(item, dict):
+                pending.extend((child, depth + 1) for child in item.values())
+            else:
+                pending.extend((child, depth + 1) for child in item)
+
+
+#: The smallest integer with more than MAX_INT_DIGITS digits.
+_TOO_MANY_DIGITS = 10**MAX_INT_DIGITS
+
+
+def dumps_recordable(value: Any, what: str = "value") -> bytes:
+    """`dumps` of a value that must read back the same (a checkpoint, an event): checked
+    first; Unrecordable otherwise (what is not JSON data at all included)."""
+    check(value, what)
+    try:
+        return dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise Unrecordable(f"{what} is not JSON data: {short_error(exc)}") from None
 
 
 def loads(raw: bytes) -> Any:

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
+from pydantic import BaseModel, ConfigDict, PydanticUserError, TypeAdapter, create_model
 
 from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
@@ -79,7 +79,7 @@ class Reasoner:
                 f"{_camel(name)}Input", __config__=ConfigDict(extra="forbid"), **fields
             )
         return_annotation = hints.get("return", Any)
-        self.output_adapter: TypeAdapter[Any] = TypeAdapter(return_annotation)
+        self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
         self._field_names = tuple(self.input_model.model_fields)
 
     def bind(self, body: Any) -> dict[str, Any]:
@@ -117,9 +117,10 @@ class Reasoner:
         # output schema) fails the execution instead of passing with a serializer warning.
         adapter = self.output_adapter
         data = adapter.serializer.to_python(adapter.validator.validate_python(value), mode="json")
-        # A float field keeps NaN and infinities, which no JSON response can carry: fail the
-        # execution here rather than every later read of it with a 500.
-        jsoncodec.check_finite(data)
+        # What cannot be written and read back the same (NaN, an infinity, an integer past
+        # the parser's digit limit, nesting too deep) fails the execution here, rather than
+        # every later read of it with a 500.
+        jsoncodec.check(data, "the result")
         return data
 
     def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
@@ -151,3 +152,14 @@ def _camel(name: str) -> str:
 def _first_line(func: ReasonerFunc) -> str | None:
     doc = inspect.getdoc(func)
     return doc.splitlines()[0] if doc else None
+
+
+def _output_adapter(annotation: Any) -> TypeAdapter[Any]:
+    """The result's adapter. NaN and infinities stay floats in the JSON-ready data (by
+    default pydantic turns them into null in untyped data), so `jsoncodec.check` refuses
+    them instead of recording a null the reasoner never returned. A model brings its own
+    configuration (pydantic refuses another for it)."""
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(ser_json_inf_nan="constants"))
+    except PydanticUserError:
+        return TypeAdapter(annotation)

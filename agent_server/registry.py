@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent_server.events import Event
-from agent_server.execution import CancelReason, Execution, ExecutionContext, ExecutionStatus
+from agent_server.execution import (
+    CancelReason,
+    Execution,
+    ExecutionContext,
+    ExecutionStatus,
+    error_of,
+    exception_text,
+)
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
 from agent_server.store.base import (
@@ -421,17 +428,16 @@ class InFlightRegistry:
                 execution.execution_id,
                 execution.reasoner,
                 type(exc).__name__,
-                exc,
-                exc_info=exc,
+                exception_text(exc),
             )
             return
-        logger.error(
-            "execution %s (%s) failed",
-            execution.execution_id,
-            execution.reasoner,
-            exc_info=exc,
-        )
-        error = {"type": type(exc).__name__, "message": str(exc)}
+        error = error_of(exc)
+        try:
+            logger.error(
+                "execution %s (%s) failed", execution.execution_id, execution.reasoner, exc_info=exc
+            )
+        except Exception:  # a traceback that cannot be formatted: the record still ends
+            logger.error("execution %s (%s) failed: %s", execution.execution_id, *error.values())
         self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(

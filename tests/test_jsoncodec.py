@@ -42,7 +42,37 @@ def test_big_integers_stay_exact_and_odd_text_is_written() -> None:
     assert json.loads(jsoncodec.dumps({"n": big, "s": "\ud800"})) == {"n": big, "s": "\ud800"}
 
 
-@pytest.mark.parametrize("value", [math.nan, [1.0, math.inf], {"a": {"b": (-math.inf,)}}])
-def test_check_finite_finds_nested_non_finite_floats(value: object) -> None:
-    with pytest.raises(ValueError, match="not JSON compliant"):
-        jsoncodec.check_finite(value)
+def _nested(levels: int) -> object:
+    """`levels` containers, one inside the other, lists and objects in turn."""
+    value: object = "leaf"
+    for level in range(levels):
+        value = {"k": value} if level % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (math.nan, "JSON cannot carry"),
+        ([1.0, math.inf], "JSON cannot carry"),
+        ({"a": {"b": (-math.inf,)}}, "JSON cannot carry"),
+        (-(10**4301), "digits"),
+        ({"deep": [7 * 10**4400]}, "digits"),
+        (_nested(jsoncodec.MAX_DEPTH + 1), "nested deeper"),
+        (_nested(5000), "nested deeper"),  # far past the recursion limit: no RecursionError
+    ],
+    ids=["nan", "inf", "-inf", "big-int", "nested-big-int", "deep", "very-deep"],
+)
+def test_check_refuses_what_cannot_be_written_and_read_back(value: object, why: str) -> None:
+    with pytest.raises(jsoncodec.Unrecordable, match=why):
+        jsoncodec.check(value, "it")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**4299, -(2**200), _nested(jsoncodec.MAX_DEPTH - 1), {"s": "\ud800"}, None],
+    ids=["4299-digits", "big", "deep", "surrogate", "null"],
+)
+def test_what_check_accepts_reads_back_the_same(value: object) -> None:
+    jsoncodec.check(value)
+    assert jsoncodec.loads(jsoncodec.dumps(value)) == value

@@ -1,0 +1,119 @@
+"""Hostile values (section 12, invariant 6): what a reasoner returns, raises, emits or
+checkpoints, and what a client sends, that the codec cannot carry or a log line cannot
+print. Each ends its execution `failed` with a clear error at the moment it is recorded, or
+is a 400, on both stores; never a record left `running`, a read answering 500, or a list
+poisoned. Real `agent-server run` processes, real HTTP, a real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ServerProcess
+from redis_server import RedisServer
+
+from agent_server.jsoncodec import MAX_DEPTH
+
+#: Bound on every wait here (seconds).
+WAIT = 15.0
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def hostile(request: pytest.FixtureRequest, server_factory: Any) -> Iterator[ServerProcess]:
+    """`agent-server run hostile_app:agent` on the memory store, or on a real Redis."""
+    args = ["hostile_app:agent"]
+    if request.param == "redis":
+        redis = request.getfixturevalue("own_redis")
+        assert isinstance(redis, RedisServer)
+        args += ["--store", redis.url, "--replica-id", "h", "--lease-ttl", "2"]
+    yield server_factory(*args)
+
+
+def ended(client: httpx.Client, response: httpx.Response) -> dict[str, Any]:
+    """The execution a run answered for, read back once it ended (and listed)."""
+    body = response.json()
+    assert "execution_id" in body, response.text
+    location = f"/executions/{body['execution_id']}"
+    read = client.get(location, params={"wait": WAIT})
+    assert read.status_code == 200, read.text
+    record: dict[str, Any] = read.json()
+    assert record["status"] not in ("queued", "running"), record
+    listed = client.get("/executions", params={"limit": 1000})
+    assert listed.status_code == 200, listed.text
+    assert record["execution_id"] in {e["execution_id"] for e in listed.json()}
+    return record
+
+
+Case = tuple[str, dict[str, Any], str, str]
+
+CASES: list[Case] = [
+    ("unprintable", {"kind": "raises"}, "Unprintable", "cannot be shown"),
+    ("unprintable", {"kind": "not-text"}, "NotText", ""),
+    ("unprintable", {"kind": "long"}, "ValueError", "..."),
+    ("huge", {"digits": 4400}, "Unrecordable", "digits"),
+    ("huge", {"digits": 3, "nested": MAX_DEPTH + 5}, "Unrecordable", "nested deeper"),
+    ("huge", {"value": "nan"}, "Unrecordable", "JSON cannot carry"),
+    ("huge", {"value": "-inf", "nested": 3}, "Unrecordable", "JSON cannot carry"),
+    ("bad_event", {"value": "nan"}, "Unrecordable", "event data"),
+    ("bad_checkpoint", {"value": "-inf"}, "Unrecordable", "checkpoint"),
+]
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in CASES]
+)
+def test_a_value_that_cannot_be_recorded_fails_its_execution(
+    hostile: ServerProcess, case: Case
+) -> None:
+    name, body, kind, says = case
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        sync = client.post(f"/reasoners/{name}", json=body)
+        assert sync.status_code == 500, sync.text
+        assert sync.json()["status"] == "failed"
+        record = ended(client, sync)
+        assert record["status"] == "failed"
+        assert record["error"]["type"] == kind
+        assert says in record["error"]["message"]
+        assert len(record["error"]["message"]) < 10_000  # kept bounded
+        started = client.post(f"/reasoners/{name}/async", json=body)
+        assert started.status_code == 202, started.text
+        assert ended(client, started)["error"]["type"] == kind
+        assert client.delete(f"/executions/{record['execution_id']}").status_code == 204
+        ready = client.get("/readyz")
+        assert ready.status_code == 200
+    assert "Logging error" not in hostile.stderr()
+
+
+@pytest.mark.parametrize("route", ["/reasoners/keep", "/reasoners/keep/async"])
+@pytest.mark.parametrize("key", [None, "deep-1"])
+def test_a_body_nested_past_the_limit_is_400_and_changes_nothing(
+    hostile: ServerProcess, route: str, key: str | None
+) -> None:
+    """Every depth the parser reads must be written back (an idempotency fingerprint, a
+    resumable execution's body in the store): past the limit it is refused, clearly."""
+    deep: Any = 1
+    for _ in range(MAX_DEPTH + 10):
+        deep = {"a": deep}
+    headers = {} if key is None else {"Idempotency-Key": key}
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        before = client.get("/executions").json()
+        refused = client.post(route, json={"anything": deep}, headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert "nested deeper" in refused.json()["detail"]
+        assert client.get("/executions").json() == before
+        # Just inside the limit is served.
+        shallow: Any = 1
+        for _ in range(MAX_DEPTH - 3):
+            shallow = {"a": shallow}
+        served = client.post(route, json={"anything": shallow}, headers=headers)
+        assert served.status_code in (200, 202), served.text
+
+
+def test_settle(hostile: ServerProcess) -> None:
+    """The server these tests used shut down cleanly: nothing left running or unreported."""
+    hostile.signal()
+    code, _ = hostile.wait_exit(WAIT)
+    assert code == 0, hostile.stderr()[-3000:]
