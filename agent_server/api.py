@@ -44,6 +44,7 @@ from agent_server.names import SESSION_ID_RULE, is_session_id, is_session_id_byt
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionReleases
+from agent_server.settings import MAX_SECONDS
 from agent_server.store.base import (
     ExecutionRunning,
     ExecutionStore,
@@ -684,7 +685,11 @@ def _query_param(request: Request, name: str) -> str | None:
     return request.query_params.get(name)
 
 
-def _float_param(request: Request, name: str, *, minimum: float) -> float | None:
+def _float_param(
+    request: Request, name: str, *, minimum: float, maximum: float = MAX_SECONDS
+) -> float | None:
+    """A duration parameter: finite and within what the clock and Redis TTLs take (as
+    every duration setting is), else 422 naming it."""
     value = _query_param(request, name)
     if value is None:
         return None
@@ -692,8 +697,8 @@ def _float_param(request: Request, name: str, *, minimum: float) -> float | None
         number = float(value)
     except ValueError:
         raise ApiError(422, f"{name} must be a number") from None
-    if not math.isfinite(number) or number < minimum:
-        raise ApiError(422, f"{name} must be a finite number >= {minimum:g}")
+    if not math.isfinite(number) or not minimum <= number <= maximum:
+        raise ApiError(422, f"{name} must be a finite number from {minimum:g} to {maximum:g}")
     return number
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import socket
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
@@ -21,6 +21,18 @@ from agent_server.auth import check_token, read_token_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
+#: The longest duration any setting (or duration parameter of a request) takes: a year. Past
+#: it a value is refused at start (exit 2, naming the flag) rather than failing later where
+#: it is used: the watchdog's timer (at most threading.TIMEOUT_MAX), Redis TTLs in ms, the
+#: event loop's clock.
+MAX_SECONDS = 365 * 86_400.0
+#: The largest count or size any setting takes.
+MAX_COUNT = 2**31 - 1
+
+#: A duration setting: finite (no inf, no nan) and at most MAX_SECONDS.
+Seconds = Annotated[float, Field(allow_inf_nan=False, le=MAX_SECONDS)]
+#: A count or size setting: at most MAX_COUNT.
+Count = Annotated[int, Field(le=MAX_COUNT)]
 
 
 class Settings(BaseSettings):
@@ -30,49 +42,57 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on.")
-    grace_period: float = Field(
+    grace_period: Seconds = Field(
         default=30.0,
         gt=0,
         description="Seconds the platform allows from SIGTERM to SIGKILL "
         "(Kubernetes terminationGracePeriodSeconds).",
     )
-    unready_delay: float = Field(
+    unready_delay: Seconds = Field(
         default=0.0,
         ge=0,
         description="Seconds readiness is 503 while new work is still accepted.",
     )
-    drain_timeout: float | None = Field(
+    drain_timeout: Seconds | None = Field(
         default=None,
         ge=0,
         description="Seconds running work may take to finish before it is cancelled; "
         "by default what the grace period leaves.",
     )
-    cancel_timeout: float = Field(
-        default=5.0, ge=0, description="Seconds cancelled work may take to settle."
+    cancel_timeout: Seconds = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds cancelled work may take to settle.",
     )
-    http_timeout: float = Field(
-        default=1.0, ge=0, description="Seconds open responses get after the listener closes."
+    http_timeout: Seconds = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds open responses get after the listener closes.",
     )
-    max_inflight: int = Field(
+    max_inflight: Count = Field(
         default=1000, ge=1, description="Running executions at once; beyond it, 429."
     )
-    max_body_size: int = Field(
+    max_body_size: Count = Field(
         default=1_048_576, ge=1, description="Request body bytes; beyond it, 413."
     )
-    body_timeout: float = Field(
+    body_timeout: Seconds = Field(
         default=30.0,
         gt=0,
         description="Seconds a request body may take to arrive after its head; then 408.",
     )
-    write_timeout: float = Field(
+    write_timeout: Seconds = Field(
         default=30.0,
         gt=0,
         description="Seconds a client may leave its answer unread before the connection is cut.",
     )
-    result_ttl: float = Field(
-        default=3600.0, gt=0, description="Seconds finished executions are kept."
+    result_ttl: Seconds = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds finished executions are kept.",
     )
-    max_retained: int = Field(default=10_000, ge=0, description="Finished executions kept at most.")
+    max_retained: Count = Field(
+        default=10_000, ge=0, description="Finished executions kept at most."
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Lowest level logged."
     )
@@ -94,27 +114,27 @@ class Settings(BaseSettings):
         description="This process's name in the store; by default the hostname and a random "
         "suffix (on Kubernetes, give the pod name).",
     )
-    lease_ttl: float = Field(
+    lease_ttl: Seconds = Field(
         default=10.0,
         gt=0,
         description="Seconds this replica's liveness lasts unrenewed; renewed every third of it.",
     )
-    idempotency_ttl: float = Field(
+    idempotency_ttl: Seconds = Field(
         default=86_400.0,
         gt=0,
         description="Seconds an Idempotency-Key is remembered: a repeat gets the same execution.",
     )
-    max_checkpoint_size: int = Field(
+    max_checkpoint_size: Count = Field(
         default=65_536,
         ge=1,
         description="Bytes of JSON a resumable reasoner's checkpoint may take.",
     )
-    max_events: int = Field(
+    max_events: Count = Field(
         default=1000,
         ge=1,
         description="Events kept per execution for replay (the oldest go first).",
     )
-    sse_heartbeat: float = Field(
+    sse_heartbeat: Seconds = Field(
         default=15.0,
         gt=0,
         description="Seconds between heartbeat comments on a quiet event stream.",

@@ -112,6 +112,27 @@ def test_a_body_nested_past_the_limit_is_400_and_changes_nothing(
         assert served.status_code in (200, 202), served.text
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("DELETE", "/sessions/s1?timeout={}"),
+        ("GET", "/executions/{id}?wait={}"),
+    ],
+)
+@pytest.mark.parametrize("value", ["1e16", "inf", "nan", "-1", "1e400"])
+def test_a_duration_parameter_out_of_range_is_422(
+    hostile: ServerProcess, method: str, path: str, value: str
+) -> None:
+    """Section 12, invariant 7, for query parameters: past what the clock and Redis TTLs
+    take, the request is refused naming the parameter, on both stores."""
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        started = client.post("/reasoners/keep/async", json={}).json()
+        url = path.replace("{}", value).replace("{id}", started["execution_id"])
+        answer = client.request(method, url)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["detail"].split(" ", 1)[0] in ("timeout", "wait")
+
+
 def test_settle(hostile: ServerProcess) -> None:
     """The server these tests used shut down cleanly: nothing left running or unreported."""
     hostile.signal()

@@ -167,6 +167,44 @@ def test_malformed_values_exit_2(args: tuple[str, ...], env: dict[str, str], exp
     assert "Traceback" not in result.stderr
 
 
+def _durations() -> list[str]:
+    from agent_server.settings import Settings
+
+    return [
+        name
+        for name, info in Settings.model_fields.items()
+        if "float" in str(info.annotation) and name != "grace_period"
+    ]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e17", "31536001"])
+@pytest.mark.parametrize("name", ["grace_period", *_durations()])
+def test_every_duration_is_finite_and_within_a_year(name: str, value: str) -> None:
+    """Section 12, invariant 7: a duration the clock, the watchdog or Redis TTLs cannot take
+    is refused at start, naming the flag, for every duration setting there is."""
+    from agent_server.settings import Settings
+
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{name: value})  # type: ignore[arg-type]
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("--sse-heartbeat", "inf"), "--sse-heartbeat"),
+        (("--idempotency-ttl", "1e300"), "--idempotency-ttl"),
+        (("--lease-ttl", "nan"), "--lease-ttl"),
+        (("--max-retained", str(2**40)), "--max-retained"),
+    ],
+)
+def test_an_absurd_value_exits_2_naming_its_flag(args: tuple[str, ...], flag: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert f"{flag}:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_flags_and_env_twins_reach_the_shutdown_plan(server_factory: ServerFactory) -> None:
     """Env twins apply where no flag is given; a flag beats its twin; drain is derived."""
     server = server_factory(
