@@ -572,6 +572,11 @@ class RecordingTransport(httpx.BaseTransport):
         answered = self.history.now()
         body = _execution(response)
         if body is None:
+            # A 503 + Location (an end not yet recorded, a fenced attempt) names its
+            # execution without giving its status: it began then, and nothing was told.
+            location = response.headers.get("location", "")
+            if response.status_code == 503 and location.startswith("/executions/"):
+                execution_id = location.rsplit("/", 1)[-1]
             self.history.add(
                 Exchange(
                     **base,

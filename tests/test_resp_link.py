@@ -204,3 +204,30 @@ def test_rediss_verifies_the_server_as_the_url_says(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait(timeout=BOUND)
+
+
+async def test_a_reset_during_a_multi_reply_command_leaves_no_error_unobserved() -> None:
+    """SUBSCRIBE to several channels, or the AUTH/SELECT/ROLE of a connection, waits for
+    several replies; a reset fails them all at once. The first failure is raised, the others
+    observed: none reaches the loop's handler as an exception nobody retrieved."""
+    import gc
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from agent_server.store.resp import _all
+
+    loop = asyncio.get_running_loop()
+    unobserved: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: unobserved.append(context))
+    try:
+        futures = [loop.create_future() for _ in range(3)]
+        for future in futures:
+            future.set_exception(RedisConnectionError("connection to Redis lost: reset"))
+        with pytest.raises(RedisConnectionError):
+            await _all(futures)
+        del futures
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert unobserved == []

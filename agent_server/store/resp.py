@@ -73,6 +73,19 @@ def reply_error(message: str) -> Exception:
     return kind(message)
 
 
+async def _all(futures: list[asyncio.Future[Any]]) -> list[Any]:
+    """Every reply, in order, or the first failure; either way every future is observed
+    (a reset fails them all at once, and one left unread is logged as a lost error)."""
+    try:
+        return [await future for future in futures]
+    finally:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()
+
+
 def _pack(command: Command) -> bytes:
     packed: bytes = hiredis.pack_command(cast(Any, tuple(command)))
     return packed
@@ -258,8 +271,7 @@ class RedisLink:
                 on_message(str(reply[1]), str(reply[2]))
 
         protocol.on_push = pushed  # before the confirmations: a message may follow them
-        for future in protocol.send(_pack(("SUBSCRIBE", *channels)), len(channels)):
-            await future
+        await _all(protocol.send(_pack(("SUBSCRIBE", *channels)), len(channels)))
         return protocol.closed
 
     def twin(self) -> RedisLink:
@@ -364,7 +376,7 @@ class RedisLink:
         if not commands:
             return
         payload = b"".join(_pack(command) for command in commands)
-        replies = [await future for future in protocol.send(payload, len(commands))]
+        replies = await _all(protocol.send(payload, len(commands)))
         if address is not None and self.locator is not None:
             role = replies[-1][0] if isinstance(replies[-1], list) and replies[-1] else "?"
             if role != "master":
