@@ -176,10 +176,28 @@ class Settings(BaseSettings):
 
             parse_url(url)  # a malformed one fails the start; its message omits the password
             return value
-        if url != "memory" and urlsplit(url).scheme not in ("redis", "rediss"):
+        if url == "memory":
+            return value
+        # Parsed here, so a malformed URL stops the start with one line (exit 2) that never
+        # echoes a piece of it: with '#', '?' or '/' in a password, the parsers' own messages
+        # quote what they took for the port, which is the password.
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises for a port that is not a number
+        except ValueError:
+            raise ValueError(
+                "store URL is malformed (a password with '#', '?', '/' or '@' must be "
+                "percent-encoded)"
+            ) from None
+        if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(
                 "store must be memory, or a redis://, rediss:// or redis+sentinel:// URL"
             )
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("store URL names no host")
+        database = parts.path.lstrip("/")
+        if database and not database.isdigit():
+            raise ValueError("store URL's database must be a number (redis://host:6379/0)")
         return value
 
     @property

@@ -230,3 +230,26 @@ def test_flags_and_env_twins_reach_the_shutdown_plan(server_factory: ServerFacto
     }
     # The unready delay holds even an idle server for its length (load balancers catch up).
     assert 0.5 <= elapsed < 0.5 + 1.5, elapsed
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:pa#ssw0rd@127.0.0.1:6379/0",
+        "redis://:pa?ssw0rd@127.0.0.1:6379/0",
+        "redis://:pa/ssw0rd@127.0.0.1:6379/0",
+        "rediss://someone:pa/ss#w0rd@127.0.0.1:6379/0",
+        "redis://someone:passw0rd@127.0.0.1:passw0rd/0",
+        "redis://:passw0rd@[::1/0",
+        "redis://:passw0rd@127.0.0.1:6379/passw0rd",
+    ],
+)
+def test_a_malformed_store_url_exits_2_without_any_piece_of_its_password(url: str) -> None:
+    """The parsers' own messages quote what they took for the port or the database, which
+    with '#', '?' or '/' in a password is a piece of the password: never echoed."""
+    result = run_cli("--store", url)
+    assert result.returncode == 2, result.stderr
+    assert "--store:" in result.stderr
+    for piece in ("pa", "ssw0rd", "passw0rd", "w0rd"):
+        assert piece not in result.stderr.replace("password", ""), result.stderr
+    assert "Traceback" not in result.stderr
