@@ -236,8 +236,9 @@ class EventSource:
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         raise NotImplementedError
 
-    async def latest(self) -> Execution:
-        """The execution as it is now."""
+    async def latest(self) -> Execution | None:
+        """The execution as it is now; None once it is gone (forgotten, released or expired
+        on another replica): the stream then ends."""
         raise NotImplementedError
 
     def listen(self, waiter: asyncio.Future[None]) -> None:
@@ -270,7 +271,7 @@ class LocalEvents(EventSource):
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return self.log.since(cursor)
 
-    async def latest(self) -> Execution:
+    async def latest(self) -> Execution | None:
         return self.execution
 
     def listen(self, waiter: asyncio.Future[None]) -> None:
@@ -294,11 +295,11 @@ class RemoteEvents(EventSource):
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return await self.store.events_since(self.execution.execution_id, cursor, REMOTE_BATCH)
 
-    async def latest(self) -> Execution:
+    async def latest(self) -> Execution | None:
         found = await self.store.get(self.execution.execution_id)
-        if found is not None:  # None: forgotten meanwhile; the last copy read ends it
+        if found is not None:
             self.execution = found
-        return self.execution
+        return found
 
     def listen(self, waiter: asyncio.Future[None]) -> None:
         self.store.event_notice(self.execution.execution_id, waiter)
@@ -383,6 +384,8 @@ class EventStream:
                         await send(_body(b"retry: %d\n\n" % RETRY_MS))
                     break
                 execution = await source.latest()
+                if execution is None:  # gone: nothing more will ever come
+                    break
                 if execution.is_terminal:
                     ended = execution  # one more read: events written before the end
                     continue

@@ -62,3 +62,13 @@ async def bad_checkpoint(ctx: ExecutionContext, value: str = "inf") -> str:
 async def keep(anything: Any = None) -> str:
     """A resumable reasoner that takes any body (kept in the store for a later attempt)."""
     return "kept"
+
+
+@agent.reasoner()
+async def slow(ctx: ExecutionContext, seconds: float = 30.0) -> str:
+    """Emits once, then runs a while: a stream on another replica waits on it."""
+    import asyncio
+
+    await ctx.emit({"began": True})
+    await asyncio.sleep(seconds)
+    return "slept"

@@ -138,3 +138,32 @@ def test_settle(hostile: ServerProcess) -> None:
     hostile.signal()
     code, _ = hostile.wait_exit(WAIT)
     assert code == 0, hostile.stderr()[-3000:]
+
+
+@pytest.mark.redis
+def test_a_remote_stream_ends_once_its_record_is_gone(
+    own_redis: RedisServer, server_factory: Any
+) -> None:
+    """A stream served by a replica that does not run the execution reads it from the store;
+    once the record is gone (forgotten, released or expired elsewhere) the stream ends,
+    instead of sending heartbeats for ever."""
+    import time
+
+    common = ["--store", own_redis.url, "--lease-ttl", "2", "--sse-heartbeat", "0.2"]
+    owner = server_factory("hostile_app:agent", *common, "--replica-id", "owner")
+    other = server_factory("hostile_app:agent", *common, "--replica-id", "other")
+    started = httpx.post(f"{owner.url}/reasoners/slow/async", json={"seconds": 60}).json()
+    execution_id = started["execution_id"]
+    with httpx.Client(timeout=WAIT) as client:
+        url = f"{other.url}/executions/{execution_id}/events"
+        with client.stream("GET", url) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()
+            assert next(lines).startswith("id: 1")  # its one event, from the store
+            assert own_redis.command("DEL", f"agent-server:hostile:x:{execution_id}")
+            began = time.monotonic()
+            rest: list[str] = []
+            for line in lines:  # ends when the server closes the body; bounded here
+                rest.append(line)
+                assert time.monotonic() - began < WAIT / 2, f"still streaming: {rest[-5:]}"
+    assert not any(line.startswith("event: end") for line in rest)  # no verdict: it is gone
