@@ -898,8 +898,12 @@ class RedisStore(ExecutionStore):
                     pipe.zadd(self.prefix + "replicas", {self.replica_id: 0})
                     pipe.hdel(self.prefix + "renewals", self.replica_id)
                     await pipe.execute()
-        except _UNREACHABLE:
-            logger.warning("could not end the liveness of replica %s", self.replica_id)
+        except Exception as exc:  # unreachable, or a reset surfacing as uvloop's RuntimeError
+            logger.warning(
+                "could not end the liveness of replica %s (%s): it lapses within its lease",
+                self.replica_id,
+                type(exc).__name__,
+            )
         with contextlib.suppress(Exception):
             await client.aclose()
         for link in (self._link, self._subscriber):
