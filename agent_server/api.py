@@ -715,6 +715,29 @@ def _int_param(request: Request, name: str, *, minimum: int, maximum: int) -> in
     return number
 
 
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """No route takes a WebSocket: a 404 whose body is JSON like every other refusal, through
+    the ASGI denial response where the server offers it (uvicorn does), else a close."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = jsoncodec.dumps({"detail": "no WebSocket route here: the API is plain HTTP"})
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": 404,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
 def _error_response(exc: HTTPException) -> Response:
     headers = dict(exc.headers or {})
     if exc.status_code in (204, 304):
@@ -736,6 +759,9 @@ class HttpApp:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await _refuse_websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

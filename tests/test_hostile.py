@@ -167,3 +167,18 @@ def test_a_remote_stream_ends_once_its_record_is_gone(
                 rest.append(line)
                 assert time.monotonic() - began < WAIT / 2, f"still streaming: {rest[-5:]}"
     assert not any(line.startswith("event: end") for line in rest)  # no verdict: it is gone
+
+
+def test_a_websocket_upgrade_is_refused_with_a_json_body(hostile: ServerProcess) -> None:
+    """Every refusal is JSON, the WebSocket handshake's included (it used to be 403 with an
+    empty body)."""
+    headers = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    answer = httpx.get(f"{hostile.url}/executions", headers=headers, timeout=WAIT)
+    assert answer.status_code == 404
+    assert answer.headers["content-type"] == "application/json"
+    assert "WebSocket" in answer.json()["detail"]
