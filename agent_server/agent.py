@@ -143,7 +143,13 @@ class Agent:
         one coroutine frame less held by every request (and every open stream)."""
         if self._app is None:
             settings = self.settings
-            self._app = build_app(self.api(), self.lifespan, settings.bearer_token, self.registry)
+            self._app = build_app(
+                self.api(),
+                self.lifespan,
+                settings.bearer_token,
+                self.registry,
+                metrics_open=settings.metrics_open,
+            )
         return self._app
 
     def api(self) -> Api:

@@ -25,7 +25,7 @@ from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
-from agent_server.auth import OPEN_PATHS, BearerAuth
+from agent_server.auth import METRICS_PATH, OPEN_PATHS, BearerAuth
 from agent_server.docs_page import DocsPage
 from agent_server.events import (
     RECORD_WAIT,
@@ -817,15 +817,23 @@ class _Answer:
 
 
 def build_app(
-    api: Api, lifespan: Lifespan[Any], token: str | None, registry: InFlightRegistry
+    api: Api,
+    lifespan: Lifespan[Any],
+    token: str | None,
+    registry: InFlightRegistry,
+    *,
+    metrics_open: bool = False,
 ) -> ASGIApp:
-    """The routes of `api`, behind the bearer check when a token is set, inside `HttpApp`
-    (so 401s are counted and get `Connection: close` while draining too)."""
+    """The routes of `api`, behind the bearer check when a token is set (the probes always
+    open, `/metrics` with `metrics_open`), inside `HttpApp` (so 401s are counted and get
+    `Connection: close` while draining too)."""
     for (method, route), statuses in ROUTE_STATUSES.items():
         api.metrics.expect_http(method, route, statuses)
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
     app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan).app
     if token is not None:
         open_paths = OPEN_PATHS | (api.docs.open_paths if api.docs is not None else frozenset())
+        if metrics_open:
+            open_paths |= {METRICS_PATH}
         app = BearerAuth(app, token, open_paths)
     return HttpApp(app, registry, api.metrics)

@@ -1,9 +1,10 @@
 """Bearer-token authentication: one shared secret guards the work routes.
 
-Probes and scrapes (`/healthz`, `/readyz`, `/metrics`) stay open, since the kubelet and
-Prometheus carry no token. Everything else, `/openapi.json` and unknown paths included,
-answers the same 401 without the token, so an unauthenticated client learns nothing about
-which routes, reasoners or executions exist.
+The probes (`/healthz`, `/readyz`) stay open, since the kubelet carries no token; `/metrics`
+needs it too unless `--metrics-open` (Prometheus sends it with its `authorization` scrape
+setting). Everything else, `/openapi.json` and unknown paths included, answers the same 401
+without the token, so an unauthenticated client learns nothing about which routes,
+reasoners or executions exist.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-#: Paths served without a token: liveness, readiness, metrics.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Paths served without a token: liveness and readiness (the kubelet sends none).
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+#: Served without a token only with `--metrics-open`: its series name every reasoner, which a
+#: client without the token must not be able to probe (Prometheus sends one with its
+#: `authorization` scrape setting, a ServiceMonitor with `bearerTokenSecret`).
+METRICS_PATH = "/metrics"
 #: Longest token accepted in settings; far beyond any generated secret.
 MAX_TOKEN_LENGTH = 4096
 

@@ -145,10 +145,16 @@ class Settings(BaseSettings):
     )
     api_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token every route but health and metrics requires.",
+        description="Bearer token every route but the health probes requires (/metrics "
+        "too, unless --metrics-open).",
     )
     api_token_file: str | None = Field(
         default=None, description="File holding the bearer token (a mounted secret)."
+    )
+    metrics_open: bool = Field(
+        default=False,
+        description="With a bearer token, serve /metrics without it too (a scraper that "
+        "cannot send one).",
     )
     docs: bool = Field(
         default=True,

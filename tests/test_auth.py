@@ -20,7 +20,7 @@ from agent_server import Settings
 TOKEN = "s3cret-Token_value.42"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 UNAUTHORIZED = {"detail": "unauthorized"}
-OPEN_ROUTES = ["/healthz", "/readyz", "/metrics"]
+OPEN_ROUTES = ["/healthz", "/readyz"]
 #: (method, path) for every protected route, plus paths that do not exist at all.
 PROTECTED = [
     ("GET", "/reasoners"),
@@ -95,8 +95,22 @@ async def test_two_authorization_headers_are_refused(secured: httpx.AsyncClient)
 
 
 @pytest.mark.parametrize("path", OPEN_ROUTES)
-async def test_probes_and_metrics_stay_open(secured: httpx.AsyncClient, path: str) -> None:
+async def test_probes_stay_open(secured: httpx.AsyncClient, path: str) -> None:
     assert (await secured.get(path)).status_code == 200
+
+
+async def test_metrics_need_the_token_unless_opened(secured: httpx.AsyncClient) -> None:
+    """Its series are pre-created for every reasoner: open, it would tell a client without
+    the token which reasoners exist."""
+    _assert_unauthorized(await secured.get("/metrics"))
+    scraped = await secured.get("/metrics", headers=GOOD)
+    assert scraped.status_code == 200
+    assert 'reasoner="echo"' in scraped.text
+    agent = make_agent(Settings(api_token=TOKEN, metrics_open=True))
+    transport = httpx.ASGITransport(app=agent)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as opened:
+        assert (await opened.get("/metrics")).status_code == 200
+        _assert_unauthorized(await opened.get("/reasoners"))
 
 
 async def test_the_token_opens_every_route(secured: httpx.AsyncClient) -> None:
