@@ -295,10 +295,14 @@ class ShutdownSequence:
         handed_off = self.registry.stats.outcomes["handed_off"] - handed_before
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, time.monotonic()))
         for execution in unrecorded:
+            # Everything but the result: a log line never carries a result (it may be
+            # megabytes, and a thousand of them would flood the log at the worst moment).
+            record = execution.to_json()
+            record.pop("result", None)
             logger.error(
                 "end not written to the store: %s",
-                json.dumps(execution.to_json(), default=str),
-                extra={"unrecorded_execution": execution.to_json()},
+                json.dumps(record, default=str),
+                extra={"unrecorded_execution": record},
             )
 
         duration = time.monotonic() - t0
