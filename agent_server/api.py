@@ -500,6 +500,7 @@ class Api:
             reasoner=request.query_params.get("reasoner"),
             session_id=_checked_session_id(request.query_params.get("session_id"), "session_id"),
             limit=100 if limit is None else limit,
+            max_bytes=MAX_LIST_BYTES,
         )
         body, truncated = _list_body(executions)
         headers = {"X-Truncated": "true"} if truncated else None

@@ -300,3 +300,28 @@ async def test_the_subscriber_survives_a_reset_and_rereads(
     assert ended.status is ExecutionStatus.SUCCEEDED
     assert not reader.done()
     await eventually(lambda: asyncio.sleep(0, b.up))
+
+
+# -- invariant 5: no request takes a replica out ------------------------------------------
+
+
+async def test_a_list_page_stops_at_its_byte_budget_in_the_script(
+    stores: Callable[..., Awaitable[RedisStore]],
+) -> None:
+    """Redis stops reading records once the page's bytes are spent (one record past the
+    budget at most), instead of sending every big result for the API to cut; a session's
+    release reads statuses only."""
+    a = await stores("A")
+    big = "x" * 300_000
+    for _ in range(30):  # 9 MB of results
+        execution = Execution("sleep", "s1", "A")
+        await a.create(execution)
+        execution.finish(ExecutionStatus.SUCCEEDED, result=big)
+        a.end(execution)
+        assert await a.recorded(execution, BOUND)
+    page = await a.list_executions(limit=1000, max_bytes=1_000_000)
+    assert 3 <= len(page) <= 5, len(page)
+    assert all(e.result == big for e in page)
+    assert len(await a.list_executions(limit=1000)) == 30  # no budget: everything
+    session = await a.session("s1")
+    assert len(session) == 30 and all(e.result is None for e in session)

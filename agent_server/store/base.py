@@ -208,8 +208,11 @@ class ExecutionStore(abc.ABC):
         reasoner: str | None = None,
         session_id: str | None = None,
         limit: int = 100,
+        max_bytes: int = 0,
     ) -> list[Execution]:
-        """Newest first, filtered, at most `limit`; bounded work per call."""
+        """Newest first, filtered, at most `limit`; bounded work per call. With `max_bytes`,
+        a store that sends records over the network stops once their results and errors
+        pass it (one record past it at most, so the caller sees the page is cut)."""
 
     @abc.abstractmethod
     async def forget(self, execution_id: str) -> bool:

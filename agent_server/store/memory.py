@@ -112,6 +112,7 @@ class MemoryStore(ExecutionStore):
         reasoner: str | None = None,
         session_id: str | None = None,
         limit: int = 100,
+        max_bytes: int = 0,
     ) -> list[Execution]:
         self._expire()
         if session_id is not None:

@@ -407,29 +407,35 @@ return out
 """
 
 # ARGV[5..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
-# reasoner ('' any). Returns the records that match (last value 1) or that this call moved
+# reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave results
+# out (a session's release reads statuses, not results). Returns the records that match (last value 1) or that this call moved
 # to lost (last value 0 when they do not match), newest first. Ids whose record expired are
 # dropped from the index as they are met.
 _LIST = """
 local index = P .. ARGV[5]
 local scan, limit, status, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local budget, bare = tonumber(ARGV[10]), ARGV[11] == '1'
 local out = {}
-local matched = 0
+local matched, bytes = 0, 0
 for _, id in ipairs(redis.call('ZREVRANGE', index, 0, scan - 1)) do
   local v = read(id)
   if not v then
     redis.call('ZREM', index, id)
   else
+    if bare then v[8] = 'null' end
     local ok = (status == '' or v[6] == status) and (reasoner == '' or v[2] == reasoner)
     if ok then
       matched = matched + 1
       v[15] = 1
       out[#out + 1] = v
+      bytes = bytes + #v[8] + #v[9] + 400
     elseif v[14] == 1 then
       v[15] = 0
       out[#out + 1] = v
     end
-    if matched >= limit then break end
+    -- A page stops at its byte budget (past it by one record at most: the caller then
+    -- knows the page is cut), not after Redis has read and sent every big result.
+    if matched >= limit or (budget > 0 and bytes > budget) then break end
   end
 end
 return out
@@ -1232,6 +1238,7 @@ class RedisStore(ExecutionStore):
         reasoner: str | None = None,
         session_id: str | None = None,
         limit: int = 100,
+        max_bytes: int = 0,
     ) -> list[Execution]:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
         index (the session's, the running ones, or all, newest first), so a rare filter
@@ -1243,7 +1250,13 @@ class RedisStore(ExecutionStore):
         else:
             index = "all"
         return await self._list(
-            "list", index, max(limit * 10, 1000), limit, status or "", reasoner or ""
+            "list",
+            index,
+            max(limit * 10, 1000),
+            limit,
+            status or "",
+            reasoner or "",
+            budget=max_bytes,
         )
 
     async def forget(self, execution_id: str) -> bool:
@@ -1284,9 +1297,11 @@ class RedisStore(ExecutionStore):
             )
 
     async def session(self, session_id: str) -> list[Execution]:
-        """One script: the session's executions (at most SESSION_LIMIT), newest first."""
+        """One script: the session's executions (at most SESSION_LIMIT), newest first,
+        without their results (a release reads statuses: 10,000 big results would be a
+        read of gigabytes)."""
         return await self._list(
-            "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", ""
+            "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", "", bare=True
         )
 
     async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
@@ -1797,10 +1812,21 @@ class RedisStore(ExecutionStore):
             return await self._scripts.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
 
     async def _list(
-        self, operation: str, index: str, scan: int, limit: int, status: str, reasoner: str
+        self,
+        operation: str,
+        index: str,
+        scan: int,
+        limit: int,
+        status: str,
+        reasoner: str,
+        *,
+        budget: int = 0,
+        bare: bool = False,
     ) -> list[Execution]:
         with self._operation(operation):
-            rows = await self._script("list", index, scan, limit, status, reasoner)
+            rows = await self._script(
+                "list", index, scan, limit, status, reasoner, budget, "1" if bare else "0"
+            )
         found: list[Execution] = []
         for row in rows:
             execution = self._restore(row)
