@@ -408,9 +408,9 @@ return out
 
 # ARGV[5..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
 # reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave results
-# out (a session's release reads statuses, not results). Returns the records that match (last value 1) or that this call moved
-# to lost (last value 0 when they do not match), newest first. Ids whose record expired are
-# dropped from the index as they are met.
+# out (a session's release reads statuses, not results). Returns the records that match
+# (last value 1) or that this call moved to lost (last value 0 when they do not match),
+# newest first. Ids whose record expired are dropped from the index as they are met.
 _LIST = """
 local index = P .. ARGV[5]
 local scan, limit, status, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
