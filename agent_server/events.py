@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agent_server.events")
 
+#: Bytes of encoded events a stream writes at once (a replay leaves in writes this size).
+REPLAY_CHUNK = 256 * 1024
 #: The hint sent to EventSource clients as streams end at shutdown (milliseconds).
 RETRY_MS = 1000
 #: Events read from the store per round trip by a reader on another replica.
@@ -319,6 +321,23 @@ class Wakeup(asyncio.Future[None]):
             self.set_result(None)
 
 
+async def _send_events(send: Send, events: list[Event]) -> None:
+    """Events in writes of about REPLAY_CHUNK bytes: each `send` waits while the client's
+    connection is paused (uvicorn's flow control), so a reader that replays a thousand big
+    events, or never reads, holds a chunk, not the whole replay encoded at once."""
+    chunk: list[bytes] = []
+    size = 0
+    for event in events:
+        encoded = event.encode()
+        chunk.append(encoded)
+        size += len(encoded)
+        if size >= REPLAY_CHUNK:
+            await send(_body(b"".join(chunk)))
+            chunk, size = [], 0
+    if chunk:
+        await send(_body(b"".join(chunk)))
+
+
 def _body(chunk: bytes) -> Message:
     return {"type": "http.response.body", "body": chunk, "more_body": True}
 
@@ -372,8 +391,8 @@ class EventStream:
                 missed, events = await source.read(cursor)
                 if missed:
                     await send(_body(named("missed", {"missed": missed, "after": cursor})))
-                if events:  # one write for a batch (a batch may be capped: read again)
-                    await send(_body(b"".join([event.encode() for event in events])))
+                if events:  # few writes for a batch (a batch may be capped: read again)
+                    await _send_events(send, events)
                     cursor = events[-1].id
                     sent = loop.time()
                     continue

@@ -402,3 +402,33 @@ def test_a_stream_of_work_elsewhere_ends_with_retry_when_its_replica_drains(
     assert ids == list(range(1, 201))
     assert rest[-1].event == "end"
     assert json.loads(rest[-1].data)["status"] == "succeeded"
+
+
+async def test_a_replay_leaves_in_bounded_writes() -> None:
+    """A thousand kept events of 100 kB replayed to a reader: written a chunk at a time
+    (each send waits on the connection's flow control), never as one 100 MB write that a
+    reader who never reads would pin."""
+    from agent_server.events import REPLAY_CHUNK, Closing, EventStream, LocalEvents, Streams
+    from agent_server.execution import Execution, ExecutionStatus
+
+    execution = Execution("chatter", None, "here")
+    log = execution.event_log(1000)
+    payload = '"' + "x" * 100_000 + '"'
+    for _ in range(1000):
+        log.append("progress", payload)
+    execution.finish(ExecutionStatus.SUCCEEDED, result=None)
+    writes: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            writes.append(len(message.get("body", b"")))
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
+
+    stream = EventStream(Streams(15.0, Closing(), lambda _: None), LocalEvents(execution), 0)
+    await asyncio.wait_for(stream({"type": "http"}, receive, send), 10)
+    assert sum(writes) > 100_000_000
+    assert max(writes) <= REPLAY_CHUNK + 110_000  # a chunk, and one event past it at most
+    assert len(writes) > 300
