@@ -243,6 +243,7 @@ class _Parts:
             agent_name=name,
             result_ttl=settings.result_ttl,
             max_retained=settings.max_retained,
+            max_retained_bytes=settings.max_retained_bytes,
             lease_ttl=settings.lease_ttl,
             max_events=settings.max_events,
             observer=metrics,

@@ -93,6 +93,13 @@ class Settings(BaseSettings):
     max_retained: Count = Field(
         default=10_000, ge=0, description="Finished executions kept at most."
     )
+    max_retained_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        le=2**50,
+        description="Bytes of results and errors (as JSON) finished executions keep at most, "
+        "across the agent; the oldest go first.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Lowest level logged."
     )

@@ -325,3 +325,39 @@ async def test_a_list_page_stops_at_its_byte_budget_in_the_script(
     assert len(await a.list_executions(limit=1000)) == 30  # no budget: everything
     session = await a.session("s1")
     assert len(session) == 30 and all(e.result is None for e in session)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_retention_weighs_as_well_as_counts(
+    kind: str, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """`--max-retained-bytes`: finished records past the budget of results and errors go,
+    oldest first, on both stores; the newest stays even when it alone is over."""
+    from agent_server.store.base import ExecutionStore
+    from agent_server.store.memory import MemoryStore
+
+    budget = 1_000_000
+    store: ExecutionStore
+    if kind == "memory":
+        store = MemoryStore("A", max_retained_bytes=budget)
+    else:
+        store = await stores("A", max_retained_bytes=budget)
+    ids = []
+    for index in range(12):  # 12 x 200 kB: 2.4 MB of results
+        execution = Execution("sleep", None, "A")
+        await store.create(execution)
+        execution.finish(ExecutionStatus.SUCCEEDED, result="r" * 200_000 + str(index))
+        store.end(execution)
+        assert await store.recorded(execution, BOUND)
+        ids.append(execution.execution_id)
+    kept = [e.execution_id for e in await store.list_executions(limit=100)]
+    assert 3 <= len(kept) <= 5, len(kept)
+    assert kept == list(reversed(ids))[: len(kept)]  # the newest, newest first
+    huge = Execution("sleep", None, "A")
+    await store.create(huge)
+    huge.finish(ExecutionStatus.SUCCEEDED, result="h" * 3_000_000)
+    store.end(huge)
+    assert await store.recorded(huge, BOUND)
+    found = await store.get(huge.execution_id)
+    assert found is not None and found.result == "h" * 3_000_000
+    assert [e.execution_id for e in await store.list_executions(limit=100)] == [huge.execution_id]

@@ -32,13 +32,19 @@ def open_store(
     result_ttl: float,
     max_retained: int,
     lease_ttl: float,
+    max_retained_bytes: int = 256 * 1024 * 1024,
     max_events: int = 1000,
     observer: StoreObserver | None = None,
 ) -> ExecutionStore:
     """The store `--store` names: `memory`, or a `redis://`, `rediss://` or
     `redis+sentinel://` URL."""
     if url == "memory":
-        return MemoryStore(replica_id, result_ttl=result_ttl, max_retained=max_retained)
+        return MemoryStore(
+            replica_id,
+            result_ttl=result_ttl,
+            max_retained=max_retained,
+            max_retained_bytes=max_retained_bytes,
+        )
     from agent_server.store.redis import RedisStore  # only when asked for: it needs redis-py
 
     return RedisStore(
@@ -47,6 +53,7 @@ def open_store(
         agent_name=agent_name,
         result_ttl=result_ttl,
         max_retained=max_retained,
+        max_retained_bytes=max_retained_bytes,
         lease_ttl=lease_ttl,
         observer=observer,
         max_events=max_events,

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from agent_server import jsoncodec
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
     ExecutionRunning,
@@ -30,13 +31,21 @@ class MemoryStore(ExecutionStore):
     """Every record is the live object the registry runs: reads cost a dict lookup."""
 
     def __init__(
-        self, replica_id: str, *, result_ttl: float = 3600.0, max_retained: int = 10_000
+        self,
+        replica_id: str,
+        *,
+        result_ttl: float = 3600.0,
+        max_retained: int = 10_000,
+        max_retained_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.replica_id = replica_id
         self.result_ttl = result_ttl
         self.max_retained = max_retained
+        self.max_retained_bytes = max_retained_bytes
         self._executions: dict[str, Execution] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        #: Finished ids, oldest first, with the bytes of their result and error as JSON.
+        self._finished: OrderedDict[str, int] = OrderedDict()
+        self._finished_bytes = 0
         self._sessions: dict[str, set[str]] = {}
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
@@ -94,7 +103,11 @@ class MemoryStore(ExecutionStore):
         execution.checkpoint = state
 
     def end(self, execution: Execution) -> None:
-        self._finished[execution.execution_id] = None
+        size = len(jsoncodec.dumps(execution.result))
+        if execution.error is not None:
+            size += len(jsoncodec.dumps(execution.error))
+        self._finished[execution.execution_id] = size
+        self._finished_bytes += size
         self._expire()
 
     async def get(self, execution_id: str) -> Execution | None:
@@ -164,21 +177,25 @@ class MemoryStore(ExecutionStore):
     # -- retention -------------------------------------------------------------------------
 
     def _expire(self) -> None:
-        """Forget the oldest finished executions past the TTL or over `max_retained`."""
+        """Forget the oldest finished executions past the TTL, over `max_retained`, or over
+        `max_retained_bytes` (the newest always stays: a result larger than the budget is
+        still read once)."""
         if not self._finished:
             return
         cutoff = time.monotonic() - self.result_ttl
         while self._finished:
             key = next(iter(self._finished))
             finished = self._executions[key].finished_monotonic
-            over = len(self._finished) > self.max_retained
+            over = len(self._finished) > self.max_retained or (
+                self._finished_bytes > self.max_retained_bytes and len(self._finished) > 1
+            )
             if not over and finished is not None and finished > cutoff:
                 break
             self._forget(key)
 
     def _forget(self, key: str) -> None:
         execution = self._executions.pop(key, None)
-        self._finished.pop(key, None)
+        self._finished_bytes -= self._finished.pop(key, 0)
         if execution is not None and execution.session_id is not None:
             keys = self._sessions.get(execution.session_id)
             if keys is not None:

@@ -184,7 +184,9 @@ FIELDS = (
 _PRELUDE = """
 local P = ARGV[1]
 local TTL = tonumber(ARGV[2])
-local MAXR = tonumber(ARGV[3])
+-- "{max_retained}:{max_retained_bytes}"
+local MAXR, MAXB = string.match(ARGV[3], '^(%d+):(%d+)$')
+MAXR, MAXB = tonumber(MAXR), tonumber(MAXB)
 local ME = ARGV[4]
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -202,6 +204,13 @@ local function drop(member)
   redis.call('ZREM', P .. 'all', id)
   if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
   redis.call('ZREM', P .. 'finished', member)
+  -- `sizes`: the bytes of each finished record's result and error, and their total under
+  -- '#': retention by bytes (the record may have expired already: its size stays here).
+  local size = redis.call('HGET', P .. 'sizes', id)
+  if size then
+    redis.call('HDEL', P .. 'sizes', id)
+    redis.call('HINCRBY', P .. 'sizes', '#', -tonumber(size))
+  end
 end
 
 -- Past result_ttl or over max_retained, oldest first; bounded work per call.
@@ -214,6 +223,14 @@ local function prune()
     for _, m in ipairs(redis.call('ZRANGE', P .. 'finished', 0, math.min(over, 100) - 1)) do
       drop(m)
     end
+  end
+  -- Over max_retained_bytes: the oldest go, 100 at most per call; the newest always stays
+  -- (a result larger than the budget is still read once).
+  for _ = 1, 100 do
+    if tonumber(redis.call('HGET', P .. 'sizes', '#') or '0') <= MAXB then break end
+    local oldest = redis.call('ZRANGE', P .. 'finished', 0, 1)
+    if not oldest[2] then break end
+    drop(oldest[1])
   end
 end
 
@@ -239,6 +256,9 @@ local function finish(rec, id, sid, owner)
   if LAST >= score then score = LAST + 1 end
   LAST = score
   redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
+  local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
+  redis.call('HSET', P .. 'sizes', id, size)
+  redis.call('HINCRBY', P .. 'sizes', '#', size)
   redis.call('PEXPIRE', rec, TTL)
   redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
   if PRUNE then prune() end
@@ -741,6 +761,7 @@ class RedisStore(ExecutionStore):
         agent_name: str,
         result_ttl: float = 3600.0,
         max_retained: int = 10_000,
+        max_retained_bytes: int = 256 * 1024 * 1024,
         lease_ttl: float = 10.0,
         observer: StoreObserver | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
@@ -778,7 +799,7 @@ class RedisStore(ExecutionStore):
         self._args: tuple[bytes | int, ...] = (
             self.prefix.encode(),
             max(1, round(result_ttl * 1000)),
-            max(0, max_retained),
+            f"{max(0, max_retained)}:{max(0, max_retained_bytes)}".encode(),
             replica_id.encode(),
         )
         self._client: aioredis.Redis | None = None
