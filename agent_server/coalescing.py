@@ -34,14 +34,18 @@ class CoalescingWriter:
             self._loop.call_soon(self.flush)
         else:
             self._held = None
-            self.transport.writelines((held, data))
+            if not self.transport.is_closing():  # the client reset it: nobody to send to
+                self.transport.writelines((held, data))
 
     def flush(self) -> None:
-        """Send what is held now (the loop's next turn, or before anything else is sent)."""
+        """Send what is held now (the loop's next turn, or before anything else is sent).
+        A transport the client reset meanwhile takes nothing: under uvloop a write to it
+        raises, from a callback nobody observes."""
         held = self._held
         if held is not None:
             self._held = None
-            self.transport.write(held)
+            if not self.transport.is_closing():
+                self.transport.write(held)
 
     def close(self) -> None:
         self.flush()

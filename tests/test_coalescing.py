@@ -96,3 +96,26 @@ async def test_close_sends_what_is_held_first() -> None:
     await asyncio.sleep(0)  # the scheduled flush finds nothing held and sends nothing
     assert transport.sends == [expected]
     peer.close()
+
+
+async def test_a_write_held_for_a_transport_the_client_reset_is_dropped() -> None:
+    """A client that resets its connection between a write and the next loop turn: the held
+    write is dropped, not written to a closed transport (under uvloop that raises, in a
+    callback nobody observes, and was logged as an error)."""
+    transport, peer = await _pair()
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        writer = CoalescingWriter(transport, loop)
+        writer.write(b"data: held\n\n")
+        transport.real.abort()  # the reset, before the held write leaves
+        await asyncio.sleep(0)
+        writer.write(b"data: one\n\n")
+        writer.write(b"data: two\n\n")  # a pair would go out together: also dropped
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+        peer.close()
+    assert transport.sends == []
+    assert errors == []
