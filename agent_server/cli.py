@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from types import UnionType
@@ -19,6 +20,7 @@ from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+from agent_server import jsoncodec
 from agent_server.agent import Agent
 from agent_server.auth import TokenError, check_token, read_token_file
 from agent_server.client import (
@@ -30,6 +32,7 @@ from agent_server.client import (
     Unavailable,
     WaitTimeout,
 )
+from agent_server.execution import exception_text
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import configure_logging
 from agent_server.runner import Runner, exit_on_signal_before_serving
@@ -43,7 +46,27 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 class AppLoadError(Exception):
-    pass
+    """APP cannot be served: one line, exit 2; `traceback` is the user's own frames when
+    their module raised while it was imported."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+
+def _own_frames(exc: BaseException) -> str:
+    """The traceback of an exception raised by the user's module while it was imported,
+    without the frames of the import machinery and of agent-server itself."""
+    shown = traceback.TracebackException.from_exception(exc)
+    kept = [
+        frame
+        for frame in shown.stack
+        if not frame.filename.startswith("<frozen ")
+        and f"{os.sep}importlib{os.sep}" not in frame.filename
+        and os.path.dirname(os.path.abspath(frame.filename)) != os.path.dirname(__file__)
+    ]
+    shown.stack = traceback.StackSummary.from_list(kept)
+    return "".join(shown.format())
 
 
 def load_agent(path: str | None) -> Agent:
@@ -59,8 +82,15 @@ def load_agent(path: str | None) -> Agent:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:  # the module itself is missing: no traceback to show
+            raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
+        raise AppLoadError(f"cannot import {module_name!r}: {exc}", _own_frames(exc)) from exc
+    except Exception as exc:  # the user's module raised while it was imported
+        raise AppLoadError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exception_text(exc)}",
+            _own_frames(exc),
+        ) from exc
     if not hasattr(module, attribute):
         raise AppLoadError(f"module {module_name!r} has no attribute {attribute!r}")
     candidate = getattr(module, attribute)
@@ -192,6 +222,8 @@ def run(app: str | None, **flags: Any) -> None:
     try:
         agent = load_agent(app)
     except AppLoadError as exc:
+        if exc.traceback:
+            click.echo(exc.traceback.rstrip("\n"), err=True)
         click.echo(f"agent-server: {exc}", err=True)
         sys.exit(ExitCode.INVALID_SETTINGS)
     agent.configure(settings)
@@ -339,8 +371,10 @@ def call(
     if background and stream:
         raise click.UsageError("give --async or --stream, not both")
     try:
-        payload = None if input_json is None else json.loads(input_json)
-    except ValueError as exc:
+        # Strict, as the server reads it: NaN and Infinity are not JSON.
+        payload = None if input_json is None else jsoncodec.loads(input_json.encode())
+        jsoncodec.check(payload, "JSON input")
+    except (ValueError, RecursionError) as exc:
         click.echo(f"agent-server: JSON input is not valid JSON: {exc}", err=True)
         sys.exit(CallExit.INVALID)
     try:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import click
@@ -121,6 +122,34 @@ def test_missing_app_attribute_says_so() -> None:
     result = cli("run", "tests_app:no_such_agent")
     assert result.returncode == 2
     assert "module 'tests_app' has no attribute 'no_such_agent'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ('raise RuntimeError("the config is missing")\n', "raised RuntimeError: the config"),
+        ("import a_dependency_nobody_installed\n", "No module named 'a_dependency_nobody"),
+        (
+            "class Broken(Exception):\n    def __str__(self):\n        raise ValueError\n"
+            "raise Broken()\n",
+            "raised Broken",
+        ),
+    ],
+    ids=["raises", "missing-dependency", "unprintable"],
+)
+def test_an_app_whose_import_raises_exits_2_with_its_own_traceback(
+    tmp_path: Path, source: str, says: str
+) -> None:
+    """One rule for every APP that cannot be served: exit 2 and one line; when the user's
+    module raised, its own frames above it, none of agent-server's or importlib's."""
+    (tmp_path / "broken_app.py").write_text(source)
+    result = cli("run", "broken_app:agent", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("agent-server: ") and says in lines[-1], result.stderr
+    assert "broken_app.py" in result.stderr  # the user's frame
+    assert "agent_server" not in result.stderr.replace("agent-server:", "")
+    assert "importlib" not in result.stderr
 
 
 def test_settings_errors_carry_one_prefix() -> None:

@@ -232,3 +232,13 @@ def _wait_for_marker(replicas: list[Any], name: str) -> list[Any]:
             return found
         time.sleep(0.02)
     raise AssertionError(f"marker {name} never appeared")
+
+
+@pytest.mark.parametrize("text", ['{"text": NaN}', '{"text": Infinity}', "[" * 300 + "]" * 300])
+def test_input_the_server_would_refuse_exits_2_before_any_request(text: str) -> None:
+    """Strict JSON, as the server reads it: `NaN` is no JSON, and nesting past the limit
+    could not be written back; the CLI says so (exit 2), no traceback."""
+    result = call("echo", text, "--url", "http://127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("agent-server: JSON input"), result.stderr
+    assert "Traceback" not in result.stderr
