@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 from conftest import TESTS_DIR, ServerProcess
 from haproxy import Haproxy
-from redis_server import START_TIMEOUT, RedisServer
+from redis_server import AOF, START_TIMEOUT, RedisServer
 from tests_app import EVIDENCE_DIR_ENV, EVIDENCED_STEPS_MAX_ATTEMPTS, REPLICA_ID_ENV
 
 from agent_server.client import (
@@ -121,33 +121,7 @@ class AofRedis(RedisServer):
     """`redis-server --appendonly yes --appendfsync everysec` on its own directory: a restart
     (SIGTERM, then a start on the same directory and port) reloads the AOF."""
 
-    def start(self) -> None:
-        command = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--dir",
-            str(self.directory),
-            "--logfile",
-            str(self.log_path),
-        ]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self.ping():  # LOADING while it reads the AOF: not PONG yet
-            if self.proc.poll() is not None:
-                raise AssertionError(f"redis-server exited early:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"redis-server silent for {START_TIMEOUT}s:\n{self.log()}")
-            time.sleep(0.01)
+    persistence = AOF
 
     def send(self, sig: int) -> None:
         assert self.proc is not None

@@ -23,6 +23,20 @@ def available() -> bool:
     return shutil.which("redis-server") is not None
 
 
+#: Append-only persistence as production runs it (what `deploy/` ships).
+AOF = ("--appendonly", "yes", "--appendfsync", "everysec")
+
+
+def redis_command(port: int, directory: Path, log_path: Path, *extra: str) -> list[str]:
+    """`redis-server` on 127.0.0.1:`port`, its files in `directory`, no RDB snapshots."""
+    return [
+        "redis-server",
+        *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+        *("--dir", str(directory), "--logfile", str(log_path)),
+        *extra,
+    ]
+
+
 class RedisServer:
     """`redis-server` with no persistence of its own, bound to 127.0.0.1."""
 
@@ -36,23 +50,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    #: How it keeps its data: nothing of its own here (AOF in the fault and Sentinel tests).
+    persistence: tuple[str, ...] = ("--appendonly", "no")
+
     def start(self) -> None:
-        """Start it and wait (bounded) until it answers PING."""
-        command = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.directory),
-            "--logfile",
-            str(self.log_path),
-        ]
+        """Start it and wait (bounded) until it answers PING (not while it loads its AOF)."""
+        command = redis_command(self.port, self.directory, self.log_path, *self.persistence)
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
         while not self.ping():

@@ -30,7 +30,7 @@ import redis
 import redis.asyncio as aioredis
 from conftest import ServerProcess, free_port
 from redis.exceptions import ConnectionError, ReadOnlyError
-from redis_server import RedisServer
+from redis_server import AOF, RedisServer, redis_command
 
 from agent_server.store import StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
@@ -60,27 +60,13 @@ class Node:
         self.directory = directory
         self.port = free_port()
         self.log_path = directory / "redis.log"
-        command = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--requirepass",
-            PASSWORD,
-            "--masterauth",
-            PASSWORD,
-            "--dir",
-            str(directory),
-            "--logfile",
-            str(self.log_path),
-        ]
+        command = redis_command(
+            self.port,
+            directory,
+            self.log_path,
+            *AOF,
+            *("--requirepass", PASSWORD, "--masterauth", PASSWORD),
+        )
         if primary is not None:
             command += ["--replicaof", "127.0.0.1", str(primary)]
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
