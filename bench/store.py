@@ -972,18 +972,7 @@ def item_throughput(
         "profiles": profiles,
         "count_per_round": count,
         "concurrency": concurrency,
-        "targets": {
-            name: {
-                "lives_per_s": Spread.of([r.rps for r in results]).as_dict(),
-                "p50_ms": Spread.of([r.p50_ms for r in results]).as_dict(),
-                "p99_ms": Spread.of([r.p99_ms for r in results]).as_dict(),
-                "server_cpu_us": Spread.of([r.server_cpu_us for r in results]).as_dict(),
-                "redis_cpu_us": Spread.of(redis_cpu[name]).as_dict(),
-                "errors": sum(r.errors for r in results),
-                "lives": sum(r.requests for r in results),
-            }
-            for name, results in runs.items()
-        },
+        "targets": _targets(runs, redis_cpu, rate="lives_per_s", count="lives"),
         "ratio": {
             "lives_per_s": Spread.of(
                 [a.rps / b.rps for a, b in zip(runs["redis"], runs["memory"], strict=True)]
@@ -998,6 +987,34 @@ def item_throughput(
             ).as_dict(),
         },
     }
+
+
+def _targets(
+    runs: dict[str, list[LoadResult]], redis_cpu: dict[str, list[float]], *, rate: str, count: str
+) -> dict[str, dict[str, Any]]:
+    """Each store's spreads over its rounds (`rate` and `count` name the rate and the total,
+    lives for item 2, requests for item 7)."""
+    return {
+        name: {
+            rate: Spread.of([r.rps for r in results]).as_dict(),
+            "p50_ms": Spread.of([r.p50_ms for r in results]).as_dict(),
+            "p99_ms": Spread.of([r.p99_ms for r in results]).as_dict(),
+            "server_cpu_us": Spread.of([r.server_cpu_us for r in results]).as_dict(),
+            "redis_cpu_us": Spread.of(redis_cpu[name]).as_dict(),
+            "errors": sum(r.errors for r in results),
+            count: sum(r.requests for r in results),
+        }
+        for name, results in runs.items()
+    }
+
+
+def _ratio(
+    results: dict[str, list[LoadResult]], top: str, bottom: str, attribute: str
+) -> dict[str, float]:
+    """`attribute` of `top` over `bottom`, round by round (the rounds are mirrored pairs)."""
+    pairs = zip(results[top], results[bottom], strict=True)
+    values = [getattr(a, attribute) / getattr(b, attribute) for a, b in pairs]
+    return Spread.of([v for v in values if v > 0] or [0.0]).as_dict()
 
 
 # -- item 3: sync echo against the tree before the store -------------------------------------
@@ -1063,9 +1080,7 @@ def item_sync_before(
                 results[name].append(_combined(pair))
 
     def ratio(top: str, bottom: str, attribute: str) -> dict[str, float]:
-        pairs = zip(results[top], results[bottom], strict=True)
-        values = [getattr(a, attribute) / getattr(b, attribute) for a, b in pairs]
-        return Spread.of([v for v in values if v > 0] or [0.0]).as_dict()
+        return _ratio(results, top, bottom, attribute)
 
     return {
         "before": str(before),
@@ -1462,27 +1477,14 @@ def item_sync_stores(
                 )
 
     def ratio(attribute: str) -> dict[str, float]:
-        pairs = zip(results["redis"], results["memory"], strict=True)
-        values = [getattr(a, attribute) / getattr(b, attribute) for a, b in pairs]
-        return Spread.of([v for v in values if v > 0] or [0.0]).as_dict()
+        return _ratio(results, "redis", "memory", attribute)
 
     return {
         "loader": loader,
         "rounds": rounds,
         "duration": duration,
         "connections": 16,
-        "targets": {
-            name: {
-                "rps": Spread.of([r.rps for r in runs]).as_dict(),
-                "p50_ms": Spread.of([r.p50_ms for r in runs]).as_dict(),
-                "p99_ms": Spread.of([r.p99_ms for r in runs]).as_dict(),
-                "server_cpu_us": Spread.of([r.server_cpu_us for r in runs]).as_dict(),
-                "redis_cpu_us": Spread.of(redis_cpu[name]).as_dict(),
-                "errors": sum(r.errors for r in runs),
-                "requests": sum(r.requests for r in runs),
-            }
-            for name, runs in results.items()
-        },
+        "targets": _targets(results, redis_cpu, rate="rps", count="requests"),
         "ratio": {
             "rps": ratio("rps"),
             "server_cpu": ratio("server_cpu_us"),
