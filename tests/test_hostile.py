@@ -182,3 +182,33 @@ def test_a_websocket_upgrade_is_refused_with_a_json_body(hostile: ServerProcess)
     assert answer.status_code == 404
     assert answer.headers["content-type"] == "application/json"
     assert "WebSocket" in answer.json()["detail"]
+
+
+@pytest.mark.redis
+def test_long_polls_open_at_a_shutdown_answer_200_not_500(
+    own_redis: RedisServer, server_factory: Any
+) -> None:
+    """Long-polls on a replica that is shut down while they wait (for work another replica
+    runs) answer 200 with the execution as it is and `Connection: close` when the listener
+    closes, instead of being cut into uvicorn's text/plain 500 at the end of the http phase."""
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    common = ["--store", own_redis.url, "--lease-ttl", "2", "--http-timeout", "0.5"]
+    owner = server_factory("hostile_app:agent", *common, "--replica-id", "owner")
+    rolled = server_factory("hostile_app:agent", *common, "--replica-id", "rolled")
+    started = httpx.post(f"{owner.url}/reasoners/slow/async", json={"seconds": 60}).json()
+    url = f"{rolled.url}/executions/{started['execution_id']}"
+    with ThreadPoolExecutor(8) as pool:
+        polls = [pool.submit(httpx.get, url, params={"wait": 60}, timeout=WAIT) for _ in range(8)]
+        with httpx.Client(timeout=WAIT) as client:  # a read behind them: they were sent first
+            assert client.get(url).json()["status"] == "running"
+        rolled.signal(signal.SIGTERM)
+        answers = [poll.result(timeout=WAIT) for poll in polls]
+    code, _ = rolled.wait_exit(WAIT)
+    assert code == 0, rolled.stderr()[-3000:]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "running"
+        assert answer.headers["connection"] == "close"
+    assert "Exception in ASGI application" not in rolled.stderr()
