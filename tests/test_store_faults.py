@@ -361,3 +361,31 @@ async def test_retention_weighs_as_well_as_counts(
     found = await store.get(huge.execution_id)
     assert found is not None and found.result == "h" * 3_000_000
     assert [e.execution_id for e in await store.list_executions(limit=100)] == [huge.execution_id]
+
+
+async def test_big_ends_leave_the_outbox_in_bounded_batches(
+    stores: Callable[..., Awaitable[RedisStore]],
+) -> None:
+    """Twenty ends of 3 MB finishing together: written in pipelines of about 4 MiB, each
+    within the command timeout, not one of 60 MB that times out and turns the replica
+    unready (and then again, for ever)."""
+    a = await stores("A")
+    executions = [Execution("sleep", None, "A") for _ in range(20)]
+    for execution in executions:
+        await a.create(execution)
+    batches: list[int] = []
+    original = a._batch
+
+    def watched() -> list[Any]:
+        batch = original()
+        batches.append(len(batch))
+        return batch
+
+    a._batch = watched  # type: ignore[method-assign]
+    for execution in executions:
+        execution.finish(ExecutionStatus.SUCCEEDED, result="y" * 3_000_000)
+        a.end(execution)
+    for execution in executions:
+        assert await a.recorded(execution, BOUND)
+    assert max(batches) <= 2, batches
+    assert a.up and not a._failed

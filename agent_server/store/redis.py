@@ -138,8 +138,9 @@ MAX_CONNECTIONS = 64
 OUTBOX_LIMIT = 10_000
 #: Events waiting for Redis; past it, new events are dropped (never an end).
 EVENTS_PENDING = 10_000
-#: Ends written per pipeline.
+#: Ends written per pipeline, and about the most bytes of their arguments.
 END_BATCH = 100
+END_BATCH_BYTES = 4 * 1024 * 1024
 #: An end notice carries a record whose result and error take up to this many bytes; a
 #: larger one goes by id, and the replicas waiting for it read it.
 NOTICE_RECORD_MAX = 4096
@@ -1498,7 +1499,7 @@ class RedisStore(ExecutionStore):
         lost, or another owner or attempt holds it) is logged and counted; nothing leaves
         the outbox unless Redis answered for it."""
         async with self._writing:
-            pending = list(itertools.islice(self._outbox, END_BATCH))
+            pending = self._batch()
             later: list[tuple[Execution, str, list[str | bytes]]] = []
             reasons: list[str] = []
             for _ in range(2):  # a second pass only after Redis forgot its scripts
@@ -1586,6 +1587,19 @@ class RedisStore(ExecutionStore):
                 raise _Refused(
                     f"Redis at {self.where} refused {len(later)} writes for now ({reasons[0]})"
                 )
+
+    def _batch(self) -> list[tuple[Execution, str, list[str | bytes]]]:
+        """The oldest writes of the outbox, at most END_BATCH of them and about
+        END_BATCH_BYTES (always one): a hundred ends of 12 MB are not one 1.2 GB pipeline
+        that no command timeout could let through."""
+        batch: list[tuple[Execution, str, list[str | bytes]]] = []
+        size = 0
+        for entry in itertools.islice(self._outbox, END_BATCH):
+            size += sum(len(arg) for arg in entry[2])
+            if batch and size > END_BATCH_BYTES:
+                break
+            batch.append(entry)
+        return batch
 
     def _written(self, execution: Execution) -> None:
         """Its end is in Redis: what the end notice does on other replicas is done here,
