@@ -442,7 +442,8 @@ class Api:
 
     async def get_execution(self, request: Request) -> Response:
         execution = await self._execution(request)
-        wait = _float_param(request, "wait", minimum=0.0)
+        # Finite, and any size: a wait past MAX_WAIT_SECONDS is capped, as documented.
+        wait = _float_param(request, "wait", minimum=0.0, maximum=math.inf)
         if wait is not None and wait > 0 and not execution.is_terminal:
             return await self._long_poll(execution, min(wait, MAX_WAIT_SECONDS))
         return _execution_response(execution)
