@@ -14,6 +14,7 @@ from agent_server.auth import OPEN_PATHS
 from agent_server.execution import CancelReason, ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
+from agent_server.settings import MAX_SECONDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -365,7 +366,10 @@ def openapi_document(
                             "name": "timeout",
                             "in": "query",
                             "schema": {
-                                "oneOf": [{"type": "number", "minimum": 0}, {"const": "none"}]
+                                "oneOf": [
+                                    {"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
+                                    {"const": "none"},
+                                ]
                             },
                         },
                         {

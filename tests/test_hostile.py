@@ -191,6 +191,7 @@ def test_long_polls_open_at_a_shutdown_answer_200_not_500(
     runs) answer 200 with the execution as it is and `Connection: close` when the listener
     closes, instead of being cut into uvicorn's text/plain 500 at the end of the http phase."""
     import signal
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     common = ["--store", own_redis.url, "--lease-ttl", "2", "--http-timeout", "0.5"]
@@ -198,10 +199,13 @@ def test_long_polls_open_at_a_shutdown_answer_200_not_500(
     rolled = server_factory("hostile_app:agent", *common, "--replica-id", "rolled")
     started = httpx.post(f"{owner.url}/reasoners/slow/async", json={"seconds": 60}).json()
     url = f"{rolled.url}/executions/{started['execution_id']}"
+    reads_before = _store_reads(rolled)
     with ThreadPoolExecutor(8) as pool:
         polls = [pool.submit(httpx.get, url, params={"wait": 60}, timeout=WAIT) for _ in range(8)]
-        with httpx.Client(timeout=WAIT) as client:  # a read behind them: they were sent first
-            assert client.get(url).json()["status"] == "running"
+        # Each poll reads the record once before it waits: eight more reads, all waiting.
+        deadline = time.monotonic() + WAIT
+        while _store_reads(rolled) < reads_before + 8:
+            assert time.monotonic() < deadline, "the long-polls never reached the replica"
         rolled.signal(signal.SIGTERM)
         answers = [poll.result(timeout=WAIT) for poll in polls]
     code, _ = rolled.wait_exit(WAIT)
@@ -211,3 +215,17 @@ def test_long_polls_open_at_a_shutdown_answer_200_not_500(
         assert answer.json()["status"] == "running"
         assert answer.headers["connection"] == "close"
     assert "Exception in ASGI application" not in rolled.stderr()
+
+
+def _store_reads(server: ServerProcess) -> float:
+    """`get` operations the replica's store has made, from its own /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "agent_server_store_operation_duration_seconds_count"
+        and sample.labels.get("operation") == "get"
+    )
