@@ -18,7 +18,7 @@ import enum
 import functools
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -120,7 +120,10 @@ class InFlightRegistry:
         self._starting = 0
         #: Starts refused because the store did not answer, by id, oldest first: the store
         #: may have recorded them (see `adopt`).
-        self._unanswered: dict[str, tuple[Execution, Reasoner, dict[str, Any]]] = {}
+        #: An OrderedDict: dropping the oldest is O(1) (see RedisStore._recent_ends).
+        self._unanswered: OrderedDict[str, tuple[Execution, Reasoner, dict[str, Any]]] = (
+            OrderedDict()
+        )
         self._drain = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -182,7 +185,7 @@ class InFlightRegistry:
             # asks, through `adopt`, for it to run here after all.
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
-                self._unanswered.pop(next(iter(self._unanswered)))
+                self._unanswered.popitem(last=False)
             self._reject(RejectReason.STORE_UNAVAILABLE)
         finally:
             self._starting -= 1

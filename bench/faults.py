@@ -1,4 +1,4 @@
-"""Long fault-injection runs (DESIGN.md section 12): the harness of tests/faults.py (three
+"""Long fault-injection runs (docs/replicas.md): the harness of tests/faults.py (three
 replicas behind haproxy on one Redis with AOF, a load of clients keeping a history, a seeded
 schedule of kills, rollouts, pauses, Redis restarts and cuts, then the checker), for longer
 and over several seeds. Prints per seed the counts (calls, executions, each kind of fault,

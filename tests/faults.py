@@ -1,4 +1,4 @@
-"""A seeded fault-injection harness in the spirit of Jepsen (DESIGN.md section 12).
+"""A seeded fault-injection harness in the spirit of Jepsen (docs/replicas.md).
 
 The parts are real and on loopback: one `redis-server` with AOF on its own directory, a small
 TCP proxy between the replicas and Redis (so the link can be cut), three `agent-server run

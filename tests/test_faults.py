@@ -1,4 +1,4 @@
-"""The fault-injection test (DESIGN.md section 12): three replicas behind haproxy on one Redis
+"""The fault-injection test (docs/replicas.md): three replicas behind haproxy on one Redis
 with AOF, a load of clients keeping a history, a short seeded schedule of faults (kill -9,
 rollouts, replicas paused past their lease, Redis paused and restarted, the link to Redis cut),
 then the checker of tests/faults.py. A failure prints the seed and every violation.
