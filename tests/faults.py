@@ -157,7 +157,9 @@ class CutProxy:
     """A TCP proxy on loopback between the replicas and Redis, on its own event loop in a
     thread of this process. `cut("refuse")` resets every connection and stops listening
     (connections are refused); `cut("reset")` resets every connection and resets each new
-    one as soon as it is accepted; `restore()` accepts and forwards again."""
+    one as soon as it is accepted; `restore()` accepts and forwards again. `stall(marker,
+    seconds)` holds every reply from Redis that carries `marker` for `seconds` (one slow
+    command: its connection stalls, the others flow)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -167,6 +169,9 @@ class CutProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy")
         self._server: asyncio.AbstractServer | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self._stall: tuple[bytes, float] | None = None
+        #: How many replies were held (read from the test's thread).
+        self.stalled = 0
 
     @property
     def url(self) -> str:
@@ -203,7 +208,7 @@ class CutProxy:
         self._open.update((writer, up_writer))
         pumps = [
             asyncio.ensure_future(self._pump(reader, up_writer)),
-            asyncio.ensure_future(self._pump(up_reader, writer)),
+            asyncio.ensure_future(self._pump(up_reader, writer, replies=True)),
         ]
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -215,12 +220,20 @@ class CutProxy:
                 self._open.discard(end)
                 end.transport.abort()
 
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool = False
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                stall = self._stall
+                if replies and stall is not None and stall[0] in data:
+                    self.stalled += 1
+                    await asyncio.sleep(stall[1])  # the fault itself: a slow reply
                 writer.write(data)
                 await writer.drain()
+
+    def stall(self, marker: bytes, seconds: float) -> None:
+        self._stall = (marker, seconds)
 
     def cut(self, mode: str) -> None:
         self._call(self._cut(mode))

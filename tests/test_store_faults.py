@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from faults import CutProxy
 from redis_server import RedisServer
 from test_store_contract import AGENT, Recorder, closed, eventually, open_redis
 
+from agent_server.events import Event
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.store.base import StoreUnavailable
-from agent_server.store.redis import RedisStore
+from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 
 pytestmark = pytest.mark.redis
 
@@ -258,7 +260,9 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
     """A replica paused past its lease is being judged; work it accepted on waking, before
     its first renewal, would be judged at once. Its create is refused (a 503 the client
     retries) and it renews at once."""
-    a = await stores("A", lease_ttl=LEASE)
+    a = await stores("A", lease_ttl=30.0)  # no renewal of its own during the test
+    # The renewal at open and the one the keep-alive makes at once have both been made.
+    await eventually(lambda: asyncio.sleep(0, len(seen(a).alive) >= 2))
     assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
     with pytest.raises(StoreUnavailable, match="lease lapsed"):
         await a.create(Execution("sleep", None, "A"))
@@ -303,6 +307,44 @@ async def test_the_subscriber_survives_a_reset_and_rereads(
 
 
 # -- invariant 5: no request takes a replica out ------------------------------------------
+
+
+async def test_a_slow_command_fails_alone_and_the_store_stays_up(
+    own_redis: RedisServer,
+) -> None:
+    """Readiness is reachability, not one request's cost: a read whose reply is held past
+    the command timeout fails (503 for its caller), while the store stays up and every other
+    command is served; only the probe failing (Redis paused) turns the store down."""
+    proxy = CutProxy(own_redis.port)
+    proxy.start()
+    a = open_redis(proxy.url, "A", Recorder(), lease_ttl=LEASE)
+    try:
+        await a.open()
+        execution = Execution("sleep", None, "A")
+        await a.create(execution)
+        a.emit(execution, Event(1, "progress", '"slow-reply-marker"'))
+        await eventually(lambda: a.events_since(execution.execution_id, 0, 10))
+        proxy.stall(b"slow-reply-marker", COMMAND_TIMEOUT + 1.0)
+        read = asyncio.create_task(a.events_since(execution.execution_id, 0, 10))
+        samples = 0
+        while not read.done():  # bounded: the read times out after COMMAND_TIMEOUT
+            assert a.up, "a slow read turned the store down"
+            assert await a.get(execution.execution_id) is not None  # the others flow
+            samples += 1
+            await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailable):
+            await read
+        assert proxy.stalled >= 1 and samples > 10
+        assert a.up and False not in seen(a).ups
+        # The probe's failure is what turns it down: Redis paused.
+        pause(own_redis)
+        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+        resume(own_redis)
+        await eventually(lambda: asyncio.sleep(0, a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+    finally:
+        resume(own_redis)
+        await closed(a)
+        proxy.stop()
 
 
 async def test_a_list_page_stops_at_its_byte_budget_in_the_script(

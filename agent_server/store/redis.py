@@ -71,7 +71,7 @@ from agent_server.store.base import (
     StoreObserver,
     StoreUnavailable,
 )
-from agent_server.store.resp import RedisLink
+from agent_server.store.resp import NoReply, RedisLink
 
 logger = logging.getLogger("agent_server.store")
 
@@ -665,13 +665,17 @@ _EVALSHA = {name: sha.encode() for name, sha in _SHAS.items()}
 
 class _Operation:
     """`RedisStore._operation`: a plain context manager (it awaits nothing itself), on the
-    path of every store call."""
+    path of every store call. Only the probe's failure, or a connection Redis refused or
+    reset, turns the store down: a command that is merely slow (a big read, a full pool)
+    fails alone and has the probe ask again now (readiness is reachability, not one
+    request's cost)."""
 
-    __slots__ = ("name", "started", "store")
+    __slots__ = ("name", "probe", "started", "store")
 
-    def __init__(self, store: RedisStore, name: str) -> None:
+    def __init__(self, store: RedisStore, name: str, probe: bool = False) -> None:
         self.store = store
         self.name = name
+        self.probe = probe
         self.started = 0.0
 
     def __enter__(self) -> None:
@@ -688,8 +692,20 @@ class _Operation:
         if isinstance(error, Exception):
             store._report(self.name, self.started, False)
         if isinstance(error, _UNREACHABLE) or _reset(error):
-            store._set_up(False)
+            if self.probe or not _slow(error):
+                store._set_up(False)
+            else:
+                store._tick_now.set()
             raise StoreUnavailable(f"Redis at {store.where}: {store._scrub(str(error))}") from error
+
+
+def _slow(error: BaseException) -> bool:
+    """No answer in time, which a slow command gives as well as a paused or cut-off Redis:
+    a timeout, the scripts' link dropped for want of a reply, or no free connection in the
+    pool within its wait."""
+    if isinstance(error, TimeoutError | RedisTimeoutError | NoReply):
+        return True
+    return isinstance(error, ConnectionError) and isinstance(error.__cause__, TimeoutError)
 
 
 def _reset(error: BaseException | None) -> bool:
@@ -808,6 +824,9 @@ class RedisStore(ExecutionStore):
         self._link: RedisLink | None = None
         #: The subscriber (a twin of `_link`): end notices, cancel requests, queued work.
         self._subscriber: RedisLink | None = None
+        #: The probe's own connection (another twin): the renewal, which decides whether
+        #: the store is up, never waits behind other commands' replies.
+        self._probe: RedisLink | None = None
         self._up = False
         self._tick_now = asyncio.Event()
         #: Writes owed to Redis, oldest first: the execution, the script (`end` or
@@ -877,6 +896,7 @@ class RedisStore(ExecutionStore):
         self._client = client
         self._link = link
         self._subscriber = link.twin()
+        self._probe = link.twin()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
                 await cast(Awaitable[Any], client.ping())
@@ -887,10 +907,10 @@ class RedisStore(ExecutionStore):
             self._client = None
             with contextlib.suppress(Exception):
                 await client.aclose()
-            for each in (self._link, self._subscriber):
+            for each in (self._link, self._subscriber, self._probe):
                 with contextlib.suppress(Exception):
                     await each.close()
-            self._link = self._subscriber = None
+            self._link = self._subscriber = self._probe = None
             reason = self._scrub(str(exc) or type(exc).__name__)
             raise StoreUnavailable(f"cannot reach Redis at {self.where}: {reason}") from None
         self._set_up(True)
@@ -934,11 +954,11 @@ class RedisStore(ExecutionStore):
             )
         with contextlib.suppress(Exception):
             await client.aclose()
-        for link in (self._link, self._subscriber):
+        for link in (self._link, self._subscriber, self._probe):
             if link is not None:
                 with contextlib.suppress(Exception):
                     await link.close()
-        self._link = self._subscriber = None
+        self._link = self._subscriber = self._probe = None
         self._wake_all()
 
     async def flush(self, deadline: float) -> list[Execution]:
@@ -1466,8 +1486,8 @@ class RedisStore(ExecutionStore):
 
     async def _tick(self) -> None:
         lease_ms = max(1, round(self.lease_ttl * 1000))
-        with self._operation("renew"):
-            reply = await self._script("tick", lease_ms, SWEEP_LIMIT)
+        with self._operation("renew", probe=True):
+            reply = await self._script("tick", lease_ms, SWEEP_LIMIT, via=self._probe)
         if self.observer is not None:
             self.observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
@@ -1794,10 +1814,11 @@ class RedisStore(ExecutionStore):
     def _cancel_channel(self) -> str:
         return f"{self.prefix}cancel:{self.replica_id}"
 
-    def _operation(self, name: str) -> _Operation:
-        """Time and report one operation; an unreachable Redis becomes StoreUnavailable and
-        turns the store down until an operation succeeds again."""
-        return _Operation(self, name)
+    def _operation(self, name: str, probe: bool = False) -> _Operation:
+        """Time and report one operation; an unreachable Redis becomes StoreUnavailable. The
+        probe's failure, or a refused or reset connection, turns the store down until an
+        operation succeeds again."""
+        return _Operation(self, name, probe)
 
     def _report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:
@@ -1838,13 +1859,15 @@ class RedisStore(ExecutionStore):
             raise StoreUnavailable(f"the store at {self.where} is not open")
         return self._link
 
-    async def _script(self, name: str, *args: Any) -> Any:
-        """EVALSHA, loading the scripts again if Redis has forgotten them (a restart)."""
+    async def _script(self, name: str, *args: Any, via: RedisLink | None = None) -> Any:
+        """EVALSHA (on the scripts' link, or `via`), loading the scripts again if Redis has
+        forgotten them (a restart)."""
+        link = self._scripts if via is None else via
         try:
-            return await self._scripts.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
+            return await link.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
         except NoScriptError:
             await self._load_scripts()
-            return await self._scripts.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
+            return await link.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
 
     async def _list(
         self,

@@ -39,6 +39,13 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+
+class NoReply(ConnectionError):
+    """No reply within the command timeout. The connection is dropped (its replies would
+    come out of step), but this is what a slow command looks like too: the store asks its
+    probe before it calls Redis unreachable."""
+
+
 #: Error replies by their first word, as redis-py maps them.
 _ERRORS: dict[str, type[ResponseError] | type[ConnectionError]] = {
     "NOSCRIPT": NoScriptError,
@@ -182,14 +189,14 @@ class _Protocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         deadline = self.waiting[0][1]
         if deadline <= loop.time():
-            self.abort(f"no reply from Redis in {self.timeout:g} s")
+            self.abort(f"no reply from Redis in {self.timeout:g} s", NoReply)
         else:
             self._timer = loop.call_at(deadline, self._check)
 
-    def abort(self, why: str) -> None:
+    def abort(self, why: str, kind: type[ConnectionError] = ConnectionError) -> None:
         if self.transport is not None:
             self.transport.abort()  # its connection_lost comes in a later loop turn
-        self._fail(ConnectionError(why))
+        self._fail(kind(why))
 
     def _fail(self, error: ConnectionError) -> None:
         """Every command still waiting fails with `error`."""
