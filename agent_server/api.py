@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+import urllib.parse
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,6 +47,7 @@ from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.settings import MAX_SECONDS
 from agent_server.store.base import (
+    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
@@ -253,7 +255,14 @@ class Api:
         if _wants_events(request.scope["headers"]):
             return await self.run_streamed(request)
         execution, started = await self._start(request)
-        ended = await self._wait_or_disconnect(execution, request)
+        try:
+            ended = await self._wait_or_disconnect(execution, request)
+        except asyncio.CancelledError:
+            # The server gave up on this request (plain uvicorn's --timeout-graceful-shutdown
+            # cancels what is still open): its client is cut off, as if it had gone away.
+            if started:
+                self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
+            raise
         if ended is None:
             if started:  # a repeat of an idempotent request leaves the first one's work be
                 self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
@@ -475,36 +484,46 @@ class Api:
         if execution.is_terminal:
             return _execution_response(execution)
         await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+        if execution.status is ExecutionStatus.QUEUED:
+            # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
+            now = await self.store.get(execution.execution_id)
+            if now is not None and now.is_terminal:
+                return _execution_response(now)
+            return _execution_response(now or execution, 202)
         return _execution_response(execution, 202)
 
     async def delete_execution(self, request: Request) -> Response:
         try:
             known = await self.store.forget(request.path_params["execution_id"])
-        except ExecutionRunning:
-            raise ApiError(409, "execution is running: cancel it first") from None
+        except ExecutionRunning as exc:
+            raise ApiError(409, f"execution is {exc.status}: cancel it first") from None
         if not known:
             raise ApiError(404, "unknown execution")
         return Response(status_code=204)
 
     async def list_executions(self, request: Request) -> Response:
-        status_value = request.query_params.get("status")
-        status: ExecutionStatus | None = None
-        if status_value is not None:
-            try:
-                status = ExecutionStatus(status_value)
-            except ValueError:
-                allowed = ", ".join(s.value for s in ExecutionStatus)
-                raise ApiError(422, f"status must be one of: {allowed}") from None
         limit = _int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
-        executions = await self.store.list_executions(
-            status=status,
-            reasoner=request.query_params.get("reasoner"),
-            session_id=_checked_session_id(request.query_params.get("session_id"), "session_id"),
-            limit=100 if limit is None else limit,
-            max_bytes=MAX_LIST_BYTES,
-        )
-        body, truncated = _list_body(executions)
-        headers = {"X-Truncated": "true"} if truncated else None
+        after = request.query_params.get("cursor")
+        try:
+            page = await self.store.page(
+                statuses=_statuses(request),
+                reasoner=request.query_params.get("reasoner"),
+                session_id=_checked_session_id(
+                    request.query_params.get("session_id"), "session_id"
+                ),
+                limit=100 if limit is None else limit,
+                max_bytes=MAX_LIST_BYTES,
+                after=after,
+            )
+        except BadCursor:
+            raise ApiError(400, "cursor is not one a Link header of this list gave") from None
+        body, shown = _list_body(page.executions)
+        headers: dict[str, str] = {}
+        following = page.cursors[shown - 1] if shown < len(page.executions) else page.next
+        if shown < len(page.executions):
+            headers["X-Truncated"] = "true"
+        if following is not None:
+            headers["Link"] = _next_link(request, following)
         return Response(body, media_type="application/json", headers=headers)
 
     async def _execution(self, request: Request) -> Execution:
@@ -584,18 +603,39 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)  # one chunk, the usual case, is returned as it is
 
 
-def _list_body(executions: list[Execution]) -> tuple[bytes, bool]:
+def _list_body(executions: list[Execution]) -> tuple[bytes, int]:
     """A JSON list of the executions, in order, stopped before `MAX_LIST_BYTES` would be
-    passed (the first always goes in); whether it stopped early."""
+    passed (the first always goes in); how many it holds."""
     parts: list[bytes] = []
     size = 2
     for execution in executions:
         part = jsoncodec.dumps(execution.to_json())
         size += len(part) + 1
         if parts and size > MAX_LIST_BYTES:
-            return b"[" + b",".join(parts) + b"]", True
+            break
         parts.append(part)
-    return b"[" + b",".join(parts) + b"]", False
+    return b"[" + b",".join(parts) + b"]", len(parts)
+
+
+def _statuses(request: Request) -> frozenset[ExecutionStatus]:
+    """`status`, repeated or as a comma list: any of them matches."""
+    found: set[ExecutionStatus] = set()
+    for value in request.query_params.getlist("status"):
+        for each in value.split(","):
+            try:
+                found.add(ExecutionStatus(each.strip()))
+            except ValueError:
+                allowed = ", ".join(s.value for s in ExecutionStatus)
+                raise ApiError(422, f"status must be one of: {allowed}") from None
+    return frozenset(found)
+
+
+def _next_link(request: Request, cursor: str) -> str:
+    """RFC 8288: the same list (path as received, mount prefix included; the same filters)
+    from `cursor` on. A path without a host: behind a proxy the host is the proxy's."""
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
+    query.append(("cursor", cursor))
+    return f'<{request.url.path}?{urllib.parse.urlencode(query)}>; rel="next"'
 
 
 def _checked_session_id(value: str | None, where: str) -> str | None:

@@ -284,7 +284,9 @@ class Execution:
             "created_at": _isoformat(self.created_at),
             "finished_at": None if self.finished_at is None else _isoformat(self.finished_at),
             "duration_seconds": self.duration_seconds,
-            "replica": self.replica,
+            # Nobody runs a queued execution: a replica that handed it off keeps its own id
+            # (its late end is fenced by it), but no client is told so.
+            "replica": "" if self.status is ExecutionStatus.QUEUED else self.replica,
             "attempt": self.attempt,
         }
 

@@ -46,8 +46,14 @@ class Unrecordable(ValueError):
 def check(value: Any, what: str = "value") -> None:
     """The one place that decides whether JSON data can be recorded: raises Unrecordable
     for NaN or an infinity (orjson would write null), an integer past MAX_INT_DIGITS (the
-    parser would refuse it when read back) or nesting deeper than MAX_DEPTH. Iterative: a
-    deep value never reaches the recursion limit here."""
+    parser would refuse it when read back) or nesting deeper than MAX_DEPTH. It runs on
+    every body and result, so the usual value is walked by a plain recursion (bounded by
+    MAX_DEPTH); only a value it finds wrong is walked again to say why."""
+    try:
+        if _fine(value, 1):
+            return
+    except RecursionError:  # called from deep in a stack of its own: walk iteratively
+        pass
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
@@ -64,6 +70,30 @@ def check(value: Any, what: str = "value") -> None:
                 pending.extend((child, depth + 1) for child in item.values())
             else:
                 pending.extend((child, depth + 1) for child in item)
+
+
+def _fine(value: Any, depth: int) -> bool:
+    """Whether `check` would pass `value` (exact types first: they are most of it)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -_TOO_MANY_DIGITS < value < _TOO_MANY_DIGITS
+    if kind is float:
+        return value - value == 0.0  # false for NaN and the infinities
+    if kind is dict or kind is list or kind is tuple or isinstance(value, dict | list | tuple):
+        if depth > MAX_DEPTH:
+            return False
+        depth += 1
+        for child in value.values() if isinstance(value, dict) else value:
+            if not _fine(child, depth):
+                return False
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int):
+        return abs(value) < _TOO_MANY_DIGITS
+    return True  # not JSON data at all: the encoder says so
 
 
 #: The smallest integer with more than MAX_INT_DIGITS digits.

@@ -276,7 +276,13 @@ def openapi_document(
                         {
                             "name": "status",
                             "in": "query",
-                            "schema": {"enum": ["running", "succeeded", "failed", "cancelled"]},
+                            "description": "Any of these (repeated, or a comma list)",
+                            "style": "form",
+                            "explode": True,
+                            "schema": {
+                                "type": "array",
+                                "items": {"enum": [status.value for status in ExecutionStatus]},
+                            },
                         },
                         {"name": "reasoner", "in": "query", "schema": {"type": "string"}},
                         {"name": "session_id", "in": "query", "schema": SESSION_ID_SCHEMA},
@@ -285,10 +291,29 @@ def openapi_document(
                             "in": "query",
                             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                         },
+                        {
+                            "name": "cursor",
+                            "in": "query",
+                            "description": "Where the page before ended: from its Link header",
+                            "schema": {"type": "string"},
+                        },
                     ],
                     "responses": {
-                        "200": _json({"type": "array", "items": _ref("Execution")}, "Executions"),
-                        "400": _error("Invalid session_id"),
+                        "200": {
+                            **_json({"type": "array", "items": _ref("Execution")}, "Executions"),
+                            "headers": {
+                                "Link": {
+                                    "description": 'RFC 8288 `<...>; rel="next"` while older '
+                                    "records may follow",
+                                    "schema": {"type": "string"},
+                                },
+                                "X-Truncated": {
+                                    "description": "`true` when the page was cut at 4 MiB",
+                                    "schema": {"type": "string"},
+                                },
+                            },
+                        },
+                        "400": _error("Invalid session_id or cursor"),
                         "422": _error("Invalid filter"),
                     },
                 }

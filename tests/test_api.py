@@ -384,6 +384,53 @@ async def test_list_with_filters(gate: Gate, client: httpx.AsyncClient) -> None:
     assert len(await listed(status="running", reasoner="gated", session_id="s-list")) == 1
 
 
+async def test_pages_past_the_limit_follow_link_next_with_the_same_filters(
+    agent: Agent, client: httpx.AsyncClient
+) -> None:
+    """RFC 8288 `Link: <...>; rel="next"` reaches every page, keeps the filters (repeated
+    `status` or a comma list: any of them) and the mount prefix; a cursor no Link gave is a
+    400."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    made = [
+        (await client.post(f"/reasoners/{name}", json=body)).json()["execution_id"]
+        for name, body in [("echo", {"text": "x"}), ("fail", {})] * 3 + [("echo", {"text": "y"})]
+    ]
+
+    async def pages(http: httpx.AsyncClient, url: str) -> tuple[list[str], list[str]]:
+        seen: list[str] = []
+        links: list[str] = []
+        for _ in range(20):  # bounded: seven records
+            response = await http.get(url)
+            assert response.status_code == 200, response.text
+            seen += [e["execution_id"] for e in response.json()]
+            if "next" not in response.links:
+                return seen, links
+            url = response.links["next"]["url"]
+            links.append(url)
+        raise AssertionError("the pages never ended")
+
+    newest_first = made[::-1]
+    assert (await pages(client, "/executions?limit=2"))[0] == newest_first
+    assert (await pages(client, "/executions?limit=100"))[0] == newest_first
+    failed = [i for i, name in zip(made, ["echo", "fail"] * 4, strict=False) if name == "fail"]
+    both, links = await pages(client, "/executions?status=failed&status=succeeded&limit=3")
+    assert both == newest_first
+    assert links and all("status=failed" in u and "status=succeeded" in u for u in links)
+    assert (await pages(client, "/executions?status=failed,cancelled&limit=1"))[0] == failed[::-1]
+    assert (await pages(client, "/executions?status=failed&reasoner=echo&limit=1"))[0] == []
+    refused = await client.get("/executions", params={"cursor": "not-one"})
+    assert refused.status_code == 400 and "cursor" in refused.json()["detail"]
+    outer = Starlette(routes=[Mount("/agent", app=agent)])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=outer), base_url="http://testserver"
+    ) as mounted:
+        seen, links = await pages(mounted, "/agent/executions?limit=3")
+        assert seen == newest_first
+        assert links and all(u.startswith("/agent/executions?") for u in links)
+
+
 @pytest.mark.parametrize(
     "params",
     [{"status": "done"}, {"status": ""}, {"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}],

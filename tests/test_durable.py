@@ -296,3 +296,53 @@ async def test_a_key_whose_execution_was_forgotten_is_409(client: httpx.AsyncCli
     assert again.status_code == 409
     assert "forgotten" in again.json()["detail"]
     assert await started_count(client, "echo") == 1  # never a second run
+
+
+async def test_a_queued_execution_reads_no_replica_and_is_cancelled_at_once(
+    server_factory: Any, redis_url: str
+) -> None:
+    """docs/api.md: `replica` is "" while queued, and a queued execution (nobody runs it)
+    ends `cancelled` at once: the cancel answers 200 with the ended execution and its
+    duration; DELETE before that says it is queued."""
+    from test_store_contract import eventually, resumable
+
+    from agent_server.store.redis import RedisStore
+
+    server = server_factory(
+        "tests_app:agent", "--store", redis_url, "--max-inflight", "1", "--replica-id", "B"
+    )
+    server.wait_ready()
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        # B's one slot is taken, so the queued execution below waits for good.
+        busy = await client.post("/reasoners/sleep/async", json={"seconds": 30})
+        assert busy.status_code == 202
+        a = RedisStore(redis_url, replica_id="A", agent_name="tests")  # B's agent
+        await a.open()
+        try:
+            execution = resumable("A")
+            await a.create(execution)
+            execution.mark_queued()
+            assert execution.to_json()["replica"] == ""  # the local view says it too
+            a.hand_off(execution)
+            path = f"/executions/{execution.execution_id}"
+
+            async def queued() -> dict[str, Any] | None:
+                body: dict[str, Any] = (await client.get(path)).json()
+                return body if body["status"] == "queued" else None
+
+            body = await eventually(queued, timeout=10)
+            assert (body["replica"], body["attempt"]) == ("", 2)
+            refused = await client.delete(path)
+            assert refused.status_code == 409
+            assert "queued" in refused.json()["detail"]
+            cancel = await client.post(f"{path}/cancel")
+            assert cancel.status_code == 200, cancel.text
+            ended = cancel.json()
+            assert (ended["status"], ended["status_reason"]) == ("cancelled", "request")
+            assert isinstance(ended["duration_seconds"], float) and ended["duration_seconds"] >= 0
+            assert ended["finished_at"] is not None
+            assert (await client.get(path)).json() == ended
+            assert (await client.delete(path)).status_code == 204
+        finally:
+            await a.close()
+            await client.post(f"/executions/{busy.json()['execution_id']}/cancel")

@@ -7,6 +7,7 @@ impossible budget is exit code 2 with a message naming every term, before anythi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -253,3 +254,13 @@ def test_a_malformed_store_url_exits_2_without_any_piece_of_its_password(url: st
     for piece in ("pa", "ssw0rd", "passw0rd", "w0rd"):
         assert piece not in result.stderr.replace("password", ""), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_budget_error_is_word_for_word_what_shutdown_md_shows() -> None:
+    """docs/shutdown.md quotes the refusal of `agent-server run --grace-period 5`."""
+    page = (TESTS_DIR.parent / "docs" / "shutdown.md").read_text()
+    quoted = re.search(r"\$ agent-server run --grace-period 5\n(.+)\n", page)
+    assert quoted is not None
+    result = run_cli("--grace-period", "5")
+    assert result.returncode == 2
+    assert result.stderr.strip() == quoted.group(1)

@@ -26,6 +26,7 @@ from redis_server import RedisServer, free_port
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import (
+    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     MemoryStore,
@@ -38,7 +39,7 @@ AGENT = "contract"
 #: Bound of every poll in this file unless a test says otherwise.
 BOUND = 5.0
 
-#: Marks the tests that need a real redis-server (the fixture fails when it is missing).
+#: Marks the tests that need a real redis-server (skipped when it is missing; failed in CI).
 needs_redis = pytest.mark.redis
 
 
@@ -232,6 +233,55 @@ async def test_list_newest_first_with_filters_and_limit(replicas: Factory) -> No
     assert ids(combined) == [made[4].execution_id]
     assert await r.b.list_executions(session_id="nobody", limit=100) == []
     assert await r.b.list_executions(status=ExecutionStatus.LOST, limit=100) == []
+
+
+async def test_pages_follow_cursors_to_the_oldest_with_any_of_several_statuses(
+    replicas: Factory,
+) -> None:
+    """Every record is on exactly one page, in order, whatever the page size, for one
+    index or another; several statuses match any of them; a cursor no page gave is
+    refused."""
+    r = await replicas()
+    base = time.time()
+    made: list[Execution] = []
+    for i in range(11):
+        execution = r.new("echo" if i % 3 else "sleep", "s1" if i % 2 else None)
+        execution.created_at = base + i
+        await r.a.create(execution)
+        made.append(execution)
+    for execution in made[:4]:
+        status = ExecutionStatus.SUCCEEDED if execution.reasoner == "echo" else None
+        execution.finish(status or ExecutionStatus.FAILED, result=1)
+        await r.ended(execution)
+
+    async def every(**filters: Any) -> list[str]:
+        seen: list[str] = []
+        after: str | None = None
+        for _ in range(50):  # bounded: 11 records
+            page = await r.b.page(after=after, **filters)
+            assert len(page.cursors) == len(page.executions)
+            seen += [e.execution_id for e in page.executions]
+            if page.next is None:
+                return seen
+            after = page.next
+        raise AssertionError("pages never ended")
+
+    newest_first = [e.execution_id for e in made[::-1]]
+    for limit in (1, 3, 4, 11, 100):
+        assert await every(limit=limit) == newest_first
+    in_s1 = [e.execution_id for e in made[::-1] if e.session_id == "s1"]
+    assert await every(limit=2, session_id="s1") == in_s1
+    ended = frozenset((ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED))
+    assert await every(limit=1, statuses=ended) == [e.execution_id for e in made[3::-1]]
+    running = frozenset((ExecutionStatus.RUNNING,))
+    assert await every(limit=2, statuses=running) == [e.execution_id for e in made[:3:-1]]
+    # A page cut short continues from the last execution shown.
+    first = await r.b.page(limit=5)
+    rest = await r.b.page(limit=100, after=first.cursors[1])
+    assert [e.execution_id for e in rest.executions] == newest_first[2:]
+    for bad in ("", "x", "1:2", f"nan:{made[0].execution_id}", "1:" + "g" * 32):
+        with pytest.raises(BadCursor):
+            await r.b.page(after=bad)
 
 
 # -- waiting --------------------------------------------------------------------------------
@@ -516,7 +566,9 @@ async def test_a_replica_judges_others_only_after_a_whole_lease_up(
     try:
         execution = Execution("sleep", None, "A")
         await a.create(execution)
-        # A's lease lapsed long ago (1 ms after the epoch; 0 would say A closed it itself).
+        # A's lease lapsed long ago (1 ms after the epoch; 0 would say A closed it itself),
+        # set once A's renewals at open are made (a later one would undo it).
+        await eventually(lambda: asyncio.sleep(0, len(a_seen.alive) >= 2))
         assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
         early = await b.get(execution.execution_id)
         assert early is not None
@@ -548,6 +600,7 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
     try:
         execution = Execution("sleep", None, "A")
         await a.create(execution)
+        await eventually(lambda: asyncio.sleep(0, len(a_seen.alive) >= 2))  # renewed at open
         assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "0", "A")
 
         async def lost() -> bool:

@@ -261,7 +261,8 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
     its first renewal, would be judged at once. Its create is refused (a 503 the client
     retries) and it renews at once."""
     a = await stores("A", lease_ttl=30.0)  # no renewal of its own during the test
-    # The renewal at open and the one the keep-alive makes at once have both been made.
+    # The renewal at open and the one the keep-alive makes at once have both been made
+    # (a later one would undo what follows).
     await eventually(lambda: asyncio.sleep(0, len(seen(a).alive) >= 2))
     assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
     with pytest.raises(StoreUnavailable, match="lease lapsed"):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from agent_server.store.base import (
+    BadCursor,
     CancelHandler,
     ExecutionRunning,
     ExecutionStore,
+    Page,
     SessionReleasing,
     StoreObserver,
     StoreUnavailable,
@@ -13,10 +15,12 @@ from agent_server.store.base import (
 from agent_server.store.memory import MemoryStore
 
 __all__ = [
+    "BadCursor",
     "CancelHandler",
     "ExecutionRunning",
     "ExecutionStore",
     "MemoryStore",
+    "Page",
     "SessionReleasing",
     "StoreObserver",
     "StoreUnavailable",

@@ -51,8 +51,27 @@ class SessionReleasing(Exception):
     """The session is being released: new work for it is refused (409)."""
 
 
+class BadCursor(ValueError):
+    """A list cursor this store did not give (or one of another store)."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, newest first. `cursors[i]` continues after `executions[i]` (a
+    caller that shows fewer goes on from the last it showed); `next` continues after the
+    last record the store looked at, None when there is nothing older to look at."""
+
+    executions: list[Execution]
+    cursors: list[str]
+    next: str | None
+
+
 class ExecutionRunning(Exception):
-    """A running execution cannot be forgotten."""
+    """An execution that is not terminal (running or queued) cannot be forgotten."""
+
+    def __init__(self, execution_id: str, status: str = "running") -> None:
+        super().__init__(execution_id)
+        self.status = status
 
 
 #: Why a shared store may refuse a write for a while (section 12, invariant 4): such a write
@@ -201,6 +220,23 @@ class ExecutionStore(abc.ABC):
         """The execution once terminal, or as it is when `timeout` seconds have passed."""
 
     @abc.abstractmethod
+    async def page(
+        self,
+        *,
+        statuses: frozenset[ExecutionStatus] = frozenset(),
+        reasoner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+        max_bytes: int = 0,
+        after: str | None = None,
+    ) -> Page:
+        """Newest first, filtered (any of `statuses`; all when empty), at most `limit`,
+        older than the cursor `after`; bounded work per call, so a page may hold fewer than
+        `limit` while `next` says more may follow. With `max_bytes`, a store that sends
+        records over the network stops once their results and errors pass it (one record
+        past it at most, so the caller sees the page is cut). BadCursor for a cursor this
+        store did not give."""
+
     async def list_executions(
         self,
         *,
@@ -210,9 +246,15 @@ class ExecutionStore(abc.ABC):
         limit: int = 100,
         max_bytes: int = 0,
     ) -> list[Execution]:
-        """Newest first, filtered, at most `limit`; bounded work per call. With `max_bytes`,
-        a store that sends records over the network stops once their results and errors
-        pass it (one record past it at most, so the caller sees the page is cut)."""
+        """The first page's executions."""
+        found = await self.page(
+            statuses=frozenset() if status is None else frozenset((status,)),
+            reasoner=reasoner,
+            session_id=session_id,
+            limit=limit,
+            max_bytes=max_bytes,
+        )
+        return found.executions
 
     @abc.abstractmethod
     async def forget(self, execution_id: str) -> bool:

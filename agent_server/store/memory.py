@@ -15,13 +15,17 @@ from typing import Any
 from agent_server import jsoncodec
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
+    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    Page,
     SessionReleasing,
 )
+
+_HEX = "0123456789abcdef"
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
@@ -118,15 +122,18 @@ class MemoryStore(ExecutionStore):
         await execution.wait(timeout)
         return execution
 
-    async def list_executions(
+    async def page(
         self,
         *,
-        status: ExecutionStatus | None = None,
+        statuses: frozenset[ExecutionStatus] = frozenset(),
         reasoner: str | None = None,
         session_id: str | None = None,
         limit: int = 100,
         max_bytes: int = 0,
-    ) -> list[Execution]:
+        after: str | None = None,
+    ) -> Page:
+        """A cursor is the creation time and id of the last execution looked at: the next
+        page starts past that id, or past that time when the id is gone meanwhile."""
         self._expire()
         if session_id is not None:
             keys: Iterable[str] = sorted(
@@ -136,24 +143,36 @@ class MemoryStore(ExecutionStore):
             )
         else:
             keys = reversed(self._executions)
+        since: tuple[float, str] | None = None if after is None else _cursor(after)
         found: list[Execution] = []
+        cursors: list[str] = []
+        last: str | None = None
         for key in keys:
-            if len(found) >= limit:
-                break
             execution = self._executions[key]
-            if status is not None and execution.status is not status:
+            if since is not None:
+                if key == since[1]:
+                    since = None  # the next one is past it
+                    continue
+                if execution.created_at >= since[0]:
+                    continue
+                since = None
+            if len(found) >= limit:
+                return Page(found, cursors, last)
+            last = f"{execution.created_at!r}:{key}"
+            if statuses and execution.status not in statuses:
                 continue
             if reasoner is not None and execution.reasoner != reasoner:
                 continue
             found.append(execution)
-        return found
+            cursors.append(last)
+        return Page(found, cursors, None)
 
     async def forget(self, execution_id: str) -> bool:
         execution = self._executions.get(execution_id)
         if execution is None:
             return False
         if not execution.is_terminal:
-            raise ExecutionRunning(execution_id)
+            raise ExecutionRunning(execution_id, execution.status.value)
         self._forget(execution_id)
         return True
 
@@ -202,3 +221,15 @@ class MemoryStore(ExecutionStore):
                 keys.discard(key)
                 if not keys:
                     del self._sessions[execution.session_id]
+
+
+def _cursor(text: str) -> tuple[float, str]:
+    """A cursor `page` gave: the creation time and the id."""
+    created, _, execution_id = text.partition(":")
+    try:
+        value = float(created)
+    except ValueError:
+        raise BadCursor(text) from None
+    if value != value or len(execution_id) != 32 or execution_id.strip(_HEX):
+        raise BadCursor(text)
+    return value, execution_id

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import re
 import time
 import urllib.parse
 from collections import OrderedDict, deque
@@ -62,11 +63,13 @@ from agent_server.execution import (
 )
 from agent_server.store import sentinel
 from agent_server.store.base import (
+    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    Page,
     SessionReleasing,
     StoreObserver,
     StoreUnavailable,
@@ -268,8 +271,11 @@ end
 
 -- End a queued execution (nobody runs it) as cancelled.
 local function cancel_queued(rec, id, sid, reason)
+  -- Its duration runs from its creation, across attempts, as a finished attempt's does.
+  local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
   redis.call('HSET', rec, 'status', 'cancelled', 'status_reason', reason,
-    'finished_at', string.format('%.6f', NOW / 1000), 'duration_seconds', '')
+    'finished_at', string.format('%.6f', NOW / 1000),
+    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
   redis.call('LREM', P .. 'queue', 0, id)
   finish(rec, id, sid, '')
 end
@@ -427,38 +433,58 @@ for i = 5, #ARGV do out[#out + 1] = read(ARGV[i]) end
 return out
 """
 
-# ARGV[5..]: index (suffix of the key), ids to scan at most, limit, status ('' any),
-# reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave results
-# out (a session's release reads statuses, not results). Returns the records that match
-# (last value 1) or that this call moved to lost (last value 0 when they do not match),
-# newest first. Ids whose record expired are dropped from the index as they are met.
+# ARGV[5..]: index (suffix of the key), ids to scan at most, limit, statuses (comma list,
+# '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
+# results out (a session's release reads statuses, not results), and a cursor: the score
+# and id of the last record looked at before ('' '' from the newest). Returns the records
+# that match (value 15 is 1) or that this call moved to lost (0 when they do not match),
+# newest first, each with its own cursor (value 16), then the cursor past the last id
+# looked at ('' when the index holds nothing older). Ids whose record expired are dropped
+# from the index as they are met.
 _LIST = """
 local index = P .. ARGV[5]
-local scan, limit, status, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local scan, limit, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[9]
 local budget, bare = tonumber(ARGV[10]), ARGV[11] == '1'
+local since, since_id = ARGV[12], ARGV[13]
+local wanted, any = {}, ARGV[8] == ''
+for s in string.gmatch(ARGV[8], '[^,]+') do wanted[s] = true end
+local ids
+if since == '' then
+  ids = redis.call('ZREVRANGE', index, 0, scan - 1, 'WITHSCORES')
+else
+  ids = redis.call('ZREVRANGEBYSCORE', index, since, '-inf', 'WITHSCORES', 'LIMIT', 0, scan)
+end
 local out = {}
-local matched, bytes = 0, 0
-for _, id in ipairs(redis.call('ZREVRANGE', index, 0, scan - 1)) do
-  local v = read(id)
-  if not v then
-    redis.call('ZREM', index, id)
-  else
-    if bare then v[8] = 'null' end
-    local ok = (status == '' or v[6] == status) and (reasoner == '' or v[2] == reasoner)
-    if ok then
-      matched = matched + 1
-      v[15] = 1
-      out[#out + 1] = v
-      bytes = bytes + #v[8] + #v[9] + 400
-    elseif v[14] == 1 then
-      v[15] = 0
-      out[#out + 1] = v
+local matched, bytes, last, stopped = 0, 0, '', false
+for i = 1, #ids, 2 do
+  local id, score = ids[i], ids[i + 1]
+  -- Ties on the cursor's score come in descending id order: those not below it were shown.
+  if not (score == since and id >= since_id) then
+    last = score .. ':' .. id
+    local v = read(id)
+    if not v then
+      redis.call('ZREM', index, id)
+    else
+      if bare then v[8] = 'null' end
+      if (any or wanted[v[6]]) and (reasoner == '' or v[2] == reasoner) then
+        matched = matched + 1
+        v[15] = 1
+        v[16] = last
+        out[#out + 1] = v
+        bytes = bytes + #v[8] + #v[9] + 400
+      elseif v[14] == 1 then
+        v[15] = 0
+        v[16] = last
+        out[#out + 1] = v
+      end
+      -- A page stops at its byte budget (past it by one record at most: the caller then
+      -- knows the page is cut), not after Redis has read and sent every big result.
+      if matched >= limit or (budget > 0 and bytes > budget) then stopped = true; break end
     end
-    -- A page stops at its byte budget (past it by one record at most: the caller then
-    -- knows the page is cut), not after Redis has read and sent every big result.
-    if matched >= limit or (budget > 0 and bytes > budget) then break end
   end
 end
+if not stopped and #ids < 2 * scan then last = '' end
+out[#out + 1] = last
 return out
 """
 
@@ -658,6 +684,8 @@ _SCRIPTS = {
         "owned": _OWNED,
     }.items()
 }
+#: A list cursor: the index score (the creation time, as Redis writes a double) and the id.
+_CURSOR = re.compile(r"(-?[0-9][0-9.]{0,24}(?:e[+-]?[0-9]{1,3})?):([0-9a-f]{32})")
 _SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
 #: The same, as bytes for the commands (packed as they are).
 _EVALSHA = {name: sha.encode() for name, sha in _SHAS.items()}
@@ -1273,21 +1301,23 @@ class RedisStore(ExecutionStore):
                 if not waiters and self._waiters.get(key) is waiters:
                     del self._waiters[key]
 
-    async def list_executions(
+    async def page(
         self,
         *,
-        status: ExecutionStatus | None = None,
+        statuses: frozenset[ExecutionStatus] = frozenset(),
         reasoner: str | None = None,
         session_id: str | None = None,
         limit: int = 100,
         max_bytes: int = 0,
-    ) -> list[Execution]:
+        after: str | None = None,
+    ) -> Page:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
         index (the session's, the running ones, or all, newest first), so a rare filter
-        may return fewer than `limit` although older matches exist."""
+        may return fewer than `limit` while `next` says older ones may match. A cursor is
+        the index score and id of the last record looked at."""
         if session_id is not None:
             index = f"session:{session_id}"
-        elif status is ExecutionStatus.RUNNING:
+        elif statuses == {ExecutionStatus.RUNNING}:
             index = "running"
         else:
             index = "all"
@@ -1296,9 +1326,10 @@ class RedisStore(ExecutionStore):
             index,
             max(limit * 10, 1000),
             limit,
-            status or "",
+            ",".join(sorted(statuses)),
             reasoner or "",
             budget=max_bytes,
+            after=after,
         )
 
     async def forget(self, execution_id: str) -> bool:
@@ -1308,9 +1339,9 @@ class RedisStore(ExecutionStore):
         code = int(reply[0])
         if code == 0:
             return False
-        self._restore(reply[1])  # counts a move to lost made on the way
+        found = self._restore(reply[1])  # counts a move to lost made on the way
         if code < 0:
-            raise ExecutionRunning(execution_id)
+            raise ExecutionRunning(execution_id, found.status.value)
         return True
 
     async def request_cancel(
@@ -1342,9 +1373,10 @@ class RedisStore(ExecutionStore):
         """One script: the session's executions (at most SESSION_LIMIT), newest first,
         without their results (a release reads statuses: 10,000 big results would be a
         read of gigabytes)."""
-        return await self._list(
+        found = await self._list(
             "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", "", bare=True
         )
+        return found.executions
 
     async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
         """One SET NX with an expiry (a replica dying mid-release does not hold the session
@@ -1875,22 +1907,40 @@ class RedisStore(ExecutionStore):
         index: str,
         scan: int,
         limit: int,
-        status: str,
+        statuses: str,
         reasoner: str,
         *,
         budget: int = 0,
         bare: bool = False,
-    ) -> list[Execution]:
+        after: str | None = None,
+    ) -> Page:
+        since, since_id = "", ""
+        if after is not None:
+            cursor = _CURSOR.fullmatch(after)
+            if cursor is None:
+                raise BadCursor(after)
+            since, since_id = cursor.groups()
         with self._operation(operation):
-            rows = await self._script(
-                "list", index, scan, limit, status, reasoner, budget, "1" if bare else "0"
+            reply = await self._script(
+                "list",
+                index,
+                scan,
+                limit,
+                statuses,
+                reasoner,
+                budget,
+                "1" if bare else "0",
+                since,
+                since_id,
             )
         found: list[Execution] = []
-        for row in rows:
+        cursors: list[str] = []
+        for row in reply[:-1]:
             execution = self._restore(row)
             if int(row[14]):
                 found.append(execution)
-        return found
+                cursors.append(str(row[15]))
+        return Page(found, cursors, str(reply[-1]) or None)
 
     def _restore(self, row: list[Any]) -> Execution:
         """The record as a script returned it; a move to lost it made is counted here."""
