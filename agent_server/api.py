@@ -357,7 +357,9 @@ class Api:
             None
             if key is None
             else Idempotency(
-                key, _fingerprint(reasoner.name, session_id, body), self.idempotency_ttl
+                key,
+                _fingerprint(reasoner.name, session_id, reasoner.canonical(body)),
+                self.idempotency_ttl,
             )
         )
         try:
@@ -677,7 +679,8 @@ def _idempotency_key(raw: bytes | None) -> str | None:
 
 
 def _fingerprint(reasoner: str, session_id: str | None, body: Any) -> str:
-    """What makes two requests the same: reasoner, session and body (as JSON, keys sorted)."""
+    """What makes two requests the same: reasoner, session and the body as the reasoner
+    reads it (`Reasoner.canonical`; as JSON, keys sorted)."""
     canonical = json.dumps([reasoner, session_id, body], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 

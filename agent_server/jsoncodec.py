@@ -78,9 +78,11 @@ def _fine(value: Any, depth: int) -> bool:
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
-        return -_TOO_MANY_DIGITS < value < _TOO_MANY_DIGITS
+        number: int = value
+        return -_TOO_MANY_DIGITS < number < _TOO_MANY_DIGITS
     if kind is float:
-        return value - value == 0.0  # false for NaN and the infinities
+        real: float = value
+        return real - real == 0.0  # false for NaN and the infinities
     if kind is dict or kind is list or kind is tuple or isinstance(value, dict | list | tuple):
         if depth > MAX_DEPTH:
             return False
@@ -92,12 +94,12 @@ def _fine(value: Any, depth: int) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, int):
-        return abs(value) < _TOO_MANY_DIGITS
+        return bool(abs(value) < _TOO_MANY_DIGITS)
     return True  # not JSON data at all: the encoder says so
 
 
 #: The smallest integer with more than MAX_INT_DIGITS digits.
-_TOO_MANY_DIGITS = 10**MAX_INT_DIGITS
+_TOO_MANY_DIGITS: int = 10**MAX_INT_DIGITS
 
 
 def dumps_recordable(value: Any, what: str = "value") -> bytes:

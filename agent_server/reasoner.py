@@ -11,7 +11,16 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PydanticUserError, TypeAdapter, create_model
+from pydantic import (
+    AliasChoices,
+    AliasPath,
+    BaseModel,
+    ConfigDict,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
 
 from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
@@ -81,13 +90,26 @@ class Reasoner:
         return_annotation = hints.get("return", Any)
         self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
         self._field_names = tuple(self.input_model.model_fields)
+        #: For a model input without its own rule for extra keys: the keys it declares.
+        self._declared = None if self._model_param is None else _declared_keys(self.input_model)
+
+    def canonical(self, body: Any) -> Any:
+        """The body as the reasoner reads it, as JSON data: what makes two requests the same
+        for an Idempotency-Key (`5` and `5.0` for a float field, a default left out or sent,
+        are one request). Raises pydantic's error as `bind` does."""
+        model = self._validated(body)
+        return self.input_model.__pydantic_serializer__.to_python(model, mode="json")
+
+    def _validated(self, body: Any) -> Any:
+        if self._declared is not None and isinstance(body, dict):
+            _refuse_unknown(self.input_model, body, self._declared)
+        return self.input_model.__pydantic_validator__.validate_python({} if body is None else body)
 
     def bind(self, body: Any) -> dict[str, Any]:
         """Validate a decoded JSON body into keyword arguments; raises pydantic's error."""
         # pydantic-core's validator and serializers are called directly: the Python wrappers
         # around them cost as much as the work itself for a small body or result.
-        validator = self.input_model.__pydantic_validator__
-        model = validator.validate_python({} if body is None else body)
+        model = self._validated(body)
         if self._model_param is not None:
             return {self._model_param: model}
         return {name: getattr(model, name) for name in self._field_names}
@@ -163,3 +185,32 @@ def _output_adapter(annotation: Any) -> TypeAdapter[Any]:
         return TypeAdapter(annotation, config=ConfigDict(ser_json_inf_nan="constants"))
     except PydanticUserError:
         return TypeAdapter(annotation)
+
+
+def _declared_keys(model: type[BaseModel]) -> frozenset[str] | None:
+    """One rule for every reasoner: a top-level key the input does not declare is a 422, as
+    for a reasoner of plain parameters (pydantic's default for a model is to drop it). The
+    keys a model declares (names and aliases), or None when the model says itself what to
+    do with extra keys (`model_config = ConfigDict(extra=...)`): its rule holds."""
+    if model.model_config.get("extra") is not None:
+        return None
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        keys.add(name)
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                keys.add(alias)
+            elif isinstance(alias, AliasChoices):
+                keys.update(c for c in alias.choices if isinstance(c, str))
+            elif isinstance(alias, AliasPath) and alias.path and isinstance(alias.path[0], str):
+                keys.add(alias.path[0])
+    return frozenset(keys)
+
+
+def _refuse_unknown(model: type[BaseModel], body: dict[str, Any], declared: frozenset[str]) -> None:
+    unknown = [key for key in body if key not in declared]
+    if unknown:
+        raise ValidationError.from_exception_data(
+            model.__name__,
+            [{"type": "extra_forbidden", "loc": (key,), "input": body[key]} for key in unknown],
+        )

@@ -132,6 +132,11 @@ async def test_the_same_key_for_another_request_is_422(client: httpx.AsyncClient
     json_type = {"content-type": "application/json"}
     two = await client.post("/reasoners/sleep", content=reordered, headers={**key2, **json_type})
     assert one.json()["execution_id"] == two.json()["execution_id"]
+    # Equal numbers for a float field, and a default sent or left out, are one request.
+    three = await client.post("/reasoners/sleep", json={"seconds": 0.0}, headers=key2)
+    assert three.json()["execution_id"] == one.json()["execution_id"]
+    other = await client.post("/reasoners/sleep", json={"seconds": 0.001}, headers=key2)
+    assert other.status_code == 422
 
 
 @pytest.mark.parametrize("raw", [b"", b"x" * 256, "caf\u00e9".encode(), b"tab\there", b"\x7f"])

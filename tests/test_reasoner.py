@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from tests_app import Text, make_agent
 
 from agent_server import Agent, ExecutionContext
@@ -21,6 +21,13 @@ from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 class Query(BaseModel):
     text: str
     limit: int = 3
+
+
+class Loose(BaseModel):
+    """A model with its own rule for extra keys."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str
 
 
 class Hit(BaseModel):
@@ -287,6 +294,40 @@ async def test_unknown_keys_are_422(client: httpx.AsyncClient) -> None:
     assert ctx.status_code == 422
     empty = await client.post("/reasoners/no_params", json={"x": 1})
     assert empty.status_code == 422
+
+
+def test_a_model_input_refuses_unknown_keys_unless_it_says_otherwise() -> None:
+    """One rule for unknown keys: refused (422), for a model input as for plain parameters;
+    a model that sets `extra` itself keeps its own rule. The reasoner still gets an
+    instance of the user's model, and the user's model is left as it was."""
+    async def strict(q: Query) -> str:
+        return q.text
+
+    async def loose(q: Loose) -> str:
+        return q.text
+
+    refusing = Reasoner(strict, "strict", None)
+    with pytest.raises(ValidationError) as refused:
+        refusing.bind({"text": "x", "unknown": 1})
+    assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [
+        (("unknown",), "extra_forbidden")
+    ]
+    assert refusing.bind({"text": "x"}) == {"q": Query(text="x")}  # the user's own model
+    assert Query.model_validate({"text": "x", "unknown": 1}).text == "x"  # left as it was
+    kept = Reasoner(loose, "loose", None).bind({"text": "x", "more": 2})["q"]
+    assert kept.model_extra == {"more": 2}
+
+
+def test_equal_requests_have_one_canonical_body() -> None:
+    """What an Idempotency-Key compares: the body as the reasoner reads it."""
+
+    async def sleep(seconds: float, text: str = "done") -> str:
+        return text
+
+    reasoner = Reasoner(sleep, "sleep", None)
+    same = [{"seconds": 5}, {"seconds": 5.0}, {"text": "done", "seconds": 5}]
+    assert len({repr(reasoner.canonical(body)) for body in same}) == 1
+    assert reasoner.canonical({"seconds": 5}) != reasoner.canonical({"seconds": 5.5})
 
 
 async def test_output_serialised_by_annotation_over_http(client: httpx.AsyncClient) -> None:
