@@ -205,7 +205,7 @@ def _read_reply(stream: Any) -> Any:
 
 def script_names(source: Path) -> dict[str, str]:
     """SHA1 -> script name of the store's Lua scripts in the tree under test."""
-    code = "import json; from agent_server.store.redis import _SHAS; print(json.dumps(_SHAS))"
+    code = "import json; from agent_server.store.redis.scripts import SHAS; print(json.dumps(SHAS))"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=source, capture_output=True, text=True, timeout=60
     )

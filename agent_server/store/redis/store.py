@@ -3,9 +3,10 @@
 Redis is the engine: every transition of a record is one Lua script (atomic, one round
 trip), results expire with a Redis TTL, completion notices and cancel requests travel by
 pub/sub, and each replica's liveness is one entry of a sorted set scored by its expiry on
-Redis's own clock (no replica's clock decides another's fate). A single Redis, Sentinel or a
-managed Redis is the target; the scripts derive key names from the prefix, so Redis Cluster
-is not (docs/architecture.md).
+Redis's own clock (no replica's clock decides another's fate). The scripts are files of
+their own (`lua/`, loaded by `scripts.py`), each opening with its contract. A single Redis,
+Sentinel or a managed Redis is the target; the scripts derive key names from the prefix, so
+Redis Cluster is not (docs/architecture.md).
 
 Keys (prefix `agent-server:{agent name}:`):
 
@@ -15,19 +16,24 @@ Keys (prefix `agent-server:{agent name}:`):
   for TTL pruning and `max_retained` trimming, which also clear the other indexes.
 - `owned:{replica}`: the ids a replica runs, for the sweep of a dead replica's work.
 - `replicas`: replica ids scored by their liveness expiry (ms, Redis time); 0 once closed.
-- `releasing:{sid}`: present while the session is being released.
+- `releasing:{sid}`: present while the session is being released; `released:{release
+  id}`, its answer for the releases that joined it (a minute).
+- `renewals`: per replica, its last renewal and when its unbroken run of them began.
+- `void:{id}`: an id whose creator gave up on it (settle.lua); `sizes`: result and error
+  bytes per finished record, their total under `#`; `queue`: queued ids, oldest first;
+  `ev:{id}`: an execution's events (a capped stream); `idem:{key}`: an Idempotency-Key.
 - channels `ends` (ends written: a JSON list of records, or of ids for large ones; a bare
   id from a script that moved a record to lost) and `cancel:{replica}` (cancel requests).
 
-The scripts go through one multiplexed connection (`resp.RedisLink`); pub/sub and the rare
-commands through redis-py's pool.
+The scripts go through one multiplexed connection (`resp.RedisLink`), the renewal through
+a twin of its own (the probe), pub/sub through a third; the rare commands through redis-py's
+pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import re
@@ -74,6 +80,8 @@ from agent_server.store.base import (
     StoreObserver,
     StoreUnavailable,
 )
+from agent_server.store.redis import scripts
+from agent_server.store.redis.scripts import Create, Forget, Moved
 from agent_server.store.resp import NoReply, RedisLink
 
 logger = logging.getLogger("agent_server.store")
@@ -181,514 +189,8 @@ FIELDS = (
     "abandoned",
 )
 
-# -- scripts ---------------------------------------------------------------------------------
-# Every script takes ARGV[1..4] = prefix, result_ttl (ms), max_retained, the calling
-# replica's id, then its own.
-
-_PRELUDE = """
-local P = ARGV[1]
-local TTL = tonumber(ARGV[2])
--- "{max_retained}:{max_retained_bytes}"
-local MAXR, MAXB = string.match(ARGV[3], '^(%d+):(%d+)$')
-MAXR, MAXB = tonumber(MAXR), tonumber(MAXB)
-local ME = ARGV[4]
-local t = redis.call('TIME')
-local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local F = {'execution_id', 'reasoner', 'session_id', 'replica', 'attempt', 'status',
-  'status_reason', 'result', 'error', 'created_at', 'finished_at', 'duration_seconds',
-  'abandoned'}
-
--- Delete a finished record and its index entries; member is "{id}|{session id}".
-local function drop(member)
-  local bar = string.find(member, '|', 1, true)
-  local id = string.sub(member, 1, bar - 1)
-  local sid = string.sub(member, bar + 1)
-  redis.call('DEL', P .. 'x:' .. id, P .. 'ev:' .. id)
-  redis.call('ZREM', P .. 'all', id)
-  if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
-  redis.call('ZREM', P .. 'finished', member)
-  -- `sizes`: the bytes of each finished record's result and error, and their total under
-  -- '#': retention by bytes (the record may have expired already: its size stays here).
-  local size = redis.call('HGET', P .. 'sizes', id)
-  if size then
-    redis.call('HDEL', P .. 'sizes', id)
-    redis.call('HINCRBY', P .. 'sizes', '#', -tonumber(size))
-  end
-end
-
--- Past result_ttl or over max_retained, oldest first; bounded work per call.
-local function prune()
-  local cutoff = NOW_US - TTL * 1000
-  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', cutoff, 'LIMIT', 0, 100)
-  for _, m in ipairs(old) do drop(m) end
-  local over = redis.call('ZCARD', P .. 'finished') - MAXR
-  if over > 0 then
-    for _, m in ipairs(redis.call('ZRANGE', P .. 'finished', 0, math.min(over, 100) - 1)) do
-      drop(m)
-    end
-  end
-  -- Over max_retained_bytes: the oldest go, 100 at most per call; the newest always stays
-  -- (a result larger than the budget is still read once).
-  for _ = 1, 100 do
-    if tonumber(redis.call('HGET', P .. 'sizes', '#') or '0') <= MAXB then break end
-    local oldest = redis.call('ZRANGE', P .. 'finished', 0, 1)
-    if not oldest[2] then break end
-    drop(oldest[1])
-  end
-end
-
--- Whether finish() publishes the end notice itself: the outbox's writer publishes one
--- notice for the ends of a whole batch instead (see _END).
-local NOTIFY = true
--- Whether finish() prunes: the end script prunes once for its whole batch instead.
-local PRUNE = true
--- The highest score of `finished`, once read (nothing but finish() raises it).
-local LAST = nil
-
--- The record has just become terminal: move it between indexes, start its TTL, notify.
-local function finish(rec, id, sid, owner)
-  redis.call('ZREM', P .. 'running', id)
-  redis.call('SREM', P .. 'owned:' .. owner, id)
-  -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
-  -- several are written in the same microsecond.
-  if LAST == nil then
-    local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
-    LAST = tonumber(top[2] or '0')
-  end
-  local score = NOW_US
-  if LAST >= score then score = LAST + 1 end
-  LAST = score
-  redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
-  local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
-  redis.call('HSET', P .. 'sizes', id, size)
-  redis.call('HINCRBY', P .. 'sizes', '#', size)
-  redis.call('PEXPIRE', rec, TTL)
-  redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
-  if PRUNE then prune() end
-  if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
-end
-
--- End a queued execution (nobody runs it) as cancelled.
-local function cancel_queued(rec, id, sid, reason)
-  -- Its duration runs from its creation, across attempts, as a finished attempt's does.
-  local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
-  redis.call('HSET', rec, 'status', 'cancelled', 'status_reason', reason,
-    'finished_at', string.format('%.6f', NOW / 1000),
-    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
-  redis.call('LREM', P .. 'queue', 0, id)
-  finish(rec, id, sid, '')
-end
-
--- This caller's renewals (see renew()): nil until read, false when it has none.
-local MINE = nil
-
--- Whether `owner` may be judged by this caller: the verdict rests on the store's evidence
--- alone, decided here, when the script runs (a command sent before a pause runs after it).
--- The owner's lease has lapsed on Redis's clock (or it closed it), and this caller renewed
--- its own continuously (no gap over half its lease, the last one recent) for at least a
--- whole lease before now. A pause, restart or cut of Redis stops everyone's renewals, so
--- after one nobody judges until each live replica has had a whole lease to renew again.
-local function judged(owner)
-  local expiry = redis.call('ZSCORE', P .. 'replicas', owner)
-  if expiry and tonumber(expiry) > NOW then return false end
-  if MINE == nil then
-    MINE = false
-    local r = redis.call('HGET', P .. 'renewals', ME)
-    if r then
-      local last, since, lease = string.match(r, '^(%d+)|(%d+)|(%d+)$')
-      MINE = {last = tonumber(last), since = tonumber(since), lease = tonumber(lease)}
-    end
-  end
-  if not MINE or NOW - MINE.last > MINE.lease / 2 then return false end
-  if expiry and tonumber(expiry) == 0 then return true end  -- it ended its liveness itself
-  return MINE.since <= NOW - MINE.lease
-end
-
--- The record's fields plus 1 when this call moved it to lost (its owner stopped renewing
--- its liveness), 2 when it queued its next attempt instead, else 0; false when unknown.
-local function read(id)
-  local rec = P .. 'x:' .. id
-  local v = redis.call('HMGET', rec, unpack(F))
-  if not v[1] then return false end
-  local moved = 0
-  if v[6] == 'running' and judged(v[4]) then
-    local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
-    local retries = tonumber(r[2] or '0') or 0
-    if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
-      -- A resumable execution whose owner died: its next attempt is queued.
-      local attempt = tostring(tonumber(v[5]) + 1)
-      redis.call('HSET', rec, 'status', 'queued', 'attempt', attempt, 'replica', '',
-        'retries', retries + 1)
-      redis.call('ZREM', P .. 'running', id)
-      redis.call('SREM', P .. 'owned:' .. v[4], id)
-      redis.call('RPUSH', P .. 'queue', id)
-      redis.call('PUBLISH', P .. 'queued', id)
-      v[4] = ''; v[5] = attempt; v[6] = 'queued'
-      moved = 2
-    else
-      local err = cjson.encode({type = 'ExecutionLost',
-        message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
-      local fin = string.format('%.6f', NOW / 1000)
-      redis.call('HSET', rec, 'status', 'lost', 'status_reason', '', 'error', err,
-        'finished_at', fin, 'duration_seconds', '')
-      v[6] = 'lost'; v[7] = ''; v[9] = err; v[11] = fin; v[12] = ''
-      finish(rec, id, v[3], v[4])
-      moved = 1
-    end
-  end
-  v[14] = moved
-  return v
-end
-"""
-
-# ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
-# none), its fingerprint, its TTL (ms), then the record's values in F's order, then any more
-# field/value pairs (a resumable one's body and max_attempts). Returns {1} created, {0}
-# session being released, {-1} key used for another request, {-2} the key's execution was
-# forgotten, {-3} the id was voided by its creator (`_SETTLE`), {-4} the owner's lease has
-# lapsed (it must renew first), {2, record} the execution the key was first used for
-# (nothing created).
-_CREATE = """
-local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
--- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
-if redis.call('EXISTS', P .. 'void:' .. id) == 1 then return {-3} end
--- An owner whose lease lapsed (paused past it: its work is being judged) takes no new work
--- until it has renewed; what it took now would be judged at once.
-local lease = redis.call('ZSCORE', P .. 'replicas', owner)
-if (not lease) or tonumber(lease) <= NOW then return {-4} end
-if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return {0} end
-if key ~= '' then
-  local first = redis.call('GET', P .. 'idem:' .. key)
-  if first then
-    local bar = string.find(first, '|', 1, true)
-    if string.sub(first, 1, bar - 1) ~= fingerprint then return {-1} end
-    local earlier = read(string.sub(first, bar + 1))
-    if earlier then return {2, earlier} end
-    return {-2}
-  end
-  redis.call('SET', P .. 'idem:' .. key, fingerprint .. '|' .. id, 'PX', key_ttl)
-end
-local rec = P .. 'x:' .. id
-local values = {}
-for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[11 + i] end
-for i = 12 + #F, #ARGV do values[#values + 1] = ARGV[i] end
-redis.call('HSET', rec, unpack(values))
-redis.call('ZADD', P .. 'all', score, id)
-redis.call('ZADD', P .. 'running', score, id)
-redis.call('SADD', P .. 'owned:' .. owner, id)
-if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
-return {1}
-"""
-
-# Fenced ends, a batch in one call. ARGV[5]: the largest record an end notice carries;
-# ARGV[6..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
-# duration_seconds, abandoned. Returns per end 1|0 and the status found ('' if unknown); an
-# end already written by this very owner and attempt (a retry after a lost reply) is 1.
-# Prunes once for the batch, and publishes one notice for the ends it wrote: '@', the
-# writer's id, a space, then a JSON list of their records (FIELDS order), or of their ids
-# for records over the size (the writer skips its own notices: it knows what it wrote).
-_END = """
-NOTIFY = false
-PRUNE = false
-local largest = tonumber(ARGV[5])
-local out, notice = {}, {}
-for i = 6, #ARGV, 10 do
-  local id, owner, attempt, status, fin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
-    ARGV[i + 7]
-  local rec = P .. 'x:' .. id
-  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at',
-    'reasoner', 'created_at')
-  local ok = 0
-  if v[1] and v[2] == owner and v[3] == attempt then
-    if v[1] == 'running' then
-      redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
-        'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
-        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
-      finish(rec, id, v[4], owner)
-      ok = 1
-      if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
-        notice[#notice + 1] = {id, v[6], v[4], owner, attempt, status, ARGV[i + 4],
-          ARGV[i + 5], ARGV[i + 6], v[7], fin, ARGV[i + 8], ARGV[i + 9]}
-      else
-        notice[#notice + 1] = id
-      end
-    elseif v[1] == status and v[5] == fin then
-      ok = 1
-    end
-  end
-  out[#out + 1] = ok
-  out[#out + 1] = v[1] or ''
-end
-prune()
-if #notice > 0 then redis.call('PUBLISH', P .. 'ends', '@' .. ME .. ' ' .. cjson.encode(notice)) end
-return out
-"""
-
-# ARGV[5..]: ids. One entry per id: read(id).
-_GET = """
-local out = {}
-for i = 5, #ARGV do out[#out + 1] = read(ARGV[i]) end
-return out
-"""
-
-# ARGV[5..]: index (suffix of the key), ids to scan at most, limit, statuses (comma list,
-# '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
-# results out (a session's release reads statuses, not results), and a cursor: the score
-# and id of the last record looked at before ('' '' from the newest). Returns the records
-# that match (value 15 is 1) or that this call moved to lost (0 when they do not match),
-# newest first, each with its own cursor (value 16), then the cursor past the last id
-# looked at ('' when the index holds nothing older). Ids whose record expired are dropped
-# from the index as they are met.
-_LIST = """
-local index = P .. ARGV[5]
-local scan, limit, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[9]
-local budget, bare = tonumber(ARGV[10]), ARGV[11] == '1'
-local since, since_id = ARGV[12], ARGV[13]
-local wanted, any = {}, ARGV[8] == ''
-for s in string.gmatch(ARGV[8], '[^,]+') do wanted[s] = true end
-local ids
-if since == '' then
-  ids = redis.call('ZREVRANGE', index, 0, scan - 1, 'WITHSCORES')
-else
-  ids = redis.call('ZREVRANGEBYSCORE', index, since, '-inf', 'WITHSCORES', 'LIMIT', 0, scan)
-end
-local out = {}
-local matched, bytes, last, stopped = 0, 0, '', false
-for i = 1, #ids, 2 do
-  local id, score = ids[i], ids[i + 1]
-  -- Ties on the cursor's score come in descending id order: those not below it were shown.
-  if not (score == since and id >= since_id) then
-    last = score .. ':' .. id
-    local v = read(id)
-    if not v then
-      redis.call('ZREM', index, id)
-    else
-      if bare then v[8] = 'null' end
-      if (any or wanted[v[6]]) and (reasoner == '' or v[2] == reasoner) then
-        matched = matched + 1
-        v[15] = 1
-        v[16] = last
-        out[#out + 1] = v
-        bytes = bytes + #v[8] + #v[9] + 400
-      elseif v[14] == 1 then
-        v[15] = 0
-        v[16] = last
-        out[#out + 1] = v
-      end
-      -- A page stops at its byte budget (past it by one record at most: the caller then
-      -- knows the page is cut), not after Redis has read and sent every big result.
-      if matched >= limit or (budget > 0 and bytes > budget) then stopped = true; break end
-    end
-  end
-end
-if not stopped and #ids < 2 * scan then last = '' end
-out[#out + 1] = last
-return out
-"""
-
-# ARGV[5]: id. {0} unknown, {-1, record} still active, {1, record} forgotten.
-_FORGET = """
-local v = read(ARGV[5])
-if not v then return {0} end
-if v[6] == 'running' or v[6] == 'queued' then return {-1, v} end
-drop(ARGV[5] .. '|' .. v[3])
-redis.call('ZREM', P .. 'running', ARGV[5])
-return {1, v}
-"""
-
-# Renew this replica's liveness, count the live ones, move the running work of dead
-# replicas to lost (bounded, only when judged() allows), prune. ARGV[5..]: lease (ms),
-# sweep limit.
-# Returns {replicas alive, queued executions, records moved...}.
-_TICK = """
-local lease, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
--- Renewals: `renewals` holds "last|since|lease" per replica (Redis ms), `since` the first
--- renewal of the current unbroken run (no gap over half the lease); judged() reads it.
-local since = NOW
-local r = redis.call('HGET', P .. 'renewals', ME)
-if r then
-  local last, first = string.match(r, '^(%d+)|(%d+)|')
-  if last and NOW - tonumber(last) <= lease / 2 then since = tonumber(first) end
-end
-redis.call('HSET', P .. 'renewals', ME, NOW .. '|' .. since .. '|' .. lease)
-redis.call('ZADD', P .. 'replicas', NOW + lease, ME)
-local out = {redis.call('ZCOUNT', P .. 'replicas', '(' .. NOW, '+inf'),
-  redis.call('LLEN', P .. 'queue')}
-local dead = redis.call('ZRANGEBYSCORE', P .. 'replicas', '-inf', NOW, 'LIMIT', 0, 10)
-for _, replica in ipairs(dead) do
-  local owned = P .. 'owned:' .. replica
-  if budget > 0 and judged(replica) then
-    for _, id in ipairs(redis.call('SRANDMEMBER', owned, budget)) do
-      local v = read(id)
-      if v and v[14] == 1 then out[#out + 1] = v end
-      if (not v) or v[6] ~= 'running' then redis.call('SREM', owned, id) end
-      budget = budget - 1
-    end
-  end
-  if redis.call('SCARD', owned) == 0 then
-    redis.call('ZREM', P .. 'replicas', replica)
-    redis.call('HDEL', P .. 'renewals', replica)
-  end
-end
-prune()
-return out
-"""
-
-# A resumable execution's progress, fenced like an end. ARGV[5..]: id, owner, attempt,
-# checkpoint (JSON). Returns {1|0, the status found ('' if unknown)}.
-_CHECKPOINT = """
-local rec = P .. 'x:' .. ARGV[5]
-local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
-if not v[1] then return {0, ''} end
-if v[1] ~= 'running' or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {0, v[1]} end
-redis.call('HSET', rec, 'checkpoint', ARGV[8])
-return {1, v[1]}
-"""
-
-# Hand-off at shutdown, fenced like an end. ARGV[5..]: id, owner, attempt. The next attempt
-# is queued for whichever replica takes it first. Returns {1|0, the status found}.
-_HANDOFF = """
-local id, owner, attempt = ARGV[5], ARGV[6], ARGV[7]
-local rec = P .. 'x:' .. id
-local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
-if not v[1] then return {0, ''} end
-if v[1] ~= 'running' or v[2] ~= owner or v[3] ~= attempt then
-  if v[1] == 'queued' and v[3] == tostring(tonumber(attempt) + 1) then return {1, v[1]} end
-  return {0, v[1]}
-end
-redis.call('HSET', rec, 'status', 'queued', 'attempt', tostring(tonumber(attempt) + 1),
-  'replica', '')
-redis.call('ZREM', P .. 'running', id)
-redis.call('SREM', P .. 'owned:' .. owner, id)
-redis.call('RPUSH', P .. 'queue', id)
-redis.call('PUBLISH', P .. 'queued', id)
-return {1, 'running'}
-"""
-
-# Take the oldest queued execution. ARGV[5]: this replica. Returns {record, {body,
-# checkpoint, max_attempts}} or false when nothing is queued.
-_CLAIM = """
-local me = ARGV[5]
-local lease = redis.call('ZSCORE', P .. 'replicas', me)
-if (not lease) or tonumber(lease) <= NOW then return false end  -- renew first, as _CREATE
-while true do
-  local id = redis.call('LPOP', P .. 'queue')
-  if not id then return false end
-  local rec = P .. 'x:' .. id
-  local v = redis.call('HMGET', rec, 'status', 'created_at', 'session_id')
-  if v[1] == 'queued' and v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
-    cancel_queued(rec, id, v[3], 'session_released')  -- its session is being released
-  elseif v[1] == 'queued' then
-    redis.call('HSET', rec, 'status', 'running', 'replica', me)
-    redis.call('ZADD', P .. 'running', v[2], id)
-    redis.call('SADD', P .. 'owned:' .. me, id)
-    local row = redis.call('HMGET', rec, unpack(F))
-    row[14] = 0
-    local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')
-    local last = redis.call('XREVRANGE', P .. 'ev:' .. id, '+', '-', 'COUNT', 1)
-    extra[4] = last[1] and last[1][1] or '0-0'
-    return {row, extra}
-  end
-end
-"""
-
-# An event (its notice is published once per batch by the outbox's writer), written only
-# while this attempt owns the execution (a stale attempt's events
-# are dropped). ARGV[5..]: id, owner, attempt, event number, name, data (JSON), events kept.
-_EMIT = """
-local id = ARGV[5]
-local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'replica', 'attempt')
-if v[1] ~= 'running' or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {1, 'dropped'} end
-local key = P .. 'ev:' .. id
-local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= tonumber(ARGV[8]) then
-  return {1, 'dropped'}
-end
-redis.call('XADD', key, 'MAXLEN', ARGV[11], ARGV[8] .. '-1', 'e', ARGV[9], 'd', ARGV[10])
-return {1, ''}
-"""
-
-# Cancel a queued execution: nobody runs it, so it ends here. ARGV[5..]: id, reason.
-# Returns {1, ''} cancelled; {0, owner} when a replica claimed it meanwhile (send it there);
-# {0, ''} when it is no longer active.
-_CANCEL_QUEUED = """
-local rec = P .. 'x:' .. ARGV[5]
-local v = redis.call('HMGET', rec, 'status', 'replica', 'session_id')
-if v[1] == 'queued' then
-  cancel_queued(rec, ARGV[5], v[3], ARGV[6])
-  return {1, ''}
-end
-if v[1] == 'running' then return {0, v[2]} end
-return {0, ''}
-"""
-
-# End a release: its answer for the releases that joined it (a minute), and the session free
-# again if this release still holds it. ARGV[5..]: session id, release id, answer ('' none).
-_END_RELEASE = """
-local key = P .. 'releasing:' .. ARGV[5]
-if ARGV[6] ~= '' and ARGV[7] ~= '' then
-  redis.call('SET', P .. 'released:' .. ARGV[6], ARGV[7], 'PX', 60000)
-end
-if ARGV[6] == '' or redis.call('GET', key) == ARGV[6] then redis.call('DEL', key) end
-return 1
-"""
-
-# Settle creates whose answer this replica never got (sent, then no reply in time: Redis
-# may still run them, section 12). ARGV[5..]: ids. Per id, the record (read()) if it was
-# created; else false, and the id is voided so that a create still on its way is refused.
-_SETTLE = """
-local out = {}
-for i = 5, #ARGV do
-  local v = read(ARGV[i])
-  if not v then redis.call('SET', P .. 'void:' .. ARGV[i], '1', 'PX', 86400000) end
-  out[#out + 1] = v
-end
-return out
-"""
-
-# The running executions this replica owns in the store, so it can find those it runs no
-# task for (section 12, invariant 3). ARGV[5]: at most this many. Returns {record (read()),
-# max_attempts or ''} per execution.
-_OWNED = """
-local out = {}
-local owned = P .. 'owned:' .. ME
-for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
-  local v = read(id)
-  if v and v[6] == 'running' and v[4] == ME then
-    out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
-  elseif (not v) or v[4] ~= ME then
-    redis.call('SREM', owned, id)
-  end
-end
-return out
-"""
-
-_SCRIPTS = {
-    name: _PRELUDE + body
-    for name, body in {
-        "create": _CREATE,
-        "end": _END,
-        "get": _GET,
-        "list": _LIST,
-        "forget": _FORGET,
-        "tick": _TICK,
-        "checkpoint": _CHECKPOINT,
-        "handoff": _HANDOFF,
-        "claim": _CLAIM,
-        "emit": _EMIT,
-        "cancel_queued": _CANCEL_QUEUED,
-        "end_release": _END_RELEASE,
-        "settle": _SETTLE,
-        "owned": _OWNED,
-    }.items()
-}
 #: A list cursor: the index score (the creation time, as Redis writes a double) and the id.
 _CURSOR = re.compile(r"(-?[0-9][0-9.]{0,24}(?:e[+-]?[0-9]{1,3})?):([0-9a-f]{32})")
-_SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in _SCRIPTS.items()}
-#: The same, as bytes for the commands (packed as they are).
-_EVALSHA = {name: sha.encode() for name, sha in _SHAS.items()}
 
 
 class _Operation:
@@ -1103,19 +605,19 @@ class RedisStore(ExecutionStore):
             raise
         finally:
             self._creating.discard(execution_id)
-        code = int(reply[0])
-        if code == -3:
+        code = Create(int(reply[0]))
+        if code is Create.VOIDED:
             raise StoreUnavailable(f"the create of execution {execution_id} was given up")
-        if code == -4:
+        if code is Create.LEASE_LAPSED:
             self._tick_now.set()
             raise StoreUnavailable(f"replica {execution.replica}'s lease lapsed: renewing first")
-        if code == 0:
+        if code is Create.RELEASING:
             raise SessionReleasing(session_id)
-        if code == -1:
+        if code is Create.KEY_MISMATCH:
             raise IdempotencyMismatch(key)
-        if code == -2:
+        if code is Create.KEY_FORGOTTEN:
             raise IdempotencyForgotten(key)
-        if code == 2:
+        if code is Create.EXISTING:
             return self._restore(reply[1])
         return None
 
@@ -1336,11 +838,11 @@ class RedisStore(ExecutionStore):
         """One script: False when unknown, ExecutionRunning while active, else deleted."""
         with self._operation("forget"):
             reply = await self._script("forget", execution_id)
-        code = int(reply[0])
-        if code == 0:
+        code = Forget(int(reply[0]))
+        if code is Forget.UNKNOWN:
             return False
         found = self._restore(reply[1])  # counts a move to lost made on the way
-        if code < 0:
+        if code is Forget.ACTIVE:
             raise ExecutionRunning(execution_id, found.status.value)
         return True
 
@@ -1568,7 +1070,7 @@ class RedisStore(ExecutionStore):
                             commands[-1].extend(args)
                             spans[-1] = (spans[-1][0], index + 1)
                             continue
-                        command = [b"EVALSHA", _EVALSHA[script], 0, *common]
+                        command = [b"EVALSHA", scripts.EVALSHA[script], 0, *common]
                         if script == "end":
                             command.append(NOTICE_RECORD_MAX)
                         commands.append([*command, *args])
@@ -1882,7 +1384,7 @@ class RedisStore(ExecutionStore):
         return text
 
     async def _load_scripts(self) -> None:
-        for text in _SCRIPTS.values():
+        for text in scripts.SCRIPTS.values():
             await cast(Awaitable[Any], self._redis.script_load(text))
 
     @property
@@ -1896,10 +1398,10 @@ class RedisStore(ExecutionStore):
         forgotten them (a restart)."""
         link = self._scripts if via is None else via
         try:
-            return await link.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
+            return await link.call(b"EVALSHA", scripts.EVALSHA[name], 0, *self._args, *args)
         except NoScriptError:
             await self._load_scripts()
-            return await link.call(b"EVALSHA", _EVALSHA[name], 0, *self._args, *args)
+            return await link.call(b"EVALSHA", scripts.EVALSHA[name], 0, *self._args, *args)
 
     async def _list(
         self,
@@ -1974,10 +1476,10 @@ class RedisStore(ExecutionStore):
             duration_seconds=_number(duration),
             abandoned=abandoned == "1",
         )
-        moved = int(row[13])
-        if moved == 1 and self.observer is not None:
+        moved = Moved(int(row[13]))
+        if moved is Moved.LOST and self.observer is not None:
             self.observer.execution_lost(execution)
-        elif moved == 2:
+        elif moved is Moved.QUEUED:
             logger.warning(
                 "execution %s (%s): its owner stopped renewing its liveness; attempt %d queued",
                 execution.execution_id,

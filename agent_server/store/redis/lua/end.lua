@@ -1,0 +1,45 @@
+--[[ end
+  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
+  Fenced ends, a batch in one call. ARGV[5]: the largest record an end notice carries;
+  ARGV[6..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
+  duration_seconds, abandoned. Returns per end 1|0 and the status found ('' if unknown); an
+  end already written by this very owner and attempt (a retry after a lost reply) is 1.
+  Prunes once for the batch, and publishes one notice for the ends it wrote: '@', the
+  writer's id, a space, then a JSON list of their records (FIELDS order), or of their ids
+  for records over the size (the writer skips its own notices: it knows what it wrote).
+]]
+--! include records.lua
+NOTIFY = false
+PRUNE = false
+local largest = tonumber(ARGV[5])
+local out, notice = {}, {}
+for i = 6, #ARGV, 10 do
+  local id, owner, attempt, status, fin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+    ARGV[i + 7]
+  local rec = P .. 'x:' .. id
+  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at',
+    'reasoner', 'created_at')
+  local ok = 0
+  if v[1] and v[2] == owner and v[3] == attempt then
+    if v[1] == 'running' then
+      redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
+        'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
+        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
+      finish(rec, id, v[4], owner)
+      ok = 1
+      if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
+        notice[#notice + 1] = {id, v[6], v[4], owner, attempt, status, ARGV[i + 4],
+          ARGV[i + 5], ARGV[i + 6], v[7], fin, ARGV[i + 8], ARGV[i + 9]}
+      else
+        notice[#notice + 1] = id
+      end
+    elseif v[1] == status and v[5] == fin then
+      ok = 1
+    end
+  end
+  out[#out + 1] = ok
+  out[#out + 1] = v[1] or ''
+end
+prune()
+if #notice > 0 then redis.call('PUBLISH', P .. 'ends', '@' .. ME .. ' ' .. cjson.encode(notice)) end
+return out

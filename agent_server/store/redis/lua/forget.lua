@@ -1,0 +1,13 @@
+--[[ forget: delete a finished record and its index entries.
+  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
+  ARGV[5]: the id.
+  Returns (codes.py `Forget`): {UNKNOWN}; {ACTIVE, record} still running or queued (nothing
+  deleted); {FORGOTTEN, record}.
+]]
+--! include judge.lua
+local v = read(ARGV[5])
+if not v then return {FORGET_UNKNOWN} end
+if v[6] == 'running' or v[6] == 'queued' then return {FORGET_ACTIVE, v} end
+drop(ARGV[5] .. '|' .. v[3])
+redis.call('ZREM', P .. 'running', ARGV[5])
+return {FORGET_FORGOTTEN, v}

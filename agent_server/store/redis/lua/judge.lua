@@ -1,0 +1,65 @@
+--[[ judge: reading a record, and the verdict on its owner (section 12, invariant 2).
+  Defines: judged(owner), read(id).
+]]
+--! include records.lua
+-- This caller's renewals (see renew()): nil until read, false when it has none.
+local MINE = nil
+
+-- Whether `owner` may be judged by this caller: the verdict rests on the store's evidence
+-- alone, decided here, when the script runs (a command sent before a pause runs after it).
+-- The owner's lease has lapsed on Redis's clock (or it closed it), and this caller renewed
+-- its own continuously (no gap over half its lease, the last one recent) for at least a
+-- whole lease before now. A pause, restart or cut of Redis stops everyone's renewals, so
+-- after one nobody judges until each live replica has had a whole lease to renew again.
+local function judged(owner)
+  local expiry = redis.call('ZSCORE', P .. 'replicas', owner)
+  if expiry and tonumber(expiry) > NOW then return false end
+  if MINE == nil then
+    MINE = false
+    local r = redis.call('HGET', P .. 'renewals', ME)
+    if r then
+      local last, since, lease = string.match(r, '^(%d+)|(%d+)|(%d+)$')
+      MINE = {last = tonumber(last), since = tonumber(since), lease = tonumber(lease)}
+    end
+  end
+  if not MINE or NOW - MINE.last > MINE.lease / 2 then return false end
+  if expiry and tonumber(expiry) == 0 then return true end  -- it ended its liveness itself
+  return MINE.since <= NOW - MINE.lease
+end
+
+-- The record's fields plus MOVED_LOST when this call moved it to lost (its owner stopped
+-- renewing its liveness), MOVED_QUEUED when it queued its next attempt instead, else
+-- MOVED_NOT; false when unknown.
+local function read(id)
+  local rec = P .. 'x:' .. id
+  local v = redis.call('HMGET', rec, unpack(F))
+  if not v[1] then return false end
+  local moved = MOVED_NOT
+  if v[6] == 'running' and judged(v[4]) then
+    local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
+    local retries = tonumber(r[2] or '0') or 0
+    if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
+      -- A resumable execution whose owner died: its next attempt is queued.
+      local attempt = tostring(tonumber(v[5]) + 1)
+      redis.call('HSET', rec, 'status', 'queued', 'attempt', attempt, 'replica', '',
+        'retries', retries + 1)
+      redis.call('ZREM', P .. 'running', id)
+      redis.call('SREM', P .. 'owned:' .. v[4], id)
+      redis.call('RPUSH', P .. 'queue', id)
+      redis.call('PUBLISH', P .. 'queued', id)
+      v[4] = ''; v[5] = attempt; v[6] = 'queued'
+      moved = MOVED_QUEUED
+    else
+      local err = cjson.encode({type = 'ExecutionLost',
+        message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
+      local fin = string.format('%.6f', NOW / 1000)
+      redis.call('HSET', rec, 'status', 'lost', 'status_reason', '', 'error', err,
+        'finished_at', fin, 'duration_seconds', '')
+      v[6] = 'lost'; v[7] = ''; v[9] = err; v[11] = fin; v[12] = ''
+      finish(rec, id, v[3], v[4])
+      moved = MOVED_LOST
+    end
+  end
+  v[14] = moved
+  return v
+end

@@ -1,0 +1,56 @@
+--[[ list
+  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
+  ARGV[5..]: index (suffix of the key), ids to scan at most, limit, statuses (comma list,
+  '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
+  results out (a session's release reads statuses, not results), and a cursor: the score
+  and id of the last record looked at before ('' '' from the newest). Returns the records
+  that match (value 15 is 1) or that this call moved to lost (0 when they do not match),
+  newest first, each with its own cursor (value 16), then the cursor past the last id
+  looked at ('' when the index holds nothing older). Ids whose record expired are dropped
+  from the index as they are met.
+]]
+--! include judge.lua
+local index = P .. ARGV[5]
+local scan, limit, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[9]
+local budget, bare = tonumber(ARGV[10]), ARGV[11] == '1'
+local since, since_id = ARGV[12], ARGV[13]
+local wanted, any = {}, ARGV[8] == ''
+for s in string.gmatch(ARGV[8], '[^,]+') do wanted[s] = true end
+local ids
+if since == '' then
+  ids = redis.call('ZREVRANGE', index, 0, scan - 1, 'WITHSCORES')
+else
+  ids = redis.call('ZREVRANGEBYSCORE', index, since, '-inf', 'WITHSCORES', 'LIMIT', 0, scan)
+end
+local out = {}
+local matched, bytes, last, stopped = 0, 0, '', false
+for i = 1, #ids, 2 do
+  local id, score = ids[i], ids[i + 1]
+  -- Ties on the cursor's score come in descending id order: those not below it were shown.
+  if not (score == since and id >= since_id) then
+    last = score .. ':' .. id
+    local v = read(id)
+    if not v then
+      redis.call('ZREM', index, id)
+    else
+      if bare then v[8] = 'null' end
+      if (any or wanted[v[6]]) and (reasoner == '' or v[2] == reasoner) then
+        matched = matched + 1
+        v[15] = 1
+        v[16] = last
+        out[#out + 1] = v
+        bytes = bytes + #v[8] + #v[9] + 400
+      elseif v[14] == MOVED_LOST then
+        v[15] = 0
+        v[16] = last
+        out[#out + 1] = v
+      end
+      -- A page stops at its byte budget (past it by one record at most: the caller then
+      -- knows the page is cut), not after Redis has read and sent every big result.
+      if matched >= limit or (budget > 0 and bytes > budget) then stopped = true; break end
+    end
+  end
+end
+if not stopped and #ids < 2 * scan then last = '' end
+out[#out + 1] = last
+return out

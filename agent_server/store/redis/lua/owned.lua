@@ -1,0 +1,18 @@
+--[[ owned
+  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
+  The running executions this replica owns in the store, so it can find those it runs no
+  task for (section 12, invariant 3). ARGV[5]: at most this many. Returns {record (read()),
+  max_attempts or ''} per execution.
+]]
+--! include judge.lua
+local out = {}
+local owned = P .. 'owned:' .. ME
+for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
+  local v = read(id)
+  if v and v[6] == 'running' and v[4] == ME then
+    out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
+  elseif (not v) or v[4] ~= ME then
+    redis.call('SREM', owned, id)
+  end
+end
+return out

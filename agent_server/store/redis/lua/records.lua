@@ -1,0 +1,87 @@
+--[[ records: the end of a record's life, and retention.
+  Defines: drop(member), prune(), finish(rec, id, sid, owner), cancel_queued(rec, id, sid,
+  reason). finish() publishes the end notice and prunes unless a script that writes many
+  ends at once sets NOTIFY or PRUNE to false first (end.lua does, once for its batch).
+]]
+--! include header.lua
+-- Delete a finished record and its index entries; member is "{id}|{session id}".
+local function drop(member)
+  local bar = string.find(member, '|', 1, true)
+  local id = string.sub(member, 1, bar - 1)
+  local sid = string.sub(member, bar + 1)
+  redis.call('DEL', P .. 'x:' .. id, P .. 'ev:' .. id)
+  redis.call('ZREM', P .. 'all', id)
+  if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
+  redis.call('ZREM', P .. 'finished', member)
+  -- `sizes`: the bytes of each finished record's result and error, and their total under
+  -- '#': retention by bytes (the record may have expired already: its size stays here).
+  local size = redis.call('HGET', P .. 'sizes', id)
+  if size then
+    redis.call('HDEL', P .. 'sizes', id)
+    redis.call('HINCRBY', P .. 'sizes', '#', -tonumber(size))
+  end
+end
+
+-- Past result_ttl or over max_retained, oldest first; bounded work per call.
+local function prune()
+  local cutoff = NOW_US - TTL * 1000
+  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', cutoff, 'LIMIT', 0, 100)
+  for _, m in ipairs(old) do drop(m) end
+  local over = redis.call('ZCARD', P .. 'finished') - MAXR
+  if over > 0 then
+    for _, m in ipairs(redis.call('ZRANGE', P .. 'finished', 0, math.min(over, 100) - 1)) do
+      drop(m)
+    end
+  end
+  -- Over max_retained_bytes: the oldest go, 100 at most per call; the newest always stays
+  -- (a result larger than the budget is still read once).
+  for _ = 1, 100 do
+    if tonumber(redis.call('HGET', P .. 'sizes', '#') or '0') <= MAXB then break end
+    local oldest = redis.call('ZRANGE', P .. 'finished', 0, 1)
+    if not oldest[2] then break end
+    drop(oldest[1])
+  end
+end
+
+-- Whether finish() publishes the end notice itself: the outbox's writer publishes one
+-- notice for the ends of a whole batch instead (see _END).
+local NOTIFY = true
+-- Whether finish() prunes: the end script prunes once for its whole batch instead.
+local PRUNE = true
+-- The highest score of `finished`, once read (nothing but finish() raises it).
+local LAST = nil
+
+-- The record has just become terminal: move it between indexes, start its TTL, notify.
+local function finish(rec, id, sid, owner)
+  redis.call('ZREM', P .. 'running', id)
+  redis.call('SREM', P .. 'owned:' .. owner, id)
+  -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
+  -- several are written in the same microsecond.
+  if LAST == nil then
+    local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
+    LAST = tonumber(top[2] or '0')
+  end
+  local score = NOW_US
+  if LAST >= score then score = LAST + 1 end
+  LAST = score
+  redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
+  local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
+  redis.call('HSET', P .. 'sizes', id, size)
+  redis.call('HINCRBY', P .. 'sizes', '#', size)
+  redis.call('PEXPIRE', rec, TTL)
+  redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
+  if PRUNE then prune() end
+  if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
+end
+
+-- End a queued execution (nobody runs it) as cancelled.
+local function cancel_queued(rec, id, sid, reason)
+  -- Its duration runs from its creation, across attempts, as a finished attempt's does.
+  local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
+  redis.call('HSET', rec, 'status', 'cancelled', 'status_reason', reason,
+    'finished_at', string.format('%.6f', NOW / 1000),
+    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
+  redis.call('LREM', P .. 'queue', 0, id)
+  finish(rec, id, sid, '')
+end
+

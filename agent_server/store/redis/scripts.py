@@ -1,0 +1,99 @@
+"""The Lua scripts, one file each under `lua/`, shipped as package data.
+
+Each file opens with its contract (KEYS, ARGV, replies) and names the files it builds on
+with `--! include NAME.lua` lines; `load` inlines each included file once, before the first
+file that includes it, so a script carries exactly the code it uses. `codes.lua` is made
+here from the reply codes below, so Lua and Python read the same names.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from importlib import resources
+
+#: Every script the store calls, by the name it calls it.
+NAMES = (
+    "create",
+    "end",
+    "get",
+    "list",
+    "forget",
+    "tick",
+    "checkpoint",
+    "handoff",
+    "claim",
+    "emit",
+    "cancel_queued",
+    "end_release",
+    "settle",
+    "owned",
+)
+
+
+class Create(enum.IntEnum):
+    """The first value of create.lua's reply."""
+
+    CREATED = 1
+    RELEASING = 0
+    KEY_MISMATCH = -1
+    KEY_FORGOTTEN = -2
+    VOIDED = -3
+    LEASE_LAPSED = -4
+    EXISTING = 2
+
+
+class Forget(enum.IntEnum):
+    """The first value of forget.lua's reply."""
+
+    UNKNOWN = 0
+    ACTIVE = -1
+    FORGOTTEN = 1
+
+
+class Moved(enum.IntEnum):
+    """Value 14 of a record as `read` (judge.lua) returns it: what this call did to it."""
+
+    NOT = 0
+    LOST = 1
+    QUEUED = 2
+
+
+_INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
+
+
+def _codes() -> str:
+    """codes.lua: each reply code as a Lua local, `CREATE_CREATED` for `Create.CREATED`."""
+    lines = ["-- Reply codes, made from agent_server/store/redis/scripts.py."]
+    for kind in (Create, Forget, Moved):
+        for code in kind:
+            lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
+    return "\n".join(lines) + "\n"
+
+
+def _read(name: str) -> str:
+    if name == "codes.lua":
+        return _codes()
+    return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
+
+
+def load(name: str) -> str:
+    """The script `name` with its includes inlined, each once, in the order first named."""
+    seen: set[str] = set()
+
+    def expand(file: str) -> str:
+        if file in seen:
+            return ""
+        seen.add(file)
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), _read(file))
+
+    return expand(f"{name}.lua")
+
+
+#: The text of every script, by name.
+SCRIPTS = {name: load(name) for name in NAMES}
+#: Their SHA1 digests, for EVALSHA.
+SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
+#: The same, as bytes for the commands (packed as they are).
+EVALSHA = {name: sha.encode() for name, sha in SHAS.items()}
