@@ -1,18 +1,22 @@
 """`agent-server run [APP]`: load an Agent, validate the settings and budget, serve it.
-`agent-server call NAME [JSON]`: run a reasoner on a server through `agent_server.client`."""
+`agent-server call NAME [JSON]`, `get ID`, `list`, `cancel ID`, `events ID` and
+`release SESSION`: the same server from a shell, through `agent_server.client`."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import importlib
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from types import UnionType
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import IO, Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin
 
 import click
 import uvicorn
@@ -27,6 +31,7 @@ from agent_server.client import (
     DEFAULT_URL,
     AgentClient,
     AgentServerError,
+    Event,
     Execution,
     InvalidInput,
     Unavailable,
@@ -248,7 +253,8 @@ def run(app: str | None, **flags: Any) -> None:
 
 
 class CallExit(enum.IntEnum):
-    """`agent-server call`'s exit codes: one per way a call can end."""
+    """The exit codes of `call` and every other verb that talks to a server: one per way a
+    call can end."""
 
     SUCCEEDED = 0
     FAILED = 1
@@ -257,7 +263,7 @@ class CallExit(enum.IntEnum):
     LOST = 4
     UNREACHABLE = 5  # no answer, or still refused (429/503), after the retries
     REFUSED = 6  # 401, 404, 409 and any other error answer
-    TIMEOUT = 7  # --timeout passed before the end
+    TIMEOUT = 7  # --timeout (--wait) passed before the end
 
 
 END_CODES = {
@@ -267,6 +273,91 @@ END_CODES = {
     "lost": CallExit.LOST,
 }
 
+#: Every verb's help ends with this table (docs/client.md has the same).
+EXIT_CODES = """\b
+Exit codes:
+  0  succeeded; or done: started (--async), read (an execution not ended yet),
+     listed, cancel requested, released
+  1  failed
+  2  usage error, input that is not JSON, or input the server refused (400, 422, ...)
+  3  cancelled
+  4  lost
+  5  unreachable: no answer, or still 429/503, after --retry-for seconds
+  6  refused: unauthorized (401), unknown (404), conflict (409), other errors
+  7  --timeout (get: --wait) passed before the end
+
+Anything but 0 also writes one line to stderr."""
+
+
+class BadInput(click.ClickException):
+    """Input a verb cannot send: exit 2 with one line, as every other end but 0 of a verb
+    writes one line (click's own usage errors write three)."""
+
+    exit_code = CallExit.INVALID
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"agent-server: {self.format_message()}", err=True)
+
+
+class ClientCommand(click.Command):
+    """A verb that talks to a server: the exit codes in its help, a usage error as one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("context_settings", CONTEXT)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise BadInput(f"{ctx.info_name}: {exc.format_message()}") from exc
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a verb reaches the server: `--url`, `--token-file`, `--retry-for`."""
+
+    url: str
+    token_file: str | None
+    retry_for: float
+
+
+def server_options(func: Callable[..., None]) -> Callable[..., None]:
+    """The options every verb shares, declared once; the verb receives them as `server`."""
+
+    @click.option(
+        "--url",
+        default=DEFAULT_URL,
+        show_default=True,
+        envvar="AGENT_SERVER_URL",
+        help="The server (or the Service in front of its replicas). [env: AGENT_SERVER_URL]",
+    )
+    @click.option(
+        "--token-file",
+        default=None,
+        envvar=ENV + "API_TOKEN_FILE",
+        help="File holding the bearer token; else AGENT_SERVER_API_TOKEN, if set. "
+        "[env: AGENT_SERVER_API_TOKEN_FILE]",
+    )
+    @click.option(
+        "--retry-for",
+        type=click.FloatRange(min=0),
+        default=30.0,
+        show_default=True,
+        help="Seconds to keep retrying refusals (429, 503) and connection errors.",
+    )
+    @functools.wraps(func)
+    def verb(*args: Any, url: str, token_file: str | None, retry_for: float, **kwargs: Any) -> None:
+        func(*args, server=ServerOptions(url, token_file, retry_for), **kwargs)
+
+    return verb
+
+
+def seconds_option(flag: str, help: str) -> Callable[[F], F]:
+    """A bound in seconds (above 0) on a verb's wait for an end; none without it."""
+    return click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, help=help)
+
 
 def _call_token(token_file: str | None) -> str | None:
     if token_file is not None:
@@ -275,20 +366,55 @@ def _call_token(token_file: str | None) -> str | None:
     return check_token(token) if token else None
 
 
+def _reach(server: ServerOptions, work: Callable[[AgentClient], int]) -> NoReturn:
+    """Exit with the code of `work` done through a client of the server; an error of the
+    client exits with its code (`_error_code`) and one line."""
+    try:
+        token = _call_token(server.token_file)
+    except TokenError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        with AgentClient(server.url, token=token, retry_for=server.retry_for) as client:
+            code = work(client)
+    except AgentServerError as exc:
+        click.echo(f"agent-server: {exc}", err=True)
+        code = _error_code(exc)
+    sys.exit(code)
+
+
 def _print_json(value: Any) -> None:
     click.echo(json.dumps(value, ensure_ascii=False))
 
 
-def _ended(execution: Execution) -> int:
-    """Print the execution; its end's exit code, with a line on stderr for any other end
-    than `succeeded`."""
-    _print_json(execution.json)
+def _end_code(execution: Execution) -> int:
+    """The exit code of how the execution ended (0 while it has not), with a line on stderr
+    for any other end than `succeeded`."""
+    if not execution.is_terminal:
+        return CallExit.SUCCEEDED
     if execution.status != "succeeded":
         try:
             execution.outcome()
         except AgentServerError as exc:
             click.echo(f"agent-server: {exc}", err=True)
     return END_CODES.get(execution.status, CallExit.REFUSED)
+
+
+def _printed(execution: Execution) -> int:
+    """Print the execution; the exit code of its end."""
+    _print_json(execution.json)
+    return _end_code(execution)
+
+
+def _streamed(events: Iterator[Event]) -> int:
+    """Print each event as one JSON line; the exit code of the end the last one carries."""
+    end: Execution | None = None
+    for event in events:
+        _print_json({"id": event.id, "event": event.event, "data": event.data})
+        if event.event == "end" and isinstance(event.data, dict):
+            end = Execution.from_json(event.data)
+    if end is None:  # pragma: no cover - a stream ends with its end event
+        raise AgentServerError("the event stream ended without its end event")
+    return _end_code(end)
 
 
 def _error_code(exc: AgentServerError) -> int:
@@ -301,16 +427,9 @@ def _error_code(exc: AgentServerError) -> int:
     return CallExit.REFUSED
 
 
-@main.command(context_settings=CONTEXT)
+@main.command(cls=ClientCommand)
 @click.argument("name")
 @click.argument("input_json", metavar="[JSON]", required=False)
-@click.option(
-    "--url",
-    default=DEFAULT_URL,
-    show_default=True,
-    envvar="AGENT_SERVER_URL",
-    help="The server (or the Service in front of its replicas). [env: AGENT_SERVER_URL]",
-)
 @click.option(
     "--async",
     "background",
@@ -321,91 +440,153 @@ def _error_code(exc: AgentServerError) -> int:
     "--stream", is_flag=True, help="Start it and print its events as they come, one JSON line each."
 )
 @click.option("--session", default=None, help="The session (X-Session-ID) it belongs to.")
-@click.option(
-    "--token-file",
-    default=None,
-    envvar=ENV + "API_TOKEN_FILE",
-    help="File holding the bearer token; else AGENT_SERVER_API_TOKEN, if set. "
-    "[env: AGENT_SERVER_API_TOKEN_FILE]",
-)
-@click.option(
+@seconds_option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Seconds to wait for the end (a synchronous run is then cancelled).",
+    "Seconds to wait for the end (a synchronous run is then cancelled; with --stream, the "
+    "stream ends and the execution goes on).",
 )
-@click.option(
-    "--retry-for",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to keep retrying refusals (429, 503) and connection errors.",
-)
+@server_options
 def call(
     name: str,
     input_json: str | None,
-    url: str,
     background: bool,
     stream: bool,
     session: str | None,
-    token_file: str | None,
     timeout: float | None,
-    retry_for: float,
+    server: ServerOptions,
 ) -> None:
     """Run reasoner NAME with JSON input (an object of its parameters) on a server, and print
-    the execution as JSON. Rides rollouts like the Python client (docs/client.md).
-
-    \b
-    Exit codes:
-      0  succeeded (or started, with --async)
-      1  failed
-      2  usage error, input that is not JSON, or input the server refused (400, 422, ...)
-      3  cancelled
-      4  lost
-      5  unreachable: no answer, or still 429/503, after --retry-for seconds
-      6  refused: unauthorized (401), unknown reasoner (404), conflict (409), other errors
-      7  --timeout passed before the end
-
-    Anything but 0 also writes one line to stderr.
-    """
+    the execution as JSON. Rides rollouts like the Python client (docs/client.md)."""
     if background and stream:
-        raise click.UsageError("give --async or --stream, not both")
+        raise BadInput("give --async or --stream, not both")
     try:
         # Strict, as the server reads it: NaN and Infinity are not JSON.
         payload = None if input_json is None else jsoncodec.loads(input_json.encode())
         jsoncodec.check(payload, "JSON input")
     except (ValueError, RecursionError) as exc:
-        click.echo(f"agent-server: JSON input is not valid JSON: {exc}", err=True)
-        sys.exit(CallExit.INVALID)
-    try:
-        token = _call_token(token_file)
-    except TokenError as exc:
-        click.echo(f"agent-server: {exc}", err=True)
-        sys.exit(CallExit.INVALID)
-    try:
-        with AgentClient(url, token=token, retry_for=retry_for) as client:
-            if background:
-                handle = client.start(name, payload, session=session)
-                _print_json(handle.execution.json)
-                sys.exit(CallExit.SUCCEEDED)
-            if stream:
-                handle = client.start(name, payload, session=session)
-                end: Execution | None = None
-                for event in handle.events():
-                    _print_json({"id": event.id, "event": event.event, "data": event.data})
-                    if event.event == "end" and isinstance(event.data, dict):
-                        end = Execution.from_json(event.data)
-                if end is None:  # pragma: no cover - a stream ends with its end event
-                    end = handle.get()
-                code = END_CODES.get(end.status, CallExit.REFUSED)
-                if code != CallExit.SUCCEEDED:
-                    try:
-                        end.outcome()
-                    except AgentServerError as exc:
-                        click.echo(f"agent-server: {exc}", err=True)
-                sys.exit(code)
-            execution = client.run_execution(name, payload, session=session, timeout=timeout)
-            sys.exit(_ended(execution))
-    except AgentServerError as exc:
-        click.echo(f"agent-server: {exc}", err=True)
-        sys.exit(_error_code(exc))
+        raise BadInput(f"JSON input is not valid JSON: {exc}") from None
+
+    def work(client: AgentClient) -> int:
+        if not (background or stream):
+            return _printed(client.run_execution(name, payload, session=session, timeout=timeout))
+        handle = client.start(name, payload, session=session)
+        if background:
+            _print_json(handle.execution.json)
+            return CallExit.SUCCEEDED
+        return _streamed(handle.events(timeout=timeout))
+
+    _reach(server, work)
+
+
+@main.command(cls=ClientCommand)
+@click.argument("execution_id", metavar="ID")
+@seconds_option(
+    "--wait",
+    "Seconds to long-poll for its end; if it has not ended by then, print it as it is and exit 7.",
+)
+@server_options
+def get(execution_id: str, wait: float | None, server: ServerOptions) -> None:
+    """Print execution ID as JSON; the exit code is its end's (0 while it runs)."""
+
+    def work(client: AgentClient) -> int:
+        if wait is None:
+            return _printed(client.get(execution_id))
+        try:
+            return _printed(client.wait(execution_id, wait))
+        except WaitTimeout as exc:
+            if exc.execution is not None:
+                _print_json(exc.execution.json)
+            raise
+
+    _reach(server, work)
+
+
+@main.command(name="list", cls=ClientCommand)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Only executions in this status; repeat it for any of several.",
+)
+@click.option("--reasoner", default=None, help="Only executions of this reasoner.")
+@click.option("--session", default=None, help="Only executions of this session.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Executions a page (the server's bound: 1000).",
+)
+@click.option(
+    "--all", "every", is_flag=True, help="Follow the pages (Link: rel=next) to the last one."
+)
+@server_options
+def list_(
+    statuses: tuple[str, ...],
+    reasoner: str | None,
+    session: str | None,
+    limit: int,
+    every: bool,
+    server: ServerOptions,
+) -> None:
+    """Print the executions, newest first, as one JSON list: one page, or with --all all."""
+    filters = (statuses or None, reasoner, session, limit)
+
+    def work(client: AgentClient) -> int:
+        found = client.iter_executions(*filters) if every else client.list(*filters)
+        _print_json([execution.json for execution in found])
+        return CallExit.SUCCEEDED
+
+    _reach(server, work)
+
+
+@main.command(cls=ClientCommand)
+@click.argument("execution_id", metavar="ID")
+@server_options
+def cancel(execution_id: str, server: ServerOptions) -> None:
+    """Request the cancellation of execution ID and print it as the server answered: still
+    running while it settles, or already ended (exit 0 either way)."""
+
+    def work(client: AgentClient) -> int:
+        _print_json(client.cancel(execution_id).json)
+        return CallExit.SUCCEEDED
+
+    _reach(server, work)
+
+
+@main.command(cls=ClientCommand)
+@click.argument("execution_id", metavar="ID")
+@seconds_option("--timeout", "Seconds the whole stream may take (the execution goes on after it).")
+@server_options
+def events(execution_id: str, timeout: float | None, server: ServerOptions) -> None:
+    """Print the events of execution ID as they come, one JSON line each ({"id", "event",
+    "data"}), through its end (kept ones first); the exit code is its end's."""
+    _reach(server, lambda client: _streamed(client.events(execution_id, timeout=timeout)))
+
+
+@main.command(cls=ClientCommand)
+@click.argument("session_id", metavar="SESSION")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds its cancelled executions may take to settle before they are abandoned "
+    "(0: do not wait).",
+)
+@click.option(
+    "--keep-running",
+    is_flag=True,
+    help="Cancel nothing: with running work the release is refused (409, exit 6).",
+)
+@server_options
+def release(session_id: str, timeout: float, keep_running: bool, server: ServerOptions) -> None:
+    """Release session SESSION: cancel its running executions, wait for them, forget its
+    records; print what it did as JSON."""
+
+    def work(client: AgentClient) -> int:
+        released = client.release_session(session_id, timeout, cancel_running=not keep_running)
+        _print_json(dataclasses.asdict(released))
+        return CallExit.SUCCEEDED
+
+    _reach(server, work)

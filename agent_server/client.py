@@ -4,10 +4,12 @@ Both ride rollouts (docs/client.md):
 
 - 429 and 503 refusals (nothing was started) are retried after their `Retry-After`, and
   connection errors and gateway errors (502, 504) after a short backoff, for at most
-  `retry_for` seconds of consecutive failures; then `Busy` (429) or `Unavailable`.
-- Every start carries one `Idempotency-Key` chosen per logical start (a UUID 4), so a start
-  retried after a connection error gets the execution the first attempt started, never a
-  second run. Reads, cancels and session releases are retried as they are.
+  `retry_for` seconds of consecutive failures (the last wait is cut to what is left of it,
+  and one last try made at its end); then `Busy` (429) or `Unavailable`.
+- Every start carries one `Idempotency-Key`, the caller's own or one chosen per logical start
+  (a UUID 4), so a start retried after a connection error gets the execution the first
+  attempt started, never a second run. Reads, cancels and session releases are retried as
+  they are.
 - A synchronous run that a shutdown handed off (503 + `Location`) is followed to its end
   with long-polls (`GET /executions/{id}?wait=`); one whose connection broke is found again
   by its key through the background route and followed the same way.
@@ -19,12 +21,15 @@ Both clients share one implementation of each call: a generator that yields what
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import random
+import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -162,6 +167,8 @@ class SessionRelease:
 #: Named here: the clients' `list` method hides the builtin inside their class bodies.
 Executions = list[Execution]
 Reasoners = list[ReasonerInfo]
+#: One status, several (any of them), or None (any status).
+Statuses = str | Iterable[str] | None
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -318,9 +325,10 @@ class _Send:
     """Send this request; the driver answers with the response or the transport error."""
 
     method: str
+    #: A path under the client's URL, or an absolute URL (a `Link` the server gave).
     path: str
     timeout: httpx.Timeout
-    params: dict[str, str] = field(default_factory=dict)
+    params: Mapping[str, str | list[str]] = field(default_factory=dict)
     body: Any = _NO_BODY
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -369,6 +377,46 @@ def _followed(response: httpx.Response) -> str | None:
     return location.rstrip("/").rsplit("/", 1)[-1] or None
 
 
+def _backoff(failures: int) -> float:
+    return min(BACKOFF_MAX, BACKOFF_FIRST * 2.0**failures)
+
+
+class _Retries:
+    """One run of consecutive failures of a call, and its bound: retrying stops `retry_for`
+    seconds after the first failure. The last wait is cut to what is left, so that a
+    `Retry-After` longer than the bound still gets one last try at its end."""
+
+    def __init__(self, retry_for: float) -> None:
+        self.retry_for = retry_for
+        self.failures = 0
+        self.first_failure: float | None = None
+        self.last_try = False
+
+    def received(self) -> None:
+        """An answer came: the next failure starts a new run."""
+        self.failures = 0
+        self.first_failure = None
+        self.last_try = False
+
+    def delay(self, wanted: float) -> float | None:
+        """Seconds to wait before the next try (at most `wanted`), or None when the failure
+        just seen ends the retries."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.first_failure is None:
+            self.first_failure = now
+        left = self.first_failure + self.retry_for - now
+        if self.last_try or left <= 0:
+            return None
+        self.last_try = wanted >= left
+        return min(wanted, left)
+
+    def spent(self) -> str:
+        assert self.first_failure is not None
+        elapsed = time.monotonic() - self.first_failure
+        return f"{self.failures} attempts in {elapsed:.1f} s"
+
+
 class _Calls:
     """Every call as a flow: the requests to send and what their answers mean."""
 
@@ -383,36 +431,37 @@ class _Calls:
         """Send, retrying refusals, gateway errors and transport errors for at most
         `retry_for` seconds of consecutive failures. A transport error after the request
         may have left is raised as it is when `resend_after_sending` is False."""
-        failures = 0
-        first_failure: float | None = None
+        retries = _Retries(self.retry_for)
         while True:
             reply = yield send
             assert reply is not None
             if isinstance(reply, httpx.Response):
                 if not _refusal(reply):
                     return reply
-                delay = _retry_after(reply)
-                if delay is None:
-                    delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)
-                delay *= random.uniform(1.0, 1.2)  # callers refused together come back apart
+                wanted = _retry_after(reply)
+                if wanted is None:
+                    wanted = _backoff(retries.failures)
+                wanted *= random.uniform(1.0, 1.2)  # callers refused together come back apart
             else:
                 if not resend_after_sending and not isinstance(reply, _NOT_SENT):
                     raise reply
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures) * random.uniform(0.5, 1.0)
-            failures += 1
-            now = time.monotonic()
-            if first_failure is None:
-                first_failure = now
-            if now + delay > first_failure + self.retry_for:
+                wanted = _backoff(retries.failures) * random.uniform(0.5, 1.0)
+            delay = retries.delay(wanted)
+            if delay is None:
                 if isinstance(reply, httpx.Response):
                     raise error_from_response(reply)
                 raise Unavailable(
-                    f"{send.method} {send.path}: no answer after {failures} attempts in "
-                    f"{now - first_failure:.1f} s: {type(reply).__name__}: {reply}"
+                    f"{send.method} {send.path}: no answer after {retries.spent()}: "
+                    f"{type(reply).__name__}: {reply}"
                 ) from reply
             yield _Sleep(delay)
 
     # -- starts and runs ----------------------------------------------------------------------
+
+    @staticmethod
+    def key(given: str | None) -> str:
+        """The caller's `Idempotency-Key`, else one for this logical start alone."""
+        return uuid.uuid4().hex if given is None else given
 
     @staticmethod
     def _start_headers(session: str | None, key: str) -> dict[str, str]:
@@ -435,11 +484,10 @@ class _Calls:
         return Execution.from_json(response.json())
 
     def run(
-        self, name: str, input: Any, session: str | None, timeout: float | None
+        self, name: str, input: Any, session: str | None, timeout: float | None, key: str
     ) -> _Flow[Execution]:
         """The execution once ended, whatever its end (the caller turns it into a result)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        key = uuid.uuid4().hex
         send = _Send(
             "POST",
             f"/reasoners/{name}",
@@ -507,18 +555,48 @@ class _Calls:
         if response.status_code != 204:
             raise error_from_response(response)
 
-    def list(
-        self, status: str | None, reasoner: str | None, session: str | None, limit: int
-    ) -> _Flow[Executions]:
-        params = {"limit": str(limit)}
-        for name, value in (("status", status), ("reasoner", reasoner), ("session_id", session)):
+    def list_first(
+        self, status: Statuses, reasoner: str | None, session: str | None, limit: int
+    ) -> _Send:
+        """The request for the first page: `status` repeated once per status asked for."""
+        params: dict[str, str | list[str]] = {"limit": str(limit)}
+        if status is not None:
+            params["status"] = [status] if isinstance(status, str) else list(status)
+        for name, value in (("reasoner", reasoner), ("session_id", session)):
             if value is not None:
                 params[name] = value
-        send = _Send("GET", "/executions", self._timeout(self.timeout), params)
+        return _Send("GET", "/executions", self._timeout(self.timeout), params)
+
+    def list_page(self, send: _Send, follow: bool) -> _Flow[tuple[Executions, _Send | None]]:
+        """One page and, to `follow`, the request for the next: the `Link: <...>;
+        rel="next"` the server sends while more records match (RFC 8288), None when it
+        sends none."""
         response = yield from self.request(send)
         if response.status_code != 200:
             raise error_from_response(response)
-        return [Execution.from_json(item) for item in response.json()]
+        page = [Execution.from_json(item) for item in response.json()]
+        link = response.links.get("next", {}).get("url") if follow else None
+        if link is None:
+            return page, None
+        here = response.request.url
+        url = here.join(link)  # relative to the page it came with
+        if (url.scheme, url.host, url.port) != (here.scheme, here.host, here.port):
+            # The token goes with every request: never to an origin the caller did not name.
+            raise AgentServerError(
+                f"GET {here.path}: the next page is at another origin ({url}): not followed"
+            )
+        params: dict[str, str | list[str]] = {}
+        for name in url.params:
+            params[name] = url.params.get_list(name)
+        # Its query as params: httpx sends a request's params instead of its URL's query.
+        return page, _Send("GET", str(url.copy_with(query=None)), send.timeout, params)
+
+    def list(
+        self, status: Statuses, reasoner: str | None, session: str | None, limit: int
+    ) -> _Flow[Executions]:
+        send = self.list_first(status, reasoner, session, limit)
+        page, _ = yield from self.list_page(send, follow=False)
+        return page
 
     def reasoners(self) -> _Flow[Reasoners]:
         send = _Send("GET", "/reasoners", self._timeout(self.timeout))
@@ -558,14 +636,19 @@ class _Calls:
 
     # -- events -------------------------------------------------------------------------------
 
-    def events_send(self, execution_id: str, last_id: int | None) -> _Send:
+    def events_send(self, execution_id: str, last_id: int | None, left: float | None) -> _Send:
+        """The request for a stream, its timeouts cut to the `left` seconds of the caller's
+        deadline, when there is one."""
         headers = {"Accept": "text/event-stream"}
         if last_id is not None:
             headers["Last-Event-ID"] = str(last_id)
+        connect, silence = self.timeout, STREAM_SILENCE
+        if left is not None:
+            connect, silence = min(connect, left), min(silence, left)
         return _Send(
             "GET",
             f"/executions/{execution_id}/events",
-            self._timeout(STREAM_SILENCE),
+            httpx.Timeout(connect, read=silence),
             {},
             headers=headers,
         )
@@ -578,22 +661,40 @@ UNNUMBERED = frozenset({"start", "missed", "end"})
 class _Stream:
     """What one reader of an execution's events decides between connections."""
 
-    def __init__(self, calls: _Calls, execution_id: str, after: int | None) -> None:
+    def __init__(
+        self, calls: _Calls, execution_id: str, after: int | None, timeout: float | None
+    ) -> None:
         self.calls = calls
         self.execution_id = execution_id
         #: The number of the last event received: where a new connection resumes.
         self.last_id = after
         #: The server's `retry:` hint, in seconds.
         self.retry: float | None = None
-        self.failures = 0
-        self.first_failure: float | None = None
+        self.retries = _Retries(calls.retry_for)
+        #: The caller's bound on the whole stream, every connection and wait included.
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        """Seconds left before the caller's deadline (None without one); `WaitTimeout` once
+        it has passed."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"execution {self.execution_id} did not end within {self.timeout:g} s"
+            )
+        return left
 
     def send(self) -> _Send:
-        return self.calls.events_send(self.execution_id, self.last_id)
+        return self.calls.events_send(self.execution_id, self.last_id, self.left())
 
     def take(self, sse: ServerSentEvent) -> Event | None:
         """The event a server-sent event carries (httpx-sse parses the stream), or None for
-        a bare `retry:` hint. Its data is JSON; `start`, `missed` and `end` have no number."""
+        a bare `retry:` hint. Its data is JSON; `start`, `missed` and `end` have no number.
+        An event that comes after the deadline comes too late: `WaitTimeout`."""
+        self.left()
         if sse.retry is not None:
             self.retry = sse.retry / 1000
         if not sse.data:
@@ -616,26 +717,25 @@ class _Stream:
         raise _Refused(self.failed(response, _retry_after(response)))
 
     def received(self) -> None:
-        self.failures = 0
-        self.first_failure = None
+        self.retries.received()
 
     def failed(self, reason: httpx.Response | Exception | None, hint: float | None) -> float:
-        """Seconds to wait before resuming, or the error when retries are exhausted."""
-        delay = hint if hint is not None else self.retry
+        """Seconds to wait before resuming (never past the deadline), or the error when
+        retries are exhausted; `WaitTimeout` once the deadline has passed (the connection
+        cut at it, say)."""
+        left = self.left()
+        wanted = hint if hint is not None else self.retry
+        if wanted is None:
+            wanted = _backoff(self.retries.failures)
+        delay = self.retries.delay(wanted)
         if delay is None:
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**self.failures)
-        self.failures += 1
-        now = time.monotonic()
-        if self.first_failure is None:
-            self.first_failure = now
-        if now + delay > self.first_failure + self.calls.retry_for:
             if isinstance(reason, httpx.Response):
                 raise error_from_response(reason)
             raise Unavailable(
-                f"events of {self.execution_id}: stream lost after {self.failures} attempts: "
+                f"events of {self.execution_id}: stream lost after {self.retries.spent()}: "
                 f"{reason!r}"
             )
-        return delay
+        return delay if left is None else min(delay, left)
 
 
 class _Refused(Exception):
@@ -643,6 +743,32 @@ class _Refused(Exception):
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
+
+
+def _shut(sock: Any) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def _cut_at(response: httpx.Response, left: float | None) -> Iterator[None]:
+    """Shut the stream's connection once `left` seconds have passed, so that a read waiting
+    on a quiet stream ends at the caller's deadline: httpx bounds each read, not a whole
+    stream. A shut socket ends a blocking and an asyncio read alike, so both clients use
+    this; without a socket (another transport) the read timeout, cut to `left`, bounds it."""
+    network = response.extensions.get("network_stream")
+    sock = None if network is None else network.get_extra_info("socket")
+    if left is None or sock is None:
+        yield
+        return
+    timer = threading.Timer(left, _shut, (sock,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()  # never shut a connection the pool has taken back
 
 
 # -- the blocking client --------------------------------------------------------------------
@@ -718,11 +844,16 @@ class AgentClient:
         *,
         session: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Any:
         """Run `name` with `input` (a JSON object of its parameters) and return its result,
         or raise the typed error of its end. `timeout` bounds the wait for the end (the
-        server then cancels the run: nobody waits for it any more)."""
-        return self.run_execution(name, input, session=session, timeout=timeout).outcome()
+        server then cancels the run: nobody waits for it any more). `idempotency_key` is
+        the caller's own key for this run (else one is chosen), sent on every try."""
+        execution = self.run_execution(
+            name, input, session=session, timeout=timeout, idempotency_key=idempotency_key
+        )
+        return execution.outcome()
 
     def run_execution(
         self,
@@ -731,13 +862,24 @@ class AgentClient:
         *,
         session: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Execution:
         """As `run`, but the ended execution itself, whatever its end."""
-        return self._drive(self._calls.run(name, input, session, timeout))
+        key = self._calls.key(idempotency_key)
+        return self._drive(self._calls.run(name, input, session, timeout, key))
 
-    def start(self, name: str, input: Any = None, *, session: str | None = None) -> ExecutionHandle:
-        """Start `name` in the background; the handle follows it."""
-        execution = self._drive(self._calls.start(name, input, session, uuid.uuid4().hex))
+    def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> ExecutionHandle:
+        """Start `name` in the background; the handle follows it. A repeat with the same
+        `idempotency_key` gets the execution the first one started."""
+        key = self._calls.key(idempotency_key)
+        execution = self._drive(self._calls.start(name, input, session, key))
         return ExecutionHandle(self, execution)
 
     def handle(self, execution_id: str) -> ExecutionHandle:
@@ -760,13 +902,28 @@ class AgentClient:
 
     def list(
         self,
-        status: str | None = None,
+        status: Statuses = None,
         reasoner: str | None = None,
         session: str | None = None,
         limit: int = 100,
     ) -> Executions:
-        """Executions, newest first, filtered."""
+        """One page of executions, newest first, filtered: `status` one or several (any of
+        them)."""
         return self._drive(self._calls.list(status, reasoner, session, limit))
+
+    def iter_executions(
+        self,
+        status: Statuses = None,
+        reasoner: str | None = None,
+        session: str | None = None,
+        limit: int = 100,
+    ) -> Iterator[Execution]:
+        """Every execution `list` would filter, page after page (`limit` a page), following
+        the server's `Link: rel="next"`; one page when it sends none."""
+        send: _Send | None = self._calls.list_first(status, reasoner, session, limit)
+        while send is not None:
+            page, send = self._drive(self._calls.list_page(send, follow=True))
+            yield from page
 
     def reasoners(self) -> Reasoners:
         return self._drive(self._calls.reasoners())
@@ -778,16 +935,22 @@ class AgentClient:
         without bound), and forget the session's records."""
         return self._drive(self._calls.release_session(session_id, timeout, cancel_running))
 
-    def events(self, execution_id: str, after: int | None = None) -> Iterator[Event]:
+    def events(
+        self, execution_id: str, after: int | None = None, *, timeout: float | None = None
+    ) -> Iterator[Event]:
         """The execution's events, live, through its `end` event (whose data is the
-        execution); resumed with `Last-Event-ID` after a disconnect."""
-        stream = _Stream(self._calls, execution_id, after)
+        execution); resumed with `Last-Event-ID` after a disconnect. `timeout` bounds the
+        whole stream: `WaitTimeout` when it passes before the end (the execution goes on)."""
+        stream = _Stream(self._calls, execution_id, after, timeout)
         while True:
             send = stream.send()
             try:
-                with self._http.stream(
-                    "GET", send.path, headers=send.headers, timeout=send.timeout
-                ) as response:
+                with (
+                    self._http.stream(
+                        "GET", send.path, headers=send.headers, timeout=send.timeout
+                    ) as response,
+                    _cut_at(response, stream.left()),
+                ):
                     if response.status_code != 200:
                         response.read()
                         stream.opened(response)
@@ -835,8 +998,8 @@ class ExecutionHandle:
         self.execution = self.client.cancel(self.execution_id)
         return self.execution
 
-    def events(self, after: int | None = None) -> Iterator[Event]:
-        return self.client.events(self.execution_id, after)
+    def events(self, after: int | None = None, *, timeout: float | None = None) -> Iterator[Event]:
+        return self.client.events(self.execution_id, after, timeout=timeout)
 
 
 # -- the async client -----------------------------------------------------------------------
@@ -900,9 +1063,12 @@ class AsyncAgentClient:
         *,
         session: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Any:
         """See `AgentClient.run`."""
-        execution = await self.run_execution(name, input, session=session, timeout=timeout)
+        execution = await self.run_execution(
+            name, input, session=session, timeout=timeout, idempotency_key=idempotency_key
+        )
         return execution.outcome()
 
     async def run_execution(
@@ -912,13 +1078,21 @@ class AsyncAgentClient:
         *,
         session: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Execution:
-        return await self._drive(self._calls.run(name, input, session, timeout))
+        key = self._calls.key(idempotency_key)
+        return await self._drive(self._calls.run(name, input, session, timeout, key))
 
     async def start(
-        self, name: str, input: Any = None, *, session: str | None = None
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncExecutionHandle:
-        execution = await self._drive(self._calls.start(name, input, session, uuid.uuid4().hex))
+        key = self._calls.key(idempotency_key)
+        execution = await self._drive(self._calls.start(name, input, session, key))
         return AsyncExecutionHandle(self, execution)
 
     def handle(self, execution_id: str) -> AsyncExecutionHandle:
@@ -939,12 +1113,26 @@ class AsyncAgentClient:
 
     async def list(
         self,
-        status: str | None = None,
+        status: Statuses = None,
         reasoner: str | None = None,
         session: str | None = None,
         limit: int = 100,
     ) -> Executions:
         return await self._drive(self._calls.list(status, reasoner, session, limit))
+
+    async def iter_executions(
+        self,
+        status: Statuses = None,
+        reasoner: str | None = None,
+        session: str | None = None,
+        limit: int = 100,
+    ) -> AsyncIterator[Execution]:
+        """See `AgentClient.iter_executions`."""
+        send: _Send | None = self._calls.list_first(status, reasoner, session, limit)
+        while send is not None:
+            page, send = await self._drive(self._calls.list_page(send, follow=True))
+            for execution in page:
+                yield execution
 
     async def reasoners(self) -> Reasoners:
         return await self._drive(self._calls.reasoners())
@@ -954,26 +1142,29 @@ class AsyncAgentClient:
     ) -> SessionRelease:
         return await self._drive(self._calls.release_session(session_id, timeout, cancel_running))
 
-    async def events(self, execution_id: str, after: int | None = None) -> AsyncIterator[Event]:
+    async def events(
+        self, execution_id: str, after: int | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
         """See `AgentClient.events`."""
-        stream = _Stream(self._calls, execution_id, after)
+        stream = _Stream(self._calls, execution_id, after, timeout)
         while True:
             send = stream.send()
             try:
                 async with self._http.stream(
                     "GET", send.path, headers=send.headers, timeout=send.timeout
                 ) as response:
-                    if response.status_code != 200:
-                        await response.aread()
-                        stream.opened(response)
-                    async for sse in SseEvents(response).aiter_sse():
-                        event = stream.take(sse)
-                        if event is None:
-                            continue
-                        stream.received()
-                        yield event
-                        if event.event == "end":
-                            return
+                    with _cut_at(response, stream.left()):
+                        if response.status_code != 200:
+                            await response.aread()
+                            stream.opened(response)
+                        async for sse in SseEvents(response).aiter_sse():
+                            event = stream.take(sse)
+                            if event is None:
+                                continue
+                            stream.received()
+                            yield event
+                            if event.event == "end":
+                                return
                 delay = stream.failed(None, None)
             except httpx.TransportError as exc:
                 delay = stream.failed(exc, None)
@@ -1008,5 +1199,7 @@ class AsyncExecutionHandle:
         self.execution = await self.client.cancel(self.execution_id)
         return self.execution
 
-    def events(self, after: int | None = None) -> AsyncIterator[Event]:
-        return self.client.events(self.execution_id, after)
+    def events(
+        self, after: int | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
+        return self.client.events(self.execution_id, after, timeout=timeout)

@@ -242,3 +242,25 @@ def test_input_the_server_would_refuse_exits_2_before_any_request(text: str) -> 
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("agent-server: JSON input"), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_stream_timeout_bounds_the_whole_stream_and_exits_7(server: ServerProcess) -> None:
+    """`--stream --timeout 1` against a run of 4 s: the stream ends at the timeout (exit 7,
+    one line naming it), and the execution goes on to its end."""
+    result = call("sleep", '{"seconds": 4}', "--stream", "--timeout", "1", "--url", server.url)
+    assert result.returncode == 7, (result.stdout, result.stderr)
+    assert "did not end within 1 s" in one_line(result.stderr)
+    assert result.stdout == ""  # a sleep emits nothing before its end
+    listed = httpx.get(f"{server.url}/executions", params={"reasoner": "sleep"}, timeout=WAIT)
+    (running,) = listed.json()
+    ended = httpx.get(
+        f"{server.url}/executions/{running['execution_id']}", params={"wait": 10}, timeout=WAIT
+    ).json()
+    assert ended["status"] == "succeeded"
+
+
+def test_usage_errors_are_one_line(server: ServerProcess) -> None:
+    for args in (("echo", "--async", "--stream"), ("echo", "--timeout", "0"), ("echo", "--nope")):
+        result = call(*args, "--url", server.url)
+        assert result.returncode == 2, result.stderr
+        one_line(result.stderr)

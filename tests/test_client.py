@@ -28,6 +28,7 @@ from test_replicas import Cluster, metric
 
 from agent_server.client import (
     AgentClient,
+    AgentServerError,
     AsyncAgentClient,
     Busy,
     Conflict,
@@ -472,3 +473,214 @@ def test_a_sync_run_handed_off_at_shutdown_is_followed_to_its_end(cluster: Clust
     assert (execution.status, execution.attempt) == ("succeeded", 2)
     assert execution.result == {"steps": 70, "attempt": 2}
     assert execution.replica != replica.replica_id  # type: ignore[attr-defined]
+
+
+# -- the caller's Idempotency-Key -----------------------------------------------------------
+
+
+def test_the_callers_idempotency_key_names_one_execution(
+    client: AgentClient, server: ServerProcess, redis_server: RedisServer
+) -> None:
+    """Two starts with one key are one execution; the same key with another body is the
+    server's 422 (`InvalidInput`); a run with a key runs once however often it is asked."""
+    first = client.start("sleep", {"seconds": 30}, idempotency_key="order-42")
+    again = client.start("sleep", {"seconds": 30}, idempotency_key="order-42")
+    assert again.execution_id == first.execution_id
+    with pytest.raises(InvalidInput) as other_body:
+        client.start("sleep", {"seconds": 29}, idempotency_key="order-42")
+    assert other_body.value.status == 422
+    assert "different request" in str(other_body.value.detail)
+    first.cancel()
+
+    ran = client.run("counted", {"key": "keyed-run"}, idempotency_key="keyed-run")
+    assert client.run("counted", {"key": "keyed-run"}, idempotency_key="keyed-run") == ran
+    assert runs(redis_server, "keyed-run") == 1
+
+    async def keyed() -> tuple[str, str]:
+        async with AsyncAgentClient(server.url, retry_for=WAIT) as aclient:
+            one = await aclient.start("sleep", {"seconds": 0.1}, idempotency_key="async-key")
+            two = await aclient.start("sleep", {"seconds": 0.1}, idempotency_key="async-key")
+            return one.execution_id, two.execution_id
+
+    one, two = asyncio.run(keyed())
+    assert one == two
+
+
+def test_a_start_cut_before_its_answer_is_retried_with_the_callers_key(
+    server: ServerProcess, redis_server: RedisServer
+) -> None:
+    """The retry after a cut carries the caller's key, not one of the client's own: a later
+    start with that key finds the execution the cut attempt started."""
+    proxy = CuttingProxy(server.port)
+    try:
+        with AgentClient(proxy.url, retry_for=WAIT) as through:
+            handle = through.start("counted", {"key": "cut-keyed"}, idempotency_key="mine-1")
+    finally:
+        proxy.close()
+    assert proxy.cut == 1 and proxy.connections >= 2
+    with AgentClient(server.url) as direct:
+        assert direct.start(
+            "counted", {"key": "cut-keyed"}, idempotency_key="mine-1"
+        ).execution_id == (handle.execution_id)
+        assert direct.handle(handle.execution_id).result(timeout=WAIT) == {
+            "key": "cut-keyed",
+            "runs": 1,
+        }
+    assert runs(redis_server, "cut-keyed") == 1
+
+
+# -- retry_for shorter than Retry-After -----------------------------------------------------
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """Real HTTP, with the status of every answer noted, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.statuses.append(response.status_code)
+        return response
+
+
+def test_busy_comes_once_retry_for_is_spent_even_below_retry_after(
+    server_factory: Start,
+) -> None:
+    """The server's Retry-After (1 s) is longer than `retry_for` (0.3 s): the client waits
+    what is left of `retry_for`, not the whole Retry-After, tries once more at its end, then
+    raises `Busy`."""
+    full = server_factory("tests_app:agent", "--max-inflight", "1")
+    with AgentClient(full.url) as holder:
+        held = holder.start("sleep", {"seconds": 30, "marker": "full"})
+        full.wait_marker("full")
+        counted = CountingTransport()
+        with AgentClient(full.url, retry_for=0.3, transport=counted) as impatient:
+            began = time.monotonic()
+            with pytest.raises(Busy) as busy:
+                impatient.run("echo", {"text": "never"})
+            elapsed = time.monotonic() - began
+        held.cancel()
+    assert busy.value.status == 429
+    assert counted.statuses == [429, 429]  # the first try, and one at the end of retry_for
+    assert 0.3 <= elapsed < 1.0  # not the Retry-After's 1 s
+
+
+# -- events bounded by a timeout ------------------------------------------------------------
+
+
+def test_a_timeout_bounds_the_whole_event_stream(
+    client: AgentClient, server: ServerProcess
+) -> None:
+    """Events come at 0, 1.5 and 3 s; a 2 s timeout ends the stream at 2 s, though the event
+    at 1.5 s restarted the connection's read timeout (which alone would wait to 3 s), for
+    both clients. The execution goes on."""
+    handle = client.start("chatter", {"count": 3, "pause": 1.5})
+    seen: list[int | None] = []
+    began = time.monotonic()
+    with pytest.raises(WaitTimeout) as timed_out:
+        for event in handle.events(timeout=2.0):
+            seen.append(event.id)
+    elapsed = time.monotonic() - began
+    assert seen == [1, 2]
+    assert 2.0 <= elapsed < 2.9, elapsed
+    assert "did not end within 2 s" in str(timed_out.value)
+    assert handle.result(timeout=WAIT) == {"emitted": 3}
+
+    async def streamed() -> tuple[list[int | None], float]:
+        async with AsyncAgentClient(server.url, retry_for=WAIT) as aclient:
+            ahandle = await aclient.start("chatter", {"count": 3, "pause": 1.5})
+            aseen: list[int | None] = []
+            abegan = time.monotonic()
+            with pytest.raises(WaitTimeout):
+                async for event in ahandle.events(timeout=2.0):
+                    aseen.append(event.id)
+            return aseen, time.monotonic() - abegan
+
+    aseen, aelapsed = asyncio.run(streamed())
+    assert aseen == [1, 2]
+    assert 2.0 <= aelapsed < 2.9, aelapsed
+
+
+# -- pages ----------------------------------------------------------------------------------
+
+
+def test_iter_executions_follows_the_next_links_to_the_last_page(
+    client: AgentClient, server: ServerProcess
+) -> None:
+    """Five records, two a page: three requests, each following the `Link: rel="next"` of
+    the one before, every record once, newest first; a page with no Link is the last one
+    (one request). `list` stays one page; several statuses match any of them."""
+    ended = [client.run_execution("echo", {"text": str(n)}, session="paged") for n in range(4)]
+    running = client.start("sleep", {"seconds": 30}, session="paged")
+    newest_first = [running.execution_id] + [e.execution_id for e in reversed(ended)]
+
+    counted = CountingTransport()
+    with AgentClient(server.url, transport=counted) as paging:
+        assert [e.execution_id for e in paging.list(session="paged", limit=2)] == newest_first[:2]
+        assert len(counted.statuses) == 1
+        counted.statuses.clear()
+        every = [e.execution_id for e in paging.iter_executions(session="paged", limit=2)]
+        assert every == newest_first
+        assert counted.statuses == [200, 200, 200]
+        counted.statuses.clear()
+        assert [e.execution_id for e in paging.iter_executions(session="paged", limit=5)] == (
+            newest_first
+        )
+        assert counted.statuses == [200]  # no Link: one page
+
+        both = paging.iter_executions(status=["running", "failed"], session="paged", limit=1)
+        assert [e.execution_id for e in both] == [running.execution_id]
+        assert [
+            e.status for e in paging.list(status=("succeeded", "running"), session="paged")
+        ] == ["running"] + ["succeeded"] * 4
+
+    async def paged() -> list[str]:
+        async with AsyncAgentClient(server.url, retry_for=WAIT) as aclient:
+            return [e.execution_id async for e in aclient.iter_executions(session="paged", limit=3)]
+
+    assert asyncio.run(paged()) == newest_first
+
+
+class LinkingServer:
+    """A loopback HTTP server whose `GET /executions` answers one execution and a next
+    link to another origin."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the name http.server calls
+                body = b'[{"execution_id": "e1", "reasoner": "echo", "status": "succeeded"}]'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Link", '<http://127.0.0.2:9/executions?cursor=x>; rel="next"')
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_next_page_at_another_origin_is_not_followed() -> None:
+    """The token goes with every request of the client: a Link to another origin is refused
+    rather than followed there (`list`, one page, does not read it)."""
+    linking = LinkingServer()
+    try:
+        with AgentClient(linking.url, token="secret", retry_for=1) as client:
+            assert [e.execution_id for e in client.list()] == ["e1"]
+            with pytest.raises(AgentServerError) as refused:
+                list(client.iter_executions())
+    finally:
+        linking.close()
+    assert "another origin" in str(refused.value)
