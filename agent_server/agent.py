@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
-from agent_server.api import Api, build_app
+from agent_server import jsoncodec
+from agent_server.api import RETRY_AFTER_SECONDS, Api, build_app
 from agent_server.docs_page import DocsPage
 from agent_server.durable import QueueTaker
 from agent_server.events import Closing
-from agent_server.logs import configure_unless_configured
+from agent_server.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics
 from agent_server.names import REASONER_NAME_RULE, is_reasoner_name
@@ -31,6 +36,25 @@ logger = logging.getLogger("agent_server.agent")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
+#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated.
+CORS_METHODS = ("GET", "POST", "DELETE")
+CORS_REQUEST_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Accept",
+    "X-Session-ID",
+    "Idempotency-Key",
+    "Last-Event-ID",
+)
+CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
+#: The answer to a request the server cancels before it is answered (plain uvicorn's
+#: --timeout-graceful-shutdown): another replica can take it.
+CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
+#: What uvicorn's cancellation of a request says when its shutdown stops waiting for open
+#: requests (`Server.shutdown`, read in uvicorn 0.54): only that one ends in `cut_off`.
+UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
+
 
 class Agent:
     """A named set of reasoners served over HTTP, with its own registry, store and metrics.
@@ -38,16 +62,44 @@ class Agent:
     `uvicorn module:agent` serves it directly; `agent-server run module:agent` adds the full
     signal-driven shutdown sequence around it. The parts that depend on settings (store,
     registry, session releases, shutdown sequence) are built when the settings are known.
+
+    Beside the reasoners, as in Starlette: `routes`, the user's own (HTTP; they answer what
+    no route of the API matches, behind the same bearer check and error handling);
+    `middleware` around every route; `lifespan(app)`, an async context manager for the
+    user's own clients, entered once the store is open and before the first request, and
+    exited after the shutdown sequence has ended (what it yields is each request's
+    `request.state`). Mounted in another app, that app's lifespan must run this one:
+    `Starlette(routes=[Mount("/agent", agent)], lifespan=agent.lifespan)`.
     """
 
-    def __init__(self, name: str, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: Settings | None = None,
+        *,
+        routes: Sequence[BaseRoute] = (),
+        middleware: Sequence[Middleware] = (),
+        lifespan: Lifespan[Any] | None = None,
+    ) -> None:
+        for route in routes:
+            if isinstance(route, WebSocketRoute):
+                raise ValueError(
+                    f"route {route.path!r} is a WebSocket route: the agent serves plain HTTP "
+                    "and refuses WebSocket requests"
+                )
         self.name = name
         self.reasoners: dict[str, Reasoner] = {}
         self.metrics = Metrics()
         self.phase = Phase.SERVING
+        self.user_routes = list(routes)
+        self.user_middleware = list(middleware)
+        self.user_lifespan = lifespan
         self._settings: Settings | None = None
         self._parts: _Parts | None = None
         self._app: ASGIApp | None = None
+        #: Whether `lifespan` has begun; a request before it is told about once (`__call__`).
+        self._lifespan_began = False
+        self._told_no_lifespan = False
         if settings is not None:
             self.configure(settings)
 
@@ -125,6 +177,46 @@ class Agent:
         self._parts = None
         self._app = None
 
+    async def _exit_user_lifespan(self, own: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        """Exit the user's lifespan, bounded (`ShutdownPlan.lifespan_exit_deadline`); what it
+        raises is logged (the store is closed and the process ends all the same)."""
+        sequence = self.shutdown
+        deadline = sequence.plan.lifespan_exit_deadline(sequence.started, time.monotonic())
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await own.__aexit__(None, None, None)
+        except TimeoutError:
+            logger.warning("the lifespan of agent %r did not exit in time: cut short", self.name)
+        except Exception as exc:
+            logger.error("the lifespan of agent %r raised on exit", self.name, exc_info=exc)
+
+    def _log_start(self) -> None:
+        """One line naming what this process serves: the agent, its reasoners, its store
+        (never a password: the store's own description), this replica."""
+        settings = self.settings
+        store = settings.store_url
+        if store != "memory":
+            from agent_server.store.redis import describe_url  # redis-py is loaded already
+
+            store = describe_url(store)
+        names = sorted(self.reasoners)
+        logger.info(
+            "agent %r serving %d reasoners (%s) with store %s as replica %s",
+            self.name,
+            len(names),
+            ", ".join(names) or "none",
+            store,
+            settings.replica_id,
+            extra={
+                "fields": {
+                    "agent": self.name,
+                    "reasoners": names,
+                    "store": store,
+                    "replica": settings.replica_id,
+                }
+            },
+        )
+
     async def push_shutdown(self, hard_end: float) -> bool:
         """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
         return await push_shutdown(
@@ -136,20 +228,53 @@ class Agent:
         self.metrics.set_phase(phase.value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.asgi()(scope, receive, send)
+        """The agent under plain uvicorn, or mounted in another app. A request the server
+        cancels (uvicorn's --timeout-graceful-shutdown) ends here with one line and a 503,
+        not in a traceback of the cancellation."""
+        app = self.asgi()
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if not self._lifespan_began and not self._told_no_lifespan:
+            self._told_no_lifespan = True
+            configure_unless_configured(self.settings.log_level, self.settings.log_format)
+            logger.warning(
+                "agent %r answers requests but its lifespan has not run (mounted in another "
+                "app? give that app lifespan=agent.lifespan): no start, and no shutdown "
+                "sequence or report at the end",
+                self.name,
+            )
+        answer = _Answer(send)
+        try:
+            await app(scope, receive, answer)
+        except asyncio.CancelledError as exc:
+            if not any(UVICORN_GAVE_UP in str(arg) for arg in exc.args):
+                raise  # anyone else's cancellation is theirs to handle
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # this request's task ends here, as if the app had returned
+            await answer.cut_off(scope)
 
     def asgi(self) -> ASGIApp:
         """The ASGI app this agent serves, built once. The CLI hands it to uvicorn itself:
         one coroutine frame less held by every request (and every open stream)."""
         if self._app is None:
             settings = self.settings
-            self._app = build_app(
+            middleware = list(self.user_middleware)
+            if settings.cors_allow_origin:  # outermost: preflights never need the token
+                middleware.insert(0, cors_middleware(settings.cors_allow_origin))
+            app = build_app(
                 self.api(),
                 self.lifespan,
                 settings.bearer_token,
                 self.registry,
                 metrics_open=settings.metrics_open,
+                routes=self.user_routes,
+                middleware=middleware,
             )
+            if settings.access_log:
+                app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
+            self._app = app
         return self._app
 
     def api(self) -> Api:
@@ -173,11 +298,13 @@ class Agent:
         )
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, app: object) -> AsyncIterator[None]:
-        """Open the store; at the end, under plain `uvicorn module:agent`, drain (bounded).
+    async def lifespan(self, app: Any) -> AsyncIterator[Any]:
+        """Open the store, then enter the user's lifespan; at the end, under plain `uvicorn
+        module:agent`, drain (bounded), then exit the user's lifespan and close the store.
 
         Under `agent-server run` the sequence has already run while the listener was open.
         """
+        self._lifespan_began = True
         parts = self._built  # resolve settings now: a bad environment fails startup
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
@@ -185,14 +312,22 @@ class Agent:
         parts.taker.start()
         report = None
         try:
-            yield
-            # Under `agent-server run` the sequence has run already, or the start failed (the
-            # port was taken): nothing was served, so there is no shutdown to begin or report.
-            if self.shutdown.started is None and not self.shutdown.driven_by_signals:
-                began = time.monotonic()
-                self.shutdown.begin(began, time.time(), None)
-                report = await self.shutdown.run(skip_unready=True)
-                await self.push_shutdown(self.shutdown.plan.hard_end(began))
+            own = None if self.user_lifespan is None else self.user_lifespan(app)
+            state = None if own is None else await own.__aenter__()
+            try:
+                self._log_start()
+                yield state
+                # Under `agent-server run` the sequence has run already, or the start failed
+                # (the port was taken): nothing was served, so there is no shutdown to begin
+                # or report.
+                if self.shutdown.started is None and not self.shutdown.driven_by_signals:
+                    began = time.monotonic()
+                    self.shutdown.begin(began, time.time(), None)
+                    report = await self.shutdown.run(skip_unready=True)
+                    await self.push_shutdown(self.shutdown.plan.hard_end(began))
+            finally:
+                if own is not None:
+                    await self._exit_user_lifespan(own)
         finally:
             await parts.taker.close()
             await parts.releases.close()
@@ -270,3 +405,71 @@ class _Parts:
         )
         taker = QueueTaker(store, registry, reasoners)
         return cls(store, registry, releases, shutdown, taker, streams_closing)
+
+
+def cors_middleware(origins: Sequence[str]) -> Middleware:
+    """Starlette's CORS middleware for `--cors-allow-origin`: a page of one of `origins` may
+    run, read and cancel executions and follow their event streams (a browser
+    `EventSource`), and read the headers clients follow."""
+    return Middleware(
+        CORSMiddleware,
+        allow_origins=list(origins),
+        allow_methods=list(CORS_METHODS),
+        allow_headers=list(CORS_REQUEST_HEADERS),
+        expose_headers=list(CORS_EXPOSED_HEADERS),
+    )
+
+
+class _Answer:
+    """The `send` of one request under `Agent.__call__`: notes how far the answer got, so a
+    request the server cancels still ends as a whole HTTP answer."""
+
+    __slots__ = ("ended", "send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.ended = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self.send(message)
+
+    async def cut_off(self, scope: Scope) -> None:
+        """End the answer of a request the server cancelled: a 503 (retry elsewhere) if it
+        had not begun, else the end of its body (an event stream ends; its client resumes)."""
+        if self.ended:
+            return
+        method, path = scope["method"], scope["path"]
+        if not self.started:
+            logger.warning(
+                "%s %s cancelled by the server before it was answered (its shutdown stopped "
+                "waiting for open requests): answered 503",
+                method,
+                path,
+            )
+            await self.send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(CUT_OFF_BODY)),
+                        (b"retry-after", RETRY_AFTER_SECONDS.encode()),
+                        (b"connection", b"close"),
+                    ],
+                }
+            )
+            await self.send({"type": "http.response.body", "body": CUT_OFF_BODY})
+            return
+        logger.warning(
+            "%s %s cancelled by the server while answering (its shutdown stopped waiting for "
+            "open requests): answer ended",
+            method,
+            path,
+        )
+        with contextlib.suppress(RuntimeError):  # a body shorter than its Content-Length
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -13,16 +13,17 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
 import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route, Router
+from starlette.routing import BaseRoute, Route, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
@@ -155,6 +156,12 @@ class ApiError(HTTPException):
         self.payload = detail
 
 
+def execution_location(scope: Scope, execution_id: str) -> str:
+    """The execution's path as the client must ask for it: under the ASGI `root_path`, the
+    prefix the agent is mounted under (or a proxy strips, `--root-path`)."""
+    return f"{scope.get('root_path', '')}/executions/{execution_id}"
+
+
 def _execution_response(
     execution: Execution, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -279,7 +286,7 @@ class Api:
                 503,
                 {
                     "Retry-After": RETRY_AFTER_SECONDS,
-                    "Location": f"/executions/{execution.execution_id}",
+                    "Location": execution_location(request.scope, execution.execution_id),
                 },
             )
         if execution.status is ExecutionStatus.SUCCEEDED:
@@ -292,7 +299,7 @@ class Api:
                 503,
                 {
                     "Retry-After": RETRY_AFTER_SECONDS,
-                    "Location": f"/executions/{execution.execution_id}",
+                    "Location": execution_location(request.scope, execution.execution_id),
                     "Connection": "close",
                 },
             )
@@ -338,7 +345,7 @@ class Api:
 
     async def run_async(self, request: Request) -> Response:
         execution, _ = await self._start(request)
-        location = f"/executions/{execution.execution_id}"
+        location = execution_location(request.scope, execution.execution_id)
         return _execution_response(execution, 202, {"Location": location})
 
     async def _start(self, request: Request) -> tuple[Execution, bool]:
@@ -575,7 +582,11 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(self.openapi_document())
+        document = self.openapi_document()
+        root_path = request.scope.get("root_path", "")
+        if root_path:  # mounted or behind a proxy: "Try it out" calls under the prefix too
+            document = {**document, "servers": [{"url": root_path}]}
+        return JSONResponse(document)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -868,17 +879,26 @@ def build_app(
     registry: InFlightRegistry,
     *,
     metrics_open: bool = False,
+    routes: Sequence[BaseRoute] = (),
+    middleware: Sequence[Middleware] = (),
 ) -> ASGIApp:
     """The routes of `api`, behind the bearer check when a token is set (the probes always
     open, `/metrics` with `metrics_open`), inside `HttpApp` (so 401s are counted and get
-    `Connection: close` while draining too)."""
+    `Connection: close` while draining too).
+
+    `routes`, the user's own, answer what no route of the API matches; `middleware` wraps the
+    bearer check and every route, inside `HttpApp` (so an error in either is a JSON 500,
+    counted), the first outermost, as in Starlette."""
     for (method, route), statuses in ROUTE_STATUSES.items():
         api.metrics.expect_http(method, route, statuses)
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
-    app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan).app
+    own = Router(routes=list(routes)).app if routes else None
+    app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan, default=own).app
     if token is not None:
         open_paths = OPEN_PATHS | (api.docs.open_paths if api.docs is not None else frozenset())
         if metrics_open:
             open_paths |= {METRICS_PATH}
         app = BearerAuth(app, token, open_paths)
+    for cls, args, kwargs in reversed(middleware):
+        app = cls(app, *args, **kwargs)
     return HttpApp(app, registry, api.metrics)

@@ -14,6 +14,7 @@ import hmac
 import json
 from pathlib import Path
 
+from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 #: Paths served without a token: liveness and readiness (the kubelet sends none).
@@ -73,7 +74,12 @@ class BearerAuth:
         self._expected = _digest(token.encode("ascii"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths or self._allowed(scope):
+        # The route's path: under a mount or --root-path, `path` carries the prefix too.
+        if (
+            scope["type"] != "http"
+            or get_route_path(scope) in self.open_paths
+            or self._allowed(scope)
+        ):
             await self.app(scope, receive, send)
             return
         # The body is never read: the server closes the connection if it is left unread.

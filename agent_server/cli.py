@@ -10,6 +10,7 @@ import functools
 import importlib
 import json
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,7 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
+from starlette.types import ASGIApp
 
 from agent_server import jsoncodec
 from agent_server.agent import Agent
@@ -40,7 +42,7 @@ from agent_server.client import (
 from agent_server.execution import exception_text
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import configure_logging
-from agent_server.runner import Runner, exit_on_signal_before_serving
+from agent_server.runner import Runner, exit_on_signal_before_serving, supervise_reloads
 from agent_server.settings import Settings
 from agent_server.shutdown import ExitCode
 
@@ -74,8 +76,11 @@ def _own_frames(exc: BaseException) -> str:
     return "".join(shown.format())
 
 
-def load_agent(path: str | None) -> Agent:
-    """Import `module:attribute`; without a path, the embedded demo agent."""
+def load_agent(path: str | None, app_dir: str = "") -> Agent:
+    """Import `module:attribute`; without a path, the embedded demo agent.
+
+    As uvicorn does, `app_dir` (by default the current directory) goes first on the module
+    search path, so APP is found there before anywhere else."""
     if path is None:
         from agent_server.demo import agent as demo
 
@@ -83,13 +88,20 @@ def load_agent(path: str | None) -> Agent:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise AppLoadError(f"APP must look like 'module:attribute', got {path!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    directory = os.path.abspath(app_dir or os.getcwd())
+    sys.path.insert(0, directory)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:  # the module itself is missing: no traceback to show
-            raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):  # the module itself (or its package) is missing: no traceback to show
+            where = "--app-dir" if app_dir else "the current directory"
+            raise AppLoadError(
+                f"cannot import {module_name!r}: {exc}; modules are looked up in {where} "
+                f"({directory}), then the Python path"
+                + ("" if app_dir else " (--app-dir names another directory)")
+            ) from exc
         raise AppLoadError(f"cannot import {module_name!r}: {exc}", _own_frames(exc)) from exc
     except Exception as exc:  # the user's module raised while it was imported
         raise AppLoadError(
@@ -114,8 +126,9 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _click_type(annotation: Any) -> tuple[Any, bool]:
-    """The click type for a field's annotation, and whether it is an on/off switch.
+def _click_type(annotation: Any) -> tuple[Any, bool, bool]:
+    """The click type for a field's annotation, whether it is an on/off switch, and whether
+    the flag repeats (a tuple field: one value per use).
 
     Optional types take their inner type; a Literal becomes a choice; types click has no
     parser for (SecretStr, URLs, ...) are read as text and validated by the model."""
@@ -123,13 +136,16 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
         inner = [arg for arg in get_args(annotation) if arg is not type(None)]
         if len(inner) == 1:
             annotation = inner[0]
+    if get_origin(annotation) is tuple:
+        kind, _, _ = _click_type(get_args(annotation)[0])
+        return kind, False, True
     if get_origin(annotation) is Literal:
-        return click.Choice([str(choice) for choice in get_args(annotation)]), False
+        return click.Choice([str(choice) for choice in get_args(annotation)]), False, False
     if annotation is bool:
-        return bool, True
+        return bool, True, False
     if annotation in (int, float):
-        return annotation, False
-    return str, False
+        return annotation, False, False
+    return str, False, False
 
 
 def _help(field: str, info: FieldInfo) -> str:
@@ -137,7 +153,7 @@ def _help(field: str, info: FieldInfo) -> str:
     # A factory's default (a random replica id, say) differs per run: not shown.
     made = info.is_required() or info.default_factory is not None
     default = None if made else info.default
-    if default is not None and not isinstance(default, SecretStr):
+    if default not in (None, "", ()) and not isinstance(default, SecretStr):
         parts.append(f"[default: {_shown(default)}]")
     parts.append(f"[env: {env_name(field)}]")
     return " ".join(part for part in parts if part)
@@ -153,16 +169,22 @@ def _shown(value: Any) -> str:
 
 def settings_options(model: type[BaseSettings]) -> Callable[[F], F]:
     """One flag per field of `model`: `--max-inflight` for `max_inflight`, `--x/--no-x` for a
-    bool. Flags default to None, so an absent flag leaves the field to the environment
-    (read by the model, under its AGENT_SERVER_* name) and then to its default."""
+    bool, a repeatable flag for a tuple. Flags default to None (a repeatable one absent is
+    empty), so an absent flag leaves the field to the environment (read by the model, under
+    its AGENT_SERVER_* name) and then to its default: see `given_flags`."""
 
     def decorate(func: F) -> F:
         for field, info in reversed(model.model_fields.items()):
-            kind, switch = _click_type(info.annotation)
+            kind, switch, multiple = _click_type(info.annotation)
             flag = flag_name(field)
             decls = [f"{flag}/--no-{flag.removeprefix('--')}"] if switch else [flag]
             option = click.option(
-                *decls, field, type=None if switch else kind, default=None, help=_help(field, info)
+                *decls,
+                field,
+                type=None if switch else kind,
+                default=None,
+                multiple=multiple,
+                help=_help(field, info),
             )
             func = option(func)
         return func
@@ -217,39 +239,108 @@ def run(app: str | None, **flags: Any) -> None:
     APP is AGENT_SERVER_APP.
     """
     exit_on_signal_before_serving()  # importing APP can take long; PID 1 must not ignore it
-    given = {name: value for name, value in flags.items() if value is not None}
+    given = given_flags(flags)
+    settings = _settings_or_exit(given)
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.reload:
+        # The worker imports APP, as uvicorn's does: an import error there is fixed by an
+        # edit, which starts a new worker, while this process keeps watching.
+        target = functools.partial(serve_reloaded, app, given)
+        sys.exit(supervise_reloads(_reloader_config(settings, app), target))
+    sys.exit(serve(_agent_or_exit(app, settings), settings))
+
+
+def given_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags given on the command line: an absent flag is None, an absent repeatable
+    one empty; either leaves its setting to the environment."""
+    return {name: value for name, value in flags.items() if value is not None and value != ()}
+
+
+def _settings_or_exit(given: dict[str, Any]) -> Settings:
     try:
-        settings = Settings(**given)
+        return Settings(**given)
     except ValidationError as exc:
         click.echo(f"agent-server: invalid settings: {describe_errors(exc, given)}", err=True)
         sys.exit(ExitCode.INVALID_SETTINGS)
-    configure_logging(settings.log_level, settings.log_format)
+
+
+def _agent_or_exit(app: str | None, settings: Settings) -> Agent:
     try:
-        agent = load_agent(app)
+        return load_agent(app, settings.app_dir)
     except AppLoadError as exc:
         if exc.traceback:
             click.echo(exc.traceback.rstrip("\n"), err=True)
         click.echo(f"agent-server: {exc}", err=True)
         sys.exit(ExitCode.INVALID_SETTINGS)
+
+
+def serve(
+    agent: Agent,
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    *,
+    supervised: bool = False,
+) -> int:
+    """Serve `agent` until its shutdown sequence has run; its exit code. `sockets`: the
+    listener a reload supervisor bound, whose SIGINT the worker leaves to it."""
     agent.configure(settings)
-    config = uvicorn.Config(
-        agent.asgi(),
+    runner = Runner(
+        uvicorn_config(agent.asgi(), settings),
+        agent.shutdown,
+        log_format=settings.log_format,
+        push=agent.push_shutdown,
+        supervised=supervised,
+    )
+    runner.run(sockets)
+    return runner.exit_code
+
+
+def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    """uvicorn's configuration for `app`, from the settings that are uvicorn's own."""
+    password = settings.ssl_keyfile_password
+    return uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         lifespan="on",
         # Bounds the head (size, time), the body's time, unread answers and pipelining.
         http=BoundedHttpToolsProtocol.with_timeouts(settings.body_timeout, settings.write_timeout),
         log_config=None,
-        access_log=settings.access_log,
+        access_log=False,  # the agent writes its own (--access-log): with the duration, as JSON
         timeout_graceful_shutdown=int(settings.http_timeout)
         if settings.http_timeout.is_integer()
         else settings.http_timeout,  # type: ignore[arg-type]
+        root_path=settings.root_path,
+        proxy_headers=settings.proxy_headers,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_keyfile_password=None if password is None else password.get_secret_value(),
     )
-    runner = Runner(
-        config, agent.shutdown, log_format=settings.log_format, push=agent.push_shutdown
+
+
+def _reloader_config(settings: Settings, app: str | None) -> uvicorn.Config:
+    """What uvicorn's reload supervisor reads: where to bind (and whether it is TLS, for its
+    line), what to watch. The worker builds its own configuration (`serve_reloaded`)."""
+    return uvicorn.Config(
+        app or "agent_server.demo:agent",  # uvicorn reloads an import string only
+        host=settings.host,
+        port=settings.port,
+        reload=True,
+        log_config=None,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
-    runner.run()
-    sys.exit(runner.exit_code)
+
+
+def serve_reloaded(
+    app: str | None, given: dict[str, Any], sockets: list[socket.socket] | None = None
+) -> None:
+    """A `--reload` worker (a process of its own): settings, APP and serve, as `run`."""
+    exit_on_signal_before_serving()
+    settings = _settings_or_exit(given)
+    configure_logging(settings.log_level, settings.log_format)
+    sys.exit(serve(_agent_or_exit(app, settings), settings, sockets, supervised=True))
 
 
 class CallExit(enum.IntEnum):

@@ -1,18 +1,27 @@
-"""Logging set-up: human text or one JSON object per line for log pipelines."""
+"""Logging set-up: human text or one JSON object per line for log pipelines; the access log."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The logger of the access lines (`--access-log`).
+ACCESS_LOGGER = "agent_server.access"
+#: The keys every JSON line has; a record's `fields` never replace them.
+BASE_KEYS = frozenset({"time", "level", "logger", "message"})
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record; a shutdown report is embedded as structured data."""
+    """One JSON object per record; a shutdown report is embedded as structured data, and a
+    record's `fields` (`extra={"fields": {...}}`) become keys of the object, so a pipeline
+    reads the access line's status or the start line's store without parsing a message."""
 
     def format(self, record: logging.LogRecord) -> str:
         report = getattr(record, "shutdown_report", None)
@@ -23,6 +32,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            payload.update((key, value) for key, value in fields.items() if key not in BASE_KEYS)
         if report is not None:
             payload["report"] = report
         if record.exc_info:
@@ -65,3 +77,71 @@ def configure_unless_configured(level: str, log_format: str) -> None:
     )
     logger.addHandler(handler)
     logger.setLevel(level.upper())
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request once it has been answered, with the method,
+    path, status, duration (seconds) and client, as fields of the JSON line.
+
+    uvicorn's own access line is written when the answer starts and has no duration (an
+    event stream's would read zero); this one is written at the end. In text it reads as
+    uvicorn's, the duration added.
+    """
+
+    def __init__(self, app: ASGIApp, logger: logging.Logger) -> None:
+        self.app = app
+        self.logger = logger
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.logger.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        answer = _Status(send)
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            # No status: the app raised (or was cancelled) first, and the server answers 500.
+            self._line(scope, answer.status or 500, time.perf_counter() - started)
+
+    def _line(self, scope: Scope, status: int, seconds: float) -> None:
+        client = scope.get("client")
+        # Port 0: a proxy's X-Forwarded-For gave the host, and no port is known.
+        address = None if client is None else f"{client[0]}:{client[1]}" if client[1] else client[0]
+        query = scope.get("query_string", b"").decode("latin-1")
+        fields: dict[str, Any] = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "duration": round(seconds, 6),
+            "client": address,
+            "http_version": scope.get("http_version", "1.1"),
+        }
+        if query:
+            fields["query"] = query
+        target = scope["path"] + (f"?{query}" if query else "")
+        self.logger.info(
+            '%s - "%s %s HTTP/%s" %d %.6fs',
+            address or "-",
+            scope["method"],
+            target,
+            fields["http_version"],
+            status,
+            seconds,
+            extra={"fields": fields},
+        )
+
+
+class _Status:
+    """The `send` of one request under `AccessLog`: notes the status it answers."""
+
+    __slots__ = ("send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status = 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import socket
 import threading
@@ -23,6 +24,7 @@ from types import FrameType
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
+from uvicorn.supervisors.watchfilesreload import WatchFilesReload
 
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import format_line
@@ -75,13 +77,17 @@ class Runner(uvicorn.Server):
         *,
         log_format: str,
         push: Callable[[float], Awaitable[object]],
+        supervised: bool = False,
     ) -> None:
         """`shutdown` is the agent's sequence, which this runner now drives; `push` sends
-        the shutdown metrics before the process ends at the monotonic time it is given."""
+        the shutdown metrics before the process ends at the monotonic time it is given.
+        `supervised`: a `--reload` worker, whose signals come from its `Reloader` (see
+        `handle_exit`)."""
         super().__init__(config)
         self.sequence = shutdown
         self.log_format = log_format
         self.push = push
+        self.supervised = supervised
         shutdown.driven_by_signals = True
         self.exit_code: int = ExitCode.OK
         self.signals = 0
@@ -95,6 +101,10 @@ class Runner(uvicorn.Server):
     # records nothing, so nothing is re-raised.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.supervised and sig == signal.SIGINT:
+            # Ctrl+C reaches the terminal's whole process group: the supervisor turns it into
+            # the SIGTERM that counts, so one Ctrl+C is one signal here, not two.
+            return
         self.signals += 1
         now = time.monotonic()
         if self.signals == 1:
@@ -215,3 +225,43 @@ class Runner(uvicorn.Server):
             f"{int(ExitCode.WATCHDOG)}"
         )
         return self._critical_line(message)
+
+
+class Reloader(WatchFilesReload):
+    """uvicorn's `--reload` supervisor, with every signal after the first passed on to the
+    worker: its first signal (and every restart) sends the worker one SIGTERM, which runs
+    the whole shutdown sequence there; a second skips to the cancellation, a third ends it
+    at once, as for a server without a supervisor. (uvicorn's own takes note of the first
+    signal only, then waits for the worker without bound.)"""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        target: Callable[..., None],
+        sockets: list[socket.socket],
+    ) -> None:
+        super().__init__(config, target, sockets)
+        self.signals = 0
+
+    def signal_handler(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.should_exit.set()  # the watch ends; `shutdown` sends the worker SIGTERM
+            return
+        process = getattr(self, "process", None)
+        if process is not None and process.pid is not None and process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+
+
+def supervise_reloads(config: uvicorn.Config, target: Callable[..., None]) -> int:
+    """Bind the listener once, run `target(sockets=[...])` in a worker process and start a
+    new one whenever a watched file changes, until a signal; the last worker's exit code
+    (128 + the signal's number when a signal ended it)."""
+    listener = config.bind_socket()  # exits 1 (uvicorn's message) when the port is taken
+    supervisor = Reloader(config, target=target, sockets=[listener])
+    supervisor.run()
+    code = supervisor.process.exitcode
+    if code is None:  # pragma: no cover - run() joins the worker
+        return int(ExitCode.STARTUP_FAILED)
+    return 128 - code if code < 0 else code

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import secrets
 import socket
+import ssl
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent_server.auth import check_token, read_token_file
 
@@ -167,6 +168,50 @@ class Settings(BaseSettings):
         default=True,
         description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
+    # -- uvicorn's own flags, with uvicorn's meaning and default (DESIGN.md section 17) ------
+    reload: bool = Field(
+        default=False,
+        description="Restart the server when Python files under the current directory "
+        "change (development only: docs/settings.md says what differs).",
+    )
+    root_path: str = Field(
+        default="",
+        max_length=1024,
+        description="The ASGI root_path: the prefix a proxy strips before the request "
+        "reaches the server (/agent); Location headers and links carry it.",
+    )
+    proxy_headers: bool = Field(
+        default=True,
+        description="Take the client's address and scheme from X-Forwarded-For and "
+        "X-Forwarded-Proto, when the peer is one of --forwarded-allow-ips.",
+    )
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Comma-separated addresses or networks whose proxy headers are "
+        "trusted ('*': any); by default $FORWARDED_ALLOW_IPS, else 127.0.0.1 (uvicorn's).",
+    )
+    ssl_certfile: str | None = Field(
+        default=None, description="TLS certificate file (PEM): serve HTTPS."
+    )
+    ssl_keyfile: str | None = Field(
+        default=None,
+        description="TLS private key file (PEM), when the certificate file does not hold it.",
+    )
+    ssl_keyfile_password: SecretStr | None = Field(
+        default=None, description="Password of an encrypted TLS key file."
+    )
+    app_dir: str = Field(
+        default="",
+        description="Directory put first on the module search path to import APP; by "
+        "default the current directory.",
+    )
+    cors_allow_origin: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="An origin (https://app.example.com, or *) whose browser pages may call "
+        "the API and read its event streams; repeat the flag for more (the environment "
+        "twin takes a comma-separated list).",
+    )
     _file_token: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -212,6 +257,74 @@ class Settings(BaseSettings):
         if database and not database.isdigit():
             raise ValueError("store URL's database must be a number (redis://host:6379/0)")
         return value
+
+    @field_validator("root_path")
+    @classmethod
+    def _check_root_path(cls, value: str) -> str:
+        """A prefix that joins paths as they are: '/agent' + '/executions/...'."""
+        if value and (not value.startswith("/") or value.endswith("/")):
+            raise ValueError("root-path must start with '/' and not end with one (/agent)")
+        if any(char.isspace() or not char.isprintable() for char in value):
+            raise ValueError("root-path must not hold spaces or control characters")
+        return value
+
+    @field_validator("cors_allow_origin", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        """The environment twin is one string: `https://a.example,https://b.example`."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("cors_allow_origin")
+    @classmethod
+    def _check_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """An origin is what a browser sends in `Origin`: scheme://host[:port], nothing
+        after it. A path or a trailing slash would match no request, silently."""
+        for origin in value:
+            if origin == "*":
+                continue
+            try:
+                parts = urlsplit(origin)
+                parts.port  # noqa: B018 - raises for a port that is not a number
+            except ValueError:
+                raise ValueError(f"cors-allow-origin {origin!r} is not an origin") from None
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path
+                or parts.query
+                or parts.fragment
+                or "@" in parts.netloc
+            ):
+                raise ValueError(
+                    f"cors-allow-origin {origin!r} is not an origin: give "
+                    "scheme://host[:port] with nothing after it (https://app.example.com), or *"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        """The certificate and key are loaded once here, so a missing file, a key that does
+        not match or a wrong password fails the start (exit 2), not the first handshake."""
+        if self.ssl_certfile is None:
+            if self.ssl_keyfile is not None or self.ssl_keyfile_password is not None:
+                raise ValueError("ssl-keyfile and ssl-keyfile-password need ssl-certfile")
+            return self
+        given = self.ssl_keyfile_password
+        # Never None: for an encrypted key OpenSSL would then ask on the terminal.
+        password = "" if given is None else given.get_secret_value()
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, lambda: password)
+        except (OSError, ssl.SSLError) as exc:
+            # The reason only (the file, the library's words): never the password.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            files = f"ssl-certfile {self.ssl_certfile!r}"
+            if self.ssl_keyfile is not None:
+                files += f" with ssl-keyfile {self.ssl_keyfile!r}"
+            raise ValueError(f"{files} cannot be loaded: {reason}") from None
+        return self
 
     @property
     def store_url(self) -> str:

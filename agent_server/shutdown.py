@@ -99,6 +99,15 @@ class ShutdownPlan:
             deadline = min(deadline, self.hard_end(started) - EXIT_RESERVE)
         return deadline
 
+    def lifespan_exit_deadline(self, started: float | None, now: float) -> float:
+        """The user's lifespan (`Agent(lifespan=...)`) exits, closing its clients, within the
+        cancel timeout, in the exit reserve at the latest: it is part of uvicorn's lifespan
+        shutdown, which the reserve is kept for, and half of it stays for the interpreter."""
+        deadline = now + self.cancel_timeout
+        if started is not None:
+            deadline = min(deadline, self.hard_end(started) - EXIT_RESERVE / 2)
+        return deadline
+
     def http_deadline(self, started: float, listener_closed: float) -> float:
         """Open responses get `http_timeout` after the listener closes, and never so long
         that the process could not end before the watchdog: with the whole budget used
