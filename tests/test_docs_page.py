@@ -15,11 +15,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, need
 
 WAIT = 20.0
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -36,18 +34,19 @@ Start = Callable[..., ServerProcess]
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    assert CHROMIUM and CHROMEDRIVER, "apt-get install chromium chromium-driver"
+    chromium = need("chromium", package="chromium")
+    chromedriver = need("chromedriver", package="chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="docs-page-chromium-")
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = chromium
     for flag in [*FLAGS, f"--user-data-dir={profile}"]:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     # Both paths given, so selenium never looks for (or downloads) a driver of its own.
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
     driver.set_page_load_timeout(WAIT)
     driver.get_log("performance")  # what the browser did at its start (its new-tab page)
     try:

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import haproxy
 import pytest
-import redis_server
+from conftest import need
 from faults import (
     FAULT_KINDS,
     Evidence,
@@ -36,8 +35,8 @@ SECONDS = float(os.environ.get("AGENT_SERVER_FAULT_SECONDS", "65"))
 @pytest.mark.redis
 @pytest.mark.timeout(SECONDS + 240)
 def test_what_clients_are_told_stays_true_under_faults(tmp_path: Path) -> None:
-    assert redis_server.available(), "redis-server is not installed (apt-get install redis-server)"
-    assert haproxy.available(), "haproxy is not installed (apt-get install haproxy)"
+    need("redis-server", package="redis-server")
+    need("haproxy", package="haproxy")
     run = run_faults(SEED, SECONDS, tmp_path, clients=6)
     report = run.report(limit=20)
     print(report)

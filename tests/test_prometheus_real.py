@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, free_port, need
 from test_shutdown import assert_clean_stderr, shutdown_report
 
 ROOT = Path(__file__).parent.parent
@@ -40,14 +39,16 @@ PUSHED = 'job="agent-server-shutdown"'
 #: Every wait on Prometheus is bounded by this many seconds.
 SCRAPE_WAIT = 20.0
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None or shutil.which("prometheus-pushgateway") is None,
-        reason="needs Debian's prometheus and prometheus-pushgateway (.ci/run installs them)",
-    ),
-    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)"),
-    pytest.mark.timeout(150),
-]
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(autouse=True)
+def programs() -> None:
+    """Real Prometheus and Pushgateway servers, and a pod's hostname through `unshare`."""
+    need("prometheus", package="prometheus")
+    need("prometheus-pushgateway", package="prometheus-pushgateway")
+    need("unshare", package="util-linux")
+
 
 Result = list[dict[str, Any]]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, ServerProcess
+from conftest import TESTS_DIR, ServerProcess, need
 from haproxy import Haproxy, free_port
 from redis_server import RedisServer
 
@@ -72,6 +72,7 @@ class Cluster:
         extra: list[str],
         env: dict[str, str] | None = None,
     ) -> None:
+        need("haproxy", package="haproxy")  # before any replica starts, so none is left behind
         self.tmp_path = tmp_path
         self.redis = redis
         self.extra = extra

@@ -160,8 +160,9 @@ def test_rediss_verifies_the_server_as_the_url_says(tmp_path: Path) -> None:
     import time
 
     import trustme
-    from conftest import free_port
+    from conftest import free_port, need
 
+    need("redis-server", package="redis-server")
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))

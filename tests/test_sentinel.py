@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, free_port, need
 from redis.exceptions import ConnectionError, ReadOnlyError
 from redis_server import AOF, RedisServer, redis_command
 
@@ -194,7 +193,8 @@ class Redises:
 
 @pytest.fixture
 def redises(tmp_path: Path) -> Iterator[Redises]:
-    assert shutil.which("redis-sentinel"), "redis-sentinel is missing (apt-get install it)"
+    need("redis-server", package="redis-server")
+    need("redis-sentinel", package="redis-sentinel")
     started: list[Node | SentinelProcess] = []
     try:
         primary = Node(tmp_path / "primary")
