@@ -242,6 +242,9 @@ class Reloader(WatchFilesReload):
     ) -> None:
         super().__init__(config, target, sockets)
         self.signals = 0
+        # watchfiles says "1 change detected" at INFO for any file, `*.py` or not (a log file
+        # in the watched directory: a line per line); uvicorn's own line names what reloads.
+        logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
     def signal_handler(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
