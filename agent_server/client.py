@@ -37,6 +37,8 @@ import httpx
 from httpx_sse import EventSource as SseEvents
 from httpx_sse import ServerSentEvent
 
+from agent_server import status as states
+
 __all__ = [
     "AgentClient",
     "AgentServerError",
@@ -63,7 +65,9 @@ __all__ = [
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The server's bound on one long-poll (`?wait=`).
 MAX_WAIT = 60.0
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+#: The statuses an execution does not leave, from the one table (status.py imports nothing
+#: of the server).
+TERMINAL = frozenset(status.value for status in states.TERMINAL)
 #: Backoff after a connection or gateway error: doubled from the first up to the last.
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 2.0

@@ -14,24 +14,11 @@ from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.events import Event, EventLog, encode_data
+from agent_server.status import ACTIVE, END_OF, Transition, step
+from agent_server.status import ExecutionStatus as ExecutionStatus  # its home is status.py
 
-
-class ExecutionStatus(enum.StrEnum):
-    """Where an execution is; `queued` and `running` are not terminal, the rest are.
-
-    `queued` and `lost` appear only with a shared store (docs/replicas.md).
-    """
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    LOST = "lost"
-
-
-#: The statuses an execution can still leave.
-ACTIVE_STATUSES = frozenset({ExecutionStatus.QUEUED, ExecutionStatus.RUNNING})
+#: The statuses an execution can still leave (derived from the table in status.py).
+ACTIVE_STATUSES = ACTIVE
 
 
 class CancelReason(enum.StrEnum):
@@ -232,6 +219,7 @@ class Execution:
         """Handed off: the next attempt runs on another replica; this object stays this
         attempt's view (its end, if it comes, is fenced). Wakes local waiters: a
         synchronous caller answers 503 with the execution's Location."""
+        step(self.status, Transition.HAND_OFF, ExecutionStatus.QUEUED)
         self.status = ExecutionStatus.QUEUED
         if self._done is not None:
             self._done.set()
@@ -246,7 +234,13 @@ class Execution:
         error: dict[str, str] | None = None,
         reason: CancelReason | None = None,
     ) -> None:
-        """Record the terminal state once and wake every waiter."""
+        """Record the terminal state once and wake every waiter: from `running` (its
+        attempt's end), or from `queued` for an attempt handed off that ended after all
+        (LATE_END; the store fences its end)."""
+        if self.status is ExecutionStatus.QUEUED:
+            step(self.status, Transition.LATE_END, status)
+        else:
+            step(self.status, END_OF[status], status)
         self.status = status
         self.result = result
         self.error = error

@@ -3,7 +3,8 @@
 Each file opens with its contract (KEYS, ARGV, replies) and names the files it builds on
 with `--! include NAME.lua` lines; `load` inlines each included file once, before the first
 file that includes it, so a script carries exactly the code it uses. `codes.lua` is made
-here from the reply codes below, so Lua and Python read the same names.
+here from the reply codes below and the statuses of the state machine, so Lua and Python
+read the same names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import enum
 import hashlib
 import re
 from importlib import resources
+
+from agent_server.status import ExecutionStatus
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -64,11 +67,14 @@ _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
 
 
 def _codes() -> str:
-    """codes.lua: each reply code as a Lua local, `CREATE_CREATED` for `Create.CREATED`."""
-    lines = ["-- Reply codes, made from agent_server/store/redis/scripts.py."]
+    """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`) and
+    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py)."""
+    lines = ["-- Made from agent_server/store/redis/scripts.py and agent_server/status.py."]
     for kind in (Create, Forget, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
+    for status in ExecutionStatus:
+        lines.append(f"local STATUS_{status.name} = '{status.value}'")
     return "\n".join(lines) + "\n"
 
 

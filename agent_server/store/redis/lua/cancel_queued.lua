@@ -7,9 +7,9 @@
 --! include records.lua
 local rec = P .. 'x:' .. ARGV[5]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'session_id')
-if v[1] == 'queued' then
+if v[1] == STATUS_QUEUED then
   cancel_queued(rec, ARGV[5], v[3], ARGV[6])
   return {1, ''}
 end
-if v[1] == 'running' then return {0, v[2]} end
+if v[1] == STATUS_RUNNING then return {0, v[2]} end
 return {0, ''}

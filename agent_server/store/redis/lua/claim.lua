@@ -12,10 +12,10 @@ while true do
   if not id then return false end
   local rec = P .. 'x:' .. id
   local v = redis.call('HMGET', rec, 'status', 'created_at', 'session_id')
-  if v[1] == 'queued' and v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
+  if v[1] == STATUS_QUEUED and v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
     cancel_queued(rec, id, v[3], 'session_released')  -- its session is being released
-  elseif v[1] == 'queued' then
-    redis.call('HSET', rec, 'status', 'running', 'replica', me)
+  elseif v[1] == STATUS_QUEUED then
+    redis.call('HSET', rec, 'status', STATUS_RUNNING, 'replica', me)
     redis.call('ZADD', P .. 'running', v[2], id)
     redis.call('SADD', P .. 'owned:' .. me, id)
     local row = redis.call('HMGET', rec, unpack(F))

@@ -7,7 +7,7 @@
 --! include header.lua
 local id = ARGV[5]
 local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'replica', 'attempt')
-if v[1] ~= 'running' or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {1, 'dropped'} end
+if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[6] or v[3] ~= ARGV[7] then return {1, 'dropped'} end
 local key = P .. 'ev:' .. id
 local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= tonumber(ARGV[8]) then

@@ -21,7 +21,7 @@ for i = 6, #ARGV, 10 do
     'reasoner', 'created_at')
   local ok = 0
   if v[1] and v[2] == owner and v[3] == attempt then
-    if v[1] == 'running' then
+    if v[1] == STATUS_RUNNING then
       redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
         'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
         'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])

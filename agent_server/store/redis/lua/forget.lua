@@ -7,7 +7,7 @@
 --! include judge.lua
 local v = read(ARGV[5])
 if not v then return {FORGET_UNKNOWN} end
-if v[6] == 'running' or v[6] == 'queued' then return {FORGET_ACTIVE, v} end
+if v[6] == STATUS_RUNNING or v[6] == STATUS_QUEUED then return {FORGET_ACTIVE, v} end
 drop(ARGV[5] .. '|' .. v[3])
 redis.call('ZREM', P .. 'running', ARGV[5])
 return {FORGET_FORGOTTEN, v}

@@ -9,7 +9,7 @@ local out = {}
 local owned = P .. 'owned:' .. ME
 for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
   local v = read(id)
-  if v and v[6] == 'running' and v[4] == ME then
+  if v and v[6] == STATUS_RUNNING and v[4] == ME then
     out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
   elseif (not v) or v[4] ~= ME then
     redis.call('SREM', owned, id)

@@ -78,7 +78,7 @@ end
 local function cancel_queued(rec, id, sid, reason)
   -- Its duration runs from its creation, across attempts, as a finished attempt's does.
   local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
-  redis.call('HSET', rec, 'status', 'cancelled', 'status_reason', reason,
+  redis.call('HSET', rec, 'status', STATUS_CANCELLED, 'status_reason', reason,
     'finished_at', string.format('%.6f', NOW / 1000),
     'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
   redis.call('LREM', P .. 'queue', 0, id)

@@ -1,0 +1,136 @@
+"""The execution's state machine, declared once: its statuses and every transition between
+them, with who makes each one.
+
+Everything else reads this table: `Execution` moves through it by name (a move it does not
+hold is a bug, `IllegalTransition`), the terminal statuses are derived from it (a status no
+transition leaves), the Redis scripts get the statuses' names from it (`codes.lua`), the
+client imports it (it imports nothing else of the server), and docs/architecture.md shows
+the diagram `diagram()` draws from it (a test compares them). A new status or transition is
+one row here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExecutionStatus(enum.StrEnum):
+    """Where an execution is; `queued` and `lost` appear only with a shared store."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+class Transition(enum.StrEnum):
+    """A move of an execution, by name."""
+
+    START = "start"
+    SUCCEED = "succeed"
+    FAIL = "fail"
+    CANCEL = "cancel"
+    LOSE = "lose"
+    HAND_OFF = "hand_off"
+    REQUEUE = "requeue"
+    CLAIM = "claim"
+    CANCEL_QUEUED = "cancel_queued"
+    LATE_END = "late_end"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the table: `transition` moves an execution from any of `sources` (empty:
+    from nothing, its creation) to one of `targets`, made by `by`."""
+
+    transition: Transition
+    sources: frozenset[ExecutionStatus]
+    targets: frozenset[ExecutionStatus]
+    by: str
+
+
+_S = ExecutionStatus
+_ENDS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED})
+
+#: The state machine. Local objects and records follow the same table; LATE_END is the one
+#: move only a local object makes (an attempt handed off at the drain deadline that ended
+#: after all: its end is fenced by the store, which keeps the record as the next attempt
+#: has it).
+TABLE: tuple[Step, ...] = (
+    Step(Transition.START, frozenset(), frozenset({_S.RUNNING}), "registry; create.lua"),
+    Step(
+        Transition.SUCCEED, frozenset({_S.RUNNING}), frozenset({_S.SUCCEEDED}), "registry; end.lua"
+    ),
+    Step(Transition.FAIL, frozenset({_S.RUNNING}), frozenset({_S.FAILED}), "registry; end.lua"),
+    Step(
+        Transition.CANCEL, frozenset({_S.RUNNING}), frozenset({_S.CANCELLED}), "registry; end.lua"
+    ),
+    Step(
+        Transition.LOSE,
+        frozenset({_S.RUNNING}),
+        frozenset({_S.LOST}),
+        "judge.lua read(): its owner stopped renewing",
+    ),
+    Step(
+        Transition.HAND_OFF,
+        frozenset({_S.RUNNING}),
+        frozenset({_S.QUEUED}),
+        "registry at the drain deadline; handoff.lua",
+    ),
+    Step(
+        Transition.REQUEUE,
+        frozenset({_S.RUNNING}),
+        frozenset({_S.QUEUED}),
+        "judge.lua read(): its owner died, attempts left",
+    ),
+    Step(Transition.CLAIM, frozenset({_S.QUEUED}), frozenset({_S.RUNNING}), "claim.lua"),
+    Step(
+        Transition.CANCEL_QUEUED,
+        frozenset({_S.QUEUED}),
+        frozenset({_S.CANCELLED}),
+        "cancel_queued.lua; claim.lua (session released)",
+    ),
+    Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
+)
+
+#: The status an ending with that outcome reaches from `running`, by transition.
+END_OF: dict[ExecutionStatus, Transition] = {
+    _S.SUCCEEDED: Transition.SUCCEED,
+    _S.FAILED: Transition.FAIL,
+    _S.CANCELLED: Transition.CANCEL,
+    _S.LOST: Transition.LOSE,
+}
+
+_BY_NAME = {step.transition: step for step in TABLE}
+#: Statuses some transition leaves: not terminal.
+ACTIVE: frozenset[ExecutionStatus] = frozenset(s for step in TABLE for s in step.sources)
+#: Statuses no transition leaves.
+TERMINAL: frozenset[ExecutionStatus] = frozenset(ExecutionStatus) - ACTIVE
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not hold: a bug, never a client's doing."""
+
+
+def step(status: ExecutionStatus | None, transition: Transition, target: ExecutionStatus) -> None:
+    """Check that `transition` may move an execution from `status` (None: not yet created)
+    to `target`; IllegalTransition otherwise."""
+    row = _BY_NAME[transition]
+    source_ok = status in row.sources if row.sources else status is None
+    if not source_ok or target not in row.targets:
+        raise IllegalTransition(f"{transition.value}: {status} -> {target.value} is not a move")
+
+
+def diagram() -> str:
+    """The table as a Mermaid state diagram (docs/architecture.md holds it)."""
+    lines = ["stateDiagram-v2"]
+    for row in TABLE:
+        for target in sorted(row.targets):
+            for source in [s.value for s in sorted(row.sources)] or ["[*]"]:
+                lines.append(f"    {source} --> {target.value}: {row.transition.value}")
+    for status in sorted(TERMINAL):
+        lines.append(f"    {status.value} --> [*]")
+    return "\n".join(lines)
