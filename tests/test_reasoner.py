@@ -300,6 +300,7 @@ def test_a_model_input_refuses_unknown_keys_unless_it_says_otherwise() -> None:
     """One rule for unknown keys: refused (422), for a model input as for plain parameters;
     a model that sets `extra` itself keeps its own rule. The reasoner still gets an
     instance of the user's model, and the user's model is left as it was."""
+
     async def strict(q: Query) -> str:
         return q.text
 
