@@ -295,7 +295,10 @@ def openapi_document(
                             "name": "cursor",
                             "in": "query",
                             "description": "Where the page before ended: from its Link header",
-                            "schema": {"type": "string"},
+                            "schema": {
+                                "type": "string",
+                                "pattern": r"^-?[0-9][0-9.]*(e[+-]?[0-9]+)?:[0-9a-f]{32}$",
+                            },
                         },
                     ],
                     "responses": {

@@ -146,7 +146,10 @@ class Reasoner:
         return data
 
     def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
-        return self.input_model.model_json_schema(ref_template=ref_template)
+        schema = self.input_model.model_json_schema(ref_template=ref_template)
+        if self._declared is not None:  # the one rule for unknown keys, published
+            schema["additionalProperties"] = False
+        return schema
 
     def output_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
         try:

@@ -54,7 +54,8 @@ def test_single_model_parameter_is_the_whole_body() -> None:
     reasoner = Reasoner(search, "search", None)
     arguments = reasoner.bind({"text": "cats"})
     assert arguments == {"q": Query(text="cats", limit=3)}
-    assert reasoner.input_schema() == Query.model_json_schema()
+    # The model's own schema, saying what the one rule for unknown keys does.
+    assert reasoner.input_schema() == {**Query.model_json_schema(), "additionalProperties": False}
     with pytest.raises(ValidationError):
         reasoner.bind({"q": {"text": "cats"}})  # not wrapped in the parameter name
 

@@ -580,6 +580,8 @@ async def test_a_replica_judges_others_only_after_a_whole_lease_up(
 
         await eventually(lost)
         assert time.monotonic() - opened >= 1.0
+        # Counted once, by B (its renewal's reply may come just after the read's).
+        await eventually(lambda: asyncio.sleep(0, bool(b_seen.lost)))
         assert b_seen.lost == [execution.execution_id]
     finally:
         await closed(a)
@@ -608,6 +610,7 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
             return found is not None and found.status is ExecutionStatus.LOST
 
         await eventually(lost)
+        await eventually(lambda: asyncio.sleep(0, bool(b_seen.lost)))  # as above
         assert b_seen.lost == [execution.execution_id]
 
         execution.finish(ExecutionStatus.SUCCEEDED, result="late")
