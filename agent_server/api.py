@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
@@ -801,6 +802,21 @@ def _error_response(exc: HTTPException) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
+def _start_failures_in_one_line(send: Send) -> Send:
+    """A shared store unreachable at start is said in its one line (exit 1), not in the
+    traceback Starlette puts in `lifespan.startup.failed` (which uvicorn logs). Starlette
+    sends that message while it handles the exception, so the exception is at hand."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "lifespan.startup.failed":
+            failure = sys.exc_info()[1]
+            if isinstance(failure, StoreUnavailable):
+                message = {**message, "message": f"cannot start: {failure}"}
+        await send(message)
+
+    return sending
+
+
 class HttpApp:
     """The agent's HTTP front: answers every error as JSON, counts every response by route
     template, and adds `Connection: close` while draining.
@@ -817,6 +833,9 @@ class HttpApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             await _refuse_websocket(scope, receive, send)
+            return
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, _start_failures_in_one_line(send))
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)

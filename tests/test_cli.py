@@ -175,3 +175,21 @@ def test_access_log_is_off_by_default_and_can_be_turned_on(
     server.signal()
     server.wait_exit(15)
     assert ('"GET /reasoners HTTP/1.1" 200' in server.stderr()) is enabled
+
+
+def test_a_store_unreachable_at_start_exits_1_in_one_line() -> None:
+    """docs/shutdown.md's exit 1: the reason in one line, without a traceback (uvicorn logs
+    what the lifespan's failure message says)."""
+    from conftest import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_server", "run", "--store", url, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=TESTS_DIR,
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"cannot start: cannot reach Redis at {url}" in result.stderr
+    assert "Traceback" not in result.stderr
