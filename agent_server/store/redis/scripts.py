@@ -35,6 +35,34 @@ NAMES = (
 )
 
 
+class Row(enum.IntEnum):
+    """A record as a script returns it, by position (from 0; Lua's `I_STATUS` is one more):
+    the hash fields first (`FIELDS`, Lua's `F`), then what a read adds: what it did to the
+    record, whether a list matched it, and the list cursor past it. Declared once here; the
+    Lua scripts get every name through codes.lua."""
+
+    EXECUTION_ID = 0
+    REASONER = 1
+    SESSION_ID = 2
+    REPLICA = 3
+    ATTEMPT = 4
+    STATUS = 5
+    STATUS_REASON = 6
+    RESULT = 7
+    ERROR = 8
+    CREATED_AT = 9
+    FINISHED_AT = 10
+    DURATION_SECONDS = 11
+    ABANDONED = 12
+    MOVED = 13
+    MATCHED = 14
+    CURSOR = 15
+
+
+#: The record's hash fields, in the order every script returns them.
+FIELDS = tuple(index.name.lower() for index in Row if index < Row.MOVED)
+
+
 class Create(enum.IntEnum):
     """The first value of create.lua's reply."""
 
@@ -67,14 +95,18 @@ _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
 
 
 def _codes() -> str:
-    """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`) and
-    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py)."""
+    """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`),
+    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py), the
+    record's fields (`F`) and where each is in a returned record (`I_STATUS`)."""
     lines = ["-- Made from agent_server/store/redis/scripts.py and agent_server/status.py."]
     for kind in (Create, Forget, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
     for status in ExecutionStatus:
         lines.append(f"local STATUS_{status.name} = '{status.value}'")
+    lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
+    for index in Row:
+        lines.append(f"local I_{index.name} = {index + 1}")
     return "\n".join(lines) + "\n"
 
 

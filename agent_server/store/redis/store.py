@@ -81,7 +81,7 @@ from agent_server.store.base import (
     StoreUnavailable,
 )
 from agent_server.store.redis import scripts
-from agent_server.store.redis.scripts import Create, Forget, Moved
+from agent_server.store.redis.scripts import FIELDS, Create, Forget, Moved, Row
 from agent_server.store.resp import NoReply, RedisLink
 
 logger = logging.getLogger("agent_server.store")
@@ -171,23 +171,6 @@ SESSION_LIMIT = 10_000
 RELEASE_POLL = 0.05
 #: How long a release with no deadline holds its session (the releasing replica may die).
 RELEASE_HOLD_SECONDS = 24 * 3600.0
-
-#: The record's hash fields, in the order every script returns them.
-FIELDS = (
-    "execution_id",
-    "reasoner",
-    "session_id",
-    "replica",
-    "attempt",
-    "status",
-    "status_reason",
-    "result",
-    "error",
-    "created_at",
-    "finished_at",
-    "duration_seconds",
-    "abandoned",
-)
 
 #: A list cursor: the index score (the creation time, as Redis writes a double) and the id.
 _CURSOR = re.compile(r"(-?[0-9][0-9.]{0,24}(?:e[+-]?[0-9]{1,3})?):([0-9a-f]{32})")
@@ -963,7 +946,11 @@ class RedisStore(ExecutionStore):
                 rows = await self._script("settle", *ids)
             for execution_id, row in zip(ids, rows, strict=True):
                 self._in_doubt.pop(execution_id, None)
-                mine = bool(row) and row[5] == "running" and row[3] == self.replica_id
+                mine = (
+                    bool(row)
+                    and row[Row.STATUS] == ExecutionStatus.RUNNING
+                    and row[Row.REPLICA] == self.replica_id
+                )
                 if mine and self._adopt is not None and self._adopt(execution_id):
                     logger.warning(
                         "execution %s: its start got no answer from Redis in time but was "
@@ -1439,9 +1426,9 @@ class RedisStore(ExecutionStore):
         cursors: list[str] = []
         for row in reply[:-1]:
             execution = self._restore(row)
-            if int(row[14]):
+            if int(row[Row.MATCHED]):
                 found.append(execution)
-                cursors.append(str(row[15]))
+                cursors.append(str(row[Row.CURSOR]))
         return Page(found, cursors, str(reply[-1]) or None)
 
     def _restore(self, row: list[Any]) -> Execution:
@@ -1460,7 +1447,7 @@ class RedisStore(ExecutionStore):
             finished_at,
             duration,
             abandoned,
-        ) = row[:13]
+        ) = row[: len(FIELDS)]
         execution = Execution.restore(
             execution_id,
             reasoner,
@@ -1476,7 +1463,7 @@ class RedisStore(ExecutionStore):
             duration_seconds=_number(duration),
             abandoned=abandoned == "1",
         )
-        moved = Moved(int(row[13]))
+        moved = Moved(int(row[Row.MOVED]))
         if moved is Moved.LOST and self.observer is not None:
             self.observer.execution_lost(execution)
         elif moved is Moved.QUEUED:

@@ -19,7 +19,7 @@ while true do
     redis.call('ZADD', P .. 'running', v[2], id)
     redis.call('SADD', P .. 'owned:' .. me, id)
     local row = redis.call('HMGET', rec, unpack(F))
-    row[14] = MOVED_NOT
+    row[I_MOVED] = MOVED_NOT
     local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')
     local last = redis.call('XREVRANGE', P .. 'ev:' .. id, '+', '-', 'COUNT', 1)
     extra[4] = last[1] and last[1][1] or '0-0'

@@ -7,7 +7,7 @@
 --! include judge.lua
 local v = read(ARGV[5])
 if not v then return {FORGET_UNKNOWN} end
-if v[6] == STATUS_RUNNING or v[6] == STATUS_QUEUED then return {FORGET_ACTIVE, v} end
-drop(ARGV[5] .. '|' .. v[3])
+if v[I_STATUS] == STATUS_RUNNING or v[I_STATUS] == STATUS_QUEUED then return {FORGET_ACTIVE, v} end
+drop(ARGV[5] .. '|' .. v[I_SESSION_ID])
 redis.call('ZREM', P .. 'running', ARGV[5])
 return {FORGET_FORGOTTEN, v}

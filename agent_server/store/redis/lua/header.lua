@@ -4,7 +4,9 @@
   ARGV[1..4]: the prefix; result_ttl (ms); "{max_retained}:{max_retained_bytes}"; the
   calling replica's id. A script's own arguments start at ARGV[5].
   Defines: P, TTL, MAXR, MAXB, ME, NOW (ms) and NOW_US (us) on Redis's clock, and F, the
-  record's hash fields in the order every script returns them (FIELDS in codec.py).
+  record's hash fields in the order every script returns them, and I_STATUS and the like,
+  where each value is in a returned record (both from FIELDS and Row in scripts.py, through
+  codes.lua).
 ]]
 --! include codes.lua
 local P = ARGV[1]
@@ -16,7 +18,4 @@ local ME = ARGV[4]
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local F = {'execution_id', 'reasoner', 'session_id', 'replica', 'attempt', 'status',
-  'status_reason', 'result', 'error', 'created_at', 'finished_at', 'duration_seconds',
-  'abandoned'}
 

@@ -33,33 +33,33 @@ end
 local function read(id)
   local rec = P .. 'x:' .. id
   local v = redis.call('HMGET', rec, unpack(F))
-  if not v[1] then return false end
+  if not v[I_EXECUTION_ID] then return false end
   local moved = MOVED_NOT
-  if v[6] == STATUS_RUNNING and judged(v[4]) then
+  if v[I_STATUS] == STATUS_RUNNING and judged(v[I_REPLICA]) then
     local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
     local retries = tonumber(r[2] or '0') or 0
     if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
       -- A resumable execution whose owner died: its next attempt is queued.
-      local attempt = tostring(tonumber(v[5]) + 1)
+      local attempt = tostring(tonumber(v[I_ATTEMPT]) + 1)
       redis.call('HSET', rec, 'status', STATUS_QUEUED, 'attempt', attempt, 'replica', '',
         'retries', retries + 1)
       redis.call('ZREM', P .. 'running', id)
-      redis.call('SREM', P .. 'owned:' .. v[4], id)
+      redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
       redis.call('RPUSH', P .. 'queue', id)
       redis.call('PUBLISH', P .. 'queued', id)
-      v[4] = ''; v[5] = attempt; v[6] = STATUS_QUEUED
+      v[I_REPLICA] = ''; v[I_ATTEMPT] = attempt; v[I_STATUS] = STATUS_QUEUED
       moved = MOVED_QUEUED
     else
       local err = cjson.encode({type = 'ExecutionLost',
-        message = 'replica ' .. v[4] .. ' stopped renewing its liveness'})
+        message = 'replica ' .. v[I_REPLICA] .. ' stopped renewing its liveness'})
       local fin = string.format('%.6f', NOW / 1000)
       redis.call('HSET', rec, 'status', STATUS_LOST, 'status_reason', '', 'error', err,
         'finished_at', fin, 'duration_seconds', '')
-      v[6] = STATUS_LOST; v[7] = ''; v[9] = err; v[11] = fin; v[12] = ''
-      finish(rec, id, v[3], v[4])
+      v[I_STATUS] = STATUS_LOST; v[I_STATUS_REASON] = ''; v[I_ERROR] = err; v[I_FINISHED_AT] = fin; v[I_DURATION_SECONDS] = ''
+      finish(rec, id, v[I_SESSION_ID], v[I_REPLICA])
       moved = MOVED_LOST
     end
   end
-  v[14] = moved
+  v[I_MOVED] = moved
   return v
 end

@@ -33,16 +33,16 @@ for i = 1, #ids, 2 do
     if not v then
       redis.call('ZREM', index, id)
     else
-      if bare then v[8] = 'null' end
-      if (any or wanted[v[6]]) and (reasoner == '' or v[2] == reasoner) then
+      if bare then v[I_RESULT] = 'null' end
+      if (any or wanted[v[I_STATUS]]) and (reasoner == '' or v[I_REASONER] == reasoner) then
         matched = matched + 1
-        v[15] = 1
-        v[16] = last
+        v[I_MATCHED] = 1
+        v[I_CURSOR] = last
         out[#out + 1] = v
-        bytes = bytes + #v[8] + #v[9] + 400
-      elseif v[14] == MOVED_LOST then
-        v[15] = 0
-        v[16] = last
+        bytes = bytes + #v[I_RESULT] + #v[I_ERROR] + 400
+      elseif v[I_MOVED] == MOVED_LOST then
+        v[I_MATCHED] = 0
+        v[I_CURSOR] = last
         out[#out + 1] = v
       end
       -- A page stops at its byte budget (past it by one record at most: the caller then

@@ -9,9 +9,9 @@ local out = {}
 local owned = P .. 'owned:' .. ME
 for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
   local v = read(id)
-  if v and v[6] == STATUS_RUNNING and v[4] == ME then
+  if v and v[I_STATUS] == STATUS_RUNNING and v[I_REPLICA] == ME then
     out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
-  elseif (not v) or v[4] ~= ME then
+  elseif (not v) or v[I_REPLICA] ~= ME then
     redis.call('SREM', owned, id)
   end
 end

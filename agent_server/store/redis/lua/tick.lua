@@ -25,8 +25,8 @@ for _, replica in ipairs(dead) do
   if budget > 0 and judged(replica) then
     for _, id in ipairs(redis.call('SRANDMEMBER', owned, budget)) do
       local v = read(id)
-      if v and v[14] == MOVED_LOST then out[#out + 1] = v end
-      if (not v) or v[6] ~= STATUS_RUNNING then redis.call('SREM', owned, id) end
+      if v and v[I_MOVED] == MOVED_LOST then out[#out + 1] = v end
+      if (not v) or v[I_STATUS] ~= STATUS_RUNNING then redis.call('SREM', owned, id) end
       budget = budget - 1
     end
   end
