@@ -14,11 +14,8 @@ from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.events import Event, EventLog, encode_data
-from agent_server.status import ACTIVE, END_OF, Transition, step
+from agent_server.status import END_OF, TERMINAL, Transition, step
 from agent_server.status import ExecutionStatus as ExecutionStatus  # its home is status.py
-
-#: The statuses an execution can still leave (derived from the table in status.py).
-ACTIVE_STATUSES = ACTIVE
 
 
 class CancelReason(enum.StrEnum):
@@ -201,7 +198,7 @@ class Execution:
 
     @property
     def is_terminal(self) -> bool:
-        return self.status not in ACTIVE_STATUSES
+        return self.status in TERMINAL
 
     @property
     def duration_seconds(self) -> float | None:

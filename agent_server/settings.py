@@ -168,7 +168,7 @@ class Settings(BaseSettings):
         default=True,
         description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
-    # -- uvicorn's own flags, with uvicorn's meaning and default (DESIGN.md section 17) ------
+    # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
     reload: bool = Field(
         default=False,
         description="Restart the server when Python files under the current directory "

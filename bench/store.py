@@ -1,5 +1,5 @@
 """The execution store: what the redis store costs, measured against real processes and a real
-`redis-server` on loopback (DESIGN.md section 8, issue 12 "Benchmarks").
+`redis-server` on loopback (docs/replicas.md, what one life costs in script calls).
 
 1. Redis round trips and commands per execution life (an async start, its end, one status
    read). Commands are counted twice: by Redis itself (`INFO commandstats` after `CONFIG

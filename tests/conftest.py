@@ -23,8 +23,8 @@ STARTUP_TIMEOUT = 15.0
 
 sys.path.insert(0, str(TESTS_DIR))
 
-#: uvicorn's start-up line names the port it bound.
-LISTENING = re.compile(r"running on http://127\.0\.0\.1:(\d+)")
+#: uvicorn's start-up line names the port it bound (over HTTP or HTTPS).
+LISTENING = re.compile(r"running on https?://127\.0\.0\.1:(\d+)")
 
 
 #: Set by `.ci/run`, which installs every program the tests need: there a missing one fails the
@@ -53,6 +53,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def agent_server_cli(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m agent_server ARGS` from the tests' directory, expected to answer and exit
+    at once (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent_server", *args],
+        cwd=TESTS_DIR,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 class ServerProcess:
@@ -99,17 +115,22 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def client(self) -> httpx.Client:
+        """A client of this server (a subclass serving HTTPS gives its own)."""
+        return httpx.Client(base_url=self.url)
+
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited early:\n{self.stderr()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.02)
+        with self.client() as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"server exited early:\n{self.stderr()}")
+                try:
+                    if client.get("/readyz", timeout=1.0).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.02)
         raise AssertionError(f"server not ready in {timeout}s:\n{self.stderr()}")
 
     def wait_marker(self, name: str, timeout: float = 10.0) -> None:

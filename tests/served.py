@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import ssl
 import subprocess
@@ -16,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import STARTUP_TIMEOUT, TESTS_DIR, ServerProcess
+from conftest import TESTS_DIR, ServerProcess
 
 #: Every client call is bounded (as in test_shutdown).
 CLIENT_TIMEOUT = 15.0
-#: uvicorn's start-up line, over HTTP or HTTPS.
-LISTENING = re.compile(r"running on https?://127\.0\.0\.1:(\d+)")
 
 
 class Served(ServerProcess):
@@ -56,40 +53,12 @@ class Served(ServerProcess):
         self.signalled_at: float | None = None
 
     @property
-    def port(self) -> int:
-        if self._port is None:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while self._port is None:
-                found = LISTENING.search(self.stderr())
-                if found is not None:
-                    self._port = int(found.group(1))
-                elif self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server never listened:\n{self.stderr()}")
-                else:
-                    time.sleep(0.01)
-        return self._port
-
-    @property
     def url(self) -> str:
         scheme = "http" if self.verify is None else "https"
         return f"{scheme}://127.0.0.1:{self.port}"
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=CLIENT_TIMEOUT, verify=self.verify or True)
-
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        with self.client() as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"server exited early:\n{self.stderr()}")
-                try:
-                    if client.get("/readyz", timeout=1.0).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.02)
-        raise AssertionError(f"server not ready in {timeout}s:\n{self.stderr()}")
 
     def press_ctrl_c(self) -> None:
         """What a terminal does on Ctrl+C: SIGINT to every process of the group."""

@@ -17,7 +17,7 @@ import click
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import TESTS_DIR, ServerProcess
+from conftest import TESTS_DIR, ServerProcess, agent_server_cli
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -34,17 +34,7 @@ def _no_inherited_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m agent_server ARGS`, expected to answer and exit at once."""
-    return subprocess.run(
-        [sys.executable, "-m", "agent_server", *args],
-        cwd=TESTS_DIR,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+cli = agent_server_cli
 
 
 def test_no_arguments_prints_help_and_exits_0() -> None:

@@ -1,4 +1,4 @@
-"""uvicorn's flags on `agent-server run` (DESIGN.md section 17), on real processes over
+"""uvicorn's flags on `agent-server run` (docs/settings.md), on real processes over
 127.0.0.1: `--root-path`, `--proxy-headers` / `--forwarded-allow-ips`, TLS, `--app-dir`,
 `--cors-allow-origin`, `--reload` (its worker still gets the whole shutdown sequence), and
 the JSON access and start lines.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TESTS_DIR
+from conftest import TESTS_DIR, agent_server_cli
 from served import Served, Start, launcher, run_command
 from test_shutdown import CLIENT_TIMEOUT, FAST, finish, shutdown_report, start_async, wait_stderr
 
@@ -40,17 +38,7 @@ def start(tmp_path: Path) -> Iterator[Start]:
     yield from launcher(tmp_path)
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`agent-server ARGS`, expected to answer and exit at once."""
-    return subprocess.run(
-        [sys.executable, "-m", "agent_server", *args],
-        cwd=TESTS_DIR,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+cli = agent_server_cli
 
 
 # -- --root-path ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every example in README.md and docs/*.md runs as written (DESIGN.md section 17).
+"""Every example in README.md and docs/*.md runs as written (README.md, "Set up").
 
 The fenced blocks of each page are extracted and, by language:
 

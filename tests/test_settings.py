@@ -10,11 +10,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
-from conftest import TESTS_DIR, ServerProcess
+from conftest import TESTS_DIR, ServerProcess, agent_server_cli
 from pydantic import ValidationError
 from test_shutdown import ASYNCIO_COMPLAINTS, finish, shutdown_report
 
@@ -116,15 +115,7 @@ def test_http_phase_never_reaches_the_watchdog() -> None:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`agent-server run` expected to refuse its settings and exit at once."""
-    result = subprocess.run(
-        [sys.executable, "-m", "agent_server", "run", "tests_app:agent", *args],
-        cwd=TESTS_DIR,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = agent_server_cli("run", "tests_app:agent", *args, env=env)
     for complaint in ASYNCIO_COMPLAINTS:
         assert complaint not in result.stderr, result.stderr
     return result

@@ -138,7 +138,7 @@ def test_idle_process_exits_at_once(server_factory: ServerFactory, sig: signal.S
     server.signal(sig)
     code, elapsed = finish(server, timeout=10)
     assert code == 0, server.stderr()
-    # DESIGN: within half a second; 1.5 s leaves room for a loaded machine.
+    # docs/shutdown.md: within half a second; 1.5 s leaves room for a loaded machine.
     assert elapsed < 1.5, (elapsed, server.stderr())
     report = shutdown_report(server)
     assert report["signal"] == sig.name
