@@ -129,7 +129,10 @@ class Runner(uvicorn.Server):
         self._requested.set()
 
     def _exit_late(self, sig: int, frame: FrameType | None) -> None:
-        """A signal once the shutdown is over: exit with the code already decided."""
+        """A signal outside uvicorn's serving: before it (nothing to drain), or once the
+        shutdown is over (exit with the code already decided)."""
+        if self.sequence.started is None:
+            _exit_before_serving(sig, frame)
         self._exit_now(self.exit_code, f"{signal.Signals(sig).name} after the shutdown")
 
     def _exit_now(self, code: int, why: str) -> None:
@@ -142,15 +145,17 @@ class Runner(uvicorn.Server):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn restores, when it stops serving, the handlers it found: these, so no
+            # signal falls between its restore and a handler of ours.
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, self._exit_late)
         try:
             await super().serve(sockets)
         except SystemExit as exc:  # the port is taken, the lifespan startup failed, ...
             if exc.code == STARTUP_FAILURE:
                 raise SystemExit(ExitCode.STARTUP_FAILED) from None
             raise
-        if threading.current_thread() is threading.main_thread():
-            for sig in HANDLED_SIGNALS:  # uvicorn restored the handlers from before serving
-                signal.signal(sig, self._exit_late)
         sequence = self.sequence
         if sequence.started is not None:  # last: bounded by the time left before the watchdog
             await self.push(sequence.plan.hard_end(sequence.started))
