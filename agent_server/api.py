@@ -30,16 +30,6 @@ from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 from agent_server import jsoncodec
 from agent_server.auth import METRICS_PATH, OPEN_PATHS, BearerAuth
 from agent_server.docs_page import DocsPage
-from agent_server.events import (
-    RECORD_WAIT,
-    Closing,
-    EventSource,
-    EventStream,
-    LocalEvents,
-    RemoteEvents,
-    Streams,
-    named,
-)
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.http_limits import client_gone
 from agent_server.metrics import Metrics
@@ -48,6 +38,15 @@ from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.settings import MAX_SECONDS
+from agent_server.sse import (
+    RECORD_WAIT,
+    EventSource,
+    EventStream,
+    LocalEvents,
+    RemoteEvents,
+    Streams,
+    named,
+)
 from agent_server.store.base import (
     BadCursor,
     ExecutionRunning,
@@ -57,6 +56,7 @@ from agent_server.store.base import (
     IdempotencyMismatch,
     StoreUnavailable,
 )
+from agent_server.waiting import Closing
 
 logger = logging.getLogger("agent_server.api")
 

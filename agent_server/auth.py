@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from pathlib import Path
 
 from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -23,8 +22,6 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 #: client without the token must not be able to probe (Prometheus sends one with its
 #: `authorization` scrape setting, a ServiceMonitor with `bearerTokenSecret`).
 METRICS_PATH = "/metrics"
-#: Longest token accepted in settings; far beyond any generated secret.
-MAX_TOKEN_LENGTH = 4096
 
 UNAUTHORIZED_BODY = json.dumps({"detail": "unauthorized"}, separators=(",", ":")).encode()
 UNAUTHORIZED_HEADERS = [
@@ -32,32 +29,6 @@ UNAUTHORIZED_HEADERS = [
     (b"content-length", str(len(UNAUTHORIZED_BODY)).encode()),
     (b"www-authenticate", b"Bearer"),
 ]
-
-
-class TokenError(ValueError):
-    """A configured token that could never match a request, or a token file we cannot use."""
-
-
-def check_token(token: str) -> str:
-    """A token must be visible ASCII without spaces: HTTP strips or mangles anything else."""
-    if not 0 < len(token) <= MAX_TOKEN_LENGTH:
-        raise TokenError(f"api token must be 1 to {MAX_TOKEN_LENGTH} characters")
-    if not all("!" <= char <= "~" for char in token):
-        raise TokenError("api token must be printable ASCII without spaces")
-    return token
-
-
-def read_token_file(path: str) -> str:
-    """The secret in a mounted file (a Kubernetes secret volume), trailing newline stripped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise TokenError(f"api token file {path!r} cannot be read: {reason}") from None
-    token = text.rstrip("\r\n")
-    if not token:
-        raise TokenError(f"api token file {path!r} is empty")
-    return check_token(token)
 
 
 def _digest(value: bytes) -> bytes:

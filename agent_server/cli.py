@@ -28,7 +28,6 @@ from starlette.types import ASGIApp
 
 from agent_server import jsoncodec
 from agent_server.agent import Agent
-from agent_server.auth import TokenError, check_token, read_token_file
 from agent_server.client import (
     DEFAULT_URL,
     AgentClient,
@@ -45,6 +44,7 @@ from agent_server.logs import configure_logging
 from agent_server.runner import Runner, exit_on_signal_before_serving, supervise_reloads
 from agent_server.settings import Settings
 from agent_server.shutdown import ExitCode
+from agent_server.tokens import TokenError, check_token, read_token_file
 
 ENV = "AGENT_SERVER_"
 F = TypeVar("F", bound=Callable[..., Any])

@@ -30,8 +30,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from agent_server.coalescing import CoalescingWriter
-from agent_server.flag import Flag
-from agent_server.latch import Latch
+from agent_server.waiting import Flag, Latch
 
 #: The scope key of the request's connection (its `closed()` future).
 CONNECTION = "agent_server.connection"
@@ -85,7 +84,7 @@ class PipelineFlowControl(FlowControl):
     `receive()` resumes it, and each read then parses and queues whatever it holds."""
 
     def __init__(self, transport: asyncio.Transport, pipeline: Sized) -> None:
-        # FlowControl's own attributes, its event a Flag (agent_server.flag)
+        # FlowControl's own attributes, its event a Flag (agent_server.waiting)
         self._transport = transport
         self.read_paused = False
         self.write_paused = False

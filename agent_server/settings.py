@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent_server.auth import check_token, read_token_file
+from agent_server.tokens import check_token, read_token_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0

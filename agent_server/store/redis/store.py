@@ -59,7 +59,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server import jsoncodec
-from agent_server.events import Event, Wakeup
+from agent_server.events import Event
 from agent_server.execution import (
     CancelReason,
     Execution,
@@ -83,6 +83,7 @@ from agent_server.store.base import (
 from agent_server.store.redis import scripts
 from agent_server.store.redis.scripts import FIELDS, Create, Forget, Moved, Row
 from agent_server.store.resp import NoReply, RedisLink
+from agent_server.waiting import Wakeup
 
 logger = logging.getLogger("agent_server.store")
 
