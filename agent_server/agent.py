@@ -15,9 +15,10 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server import jsoncodec
-from agent_server.api import RETRY_AFTER_SECONDS, Api, build_app
+from agent_server.api import RETRY_AFTER_SECONDS, Api
 from agent_server.docs_page import DocsPage
 from agent_server.durable import QueueTaker
+from agent_server.front import build_app
 from agent_server.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
 from agent_server.metrics import Metrics

@@ -6,7 +6,9 @@ request is a 422 before any task exists, and the result is serialised by its ann
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -99,6 +101,14 @@ class Reasoner:
         are one request). Raises pydantic's error as `bind` does."""
         model = self._validated(body)
         return self.input_model.__pydantic_serializer__.to_python(model, mode="json")
+
+    def fingerprint(self, session_id: str | None, body: Any) -> str:
+        """What makes two requests the same for an Idempotency-Key: this reasoner, the
+        session and the body as it reads it (`canonical`), as JSON with keys sorted."""
+        text = json.dumps(
+            [self.name, session_id, self.canonical(body)], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def _validated(self, body: Any) -> Any:
         if self._declared is not None and isinstance(body, dict):

@@ -691,7 +691,8 @@ async def test_router_shortcut_answers_as_starlettes_router(
     an agent routed by it and to one routed by Starlette's Router alone."""
     from starlette.routing import Router
 
-    from agent_server.api import ApiRouter, HttpApp
+    from agent_server.front import HttpApp
+    from agent_server.routing import ApiRouter
 
     answers = []
     for router_class in (ApiRouter, Router):
