@@ -346,7 +346,7 @@ class Api:
         away first. Work this replica runs is waited for here; other work (a repeat of an
         idempotent request) through the store."""
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.is_terminal:  # so no watcher tasks for it (a third of a sync run's cost)
+        if execution.is_terminal:  # so no watcher tasks for it
             return execution
         local = self.registry.running(execution.execution_id) is execution
         ended: asyncio.Task[object] = asyncio.create_task(

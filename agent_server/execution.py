@@ -3,35 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import math
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from agent_server import jsoncodec
+from agent_server import jsoncodec, record
 from agent_server.events import Event, EventLog, encode_data
 from agent_server.status import END_OF, TERMINAL, Transition, step
+from agent_server.status import CancelReason as CancelReason  # its home is status.py
 from agent_server.status import ExecutionStatus as ExecutionStatus  # its home is status.py
-
-
-class CancelReason(enum.StrEnum):
-    """Why an execution was cancelled; recorded so a client can tell who stopped its work."""
-
-    REQUEST = "request"
-    SESSION_RELEASED = "session_released"
-    SHUTDOWN = "shutdown"
-    CLIENT_DISCONNECTED = "client_disconnected"
 
 
 class RandomIds:
     """Random UUID 4s as 32 hex digits: unguessable and unique across restarts.
 
     The same values as `uuid.uuid4().hex`, from `os.urandom` read 4 KiB at a time: one system
-    call per 256 ids instead of one per id (more than half of what making an execution cost).
+    call per 256 ids instead of one per id (bench/RESULTS.md).
     """
 
     __slots__ = ("_next", "_pool")
@@ -70,8 +61,8 @@ def new_execution_id() -> str:
 
 def _isoformat(timestamp: float) -> str:
     """`datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")`, the same
-    characters (microseconds rounded half to even) at a fifth of the cost: every response that
-    carries an execution formats two of these, mostly within the same few seconds."""
+    characters (microseconds rounded half to even), cheaper: every response that carries an
+    execution formats two of these, mostly within the same few seconds (bench/RESULTS.md)."""
     fraction, whole = math.modf(timestamp)
     micros = round(fraction * 1e6)
     if micros >= 1_000_000:
@@ -262,24 +253,9 @@ class Execution:
             return self.is_terminal
         return True
 
-    def to_json(self) -> dict[str, Any]:
-        """The one execution shape every route returns."""
-        return {
-            "execution_id": self.execution_id,
-            "reasoner": self.reasoner,
-            "session_id": self.session_id,
-            "status": self.status,  # a StrEnum: JSON writes its value
-            "status_reason": self.status_reason,
-            "result": self.result,
-            "error": self.error,
-            "created_at": _isoformat(self.created_at),
-            "finished_at": None if self.finished_at is None else _isoformat(self.finished_at),
-            "duration_seconds": self.duration_seconds,
-            # Nobody runs a queued execution: a replica that handed it off keeps its own id
-            # (its late end is fenced by it), but no client is told so.
-            "replica": "" if self.status is ExecutionStatus.QUEUED else self.replica,
-            "attempt": self.attempt,
-        }
+    #: The one execution shape every route returns, made from its fields' declaration
+    #: (agent_server/record.py).
+    to_json: ClassVar[Callable[[Execution], dict[str, Any]]] = record.json_maker(_isoformat)
 
 
 #: Characters of an exception's message an execution's `error` keeps (and a log line shows).

@@ -3,7 +3,7 @@
 Strict means RFC 8259: no `NaN` or `Infinity` in, none out, no number that only fits a float
 as infinity (`1e400`); results, checkpoints, events and bodies are checked with `check`, so
 what cannot be written and read back the same is refused where it enters. Output is UTF-8
-from orjson, a fifth of the standard library's cost per response; what orjson refuses (a
+from orjson (cheaper per response, bench/RESULTS.md); what orjson refuses (a
 lone surrogate a client sent, a valid JSON escape that UTF-8 cannot encode; an integer
 beyond 64 bits) goes out through the standard library, escaped to ASCII, never as a 500.
 Input stays with the standard library's parser, which keeps big integers exact and accepts

@@ -12,7 +12,7 @@ a few times per process and are pushed from the shutdown, so they stay prometheu
 objects (and `shutdown_registry` holds just them).
 
 No `*_created` series are exposed. In the text format Prometheus scrapes they are plain
-gauges, one more series per counter and histogram child (a third of the output here), and
+gauges, one more series per counter and histogram child, and
 nothing reads them: rate() and increase() detect counter resets on their own. The switch
 prometheus_client offers (`disable_created_metrics`) is process-wide state, so each Agent's
 registry drops them itself instead.

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from agent_server import record
 from agent_server.auth import OPEN_PATHS
-from agent_server.execution import CancelReason, ExecutionStatus
+from agent_server.execution import ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
 from agent_server.settings import MAX_SECONDS
@@ -33,46 +34,8 @@ def _error(description: str) -> dict[str, Any]:
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 
-EXECUTION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "execution_id",
-        "reasoner",
-        "session_id",
-        "status",
-        "status_reason",
-        "result",
-        "error",
-        "created_at",
-        "finished_at",
-        "duration_seconds",
-        "replica",
-        "attempt",
-    ],
-    "properties": {
-        "execution_id": {"type": "string"},
-        "reasoner": {"type": "string"},
-        "session_id": NULLABLE_STRING,
-        "status": {"enum": [status.value for status in ExecutionStatus]},
-        "status_reason": {"enum": [*(reason.value for reason in CancelReason), None]},
-        "result": {},
-        "error": {
-            "oneOf": [
-                {"type": "null"},
-                {
-                    "type": "object",
-                    "required": ["type", "message"],
-                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
-                },
-            ]
-        },
-        "created_at": {"type": "string"},
-        "finished_at": NULLABLE_STRING,
-        "duration_seconds": {"type": ["number", "null"]},
-        "replica": {"type": "string", "description": "the replica that runs or ran it"},
-        "attempt": {"type": "integer", "minimum": 1},
-    },
-}
+#: The execution's JSON, from its fields' declaration.
+EXECUTION_SCHEMA: dict[str, Any] = record.schema()
 
 BASE_SCHEMAS: dict[str, Any] = {
     "Execution": EXECUTION_SCHEMA,

@@ -133,7 +133,7 @@ def _encodable(value: Any) -> Any:
 
 
 def query_param(request: Request, name: str) -> str | None:
-    """Most requests carry no query string: skip parsing one (a third of a status read)."""
+    """Most requests carry no query string: skip parsing one (bench/RESULTS.md)."""
     if not request.scope["query_string"]:
         return None
     return request.query_params.get(name)

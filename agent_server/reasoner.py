@@ -118,7 +118,7 @@ class Reasoner:
     def bind(self, body: Any) -> dict[str, Any]:
         """Validate a decoded JSON body into keyword arguments; raises pydantic's error."""
         # pydantic-core's validator and serializers are called directly: the Python wrappers
-        # around them cost as much as the work itself for a small body or result.
+        # around them cost much for a small body or result (bench/RESULTS.md).
         model = self._validated(body)
         if self._model_param is not None:
             return {self._model_param: model}

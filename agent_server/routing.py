@@ -22,7 +22,7 @@ from agent_server.sse import EventStream
 
 class JSONResponse(Response):
     """Strict JSON (see `agent_server.jsoncodec`), its headers built directly: Starlette's
-    general `init_headers` is a fifth of the cost of answering a status read."""
+    general `init_headers` costs every response (bench/RESULTS.md)."""
 
     media_type = "application/json"
 
@@ -60,10 +60,10 @@ class ApiRouter(Router):
 
     Such a request goes straight to the route's endpoint, set up as `Router.app` would set
     it up (`route`, `endpoint`, `path_params`), without the general matching bookkeeping
-    (two coroutine layers, a child scope and its merge: 6% of the instructions of a
-    synchronous run, bench/RESULTS.md). Everything else (404, 405 and its `Allow`, slash
-    redirects, lifespan) takes Starlette's own path, which also sees a path that matches
-    with another method first, so the first full match still wins.
+    (two coroutine layers, a child scope and its merge; bench/RESULTS.md). Everything else
+    (404, 405 and its `Allow`, slash redirects, lifespan) takes Starlette's own path, which
+    also sees a path that matches with another method first, so the first full match still
+    wins.
     """
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:

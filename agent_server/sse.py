@@ -57,7 +57,7 @@ def named(event: str, data: Any) -> bytes:
 class Ticks:
     """The timers of waiting streams, shared: a stream that waits until `deadline` joins
     the waiters of the first tick at or after it. One timer a tick (at most one every
-    `resolution` seconds) instead of one a stream (600 bytes each under uvloop), so a
+    `resolution` seconds) instead of one a stream (bench/RESULTS.md), so a
     heartbeat may come up to `resolution` late."""
 
     __slots__ = ("_loop", "_ticks", "resolution")

@@ -26,6 +26,15 @@ class ExecutionStatus(enum.StrEnum):
     LOST = "lost"
 
 
+class CancelReason(enum.StrEnum):
+    """Why an execution was cancelled; recorded so a client can tell who stopped its work."""
+
+    REQUEST = "request"
+    SESSION_RELEASED = "session_released"
+    SHUTDOWN = "shutdown"
+    CLIENT_DISCONNECTED = "client_disconnected"
+
+
 class Transition(enum.StrEnum):
     """A move of an execution, by name."""
 
