@@ -17,7 +17,7 @@ import logging
 
 from pydantic import ValidationError
 
-from agent_server.execution import Execution, ExecutionStatus, error_of
+from agent_server.execution import Execution
 from agent_server.reasoner import Reasoner
 from agent_server.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
@@ -87,12 +87,7 @@ class QueueTaker:
         except (LookupError, ValidationError) as exc:
             # A replica serving other code (a rollout that renamed the reasoner): the
             # execution ends failed here rather than circulating.
-            logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
-            execution.finish(
-                ExecutionStatus.FAILED,
-                error=error_of(exc),
-            )
-            self.store.end(execution)
+            self.registry.refuse_claimed(execution, exc)
             return
         logger.info(
             "execution %s (%s): attempt %d taken from the queue",

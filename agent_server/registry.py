@@ -213,6 +213,15 @@ class InFlightRegistry:
         """Run the next attempt of an execution this replica has claimed from the queue."""
         self._launch(execution, reasoner, arguments)
 
+    def refuse_claimed(self, execution: Execution, exc: BaseException) -> None:
+        """End `failed` an execution claimed from the queue that this replica cannot run
+        (its reasoner is gone or not resumable here, or its body no longer binds): counted
+        and recorded like any other end, rather than circulating."""
+        logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
+        if self.observer is not None:
+            self.observer.execution_started(execution)
+        self._record(execution, ExecutionStatus.FAILED, error=error_of(exc))
+
     def _emitted(self, execution: Execution, event: Event) -> None:
         self.store.emit(execution, event)
         if self.observer is not None:

@@ -351,3 +351,46 @@ async def test_a_queued_execution_reads_no_replica_and_is_cancelled_at_once(
         finally:
             await a.close()
             await client.post(f"/executions/{busy.json()['execution_id']}/cancel")
+
+
+async def test_claimed_work_this_replica_cannot_run_ends_failed_and_is_counted(
+    server_factory: Any, redis_url: str
+) -> None:
+    """A replica that claims an execution whose reasoner it does not serve (a rollout that
+    renamed it) ends it `failed` through its registry: recorded, logged and counted like
+    any other end, not written past the metrics."""
+    from test_store_contract import eventually
+
+    from agent_server.execution import Execution
+    from agent_server.store.redis import RedisStore
+
+    server = server_factory("tests_app:agent", "--store", redis_url, "--replica-id", "B")
+    server.wait_ready()
+    a = RedisStore(redis_url, replica_id="A", agent_name="tests")  # B's agent
+    await a.open()
+    try:
+        execution = Execution("renamed_away", None, "A")
+        execution.resumable, execution.body, execution.max_attempts = True, {}, 3
+        await a.create(execution)
+        execution.mark_queued()
+        a.hand_off(execution)
+        path = f"/executions/{execution.execution_id}"
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+
+            async def ended() -> dict[str, Any] | None:
+                body: dict[str, Any] = (await client.get(path)).json()
+                return body if body["status"] not in ("queued", "running") else None
+
+            body = await eventually(ended, timeout=10)
+            assert body["status"] == "failed"
+            assert body["error"]["type"] == "LookupError"
+            assert "not resumable here" in body["error"]["message"]
+            metrics = (await client.get("/metrics")).text
+        started = 'agent_server_executions_started_total{reasoner="renamed_away"} 1.0'
+        finished = (
+            'agent_server_executions_finished_total{reasoner="renamed_away",status="failed"} 1.0'
+        )
+        assert started in metrics and finished in metrics
+        assert f"cannot resume execution {execution.execution_id}" in server.stderr()
+    finally:
+        await a.close()
