@@ -18,6 +18,7 @@ from agent_server import jsoncodec
 from agent_server.api import RETRY_AFTER_SECONDS, Api
 from agent_server.docs_page import DocsPage
 from agent_server.durable import QueueTaker
+from agent_server.exits import finish_process
 from agent_server.front import build_app
 from agent_server.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
@@ -29,7 +30,7 @@ from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
 from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
-from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence, finish_process
+from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
 from agent_server.waiting import Closing
 

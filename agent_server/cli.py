@@ -39,11 +39,11 @@ from agent_server.client import (
     WaitTimeout,
 )
 from agent_server.execution import exception_text
+from agent_server.exits import ExitCode
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import configure_logging
 from agent_server.runner import Runner, exit_on_signal_before_serving, supervise_reloads
 from agent_server.settings import Settings
-from agent_server.shutdown import ExitCode
 from agent_server.tokens import TokenError, check_token, read_token_file
 
 ENV = "AGENT_SERVER_"

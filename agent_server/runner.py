@@ -26,15 +26,10 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 from uvicorn.supervisors.watchfilesreload import WatchFilesReload
 
+from agent_server.exits import ExitCode, Watchdog, exit_with_line, finish_process
 from agent_server.http_limits import BoundedHttpToolsProtocol
 from agent_server.logs import format_line
-from agent_server.shutdown import (
-    ExitCode,
-    ShutdownSequence,
-    Watchdog,
-    exit_with_line,
-    finish_process,
-)
+from agent_server.shutdown import ShutdownSequence
 from agent_server.signals import block_in_this_thread, blocked_while_starting_threads
 
 logger = logging.getLogger("agent_server.runner")
