@@ -13,11 +13,11 @@ import httpx
 import pytest
 from openapi_spec_validator import validate as validate_openapi
 from prometheus_client.parser import text_string_to_metric_families
-from test_registry import loop_reports
-from tests_app import make_agent, reasoner_names
 
 from agent_server import Agent, Settings
 from agent_server.execution import CancelReason
+from tests.apps.tests_app import make_agent, reasoner_names
+from tests.support.loop_reports import loop_reports
 
 #: Bound for every wait on an event in this file.
 WAIT = 5.0

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import ValidationError
-from tests_app import make_agent
 
 from agent_server import Settings
+from tests.apps.tests_app import make_agent
 
 TOKEN = "s3cret-Token_value.42"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}

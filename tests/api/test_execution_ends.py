@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests_app import make_agent
 
 from agent_server.execution import CancelReason
+from tests.apps.tests_app import make_agent
 
 WAIT = 5.0
 

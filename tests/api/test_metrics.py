@@ -15,12 +15,12 @@ import httpx
 import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests_app import make_agent, reasoner_names
 
 from agent_server import Agent, Settings
 from agent_server.api import ROUTE_STATUSES
 from agent_server.execution import CancelReason
 from agent_server.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
+from tests.apps.tests_app import make_agent, reasoner_names
 
 P = "agent_server_"
 Key = tuple[str, frozenset[tuple[str, str]]]

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import httpx
-from tests_app import make_agent
 
 from agent_server import Agent, Settings
+from tests.apps.tests_app import make_agent
 
 #: Bound for every wait in this file.
 WAIT = 5.0

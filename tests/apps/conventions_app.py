@@ -1,7 +1,7 @@
-"""The app of tests/test_conventions.py: an Agent with the user's own routes, middleware and
+"""The app of tests/process/test_conventions.py: an Agent with the user's own routes, middleware and
 lifespan (`conventions_app:agent`), and the same agent mounted under `/agent` in a Starlette
 app (`conventions_app:mounted`), or mounted without running its lifespan
-(`conventions_app:mounted_alone`). cwd: tests/.
+(`conventions_app:mounted_alone`). cwd: tests/apps/.
 
 The lifespan writes `lifespan.json` to TESTS_MARKER_DIR when it exits: whether the shutdown
 report came first, and the records of the executions `tracked` ran, read from the store

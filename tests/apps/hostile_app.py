@@ -1,5 +1,5 @@
 """An app whose reasoners return, raise and emit what no codec or log line should trust:
-`agent-server run hostile_app:agent` (cwd: tests/), for tests/test_hostile.py."""
+`agent-server run hostile_app:agent` (cwd: tests/apps/), for tests/process/test_hostile.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The app the end-to-end tests serve: `agent-server run tests_app:agent` (cwd: tests/)."""
+"""The app the end-to-end tests serve: `agent-server run tests_app:agent` (cwd: tests/apps/)."""
 
 from __future__ import annotations
 
@@ -398,7 +398,7 @@ async def counted(key: str, seconds: float = 0.0) -> dict[str, Any]:
 REASONERS += [counted]
 
 
-# -- reasoners that leave evidence: the fault-injection test's own account (tests/faults.py) --
+# -- reasoners that leave evidence: the fault harness's own account (tests/support/faults.py) --
 
 #: The directory, shared by every replica of one test, where the evidenced reasoners note each
 #: run of their body: one file per execution, one line per run (or step).

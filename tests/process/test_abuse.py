@@ -8,14 +8,14 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import httpx
 import pytest
-from conftest import ServerProcess, server_errors
 
 from agent_server.names import is_session_id
+from tests.support.process import ServerProcess, server_errors
+from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 
 #: A small body limit keeps the oversized cases quick.
 BODY_LIMIT = 65_536
@@ -44,47 +44,6 @@ def client(server: ServerProcess) -> Iterator[httpx.Client]:
         yield http
 
 
-class Raw:
-    """One raw HTTP/1.1 exchange: for what httpx refuses to send."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def response(self) -> tuple[int, dict[str, str], bytes]:
-        buffer = b""
-        while b"\r\n\r\n" not in buffer:
-            chunk = self.sock.recv(65_536)
-            if not chunk:
-                raise AssertionError(f"connection closed before a response: {buffer!r}")
-            buffer += chunk
-        head, _, body = buffer.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:])}
-        length = int(headers.get("content-length", "0"))
-        while len(body) < length:
-            chunk = self.sock.recv(65_536)
-            if not chunk:
-                break
-            body += chunk
-        return status, headers, body
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _exchange(server: ServerProcess, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    raw = Raw(server.port)
-    try:
-        raw.send(data)
-        return raw.response()
-    finally:
-        raw.close()
-
-
 def _assert_clean(body: bytes) -> None:
     text = body.decode("utf-8", "replace")
     for leak in LEAKS:
@@ -97,11 +56,6 @@ def _assert_json_error(response: httpx.Response, *statuses: int) -> None:
     _assert_clean(response.content)
 
 
-def _rss_kib(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-
-
 # -- bodies ----------------------------------------------------------------------------------
 
 
@@ -111,7 +65,7 @@ def test_declared_huge_body_is_refused_before_it_is_sent(server: ServerProcess) 
         b"Content-Length: 10737418240\r\n\r\n"
     )
     started = time.monotonic()
-    status, _, body = _exchange(server, head + b"x" * 1000)  # 10 GiB announced, 1 KB sent
+    status, _, body = exchange(server, head + b"x" * 1000)  # 10 GiB announced, 1 KB sent
     assert status == 413
     assert b"exceeds" in body
     assert time.monotonic() - started < 2.0
@@ -173,7 +127,7 @@ def test_malformed_json_bodies(server: ServerProcess, body: bytes, status: int) 
         b"POST /reasoners/echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
     )
-    got, headers, answer = _exchange(server, head + body)
+    got, headers, answer = exchange(server, head + body)
     assert got == status, answer[:300]
     assert headers["content-type"] == "application/json"
     _assert_clean(answer)
@@ -308,7 +262,7 @@ def test_unknown_or_malformed_execution_ids_are_404(
     for method, suffix in [("GET", ""), ("DELETE", ""), ("POST", "/cancel")]:
         request = f"{method} /executions/{path}{suffix} HTTP/1.1\r\nHost: t\r\n"
         request += "Content-Length: 0\r\n\r\n"
-        status, _, body = _exchange(server, request.encode())
+        status, _, body = exchange(server, request.encode())
         assert status == 404, (method, body[:200])
         _assert_clean(body)
 
@@ -318,7 +272,7 @@ def test_unknown_sessions_release_as_empty(server: ServerProcess, session_id: st
     """Releasing an unknown session is 200 with nothing done; an id no request could have
     carried (agent_server.names: a '/', a '%', a space, non-ASCII...) is 400."""
     request = f"DELETE /sessions/{quote(session_id, safe='%')} HTTP/1.1\r\nHost: t\r\n\r\n"
-    status, _, body = _exchange(server, request.encode())
+    status, _, body = exchange(server, request.encode())
     decoded = unquote(quote(session_id, safe="%"))
     assert status == (200 if is_session_id(decoded) else 400), body[:200]
     _assert_clean(body)
@@ -333,7 +287,7 @@ def test_session_header_shapes(server: ServerProcess, value: bytes, status: int)
         b"POST /reasoners/echo/async HTTP/1.1\r\nHost: t\r\nX-Session-ID: " + value + b"\r\n"
         b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n" + b'{"text": "x"}'
     )
-    got, _, body = _exchange(server, request)
+    got, _, body = exchange(server, request)
     assert got == status, body[:300]
     _assert_clean(body)
 
@@ -355,7 +309,7 @@ def test_session_header_shapes(server: ServerProcess, value: bytes, status: int)
          "negative-length", "tls"],
 )  # fmt: skip
 def test_broken_requests_are_4xx(server: ServerProcess, request_bytes: bytes) -> None:
-    status, _, body = _exchange(server, request_bytes)
+    status, _, body = exchange(server, request_bytes)
     assert 400 <= status < 500, (status, body[:200])
     _assert_clean(body)
 
@@ -376,7 +330,7 @@ def test_wrong_routes_and_methods(
     server: ServerProcess, method: str, path: str, status: int
 ) -> None:
     request = f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n"
-    got, headers, body = _exchange(server, request.encode())
+    got, headers, body = exchange(server, request.encode())
     assert got == status, body[:200]
     assert headers["content-type"] == "application/json"
     _assert_clean(body)
@@ -421,7 +375,7 @@ def test_idle_and_unfinished_connections_are_bounded(
     """300 sockets that send nothing, half a head, or a head and half a body: the server
     keeps answering, spends little memory on them, and closes the first two kinds after its
     head timeout (uvicorn's keep-alive timeout, 5 s)."""
-    before = _rss_kib(server.proc.pid)
+    before = rss_kib(server.proc.pid)
     idle = [Raw(server.port) for _ in range(100)]
     partial_head = [Raw(server.port) for _ in range(100)]
     partial_body = [Raw(server.port) for _ in range(100)]
@@ -438,7 +392,7 @@ def test_idle_and_unfinished_connections_are_bounded(
         assert client.get("/healthz").status_code == 200
         assert client.post("/reasoners/echo", json={"text": "x"}).status_code == 200
         assert time.monotonic() - started < 1.0
-        assert _rss_kib(server.proc.pid) - before < 30 * 1024
+        assert rss_kib(server.proc.pid) - before < 30 * 1024
         # The head timeout closes the first two kinds: silently if nothing was sent, with a
         # 408 if half a head was.
         for raw in idle:
@@ -514,47 +468,6 @@ def _answer_to_parts(port: int, parts: list[bytes]) -> tuple[int, bytes]:
         return Responses(raw).next()
     finally:
         raw.close()
-
-
-class Responses:
-    """Responses read in order from one keep-alive or pipelining connection."""
-
-    def __init__(self, raw: Raw) -> None:
-        self.sock = raw.sock
-        self.buffer = b""
-
-    def next(self) -> tuple[int, bytes]:
-        """The next response's status and body; AssertionError if the connection ends."""
-        while b"\r\n\r\n" not in self.buffer:
-            self._fill()
-        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        length = next(
-            int(line.split(":", 1)[1])
-            for line in lines
-            if line.lower().startswith("content-length:")
-        )
-        while len(self.buffer) < length:
-            self._fill()
-        body, self.buffer = self.buffer[:length], self.buffer[length:]
-        return int(lines[0].split()[1]), body
-
-    def closed(self) -> bool:
-        """True when the server closes with nothing more to read."""
-        if self.buffer:
-            return False
-        try:
-            chunk = self.sock.recv(65_536)
-        except ConnectionResetError:
-            return True
-        self.buffer += chunk  # not closed: what came is the next response's
-        return chunk == b""
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65_536)
-        if not chunk:
-            raise AssertionError(f"connection closed before a response: {self.buffer!r}")
-        self.buffer += chunk
 
 
 @pytest.mark.parametrize("split", [1, 2, 3], ids=["cr|lf-cr-lf", "crlf|crlf", "cr-lf-cr|lf"])

@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import need
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.process import need
+
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

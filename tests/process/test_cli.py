@@ -17,12 +17,12 @@ import click
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import TESTS_DIR, ServerProcess, agent_server_cli
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_server import Settings
 from agent_server.cli import run, settings_options
+from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -170,7 +170,7 @@ def test_access_log_is_off_by_default_and_can_be_turned_on(
 def test_a_store_unreachable_at_start_exits_1_in_one_line() -> None:
     """docs/shutdown.md's exit 1: the reason in one line, without a traceback (uvicorn logs
     what the lifespan's failure message says)."""
-    from conftest import free_port
+    from tests.support.process import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     result = subprocess.run(
@@ -178,7 +178,7 @@ def test_a_store_unreachable_at_start_exits_1_in_one_line() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=TESTS_DIR,
+        cwd=APPS_DIR,
     )
     assert result.returncode == 1, result.stderr
     assert f"cannot start: cannot reach Redis at {url}" in result.stderr

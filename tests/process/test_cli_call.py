@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
+
+from tests.support.process import ServerProcess, one_line
 
 WAIT = 20.0
 Start = Callable[..., ServerProcess]
@@ -38,13 +39,6 @@ def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         timeout=WAIT,
         env={**environment, **(env or {})},
     )
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("agent-server: ")
-    return lines[0]
 
 
 def test_succeeded_prints_the_execution_and_exits_0(server: ServerProcess) -> None:
@@ -191,7 +185,7 @@ def test_help_names_the_exit_codes() -> None:
 def test_lost_exits_4(tmp_path: Path, redis_url: str, redis_server: Any) -> None:
     """A run whose replica is killed: the call finds its execution again through another
     replica (same Idempotency-Key) and follows it until it reads lost."""
-    from test_replicas import Cluster
+    from tests.support.cluster import Cluster
 
     cluster = Cluster(tmp_path, redis_server, ["--grace-period", "8"])
     try:

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerProcess
-from test_cli_call import one_line
 
 from agent_server.cli import ClientCommand, main
 from agent_server.client import AgentClient
+from tests.support.process import ServerProcess, one_line
 
 WAIT = 20.0
 Start = Callable[..., ServerProcess]

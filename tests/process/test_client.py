@@ -22,9 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
-from redis_server import RedisServer
-from test_replicas import Cluster, metric
 
 from agent_server.client import (
     AgentClient,
@@ -42,6 +39,9 @@ from agent_server.client import (
     Unavailable,
     WaitTimeout,
 )
+from tests.support.cluster import Cluster, metric
+from tests.support.process import ServerProcess
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 

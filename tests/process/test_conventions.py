@@ -18,9 +18,17 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, agent_server_cli
-from served import Served, Start, launcher, run_command
-from test_shutdown import CLIENT_TIMEOUT, FAST, finish, shutdown_report, start_async, wait_stderr
+
+from tests.support.process import APPS_DIR, agent_server_cli
+from tests.support.served import Served, Start, launcher, run_command
+from tests.support.shutdown import (
+    CLIENT_TIMEOUT,
+    FAST,
+    finish,
+    shutdown_report,
+    start_async,
+    wait_stderr,
+)
 
 TOKEN = "conventions-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -352,7 +360,7 @@ def test_a_module_not_found_says_where_modules_are_looked_up(
     if with_app_dir:
         assert f"looked up in --app-dir ({tmp_path})" in line, line
     else:
-        assert f"looked up in the current directory ({TESTS_DIR})" in line, line
+        assert f"looked up in the current directory ({APPS_DIR})" in line, line
         assert "--app-dir" in line, line
 
 
@@ -385,7 +393,7 @@ def reload_dir(tmp_path: Path) -> Path:
 def start_reloading(start: Start, folder: Path) -> Served:
     return start(
         run_command("reload_app:agent", "--port", "0", "--reload", *FAST),
-        env={"PYTHONPATH": str(TESTS_DIR)},
+        env={"PYTHONPATH": str(APPS_DIR)},
         cwd=folder,
     )
 

@@ -24,13 +24,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import free_port, need, unavailable
 from pydantic import ValidationError
 
 from agent_server.metrics import Metrics
 from agent_server.settings import SHUTDOWN_MARGIN, Settings
+from tests.support.process import free_port, need, unavailable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes"
 EXAMPLES = ROOT / "deploy" / "examples"
 EXAMPLE = EXAMPLES / "long-running"

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import ServerProcess, need
+
+from tests.support.process import ServerProcess, need
 
 WAIT = 20.0
 FLAGS = [

@@ -2,7 +2,7 @@
 retried after their owner's death, and fencing by attempt.
 
 The multi-replica tests run three real `agent-server run` processes on one real Redis behind
-a real haproxy (tests/test_replicas.py's Cluster). The `steps` reasoner reports each step it
+a real haproxy (tests/support/cluster.py's Cluster). The `steps` reasoner reports each step it
 completes to the test's Redis with its attempt and process: the test's own account of the
 work, independent of the server's records.
 """
@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-from redis_server import RedisServer
-from test_replicas import Cluster, metric, wait_for
-from tests_app import make_agent
 
 from agent_server import Settings
+from tests.apps.tests_app import make_agent
+from tests.support.cluster import Cluster, metric, wait_for
+from tests.support.redis_server import RedisServer
 
 WAIT = 10.0
 STEPS = 20
@@ -309,9 +309,8 @@ async def test_a_queued_execution_reads_no_replica_and_is_cancelled_at_once(
     """docs/api.md: `replica` is "" while queued, and a queued execution (nobody runs it)
     ends `cancelled` at once: the cancel answers 200 with the ended execution and its
     duration; DELETE before that says it is queued."""
-    from test_store_contract import eventually, resumable
-
     from agent_server.store.redis import RedisStore
+    from tests.support.stores import eventually, resumable
 
     server = server_factory(
         "tests_app:agent", "--store", redis_url, "--max-inflight", "1", "--replica-id", "B"

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
+
+from tests.support.process import ServerProcess
 
 UNOBSERVED = ("Task exception was never retrieved", "Task was destroyed but it is pending")
 #: Bound for every wait in this file.

@@ -18,11 +18,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, ServerProcess, free_port
-from test_abuse import Raw, Responses, _exchange, _rss_kib
 
 from agent_server.http_limits import MAX_PIPELINE
 from agent_server.names import is_session_id
+from tests.support.process import APPS_DIR, ServerProcess, free_port
+from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 
 #: Bound on every single exchange (seconds).
 TIMEOUT = 10.0
@@ -59,7 +59,7 @@ def _post(server: ServerProcess, path: str, body: bytes, *headers: bytes) -> tup
         + b"\r\n\r\n"
         + body
     )
-    status, headers_seen, answer = _exchange(server, request)
+    status, headers_seen, answer = exchange(server, request)
     assert headers_seen["content-type"] == "application/json", answer[:200]
     return status, answer
 
@@ -138,7 +138,7 @@ def test_unaddressable_session_ids_are_400_everywhere(
     status, answer = _post(server, "/reasoners/echo/async", b'{"text": "x"}', header)
     assert status == 400 and b"session id is" in answer, answer[:300]
     path = quote(session_id, safe="")
-    status, _, answer = _exchange(
+    status, _, answer = exchange(
         server, f"DELETE /sessions/{path} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
     )
     assert status == 400 and b"session id is" in answer, (path, answer[:300])
@@ -151,7 +151,7 @@ def test_a_slash_in_the_release_path_is_400_in_any_form(server: ServerProcess) -
     refused as ids, not missed as routes."""
     for path in ["a/b", "a%2Fb", "a%2fb", "%2F", "a/", "%2E%2E", "a%252Fb"]:
         request = f"DELETE /sessions/{path} HTTP/1.1\r\nHost: t\r\n\r\n"
-        status, _, answer = _exchange(server, request.encode())
+        status, _, answer = exchange(server, request.encode())
         assert status == 400, (path, answer[:200])
 
 
@@ -192,7 +192,7 @@ def test_every_accepted_session_id_is_findable_and_releasable(
     ids=["header", "version", "length", "chunk", "tls", "nul"],
 )
 def test_parse_errors_are_json_400(server: ServerProcess, request_bytes: bytes) -> None:
-    status, headers, body = _exchange(server, request_bytes)
+    status, headers, body = exchange(server, request_bytes)
     assert status == 400, body[:200]
     assert headers["content-type"] == "application/json"
     assert headers["connection"] == "close"
@@ -355,7 +355,7 @@ def test_pipelined_requests_are_bounded_per_connection(server: ServerProcess) ->
     """A slow request then 14,000 pipelined GETs in one send: the first and the next
     MAX_PIPELINE are answered in order, the rest are never read (the connection closes, as
     HTTP/1.1 lets a server do), and the server's memory barely moves."""
-    before = _rss_kib(server.proc.pid)
+    before = rss_kib(server.proc.pid)
     raw = Raw(server.port)
     try:
         slow = b'{"seconds": 0.5}'
@@ -374,7 +374,7 @@ def test_pipelined_requests_are_bounded_per_connection(server: ServerProcess) ->
     finally:
         raw.close()
     assert statuses == [200] * (1 + MAX_PIPELINE)
-    grown = _rss_kib(server.proc.pid) - before
+    grown = rss_kib(server.proc.pid) - before
     assert grown < 4 * 1024, f"RSS grew {grown} KiB"
 
 
@@ -460,7 +460,7 @@ def test_watchdog_exits_even_when_stderr_is_a_full_pipe(tmp_path: Path) -> None:
                "--http-timeout", "0.5"]  # fmt: skip
     env = {**os.environ, "TESTS_MARKER_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        command, cwd=TESTS_DIR, env=env, stdout=subprocess.DEVNULL, stderr=write_end
+        command, cwd=APPS_DIR, env=env, stdout=subprocess.DEVNULL, stderr=write_end
     )
     os.close(write_end)
     try:

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
-from redis_server import RedisServer
-from test_replicas import Cluster, metric, wait_for
+
+from tests.support.cluster import Cluster, metric, wait_for
+from tests.support.redis_server import RedisServer
 
 WAIT = 10.0
 

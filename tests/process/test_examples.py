@@ -20,7 +20,7 @@ The fenced blocks of each page are extracted and, by language:
   shutdown report with the report the page's server logs when it is stopped.
 - `text` (diagrams, formulas, outputs): not code. One preceded by `<!-- output of: COMMAND -->`
   is output the page's run of COMMAND must contain.
-- `promql`: docs/metrics.md's queries, which tests/test_prometheus_real.py runs.
+- `promql`: docs/metrics.md's queries, which tests/process/test_prometheus_real.py runs.
 
 A block that cannot run on one machine says why in `<!-- not run: REASON -->` right before its
 fence; any other block is run, parsed or declared text, or this test fails.
@@ -45,9 +45,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import ServerProcess, need
 
-ROOT = Path(__file__).parent.parent
+from tests.support.process import ServerProcess, need
+
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Bound of one command or script of an example (the longest takes about 3 s).
 COMMAND_TIMEOUT = 60.0
@@ -182,7 +183,7 @@ def test_the_readme_installs_what_ci_installs() -> None:
     assert listed is not None, "`.ci/run` lists its programs as programs=(program=package ...)"
     packages = [entry.split("=", 1)[1] for entry in listed.group(1).split()]
     assert line.split() == packages
-    sources = "".join(path.read_text() for path in Path(__file__).parent.glob("*.py"))
+    sources = "".join(path.read_text() for path in (ROOT / "tests").rglob("*.py"))
     named = set(re.findall(r'need\(\s*"[^"]+",\s*package="([^"]+)"\)', sources))
     assert {"redis-server", "haproxy", "chromium-driver", "wrk"} <= named  # the helper is used
     assert named - set(COME_WITH) <= set(packages), named - set(packages)
@@ -337,7 +338,7 @@ class PageRun:
         port = int(found.group(2))
         if port == 6379:
             if self.redis is None:
-                from redis_server import RedisServer
+                from tests.support.redis_server import RedisServer
 
                 self.redis = RedisServer(self.tmp_path / "redis-dir")
                 self.redis.directory.mkdir()

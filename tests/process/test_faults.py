@@ -1,7 +1,7 @@
 """The fault-injection test (docs/replicas.md): three replicas behind haproxy on one Redis
 with AOF, a load of clients keeping a history, a short seeded schedule of faults (kill -9,
 rollouts, replicas paused past their lease, Redis paused and restarted, the link to Redis cut),
-then the checker of tests/faults.py. A failure prints the seed and every violation.
+then the checker of tests/support/faults.py. A failure prints the seed and every violation.
 
 `AGENT_SERVER_FAULT_SEED` runs another seed's schedule, `AGENT_SERVER_FAULT_SECONDS` a longer
 one; `python -m bench.faults --seconds N --seeds A-B` runs long ones.
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need
-from faults import (
+
+from tests.support.faults import (
     FAULT_KINDS,
     Evidence,
     Exchange,
@@ -26,6 +26,7 @@ from faults import (
     check,
     run_faults,
 )
+from tests.support.process import need
 
 SEED = int(os.environ.get("AGENT_SERVER_FAULT_SEED", "1"))
 #: Seconds of faults: enough for the first round of the schedule (each of the six kinds once).

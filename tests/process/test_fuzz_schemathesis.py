@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import TESTS_DIR, server_errors
+
+from tests.support.process import ROOT, server_errors
 
 #: Generated cases the run must reach; the seed makes the run repeatable.
 MIN_CASES = 1000
@@ -58,8 +59,8 @@ def test_served_openapi_document_holds_under_fuzzing(server_factory: Any, tmp_pa
     ]
     env = {
         **os.environ,
-        "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # unique Idempotency-Keys (see tests/fuzz_hooks.py)
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+        "SCHEMATHESIS_HOOKS": "tests.support.fuzz_hooks",  # unique Idempotency-Keys
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     run = subprocess.run(
         command,

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
-from redis_server import RedisServer
 
 from agent_server.jsoncodec import MAX_DEPTH
+from tests.support.process import ServerProcess
+from tests.support.redis_server import RedisServer
 
 #: Bound on every wait here (seconds).
 WAIT = 15.0

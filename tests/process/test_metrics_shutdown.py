@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from test_pushgateway import PushReceiver
-from tests_app import make_agent
 
 from agent_server import Settings
 from agent_server.pushgateway import JOB
+from tests.apps.tests_app import make_agent
+from tests.support.pushgateway import PushReceiver
 
 P = "agent_server_"
 PHASES = ["serving", "unready", "draining", "cancelling", "stopped"]

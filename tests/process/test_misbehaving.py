@@ -8,11 +8,12 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.support.raw_http import rss_kib
 
 #: What asyncio prints when a task's end goes unobserved; no path may print it.
 FORBIDDEN = ("Task exception was never retrieved", "Task was destroyed but it is pending")
@@ -41,11 +42,6 @@ def _report(stderr: str) -> dict[str, Any]:
     line = next(line for line in stderr.splitlines() if "shutdown report: " in line)
     report: dict[str, Any] = json.loads(line.split("shutdown report: ", 1)[1])
     return report
-
-
-def _rss_kib(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
 
 
 def test_misbehaviour_while_serving_is_contained(server_factory: Any) -> None:
@@ -99,10 +95,10 @@ def test_misbehaviour_while_serving_is_contained(server_factory: Any) -> None:
     # Big results: the server keeps at most --max-retained of them (10 x 256 KiB here).
     for _ in range(5):
         assert client.post("/reasoners/big_result", json={"kilobytes": 256}).status_code == 200
-    before = _rss_kib(server.proc.pid)
+    before = rss_kib(server.proc.pid)
     for _ in range(200):  # 50 MiB of results in all
         assert client.post("/reasoners/big_result", json={"kilobytes": 256}).status_code == 200
-    grown = _rss_kib(server.proc.pid) - before
+    grown = rss_kib(server.proc.pid) - before
     assert grown < 20 * 1024, f"RSS grew {grown} KiB for 10 retained results of 256 KiB"
     assert len(client.get("/executions", params={"reasoner": "big_result"}).json()) <= 10
 

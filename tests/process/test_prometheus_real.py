@@ -26,10 +26,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, free_port, need
-from test_shutdown import assert_clean_stderr, shutdown_report
 
-ROOT = Path(__file__).parent.parent
+from tests.support.process import ServerProcess, free_port, need
+from tests.support.shutdown import assert_clean_stderr, shutdown_report
+
+ROOT = Path(__file__).resolve().parents[2]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-server.json"
 NAMESPACE = "agents"

@@ -1,8 +1,7 @@
-"""The push of the shutdown metrics, against small real HTTP receivers on loopback.
-
-`PushReceiver` answers like a Pushgateway and records what it was sent; `SilentGateway`
-accepts connections (the kernel completes the handshake) and never answers, the worst a
-gateway can do to an exiting process.
+"""The push of the shutdown metrics, against small real HTTP receivers on loopback
+(tests/support/pushgateway.py): one that answers like a Pushgateway and records what it was
+sent, and one that accepts connections and never answers, the worst a gateway can do to an
+exiting process.
 """
 
 from __future__ import annotations
@@ -13,16 +12,13 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests_app import make_agent
 
 from agent_server import Agent, Settings
 from agent_server.metrics import Metrics
@@ -34,6 +30,8 @@ from agent_server.pushgateway import (
     push_metrics,
     push_shutdown,
 )
+from tests.apps.tests_app import make_agent
+from tests.support.pushgateway import PushReceiver, SilentGateway
 
 SHUTDOWN_FAMILIES = {
     "agent_server_draining",
@@ -42,93 +40,6 @@ SHUTDOWN_FAMILIES = {
     "agent_server_shutdown_duration_seconds",
     "agent_server_shutdown_executions",
 }
-
-
-@dataclass(frozen=True)
-class Push:
-    method: str
-    path: str
-    content_type: str
-    body: str
-
-    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(self.body)
-            for s in family.samples
-        }
-
-    def value(self, name: str, **labels: str) -> float:
-        return self.samples()[(name, frozenset(labels.items()))]
-
-
-class PushReceiver:
-    """A stand-in Pushgateway on loopback: records each request, answers 200."""
-
-    def __init__(self) -> None:
-        self.pushes: list[Push] = []
-        self.received = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _record(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode()
-                receiver.pushes.append(
-                    Push(self.command, self.path, self.headers.get("Content-Type", ""), body)
-                )
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                receiver.received.set()
-
-            do_PUT = do_POST = do_DELETE = _record
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def wait(self, timeout: float) -> Push:
-        assert self.received.wait(timeout), "nothing was pushed"
-        return self.pushes[0]
-
-    def __enter__(self) -> PushReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
-
-
-class SilentGateway:
-    """Listens and never accepts: connections complete, requests are never answered."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def __enter__(self) -> SilentGateway:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.sock.close()
 
 
 def gave_up(log: str) -> float:

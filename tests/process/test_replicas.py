@@ -23,88 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TESTS_DIR, ServerProcess, need
-from haproxy import Haproxy, free_port
-from redis_server import RedisServer
+
+from tests.support.cluster import LEASE, Cluster, metric, wait_for
+from tests.support.process import APPS_DIR, free_port
+from tests.support.redis_server import RedisServer
 
 #: Bound on every wait in this file (seconds) unless it says otherwise.
 WAIT = 10.0
-LEASE = 1.0
-
-
-class Replica(ServerProcess):
-    """`agent-server run tests_app:agent` on a fixed loopback port with the redis store."""
-
-    def __init__(
-        self,
-        port: int,
-        replica_id: str,
-        store: str,
-        marker_dir: Path,
-        extra: list[str],
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.fixed_port = port
-        self.replica_id = replica_id
-        args = [
-            "tests_app:agent",
-            "--store",
-            store,
-            "--replica-id",
-            replica_id,
-            "--lease-ttl",
-            str(LEASE),
-            *extra,
-        ]
-        super().__init__(args, env or {}, marker_dir)
-
-    def command(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
-
-
-class Cluster:
-    """Three replicas, one Redis, one haproxy; replicas can be restarted on their port."""
-
-    def __init__(
-        self,
-        tmp_path: Path,
-        redis: RedisServer,
-        extra: list[str],
-        env: dict[str, str] | None = None,
-    ) -> None:
-        need("haproxy", package="haproxy")  # before any replica starts, so none is left behind
-        self.tmp_path = tmp_path
-        self.redis = redis
-        self.extra = extra
-        self.env = env or {}
-        self.ports = [free_port() for _ in range(3)]
-        self.incarnations = 0
-        self.replicas = [self.start(index) for index in range(3)]
-        for replica in self.replicas:
-            replica.wait_ready()
-        self.proxy = Haproxy(tmp_path, self.ports)
-        self.proxy.start()
-
-    def start(self, index: int) -> Replica:
-        self.incarnations += 1
-        marker_dir = self.tmp_path / f"replica{index}-{self.incarnations}"
-        marker_dir.mkdir()
-        return Replica(
-            self.ports[index],
-            f"r{index}-{self.incarnations}",
-            self.redis.url,
-            marker_dir,
-            self.extra,
-            self.env,
-        )
-
-    def url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.ports[index]}"
-
-    def close(self) -> None:
-        self.proxy.stop()
-        for replica in self.replicas:
-            replica.close()
 
 
 @pytest.fixture
@@ -116,30 +41,6 @@ def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterat
 
 def terminal(body: dict[str, Any]) -> bool:
     return body["status"] not in ("queued", "running")
-
-
-def wait_for(predicate: Any, timeout: float = WAIT, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s")
-        time.sleep(0.02)
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 # -- any replica answers --------------------------------------------------------------------
@@ -456,7 +357,7 @@ def test_an_unreachable_store_at_start_exits_1_naming_the_host(tmp_path: Path) -
             "--store",
             f"redis://:s3cret-password@127.0.0.1:{port}/0",
         ],
-        cwd=TESTS_DIR,
+        cwd=APPS_DIR,
         capture_output=True,
         timeout=30,
     )

@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from conftest import ServerProcess
+
+from tests.support.process import ServerProcess
 
 #: The old process's budget: 0.5 unready + 2 drain + 1 cancel + 1 http + 1 margin <= 6.
 OLD_ARGS = (

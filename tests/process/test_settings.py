@@ -13,13 +13,13 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
-from conftest import TESTS_DIR, ServerProcess, agent_server_cli
 from pydantic import ValidationError
-from test_shutdown import ASYNCIO_COMPLAINTS, finish, shutdown_report
 
 from agent_server import Settings
 from agent_server.settings import SHUTDOWN_MARGIN
 from agent_server.shutdown import EXIT_RESERVE, ShutdownPlan
+from tests.support.process import ROOT, ServerProcess, agent_server_cli
+from tests.support.shutdown import ASYNCIO_COMPLAINTS, finish, shutdown_report
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -249,7 +249,7 @@ def test_a_malformed_store_url_exits_2_without_any_piece_of_its_password(url: st
 
 def test_the_budget_error_is_word_for_word_what_shutdown_md_shows() -> None:
     """docs/shutdown.md quotes the refusal of `agent-server run --grace-period 5`."""
-    page = (TESTS_DIR.parent / "docs" / "shutdown.md").read_text()
+    page = (ROOT / "docs" / "shutdown.md").read_text()
     quoted = re.search(r"\$ agent-server run --grace-period 5 .*\n(.+)\n", page)
     assert quoted is not None
     result = run_cli("--grace-period", "5")

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerProcess
-from test_shutdown import (
+
+from tests.support.process import ServerProcess
+from tests.support.shutdown import (
     CLIENT_TIMEOUT,
     FAST,
     WATCHDOG_BUDGET,

@@ -18,8 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from served import Served, Start, launcher, run_command
-from test_shutdown import (
+
+from tests.support.served import Served, Start, launcher, run_command
+from tests.support.shutdown import (
+    BUDGET,
     CLIENT_TIMEOUT,
     FAST,
     finish,
@@ -27,7 +29,6 @@ from test_shutdown import (
     start_async,
     wait_until,
 )
-from test_uvicorn_lifespan import BUDGET
 
 
 @pytest.fixture

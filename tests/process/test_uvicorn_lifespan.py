@@ -17,19 +17,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess
-from test_shutdown import CLIENT_TIMEOUT, finish, post_sync, shutdown_report, start_async
 
-#: The lifespan drain's budget, from the environment: drain 1 s, cancel 1 s.
-BUDGET = {
-    "AGENT_SERVER_GRACE_PERIOD": "6",
-    "AGENT_SERVER_DRAIN_TIMEOUT": "1",
-    "AGENT_SERVER_CANCEL_TIMEOUT": "1",
-}
+from tests.support.process import ServerProcess
+from tests.support.shutdown import (
+    BUDGET,
+    CLIENT_TIMEOUT,
+    finish,
+    post_sync,
+    shutdown_report,
+    start_async,
+)
 
 
 class UvicornProcess(ServerProcess):
-    """`python -m uvicorn tests_app:agent` on a free loopback port (cwd: tests/)."""
+    """`python -m uvicorn tests_app:agent` on a free loopback port (cwd: tests/apps/)."""
 
     def __init__(self, args: list[str], env: dict[str, str], marker_dir: Path) -> None:
         super().__init__(args, {**BUDGET, **env}, marker_dir)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from redis.exceptions import AuthenticationError, ConnectionError, NoScriptError, ResponseError
-from redis_server import RedisServer
 
 from agent_server.store.resp import RedisLink
+from tests.support.redis_server import RedisServer
 
 #: Every wait in these tests is bounded by this.
 BOUND = 10.0
@@ -160,7 +160,8 @@ def test_rediss_verifies_the_server_as_the_url_says(tmp_path: Path) -> None:
     import time
 
     import trustme
-    from conftest import free_port, need
+
+    from tests.support.process import free_port, need
 
     need("redis-server", package="redis-server")
     ca = trustme.CA()

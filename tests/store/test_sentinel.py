@@ -27,14 +27,14 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import ServerProcess, free_port, need
 from redis.exceptions import ConnectionError, ReadOnlyError
-from redis_server import AOF, RedisServer, redis_command
 
 from agent_server.store import StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.resp import Address, RedisLink
 from agent_server.store.sentinel import parse_url
+from tests.support.process import ServerProcess, free_port, need
+from tests.support.redis_server import AOF, RedisServer, redis_command
 
 pytestmark = pytest.mark.redis
 

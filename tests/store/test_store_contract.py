@@ -17,12 +17,11 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import RedisServer, free_port
 
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import (
@@ -34,44 +33,12 @@ from agent_server.store import (
     StoreUnavailable,
 )
 from agent_server.store.redis import RedisStore
-
-AGENT = "contract"
-#: Bound of every poll in this file unless a test says otherwise.
-BOUND = 5.0
+from tests.support.process import free_port
+from tests.support.redis_server import RedisServer
+from tests.support.stores import AGENT, BOUND, Recorder, closed, eventually, open_redis, resumable
 
 #: Marks the tests that need a real redis-server (skipped when it is missing; failed in CI).
 needs_redis = pytest.mark.redis
-
-
-@dataclass
-class Recorder:
-    """A StoreObserver that remembers what it was told."""
-
-    lost: list[str] = field(default_factory=list)
-    fenced: list[str] = field(default_factory=list)
-    ups: list[bool] = field(default_factory=list)
-    alive: list[int] = field(default_factory=list)
-    operations: list[tuple[str, bool]] = field(default_factory=list)
-    retries: list[str] = field(default_factory=list)
-
-    def store_operation(self, operation: str, seconds: float, ok: bool) -> None:
-        assert seconds >= 0
-        self.operations.append((operation, ok))
-
-    def store_up(self, up: bool) -> None:
-        self.ups.append(up)
-
-    def execution_lost(self, execution: Execution) -> None:
-        self.lost.append(execution.execution_id)
-
-    def fenced_write(self, execution: Execution) -> None:
-        self.fenced.append(execution.execution_id)
-
-    def replicas_alive(self, count: int) -> None:
-        self.alive.append(count)
-
-    def write_retried(self, reason: str) -> None:
-        self.retries.append(reason)
 
 
 @dataclass
@@ -98,18 +65,6 @@ class Replicas:
 Factory = Callable[..., Awaitable[Replicas]]
 
 
-async def eventually(probe: Callable[[], Awaitable[Any]], timeout: float = BOUND) -> Any:
-    """Poll `probe` until it returns something truthy, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s")
-        await asyncio.sleep(0.01)
-
-
 async def terminal(store: ExecutionStore, execution_id: str) -> Execution | None:
     found = await store.get(execution_id)
     return found if found is not None and found.is_terminal else None
@@ -120,15 +75,6 @@ def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     if isinstance(store, RedisStore):
         return execution.execution_id in store._waiters
     return execution._done is not None
-
-
-async def closed(store: ExecutionStore) -> None:
-    """Close it, bounded: a hang shows here, not as the whole run's timeout."""
-    await asyncio.wait_for(store.close(), 10.0)
-
-
-def open_redis(url: str, replica_id: str, seen: Recorder, **options: Any) -> RedisStore:
-    return RedisStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=needs_redis)])
@@ -711,14 +657,6 @@ async def test_open_fails_fast_naming_the_host_never_the_password() -> None:
 
 
 # -- durable executions on the shared store ----------------------------------------------------
-
-
-def resumable(replica: str, session_id: str | None = None) -> Execution:
-    execution = Execution("steps", session_id, replica)
-    execution.resumable = True
-    execution.body = {"count": 3}
-    execution.max_attempts = 3
-    return execution
 
 
 async def wait_status(store: ExecutionStore, execution_id: str, status: ExecutionStatus) -> Any:

@@ -3,7 +3,7 @@ against a real redis-server: a pause (SIGSTOP), a full Redis (maxmemory), a demo
 (REPLICAOF), a create whose answer is lost. Each test names the invariant it attacks.
 
 The whole-system version (several replicas, a load balancer, a seeded nemesis and a checker)
-is tests/test_faults.py.
+is tests/process/test_faults.py.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from faults import CutProxy
-from redis_server import RedisServer
-from test_store_contract import AGENT, Recorder, closed, eventually, open_redis
 
 from agent_server.events import Event
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
+from tests.support.faults import CutProxy
+from tests.support.redis_server import RedisServer
+from tests.support.stores import AGENT, Recorder, closed, eventually, open_redis
 
 pytestmark = pytest.mark.redis
 

@@ -11,7 +11,7 @@ ever named is read back through a live replica, and `check` (a pure function of 
 the final records, the reasoners' own evidence files and the replicas' logs) returns the
 violations of the invariants.
 
-`run_faults(seed, seconds, directory)` is one run; tests/test_faults.py runs a short one in
+`run_faults(seed, seconds, directory)` is one run; tests/process/test_faults.py runs a short one in
 CI, `python -m bench.faults` long ones.
 """
 
@@ -38,10 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import TESTS_DIR, ServerProcess
-from haproxy import Haproxy
-from redis_server import AOF, START_TIMEOUT, RedisServer
-from tests_app import EVIDENCE_DIR_ENV, EVIDENCED_STEPS_MAX_ATTEMPTS, REPLICA_ID_ENV
 
 from agent_server.client import (
     AgentClient,
@@ -49,6 +45,10 @@ from agent_server.client import (
     Execution,
     WaitTimeout,
 )
+from tests.apps.tests_app import EVIDENCE_DIR_ENV, EVIDENCED_STEPS_MAX_ATTEMPTS, REPLICA_ID_ENV
+from tests.support.haproxy import Haproxy
+from tests.support.process import APPS_DIR, ServerProcess
+from tests.support.redis_server import AOF, START_TIMEOUT, RedisServer
 
 #: Seconds a replica's liveness lasts unrenewed: short, so pauses past it stay short.
 LEASE_TTL = 2.0
@@ -321,7 +321,7 @@ class FaultCluster:
         """Which agent_server the replicas import (the path of its package)."""
         run = subprocess.run(
             [sys.executable, "-c", "import agent_server; print(agent_server.__file__)"],
-            cwd=TESTS_DIR,
+            cwd=APPS_DIR,
             env={**os.environ, **self.env},
             capture_output=True,
             text=True,

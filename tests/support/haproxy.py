@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import free_port, need
+
+from tests.support.process import free_port, need
 
 START_TIMEOUT = 10.0
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import free_port, need
+from tests.support.process import free_port, need
 
 #: Seconds to wait for the server to answer PING, or to exit.
 START_TIMEOUT = 10.0

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import TESTS_DIR, ServerProcess
+
+from tests.support.process import APPS_DIR, ServerProcess
 
 #: Every client call is bounded (as in test_shutdown).
 CLIENT_TIMEOUT = 15.0
@@ -32,7 +33,7 @@ class Served(ServerProcess):
         env: dict[str, str],
         marker_dir: Path,
         *,
-        cwd: Path = TESTS_DIR,
+        cwd: Path = APPS_DIR,
         verify: ssl.SSLContext | None = None,
     ) -> None:
         self._port: int | None = None
@@ -91,7 +92,7 @@ def launcher(tmp_path: Path) -> Iterator[Start]:
         command: list[str],
         *,
         env: dict[str, str] | None = None,
-        cwd: Path = TESTS_DIR,
+        cwd: Path = APPS_DIR,
         verify: ssl.SSLContext | None = None,
         ready: bool = True,
     ) -> Served:

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
-from tests_app import Text, make_agent
 
 from agent_server import Agent, ExecutionContext
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+from tests.apps.tests_app import Text, make_agent
 
 
 class Query(BaseModel):

@@ -7,8 +7,6 @@ and the shutdown sequence are built on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
 import re
 import time
@@ -16,63 +14,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from local_parts import local_registry
-from tests_app import cooperative, deferred_cleanup, fail, sleep, swallow, swallow_then_fail
 
 from agent_server.execution import CancelReason, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
+from tests.apps.tests_app import (
+    cooperative,
+    deferred_cleanup,
+    fail,
+    sleep,
+    swallow,
+    swallow_then_fail,
+)
+from tests.support.local_parts import local_registry
+from tests.support.loop_reports import loop_reports, settle_loop
 
-UNOBSERVED = ("Task exception was never retrieved", "Task was destroyed but it is pending")
 #: Bound for every wait on an event in this file.
 WAIT = 5.0
 
 
 def reasoner(func: Callable[..., Any], name: str | None = None) -> Reasoner:
     return Reasoner(func, name or func.__name__, None)
-
-
-async def settle_loop() -> None:
-    """Collect garbage and let the loop run callbacks, so a lost task would be reported."""
-    for _ in range(2):
-        gc.collect()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0.005)
-
-
-class LoopReports(logging.Handler):
-    """What asyncio reports about lost tasks, from whichever test phase it comes.
-
-    (caplog keeps one record list per phase: a teardown check would miss the call phase.)
-    """
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def unobserved(self) -> list[str]:
-        return [line for line in self.lines if any(m in line for m in UNOBSERVED)]
-
-
-@contextlib.asynccontextmanager
-async def loop_reports() -> AsyncIterator[LoopReports]:
-    """Collect asyncio's reports; at the end, collect garbage so a lost task is reported.
-
-    Objects older than the block are frozen, so the collections scan only what it created.
-    """
-    reports = LoopReports()
-    asyncio_logger = logging.getLogger("asyncio")
-    asyncio_logger.addHandler(reports)
-    gc.freeze()
-    try:
-        yield reports
-        await settle_loop()
-    finally:
-        gc.unfreeze()
-        asyncio_logger.removeHandler(reports)
 
 
 @pytest.fixture

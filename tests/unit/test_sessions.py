@@ -14,16 +14,23 @@ from typing import Any
 
 import httpx
 import pytest
-from local_parts import make_local
 from prometheus_client.parser import text_string_to_metric_families
-from test_registry import loop_reports
-from tests_app import deferred_cleanup, echo, make_agent, sleep, swallow, swallow_then_fail
 
 from agent_server import Agent
 from agent_server.execution import CancelReason, ExecutionStatus
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.sessions import SessionBusy, SessionRelease
+from tests.apps.tests_app import (
+    deferred_cleanup,
+    echo,
+    make_agent,
+    sleep,
+    swallow,
+    swallow_then_fail,
+)
+from tests.support.local_parts import make_local
+from tests.support.loop_reports import loop_reports
 
 #: Bound for every wait on an event in this file.
 WAIT = 5.0

@@ -15,7 +15,7 @@ from agent_server import status
 from agent_server.execution import Execution
 from agent_server.status import ExecutionStatus, IllegalTransition, Transition
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_architecture_page_shows_the_tables_diagram() -> None:
