@@ -126,12 +126,17 @@ async def test_a_second_caller_gets_the_release_when_the_first_goes_away(
 ) -> None:
     headers = {"X-Session-ID": "shared"}
     await client.post("/reasoners/deferred_cleanup/async", json={"cleanup": 0.3}, headers=headers)
-    first = asyncio.create_task(client.delete("/sessions/shared", params={"timeout": 5}))
     agent = client.agent  # type: ignore[attr-defined]
-    deadline = time.monotonic() + WAIT
-    while "shared" not in agent.releases._ongoing:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
+    begun = asyncio.Event()
+    begin_release = agent.store.begin_release
+
+    async def noted(session_id: str, seconds: float | None) -> str | None:
+        begun.set()  # the first release is under way: a second caller joins it
+        return await begin_release(session_id, seconds)
+
+    agent.store.begin_release = noted
+    first = asyncio.create_task(client.delete("/sessions/shared", params={"timeout": 5}))
+    await asyncio.wait_for(begun.wait(), WAIT)
     second = asyncio.create_task(client.delete("/sessions/shared", params={"timeout": 5}))
     await asyncio.sleep(0.02)
     first.cancel()  # the first caller goes away
