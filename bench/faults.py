@@ -1,4 +1,4 @@
-"""Long fault-injection runs (docs/replicas.md): the harness of tests/faults.py (three
+"""Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults.py (three
 replicas behind haproxy on one Redis with AOF, a load of clients keeping a history, a seeded
 schedule of kills, rollouts, pauses, Redis restarts and cuts, then the checker), for longer
 and over several seeds. Prints per seed the counts (calls, executions, each kind of fault,
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep passing seeds' directories")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    import faults  # tests/faults.py: the harness and its checker
+    sys.path.insert(0, str(ROOT))  # the tests' package, as `python -m pytest` imports it
+    from tests.support import faults  # the harness and its checker
 
     out = OUT_DIR / "faults"
     out.mkdir(parents=True, exist_ok=True)

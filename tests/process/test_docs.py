@@ -1,0 +1,61 @@
+"""The documentation holds together: every relative link of README.md and docs/*.md leads to
+a file that exists (and, with a `#fragment`, to a heading of that file), and the README
+keeps its two set-up commands verbatim (`.ci/run` runs the second one)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SET_UP = (
+    "pip install -e . && agent-server run",
+    'pip install -e ".[test]" && python -m pytest -q',
+)
+#: `[text](target)`, outside code: fenced blocks and inline code are removed first.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def links(page: Path) -> list[str]:
+    text = INLINE_CODE.sub("", FENCE.sub("", page.read_text()))
+    return LINK.findall(text)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found = set()
+    for heading in re.findall(r"^#+ +(.+?) *$", FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def test_the_pages_exist() -> None:
+    assert (ROOT / "docs" / "architecture.md") in PAGES
+    assert len(PAGES) > 2
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, fragment = target.partition("#")
+        destination = (page.parent / path).resolve() if path else page
+        if not destination.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and destination.suffix == ".md" and fragment not in anchors(destination):
+            broken.append(f"{target}: no heading #{fragment}")
+    assert not broken, broken
+
+
+def test_the_readme_keeps_its_set_up_commands_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for command in SET_UP:
+        assert f"```sh\n{command}\n```" in readme, command

@@ -1,0 +1,179 @@
+"""The fault-injection test (docs/replicas.md): three replicas behind haproxy on one Redis
+with AOF, a load of clients keeping a history, a short seeded schedule of faults (kill -9,
+rollouts, replicas paused past their lease, Redis paused and restarted, the link to Redis cut),
+then the checker of tests/support/faults.py. A failure prints the seed and every violation.
+
+`AGENT_SERVER_FAULT_SEED` runs another seed's schedule, `AGENT_SERVER_FAULT_SECONDS` a longer
+one; `python -m bench.faults --seconds N --seeds A-B` runs long ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.faults import (
+    FAULT_KINDS,
+    Evidence,
+    Exchange,
+    Final,
+    History,
+    NemesisEvent,
+    Violation,
+    check,
+    run_faults,
+)
+from tests.support.process import need
+
+SEED = int(os.environ.get("AGENT_SERVER_FAULT_SEED", "1"))
+#: Seconds of faults: enough for the first round of the schedule (each of the six kinds once).
+SECONDS = float(os.environ.get("AGENT_SERVER_FAULT_SECONDS", "65"))
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(SECONDS + 240)
+def test_what_clients_are_told_stays_true_under_faults(tmp_path: Path) -> None:
+    need("redis-server", package="redis-server")
+    need("haproxy", package="haproxy")
+    run = run_faults(SEED, SECONDS, tmp_path, clients=6)
+    report = run.report(limit=20)
+    print(report)
+    assert not run.violations, (
+        f"seed {SEED} broke invariants (AGENT_SERVER_FAULT_SEED={SEED} replays its schedule; "
+        f"the history is in {tmp_path / 'history.jsonl'}):\n{report}"
+    )
+    # It proved something: a real load, and every kind of fault at least once (the schedule
+    # gives each kind once in every six faults).
+    assert run.executions >= 100, run.summary()
+    assert sum(run.faults.values()) >= len(FAULT_KINDS), run.summary()
+    assert set(run.faults) == set(FAULT_KINDS), run.summary()
+
+
+# -- the checker itself, on histories written by hand --------------------------------------
+
+ID = "a" * 32
+OTHER = "b" * 32
+
+
+def answer(
+    path: str,
+    status: int,
+    state: str | None,
+    at: float,
+    *,
+    execution_id: str = ID,
+    attempt: int = 1,
+    replica: str = "r0-1",
+    key: str | None = None,
+    client: str = "raw1",
+) -> Exchange:
+    op = "start" if path.endswith("/async") else "run" if path.startswith("/reasoners") else "get"
+    return Exchange(
+        client=client,
+        op=op,
+        method="POST" if path.startswith("/reasoners") else "GET",
+        path=path,
+        key=key,
+        execution_id=execution_id,
+        invoked=at,
+        answered=at + 0.1,
+        status=status,
+        body_status=state,
+        attempt=None if state is None else attempt,
+        replica=None if state is None else replica,
+    )
+
+
+def record(state: str, attempt: int = 1, replica: str = "r0-1", **extra: Any) -> Final:
+    body = {"execution_id": ID, "reasoner": "evidenced", "status": state, "attempt": attempt}
+    return Final(200, {**body, "replica": replica, **extra})
+
+
+LOST = {"type": "ExecutionLost", "message": "replica r0-1 stopped renewing its liveness"}
+RAN = {ID: [Evidence("run", 1, None, None, "r0-1", 10, 0.0)]}
+
+
+def invariants(violations: list[Violation]) -> set[str]:
+    return {violation.invariant for violation in violations}
+
+
+def test_the_checker_passes_a_clean_history() -> None:
+    history = History()
+    history.exchanges.append(answer("/reasoners/evidenced", 200, "succeeded", 1.0, key="k"))
+    history.exchanges.append(answer(f"/executions/{ID}", 200, "succeeded", 2.0))
+    assert check(history, {ID: record("succeeded")}, RAN, {"r0-1": "all quiet\n"}) == []
+
+
+def test_the_checker_finds_a_contradicted_answer_and_a_living_owner_judged() -> None:
+    history = History()
+    history.exchanges.append(answer("/reasoners/evidenced", 200, "succeeded", 1.0, key="k"))
+    final = {ID: record("lost", error=LOST)}
+    assert invariants(check(history, final, RAN, {})) == {"told-means-final", "living-judged"}
+    # Killed after the execution began, its owner may be judged; the answer is still wrong.
+    history.nemesis.append(NemesisEvent(3.0, "kill9", "r0-1", "end", "exit -9"))
+    assert invariants(check(history, final, RAN, {})) == {"told-means-final"}
+    # Killed before it began, it is no excuse.
+    history.nemesis[0] = NemesisEvent(0.5, "kill9", "r0-1", "end", "exit -9")
+    assert "living-judged" in invariants(check(history, final, RAN, {}))
+
+
+def test_the_checker_finds_a_later_read_that_contradicts_an_answer() -> None:
+    history = History()
+    history.exchanges.append(answer("/reasoners/evidenced", 500, "failed", 1.0, key="k"))
+    history.exchanges.append(answer(f"/executions/{ID}", 200, "running", 2.0, attempt=2))
+    found = check(history, {ID: record("failed", error={"type": "ValueError"})}, RAN, {})
+    assert invariants(found) == {"told-means-final"}, found
+
+
+def test_the_checker_finds_work_accepted_that_never_ends_or_vanishes() -> None:
+    history = History()
+    history.exchanges.append(answer("/reasoners/evidenced/async", 202, "running", 1.0, key="k"))
+    assert invariants(check(history, {ID: record("running")}, {}, {})) == {"accepted-runs"}
+    assert invariants(check(history, {ID: Final(404, None)}, {}, {})) == {"no-404"}
+    # Succeeded without its body ever running.
+    assert invariants(check(history, {ID: record("succeeded")}, {}, {})) == {"accepted-runs"}
+    # Failed with an error of the server's rather than its own.
+    failed = record("failed", error={"type": "StoreUnavailable", "message": "no reply"})
+    assert invariants(check(history, {ID: failed}, RAN, {})) == {"failed-by-server"}
+
+
+def test_the_checker_finds_two_executions_for_one_key() -> None:
+    history = History()
+    history.exchanges.append(answer("/reasoners/evidenced/async", 202, "running", 1.0, key="k"))
+    history.exchanges.append(
+        answer("/reasoners/evidenced/async", 202, "running", 2.0, key="k", execution_id=OTHER)
+    )
+    final = {ID: record("succeeded"), OTHER: record("succeeded")}
+    evidence = {**RAN, OTHER: RAN[ID]}
+    assert invariants(check(history, final, evidence, {})) == {"one-per-key"}
+
+
+def test_the_checker_finds_a_body_run_twice_and_steps_lost_or_repeated() -> None:
+    history = History()
+    twice = {ID: [*RAN[ID], Evidence("run", 1, None, None, "r1-2", 11, 1.0)]}
+    assert invariants(check(history, {ID: record("succeeded")}, twice, {})) == {"runs-once"}
+    gap = {ID: [Evidence("step", 1, step, 3, "r0-1", 10, 0.0) for step in (0, 2)]}
+    assert invariants(check(history, {ID: record("succeeded")}, gap, {})) == {"steps"}
+    repeated = {ID: [Evidence("step", 1, 0, 1, "r0-1", 10, 0.0)] * 3}
+    final = {ID: record("succeeded", attempt=2)}
+    assert "steps" in invariants(check(history, final, repeated, {}))
+
+
+def test_the_checker_reads_logs_but_leaves_a_reasoners_own_failure_to_its_record() -> None:
+    own = (
+        "2026-12-01 20:39:19,257 ERROR agent_server.registry: execution "
+        f"{ID} (evidenced) failed\nTraceback (most recent call last):\n"
+        '  File "tests_app.py", line 1, in evidenced\nValueError: failed on purpose\n'
+    )
+    server = (
+        "2026-12-01 20:39:20,000 ERROR agent_server.store: store task store-pubsub failed\n"
+        'Traceback (most recent call last):\n  File "redis.py", line 2, in listen\n'
+        "RuntimeError: unable to perform operation on <TCPTransport closed=True 0x55d1>\n"
+    )
+    assert check(History(), {}, {}, {"r0-1": own}) == []
+    found = check(History(), {}, {}, {"r0-1": own + server + server.replace("0x55d1", "0x66e2")})
+    assert [v.invariant for v in found] == ["log-errors"]
+    assert "2x" in found[0].detail and "store-pubsub" in found[0].detail

@@ -1,0 +1,231 @@
+"""Hostile values (section 12, invariant 6): what a reasoner returns, raises, emits or
+checkpoints, and what a client sends, that the codec cannot carry or a log line cannot
+print. Each ends its execution `failed` with a clear error at the moment it is recorded, or
+is a 400, on both stores; never a record left `running`, a read answering 500, or a list
+poisoned. Real `agent-server run` processes, real HTTP, a real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_server.jsoncodec import MAX_DEPTH
+from tests.support.process import ServerProcess
+from tests.support.redis_server import RedisServer
+
+#: Bound on every wait here (seconds).
+WAIT = 15.0
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def hostile(request: pytest.FixtureRequest, server_factory: Any) -> Iterator[ServerProcess]:
+    """`agent-server run hostile_app:agent` on the memory store, or on a real Redis."""
+    args = ["hostile_app:agent"]
+    if request.param == "redis":
+        redis = request.getfixturevalue("own_redis")
+        assert isinstance(redis, RedisServer)
+        args += ["--store", redis.url, "--replica-id", "h", "--lease-ttl", "2"]
+    yield server_factory(*args)
+
+
+def ended(client: httpx.Client, response: httpx.Response) -> dict[str, Any]:
+    """The execution a run answered for, read back once it ended (and listed)."""
+    body = response.json()
+    assert "execution_id" in body, response.text
+    location = f"/executions/{body['execution_id']}"
+    read = client.get(location, params={"wait": WAIT})
+    assert read.status_code == 200, read.text
+    record: dict[str, Any] = read.json()
+    assert record["status"] not in ("queued", "running"), record
+    listed = client.get("/executions", params={"limit": 1000})
+    assert listed.status_code == 200, listed.text
+    assert record["execution_id"] in {e["execution_id"] for e in listed.json()}
+    return record
+
+
+Case = tuple[str, dict[str, Any], str, str]
+
+CASES: list[Case] = [
+    ("unprintable", {"kind": "raises"}, "Unprintable", "cannot be shown"),
+    ("unprintable", {"kind": "not-text"}, "NotText", ""),
+    ("unprintable", {"kind": "long"}, "ValueError", "..."),
+    ("huge", {"digits": 4400}, "Unrecordable", "digits"),
+    ("huge", {"digits": 3, "nested": MAX_DEPTH + 5}, "Unrecordable", "nested deeper"),
+    ("huge", {"value": "nan"}, "Unrecordable", "JSON cannot carry"),
+    ("huge", {"value": "-inf", "nested": 3}, "Unrecordable", "JSON cannot carry"),
+    ("bad_event", {"value": "nan"}, "Unrecordable", "event data"),
+    ("bad_checkpoint", {"value": "-inf"}, "Unrecordable", "checkpoint"),
+]
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in CASES]
+)
+def test_a_value_that_cannot_be_recorded_fails_its_execution(
+    hostile: ServerProcess, case: Case
+) -> None:
+    name, body, kind, says = case
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        sync = client.post(f"/reasoners/{name}", json=body)
+        assert sync.status_code == 500, sync.text
+        assert sync.json()["status"] == "failed"
+        record = ended(client, sync)
+        assert record["status"] == "failed"
+        assert record["error"]["type"] == kind
+        assert says in record["error"]["message"]
+        assert len(record["error"]["message"]) < 10_000  # kept bounded
+        started = client.post(f"/reasoners/{name}/async", json=body)
+        assert started.status_code == 202, started.text
+        assert ended(client, started)["error"]["type"] == kind
+        assert client.delete(f"/executions/{record['execution_id']}").status_code == 204
+        ready = client.get("/readyz")
+        assert ready.status_code == 200
+    assert "Logging error" not in hostile.stderr()
+
+
+@pytest.mark.parametrize("route", ["/reasoners/keep", "/reasoners/keep/async"])
+@pytest.mark.parametrize("key", [None, "deep-1"])
+def test_a_body_nested_past_the_limit_is_400_and_changes_nothing(
+    hostile: ServerProcess, route: str, key: str | None
+) -> None:
+    """Every depth the parser reads must be written back (an idempotency fingerprint, a
+    resumable execution's body in the store): past the limit it is refused, clearly."""
+    deep: Any = 1
+    for _ in range(MAX_DEPTH + 10):
+        deep = {"a": deep}
+    headers = {} if key is None else {"Idempotency-Key": key}
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        before = client.get("/executions").json()
+        refused = client.post(route, json={"anything": deep}, headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert "nested deeper" in refused.json()["detail"]
+        assert client.get("/executions").json() == before
+        # Just inside the limit is served.
+        shallow: Any = 1
+        for _ in range(MAX_DEPTH - 3):
+            shallow = {"a": shallow}
+        served = client.post(route, json={"anything": shallow}, headers=headers)
+        assert served.status_code in (200, 202), served.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "value"),
+    [
+        *[("DELETE", "/sessions/s1?timeout={}", v) for v in ("1e16", "inf", "nan", "-1", "1e400")],
+        *[("GET", "/executions/{id}?wait={}", v) for v in ("inf", "nan", "-1", "1e400")],
+    ],
+)
+def test_a_duration_parameter_out_of_range_is_422(
+    hostile: ServerProcess, method: str, path: str, value: str
+) -> None:
+    """Section 12, invariant 7, for query parameters: past what the clock and Redis TTLs
+    take, the request is refused naming the parameter, on both stores."""
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        started = client.post("/reasoners/keep/async", json={}).json()
+        url = path.replace("{}", value).replace("{id}", started["execution_id"])
+        answer = client.request(method, url)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["detail"].split(" ", 1)[0] in ("timeout", "wait")
+
+
+def test_settle(hostile: ServerProcess) -> None:
+    """The server these tests used shut down cleanly: nothing left running or unreported."""
+    hostile.signal()
+    code, _ = hostile.wait_exit(WAIT)
+    assert code == 0, hostile.stderr()[-3000:]
+
+
+@pytest.mark.redis
+def test_a_remote_stream_ends_once_its_record_is_gone(
+    own_redis: RedisServer, server_factory: Any
+) -> None:
+    """A stream served by a replica that does not run the execution reads it from the store;
+    once the record is gone (forgotten, released or expired elsewhere) the stream ends,
+    instead of sending heartbeats for ever."""
+    import time
+
+    common = ["--store", own_redis.url, "--lease-ttl", "2", "--sse-heartbeat", "0.2"]
+    owner = server_factory("hostile_app:agent", *common, "--replica-id", "owner")
+    other = server_factory("hostile_app:agent", *common, "--replica-id", "other")
+    started = httpx.post(f"{owner.url}/reasoners/slow/async", json={"seconds": 60}).json()
+    execution_id = started["execution_id"]
+    with httpx.Client(timeout=WAIT) as client:
+        url = f"{other.url}/executions/{execution_id}/events"
+        with client.stream("GET", url) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()
+            assert next(lines).startswith("id: 1")  # its one event, from the store
+            assert own_redis.command("DEL", f"agent-server:hostile:x:{execution_id}")
+            began = time.monotonic()
+            rest: list[str] = []
+            for line in lines:  # ends when the server closes the body; bounded here
+                rest.append(line)
+                assert time.monotonic() - began < WAIT / 2, f"still streaming: {rest[-5:]}"
+    assert not any(line.startswith("event: end") for line in rest)  # no verdict: it is gone
+
+
+def test_a_websocket_upgrade_is_refused_with_a_json_body(hostile: ServerProcess) -> None:
+    """Every refusal is JSON, the WebSocket handshake's included (it used to be 403 with an
+    empty body)."""
+    headers = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    answer = httpx.get(f"{hostile.url}/executions", headers=headers, timeout=WAIT)
+    assert answer.status_code == 404
+    assert answer.headers["content-type"] == "application/json"
+    assert "WebSocket" in answer.json()["detail"]
+
+
+@pytest.mark.redis
+def test_long_polls_open_at_a_shutdown_answer_200_not_500(
+    own_redis: RedisServer, server_factory: Any
+) -> None:
+    """Long-polls on a replica that is shut down while they wait (for work another replica
+    runs) answer 200 with the execution as it is and `Connection: close` when the listener
+    closes, instead of being cut into uvicorn's text/plain 500 at the end of the http phase."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    common = ["--store", own_redis.url, "--lease-ttl", "2", "--http-timeout", "0.5"]
+    owner = server_factory("hostile_app:agent", *common, "--replica-id", "owner")
+    rolled = server_factory("hostile_app:agent", *common, "--replica-id", "rolled")
+    started = httpx.post(f"{owner.url}/reasoners/slow/async", json={"seconds": 60}).json()
+    url = f"{rolled.url}/executions/{started['execution_id']}"
+    reads_before = _store_reads(rolled)
+    with ThreadPoolExecutor(8) as pool:
+        polls = [pool.submit(httpx.get, url, params={"wait": 60}, timeout=WAIT) for _ in range(8)]
+        # Each poll reads the record once before it waits: eight more reads, all waiting.
+        deadline = time.monotonic() + WAIT
+        while _store_reads(rolled) < reads_before + 8:
+            assert time.monotonic() < deadline, "the long-polls never reached the replica"
+        rolled.signal(signal.SIGTERM)
+        answers = [poll.result(timeout=WAIT) for poll in polls]
+    code, _ = rolled.wait_exit(WAIT)
+    assert code == 0, rolled.stderr()[-3000:]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "running"
+        assert answer.headers["connection"] == "close"
+    assert "Exception in ASGI application" not in rolled.stderr()
+
+
+def _store_reads(server: ServerProcess) -> float:
+    """`get` operations the replica's store has made, from its own /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "agent_server_store_operation_duration_seconds_count"
+        and sample.labels.get("operation") == "get"
+    )

@@ -1,0 +1,437 @@
+"""The shared store under the faults of section 12, one invariant at a time, in process
+against a real redis-server: a pause (SIGSTOP), a full Redis (maxmemory), a demoted primary
+(REPLICAOF), a create whose answer is lost. Each test names the invariant it attacks.
+
+The whole-system version (several replicas, a load balancer, a seeded nemesis and a checker)
+is tests/process/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from agent_server.events import Event
+from agent_server.execution import Execution, ExecutionStatus
+from agent_server.store.base import StoreUnavailable
+from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
+from tests.support.faults import CutProxy
+from tests.support.redis_server import RedisServer
+from tests.support.stores import AGENT, Recorder, closed, eventually, open_redis
+
+pytestmark = pytest.mark.redis
+
+#: Bound on every wait here (seconds).
+BOUND = 10.0
+LEASE = 0.6
+
+
+def pause(redis: RedisServer) -> None:
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+
+
+def resume(redis: RedisServer) -> None:
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+async def stores(own_redis: RedisServer) -> AsyncIterator[Callable[..., Awaitable[RedisStore]]]:
+    """`await stores("A", lease_ttl=...)`: an open store of its own; all closed at the end
+    (Redis resumed first, so closing is never stuck behind a pause)."""
+    opened: list[RedisStore] = []
+
+    async def make(replica_id: str, **options: Any) -> RedisStore:
+        store = open_redis(own_redis.url, replica_id, Recorder(), **options)
+        await store.open()
+        opened.append(store)
+        return store
+
+    yield make
+    resume(own_redis)
+    for store in opened:
+        await closed(store)
+
+
+def seen(store: RedisStore) -> Recorder:
+    assert isinstance(store.observer, Recorder)
+    return store.observer
+
+
+# -- invariant 2: the living are not judged ----------------------------------------------------
+
+
+async def test_a_pause_of_redis_past_every_lease_judges_no_live_owner(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """Every lease lapses on Redis's clock during a pause; commands queued before it (each
+    of B's reads) run after it. None may move A's running work to lost: A is alive and
+    renews as soon as Redis answers again."""
+    a = await stores("A", lease_ttl=LEASE)
+    b = await stores("B", lease_ttl=LEASE)
+    execution = Execution("sleep", None, "A")
+    await a.create(execution)
+    # B has renewed continuously for a whole lease: before the pause it may judge.
+    await asyncio.sleep(LEASE * 1.5)
+    pause(own_redis)
+    try:
+        # Reads sent during the pause run after it, when A's lease has lapsed.
+        reads = [asyncio.ensure_future(b.get(execution.execution_id)) for _ in range(5)]
+        await asyncio.sleep(LEASE * 3)
+    finally:
+        resume(own_redis)
+    outcomes = await asyncio.gather(*reads, return_exceptions=True)
+    assert all(
+        isinstance(o, StoreUnavailable) or o.status is ExecutionStatus.RUNNING for o in outcomes
+    )
+    # For two leases after the pause, B reads A's execution over and over: still running.
+    deadline = time.monotonic() + LEASE * 2
+    while time.monotonic() < deadline:
+        try:
+            found = await b.get(execution.execution_id)
+        except StoreUnavailable:
+            continue  # the reconnection
+        assert found is not None and found.status is ExecutionStatus.RUNNING, (
+            found and found.to_json()
+        )
+        await asyncio.sleep(0.02)
+    assert seen(b).lost == [] and seen(a).lost == []
+
+
+async def test_a_dead_owner_is_still_judged_after_a_pause(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """Not judging the living must not spare the dead: an owner that never renews again is
+    judged once the judge has renewed continuously for a whole lease after the pause."""
+    b = await stores("B", lease_ttl=LEASE)
+    doomed = open_redis(own_redis.url, "doomed", Recorder(), lease_ttl=LEASE)
+    await doomed.open()
+    execution = Execution("sleep", None, "doomed")
+    await doomed.create(execution)
+    for task in doomed._tasks:  # it dies: no renewal, no close
+        task.cancel()
+    await asyncio.gather(*doomed._tasks, return_exceptions=True)
+    doomed._tasks = []
+    pause(own_redis)
+    await asyncio.sleep(LEASE * 2)
+    resumed = time.monotonic()
+    resume(own_redis)
+
+    async def lost() -> bool:
+        try:
+            found = await b.get(execution.execution_id)
+        except StoreUnavailable:
+            return False
+        return found is not None and found.status is ExecutionStatus.LOST
+
+    await eventually(lost, timeout=BOUND)
+    assert time.monotonic() - resumed >= LEASE * 0.9  # B renewed a whole lease first
+    # Counted once, by B: the move may be its renewal's, whose reply (on the probe's own
+    # connection) can come a moment after the read that saw it.
+    await eventually(lambda: asyncio.sleep(0, bool(seen(b).lost)))
+    assert seen(b).lost == [execution.execution_id]
+    await closed(doomed)
+
+
+# -- invariant 4: transient refusals are retried, never dropped --------------------------------
+
+
+@pytest.mark.parametrize("refusal", ["oom", "readonly"])
+async def test_an_end_refused_for_a_while_is_written_once_redis_accepts_it(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]], refusal: str
+) -> None:
+    a = await stores("A")
+    b = await stores("B")
+    execution = Execution("sleep", None, "A")
+    await a.create(execution)
+    if refusal == "oom":
+        assert own_redis.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        assert own_redis.command("CONFIG", "SET", "maxmemory", "1") == b"+OK\r\n"
+    else:  # a primary demoted during a failover; the dead port keeps it a replica
+        assert own_redis.command("REPLICAOF", "127.0.0.1", "1") == b"+OK\r\n"
+    try:
+        execution.finish(ExecutionStatus.SUCCEEDED, result={"big": "x" * 10_000})
+        a.end(execution)
+        await eventually(lambda: asyncio.sleep(0, refusal in seen(a).retries))
+        assert not await a.recorded(execution, 0.2)
+        assert a._outbox, "the end left the outbox while Redis refused it"
+        assert not a.up  # readiness 503 while writes are refused
+    finally:
+        if refusal == "oom":
+            own_redis.command("CONFIG", "SET", "maxmemory", "0")
+        else:
+            own_redis.command("REPLICAOF", "NO", "ONE")
+    assert await a.recorded(execution, BOUND)
+    found = await b.get(execution.execution_id)
+    assert found is not None and found.status is ExecutionStatus.SUCCEEDED
+    assert a._failed == [] and a.fenced == 0
+    assert await a.flush(time.monotonic() + 1) == []
+
+
+# -- invariant 1: told means final ------------------------------------------------------------
+
+
+async def test_recorded_tells_written_from_fenced(
+    stores: Callable[..., Awaitable[RedisStore]], own_redis: RedisServer
+) -> None:
+    a = await stores("A")
+    written, fenced = Execution("sleep", None, "A"), Execution("sleep", None, "A")
+    await a.create(written)
+    await a.create(fenced)
+    # Another attempt took `fenced` over meanwhile: this attempt's end must not count.
+    key = f"agent-server:{AGENT}:x:{fenced.execution_id}"
+    assert own_redis.command("HSET", key, "attempt", "2")
+    for execution in (written, fenced):
+        execution.finish(ExecutionStatus.SUCCEEDED, result=1)
+        a.end(execution)
+    assert await a.recorded(written, BOUND) is True
+    assert await a.recorded(fenced, BOUND) is False
+    assert a.fenced == 1
+
+
+# -- invariant 3: accepted means it runs --------------------------------------------------------
+
+
+@pytest.mark.parametrize("adopted", [True, False])
+async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]], adopted: bool
+) -> None:
+    """A create sent while Redis is paused times out (the start answers 503), but Redis
+    runs it on resume: the record exists, `running` under a live owner. The owner either
+    runs it after all (its registry still has it) or ends it `failed`; never `running`
+    for good with no task anywhere. (The lease outlasts the pause: past it, the create
+    would be refused when it runs, A's lease having lapsed.)"""
+    a = await stores("A", lease_ttl=8.0)
+    b = await stores("B", lease_ttl=8.0)
+    adoptions: list[str] = []
+
+    def adopt(execution_id: str) -> bool:
+        adoptions.append(execution_id)
+        return adopted
+
+    a.deliver_orphans(lambda execution_id: execution_id in adoptions and adopted, adopt)
+    execution = Execution("sleep", None, "A")
+    pause(own_redis)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await a.create(execution)
+    finally:
+        resume(own_redis)
+
+    async def settled() -> Execution | None:
+        try:
+            found = await b.get(execution.execution_id)
+        except StoreUnavailable:
+            return None
+        if adopted:
+            return found if adoptions else None
+        return found if found is not None and found.is_terminal else None
+
+    found = await eventually(settled, timeout=BOUND)
+    assert adoptions == [execution.execution_id]
+    if adopted:
+        assert found.status is ExecutionStatus.RUNNING and found.replica == "A"
+    else:
+        assert found.status is ExecutionStatus.FAILED
+        assert found.error is not None and found.error["type"] == "ExecutionNotStarted"
+
+
+async def test_a_create_that_never_reached_redis_stays_absent(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """Settling a create that got no answer voids its id: even if the command were to run
+    later, no record would appear for a start the client was refused."""
+    a = await stores("A", lease_ttl=LEASE)
+    execution = Execution("sleep", None, "A")
+    a._in_doubt[execution.execution_id] = execution
+    a.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
+    await eventually(lambda: asyncio.sleep(0, not a._in_doubt), timeout=BOUND)
+    with pytest.raises(StoreUnavailable):
+        await a.create(execution)
+    assert await a.get(execution.execution_id) is None
+
+
+async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """A replica paused past its lease is being judged; work it accepted on waking, before
+    its first renewal, would be judged at once. Its create is refused (a 503 the client
+    retries) and it renews at once."""
+    a = await stores("A", lease_ttl=30.0)  # no renewal of its own during the test
+    # The renewal at open and the one the keep-alive makes at once have both been made
+    # (a later one would undo what follows).
+    await eventually(lambda: asyncio.sleep(0, len(seen(a).alive) >= 2))
+    assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
+    with pytest.raises(StoreUnavailable, match="lease lapsed"):
+        await a.create(Execution("sleep", None, "A"))
+    assert await a.claim() is None
+
+    async def created() -> bool:
+        try:
+            await a.create(Execution("sleep", None, "A"))
+        except StoreUnavailable:
+            return False
+        return True
+
+    assert await eventually(created, timeout=BOUND)
+    assert not a._in_doubt  # a refusal is an answer: nothing to settle
+
+
+# -- the pub/sub reader survives ---------------------------------------------------------------
+
+
+async def test_the_subscriber_survives_a_reset_and_rereads(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """The subscriber's connection is reset (a proxy cutting it, Redis killing it): it
+    reconnects, and every waiter re-reads, so an end whose notice was lost still wakes it;
+    a message it cannot handle is logged, never the end of the reader."""
+    a = await stores("A")
+    b = await stores("B")
+    reader = next(task for task in b._tasks if task.get_name() == "store-pubsub")
+    execution = Execution("sleep", None, "A")
+    await a.create(execution)
+    waiting = asyncio.ensure_future(b.wait(execution, BOUND))
+    await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._waiters))
+    b._dispatch(b._ends_channel, "[not json")  # a malformed notice: logged, nothing more
+    b._dispatch(b._cancel_channel, "{}")
+    assert own_redis.command("CLIENT", "KILL", "TYPE", "pubsub")  # every subscriber reset
+    execution.finish(ExecutionStatus.SUCCEEDED, result=2)
+    a.end(execution)
+    ended = await asyncio.wait_for(waiting, BOUND)
+    assert ended.status is ExecutionStatus.SUCCEEDED
+    assert not reader.done()
+    await eventually(lambda: asyncio.sleep(0, b.up))
+
+
+# -- invariant 5: no request takes a replica out ------------------------------------------
+
+
+async def test_a_slow_command_fails_alone_and_the_store_stays_up(
+    own_redis: RedisServer,
+) -> None:
+    """Readiness is reachability, not one request's cost: a read whose reply is held past
+    the command timeout fails (503 for its caller), while the store stays up and every other
+    command is served; only the probe failing (Redis paused) turns the store down."""
+    proxy = CutProxy(own_redis.port)
+    proxy.start()
+    a = open_redis(proxy.url, "A", Recorder(), lease_ttl=LEASE)
+    try:
+        await a.open()
+        execution = Execution("sleep", None, "A")
+        await a.create(execution)
+        a.emit(execution, Event(1, "progress", '"slow-reply-marker"'))
+        await eventually(lambda: a.events_since(execution.execution_id, 0, 10))
+        proxy.stall(b"slow-reply-marker", COMMAND_TIMEOUT + 1.0)
+        read = asyncio.create_task(a.events_since(execution.execution_id, 0, 10))
+        samples = 0
+        while not read.done():  # bounded: the read times out after COMMAND_TIMEOUT
+            assert a.up, "a slow read turned the store down"
+            assert await a.get(execution.execution_id) is not None  # the others flow
+            samples += 1
+            await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailable):
+            await read
+        assert proxy.stalled >= 1 and samples > 10
+        assert a.up and False not in seen(a).ups
+        # The probe's failure is what turns it down: Redis paused.
+        pause(own_redis)
+        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+        resume(own_redis)
+        await eventually(lambda: asyncio.sleep(0, a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+    finally:
+        resume(own_redis)
+        await closed(a)
+        proxy.stop()
+
+
+async def test_a_list_page_stops_at_its_byte_budget_in_the_script(
+    stores: Callable[..., Awaitable[RedisStore]],
+) -> None:
+    """Redis stops reading records once the page's bytes are spent (one record past the
+    budget at most), instead of sending every big result for the API to cut; a session's
+    release reads statuses only."""
+    a = await stores("A")
+    big = "x" * 300_000
+    for _ in range(30):  # 9 MB of results
+        execution = Execution("sleep", "s1", "A")
+        await a.create(execution)
+        execution.finish(ExecutionStatus.SUCCEEDED, result=big)
+        a.end(execution)
+        assert await a.recorded(execution, BOUND)
+    page = await a.list_executions(limit=1000, max_bytes=1_000_000)
+    assert 3 <= len(page) <= 5, len(page)
+    assert all(e.result == big for e in page)
+    assert len(await a.list_executions(limit=1000)) == 30  # no budget: everything
+    session = await a.session("s1")
+    assert len(session) == 30 and all(e.result is None for e in session)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_retention_weighs_as_well_as_counts(
+    kind: str, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """`--max-retained-bytes`: finished records past the budget of results and errors go,
+    oldest first, on both stores; the newest stays even when it alone is over."""
+    from agent_server.store.base import ExecutionStore
+    from agent_server.store.memory import MemoryStore
+
+    budget = 1_000_000
+    store: ExecutionStore
+    if kind == "memory":
+        store = MemoryStore("A", max_retained_bytes=budget)
+    else:
+        store = await stores("A", max_retained_bytes=budget)
+    ids = []
+    for index in range(12):  # 12 x 200 kB: 2.4 MB of results
+        execution = Execution("sleep", None, "A")
+        await store.create(execution)
+        execution.finish(ExecutionStatus.SUCCEEDED, result="r" * 200_000 + str(index))
+        store.end(execution)
+        assert await store.recorded(execution, BOUND)
+        ids.append(execution.execution_id)
+    kept = [e.execution_id for e in await store.list_executions(limit=100)]
+    assert 3 <= len(kept) <= 5, len(kept)
+    assert kept == list(reversed(ids))[: len(kept)]  # the newest, newest first
+    huge = Execution("sleep", None, "A")
+    await store.create(huge)
+    huge.finish(ExecutionStatus.SUCCEEDED, result="h" * 3_000_000)
+    store.end(huge)
+    assert await store.recorded(huge, BOUND)
+    found = await store.get(huge.execution_id)
+    assert found is not None and found.result == "h" * 3_000_000
+    assert [e.execution_id for e in await store.list_executions(limit=100)] == [huge.execution_id]
+
+
+async def test_big_ends_leave_the_outbox_in_bounded_batches(
+    stores: Callable[..., Awaitable[RedisStore]],
+) -> None:
+    """Twenty ends of 3 MB finishing together: written in pipelines of about 4 MiB, each
+    within the command timeout, not one of 60 MB that times out and turns the replica
+    unready (and then again, for ever)."""
+    a = await stores("A")
+    executions = [Execution("sleep", None, "A") for _ in range(20)]
+    for execution in executions:
+        await a.create(execution)
+    batches: list[int] = []
+    original = a._batch
+
+    def watched() -> list[Any]:
+        batch = original()
+        batches.append(len(batch))
+        return batch
+
+    a._batch = watched  # type: ignore[method-assign]
+    for execution in executions:
+        execution.finish(ExecutionStatus.SUCCEEDED, result="y" * 3_000_000)
+        a.end(execution)
+    for execution in executions:
+        assert await a.recorded(execution, BOUND)
+    assert max(batches) <= 2, batches
+    assert a.up and not a._failed

@@ -1,0 +1,1605 @@
+"""A seeded fault-injection harness in the spirit of Jepsen (docs/replicas.md).
+
+The parts are real and on loopback: one `redis-server` with AOF on its own directory, a small
+TCP proxy between the replicas and Redis (so the link can be cut), three `agent-server run
+tests_app:agent` replicas on one store behind haproxy. Client threads run a load through
+haproxy with the project's `AgentClient` and with raw httpx, and every HTTP exchange goes to a
+`History`. A nemesis, on a schedule drawn from `random.Random(seed)`, kills, rolls and pauses
+replicas, pauses and restarts Redis, and cuts the proxy, logging each action in the history.
+Then everything is healed, the load stops, the system quiesces (bounded), every execution
+ever named is read back through a live replica, and `check` (a pure function of the history,
+the final records, the reasoners' own evidence files and the replicas' logs) returns the
+violations of the invariants.
+
+`run_faults(seed, seconds, directory)` is one run; tests/process/test_faults.py runs a short one in
+CI, `python -m bench.faults` long ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent_server.client import (
+    AgentClient,
+    AgentServerError,
+    Execution,
+    WaitTimeout,
+)
+from tests.apps.tests_app import EVIDENCE_DIR_ENV, EVIDENCED_STEPS_MAX_ATTEMPTS, REPLICA_ID_ENV
+from tests.support.haproxy import Haproxy
+from tests.support.process import APPS_DIR, ServerProcess
+from tests.support.redis_server import AOF, START_TIMEOUT, RedisServer
+
+#: Seconds a replica's liveness lasts unrenewed: short, so pauses past it stay short.
+LEASE_TTL = 2.0
+#: The replicas' shutdown budget: drain 1.5 + cancel 1 + http 1 + margin 1 <= grace 5.
+REPLICA_FLAGS = [
+    "--grace-period",
+    "5",
+    "--drain-timeout",
+    "1.5",
+    "--cancel-timeout",
+    "1",
+    "--http-timeout",
+    "1",
+]
+#: Bound on a rollout: SIGTERM to exit; past it the replica is killed (and counted so).
+ROLLOUT_TIMEOUT = 10.0
+#: Bound on a replica's (or all replicas') readiness after a start or a healed fault.
+READY_TIMEOUT = 15.0
+#: Bound on one client operation (a run, or a start and its wait), seconds.
+OP_TIMEOUT = 20.0
+#: Seconds a client retries one call through consecutive failures.
+RETRY_FOR = 20.0
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+#: What no replica's log may hold.
+LOG_ERRORS = re.compile(
+    r"Traceback|Task exception was never retrieved|unobserved task error"
+    r"|Exception in ASGI application"
+)
+REPLICAS = 3
+
+
+def _log_nothing(message: str) -> None:
+    del message
+
+
+# -- ports ------------------------------------------------------------------------------------
+
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def stable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, for a part that is restarted
+    on its port: no outgoing connection can take it as its local port while the part is
+    down, as one could with a port 0 bound (those come from the ephemeral range)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.SystemRandom()
+    with _ports_lock:
+        for _ in range(1000):
+            port = chooser.randrange(10000, max(10001, low - 1))
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise AssertionError("no free port below the ephemeral range")
+
+
+# -- the parts --------------------------------------------------------------------------------
+
+
+class AofRedis(RedisServer):
+    """`redis-server --appendonly yes --appendfsync everysec` on its own directory: a restart
+    (SIGTERM, then a start on the same directory and port) reloads the AOF."""
+
+    persistence = AOF
+
+    def send(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def restart(self) -> int | None:
+        """SIGTERM (Redis fsyncs its AOF and exits), wait for the exit, start again; the exit
+        code, or None if it had to be killed."""
+        assert self.proc is not None
+        self.proc.terminate()
+        code: int | None
+        try:
+            code = self.proc.wait(timeout=START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        self.proc = None
+        self.start()
+        return code
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a reset (RST), as a cut network or a dead peer does."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class CutProxy:
+    """A TCP proxy on loopback between the replicas and Redis, on its own event loop in a
+    thread of this process. `cut("refuse")` resets every connection and stops listening
+    (connections are refused); `cut("reset")` resets every connection and resets each new
+    one as soon as it is accepted; `restore()` accepts and forwards again. `stall(marker,
+    seconds)` holds every reply from Redis that carries `marker` for `seconds` (one slow
+    command: its connection stalls, the others flow)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = stable_port()
+        self.mode = "open"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy")
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._stall: tuple[bytes, float] | None = None
+        #: How many replies were held (read from the test's thread).
+        self.stalled = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _call(self, coroutine: Any, timeout: float = 5.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._call(self._listen())
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._accept, "127.0.0.1", self.port, reuse_address=True
+            )
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode != "open":
+            _reset(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.target_port), 2.0
+            )
+        except (OSError, TimeoutError):
+            _reset(writer)
+            return
+        if self.mode != "open":  # cut while connecting
+            _reset(writer)
+            _reset(up_writer)
+            return
+        self._open.update((writer, up_writer))
+        pumps = [
+            asyncio.ensure_future(self._pump(reader, up_writer)),
+            asyncio.ensure_future(self._pump(up_reader, writer, replies=True)),
+        ]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for end in (writer, up_writer):
+                self._open.discard(end)
+                end.transport.abort()
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool = False
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                stall = self._stall
+                if replies and stall is not None and stall[0] in data:
+                    self.stalled += 1
+                    await asyncio.sleep(stall[1])  # the fault itself: a slow reply
+                writer.write(data)
+                await writer.drain()
+
+    def stall(self, marker: bytes, seconds: float) -> None:
+        self._stall = (marker, seconds)
+
+    def cut(self, mode: str) -> None:
+        self._call(self._cut(mode))
+
+    async def _cut(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "refuse" and self._server is not None:
+            self._server.close()
+            self._server = None
+        for end in list(self._open):
+            _reset(end)
+        self._open.clear()
+
+    def restore(self) -> None:
+        self._call(self._restore())
+
+    async def _restore(self) -> None:
+        self.mode = "open"
+        await self._listen()
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            self._call(self._cut("refuse"))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+class FaultReplica(ServerProcess):
+    """`agent-server run tests_app:agent` on a fixed loopback port, on the proxied store."""
+
+    def __init__(
+        self, port: int, replica_id: str, store: str, marker_dir: Path, env: dict[str, str]
+    ) -> None:
+        self.fixed_port = port
+        self.replica_id = replica_id
+        args = [
+            "tests_app:agent",
+            "--store",
+            store,
+            "--replica-id",
+            replica_id,
+            "--lease-ttl",
+            str(LEASE_TTL),
+            *REPLICA_FLAGS,
+        ]
+        super().__init__(args, {**env, REPLICA_ID_ENV: replica_id}, marker_dir)
+
+    def command(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+class FaultCluster:
+    """Redis (AOF) <- proxy <- three replicas <- haproxy, all on loopback. `close` ends every
+    process it started, whatever state the run left them in (paused ones included)."""
+
+    def __init__(self, directory: Path, source: Path | None = None) -> None:
+        self.directory = directory
+        (directory / "redis").mkdir()
+        self.redis = AofRedis(directory / "redis", port=stable_port())
+        self.proxy = CutProxy(self.redis.port)
+        self.evidence_dir = directory / "evidence"
+        self.evidence_dir.mkdir()
+        self.env = {EVIDENCE_DIR_ENV: str(self.evidence_dir)}
+        if source is not None:
+            path = os.environ.get("PYTHONPATH")
+            self.env["PYTHONPATH"] = str(source) + (os.pathsep + path if path else "")
+        self.ports = [stable_port() for _ in range(REPLICAS)]
+        self.replicas: list[FaultReplica] = []
+        #: Every replica ever started, in order (their logs are checked).
+        self.started: list[FaultReplica] = []
+        self.haproxy: Haproxy | None = None
+        self.incarnations = 0
+
+    def server_module(self) -> str:
+        """Which agent_server the replicas import (the path of its package)."""
+        run = subprocess.run(
+            [sys.executable, "-c", "import agent_server; print(agent_server.__file__)"],
+            cwd=APPS_DIR,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return run.stdout.strip() or run.stderr.strip()
+
+    def open(self) -> None:
+        self.redis.start()
+        self.proxy.start()
+        self.replicas = [self.start(index) for index in range(REPLICAS)]
+        for replica in self.replicas:
+            replica.wait_ready(READY_TIMEOUT)
+        haproxy_dir = self.directory / "haproxy"
+        haproxy_dir.mkdir()
+        self.haproxy = Haproxy(haproxy_dir, self.ports)
+        self.haproxy.start()
+
+    @property
+    def url(self) -> str:
+        assert self.haproxy is not None
+        return self.haproxy.url
+
+    def start(self, index: int) -> FaultReplica:
+        self.incarnations += 1
+        replica_id = f"r{index}-{self.incarnations}"
+        marker_dir = self.directory / replica_id
+        marker_dir.mkdir()
+        replica = FaultReplica(self.ports[index], replica_id, self.proxy.url, marker_dir, self.env)
+        self.started.append(replica)
+        return replica
+
+    def replace(self, index: int) -> FaultReplica:
+        """A fresh replica (a new id) on the port of `index`, once it is ready; one more try
+        if the first fails to start."""
+        for tries_left in (1, 0):
+            fresh = self.start(index)
+            self.replicas[index] = fresh
+            try:
+                fresh.wait_ready(READY_TIMEOUT)
+                return fresh
+            except AssertionError:
+                fresh.close()
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")
+
+    def wait_all_ready(self, timeout: float = READY_TIMEOUT) -> list[str]:
+        """Wait (bounded) until every replica is ready; the ids of those that were not."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.replicas)
+        while waiting and time.monotonic() < deadline:
+            waiting = [replica for replica in waiting if not replica.ready()]
+            if waiting:
+                time.sleep(0.05)
+        return [replica.replica_id for replica in waiting]
+
+    def live_urls(self) -> list[str]:
+        return [replica.url for replica in self.replicas if replica.proc.poll() is None]
+
+    def close(self) -> None:
+        for replica in self.started:
+            if replica.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.kill(replica.proc.pid, signal.SIGCONT)
+            replica.close()
+        if self.haproxy is not None:
+            self.haproxy.stop()
+        self.proxy.stop()
+        if self.redis.proc is not None:
+            with contextlib.suppress(OSError):
+                self.redis.send(signal.SIGCONT)
+        self.redis.kill()
+
+
+# -- the history ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One HTTP request and what came back (or the transport error instead)."""
+
+    client: str
+    op: str  # run, start, get, wait, cancel, other
+    method: str
+    path: str
+    key: str | None  # the request's Idempotency-Key
+    execution_id: str | None  # from the path or the answer's execution
+    invoked: float
+    answered: float
+    status: int | None  # HTTP status; None: no answer (error says why)
+    error: str | None = None
+    body_status: str | None = None  # the execution's, when the answer is an execution
+    attempt: int | None = None
+    replica: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    text: str = ""  # the start of a body that is not an execution
+
+    @property
+    def is_execution(self) -> bool:
+        return self.body_status is not None
+
+    def describe(self) -> str:
+        if self.status is None:
+            outcome = f"no answer ({self.error})"
+        elif self.is_execution:
+            outcome = f"{self.status} {self.body_status}@{self.attempt} on {self.replica or '-'}"
+            if self.error_type:
+                outcome += f" [{self.error_type}: {(self.error_message or '')[:80]}]"
+        else:
+            outcome = f"{self.status} {self.text[:80]!r}"
+        return (
+            f"t={self.invoked:.3f}-{self.answered:.3f} {self.client} {self.method} {self.path}"
+            f" -> {outcome}"
+        )
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logical client operation (a run, a start and its wait, a cancel) and its outcome."""
+
+    client: str
+    op: str
+    reasoner: str
+    execution_id: str | None
+    invoked: float
+    answered: float
+    outcome: str  # the execution's status, or the exception
+    failed: bool = False  # the client raised something other than a wait timeout
+
+
+@dataclass(frozen=True)
+class NemesisEvent:
+    time: float
+    kind: str  # kill9, rollout, pause-replica, pause-redis, restart-redis, cut, start, heal
+    target: str  # a replica id, "redis" or "proxy"
+    phase: str  # begin, end, note
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the harness saw that is not an HTTP exchange (a replica not ready again)."""
+
+    time: float
+    kind: str
+    detail: str
+
+
+class History:
+    """Every exchange, call and nemesis action of one run, on one clock (seconds from its
+    start). Appended to from many threads."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        #: The wall clock at t=0, to place the replicas' log lines and records' times.
+        self.wall0 = time.time()
+        self._lock = threading.Lock()
+        self.exchanges: list[Exchange] = []
+        self.calls: list[Call] = []
+        self.nemesis: list[NemesisEvent] = []
+        self.notes: list[Note] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def add(self, item: Exchange | Call | NemesisEvent | Note) -> None:
+        with self._lock:
+            if isinstance(item, Exchange):
+                self.exchanges.append(item)
+            elif isinstance(item, Call):
+                self.calls.append(item)
+            elif isinstance(item, NemesisEvent):
+                self.nemesis.append(item)
+            else:
+                self.notes.append(item)
+
+    def nemesis_event(self, kind: str, target: str, phase: str, detail: str = "") -> None:
+        self.add(NemesisEvent(self.now(), kind, target, phase, detail))
+
+    def note(self, kind: str, detail: str) -> None:
+        self.add(Note(self.now(), kind, detail))
+
+
+_EXECUTION_PATH = re.compile(r"^/executions/([0-9a-f]{32})(/cancel)?$")
+_REASONER_PATH = re.compile(r"^/reasoners/([^/]+)(/async)?$")
+
+
+def _op(method: str, path: str, params: httpx.QueryParams) -> tuple[str, str | None]:
+    """The operation a request is, and the execution its path names."""
+    found = _EXECUTION_PATH.match(path)
+    if found is not None:
+        if found.group(2):
+            return "cancel", found.group(1)
+        return ("wait" if "wait" in params else "get"), found.group(1)
+    found = _REASONER_PATH.match(path)
+    if found is not None and method == "POST":
+        return ("start" if found.group(2) else "run"), None
+    return "other", None
+
+
+class RecordingTransport(httpx.BaseTransport):
+    """httpx's own transport, with every exchange written to the history."""
+
+    def __init__(self, history: History, client: str) -> None:
+        self._inner = httpx.HTTPTransport()
+        self.history = history
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        op, execution_id = _op(request.method, request.url.path, request.url.params)
+        base = {
+            "client": self.client,
+            "op": op,
+            "method": request.method,
+            "path": request.url.path,
+            "key": request.headers.get("idempotency-key"),
+            "invoked": self.history.now(),
+        }
+        try:
+            response = self._inner.handle_request(request)
+            response.read()
+        except httpx.TransportError as exc:
+            self.history.add(
+                Exchange(
+                    **base,
+                    execution_id=execution_id,
+                    answered=self.history.now(),
+                    status=None,
+                    error=type(exc).__name__,
+                )
+            )
+            raise
+        answered = self.history.now()
+        body = _execution(response)
+        if body is None:
+            # A 503 + Location (an end not yet recorded, a fenced attempt) names its
+            # execution without giving its status: it began then, and nothing was told.
+            location = response.headers.get("location", "")
+            if response.status_code == 503 and location.startswith("/executions/"):
+                execution_id = location.rsplit("/", 1)[-1]
+            self.history.add(
+                Exchange(
+                    **base,
+                    execution_id=execution_id,
+                    answered=answered,
+                    status=response.status_code,
+                    text=response.content[:300].decode(errors="replace"),
+                )
+            )
+        else:
+            error = body.get("error") or {}
+            self.history.add(
+                Exchange(
+                    **base,
+                    execution_id=str(body["execution_id"]),
+                    answered=answered,
+                    status=response.status_code,
+                    body_status=str(body["status"]),
+                    attempt=int(body.get("attempt") or 1),
+                    replica=body.get("replica"),
+                    error_type=error.get("type") if isinstance(error, dict) else None,
+                    error_message=error.get("message") if isinstance(error, dict) else None,
+                )
+            )
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _execution(response: httpx.Response) -> dict[str, Any] | None:
+    """The execution an answer carries, if it is one."""
+    if "json" not in response.headers.get("content-type", ""):
+        return None
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and "execution_id" in body and "status" in body:
+        return body
+    return None
+
+
+# -- the clients ------------------------------------------------------------------------------
+
+#: (operation, reasoner, weight): sync runs, background starts followed with `?wait=`,
+#: background starts cancelled a moment later.
+OPERATIONS = (
+    ("run", "evidenced", 3.0),
+    ("run", "evidenced_steps", 1.5),
+    ("start", "evidenced", 2.0),
+    ("start", "evidenced_steps", 2.0),
+    ("cancel", "evidenced", 1.0),
+    ("cancel", "evidenced_steps", 0.5),
+)
+
+
+def _input(rng: random.Random, op: str, reasoner: str) -> dict[str, Any]:
+    if reasoner == "evidenced":
+        if op == "cancel":
+            return {"seconds": round(rng.uniform(1.0, 3.0), 2)}
+        return {
+            "seconds": rng.choice((0.05, 0.2, 0.5, 1.0)),
+            "fail": rng.random() < 0.15,
+        }
+    return {"count": rng.randint(3, 6), "pause": rng.choice((0.1, 0.2, 0.3))}
+
+
+class LoadClient(threading.Thread):
+    """One client thread: a loop, bounded in count and time, of operations through haproxy,
+    with the project's AgentClient (`kind="client"`) or raw httpx (`kind="raw"`, every start
+    with its own Idempotency-Key, retried with it)."""
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        url: str,
+        history: History,
+        seed: int,
+        stop: threading.Event,
+        until: float,
+        max_ops: int = 5000,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.kind = kind
+        self.url = url
+        self.history = history
+        self.rng = random.Random(f"{seed}:{name}")
+        self.jitter = random.Random()
+        self.stop = stop
+        self.until = until
+        self.max_ops = max_ops
+        self.ops = 0
+
+    def run(self) -> None:
+        transport = RecordingTransport(self.history, self.name)
+        try:
+            if self.kind == "client":
+                with AgentClient(
+                    self.url, timeout=10.0, retry_for=RETRY_FOR, transport=transport
+                ) as client:
+                    self._loop(lambda op, name, body: self._with_client(client, op, name, body))
+            else:
+                with httpx.Client(base_url=self.url, transport=transport) as http:
+                    self._loop(lambda op, name, body: self._raw(http, op, name, body))
+        except Exception as exc:  # the loop catches per call: this is the harness failing
+            self.history.note("client-crash", f"{self.name}: {exc!r}")
+
+    def _loop(
+        self, once: Callable[[str, str, dict[str, Any]], tuple[str | None, str, bool]]
+    ) -> None:
+        names = [(op, name) for op, name, _ in OPERATIONS]
+        weights = [weight for _, _, weight in OPERATIONS]
+        while not self.stop.is_set() and self.ops < self.max_ops and time.monotonic() < self.until:
+            op, name = self.rng.choices(names, weights)[0]
+            body = _input(self.rng, op, name)
+            invoked = self.history.now()
+            execution_id, outcome, failed = once(op, name, body)
+            self.history.add(
+                Call(
+                    self.name, op, name, execution_id, invoked, self.history.now(), outcome, failed
+                )
+            )
+            self.ops += 1
+            time.sleep(self.rng.uniform(0.0, 0.1))
+
+    # -- with the project's client
+
+    def _with_client(
+        self, client: AgentClient, op: str, name: str, body: dict[str, Any]
+    ) -> tuple[str | None, str, bool]:
+        execution_id: str | None = None
+        try:
+            if op == "run":
+                execution: Execution = client.run_execution(name, body, timeout=OP_TIMEOUT)
+                return execution.execution_id, execution.status, False
+            handle = client.start(name, body)
+            execution_id = handle.execution_id
+            if op == "cancel":
+                time.sleep(self.rng.uniform(0.0, 0.6))
+                client.cancel(execution_id)
+            execution = handle.wait(timeout=OP_TIMEOUT)
+            return execution_id, execution.status, False
+        except WaitTimeout as exc:
+            return execution_id, f"WaitTimeout: {exc}", False
+        except AgentServerError as exc:
+            return execution_id, f"{type(exc).__name__}: {exc}", True
+
+    # -- raw httpx
+
+    def _pause(self, response: httpx.Response | None, failures: int) -> None:
+        hint = None if response is None else response.headers.get("retry-after")
+        delay = min(1.0, float(hint)) if hint and hint.isdigit() else 0.05 * 2 ** min(failures, 4)
+        time.sleep(delay * self.jitter.uniform(0.5, 1.0))
+
+    def _raw(
+        self, http: httpx.Client, op: str, name: str, body: dict[str, Any]
+    ) -> tuple[str | None, str, bool]:
+        deadline = time.monotonic() + OP_TIMEOUT
+        sync = op == "run"
+        started = self._raw_start(http, name, body, sync, deadline)
+        if started is None:
+            return None, "no execution", True
+        if isinstance(started, str):
+            return None, started, True
+        execution_id = str(started["execution_id"])
+        if sync and started["status"] in TERMINAL:
+            return execution_id, str(started["status"]), False
+        if op == "cancel":
+            time.sleep(self.rng.uniform(0.0, 0.6))
+            self._raw_cancel(http, execution_id, deadline)
+        return self._raw_wait(http, execution_id, deadline)
+
+    def _raw_start(
+        self, http: httpx.Client, name: str, body: dict[str, Any], sync: bool, deadline: float
+    ) -> dict[str, Any] | str | None:
+        """The execution a start answered (a sync run: its end, or the `queued` of a
+        hand-off), an unexpected answer as text, or None past the deadline."""
+        key = uuid.uuid4().hex
+        path = f"/reasoners/{name}" if sync else f"/reasoners/{name}/async"
+        read = max(0.5, deadline - time.monotonic()) if sync else 10.0
+        failures = 0
+        while time.monotonic() < deadline:
+            try:
+                response = http.post(
+                    path,
+                    json=body,
+                    headers={"Idempotency-Key": key},
+                    timeout=httpx.Timeout(10.0, read=read),
+                )
+            except httpx.TransportError:
+                failures += 1
+                self._pause(None, failures)
+                continue
+            execution = _execution(response)
+            if execution is not None:
+                return execution
+            if response.status_code in (429, 502, 503, 504):
+                failures += 1
+                self._pause(response, failures)
+                continue
+            return f"{response.status_code}: {response.text[:200]}"
+        return None
+
+    def _raw_cancel(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
+        failures = 0
+        while time.monotonic() < deadline:
+            try:
+                response = http.post(f"/executions/{execution_id}/cancel", timeout=10.0)
+            except httpx.TransportError:
+                failures += 1
+                self._pause(None, failures)
+                continue
+            if response.status_code in (429, 502, 503, 504) and _execution(response) is None:
+                failures += 1
+                self._pause(response, failures)
+                continue
+            return
+
+    def _raw_wait(
+        self, http: httpx.Client, execution_id: str, deadline: float
+    ) -> tuple[str | None, str, bool]:
+        failures = 0
+        last = "unknown"
+        while time.monotonic() < deadline:
+            wait = max(0.0, min(5.0, deadline - time.monotonic()))
+            try:
+                response = http.get(
+                    f"/executions/{execution_id}",
+                    params={"wait": f"{wait:.1f}"},
+                    timeout=httpx.Timeout(10.0, read=wait + 10.0),
+                )
+            except httpx.TransportError:
+                failures += 1
+                self._pause(None, failures)
+                continue
+            execution = _execution(response)
+            if execution is None:
+                # 503 is a refusal; anything else (a 500 text/plain, a 404) is recorded in
+                # the history, and reading again is safe.
+                failures += 1
+                self._pause(response, failures)
+                last = f"{response.status_code}"
+                continue
+            failures = 0
+            last = str(execution["status"])
+            if last in TERMINAL:
+                return execution_id, last, False
+        return execution_id, f"still {last} at the deadline", False
+
+
+# -- the nemesis ------------------------------------------------------------------------------
+
+FAULT_KINDS = ("kill9", "rollout", "pause-replica", "pause-redis", "restart-redis", "cut")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: int  # the replica's index, for the replica faults
+    seconds: float  # how long a pause or a cut lasts
+    mode: str  # a cut's: refuse or reset
+    gap: float  # seconds of calm before it
+
+
+def schedule(seed: int) -> Iterator[Fault]:
+    """The seeded faults, without end: rounds of the six kinds, each round in its own seeded
+    order, so every kind comes once in every six faults."""
+    rng = random.Random(seed)
+    while True:
+        kinds = list(FAULT_KINDS)
+        rng.shuffle(kinds)
+        for kind in kinds:
+            target = rng.randrange(REPLICAS)
+            if kind == "pause-replica":
+                seconds = rng.uniform(1.3, 2.2) * LEASE_TTL  # past the lease
+            elif kind == "pause-redis":
+                seconds = rng.uniform(1.0, 4.0)
+            elif kind == "cut":
+                seconds = rng.uniform(1.0, 3.0)
+            else:
+                seconds = 0.0
+            yield Fault(
+                kind, target, seconds, rng.choice(("refuse", "reset")), rng.uniform(1.5, 3.5)
+            )
+
+
+class Nemesis:
+    """Runs the faults one at a time; each is healed (and every replica ready again, bounded)
+    before the calm that precedes the next."""
+
+    def __init__(self, cluster: FaultCluster, history: History, log: Callable[[str], None]) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.log = log
+        self.counts: Counter[str] = Counter()
+
+    def run(self, seed: int, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        for fault in schedule(seed):
+            calm_until = time.monotonic() + fault.gap
+            if calm_until >= until:
+                break
+            time.sleep(fault.gap)  # pacing of the schedule, not a synchronisation
+            self.apply(fault)
+            self.counts[fault.kind] += 1
+            unready = self.cluster.wait_all_ready()
+            if unready:
+                self.history.note(
+                    "unready", f"{', '.join(unready)} not ready {READY_TIMEOUT:g}s after {fault}"
+                )
+
+    def apply(self, fault: Fault) -> None:
+        cluster, event = self.cluster, self.history.nemesis_event
+        self.log(f"nemesis: {fault.kind} {fault}")
+        if fault.kind in ("kill9", "rollout", "pause-replica"):
+            replica = cluster.replicas[fault.target]
+            if replica.proc.poll() is not None:  # it died of itself: that is worth a look
+                self.history.note(
+                    "exited", f"{replica.replica_id} exited {replica.proc.returncode} unasked"
+                )
+                replica.close()
+                self._replace(fault.target)
+                return
+            rid = replica.replica_id
+            if fault.kind == "kill9":
+                event("kill9", rid, "begin")
+                replica.proc.kill()
+                replica.proc.wait(timeout=10)
+                event("kill9", rid, "end", f"exit {replica.proc.returncode}")
+                replica.close()
+                self._replace(fault.target)
+            elif fault.kind == "rollout":
+                event("rollout", rid, "begin")
+                replica.signal(signal.SIGTERM)
+                try:
+                    code = replica.proc.wait(timeout=ROLLOUT_TIMEOUT)
+                    event("rollout", rid, "end", f"exit {code}")
+                except subprocess.TimeoutExpired:
+                    replica.proc.kill()
+                    replica.proc.wait(timeout=10)
+                    event("rollout", rid, "end", "forced: killed after the rollout bound")
+                replica.close()
+                self._replace(fault.target)
+            else:
+                event("pause-replica", rid, "begin", f"{fault.seconds:.2f}s")
+                os.kill(replica.proc.pid, signal.SIGSTOP)
+                try:
+                    time.sleep(fault.seconds)
+                finally:
+                    os.kill(replica.proc.pid, signal.SIGCONT)
+                event("pause-replica", rid, "end")
+        elif fault.kind == "pause-redis":
+            event("pause-redis", "redis", "begin", f"{fault.seconds:.2f}s")
+            cluster.redis.send(signal.SIGSTOP)
+            try:
+                time.sleep(fault.seconds)
+            finally:
+                cluster.redis.send(signal.SIGCONT)
+            event("pause-redis", "redis", "end")
+        elif fault.kind == "restart-redis":
+            event("restart-redis", "redis", "begin")
+            code = cluster.redis.restart()
+            event("restart-redis", "redis", "end", f"exit {code}")
+        elif fault.kind == "cut":
+            event("cut", "proxy", "begin", f"{fault.mode} {fault.seconds:.2f}s")
+            cluster.proxy.cut(fault.mode)
+            try:
+                time.sleep(fault.seconds)
+            finally:
+                cluster.proxy.restore()
+            event("cut", "proxy", "end")
+        else:
+            raise AssertionError(f"unknown fault {fault.kind}")
+
+    def _replace(self, index: int) -> None:
+        try:
+            fresh = self.cluster.replace(index)
+        except AssertionError as exc:
+            self.history.note("start-failed", f"replica {index}: {exc}"[:2000])
+            return
+        self.history.nemesis_event("start", fresh.replica_id, "note", f"index {index}")
+
+    def heal(self) -> None:
+        """Everything back: Redis running and not paused, the proxy open, every replica
+        running and not paused, and ready."""
+        cluster = self.cluster
+        if cluster.redis.proc is None or cluster.redis.proc.poll() is not None:
+            cluster.redis.start()
+        else:
+            cluster.redis.send(signal.SIGCONT)
+        cluster.proxy.restore()
+        for index, replica in enumerate(cluster.replicas):
+            if replica.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(replica.proc.pid, signal.SIGCONT)
+            else:
+                self.history.note(
+                    "exited", f"{replica.replica_id} exited {replica.proc.returncode}"
+                )
+                self._replace(index)
+        self.history.nemesis_event("heal", "all", "note")
+        unready = cluster.wait_all_ready()
+        if unready:
+            self.history.note("unready", f"{', '.join(unready)} not ready after the heal")
+
+
+# -- the store's final state, the evidence, the logs -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Final:
+    """An execution as a live replica reads it at the end: its HTTP status and body."""
+
+    status: int | None
+    body: dict[str, Any] | None
+
+    @property
+    def state(self) -> str:
+        if self.body is not None:
+            return str(self.body["status"])
+        return "absent (404)" if self.status == 404 else f"unreadable ({self.status})"
+
+
+def read_record(urls: list[str], execution_id: str, timeout: float = 10.0) -> Final:
+    """GET /executions/{id} from the live replicas in turn, through refusals (bounded)."""
+    deadline = time.monotonic() + timeout
+    status: int | None = None
+    turn = 0
+    while True:
+        url = urls[turn % len(urls)]
+        turn += 1
+        try:
+            response = httpx.get(f"{url}/executions/{execution_id}", timeout=5.0)
+            status = response.status_code
+            body = _execution(response)
+            if body is not None or status == 404:
+                return Final(status, body)
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            return Final(status, None)
+        time.sleep(0.1)
+
+
+def quiesce(
+    urls: list[str], ids: set[str], timeout: float, log: Callable[[str], None]
+) -> dict[str, Final]:
+    """Read every execution until each is terminal, or `timeout` has passed; the last reads."""
+    final: dict[str, Final] = {}
+    pending = sorted(ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        for execution_id in pending:
+            final[execution_id] = read_record(urls, execution_id)
+        pending = [
+            i for i in pending if final[i].body is not None and final[i].state not in TERMINAL
+        ]
+        if not pending or time.monotonic() > deadline:
+            break
+        log(f"quiesce: {len(pending)} executions not terminal yet")
+        time.sleep(0.5)
+    return final
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One line of an evidenced reasoner's own account: a run of its body, or a step."""
+
+    kind: str  # run or step
+    attempt: int
+    step: int | None
+    count: int | None
+    replica: str
+    pid: int
+    at: float
+
+
+def read_evidence(directory: Path) -> dict[str, list[Evidence]]:
+    found: dict[str, list[Evidence]] = {}
+    for path in sorted(directory.iterdir()):
+        lines: list[Evidence] = []
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words and words[0] == "run":
+                lines.append(
+                    Evidence(
+                        "run", int(words[1]), None, None, words[2], int(words[3]), float(words[4])
+                    )
+                )
+            elif words and words[0] == "step":
+                attempt, step, count = int(words[1]), int(words[2]), int(words[3])
+                lines.append(
+                    Evidence("step", attempt, step, count, words[4], int(words[5]), float(words[6]))
+                )
+        found[path.name] = lines
+    return found
+
+
+def read_logs(replicas: list[FaultReplica]) -> dict[str, str]:
+    logs: dict[str, str] = {}
+    for replica in replicas:
+        try:
+            logs[replica.replica_id] = replica.stderr_path.read_text(errors="replace")
+        except OSError as exc:
+            logs[replica.replica_id] = f"(log unreadable: {exc})"
+    return logs
+
+
+# -- the checker ------------------------------------------------------------------------------
+
+INVARIANTS = {
+    "told-means-final": "1. a terminal status a client was told is the final one",
+    "living-judged": "2. no execution lost or retried while its owner lived",
+    "accepted-runs": "3. every accepted execution is terminal at the end, and ran",
+    "one-per-key": "4. one execution per idempotency key",
+    "runs-once": "5. a non-resumable body never runs twice",
+    "steps": "6. a resumable loses no step, repeats at most one per extra attempt",
+    "no-404": "7. no 404 for an accepted execution",
+    "log-errors": "8. no traceback or unobserved task error in a replica's log",
+    "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
+    " error: a transient refusal that failed it instead of being retried)",
+    "answers": "9. every answer is one the API documents; no client call gives up",
+    "harness": "the harness itself: a replica that would not start or be ready again",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    execution_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f" {self.execution_id}" if self.execution_id else ""
+        return f"[{self.invariant}]{where}: {self.detail}"
+
+
+@dataclass
+class _Faulted:
+    """When each replica id was killed, paused or rolled (end times of those actions)."""
+
+    killed: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    paused: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    rolled: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    rollouts: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def of(cls, events: list[NemesisEvent]) -> _Faulted:
+        faulted = cls()
+        for event in events:
+            if event.phase != "end":
+                continue
+            if event.kind == "kill9":
+                faulted.killed[event.target].append(event.time)
+            elif event.kind == "pause-replica":
+                faulted.paused[event.target].append(event.time)
+            elif event.kind == "rollout":
+                faulted.rollouts[event.target].append((event.time, event.detail))
+                if event.detail.startswith("forced"):
+                    faulted.killed[event.target].append(event.time)
+                else:
+                    faulted.rolled[event.target].append(event.time)
+        return faulted
+
+    def may_be_judged(self, replica: str, since: float) -> bool:
+        """Killed or paused past its lease after `since`: its running work may read lost."""
+        return any(
+            t >= since for t in (*self.killed.get(replica, ()), *self.paused.get(replica, ()))
+        )
+
+    def may_hand_off(self, replica: str, since: float) -> bool:
+        """Killed, paused or rolled after `since`: its attempt may be followed by another."""
+        return self.may_be_judged(replica, since) or any(
+            t >= since for t in self.rolled.get(replica, ())
+        )
+
+
+#: The head of a log record (the text format): time, level, logger.
+_LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
+#: A reasoner's own failure, logged with its traceback by design: its record is judged.
+_REASONER_FAILED = re.compile(r" agent_server\.registry: execution [0-9a-f]{32} \(\S+\) failed$")
+#: The line of a traceback that names the exception.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Group)\b")
+
+
+def log_errors(replica: str, text: str) -> list[Violation]:
+    """Log records of one replica that hold a traceback, an exception never retrieved or an
+    unobserved task error, grouped by their head and last exception line. A reasoner's own
+    failure (logged with its traceback, by design) is left to the check of its record."""
+    records: list[list[str]] = []
+    for line in text.splitlines():
+        if _LOG_HEAD.match(line) or not records:
+            records.append([line])
+        else:
+            records[-1].append(line)
+    found: Counter[str] = Counter()
+    sample: dict[str, list[str]] = {}
+    for record in records:
+        if not any(LOG_ERRORS.search(line) for line in record):
+            continue
+        if _REASONER_FAILED.search(record[0]):
+            continue
+        head = _LOG_HEAD.sub("", record[0])
+        head = re.sub(r"[0-9a-f]{32}", "<id>", head)[:160]
+        last = next((line for line in reversed(record) if _EXCEPTION_LINE.match(line)), "")
+        last = re.sub(r"0x[0-9a-f]+", "0x...", last)  # addresses differ, the error is one
+        summary = f"{head} ... {last[:200]}" if last else head
+        found[summary] += 1
+        # The head and the innermost frames: where it was raised, and what.
+        shown = record if len(record) <= 12 else [*record[:2], "  ...", *record[-10:]]
+        sample.setdefault(summary, shown)
+    return [
+        Violation(
+            "log-errors",
+            None,
+            f"{replica}: {n}x {summary}\n      " + "\n      ".join(sample[summary]),
+        )
+        for summary, n in found.items()
+    ]
+
+
+_OWNER = re.compile(r"replica (\S+)")
+
+
+@dataclass
+class _Index:
+    """The history arranged for the checks: answers by execution and by key, when each
+    execution may have begun, which replicas were faulted when."""
+
+    exchanges: list[Exchange]
+    by_id: dict[str, list[Exchange]]
+    by_key: dict[str, list[Exchange]]
+    first: dict[str, float]
+    reasoner_of: dict[str, str]
+    faulted: _Faulted
+
+    @classmethod
+    def of(cls, history: History) -> _Index:
+        exchanges = sorted(history.exchanges, key=lambda e: e.invoked)
+        by_id: dict[str, list[Exchange]] = defaultdict(list)
+        by_key: dict[str, list[Exchange]] = defaultdict(list)
+        reasoner_of: dict[str, str] = {}
+        for exchange in exchanges:
+            if exchange.execution_id is not None:
+                by_id[exchange.execution_id].append(exchange)
+                found = _REASONER_PATH.match(exchange.path)
+                if found is not None:
+                    reasoner_of[exchange.execution_id] = found.group(1)
+            if exchange.key is not None:
+                by_key[exchange.key].append(exchange)
+        # An execution may have begun with the first request of its key (whose answer may
+        # have been lost), or the first naming it.
+        first = {i: min(e.invoked for e in seen) for i, seen in by_id.items()}
+        for seen in by_key.values():
+            began = min(e.invoked for e in seen)
+            for e in seen:
+                if e.is_execution and e.execution_id is not None:
+                    first[e.execution_id] = min(first[e.execution_id], began)
+        return cls(exchanges, by_id, by_key, first, reasoner_of, _Faulted.of(history.nemesis))
+
+    def accepted(self) -> list[str]:
+        """Every execution some answer carried (202, 200, 500, 409, 503 with its body)."""
+        return sorted(i for i, seen in self.by_id.items() if any(e.is_execution for e in seen))
+
+    def timeline(self, execution_id: str, limit: int = 12) -> str:
+        seen = self.by_id.get(execution_id, [])
+        shown = [e.describe() for e in seen[:limit]]
+        if len(seen) > limit:
+            shown.append(f"... {len(seen) - limit} more")
+        return "\n      " + "\n      ".join(shown)
+
+
+def _attempt(record: Final) -> int:
+    return int((record.body or {}).get("attempt") or 1)
+
+
+def _told_means_final(index: _Index, final: Mapping[str, Final]) -> Iterator[Violation]:
+    """1. Every terminal status (and attempt) a client was told is the final record's, and
+    no answer to a request sent after the first such answer says otherwise."""
+    for execution_id, seen in index.by_id.items():
+        told = [e for e in seen if e.is_execution and e.body_status in TERMINAL]
+        if not told:
+            continue
+        record = final.get(execution_id)
+        if record is not None and record.body is not None:
+            wrong = [
+                e for e in told if (e.body_status, e.attempt) != (record.state, _attempt(record))
+            ]
+            if wrong:
+                yield Violation(
+                    "told-means-final",
+                    execution_id,
+                    f"told {wrong[0].body_status}@{wrong[0].attempt}, final record "
+                    f"{record.state}@{_attempt(record)} on {record.body.get('replica') or '-'}"
+                    + index.timeline(execution_id),
+                )
+                continue
+        first_told = min(told, key=lambda e: e.answered)
+        later = [
+            e
+            for e in seen
+            if e.is_execution
+            and e.invoked > first_told.answered
+            and (e.body_status, e.attempt) != (first_told.body_status, first_told.attempt)
+        ]
+        if later:
+            yield Violation(
+                "told-means-final",
+                execution_id,
+                f"told {first_told.body_status}@{first_told.attempt} at "
+                f"t={first_told.answered:.3f}, then {later[0].describe()}",
+            )
+
+
+def _accepted_runs(
+    index: _Index, final: Mapping[str, Final], evidence: Mapping[str, list[Evidence]]
+) -> Iterator[Violation]:
+    """3. Every accepted execution is terminal after quiescence, readable (7), and ran if it
+    ended by itself; a resumable one is lost only with no attempt left. Also: nothing fails
+    with an error its reasoner never raises (a store error that was not retried)."""
+    for execution_id in index.accepted():
+        record = final.get(execution_id)
+        if record is None or record.body is None:
+            yield Violation(
+                "no-404" if record is not None and record.status == 404 else "accepted-runs",
+                execution_id,
+                f"final read: {record.state if record else 'never read'}"
+                + index.timeline(execution_id),
+            )
+            continue
+        body = record.body
+        reasoner = body.get("reasoner") or index.reasoner_of.get(execution_id)
+        if record.state not in TERMINAL:
+            yield Violation(
+                "accepted-runs",
+                execution_id,
+                f"{reasoner} still {record.state}@{_attempt(record)} on "
+                f"{body.get('replica') or '-'} after quiescence" + index.timeline(execution_id),
+            )
+        if record.state in ("succeeded", "failed") and not evidence.get(execution_id):
+            yield Violation(
+                "accepted-runs",
+                execution_id,
+                f"{reasoner} ended {record.state} but its body never ran",
+            )
+        error = body.get("error") or {}
+        if record.state == "failed" and error.get("type") != "ValueError":
+            yield Violation(
+                "failed-by-server",
+                execution_id,
+                f"{reasoner} failed@{_attempt(record)} on {body.get('replica')}: "
+                f"{error.get('type')}: {str(error.get('message'))[:200]}",
+            )
+        if (
+            reasoner == "evidenced_steps"
+            and record.state == "lost"
+            and _attempt(record) < EVIDENCED_STEPS_MAX_ATTEMPTS
+        ):
+            yield Violation(
+                "accepted-runs",
+                execution_id,
+                f"resumable, lost at attempt {_attempt(record)} of "
+                f"{EVIDENCED_STEPS_MAX_ATTEMPTS}: {error.get('message')}",
+            )
+
+
+def _living_judged(
+    index: _Index, final: Mapping[str, Final], evidence: Mapping[str, list[Evidence]]
+) -> Iterator[Violation]:
+    """2. An execution reads lost only if its owner was killed or paused past its lease
+    after the execution began; a next attempt follows one only if the replica that ran it
+    was killed, paused or rolled after the execution began."""
+    faulted = index.faulted
+    for execution_id in index.accepted():
+        record = final.get(execution_id)
+        if record is None or record.body is None:
+            continue
+        since = index.first.get(execution_id, 0.0)
+        if record.state == "lost":
+            message = str((record.body.get("error") or {}).get("message", ""))
+            named = _OWNER.search(message)
+            owner = named.group(1) if named else str(record.body.get("replica") or "")
+            if not faulted.may_be_judged(owner, since):
+                rolled = [
+                    f"t={t:.3f} ({how})" for t, how in faulted.rollouts.get(owner, ()) if t >= since
+                ]
+                yield Violation(
+                    "living-judged",
+                    execution_id,
+                    f"lost ({message}) though {owner} was never killed or paused after it "
+                    f"began (t={since:.3f})"
+                    + (f"; {owner} was rolled at {', '.join(rolled)}" if rolled else "")
+                    + index.timeline(execution_id),
+                )
+        lines = evidence.get(execution_id, [])
+        attempts = max([_attempt(record), *(e.attempt for e in lines)])
+        for attempt in range(1, attempts):
+            for replica in sorted({e.replica for e in lines if e.attempt == attempt}):
+                if not faulted.may_hand_off(replica, since):
+                    yield Violation(
+                        "living-judged",
+                        execution_id,
+                        f"attempt {attempt} ran on {replica}, never killed, paused or rolled "
+                        f"after it began (t={since:.3f}), yet attempt {attempt + 1} followed "
+                        f"(final {record.state}@{_attempt(record)})",
+                    )
+
+
+def _one_per_key(index: _Index) -> Iterator[Violation]:
+    """4. Every answer to one Idempotency-Key names the same execution."""
+    for key, seen in index.by_key.items():
+        named = sorted({e.execution_id for e in seen if e.is_execution and e.execution_id})
+        if len(named) > 1:
+            yield Violation(
+                "one-per-key", None, f"key {key} answered {len(named)} executions: {named}"
+            )
+
+
+def _evidence(
+    final: Mapping[str, Final], evidence: Mapping[str, list[Evidence]]
+) -> Iterator[Violation]:
+    """5. A non-resumable body runs at most once per execution. 6. A succeeded resumable
+    one ran every step; steps repeat at most once per extra attempt."""
+    for execution_id, lines in sorted(evidence.items()):
+        runs = [e for e in lines if e.kind == "run"]
+        if len(runs) > 1:
+            yield Violation(
+                "runs-once",
+                execution_id,
+                f"body ran {len(runs)} times: "
+                + "; ".join(f"attempt {e.attempt} on {e.replica} pid {e.pid}" for e in runs),
+            )
+        steps = [e for e in lines if e.kind == "step"]
+        if not steps:
+            continue
+        record = final.get(execution_id)
+        state = record.state if record is not None else "never read"
+        attempt = _attempt(record) if record is not None else 1
+        attempts = max(attempt, *(e.attempt for e in steps))
+        done = Counter(e.step for e in steps)
+        missing = sorted(set(range(steps[0].count or 0)) - set(done))
+        if state == "succeeded" and missing:
+            yield Violation(
+                "steps", execution_id, f"succeeded@{attempt} without running steps {missing}"
+            )
+        repeats = sum(n - 1 for n in done.values())
+        if repeats > attempts - 1:
+            yield Violation(
+                "steps",
+                execution_id,
+                f"{repeats} steps repeated over {attempts} attempts: "
+                + ", ".join(f"{e.step}@{e.attempt} on {e.replica}" for e in steps),
+            )
+
+
+def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
+    """7. No 404 for an execution (the test deletes none). 9. Every answer is one the API
+    documents (an execution with 200, 202, 409, 500 or 503; a refusal: 429, 502, 503, 504),
+    and no client call gives up or raises."""
+    for exchange in index.exchanges:
+        status = exchange.status
+        if status is None:  # no answer: the client retried (the history has it)
+            continue
+        if status == 404 and exchange.execution_id is not None:
+            yield Violation("no-404", exchange.execution_id, exchange.describe())
+            continue
+        if exchange.is_execution and status in (200, 202, 409, 500, 503):
+            continue
+        if not exchange.is_execution and status in (429, 502, 503, 504):
+            continue
+        yield Violation("answers", exchange.execution_id, exchange.describe())
+    for call in calls:
+        if call.failed:
+            yield Violation(
+                "answers",
+                call.execution_id,
+                f"{call.client} {call.op} {call.reasoner} at t={call.invoked:.3f}: "
+                f"{call.outcome[:300]}",
+            )
+
+
+def check(
+    history: History,
+    final: Mapping[str, Final],
+    evidence: Mapping[str, list[Evidence]],
+    logs: Mapping[str, str],
+) -> list[Violation]:
+    """The violations of the invariants (INVARIANTS) in one run: a pure function of the
+    history, the final records, the reasoners' evidence and the replicas' logs."""
+    index = _Index.of(history)
+    violations = [
+        *_told_means_final(index, final),
+        *_living_judged(index, final, evidence),
+        *_accepted_runs(index, final, evidence),
+        *_one_per_key(index),
+        *_evidence(final, evidence),
+        *_answers(index, history.calls),
+    ]
+    for replica, text in logs.items():
+        violations.extend(log_errors(replica, text))
+    violations.extend(
+        Violation("harness", None, f"t={note.time:.3f} {note.kind}: {note.detail[:600]}")
+        for note in history.notes
+    )
+    return violations
+
+
+# -- one run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultRun:
+    seed: int
+    seconds: float
+    server: str  # which agent_server the replicas ran
+    calls: int
+    exchanges: int
+    executions: int
+    faults: Counter[str]
+    violations: list[Violation]
+    outcomes: Counter[str]
+    elapsed: float
+
+    def by_invariant(self) -> Counter[str]:
+        return Counter(v.invariant for v in self.violations)
+
+    def summary(self) -> str:
+        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in FAULT_KINDS)
+        broken = " ".join(f"{k}={n}" for k, n in sorted(self.by_invariant().items())) or "none"
+        return (
+            f"seed {self.seed}: {self.seconds:g}s of faults, {self.elapsed:.0f}s in all; "
+            f"{self.calls} calls, {self.exchanges} HTTP exchanges, {self.executions} "
+            f"executions; faults: {faults}; violations: {len(self.violations)} ({broken})"
+        )
+
+    def report(self, limit: int = 8) -> str:
+        """The seed, the counts and the violations (at most `limit` of each invariant)."""
+        lines = [self.summary(), f"server: {self.server}"]
+        shown: Counter[str] = Counter()
+        for violation in self.violations:
+            shown[violation.invariant] += 1
+            if shown[violation.invariant] <= limit:
+                lines.append(f"  {violation}")
+        for invariant, count in sorted(shown.items()):
+            if count > limit:
+                lines.append(f"  [{invariant}] ... {count - limit} more")
+        return "\n".join(lines)
+
+
+def write_history(history: History, final: Mapping[str, Final], path: Path) -> None:
+    """The whole history and the final records, one JSON object a line, for a post-mortem."""
+    with path.open("w") as out:
+        out.write(json.dumps({"type": "start", "wall_clock": history.wall0}) + "\n")
+        for kind, items in (
+            ("nemesis", history.nemesis),
+            ("note", history.notes),
+            ("exchange", history.exchanges),
+            ("call", history.calls),
+        ):
+            for item in items:
+                out.write(json.dumps({"type": kind, **asdict(item)}) + "\n")
+        for execution_id, record in sorted(final.items()):
+            line = {"type": "final", "execution_id": execution_id, **asdict(record)}
+            out.write(json.dumps(line) + "\n")
+
+
+def run_faults(
+    seed: int,
+    seconds: float,
+    directory: Path,
+    *,
+    clients: int = 6,
+    source: Path | None = None,
+    log: Callable[[str], None] = _log_nothing,
+) -> FaultRun:
+    """One run: start the parts, load and faults for `seconds`, heal, stop the load,
+    quiesce, read back, check. Every process it started is ended, whatever happens."""
+    began = time.monotonic()
+    history = History()
+    cluster = FaultCluster(directory, source)
+    stop = threading.Event()
+    threads: list[LoadClient] = []
+    try:
+        server = cluster.server_module()
+        log(f"seed {seed}: replicas import {server}")
+        cluster.open()
+        nemesis = Nemesis(cluster, history, log)
+        until = time.monotonic() + seconds + OP_TIMEOUT + 30
+        threads = [
+            LoadClient(
+                f"{'client' if n % 2 == 0 else 'raw'}{n}",
+                "client" if n % 2 == 0 else "raw",
+                cluster.url,
+                history,
+                seed,
+                stop,
+                until,
+            )
+            for n in range(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        nemesis.run(seed, seconds)
+        log("nemesis done: healing")
+        nemesis.heal()
+        stop.set()
+        joined_by = time.monotonic() + OP_TIMEOUT + RETRY_FOR + 10
+        for thread in threads:
+            thread.join(timeout=max(0.0, joined_by - time.monotonic()))
+            if thread.is_alive():
+                history.note("client-stuck", f"{thread.name} still running after its bound")
+        ids = {e.execution_id for e in history.exchanges if e.execution_id is not None}
+        log(f"load stopped: {len(ids)} executions; quiescing")
+        final = quiesce(cluster.live_urls(), ids, 3 * LEASE_TTL + 15, log)
+        evidence = read_evidence(cluster.evidence_dir)
+        logs = read_logs(cluster.started)
+        violations = check(history, final, evidence, logs)
+        write_history(history, final, directory / "history.jsonl")
+        return FaultRun(
+            seed=seed,
+            seconds=seconds,
+            server=server,
+            calls=len(history.calls),
+            exchanges=len(history.exchanges),
+            executions=len(ids),
+            faults=nemesis.counts,
+            violations=violations,
+            outcomes=Counter(f.state for f in final.values()),
+            elapsed=time.monotonic() - began,
+        )
+    except Exception as exc:
+        raise RuntimeError(
+            f"seed {seed}: the harness failed (its parts are in {directory})"
+        ) from exc
+    finally:
+        stop.set()
+        cluster.close()
