@@ -286,7 +286,10 @@ class Core:
         """What a handle on an execution started elsewhere knows before its first `get`."""
         return Execution(execution_id, "", "unknown")
 
-    def get(self, execution_id: str, wait: float = 0.0) -> Flow[Execution]:
+    def get(self, execution_id: str) -> Flow[Execution]:
+        return (yield from self._get(execution_id, 0.0))
+
+    def _get(self, execution_id: str, wait: float) -> Flow[Execution]:
         params = {"wait": f"{wait:g}"} if wait > 0 else {}
         send = Send(
             "GET", f"/executions/{execution_id}", self._timeout(wait + self.timeout), params
@@ -302,7 +305,7 @@ class Core:
         """Long-poll (each poll at most MAX_WAIT seconds) until the execution has ended."""
         while True:
             remaining = MAX_WAIT if deadline is None else deadline - time.monotonic()
-            execution = yield from self.get(execution_id, max(0.0, min(MAX_WAIT, remaining)))
+            execution = yield from self._get(execution_id, max(0.0, min(MAX_WAIT, remaining)))
             if execution.is_terminal:
                 return execution
             if deadline is not None and time.monotonic() >= deadline:
