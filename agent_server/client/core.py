@@ -397,43 +397,9 @@ class Core:
         reader = _EventReader(self, execution_id, after, timeout)
         while True:
             opened = _response((yield Open(reader.send(), reader.deadline)))
-            if isinstance(opened, httpx.TransportError):
-                delay = reader.failed(opened, None)
-            elif opened.status_code != 200:
-                reader.left()
-                read = _response((yield Read()))
-                if isinstance(read, httpx.TransportError):
-                    delay = reader.failed(read, None)
-                elif not policy.refusal(opened):
-                    raise error_from_response(opened)
-                else:
-                    delay = reader.failed(opened, policy.retry_after(opened))
-            else:
-                reader.left()
-                kind = opened.headers.get("content-type", "").partition(";")[0]
-                if "text/event-stream" not in kind:
-                    not_a_stream = SSEError(
-                        "Expected response header Content-Type to contain 'text/event-stream', "
-                        f"got {kind!r}"
-                    )
-                    delay = reader.failed(not_a_stream, None)
-                else:
-                    parser = Parser()
-                    while True:
-                        chunk = _text((yield Chunk()))
-                        if isinstance(chunk, httpx.TransportError):
-                            delay = reader.failed(chunk, None)
-                            break
-                        for message in parser.feed(chunk) if chunk is not None else parser.end():
-                            event = reader.take(message)
-                            if event is not None:
-                                reader.received()
-                                yield Emit(event)
-                                if event.event == "end":
-                                    return
-                        if chunk is None:  # closed before its end: resume
-                            delay = reader.failed(None, None)
-                            break
+            delay = yield from reader.connection(opened)
+            if delay is None:
+                return
             yield Close()
             yield Sleep(delay)
 
@@ -504,6 +470,44 @@ class _EventReader:
         except ValueError:
             data = message.data
         return Event(number, message.event, data)
+
+    def connection(
+        self, opened: httpx.Response | httpx.TransportError
+    ) -> Generator[StreamStep | Emit[Event], Reply, float | None]:
+        """One connection's events; then the seconds to wait before the next, None once
+        the `end` has come."""
+        if isinstance(opened, httpx.TransportError):
+            return self.failed(opened, None)
+        self.left()
+        if opened.status_code != 200:
+            read = _response((yield Read()))
+            if isinstance(read, httpx.TransportError):
+                return self.failed(read, None)
+            if not policy.refusal(opened):
+                raise error_from_response(opened)
+            return self.failed(opened, policy.retry_after(opened))
+        kind = opened.headers.get("content-type", "").partition(";")[0]
+        if "text/event-stream" not in kind:
+            # As httpx-sse refuses it: a failure to retry, like a broken connection.
+            not_a_stream = SSEError(
+                "Expected response header Content-Type to contain 'text/event-stream', "
+                f"got {kind!r}"
+            )
+            return self.failed(not_a_stream, None)
+        parser = Parser()
+        while True:
+            chunk = _text((yield Chunk()))
+            if isinstance(chunk, httpx.TransportError):
+                return self.failed(chunk, None)
+            for message in parser.feed(chunk) if chunk is not None else parser.end():
+                event = self.take(message)
+                if event is not None:
+                    self.received()
+                    yield Emit(event)
+                    if event.event == "end":
+                        return None
+            if chunk is None:  # closed before its end: resume
+                return self.failed(None, None)
 
     def received(self) -> None:
         self.retries.received()
