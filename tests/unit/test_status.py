@@ -4,6 +4,7 @@ statuses, and the client takes its terminal statuses from it without loading the
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -62,14 +63,21 @@ def test_the_scripts_name_statuses_through_the_table() -> None:
 
 
 def test_the_client_reads_the_table_and_loads_none_of_the_server() -> None:
+    """Of agent_server, only the lazy package, the state table and the client's own modules;
+    none of the server's libraries."""
     code = (
         "import sys, agent_server.client as c; "
         "print(sorted(c.TERMINAL)); "
-        "print([m for m in ('uvicorn', 'starlette', 'redis', 'prometheus_client', "
-        "'pydantic', 'agent_server.agent') if m in sys.modules])"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('uvicorn', 'starlette', "
+        "'redis', 'prometheus_client', 'pydantic', 'pydantic_settings', 'orjson'))); "
+        "print(sorted(m for m in sys.modules if m.startswith('agent_server')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout.splitlines()
     assert out[0] == str(sorted(s.value for s in status.TERMINAL))
     assert out[1] == "[]"
+    loaded = set(ast.literal_eval(out[2]))
+    light = {"agent_server", "agent_server.status", "agent_server.client"}
+    assert light <= loaded
+    assert {m for m in loaded - light if not m.startswith("agent_server.client.")} == set()

@@ -1,0 +1,257 @@
+"""The asyncio front: the core's steps taken with httpx.AsyncClient and asyncio.sleep.
+
+The same methods as the blocking front (sync.py), as coroutines and async iterators; their
+docstrings are that front's (one text for both), and tests/test_client_fronts.py holds the
+two to the same signatures and bodies, `await` aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, TypeVar, cast
+
+import httpx
+
+from agent_server.client import sync
+from agent_server.client.core import (
+    DEFAULT_URL,
+    Chunk,
+    Close,
+    Core,
+    Emit,
+    Flow,
+    Items,
+    Open,
+    Read,
+    Reply,
+    Sleep,
+    Step,
+)
+from agent_server.client.cut import cut_at
+from agent_server.client.models import (
+    Event,
+    Execution,
+    Executions,
+    Reasoners,
+    SessionRelease,
+    Statuses,
+)
+
+T = TypeVar("T")
+
+#: This front's names for the blocking front's methods, where they differ.
+SYNC_NAMES = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__"}
+
+
+class AsyncAgentClient:
+    """The same client for asyncio: every method is a coroutine; `events` and
+    `iter_executions` async iterators."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retry_for: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._core = Core(url, token=token, timeout=timeout, retry_for=retry_for)
+        self._http = httpx.AsyncClient(**self._core.http_options(), transport=transport)
+
+    async def __aenter__(self) -> AsyncAgentClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- the steps: all that is this front's own ----------------------------------------------
+
+    async def _take(self, step: Step) -> Reply:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        try:
+            return await self._http.request(**step.request())
+        except httpx.TransportError as exc:
+            return exc
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        reply: Reply = None
+        while True:
+            try:
+                step = flow.send(reply)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            reply = await self._take(step)
+
+    async def _iterate(self, flow: Items[T]) -> AsyncIterator[T]:
+        async with contextlib.AsyncExitStack() as opened:
+            with contextlib.closing(flow):
+                response: httpx.Response | None = None
+                chunks: AsyncGenerator[str, None] | None = None
+                reply: Reply = None
+                while True:
+                    try:
+                        step = flow.send(reply)
+                    except StopIteration:
+                        return
+                    reply = None
+                    if isinstance(step, Emit):
+                        yield step.item
+                    elif isinstance(step, Close):
+                        await opened.aclose()
+                    elif isinstance(step, Open | Read | Chunk):
+                        try:
+                            if isinstance(step, Open):
+                                response = await opened.enter_async_context(
+                                    self._http.stream(**step.send.request())
+                                )
+                                opened.enter_context(cut_at(response, step.deadline))
+                                # Closed before its response: an async generator is not
+                                # closed by being dropped.
+                                chunks = cast(AsyncGenerator[str, None], response.aiter_text())
+                                opened.push_async_callback(chunks.aclose)
+                                reply = response
+                            elif isinstance(step, Read):
+                                assert response is not None
+                                await response.aread()
+                                reply = response
+                            else:
+                                assert chunks is not None
+                                reply = await anext(chunks, None)
+                        except httpx.TransportError as exc:
+                            reply = exc
+                    else:
+                        reply = await self._take(step)
+
+    # -- the calls ----------------------------------------------------------------------------
+
+    async def run(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return await self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+
+    async def run_execution(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Execution:
+        flow = self._core.run_execution(name, input, session, timeout, idempotency_key)
+        return await self._drive(flow)
+
+    async def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncExecutionHandle:
+        execution = await self._drive(self._core.start(name, input, session, idempotency_key))
+        return AsyncExecutionHandle(self, execution)
+
+    def handle(self, execution_id: str) -> AsyncExecutionHandle:
+        return AsyncExecutionHandle(self, self._core.handle(execution_id))
+
+    async def get(self, execution_id: str) -> Execution:
+        return await self._drive(self._core.get(execution_id))
+
+    async def wait(self, execution_id: str, timeout: float | None = None) -> Execution:
+        return await self._drive(self._core.wait(execution_id, timeout))
+
+    async def cancel(self, execution_id: str) -> Execution:
+        return await self._drive(self._core.cancel(execution_id))
+
+    async def forget(self, execution_id: str) -> None:
+        return await self._drive(self._core.forget(execution_id))
+
+    async def list(
+        self,
+        status: Statuses = None,
+        reasoner: str | None = None,
+        session: str | None = None,
+        limit: int = 100,
+    ) -> Executions:
+        return await self._drive(self._core.list(status, reasoner, session, limit))
+
+    def iter_executions(
+        self,
+        status: Statuses = None,
+        reasoner: str | None = None,
+        session: str | None = None,
+        limit: int = 100,
+    ) -> AsyncIterator[Execution]:
+        return self._iterate(self._core.iter_executions(status, reasoner, session, limit))
+
+    async def reasoners(self) -> Reasoners:
+        return await self._drive(self._core.reasoners())
+
+    async def release_session(
+        self, session_id: str, timeout: float | None = 30.0, cancel_running: bool = True
+    ) -> SessionRelease:
+        return await self._drive(self._core.release_session(session_id, timeout, cancel_running))
+
+    def events(
+        self, execution_id: str, after: int | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
+        return self._iterate(self._core.events(execution_id, after, timeout))
+
+
+class AsyncExecutionHandle:
+    """One execution started by `AsyncAgentClient.start`."""
+
+    def __init__(self, client: AsyncAgentClient, execution: Execution) -> None:
+        self.client = client
+        self.execution = execution
+
+    @property
+    def execution_id(self) -> str:
+        return self.execution.execution_id
+
+    async def get(self) -> Execution:
+        self.execution = await self.client.get(self.execution_id)
+        return self.execution
+
+    async def wait(self, timeout: float | None = None) -> Execution:
+        self.execution = await self.client.wait(self.execution_id, timeout)
+        return self.execution
+
+    async def result(self, timeout: float | None = None) -> Any:
+        return (await self.wait(timeout)).outcome()
+
+    async def cancel(self) -> Execution:
+        self.execution = await self.client.cancel(self.execution_id)
+        return self.execution
+
+    def events(
+        self, after: int | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[Event]:
+        return self.client.events(self.execution_id, after, timeout=timeout)
+
+
+def _share_docstrings(front: type, like: type) -> None:
+    for name, method in vars(front).items():
+        twin = vars(like).get(SYNC_NAMES.get(name, name))
+        if callable(method) and method.__doc__ is None and twin is not None:
+            method.__doc__ = twin.__doc__
+
+
+_share_docstrings(AsyncAgentClient, sync.AgentClient)
+_share_docstrings(AsyncExecutionHandle, sync.ExecutionHandle)
