@@ -24,26 +24,29 @@ from agent_server.client.core import DEFAULT_URL as DEFAULT_URL
 from agent_server.client.core import MAX_WAIT as MAX_WAIT
 from agent_server.client.core import STREAM_SILENCE as STREAM_SILENCE
 from agent_server.client.core import UNNUMBERED as UNNUMBERED
-from agent_server.client.errors import (
+from agent_server.client.models import TERMINAL as TERMINAL
+from agent_server.client.models import (
     AgentServerError,
     Busy,
     Conflict,
+    Event,
+    Execution,
     ExecutionCancelled,
     ExecutionError,
     ExecutionFailed,
     ExecutionLost,
     InvalidInput,
     NotFound,
+    ReasonerInfo,
+    SessionRelease,
     Unauthorized,
     Unavailable,
     WaitTimeout,
 )
-from agent_server.client.errors import error_from_response as error_from_response
-from agent_server.client.models import TERMINAL as TERMINAL
-from agent_server.client.models import Event, Execution, ReasonerInfo, SessionRelease
 from agent_server.client.models import Executions as Executions
 from agent_server.client.models import Reasoners as Reasoners
 from agent_server.client.models import Statuses as Statuses
+from agent_server.client.models import error_from_response as error_from_response
 from agent_server.client.retries import BACKOFF_FIRST as BACKOFF_FIRST
 from agent_server.client.retries import BACKOFF_MAX as BACKOFF_MAX
 from agent_server.client.retries import RETRY_AFTER_MAX as RETRY_AFTER_MAX

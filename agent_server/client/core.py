@@ -22,15 +22,8 @@ import httpx
 from httpx_sse import SSEError
 
 from agent_server.client import retries as policy
-from agent_server.client.errors import (
-    AgentServerError,
-    Unavailable,
-    WaitTimeout,
-    error_from_response,
-    is_execution,
-    response_body,
-)
 from agent_server.client.models import (
+    AgentServerError,
     Event,
     Execution,
     Executions,
@@ -38,6 +31,11 @@ from agent_server.client.models import (
     Reasoners,
     SessionRelease,
     Statuses,
+    Unavailable,
+    WaitTimeout,
+    error_from_response,
+    is_execution,
+    response_body,
 )
 from agent_server.client.retries import Retries
 from agent_server.client.sse import Message, Parser

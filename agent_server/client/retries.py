@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from agent_server.client.errors import is_execution, response_body
+from agent_server.client.models import is_execution, response_body
 
 #: Backoff after a connection or gateway error: doubled from the first up to the last.
 BACKOFF_FIRST = 0.1

@@ -58,3 +58,12 @@ def test_a_synchronous_run_has_an_answer_for_every_status_it_can_end_in() -> Non
     assert set(SYNC_ANSWER) == TERMINAL | {ExecutionStatus.QUEUED}
     assert SYNC_ANSWER[ExecutionStatus.SUCCEEDED] == 200
     assert SYNC_ANSWER[ExecutionStatus.FAILED] == 500
+
+
+def test_the_client_reads_every_declared_field_back() -> None:
+    """The client's model has the record's fields (agent_server/record.py) and reads each."""
+    from agent_server.client import Execution as ClientExecution
+
+    server_side = _executions()[3].to_json()
+    read = ClientExecution.from_json(server_side)
+    assert {name: getattr(read, name) for name in record.JSON_FIELDS} == server_side

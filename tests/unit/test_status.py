@@ -78,6 +78,6 @@ def test_the_client_reads_the_table_and_loads_none_of_the_server() -> None:
     assert out[0] == str(sorted(s.value for s in status.TERMINAL))
     assert out[1] == "[]"
     loaded = set(ast.literal_eval(out[2]))
-    light = {"agent_server", "agent_server.status", "agent_server.client"}
+    light = {"agent_server", "agent_server.status", "agent_server.record", "agent_server.client"}
     assert light <= loaded
     assert {m for m in loaded - light if not m.startswith("agent_server.client.")} == set()
