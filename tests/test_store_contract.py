@@ -118,7 +118,7 @@ async def terminal(store: ExecutionStore, execution_id: str) -> Execution | None
 def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     """Whether a waiter for the execution is registered (private state, read only)."""
     if isinstance(store, RedisStore):
-        return execution.execution_id in store._waiters
+        return execution.execution_id in store._notices.waiters
     return execution._done is not None
 
 
