@@ -353,7 +353,7 @@ async def test_the_link_and_the_client_reach_the_primary_through_the_sentinels(
     await store.open()
     try:
         assert store.up
-        replicas = redises.primary.client.zscore("agent-server:sentinel-direct:replicas", "A")
+        replicas = redises.primary.client.zscore(store.keys.replicas, "A")
         assert replicas is not None  # the liveness went to the primary, through both paths
         # WAIT on the scripts' link: the one replica has the writes made there.
         link = store._link.scripts
@@ -385,7 +385,7 @@ async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Red
             redises.replica.proc.send_signal(signal.SIGCONT)
         assert await store.recorded(execution, WAIT)
         assert store.fenced == 0 and store._outbox.failed == []
-        key = f"agent-server:sentinel-wait:x:{execution.execution_id}"
+        key = store.keys.record(execution.execution_id)
         assert redises.replica.client.hget(key, "status") == "succeeded"
     finally:
         await store.close()
@@ -422,7 +422,7 @@ async def test_a_planned_failover_is_followed_though_the_old_primary_stays_up(
         print(f"\nfollowed {followed:.3f} s after the announcement (old primary: {old_role})")
         assert followed < 1.5, followed
         await store._liveness.tick()  # the liveness is written where the sentinels say
-        assert redises.replica.client.zscore("agent-server:planned:replicas", "A") is not None
+        assert redises.replica.client.zscore(store.keys.replicas, "A") is not None
         assert store.up
     finally:
         await store.close()

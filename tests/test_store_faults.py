@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from faults import CutProxy
 from redis_server import RedisServer
-from test_store_contract import AGENT, Recorder, closed, eventually, open_redis
+from test_store_contract import Recorder, closed, eventually, open_redis
 
 from agent_server.events import Event
 from agent_server.execution import Execution, ExecutionStatus
@@ -185,7 +185,7 @@ async def test_recorded_tells_written_from_fenced(
     await a.create(written)
     await a.create(fenced)
     # Another attempt took `fenced` over meanwhile: this attempt's end must not count.
-    key = f"agent-server:{AGENT}:x:{fenced.execution_id}"
+    key = a.keys.record(fenced.execution_id)
     assert own_redis.command("HSET", key, "attempt", "2")
     for execution in (written, fenced):
         execution.finish(ExecutionStatus.SUCCEEDED, result=1)
@@ -267,7 +267,7 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
     # The renewal at open and the one the keep-alive makes at once have both been made
     # (a later one would undo what follows).
     await eventually(lambda: asyncio.sleep(0, len(seen(a).alive) >= 2))
-    assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
+    assert own_redis.command("ZADD", a.keys.replicas, "1", "A")
     with pytest.raises(StoreUnavailable, match="lease lapsed"):
         await a.create(Execution("sleep", None, "A"))
     assert await a.claim() is None

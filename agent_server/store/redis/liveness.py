@@ -17,6 +17,7 @@ from collections.abc import Callable
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import Link
 from agent_server.store.redis.notices import WAKE_BATCH
 from agent_server.store.redis.scripts import Row
@@ -36,6 +37,7 @@ class Liveness:
         self,
         link: Link,
         codec: RowCodec,
+        keys: Keys,
         *,
         replica_id: str,
         lease_ttl: float,
@@ -48,6 +50,7 @@ class Liveness:
     ) -> None:
         self._link = link
         self._codec = codec
+        self._keys = keys
         self._replica_id = replica_id
         self._lease_ttl = lease_ttl
         self._observer = observer
@@ -93,7 +96,9 @@ class Liveness:
         link = self._link
         lease_ms = max(1, round(self._lease_ttl * 1000))
         with link.operation("renew", probe=True):
-            reply = await link.script("tick", (), lease_ms, SWEEP_LIMIT, via=link.probe)
+            reply = await link.script(
+                "tick", self._keys.judged, lease_ms, SWEEP_LIMIT, via=link.probe
+            )
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
@@ -112,7 +117,7 @@ class Liveness:
         while self.in_doubt:
             ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
             with link.operation("settle"):
-                rows = await link.script("settle", (), *ids)
+                rows = await link.script("settle", self._keys.for_settle(ids), *ids)
             for execution_id, row in zip(ids, rows, strict=True):
                 self.in_doubt.pop(execution_id, None)
                 mine = (
@@ -132,7 +137,9 @@ class Liveness:
         self.repair_due = False
         try:
             with link.operation("owned"):
-                rows = await link.script("owned", (), ORPHAN_SCAN)
+                rows = await link.script(
+                    "owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN
+                )
         except StoreUnavailable:
             self.repair_due = True
             raise

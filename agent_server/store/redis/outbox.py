@@ -66,6 +66,7 @@ class Outbox:
         self,
         link: Link,
         *,
+        end_keys: Sequence[str],
         events_channel: str,
         replicated: bool,
         observer: StoreObserver | None,
@@ -73,6 +74,8 @@ class Outbox:
         on_written: Callable[[Execution], None],
     ) -> None:
         self._link = link
+        #: The keys a call of the `end` script opens with, before each end's own.
+        self._end_keys = end_keys
         self._events_channel = events_channel
         #: Behind Sentinel a failover can lose writes the old primary acknowledged but no
         #: replica had: a batch is followed by `WAIT 1 <ms>` on the scripts' link.
@@ -197,8 +200,12 @@ class Outbox:
                 calls[-1][2].extend(write.args)
                 spans[-1] = (spans[-1][0], index + 1)
                 continue
-            head: list[Any] = [NOTICE_RECORD_MAX] if write.script == "end" else []
-            calls.append((write.script, list(write.keys), [*head, *write.args]))
+            if write.script == "end":
+                calls.append(
+                    ("end", [*self._end_keys, *write.keys], [NOTICE_RECORD_MAX, *write.args])
+                )
+            else:
+                calls.append((write.script, list(write.keys), list(write.args)))
             spans.append((index, index + 1))
             if write.script == "emit":
                 emitted[write.execution.execution_id] = None

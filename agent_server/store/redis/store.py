@@ -99,7 +99,6 @@ class RedisStore(ExecutionStore):
             # The arguments every script takes (the caller's id lets a script decide, when
             # it runs, whether this replica may judge others: `judged`).
             common=(
-                self.keys.prefix.encode(),
                 max(1, round(result_ttl * 1000)),
                 f"{max(0, max_retained)}:{max(0, max_retained_bytes)}".encode(),
                 replica_id.encode(),
@@ -121,6 +120,7 @@ class RedisStore(ExecutionStore):
         )
         self._outbox = Outbox(
             self._link,
+            end_keys=self.keys.records,
             events_channel=self.keys.events,
             replicated=self.replicated_writes,
             observer=observer,
@@ -130,6 +130,7 @@ class RedisStore(ExecutionStore):
         self._liveness = Liveness(
             self._link,
             self._codec,
+            self.keys,
             replica_id=replica_id,
             lease_ttl=lease_ttl,
             observer=observer,
@@ -237,9 +238,8 @@ class RedisStore(ExecutionStore):
         self._outbox.put(
             execution,
             "emit",
-            (),
+            self.keys.for_emit(execution.execution_id),
             [
-                execution.execution_id,
                 execution.replica,
                 str(execution.attempt),
                 str(event.id),
@@ -302,7 +302,7 @@ class RedisStore(ExecutionStore):
             with self._link.operation("create"):
                 reply = await self._link.script(
                     "create",
-                    (),
+                    self.keys.for_create(execution_id, session_id, execution.replica, key),
                     execution_id,
                     session_id,
                     repr(execution.created_at),
@@ -347,8 +347,7 @@ class RedisStore(ExecutionStore):
                 with self._link.operation("checkpoint"):
                     reply = await self._link.script(
                         "checkpoint",
-                        (),
-                        execution.execution_id,
+                        self.keys.for_checkpoint(execution.execution_id),
                         execution.replica,
                         str(execution.attempt),
                         state,
@@ -372,8 +371,8 @@ class RedisStore(ExecutionStore):
         self._outbox.put(
             execution,
             "handoff",
-            (),
-            [execution.execution_id, execution.replica, str(execution.attempt)],
+            self.keys.for_handoff(execution.execution_id, execution.replica),
+            [execution.execution_id, execution.replica, str(execution.attempt), self.keys.queued],
         )
 
     async def claim(self) -> Execution | None:
@@ -383,7 +382,9 @@ class RedisStore(ExecutionStore):
         liveness.claiming += 1
         try:
             with self._link.operation("claim"):
-                reply = await self._link.script("claim", (), self.replica_id)
+                reply = await self._link.script(
+                    "claim", self.keys.for_claim(self.replica_id), self.replica_id
+                )
         except StoreUnavailable:
             liveness.repair_due = True  # it may have been claimed here all the same
             raise
@@ -413,7 +414,8 @@ class RedisStore(ExecutionStore):
         """Queue the end for the outbox writer (its arguments taken now); `recorded` tells
         when it is in Redis."""
         execution.recorded = asyncio.get_running_loop().create_future()
-        self._outbox.put(execution, "end", (), self._codec.end_args(execution))
+        keys = self.keys.for_end(execution.execution_id, execution.replica)
+        self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
 
     async def recorded(self, execution: Execution, timeout: float) -> bool:
         """Whether the end is in Redis within `timeout` seconds: False when it was refused
@@ -439,7 +441,7 @@ class RedisStore(ExecutionStore):
     async def _read(self, ids: Sequence[str]) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""
         with self._link.operation("get"):
-            rows = await self._link.script("get", (), *ids)
+            rows = await self._link.script("get", self.keys.for_ids(ids), *ids)
         found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
         return found or [None] * len(ids)
 
@@ -462,11 +464,11 @@ class RedisStore(ExecutionStore):
         may return fewer than `limit` while `next` says older ones may match. A cursor is
         the index score and id of the last record looked at."""
         if session_id is not None:
-            index = f"session:{session_id}"
+            index = self.keys.session(session_id)
         elif statuses == {ExecutionStatus.RUNNING}:
-            index = "running"
+            index = self.keys.running
         else:
-            index = "all"
+            index = self.keys.all
         return await self._list(
             "list",
             index,
@@ -481,7 +483,9 @@ class RedisStore(ExecutionStore):
     async def forget(self, execution_id: str) -> bool:
         """One script: False when unknown, ExecutionRunning while active, else deleted."""
         with self._link.operation("forget"):
-            reply = await self._link.script("forget", (), execution_id)
+            reply = await self._link.script(
+                "forget", self.keys.for_forget(execution_id), execution_id
+            )
         code = Forget(int(reply[0]))
         if code is Forget.UNKNOWN:
             return False
@@ -499,7 +503,10 @@ class RedisStore(ExecutionStore):
         if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
             with self._link.operation("request_cancel"):
                 reply = await self._link.script(
-                    "cancel_queued", (), execution.execution_id, reason.value
+                    "cancel_queued",
+                    self.keys.for_cancel_queued(execution.execution_id),
+                    execution.execution_id,
+                    reason.value,
                 )
             if int(reply[0]) or not reply[1]:
                 return
@@ -531,8 +538,7 @@ class RedisStore(ExecutionStore):
         with self._link.operation(operation):
             reply = await self._link.script(
                 "list",
-                (),
-                index,
+                self.keys.for_list(index),
                 scan,
                 limit,
                 statuses,
@@ -558,7 +564,13 @@ class RedisStore(ExecutionStore):
         without their results (a release reads statuses: 10,000 big results would be a
         read of gigabytes)."""
         found = await self._list(
-            "session", f"session:{session_id}", SESSION_LIMIT, SESSION_LIMIT, "", "", bare=True
+            "session",
+            self.keys.session(session_id),
+            SESSION_LIMIT,
+            SESSION_LIMIT,
+            "",
+            "",
+            bare=True,
         )
         return found.executions
 
@@ -588,7 +600,10 @@ class RedisStore(ExecutionStore):
         release_id = self._releases.pop(session_id, "")
         with self._link.operation("end_release"):
             await self._link.script(
-                "end_release", (), session_id, release_id, codec.dumps(answer) if answer else ""
+                "end_release",
+                self.keys.for_end_release(session_id, release_id),
+                release_id,
+                codec.dumps(answer) if answer else "",
             )
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
