@@ -4,9 +4,10 @@ One concept per module: `store.py` holds `RedisStore`, the facade that composes 
 `keys.py` names every key; `link.py` the connections (the scripts' link, its probe and
 subscriber twins, redis-py's pool) and whether Redis is up; `failures.py` what a failure
 means; `outbox.py` the writes owed to Redis; `notices.py` pub/sub and its waiters;
-`liveness.py` the renewal and repair; `codec.py` records to and from the scripts;
-`scripts.py` and `lua/` the Lua scripts, one file each. The connection the scripts share is
-`agent_server.store.resp`, and Sentinel's locator `agent_server.store.sentinel`.
+`liveness.py` the renewal and repair; `releases.py` session releases; `codec.py` records to
+and from the scripts; `scripts.py` and `lua/` the Lua scripts, one file each. The connection
+the scripts share is `agent_server.store.resp`, and Sentinel's locator
+`agent_server.store.sentinel`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ trip), results expire with a Redis TTL, completion notices and cancel requests t
 pub/sub, and each replica's liveness is one entry of a sorted set scored by its expiry on
 Redis's own clock (no replica's clock decides another's fate). `RedisStore` composes the
 parts: the connections (`link.py`), the outbox (`outbox.py`), the notices (`notices.py`),
-the renewal and repair (`liveness.py`), the row codec (`codec.py`); the key layout is in
-`keys.py` and docs/replicas.md#key-layout.
+the renewal and repair (`liveness.py`), session releases (`releases.py`) and the row codec
+(`codec.py`); the key layout is in `keys.py` and docs/replicas.md#key-layout.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from agent_server.execution import (
     Execution,
     ExecutionStatus,
     StaleAttempt,
-    new_execution_id,
 )
 from agent_server.store import sentinel
 from agent_server.store.base import (
@@ -47,16 +46,13 @@ from agent_server.store.redis.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, Link
 from agent_server.store.redis.liveness import Liveness
 from agent_server.store.redis.notices import Notices
 from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX, OUTBOX_LIMIT, Outbox
+from agent_server.store.redis.releases import Releases
 from agent_server.store.redis.scripts import Create, Forget, Row
 
 logger = logging.getLogger("agent_server.store")
 
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
-#: How often a release that joined another replica's reads its answer.
-RELEASE_POLL = 0.05
-#: How long a release with no deadline holds its session (the releasing replica may die).
-RELEASE_HOLD_SECONDS = 24 * 3600.0
 
 
 class RedisStore(ExecutionStore):
@@ -88,8 +84,6 @@ class RedisStore(ExecutionStore):
         self.lease_ttl = lease_ttl
         self.observer = observer
         self.max_events = max_events
-        #: The id of each release this replica has under way, by session.
-        self._releases: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._codec = RowCodec(observer)
         renew_now = asyncio.Event()
@@ -127,6 +121,7 @@ class RedisStore(ExecutionStore):
             limit=outbox_limit,
             on_written=self._notices.written,
         )
+        self._releases = Releases(self._link, self.keys)
         self._liveness = Liveness(
             self._link,
             self._codec,
@@ -575,49 +570,10 @@ class RedisStore(ExecutionStore):
         return found.executions
 
     async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
-        """One SET NX with an expiry (a replica dying mid-release does not hold the session
-        for ever), holding this release's id; when another replica's release holds it, its
-        id (a second round trip)."""
-        hold = RELEASE_HOLD_SECONDS if seconds is None else seconds
-        release_id = new_execution_id()
-        key = self.keys.releasing(session_id)
-        redis = self._link.redis
-        with self._link.operation("begin_release"):
-            began = await cast(
-                Awaitable[Any], redis.set(key, release_id, px=max(1, round(hold * 1000)), nx=True)
-            )
-            other = None if began else await cast(Awaitable[Any], redis.get(key))
-        if began or not other:
-            if not began:  # it ended between the two commands: begin again
-                return await self.begin_release(session_id, seconds)
-            self._releases[session_id] = release_id
-            return None
-        return str(other)
+        return await self._releases.begin(session_id, seconds)
 
     async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
-        """Publish the answer for the releases that joined this one (kept a minute), then
-        free the session: one script."""
-        release_id = self._releases.pop(session_id, "")
-        with self._link.operation("end_release"):
-            await self._link.script(
-                "end_release",
-                self.keys.for_end_release(session_id, release_id),
-                release_id,
-                codec.dumps(answer) if answer else "",
-            )
+        await self._releases.end(session_id, answer)
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
-        """Read the other release's answer every RELEASE_POLL seconds until `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._link.operation("shared_release"):
-                found = await cast(
-                    Awaitable[Any], self._link.redis.get(self.keys.released(release_id))
-                )
-            if found:
-                answer: dict[str, Any] = codec.loads(found)
-                return answer
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            await asyncio.sleep(min(RELEASE_POLL, remaining))
+        return await self._releases.shared(release_id, timeout)
