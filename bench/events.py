@@ -512,7 +512,7 @@ def item_overflow(
             }
 
         found = asyncio.run(go())
-        stream = redis.command("XLEN", f"agent-server:bench-events:ev:{found['big_id']}")
+        stream = redis.command("XLEN", f"{{agent-server:bench-events}}:ev:{found['big_id']}")
         log_a = a.stderr()
     result = {
         "count": count,

@@ -75,7 +75,8 @@ from bench.common import (
 )
 
 #: The demo agent (`agent-server run` with no APP) serves every item: `echo` and `sleep`.
-PREFIX = "agent-server:demo:"
+#: Its keys, under their hash tag (agent_server/store/redis/keys.py).
+PREFIX = "{agent-server:demo}:"
 ECHO_BODY = b'{"text": "hello"}'
 #: Commands a connection sends when it opens (redis-py), not part of any execution's life.
 SETUP_COMMANDS = frozenset({"CLIENT", "HELLO", "AUTH", "SELECT", "PING", "SCRIPT"})
@@ -217,6 +218,11 @@ def script_names(source: Path) -> dict[str, str]:
 # -- a relay that counts round trips ---------------------------------------------------------
 
 
+def _keys(arguments: list[bytes]) -> int:
+    """The number of keys of an EVALSHA (its third argument)."""
+    return int(arguments[2]) if len(arguments) > 2 and arguments[2].isdigit() else 0
+
+
 class _Commands:
     """Reads RESP commands from a byte stream as it arrives; keeps each command's first two
     arguments (the name, and the SHA of an EVALSHA)."""
@@ -356,7 +362,7 @@ class CountingRelay:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream_reader, upstream_writer = await asyncio.open_connection(HOST, self.target_port)
-        parser = _Commands()
+        parser = _Commands(keep=3)  # the name, the SHA and the number of keys
         flight: list[_Flight | None] = [None]
 
         def answered() -> None:
@@ -378,15 +384,19 @@ class CountingRelay:
 
         async def outbound() -> None:
             while data := await reader.read(65536):
-                names = [self._name(a) for a in parser.feed(data)]
+                commands = parser.feed(data)
+                names = [self._name(a) for a in commands]
                 with self.lock:
                     current = flight[0]
                     if current is None:
                         current = flight[0] = _Flight()
                     current.commands.extend(names)
                     current.ends += sum(
-                        (size - 7) // 10  # EVALSHA, sha, 0, four common arguments
-                        for size, name in zip(parser.sizes, names, strict=True)
+                        # EVALSHA, sha, numkeys, the keys, the common arguments (three, or
+                        # four with the prefix of a tree before the hash tag) and the size
+                        # bound, then ten per end.
+                        (size - 7 - _keys(arguments)) // 10
+                        for size, arguments, name in zip(parser.sizes, commands, names, strict=True)
                         if name == "EVALSHA end"
                     )
                     self.commands.update(names)

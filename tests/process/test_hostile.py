@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agent_server.jsoncodec import MAX_DEPTH
+from agent_server.store.redis.keys import Keys
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 
@@ -159,7 +160,7 @@ def test_a_remote_stream_ends_once_its_record_is_gone(
             assert stream.status_code == 200
             lines = stream.iter_lines()
             assert next(lines).startswith("id: 1")  # its one event, from the store
-            assert own_redis.command("DEL", f"agent-server:hostile:x:{execution_id}")
+            assert own_redis.command("DEL", Keys("hostile").record(execution_id))
             began = time.monotonic()
             rest: list[str] = []
             for line in lines:  # ends when the server closes the body; bounded here

@@ -353,10 +353,10 @@ async def test_the_link_and_the_client_reach_the_primary_through_the_sentinels(
     await store.open()
     try:
         assert store.up
-        replicas = redises.primary.client.zscore("agent-server:sentinel-direct:replicas", "A")
+        replicas = redises.primary.client.zscore(store.keys.replicas, "A")
         assert replicas is not None  # the liveness went to the primary, through both paths
         # WAIT on the scripts' link: the one replica has the writes made there.
-        link = store._scripts
+        link = store._link.scripts
         assert await link.call("SET", "w", "1") == "OK"
         assert await link.call("WAIT", 1, 1000) == 1
     finally:
@@ -380,12 +380,12 @@ async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Red
             execution.finish(ExecutionStatus.SUCCEEDED, result="replicated")
             store.end(execution)
             assert not await store.recorded(execution, 1.5)
-            assert store._outbox, "an end no replica has left the outbox"
+            assert len(store._outbox), "an end no replica has left the outbox"
         finally:
             redises.replica.proc.send_signal(signal.SIGCONT)
         assert await store.recorded(execution, WAIT)
-        assert store.fenced == 0 and store._failed == []
-        key = f"agent-server:sentinel-wait:x:{execution.execution_id}"
+        assert store.fenced == 0 and store._outbox.failed == []
+        key = store.keys.record(execution.execution_id)
         assert redises.replica.client.hget(key, "status") == "succeeded"
     finally:
         await store.close()
@@ -406,7 +406,7 @@ async def test_a_planned_failover_is_followed_though_the_old_primary_stays_up(
     store = RedisStore(redises.url(), replica_id="A", agent_name="planned")
     await store.open()
     try:
-        link, client = store._scripts, store._redis
+        link, client = store._link.scripts, store._link.redis
         old, new = redises.primary.port, redises.replica.port
         assert await port_of(link, client) == (old, old)
         assert redises.sentinels[0].client.execute_command("SENTINEL", "FAILOVER", SERVICE)
@@ -421,8 +421,8 @@ async def test_a_planned_failover_is_followed_though_the_old_primary_stays_up(
         old_role = redises.primary.client.execute_command("ROLE")[0]
         print(f"\nfollowed {followed:.3f} s after the announcement (old primary: {old_role})")
         assert followed < 1.5, followed
-        await store._tick()  # the liveness is written where the sentinels say
-        assert redises.replica.client.zscore("agent-server:planned:replicas", "A") is not None
+        await store._liveness.tick()  # the liveness is written where the sentinels say
+        assert redises.replica.client.zscore(store.keys.replicas, "A") is not None
         assert store.up
     finally:
         await store.close()

@@ -73,7 +73,7 @@ async def terminal(store: ExecutionStore, execution_id: str) -> Execution | None
 def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     """Whether a waiter for the execution is registered (private state, read only)."""
     if isinstance(store, RedisStore):
-        return execution.execution_id in store._waiters
+        return execution.execution_id in store._notices.waiters
     return execution._done is not None
 
 
@@ -515,7 +515,7 @@ async def test_a_replica_judges_others_only_after_a_whole_lease_up(
         # A's lease lapsed long ago (1 ms after the epoch; 0 would say A closed it itself),
         # set once A's renewals at open are made (a later one would undo it).
         await eventually(lambda: asyncio.sleep(0, len(a_seen.alive) >= 2))
-        assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
+        assert redis_server.command("ZADD", a.keys.replicas, "1", "A")
         early = await b.get(execution.execution_id)
         assert early is not None
         assert early.status is ExecutionStatus.RUNNING or time.monotonic() - opened >= 1.0
@@ -549,7 +549,7 @@ async def test_an_end_written_after_lost_is_refused_and_counted(
         execution = Execution("sleep", None, "A")
         await a.create(execution)
         await eventually(lambda: asyncio.sleep(0, len(a_seen.alive) >= 2))  # renewed at open
-        assert redis_server.command("ZADD", f"agent-server:{AGENT}:replicas", "0", "A")
+        assert redis_server.command("ZADD", a.keys.replicas, "0", "A")
 
         async def lost() -> bool:
             found = await b.get(execution.execution_id)
@@ -894,10 +894,10 @@ async def test_a_malformed_end_notice_is_read_instead_and_the_listener_lives_on(
         waiter = asyncio.create_task(b.wait(seen, 10.0))
         await eventually(lambda: asyncio.sleep(0, is_waiting(b, first)))
         # The end written behind the store's back (no notice of its own), then two bad notices.
-        record = f"agent-server:{AGENT}:x:{first.execution_id}"
+        record = b.keys.record(first.execution_id)
         fields = ("status", "succeeded", "result", '"one"', "finished_at", repr(time.time()))
         assert redis_server.command("HSET", record, *fields) is not None
-        channel = f"agent-server:{AGENT}:ends"
+        channel = b.keys.ends
         bad_row = [first.execution_id, *["?"] * 12]  # status "?" is no status
         for data in ("[not json", json.dumps([bad_row])):
             assert redis_server.command("PUBLISH", channel, data) is not None

@@ -22,7 +22,7 @@ from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 from tests.support.faults import CutProxy
 from tests.support.redis_server import RedisServer
-from tests.support.stores import AGENT, Recorder, closed, eventually, open_redis
+from tests.support.stores import Recorder, closed, eventually, open_redis
 
 pytestmark = pytest.mark.redis
 
@@ -160,7 +160,7 @@ async def test_an_end_refused_for_a_while_is_written_once_redis_accepts_it(
         a.end(execution)
         await eventually(lambda: asyncio.sleep(0, refusal in seen(a).retries))
         assert not await a.recorded(execution, 0.2)
-        assert a._outbox, "the end left the outbox while Redis refused it"
+        assert len(a._outbox), "the end left the outbox while Redis refused it"
         assert not a.up  # readiness 503 while writes are refused
     finally:
         if refusal == "oom":
@@ -170,7 +170,7 @@ async def test_an_end_refused_for_a_while_is_written_once_redis_accepts_it(
     assert await a.recorded(execution, BOUND)
     found = await b.get(execution.execution_id)
     assert found is not None and found.status is ExecutionStatus.SUCCEEDED
-    assert a._failed == [] and a.fenced == 0
+    assert a._outbox.failed == [] and a.fenced == 0
     assert await a.flush(time.monotonic() + 1) == []
 
 
@@ -185,7 +185,7 @@ async def test_recorded_tells_written_from_fenced(
     await a.create(written)
     await a.create(fenced)
     # Another attempt took `fenced` over meanwhile: this attempt's end must not count.
-    key = f"agent-server:{AGENT}:x:{fenced.execution_id}"
+    key = a.keys.record(fenced.execution_id)
     assert own_redis.command("HSET", key, "attempt", "2")
     for execution in (written, fenced):
         execution.finish(ExecutionStatus.SUCCEEDED, result=1)
@@ -249,9 +249,9 @@ async def test_a_create_that_never_reached_redis_stays_absent(
     later, no record would appear for a start the client was refused."""
     a = await stores("A", lease_ttl=LEASE)
     execution = Execution("sleep", None, "A")
-    a._in_doubt[execution.execution_id] = execution
+    a._liveness.in_doubt[execution.execution_id] = execution
     a.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
-    await eventually(lambda: asyncio.sleep(0, not a._in_doubt), timeout=BOUND)
+    await eventually(lambda: asyncio.sleep(0, not a._liveness.in_doubt), timeout=BOUND)
     with pytest.raises(StoreUnavailable):
         await a.create(execution)
     assert await a.get(execution.execution_id) is None
@@ -267,7 +267,7 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
     # The renewal at open and the one the keep-alive makes at once have both been made
     # (a later one would undo what follows).
     await eventually(lambda: asyncio.sleep(0, len(seen(a).alive) >= 2))
-    assert own_redis.command("ZADD", f"agent-server:{AGENT}:replicas", "1", "A")
+    assert own_redis.command("ZADD", a.keys.replicas, "1", "A")
     with pytest.raises(StoreUnavailable, match="lease lapsed"):
         await a.create(Execution("sleep", None, "A"))
     assert await a.claim() is None
@@ -280,7 +280,7 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
         return True
 
     assert await eventually(created, timeout=BOUND)
-    assert not a._in_doubt  # a refusal is an answer: nothing to settle
+    assert not a._liveness.in_doubt  # a refusal is an answer: nothing to settle
 
 
 # -- the pub/sub reader survives ---------------------------------------------------------------
@@ -298,9 +298,9 @@ async def test_the_subscriber_survives_a_reset_and_rereads(
     execution = Execution("sleep", None, "A")
     await a.create(execution)
     waiting = asyncio.ensure_future(b.wait(execution, BOUND))
-    await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._waiters))
-    b._dispatch(b._ends_channel, "[not json")  # a malformed notice: logged, nothing more
-    b._dispatch(b._cancel_channel, "{}")
+    await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._notices.waiters))
+    b._notices.dispatch(b.keys.ends, "[not json")  # a malformed notice: logged, nothing more
+    b._notices.dispatch(b.keys.cancel(b.replica_id), "{}")
     assert own_redis.command("CLIENT", "KILL", "TYPE", "pubsub")  # every subscriber reset
     execution.finish(ExecutionStatus.SUCCEEDED, result=2)
     a.end(execution)
@@ -420,18 +420,18 @@ async def test_big_ends_leave_the_outbox_in_bounded_batches(
     for execution in executions:
         await a.create(execution)
     batches: list[int] = []
-    original = a._batch
+    original = a._outbox.batch
 
     def watched() -> list[Any]:
         batch = original()
         batches.append(len(batch))
         return batch
 
-    a._batch = watched  # type: ignore[method-assign]
+    a._outbox.batch = watched  # type: ignore[method-assign]
     for execution in executions:
         execution.finish(ExecutionStatus.SUCCEEDED, result="y" * 3_000_000)
         a.end(execution)
     for execution in executions:
         assert await a.recorded(execution, BOUND)
     assert max(batches) <= 2, batches
-    assert a.up and not a._failed
+    assert a.up and not a._outbox.failed

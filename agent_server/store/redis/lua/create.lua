@@ -1,6 +1,10 @@
 --[[ create: a new record, running under its owner, unless something forbids it.
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
-  ARGV[5..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
+  KEYS[1..8]: judge.lua's; KEYS[9..14]: the record (`x:{id}`), `void:{id}`,
+  `idem:{idempotency key}`, `session:{sid}`, `owned:{owner}`, `releasing:{sid}` (the last
+  four untouched when there is no key, no session). The keys of the execution a key was
+  first used for are named from the prefix (its id is read here).
+  ARGV[1..3]: the common arguments (header.lua).
+  ARGV[4..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
   none), its fingerprint, its TTL (ms), then the record's values in F's order, then any more
   field/value pairs (a resumable one's body and max_attempts).
   Returns (codes.py `Create`): {CREATED}; {RELEASING} the session is being released;
@@ -10,17 +14,19 @@
   (nothing created).
 ]]
 --! include judge.lua
-local id, sid, score, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local key, fingerprint, key_ttl = ARGV[9], ARGV[10], ARGV[11]
+local id, sid, score, owner = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local key, fingerprint, key_ttl = ARGV[8], ARGV[9], ARGV[10]
+local rec, void, idem, session, owned, releasing = KEYS[9], KEYS[10], KEYS[11], KEYS[12],
+  KEYS[13], KEYS[14]
 -- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
-if redis.call('EXISTS', P .. 'void:' .. id) == 1 then return {CREATE_VOIDED} end
+if redis.call('EXISTS', void) == 1 then return {CREATE_VOIDED} end
 -- An owner whose lease lapsed (paused past it: its work is being judged) takes no new work
 -- until it has renewed; what it took now would be judged at once.
-local lease = redis.call('ZSCORE', P .. 'replicas', owner)
+local lease = redis.call('ZSCORE', REPLICAS, owner)
 if (not lease) or tonumber(lease) <= NOW then return {CREATE_LEASE_LAPSED} end
-if sid ~= '' and redis.call('EXISTS', P .. 'releasing:' .. sid) == 1 then return {CREATE_RELEASING} end
+if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
 if key ~= '' then
-  local first = redis.call('GET', P .. 'idem:' .. key)
+  local first = redis.call('GET', idem)
   if first then
     local bar = string.find(first, '|', 1, true)
     if string.sub(first, 1, bar - 1) ~= fingerprint then return {CREATE_KEY_MISMATCH} end
@@ -28,15 +34,14 @@ if key ~= '' then
     if earlier then return {CREATE_EXISTING, earlier} end
     return {CREATE_KEY_FORGOTTEN}
   end
-  redis.call('SET', P .. 'idem:' .. key, fingerprint .. '|' .. id, 'PX', key_ttl)
+  redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl)
 end
-local rec = P .. 'x:' .. id
 local values = {}
-for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[11 + i] end
-for i = 12 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[10 + i] end
+for i = 11 + #F, #ARGV do values[#values + 1] = ARGV[i] end
 redis.call('HSET', rec, unpack(values))
-redis.call('ZADD', P .. 'all', score, id)
-redis.call('ZADD', P .. 'running', score, id)
-redis.call('SADD', P .. 'owned:' .. owner, id)
-if sid ~= '' then redis.call('ZADD', P .. 'session:' .. sid, score, id) end
+redis.call('ZADD', ALL, score, id)
+redis.call('ZADD', RUNNING, score, id)
+redis.call('SADD', owned, id)
+if sid ~= '' then redis.call('ZADD', session, score, id) end
 return {CREATE_CREATED}

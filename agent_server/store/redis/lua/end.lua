@@ -1,7 +1,8 @@
 --[[ end
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
-  Fenced ends, a batch in one call. ARGV[5]: the largest record an end notice carries;
-  ARGV[6..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
+  KEYS[1..6]: records.lua's; then per end, in ARGV's order, its record (`x:{id}`), events
+  (`ev:{id}`) and `owned:{owner}`. ARGV[1..3]: the common arguments (header.lua).
+  Fenced ends, a batch in one call. ARGV[4]: the largest record an end notice carries;
+  ARGV[5..]: per end, id, owner, attempt, status, status_reason, result, error, finished_at,
   duration_seconds, abandoned. Returns per end 1|0 and the status found ('' if unknown); an
   end already written by this very owner and attempt (a retry after a lost reply) is 1.
   Prunes once for the batch, and publishes one notice for the ends it wrote: '@', the
@@ -11,12 +12,14 @@
 --! include records.lua
 NOTIFY = false
 PRUNE = false
-local largest = tonumber(ARGV[5])
+local largest = tonumber(ARGV[4])
 local out, notice = {}, {}
-for i = 6, #ARGV, 10 do
+local k = 7
+for i = 5, #ARGV, 10 do
   local id, owner, attempt, status, fin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
     ARGV[i + 7]
-  local rec = P .. 'x:' .. id
+  local rec, ev, owned = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  k = k + 3
   local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'session_id', 'finished_at',
     'reasoner', 'created_at')
   local ok = 0
@@ -25,7 +28,7 @@ for i = 6, #ARGV, 10 do
       redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
         'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
         'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
-      finish(rec, id, v[4], owner)
+      finish(rec, ev, id, v[4], owned)
       ok = 1
       if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
         notice[#notice + 1] = {id, v[6], v[4], owner, attempt, status, ARGV[i + 4],

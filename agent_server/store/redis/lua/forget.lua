@@ -1,13 +1,15 @@
 --[[ forget: delete a finished record and its index entries.
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
-  ARGV[5]: the id.
+  KEYS[1..8]: judge.lua's; KEYS[9..10]: the record (`x:{id}`) and its events (`ev:{id}`).
+  Its session's index is named from the prefix (the session is read here).
+  ARGV[1..3]: the common arguments (header.lua). ARGV[4]: the id.
   Returns (codes.py `Forget`): {UNKNOWN}; {ACTIVE, record} still running or queued (nothing
   deleted); {FORGOTTEN, record}.
 ]]
 --! include judge.lua
-local v = read(ARGV[5])
+local id = ARGV[4]
+local v = read(id, KEYS[9], KEYS[10])
 if not v then return {FORGET_UNKNOWN} end
 if v[I_STATUS] == STATUS_RUNNING or v[I_STATUS] == STATUS_QUEUED then return {FORGET_ACTIVE, v} end
-drop(ARGV[5] .. '|' .. v[I_SESSION_ID])
-redis.call('ZREM', P .. 'running', ARGV[5])
+drop(id .. '|' .. v[I_SESSION_ID], KEYS[9], KEYS[10])
+redis.call('ZREM', RUNNING, id)
 return {FORGET_FORGOTTEN, v}

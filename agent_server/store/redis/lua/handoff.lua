@@ -1,11 +1,13 @@
 --[[ handoff
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
-  Hand-off at shutdown, fenced like an end. ARGV[5..]: id, owner, attempt. The next attempt
-  is queued for whichever replica takes it first. Returns {1|0, the status found}.
+  KEYS[1..4]: the record (`x:{id}`), `running`, `owned:{owner}`, `queue`. ARGV[1..3]: the
+  common arguments (header.lua).
+  Hand-off at shutdown, fenced like an end. ARGV[4..]: id, owner, attempt, the `queued`
+  channel. The next attempt is queued for whichever replica takes it first. Returns
+  {1|0, the status found}.
 ]]
 --! include header.lua
-local id, owner, attempt = ARGV[5], ARGV[6], ARGV[7]
-local rec = P .. 'x:' .. id
+local id, owner, attempt = ARGV[4], ARGV[5], ARGV[6]
+local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
 if not v[1] then return {0, ''} end
 if v[1] ~= STATUS_RUNNING or v[2] ~= owner or v[3] ~= attempt then
@@ -14,8 +16,8 @@ if v[1] ~= STATUS_RUNNING or v[2] ~= owner or v[3] ~= attempt then
 end
 redis.call('HSET', rec, 'status', STATUS_QUEUED, 'attempt', tostring(tonumber(attempt) + 1),
   'replica', '')
-redis.call('ZREM', P .. 'running', id)
-redis.call('SREM', P .. 'owned:' .. owner, id)
-redis.call('RPUSH', P .. 'queue', id)
-redis.call('PUBLISH', P .. 'queued', id)
+redis.call('ZREM', KEYS[2], id)
+redis.call('SREM', KEYS[3], id)
+redis.call('RPUSH', KEYS[4], id)
+redis.call('PUBLISH', ARGV[7], id)
 return {1, STATUS_RUNNING}

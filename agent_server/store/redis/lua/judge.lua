@@ -1,7 +1,10 @@
 --[[ judge: reading a record, and the verdict on its owner (section 12, invariant 2).
-  Defines: judged(owner), read(id).
+  KEYS[1..6]: records.lua's; KEYS[7..8] (of every script that includes this file):
+  `replicas`, `renewals`. A script's own keys start at KEYS[9].
+  Defines: REPLICAS, RENEWALS, judged(owner), read(id, rec, ev).
 ]]
 --! include records.lua
+local REPLICAS, RENEWALS = KEYS[7], KEYS[8]
 -- This caller's renewals (see renew()): nil until read, false when it has none.
 local MINE = nil
 
@@ -12,11 +15,11 @@ local MINE = nil
 -- whole lease before now. A pause, restart or cut of Redis stops everyone's renewals, so
 -- after one nobody judges until each live replica has had a whole lease to renew again.
 local function judged(owner)
-  local expiry = redis.call('ZSCORE', P .. 'replicas', owner)
+  local expiry = redis.call('ZSCORE', REPLICAS, owner)
   if expiry and tonumber(expiry) > NOW then return false end
   if MINE == nil then
     MINE = false
-    local r = redis.call('HGET', P .. 'renewals', ME)
+    local r = redis.call('HGET', RENEWALS, ME)
     if r then
       local last, since, lease = string.match(r, '^(%d+)|(%d+)|(%d+)$')
       MINE = {last = tonumber(last), since = tonumber(since), lease = tonumber(lease)}
@@ -29,9 +32,10 @@ end
 
 -- The record's fields plus MOVED_LOST when this call moved it to lost (its owner stopped
 -- renewing its liveness), MOVED_QUEUED when it queued its next attempt instead, else
--- MOVED_NOT; false when unknown.
-local function read(id)
-  local rec = P .. 'x:' .. id
+-- MOVED_NOT; false when unknown. rec and ev, its hash and stream, are named from the prefix
+-- when not given (an id learned inside the script).
+local function read(id, rec, ev)
+  rec = rec or (P .. 'x:' .. id)
   local v = redis.call('HMGET', rec, unpack(F))
   if not v[I_EXECUTION_ID] then return false end
   local moved = MOVED_NOT
@@ -43,9 +47,9 @@ local function read(id)
       local attempt = tostring(tonumber(v[I_ATTEMPT]) + 1)
       redis.call('HSET', rec, 'status', STATUS_QUEUED, 'attempt', attempt, 'replica', '',
         'retries', retries + 1)
-      redis.call('ZREM', P .. 'running', id)
+      redis.call('ZREM', RUNNING, id)
       redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
-      redis.call('RPUSH', P .. 'queue', id)
+      redis.call('RPUSH', QUEUE, id)
       redis.call('PUBLISH', P .. 'queued', id)
       v[I_REPLICA] = ''; v[I_ATTEMPT] = attempt; v[I_STATUS] = STATUS_QUEUED
       moved = MOVED_QUEUED
@@ -56,7 +60,8 @@ local function read(id)
       redis.call('HSET', rec, 'status', STATUS_LOST, 'status_reason', '', 'error', err,
         'finished_at', fin, 'duration_seconds', '')
       v[I_STATUS] = STATUS_LOST; v[I_STATUS_REASON] = ''; v[I_ERROR] = err; v[I_FINISHED_AT] = fin; v[I_DURATION_SECONDS] = ''
-      finish(rec, id, v[I_SESSION_ID], v[I_REPLICA])
+      finish(rec, ev or (P .. 'ev:' .. id), id, v[I_SESSION_ID],
+        P .. 'owned:' .. v[I_REPLICA])
       moved = MOVED_LOST
     end
   end

@@ -1,6 +1,8 @@
 --[[ list
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
-  ARGV[5..]: index (suffix of the key), ids to scan at most, limit, statuses (comma list,
+  KEYS[1..8]: judge.lua's; KEYS[9]: the index (`all`, `running` or `session:{sid}`). The
+  keys of the ids found there are named from the prefix. ARGV[1..3]: the common arguments
+  (header.lua).
+  ARGV[4..]: ids to scan at most, limit, statuses (comma list,
   '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
   results out (a session's release reads statuses, not results), and a cursor: the score
   and id of the last record looked at before ('' '' from the newest). Returns the records
@@ -10,12 +12,12 @@
   from the index as they are met.
 ]]
 --! include judge.lua
-local index = P .. ARGV[5]
-local scan, limit, reasoner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[9]
-local budget, bare = tonumber(ARGV[10]), ARGV[11] == '1'
-local since, since_id = ARGV[12], ARGV[13]
-local wanted, any = {}, ARGV[8] == ''
-for s in string.gmatch(ARGV[8], '[^,]+') do wanted[s] = true end
+local index = KEYS[9]
+local scan, limit, reasoner = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
+local budget, bare = tonumber(ARGV[8]), ARGV[9] == '1'
+local since, since_id = ARGV[10], ARGV[11]
+local wanted, any = {}, ARGV[6] == ''
+for s in string.gmatch(ARGV[6], '[^,]+') do wanted[s] = true end
 local ids
 if since == '' then
   ids = redis.call('ZREVRANGE', index, 0, scan - 1, 'WITHSCORES')

@@ -1,13 +1,14 @@
 --[[ owned
-  KEYS: none (header.lua). ARGV[1..4]: the common arguments (header.lua).
+  KEYS[1..8]: judge.lua's; KEYS[9]: `owned:{this replica}`. The keys of the ids found there
+  are named from the prefix. ARGV[1..3]: the common arguments (header.lua).
   The running executions this replica owns in the store, so it can find those it runs no
-  task for (section 12, invariant 3). ARGV[5]: at most this many. Returns {record (read()),
+  task for (section 12, invariant 3). ARGV[4]: at most this many. Returns {record (read()),
   max_attempts or ''} per execution.
 ]]
 --! include judge.lua
 local out = {}
-local owned = P .. 'owned:' .. ME
-for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[5]))) do
+local owned = KEYS[9]
+for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[4]))) do
   local v = read(id)
   if v and v[I_STATUS] == STATUS_RUNNING and v[I_REPLICA] == ME then
     out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}

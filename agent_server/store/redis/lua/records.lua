@@ -1,50 +1,58 @@
 --[[ records: the end of a record's life, and retention.
-  Defines: drop(member), prune(), finish(rec, id, sid, owner), cancel_queued(rec, id, sid,
-  reason). finish() publishes the end notice and prunes unless a script that writes many
-  ends at once sets NOTIFY or PRUNE to false first (end.lua does, once for its batch).
+  KEYS[1..6] (of every script that includes this file): the key prefix `{agent-server:
+  <agent>}:`, `all`, `running`, `finished`, `sizes`, `queue`. The prefix names the keys of
+  ids learned here (walking `finished`, a record's session or owner) and the `ends` channel.
+  Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
+  finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason). finish()
+  publishes the end notice and prunes unless a script that writes many ends at once sets
+  NOTIFY or PRUNE to false first (end.lua does, once for its batch).
 ]]
 --! include header.lua
--- Delete a finished record and its index entries; member is "{id}|{session id}".
-local function drop(member)
+local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
+
+-- Delete a finished record and its index entries; member is "{id}|{session id}". rec and
+-- ev, its hash and stream, are named from the prefix when not given.
+local function drop(member, rec, ev)
   local bar = string.find(member, '|', 1, true)
   local id = string.sub(member, 1, bar - 1)
   local sid = string.sub(member, bar + 1)
-  redis.call('DEL', P .. 'x:' .. id, P .. 'ev:' .. id)
-  redis.call('ZREM', P .. 'all', id)
+  redis.call('DEL', rec or (P .. 'x:' .. id), ev or (P .. 'ev:' .. id))
+  redis.call('ZREM', ALL, id)
   if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
-  redis.call('ZREM', P .. 'finished', member)
+  redis.call('ZREM', FINISHED, member)
   -- `sizes`: the bytes of each finished record's result and error, and their total under
   -- '#': retention by bytes (the record may have expired already: its size stays here).
-  local size = redis.call('HGET', P .. 'sizes', id)
+  local size = redis.call('HGET', SIZES, id)
   if size then
-    redis.call('HDEL', P .. 'sizes', id)
-    redis.call('HINCRBY', P .. 'sizes', '#', -tonumber(size))
+    redis.call('HDEL', SIZES, id)
+    redis.call('HINCRBY', SIZES, '#', -tonumber(size))
   end
 end
 
 -- Past result_ttl or over max_retained, oldest first; bounded work per call.
 local function prune()
   local cutoff = NOW_US - TTL * 1000
-  local old = redis.call('ZRANGEBYSCORE', P .. 'finished', '-inf', cutoff, 'LIMIT', 0, 100)
+  local old = redis.call('ZRANGEBYSCORE', FINISHED, '-inf', cutoff, 'LIMIT', 0, 100)
   for _, m in ipairs(old) do drop(m) end
-  local over = redis.call('ZCARD', P .. 'finished') - MAXR
+  local over = redis.call('ZCARD', FINISHED) - MAXR
   if over > 0 then
-    for _, m in ipairs(redis.call('ZRANGE', P .. 'finished', 0, math.min(over, 100) - 1)) do
+    for _, m in ipairs(redis.call('ZRANGE', FINISHED, 0, math.min(over, 100) - 1)) do
       drop(m)
     end
   end
   -- Over max_retained_bytes: the oldest go, 100 at most per call; the newest always stays
   -- (a result larger than the budget is still read once).
   for _ = 1, 100 do
-    if tonumber(redis.call('HGET', P .. 'sizes', '#') or '0') <= MAXB then break end
-    local oldest = redis.call('ZRANGE', P .. 'finished', 0, 1)
+    if tonumber(redis.call('HGET', SIZES, '#') or '0') <= MAXB then break end
+    local oldest = redis.call('ZRANGE', FINISHED, 0, 1)
     if not oldest[2] then break end
     drop(oldest[1])
   end
 end
 
 -- Whether finish() publishes the end notice itself: the outbox's writer publishes one
--- notice for the ends of a whole batch instead (see _END).
+-- notice for the ends of a whole batch instead (see end.lua).
 local NOTIFY = true
 -- Whether finish() prunes: the end script prunes once for its whole batch instead.
 local PRUNE = true
@@ -52,36 +60,37 @@ local PRUNE = true
 local LAST = nil
 
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
-local function finish(rec, id, sid, owner)
-  redis.call('ZREM', P .. 'running', id)
-  redis.call('SREM', P .. 'owned:' .. owner, id)
+-- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
+local function finish(rec, ev, id, sid, owned)
+  redis.call('ZREM', RUNNING, id)
+  if owned then redis.call('SREM', owned, id) end
   -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
   -- several are written in the same microsecond.
   if LAST == nil then
-    local top = redis.call('ZREVRANGE', P .. 'finished', 0, 0, 'WITHSCORES')
+    local top = redis.call('ZREVRANGE', FINISHED, 0, 0, 'WITHSCORES')
     LAST = tonumber(top[2] or '0')
   end
   local score = NOW_US
   if LAST >= score then score = LAST + 1 end
   LAST = score
-  redis.call('ZADD', P .. 'finished', score, id .. '|' .. sid)
+  redis.call('ZADD', FINISHED, score, id .. '|' .. sid)
   local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
-  redis.call('HSET', P .. 'sizes', id, size)
-  redis.call('HINCRBY', P .. 'sizes', '#', size)
+  redis.call('HSET', SIZES, id, size)
+  redis.call('HINCRBY', SIZES, '#', size)
   redis.call('PEXPIRE', rec, TTL)
-  redis.call('PEXPIRE', P .. 'ev:' .. id, TTL)
+  redis.call('PEXPIRE', ev, TTL)
   if PRUNE then prune() end
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end
 
 -- End a queued execution (nobody runs it) as cancelled.
-local function cancel_queued(rec, id, sid, reason)
+local function cancel_queued(rec, ev, id, sid, reason)
   -- Its duration runs from its creation, across attempts, as a finished attempt's does.
   local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
   redis.call('HSET', rec, 'status', STATUS_CANCELLED, 'status_reason', reason,
     'finished_at', string.format('%.6f', NOW / 1000),
     'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
-  redis.call('LREM', P .. 'queue', 0, id)
-  finish(rec, id, sid, '')
+  redis.call('LREM', QUEUE, 0, id)
+  finish(rec, ev, id, sid, false)
 end
 

@@ -1,0 +1,152 @@
+"""The names of one agent's keys and channels, and the KEYS each script takes, in one place.
+
+Every name carries the hash tag `{agent-server:<agent>}`, so every key of one agent is in
+one Redis Cluster slot and a script may touch any of them (docs/replicas.md#key-layout).
+A script is given the keys it touches as KEYS; the keys of an id it learns only inside Lua
+(walking an index, a set or the queue) it names from the tagged prefix, KEYS[1] of the
+scripts that include records.lua. The order of each tuple here is its script's contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class Keys:
+    """Every key and channel of one agent's store is named here."""
+
+    __slots__ = (
+        "all",
+        "ends",
+        "events",
+        "finished",
+        "judged",
+        "prefix",
+        "queue",
+        "queued",
+        "records",
+        "renewals",
+        "replicas",
+        "running",
+        "sizes",
+        "tag",
+    )
+
+    def __init__(self, agent_name: str) -> None:
+        self.tag = f"{{agent-server:{agent_name}}}"
+        self.prefix = self.tag + ":"
+        prefix = self.prefix
+        self.all = prefix + "all"
+        self.running = prefix + "running"
+        self.finished = prefix + "finished"
+        self.sizes = prefix + "sizes"
+        self.queue = prefix + "queue"
+        self.replicas = prefix + "replicas"
+        self.renewals = prefix + "renewals"
+        #: Channels (they take the tag too): ends written, ids with new events, ids queued.
+        self.ends = prefix + "ends"
+        self.events = prefix + "events"
+        self.queued = prefix + "queued"
+        #: KEYS[1..6] of every script that includes records.lua.
+        self.records: tuple[str, ...] = (
+            prefix,
+            self.all,
+            self.running,
+            self.finished,
+            self.sizes,
+            self.queue,
+        )
+        #: KEYS[1..8] of every script that includes judge.lua.
+        self.judged: tuple[str, ...] = (*self.records, self.replicas, self.renewals)
+
+    # -- one key each ----------------------------------------------------------------------
+
+    def record(self, execution_id: str) -> str:
+        return f"{self.prefix}x:{execution_id}"
+
+    def stream(self, execution_id: str) -> str:
+        """An execution's events."""
+        return f"{self.prefix}ev:{execution_id}"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}"
+
+    def owned(self, replica: str) -> str:
+        return f"{self.prefix}owned:{replica}"
+
+    def releasing(self, session_id: str) -> str:
+        return f"{self.prefix}releasing:{session_id}"
+
+    def released(self, release_id: str) -> str:
+        return f"{self.prefix}released:{release_id}"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.prefix}idem:{key}"
+
+    def void(self, execution_id: str) -> str:
+        return f"{self.prefix}void:{execution_id}"
+
+    def cancel(self, replica: str) -> str:
+        """The channel of cancel requests for one replica."""
+        return f"{self.prefix}cancel:{replica}"
+
+    # -- the KEYS of each script (lua/NAME.lua) --------------------------------------------
+
+    def for_create(
+        self, execution_id: str, session_id: str, owner: str, key: str
+    ) -> tuple[str, ...]:
+        return (
+            *self.judged,
+            self.record(execution_id),
+            self.void(execution_id),
+            self.idempotency(key),
+            self.session(session_id),
+            self.owned(owner),
+            self.releasing(session_id),
+        )
+
+    def for_end(self, execution_id: str, owner: str) -> tuple[str, str, str]:
+        """One end's keys; a run of ends written together follows `records` with each's."""
+        return self.record(execution_id), self.stream(execution_id), self.owned(owner)
+
+    def for_ids(self, ids: Iterable[str]) -> list[str]:
+        """`get`: each record and its stream."""
+        keys = list(self.judged)
+        for execution_id in ids:
+            keys.extend((self.record(execution_id), self.stream(execution_id)))
+        return keys
+
+    def for_settle(self, ids: Iterable[str]) -> list[str]:
+        keys = list(self.judged)
+        for execution_id in ids:
+            keys.extend(
+                (self.record(execution_id), self.stream(execution_id), self.void(execution_id))
+            )
+        return keys
+
+    def for_forget(self, execution_id: str) -> tuple[str, ...]:
+        return *self.judged, self.record(execution_id), self.stream(execution_id)
+
+    def for_cancel_queued(self, execution_id: str) -> tuple[str, ...]:
+        return *self.records, self.record(execution_id), self.stream(execution_id)
+
+    def for_claim(self, replica: str) -> tuple[str, ...]:
+        return *self.records, self.replicas, self.owned(replica)
+
+    def for_list(self, index: str) -> tuple[str, ...]:
+        return *self.judged, index
+
+    def for_owned(self, replica: str) -> tuple[str, ...]:
+        return *self.judged, self.owned(replica)
+
+    def for_checkpoint(self, execution_id: str) -> tuple[str]:
+        return (self.record(execution_id),)
+
+    def for_emit(self, execution_id: str) -> tuple[str, str]:
+        return self.record(execution_id), self.stream(execution_id)
+
+    def for_handoff(self, execution_id: str, owner: str) -> tuple[str, ...]:
+        return self.record(execution_id), self.running, self.owned(owner), self.queue
+
+    def for_end_release(self, session_id: str, release_id: str) -> tuple[str, str]:
+        return self.releasing(session_id), self.released(release_id)

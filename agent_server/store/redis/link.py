@@ -1,0 +1,219 @@
+"""The store's connections to one Redis, and whether it is up.
+
+The scripts go through one multiplexed connection (`resp.RedisLink`), the renewal through a
+twin of its own (the probe: it never waits behind other commands' replies), pub/sub through
+a third; the rare commands through redis-py's pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+
+from agent_server.store import sentinel
+from agent_server.store.base import StoreObserver, StoreUnavailable
+from agent_server.store.redis import scripts
+from agent_server.store.redis.codec import scrub
+from agent_server.store.redis.failures import UNREACHABLE, reset, slow
+from agent_server.store.resp import RedisLink
+
+logger = logging.getLogger("agent_server.store")
+
+#: Bounded waits: an unreachable Redis never hangs a request.
+CONNECT_TIMEOUT = 2.0
+COMMAND_TIMEOUT = 2.0
+#: Connections to Redis per replica; past it, an operation waits (bounded) for one.
+MAX_CONNECTIONS = 64
+
+
+class Operation:
+    """`Link.operation`: a plain context manager (it awaits nothing itself), on the path of
+    every store call. Only the probe's failure, or a connection Redis refused or reset,
+    turns the store down: a command that is merely slow (a big read, a full pool) fails
+    alone and has the probe ask again now (readiness is reachability, not one request's
+    cost)."""
+
+    __slots__ = ("link", "name", "probe", "started")
+
+    def __init__(self, link: Link, name: str, probe: bool = False) -> None:
+        self.link = link
+        self.name = name
+        self.probe = probe
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> None:
+        link = self.link
+        if error is None:
+            link.report(self.name, self.started, True)
+            link.set_up(True)
+            return
+        if isinstance(error, Exception):
+            link.report(self.name, self.started, False)
+        if isinstance(error, UNREACHABLE) or reset(error):
+            if self.probe or not slow(error):
+                link.set_up(False)
+            else:
+                link.renew_now.set()
+            raise StoreUnavailable(f"Redis at {link.where}: {link.scrub(str(error))}") from error
+
+
+class Link:
+    """The connections, opened together and closed together, and the up/down state their
+    outcomes decide."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        where: str,
+        common: tuple[bytes | int, ...],
+        observer: StoreObserver | None,
+        on_up: Callable[[], None],
+        renew_now: asyncio.Event,
+    ) -> None:
+        self.url = url
+        self.where = where
+        #: The arguments every script takes first, as bytes: packed as they are.
+        self.common = common
+        self.observer = observer
+        self._on_up = on_up
+        #: Set to have the probe ask again now (the renewal waits on it).
+        self.renew_now = renew_now
+        self.client: aioredis.Redis | None = None
+        #: The scripts' connection (one, multiplexed); redis-py's pool serves the rest.
+        self.link: RedisLink | None = None
+        #: The subscriber (a twin of `link`): end notices, cancel requests, queued work.
+        self.subscriber: RedisLink | None = None
+        #: The probe's own connection (another twin): the renewal, which decides whether
+        #: the store is up, never waits behind other commands' replies.
+        self.probe: RedisLink | None = None
+        self.up = False
+
+    @property
+    def is_open(self) -> bool:
+        return self.client is not None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self.client is None:
+            raise StoreUnavailable(f"the store at {self.where} is not open")
+        return self.client
+
+    @property
+    def scripts(self) -> RedisLink:
+        if self.link is None:
+            raise StoreUnavailable(f"the store at {self.where} is not open")
+        return self.link
+
+    def scrub(self, text: str) -> str:
+        return scrub(self.url, text)
+
+    def connect(self) -> None:
+        """Make the connections (each connects on first use)."""
+        try:
+            if sentinel.is_sentinel_url(self.url):  # both find the primary through Sentinel
+                client, link = sentinel.connect(
+                    self.url,
+                    max_connections=MAX_CONNECTIONS,
+                    timeout=COMMAND_TIMEOUT,
+                    connect_timeout=CONNECT_TIMEOUT,
+                )
+            else:
+                # A bounded pool that makes an operation wait (at most COMMAND_TIMEOUT) for a
+                # free connection: a burst past the bound is queued, not refused as an outage.
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    self.url,
+                    max_connections=MAX_CONNECTIONS,
+                    timeout=COMMAND_TIMEOUT,
+                    socket_connect_timeout=CONNECT_TIMEOUT,
+                    socket_timeout=COMMAND_TIMEOUT,
+                    socket_keepalive=True,
+                    decode_responses=True,
+                    retry=Retry(NoBackoff(), 0),  # our callers retry; a command fails fast
+                )
+                client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+                link = RedisLink(self.url, connect_timeout=CONNECT_TIMEOUT, timeout=COMMAND_TIMEOUT)
+        except ValueError as exc:
+            reason = self.scrub(str(exc))
+            raise StoreUnavailable(f"invalid store URL for {self.where}: {reason}") from None
+        self.client = client
+        self.link = link
+        self.subscriber = link.twin()
+        self.probe = link.twin()
+
+    async def ping(self) -> None:
+        """Reach Redis and load the scripts."""
+        await cast(Awaitable[Any], self.redis.ping())
+        await self.load_scripts()
+
+    def detach(self) -> aioredis.Redis | None:
+        """The pool's client, taken: from now on the store reads as closed."""
+        client, self.client = self.client, None
+        return client
+
+    async def disconnect(self, client: aioredis.Redis | None) -> None:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        for each in (self.link, self.subscriber, self.probe):
+            if each is not None:
+                with contextlib.suppress(Exception):
+                    await each.close()
+        self.link = self.subscriber = self.probe = None
+
+    def operation(self, name: str, probe: bool = False) -> Operation:
+        """Time and report one operation; an unreachable Redis becomes StoreUnavailable. The
+        probe's failure, or a refused or reset connection, turns the store down until an
+        operation succeeds again."""
+        return Operation(self, name, probe)
+
+    def report(self, name: str, started: float, ok: bool) -> None:
+        if self.observer is not None:
+            self.observer.store_operation(name, time.perf_counter() - started, ok)
+
+    def set_up(self, up: bool) -> None:
+        if up == self.up:
+            return
+        self.up = up
+        if up:
+            self.renew_now.set()  # renew this replica's liveness now
+            logger.info("store %s reachable", self.where)
+            self._on_up()
+        else:
+            logger.warning("store %s unreachable", self.where)
+        if self.observer is not None:
+            self.observer.store_up(up)
+
+    async def load_scripts(self) -> None:
+        for text in scripts.SCRIPTS.values():
+            await cast(Awaitable[Any], self.redis.script_load(text))
+
+    def command(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> list[Any]:
+        """The EVALSHA of script `name` with its keys and arguments (common ones first)."""
+        return [b"EVALSHA", scripts.EVALSHA[name], len(keys), *keys, *self.common, *args]
+
+    async def script(
+        self, name: str, keys: Sequence[str | bytes], *args: Any, via: RedisLink | None = None
+    ) -> Any:
+        """EVALSHA (on the scripts' link, or `via`), loading the scripts again if Redis has
+        forgotten them (a restart)."""
+        link = self.scripts if via is None else via
+        try:
+            return await link.call(*self.command(name, keys, args))
+        except NoScriptError:
+            await self.load_scripts()
+            return await link.call(*self.command(name, keys, args))

@@ -1,0 +1,184 @@
+"""This replica's liveness, and the repair of what an unanswered command may have left.
+
+The renewal is one script call every lease_ttl/3, whatever the number of executions, and
+also sweeps the running work of dead replicas; it goes through the probe's connection, so
+its outcome says whether Redis is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from agent_server.execution import Execution, ExecutionStatus
+from agent_server.store.base import StoreObserver, StoreUnavailable
+from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import Link
+from agent_server.store.redis.notices import WAKE_BATCH
+from agent_server.store.redis.scripts import Row
+
+logger = logging.getLogger("agent_server.store")
+
+#: Records of dead replicas moved to `lost` per sweep (the sweep runs every lease_ttl/3).
+SWEEP_LIMIT = 100
+#: Owned records looked at per repair; the rest wait for the next one.
+ORPHAN_SCAN = 10_000
+
+
+class Liveness:
+    """The renewal loop, and what it repairs after each renewal (section 12, invariant 3)."""
+
+    def __init__(
+        self,
+        link: Link,
+        codec: RowCodec,
+        keys: Keys,
+        *,
+        replica_id: str,
+        lease_ttl: float,
+        observer: StoreObserver | None,
+        renew_now: asyncio.Event,
+        queued: asyncio.Event,
+        owed: Callable[[], set[str]],
+        end: Callable[[Execution], None],
+        hand_off: Callable[[Execution], None],
+    ) -> None:
+        self._link = link
+        self._codec = codec
+        self._keys = keys
+        self._replica_id = replica_id
+        self._lease_ttl = lease_ttl
+        self._observer = observer
+        self.renew_now = renew_now
+        self._queued = queued
+        self._owed = owed
+        self._end = end
+        self._hand_off = hand_off
+        #: Creates sent without an answer (Redis may run them yet), settled by `repair`.
+        self.in_doubt: dict[str, Execution] = {}
+        #: Ids whose create is on its way: not orphans, whatever the store says.
+        self.creating: set[str] = set()
+        self.claiming = 0
+        #: Whether this replica may own running records it runs nothing for: after a create
+        #: or claim that got no answer, and at open (a replica id used before).
+        self.repair_due = True
+        self._runs: Callable[[str], bool] | None = None
+        self._adopt: Callable[[str], bool] | None = None
+
+    def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
+        self._runs = runs
+        self._adopt = adopt
+
+    async def keep_alive(self) -> None:
+        """Renew every lease_ttl/3, or at once when asked (`renew_now`)."""
+        interval = self._lease_ttl / 3
+        next_tick = time.monotonic() + interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                    await self.renew_now.wait()
+            self.renew_now.clear()
+            next_tick = time.monotonic() + interval
+            try:
+                await self.tick()
+                await self.repair()
+            except StoreUnavailable:
+                pass  # counted; the next tick retries
+            except Exception:  # a bug, not an outage: say so, and keep renewing
+                logger.exception("renewing the liveness of replica %s failed", self._replica_id)
+
+    async def tick(self) -> None:
+        link = self._link
+        lease_ms = max(1, round(self._lease_ttl * 1000))
+        with link.operation("renew", probe=True):
+            reply = await link.script(
+                "tick", self._keys.judged, lease_ms, SWEEP_LIMIT, via=link.probe
+            )
+        if self._observer is not None:
+            self._observer.replicas_alive(int(reply[0]))
+        if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
+            self._queued.set()
+        for row in reply[2:]:
+            self._codec.restore(row)
+
+    async def repair(self) -> None:
+        """Accepted means it runs (section 12, invariant 3). A create that got no answer is
+        settled: run here if Redis recorded it after all, else voided so it never will be.
+        Then every running record this replica owns with no task here and no write owed
+        is an orphan (a claim that got no answer, a replica id used before): a resumable
+        one is handed back to the queue, any other ends `failed`, visibly, never `running`
+        for good."""
+        link = self._link
+        while self.in_doubt:
+            ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
+            with link.operation("settle"):
+                rows = await link.script("settle", self._keys.for_settle(ids), *ids)
+            for execution_id, row in zip(ids, rows, strict=True):
+                self.in_doubt.pop(execution_id, None)
+                mine = (
+                    bool(row)
+                    and row[Row.STATUS] == ExecutionStatus.RUNNING
+                    and row[Row.REPLICA] == self._replica_id
+                )
+                if mine and self._adopt is not None and self._adopt(execution_id):
+                    logger.warning(
+                        "execution %s: its start got no answer from Redis in time but was "
+                        "recorded; it runs now",
+                        execution_id,
+                    )
+            self.repair_due = True  # what was recorded and not adopted is an orphan
+        if not self.repair_due or self.claiming or self.creating or self._runs is None:
+            return
+        self.repair_due = False
+        try:
+            with link.operation("owned"):
+                rows = await link.script(
+                    "owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN
+                )
+        except StoreUnavailable:
+            self.repair_due = True
+            raise
+        owed = self._owed()
+        for row, max_attempts in rows:
+            execution = self._codec.restore(row)
+            key = execution.execution_id
+            if key in owed or key in self.creating or self._runs(key):
+                continue
+            if max_attempts:
+                logger.warning(
+                    "execution %s (%s): replica %s owns attempt %d but runs no task for it; "
+                    "its next attempt is queued",
+                    key,
+                    execution.reasoner,
+                    self._replica_id,
+                    execution.attempt,
+                )
+                self._hand_off(execution)
+                continue
+            self._fail_orphan(execution)
+
+    def _fail_orphan(self, execution: Execution) -> None:
+        logger.warning(
+            "execution %s (%s): replica %s owns it but runs no task for it (its start got "
+            "no answer in time); it ends failed",
+            execution.execution_id,
+            execution.reasoner,
+            self._replica_id,
+        )
+        execution.started_monotonic = time.monotonic() - max(
+            0.0, time.time() - execution.created_at
+        )
+        execution.finish(
+            ExecutionStatus.FAILED,
+            error={
+                "type": "ExecutionNotStarted",
+                "message": f"replica {self._replica_id} accepted it while Redis did not "
+                "answer, and could not start it",
+            },
+        )
+        self._end(execution)
