@@ -87,35 +87,21 @@ class RowCodec:
 
     def restore(self, row: list[Any]) -> Execution:
         """The record as a script returned it; a move to lost it made is counted here."""
-        (
-            execution_id,
-            reasoner,
-            session_id,
-            replica,
-            attempt,
-            status,
-            status_reason,
-            result,
-            error,
-            created_at,
-            finished_at,
-            duration,
-            abandoned,
-        ) = row[: len(FIELDS)]
+        status_reason, result, error = row[Row.STATUS_REASON], row[Row.RESULT], row[Row.ERROR]
         execution = Execution.restore(
-            execution_id,
-            reasoner,
-            session_id or None,
-            replica=replica,
-            attempt=int(attempt),
-            status=ExecutionStatus(status),
-            created_at=float(created_at),
+            row[Row.EXECUTION_ID],
+            row[Row.REASONER],
+            row[Row.SESSION_ID] or None,
+            replica=row[Row.REPLICA],
+            attempt=int(row[Row.ATTEMPT]),
+            status=ExecutionStatus(row[Row.STATUS]),
+            created_at=float(row[Row.CREATED_AT]),
             status_reason=CancelReason(status_reason) if status_reason else None,
             result=loads(result) if result else None,
             error=loads(error) if error else None,
-            finished_at=_number(finished_at),
-            duration_seconds=_number(duration),
-            abandoned=abandoned == "1",
+            finished_at=_number(row[Row.FINISHED_AT]),
+            duration_seconds=_number(row[Row.DURATION_SECONDS]),
+            abandoned=row[Row.ABANDONED] == "1",
         )
         moved = Moved(int(row[Row.MOVED]))
         if moved is Moved.LOST and self.observer is not None:
@@ -141,21 +127,22 @@ class RowCodec:
     def new_record(execution: Execution) -> list[str | bytes]:
         """The hash values in FIELDS order, for a record being created: nothing ended yet,
         so no result, error or end to encode (on the path of every start)."""
-        return [
-            execution.execution_id,
-            execution.reasoner,
-            execution.session_id or "",
-            execution.replica,
-            str(execution.attempt),
-            execution.status.value,
-            "",
-            b"null",
-            b"null",
-            repr(execution.created_at),
-            "",
-            "",
-            "0",
-        ]
+        values: dict[str, str | bytes] = {
+            "execution_id": execution.execution_id,
+            "reasoner": execution.reasoner,
+            "session_id": execution.session_id or "",
+            "status": execution.status.value,
+            "status_reason": "",
+            "result": b"null",
+            "error": b"null",
+            "created_at": repr(execution.created_at),
+            "finished_at": "",
+            "duration_seconds": "",
+            "replica": execution.replica,
+            "attempt": str(execution.attempt),
+            "abandoned": "0",
+        }
+        return [values[name] for name in FIELDS]
 
     @staticmethod
     def end_args(execution: Execution) -> list[str | bytes]:

@@ -14,7 +14,8 @@ import hashlib
 import re
 from importlib import resources
 
-from agent_server.status import ExecutionStatus
+from agent_server import record
+from agent_server.status import ACTIVE, ExecutionStatus
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -37,30 +38,32 @@ NAMES = (
 
 class Row(enum.IntEnum):
     """A record as a script returns it, by position (from 0; Lua's `I_STATUS` is one more):
-    the hash fields first (`FIELDS`, Lua's `F`), then what a read adds: what it did to the
-    record, whether a list matched it, and the list cursor past it. Declared once here; the
-    Lua scripts get every name through codes.lua."""
+    the record's fields as agent_server/record.py declares them, in its order (the hash,
+    Lua's `F`), then what a read adds: what it did to the record, whether a list matched it,
+    and the list cursor past it. Python and Lua both read a row through these names."""
 
     EXECUTION_ID = 0
     REASONER = 1
     SESSION_ID = 2
-    REPLICA = 3
-    ATTEMPT = 4
-    STATUS = 5
-    STATUS_REASON = 6
-    RESULT = 7
-    ERROR = 8
-    CREATED_AT = 9
-    FINISHED_AT = 10
-    DURATION_SECONDS = 11
+    STATUS = 3
+    STATUS_REASON = 4
+    RESULT = 5
+    ERROR = 6
+    CREATED_AT = 7
+    FINISHED_AT = 8
+    DURATION_SECONDS = 9
+    REPLICA = 10
+    ATTEMPT = 11
     ABANDONED = 12
     MOVED = 13
     MATCHED = 14
     CURSOR = 15
 
 
-#: The record's hash fields, in the order every script returns them.
-FIELDS = tuple(index.name.lower() for index in Row if index < Row.MOVED)
+#: The record's hash fields, in the order every script returns them: the declaration's.
+FIELDS = tuple(field.name for field in record.FIELDS)
+if tuple(index.name.lower() for index in Row if index < Row.MOVED) != FIELDS:
+    raise RuntimeError("Row must name agent_server/record.py's fields, in its order")
 
 
 class Create(enum.IntEnum):
@@ -96,14 +99,17 @@ _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
 
 def _codes() -> str:
     """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`),
-    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py), the
-    record's fields (`F`) and where each is in a returned record (`I_STATUS`)."""
-    lines = ["-- Made from agent_server/store/redis/scripts.py and agent_server/status.py."]
+    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py) and which
+    are active (`ACTIVE[status]`: some move leaves them), the record's fields (`F`, from
+    agent_server/record.py) and where each is in a returned record (`I_STATUS`)."""
+    lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
     for kind in (Create, Forget, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
     for status in ExecutionStatus:
         lines.append(f"local STATUS_{status.name} = '{status.value}'")
+    active = ", ".join(f"{status.value} = true" for status in sorted(ACTIVE))
+    lines.append(f"local ACTIVE = {{{active}}}")
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
     for index in Row:
         lines.append(f"local I_{index.name} = {index + 1}")

@@ -31,8 +31,14 @@ for i = 5, #ARGV, 10 do
       finish(rec, ev, id, v[4], owned)
       ok = 1
       if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
-        notice[#notice + 1] = {id, v[6], v[4], owner, attempt, status, ARGV[i + 4],
-          ARGV[i + 5], ARGV[i + 6], v[7], fin, ARGV[i + 8], ARGV[i + 9]}
+        local written = {execution_id = id, reasoner = v[6], session_id = v[4],
+          status = status, status_reason = ARGV[i + 4], result = ARGV[i + 5],
+          error = ARGV[i + 6], created_at = v[7], finished_at = fin,
+          duration_seconds = ARGV[i + 8], replica = owner, attempt = attempt,
+          abandoned = ARGV[i + 9]}
+        local row = {}
+        for j, f in ipairs(F) do row[j] = written[f] end
+        notice[#notice + 1] = row
       else
         notice[#notice + 1] = id
       end
