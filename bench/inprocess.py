@@ -1,0 +1,153 @@
+"""The request path in process: the demo agent's ASGI app called directly, no HTTP, no wrk.
+
+Over loopback on two cores shared with the load generator, two servers running the same code
+differ by 10 to 25% (RESULTS.md, "The request path after issues 22 and 23"); called in
+process, a tree's cost per request is steady to a few percent, so a change to the code path
+shows. Each tree runs in a child interpreter of its own (`PYTHONPATH` = the tree), the trees
+alternate, and each pass is `--requests` requests; the best pass counts.
+
+Scenarios: a sync run (`POST /reasoners/echo`) and a status read (`GET /executions/{id}` of a
+finished execution), with the memory store.
+
+Usage: python -m bench.inprocess [--compare DIR] [--passes 12] [--requests 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT
+
+CHILD = r"""
+import asyncio, json, sys, time
+from agent_server.demo import agent
+
+app = agent.asgi()
+passes, requests = int(sys.argv[1]), int(sys.argv[2])
+
+
+async def call(method, path, body=b""):
+    sent = []
+    delivered = False
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"host", b"bench"), (b"content-type", b"application/json")]
+    if body:
+        headers.append((b"content-length", str(len(body)).encode()))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "headers": headers, "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80), "state": {}, "extensions": {},
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+async def main():
+    queue = asyncio.Queue()
+    await queue.put({"type": "lifespan.startup"})
+    replies = asyncio.Queue()
+
+    async def lifespan_send(message):
+        await replies.put(message)
+
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+    task = asyncio.create_task(app(scope, queue.get, lifespan_send))
+    started = await replies.get()
+    assert started["type"] == "lifespan.startup.complete", started
+    body = json.dumps({"text": "hello"}).encode()
+    first = await call("POST", "/reasoners/echo/async", body)
+    execution_id = json.loads(first[1]["body"])["execution_id"]
+    await asyncio.sleep(0.05)
+    results = {}
+    for name, method, path, payload in (
+        ("sync", "POST", "/reasoners/echo", body),
+        ("get", "GET", f"/executions/{execution_id}", b""),
+    ):
+        status = (await call(method, path, payload))[0]["status"]
+        assert status == 200, (name, status)
+        best = float("inf")
+        for _ in range(passes):
+            began = time.perf_counter()
+            for _ in range(requests):
+                await call(method, path, payload)
+            best = min(best, (time.perf_counter() - began) / requests)
+        results[name] = best * 1e6
+    print(json.dumps(results))
+    task.cancel()
+
+
+asyncio.run(main())
+"""
+
+
+def measure(tree: Path, passes: int, requests: int) -> dict[str, float]:
+    """Microseconds per request of each scenario, best pass, for the tree at `tree`."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(passes), str(requests)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return figures
+
+
+def run(compare: Path | None, passes: int, requests: int, repeat: int) -> dict[str, Any]:
+    trees = [ROOT] if compare is None else [ROOT, compare]
+    seen: dict[str, list[dict[str, float]]] = {str(tree): [] for tree in trees}
+    for turn in range(repeat):
+        for tree in trees if turn % 2 == 0 else list(reversed(trees)):
+            seen[str(tree)].append(measure(tree, passes, requests))
+    best = {
+        tree: {name: min(run[name] for run in runs) for name in runs[0]}
+        for tree, runs in seen.items()
+    }
+    return {"trees": [str(tree) for tree in trees], "best_us": best, "runs": seen}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    trees = data["trees"]
+    best = data["best_us"]
+    lines = ["| scenario | " + " | ".join(f"{Path(t).name} (us)" for t in trees) + " | ratio |"]
+    lines.append("|---|" + "---|" * (len(trees) + 1))
+    for name in best[trees[0]]:
+        values = [best[tree][name] for tree in trees]
+        ratio = f"{values[0] / values[1]:.2f}" if len(values) == 2 else ""
+        lines.append(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--compare", type=Path, default=None)
+    parser.add_argument("--passes", type=int, default=12)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each tree, alternating")
+    args = parser.parse_args()
+    data = run(args.compare, args.passes, args.requests, args.repeat)
+    print(markdown(data))
+
+
+if __name__ == "__main__":
+    main()
