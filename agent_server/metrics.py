@@ -61,6 +61,8 @@ HTTP_BUCKETS = (0.001, 0.0025, 0.005, *EXECUTION_BUCKETS)
 EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
 SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "abandoned")
+#: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
+TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "http")
 SESSION_OUTCOMES = ("settled", "abandoned")
 
 #: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
@@ -166,6 +168,14 @@ class Metrics:
             "Seconds from the first signal to the shutdown report; 0 until then.",
             registry=None,
         )
+        self.shutdown_phase_duration = Gauge(
+            f"{PREFIX}_shutdown_phase_duration_seconds",
+            "Seconds each phase of the shutdown took: unready, draining, cancelling (the "
+            "cancellation and the settle), flushing (ends owed to the store), then http (open "
+            "responses after the listener closed); 0 until it ends.",
+            ["phase"],
+            registry=None,
+        )
         self.shutdown_executions = Counter(
             f"{PREFIX}_shutdown_executions_total",
             "Executions that ended during the shutdown: finished before the drain deadline, "
@@ -178,6 +188,8 @@ class Metrics:
             self.shutdown_registry.register(collector)
         for outcome in SHUTDOWN_OUTCOMES:
             self.shutdown_executions.labels(outcome)
+        for phase in TIMED_PHASES:
+            self.shutdown_phase_duration.labels(phase)
         self._phase = SHUTDOWN_PHASES[0]
         self.shutdown_phase.state(self._phase)
         self._shutdown_counted: Tally[str] = Tally()
@@ -188,6 +200,7 @@ class Metrics:
             self.shutdown_phase,
             self.shutdown_started,
             self.shutdown_duration,
+            self.shutdown_phase_duration,
             self.shutdown_executions,
         )
 
@@ -288,7 +301,15 @@ class Metrics:
         self._phase = phase
         self.shutdown_phase.state(phase)
 
-    def shutdown_ended(self, duration: float, outcomes: Iterable[tuple[str, int]]) -> None:
+    def shutdown_phase_took(self, phase: str, seconds: float) -> None:
+        self.shutdown_phase_duration.labels(phase).set(seconds)
+
+    def shutdown_ended(
+        self,
+        duration: float,
+        outcomes: Iterable[tuple[str, int]],
+        phase_seconds: dict[str, float] | None = None,
+    ) -> None:
         """Make the shutdown counters agree with the report, then set the duration.
 
         The counters already moved as executions ended during the drain (so a scrape shows
@@ -298,6 +319,8 @@ class Metrics:
             missing = count - self._shutdown_counted[outcome]
             if missing > 0:
                 self._count_shutdown(outcome, missing)
+        for phase, seconds in (phase_seconds or {}).items():
+            self.shutdown_phase_took(phase, seconds)
         self.shutdown_duration.set(duration)
 
     def _shutdown_outcome(self, outcome: str) -> str | None:

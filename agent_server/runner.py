@@ -88,6 +88,8 @@ class Runner(uvicorn.Server):
         self.signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._requested: asyncio.Event | None = None
+        #: When the listener closed (after the report): the http phase runs from there.
+        self._listener_closed: float | None = None
         self.watchdog = Watchdog(self._watchdog_line)
 
     # -- signals (main thread, between bytecodes: set flags and hand over to the loop) -----
@@ -153,7 +155,12 @@ class Runner(uvicorn.Server):
             raise
         sequence = self.sequence
         if sequence.started is not None:  # last: bounded by the time left before the watchdog
+            if self._listener_closed is not None:
+                sequence.took("http", time.monotonic() - self._listener_closed)
+            pushing = time.monotonic()
             await self.push(sequence.plan.hard_end(sequence.started))
+            sequence.took("push", time.monotonic() - pushing)
+            sequence.last_line(self.exit_code)
         await finish_process(
             self.exit_code,
             abandoned_pending=sequence.registry.abandoned_pending,
@@ -192,7 +199,8 @@ class Runner(uvicorn.Server):
         uvicorn what is left of the http phase for open responses."""
         sequence = self.sequence
         assert sequence.started is not None
-        deadline = sequence.plan.http_deadline(sequence.started, time.monotonic())
+        self._listener_closed = time.monotonic()
+        deadline = sequence.plan.http_deadline(sequence.started, self._listener_closed)
         for server in self.servers:
             server.close()
         if sequence.end_streams is not None:  # open event streams end with a retry hint

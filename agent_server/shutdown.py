@@ -105,7 +105,11 @@ class ShutdownReport:
     """What the shutdown did; logged once as one structured line."""
 
     signal: str | None
+    #: When each phase began, in seconds after the first signal.
     phases: dict[str, float] = field(default_factory=dict)
+    #: How long each phase took up to the report: unready, draining, cancelling (the
+    #: cancellation and the settle), flushing (ends still owed to the store).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     finished: int = 0
     cancelled: int = 0
     #: Resumable executions queued for another replica at the drain deadline.
@@ -168,6 +172,7 @@ class ShutdownSequence:
         self._skip = asyncio.Event()
         self._ended_before = 0
         self._rejected_before = 0
+        self._after_report: dict[str, float] = {}
 
     def begin(self, started: float, wall_time: float, signal_name: str | None) -> None:
         """The first instant of shutdown: unready, `ctx.draining` true, metrics say so."""
@@ -203,11 +208,13 @@ class ShutdownSequence:
         t0 = self.started
         phases: dict[str, float] = {"unready": 0.0}
 
+        took: dict[str, float] = {}
         admission_at = t0 + (0.0 if skip_unready else self.plan.unready_delay)
         await self._until(admission_at)
         self.registry.close_admission()
         self.set_phase(Phase.DRAINING)
         phases["draining"] = time.monotonic() - t0
+        took["unready"] = phases["draining"]
 
         cancel_at = admission_at + self.plan.drain_timeout
         if not self._skip.is_set():
@@ -217,6 +224,7 @@ class ShutdownSequence:
 
         self.set_phase(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
+        took["draining"] = phases["cancelling"] - phases["draining"]
         handed_before = self.registry.stats.outcomes["handed_off"]
         tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
         if tasks:
@@ -226,7 +234,9 @@ class ShutdownSequence:
             self.limit_releases(settle_at)
         abandoned = await self.registry.settle(tasks, settle_at)
         handed_off = self.registry.stats.outcomes["handed_off"] - handed_before
-        unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, time.monotonic()))
+        flushing = time.monotonic()
+        took["cancelling"] = flushing - t0 - phases["cancelling"]
+        unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
         for execution in unrecorded:
             # Everything but the result: a log line never carries a result (it may be
             # megabytes, and a thousand of them would flood the log at the worst moment).
@@ -239,6 +249,7 @@ class ShutdownSequence:
             )
 
         duration = time.monotonic() - t0
+        took["flushing"] = time.monotonic() - flushing
         phases["stopped"] = duration
         abandoned_earlier = max(
             0, self.registry.abandoned_pending - len(abandoned) - self.registry.stale_pending
@@ -246,6 +257,7 @@ class ShutdownSequence:
         report = ShutdownReport(
             signal=self._signal,
             phases={name: round(seconds, 4) for name, seconds in phases.items()},
+            phase_seconds={name: round(seconds, 4) for name, seconds in took.items()},
             finished=finished,
             cancelled=len(tasks) - len(abandoned) - handed_off,
             handed_off=handed_off,
@@ -266,6 +278,7 @@ class ShutdownSequence:
                 ("handed_off", report.handed_off),
                 ("abandoned", report.abandoned),
             ],
+            took,
         )
         self.set_phase(Phase.STOPPED)
         logger.info(
@@ -275,6 +288,22 @@ class ShutdownSequence:
         )
         self.report = report
         return report
+
+    def took(self, phase: str, seconds: float) -> None:
+        """A phase after the report (the runner's `http`, then `exit`): in the phase metric
+        (pushed, for `http`) and in the last line."""
+        self.metrics.shutdown_phase_took(phase, seconds)
+        self._after_report[phase] = seconds
+
+    def last_line(self, code: int) -> None:
+        """One line as the process ends: what each phase after the report took."""
+        assert self.started is not None
+        logger.info(
+            "shutdown ended %.3fs after the first signal (%s); exit code %d",
+            time.monotonic() - self.started,
+            ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self._after_report.items()),
+            code,
+        )
 
     async def _until(self, deadline: float) -> None:
         """Wait for the deadline, or less when a second signal asks to skip ahead."""

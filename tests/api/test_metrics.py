@@ -97,6 +97,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "shutdown_phase": "gauge",  # an Enum: one 0/1 series per phase
         P + "shutdown_started_timestamp_seconds": "gauge",
         P + "shutdown_duration_seconds": "gauge",
+        P + "shutdown_phase_duration_seconds": "gauge",
         P + "shutdown_executions": "counter",
         P + "session_releases": "counter",
         P + "store_operation_duration_seconds": "histogram",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Settings
@@ -99,6 +100,17 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
         assert final("draining") == 1
         assert abs(final("shutdown_started_timestamp_seconds") - wall) < 1e-3
         assert abs(final("shutdown_duration_seconds") - report.duration_seconds) < 1e-3
+        # Each phase's time, in the report and the metric: they add up to the duration, and
+        # the settle of the swallowing execution is the cancelling phase's.
+        took = report.phase_seconds
+        assert list(took) == ["unready", "draining", "cancelling", "flushing"]
+        assert sum(took.values()) == pytest.approx(report.duration_seconds, abs=0.01)
+        assert took["cancelling"] >= settings.cancel_timeout - 0.05
+        for phase, seconds in took.items():
+            assert final("shutdown_phase_duration_seconds", phase=phase) == pytest.approx(
+                seconds, abs=1e-3
+            )
+        assert final("shutdown_phase_duration_seconds", phase="http") == 0  # not a runner here
         assert (report.finished, report.cancelled, report.abandoned) == (1, 1, 1)
         assert [final.shutdown(o) for o in ("finished", "cancelled", "abandoned")] == [1, 1, 1]
         assert final("executions_finished_total", reasoner="swallow", status="abandoned") == 1
@@ -211,3 +223,15 @@ def test_a_real_drain_is_visible_in_metrics_health_and_the_push(server_factory: 
     # 1.5 unready + 4 drain + about 2 of cleanup
     assert 7.0 < push.value(P + "shutdown_duration_seconds") < elapsed
     assert "shutdown metrics pushed" in server.stderr()
+    # Every phase's time is pushed, the http phase after the listener closed included, and
+    # the process's last line says what the phases after the report took.
+    took = {
+        name: push.value(P + "shutdown_phase_duration_seconds", phase=name)
+        for name in ("unready", "draining", "cancelling", "flushing", "http")
+    }
+    assert took["unready"] == pytest.approx(1.5, abs=0.2)
+    assert 1.5 < took["cancelling"] < 4.0  # about 2 s of cleanup after the cancellation
+    assert 0 < took["http"] < 2.0
+    assert sum(took.values()) < elapsed
+    last = [line for line in server.stderr().splitlines() if "shutdown ended" in line]
+    assert len(last) == 1 and "http" in last[0] and "exit code 0" in last[0], last

@@ -38,6 +38,7 @@ SHUTDOWN_FAMILIES = {
     "agent_server_shutdown_phase",
     "agent_server_shutdown_started_timestamp_seconds",
     "agent_server_shutdown_duration_seconds",
+    "agent_server_shutdown_phase_duration_seconds",
     "agent_server_shutdown_executions",
 }
 
@@ -103,6 +104,9 @@ async def test_push_after_a_shutdown_sends_only_the_shutdown_metrics() -> None:
         report.duration_seconds, abs=1e-3
     )
     assert push.value("agent_server_shutdown_started_timestamp_seconds") > 0
+    for name, seconds in report.phase_seconds.items():
+        took = push.value("agent_server_shutdown_phase_duration_seconds", phase=name)
+        assert took == pytest.approx(seconds, abs=1e-3)
     for outcome in ("finished", "cancelled", "abandoned"):
         assert push.value("agent_server_shutdown_executions_total", outcome=outcome) == 0
     assert "_created" not in push.body
