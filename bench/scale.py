@@ -234,6 +234,12 @@ def run_mix(
         "ratio": elapsed / bound,
         "report": {k: report[k] for k in ("finished", "cancelled", "abandoned", "rejected")},
         "report_duration_seconds": report["duration_seconds"],
+        # Each phase's time (reports from before they carried it: none), and what followed
+        # the report: the listener, the http phase, the push and the exit.
+        "phase_seconds": report.get("phase_seconds") or {},
+        "after_report_seconds": None
+        if report["duration_seconds"] is None
+        else elapsed - report["duration_seconds"],
         "counted": counted,
         "adds_up": counted == n,
         "gc_pause_after_signal": sum(pauses) if gc_log else None,
@@ -355,6 +361,14 @@ def summarise(
                 "all_add_up": all(r["adds_up"] for r in runs),
                 "exit_codes": sorted({r["exit_code"] for r in runs}),
                 "gc_pause_after_signal": [r["gc_pause_after_signal"] for r in runs],
+                "phases": {
+                    phase: Spread.of([r["phase_seconds"][phase] for r in runs]).as_dict()
+                    for phase in runs[0]["phase_seconds"]
+                    if all(phase in r["phase_seconds"] for r in runs)
+                },
+                "after_report": Spread.of(
+                    [r["after_report_seconds"] for r in runs if r["after_report_seconds"]] or [0.0]
+                ).as_dict(),
             }
     for target in ("agent-server", "baseline"):
         per_scale: dict[int, Any] = {}
@@ -442,6 +456,19 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{entry['exit_codes']} | {reports}{gc_text if pauses else ''} | "
                 f"{entry['all_add_up']} |"
             )
+        lines += [
+            "",
+            "| in flight | unready s | draining s | cancelling s | flushing s "
+            "| after the report s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for n, entry in summary["mix"].items():
+            phases = entry.get("phases", {})
+            cells = [
+                spread(phases[p], 3) if p in phases else "-"
+                for p in ("unready", "draining", "cancelling", "flushing")
+            ]
+            lines.append(f"| {n} | {' | '.join(cells)} | {spread(entry['after_report'], 3)} |")
         lines.append("")
     if summary["park"]:
         lines += [
