@@ -48,6 +48,10 @@ logger = logging.getLogger("agent_server.registry")
 THREAD_WORKERS = 32
 #: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
 UNANSWERED_LIMIT = 10_000
+#: Executions a settle abandons that each get a log line of their own; the rest are counted
+#: in one line, by reasoner (a drain that abandons 10,000 would otherwise write 10,000 lines
+#: past its deadline, the time a grace period does not have).
+ABANDONED_LINES = 20
 
 
 class RejectReason(enum.StrEnum):
@@ -323,9 +327,17 @@ class InFlightRegistry:
         for task in pending:
             if task.done():  # ended in the same loop iteration as the timeout
                 continue
-            execution = self._abandon(task)
+            execution = self._abandon(task, say=len(abandoned) < ABANDONED_LINES)
             if execution is not None:
                 abandoned.append(execution)
+        if len(abandoned) > ABANDONED_LINES:
+            by_reasoner = Counter(execution.reasoner for execution in abandoned[ABANDONED_LINES:])
+            logger.warning(
+                "%d more executions abandoned: they did not settle after cancellation (%s); "
+                "each is recorded cancelled and abandoned",
+                len(abandoned) - ABANDONED_LINES,
+                ", ".join(f"{name} {count}" for name, count in by_reasoner.most_common()),
+            )
         return abandoned
 
     def abandon(self, execution_id: str) -> Execution | None:
@@ -337,9 +349,10 @@ class InFlightRegistry:
         if not task.done():
             self._abandon(task)
 
-    def _abandon(self, task: asyncio.Task[None]) -> Execution | None:
+    def _abandon(self, task: asyncio.Task[None], *, say: bool = True) -> Execution | None:
         """Give up on a task that will not settle: record it, keep it referenced, observe it.
-        An execution being handed off is handed off now; its task is a stale attempt."""
+        An execution being handed off is handed off now; its task is a stale attempt.
+        `say`: log its own line (a settle that abandons thousands logs the rest in one)."""
         execution = self._executions.get(task)
         if execution is None or execution.is_terminal:
             return None
@@ -353,6 +366,8 @@ class InFlightRegistry:
             return None
         execution.abandoned = True
         self._record(execution, ExecutionStatus.CANCELLED, reason=execution.cancel_reason)
+        if not say:
+            return execution
         logger.warning(
             "execution %s (%s) abandoned: it did not settle after cancellation (%s)",
             execution.execution_id,

@@ -17,7 +17,12 @@ import pytest
 
 from agent_server.execution import CancelReason, ExecutionContext, ExecutionStatus
 from agent_server.reasoner import Reasoner
-from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.registry import (
+    ABANDONED_LINES,
+    AdmissionError,
+    InFlightRegistry,
+    RejectReason,
+)
 from tests.apps.tests_app import (
     cooperative,
     deferred_cleanup,
@@ -316,6 +321,32 @@ async def test_cancel_all_then_settle_counts_each_outcome(
     assert registry.abandoned_pending == 0
     assert "ended later" in observed.text
     assert stubborn.status is ExecutionStatus.CANCELLED  # the record stays as reported
+
+
+async def test_a_settle_that_abandons_many_logs_a_few_lines_and_counts_the_rest(
+    observed: pytest.LogCaptureFixture,
+) -> None:
+    """Past the cancel deadline the process has no time to spare: abandoning thousands writes
+    ABANDONED_LINES lines of their own and one for the rest, by reasoner; every one is still
+    recorded abandoned."""
+    registry = await local_registry()
+    extra = 5
+    stubborn = [
+        await started(registry, swallow, seconds=0.4) for _ in range(ABANDONED_LINES + extra)
+    ]
+    registry.begin_drain()
+    tasks = registry.cancel_all(CancelReason.SHUTDOWN)
+    abandoned = await registry.settle(tasks, time.monotonic() + 0.05)
+    assert {e.execution_id for e in abandoned} == {e.execution_id for e in stubborn}
+    assert all(e.abandoned and e.status is ExecutionStatus.CANCELLED for e in stubborn)
+    assert registry.stats.outcomes["abandoned"] == ABANDONED_LINES + extra
+    lines = [r.getMessage() for r in observed.records if "abandoned" in r.getMessage()]
+    own = [line for line in lines if "abandoned: it did not settle" in line]
+    assert len(own) == ABANDONED_LINES
+    assert f"{extra} more executions abandoned" in " ".join(lines)
+    assert f"swallow {extra}" in " ".join(lines)
+    await registry.wait_abandoned(time.monotonic() + WAIT)
+    assert registry.abandoned_pending == 0
 
 
 async def test_cancel_all_skips_work_that_just_ended(observed: object) -> None:
