@@ -128,6 +128,8 @@ class InFlightRegistry:
         self._idle = asyncio.Event()
         self._idle.set()
         self._executor: ThreadPoolExecutor | None = None
+        #: Executions of `def` reasoners, whose threads cannot be cancelled, while they run.
+        self._in_threads: set[str] = set()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -353,11 +355,22 @@ class InFlightRegistry:
             return None
         execution.abandoned = True
         self._record(execution, ExecutionStatus.CANCELLED, reason=execution.cancel_reason)
+        in_thread = execution.execution_id in self._in_threads
+        reason = None if execution.cancel_reason is None else execution.cancel_reason.value
         logger.warning(
-            "execution %s (%s) abandoned: it did not settle after cancellation (%s)",
+            "execution %s (%s) abandoned: %s did not settle after cancellation (%s)",
             execution.execution_id,
             execution.reasoner,
-            None if execution.cancel_reason is None else execution.cancel_reason.value,
+            "its thread (a def reasoner cannot be cancelled)" if in_thread else "it",
+            reason,
+            extra={
+                "fields": {
+                    "abandoned_execution": execution.execution_id,
+                    "reasoner": execution.reasoner,
+                    "in_thread": in_thread,
+                    "cancel_reason": reason,
+                }
+            },
         )
         return execution
 
@@ -406,7 +419,7 @@ class InFlightRegistry:
             if reasoner.is_async:
                 value = await reasoner.coroutine(arguments, context)
             else:
-                value = await self._run_in_thread(reasoner, arguments, context)
+                value = await self._run_in_thread(execution, reasoner, arguments, context)
             result = reasoner.serialize(value)
         except asyncio.CancelledError as exc:
             if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
@@ -453,7 +466,11 @@ class InFlightRegistry:
         self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(
-        self, reasoner: Reasoner, arguments: dict[str, Any], context: ExecutionContext | None
+        self,
+        execution: Execution,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        context: ExecutionContext | None,
     ) -> Any:
         """A thread cannot be interrupted: on cancellation keep waiting, so the record is
         honest; settle bounds the wait and abandons it if need be."""
@@ -465,9 +482,14 @@ class InFlightRegistry:
         future = loop.run_in_executor(
             self._executor, functools.partial(reasoner.call, arguments, context)
         )
-        while True:
-            with contextlib.suppress(asyncio.CancelledError):
-                return await asyncio.shield(future)
+        key = execution.execution_id
+        self._in_threads.add(key)
+        try:
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):
+                    return await asyncio.shield(future)
+        finally:
+            self._in_threads.discard(key)
 
     def _record(
         self,
