@@ -203,11 +203,11 @@ class LoopLagSampler:
             self._thread = None
         kept = sorted(self._kept, key=lambda lag: lag[1])
         logger.info(
-            "event loop lag: longest %.3fs over %d samples, %d stalls over %gs",
+            "event loop lag: longest %.3fs over %d samples; stalls over %gs: %d",
             self.longest,
             self.samples,
-            self.stalls,
             self.threshold,
+            self.stalls,
             extra={
                 "fields": {
                     "longest_lag_seconds": round(self.longest, 4),
