@@ -493,7 +493,7 @@ async def _follow(http: httpx.AsyncClient, execution: Started, wait: float) -> N
 #: What an abandoned execution says of its reasoner, by what ran it.
 ABANDONED_FAULTS = {
     "task": "swallows cancellation",
-    "thread": "runs past the drain in a worker thread (a def reasoner cannot be cancelled)",
+    "thread": "runs past the drain in a thread, which cannot be cancelled (a def reasoner)",
 }
 
 

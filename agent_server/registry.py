@@ -358,11 +358,13 @@ class InFlightRegistry:
         in_thread = execution.execution_id in self._in_threads
         reason = None if execution.cancel_reason is None else execution.cancel_reason.value
         logger.warning(
-            "execution %s (%s) abandoned: %s did not settle after cancellation (%s)",
+            "execution %s (%s) abandoned: it did not settle after cancellation (%s)%s",
             execution.execution_id,
             execution.reasoner,
-            "its thread (a def reasoner cannot be cancelled)" if in_thread else "it",
             reason,
+            "; it runs in a thread, which cannot be cancelled (a def reasoner)"
+            if in_thread
+            else "",
             extra={
                 "fields": {
                     "abandoned_execution": execution.execution_id,

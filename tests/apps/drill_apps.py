@@ -1,6 +1,7 @@
 """Agents for `agent-server drill` (tests/process/test_drill.py), served from tests/apps/:
 `drill_apps:cooperative` (shutdown-safe), `drill_apps:swallowing` (a reasoner that swallows
 its cancellation), `drill_apps:blocking` (a reasoner that blocks the loop with `time.sleep`),
+`drill_apps:threaded` (a `def` reasoner, whose thread cannot be cancelled),
 `drill_apps:strict` (a required input with neither example nor default)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from agent_server import Agent, ExecutionContext
 cooperative = Agent("cooperative")
 swallowing = Agent("swallowing")
 blocking = Agent("blocking")
+threaded = Agent("threaded")
 strict = Agent("strict")
 
 
@@ -80,6 +82,13 @@ async def hog(seconds: float = 2.5) -> str:
 @blocking.reasoner(name="quick")
 async def blocking_quick() -> str:
     return "done"
+
+
+@threaded.reasoner()
+def sleeper(seconds: float = 30.0) -> str:
+    """A plain `def` runs in a worker thread: cancelled, it goes on, and is abandoned."""
+    time.sleep(seconds)
+    return "woke"
 
 
 @strict.reasoner()

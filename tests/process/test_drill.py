@@ -93,6 +93,17 @@ def test_a_reasoner_that_swallows_cancellation_is_named() -> None:
     assert verdict["shutdown"]["exit_code"] == 3  # the server's own code for it
 
 
+def test_a_def_reasoner_past_the_drain_is_named_for_its_thread() -> None:
+    code, verdict = drilled("drill_apps:threaded")
+    assert code == 1, verdict
+    (sleeper,) = verdict["reasoners"]
+    assert sleeper["faults"] == [
+        "runs past the drain in a thread, which cannot be cancelled (a def reasoner) "
+        "(1 of 1 abandoned)"
+    ]
+    assert sleeper["longest_stall"] < 1  # a thread does not hold the loop
+
+
 def test_a_reasoner_that_blocks_the_loop_is_named_with_its_function() -> None:
     done = drill("drill_apps:blocking", *FAST, "--input", 'hog={"seconds": 1.6}')
     assert done.returncode == 1, done.stdout + done.stderr
