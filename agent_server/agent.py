@@ -22,6 +22,7 @@ from agent_server.exits import finish_process
 from agent_server.front import build_app
 from agent_server.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.loop_errors import install_loop_error_handler
+from agent_server.loop_lag import LoopLagSampler, reasoner_codes
 from agent_server.metrics import Metrics
 from agent_server.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.openapi import openapi_document
@@ -312,6 +313,12 @@ class Agent:
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         await parts.store.open()
         parts.taker.start()
+        # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
+        sampler = LoopLagSampler(
+            self.metrics.loop_lagged,
+            reasoner_codes((name, reasoner.func) for name, reasoner in self.reasoners.items()),
+        )
+        sampler.start()
         report = None
         try:
             own = None if self.user_lifespan is None else self.user_lifespan(app)
@@ -331,6 +338,7 @@ class Agent:
                 if own is not None:
                     await self._exit_user_lifespan(own)
         finally:
+            await sampler.stop()
             await parts.taker.close()
             await parts.releases.close()
             await parts.store.close()

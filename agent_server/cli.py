@@ -38,6 +38,7 @@ from agent_server.client import (
     Unavailable,
     WaitTimeout,
 )
+from agent_server.drill import SHUTDOWN_FIELDS, DrillArgs, DrillError, drill_and_print, parse_input
 from agent_server.execution import exception_text
 from agent_server.exits import ExitCode
 from agent_server.http_limits import BoundedHttpToolsProtocol
@@ -167,14 +168,20 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def settings_options(model: type[BaseSettings]) -> Callable[[F], F]:
-    """One flag per field of `model`: `--max-inflight` for `max_inflight`, `--x/--no-x` for a
-    bool, a repeatable flag for a tuple. Flags default to None (a repeatable one absent is
-    empty), so an absent flag leaves the field to the environment (read by the model, under
-    its AGENT_SERVER_* name) and then to its default: see `given_flags`."""
+def settings_options(
+    model: type[BaseSettings], only: Iterable[str] | None = None
+) -> Callable[[F], F]:
+    """One flag per field of `model` (or per field named in `only`): `--max-inflight` for
+    `max_inflight`, `--x/--no-x` for a bool, a repeatable flag for a tuple. Flags default to
+    None (a repeatable one absent is empty), so an absent flag leaves the field to the
+    environment (read by the model, under its AGENT_SERVER_* name) and then to its default:
+    see `given_flags`."""
+    chosen = None if only is None else set(only)
 
     def decorate(func: F) -> F:
         for field, info in reversed(model.model_fields.items()):
+            if chosen is not None and field not in chosen:
+                continue
             kind, switch, multiple = _click_type(info.annotation)
             flag = flag_name(field)
             decls = [f"{flag}/--no-{flag.removeprefix('--')}"] if switch else [flag]
@@ -248,6 +255,81 @@ def run(app: str | None, **flags: Any) -> None:
         target = functools.partial(serve_reloaded, app, given)
         sys.exit(supervise_reloads(_reloader_config(settings, app), target))
     sys.exit(serve(_agent_or_exit(app, settings), settings))
+
+
+@main.command(name="drill", context_settings=CONTEXT)
+@click.argument("app", required=False, envvar=ENV + "APP")
+@click.option(
+    "--reasoner",
+    "reasoners",
+    multiple=True,
+    help="Drill only this reasoner; repeat it for several (default: every reasoner).",
+)
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME=JSON",
+    help="The input of reasoner NAME's executions; by default one is built from its input "
+    "schema's examples and defaults. Repeat it for several reasoners.",
+)
+@click.option(
+    "--executions",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Background executions started of each reasoner.",
+)
+@click.option(
+    "--signal-after",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Seconds from the last start to SIGTERM.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, not the table.")
+@settings_options(Settings, only=SHUTDOWN_FIELDS)
+def drill_command(
+    app: str | None,
+    reasoners: tuple[str, ...],
+    inputs: tuple[str, ...],
+    executions: int,
+    signal_after: float,
+    as_json: bool,
+    **flags: Any,
+) -> None:
+    """Rehearse a shutdown: serve APP (default: the demo agent) as an `agent-server run`
+    child on a free loopback port, start background executions of its reasoners, send
+    SIGTERM, and say whether each reasoner is shutdown-safe: it finished in the drain or
+    settled once cancelled, never swallowed the cancellation, never blocked the event loop
+    over 1 s, and the shutdown ended within the grace period.
+
+    \b
+    Exit codes:
+      0  every reasoner is shutdown-safe
+      1  a reasoner (or the server) is not: each fault is named
+      2  bad arguments (an unknown reasoner, --input that is not JSON, an input the
+         reasoner refuses or cannot be built, a budget that does not fit, APP not found)
+    """
+    given = given_flags(flags)
+    settings = _settings_or_exit(given)
+    parsed: dict[str, Any] = {}
+    for text in inputs:
+        try:
+            name, value = parse_input(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--input") from None
+        parsed[name] = value
+    args = DrillArgs(app, reasoners, parsed, executions, signal_after, given, settings)
+    try:
+        code = drill_and_print(args, as_json=as_json)
+    except DrillError as exc:
+        click.echo(f"agent-server: drill: {exc}", err=True)
+        code = ExitCode.INVALID_SETTINGS
+    except RuntimeError as exc:
+        click.echo(f"agent-server: drill: {exc}", err=True)
+        code = 1
+    sys.exit(code)
 
 
 def given_flags(flags: dict[str, Any]) -> dict[str, Any]:

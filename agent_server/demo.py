@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Annotated
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent_server.agent import Agent
 from agent_server.execution import ExecutionContext
@@ -18,7 +19,7 @@ agent = Agent("demo")
 
 
 class Message(BaseModel):
-    text: str
+    text: str = Field(examples=["hello"])
 
 
 @agent.reasoner()
@@ -40,7 +41,7 @@ async def fail(message: str = "boom") -> None:
 
 
 @agent.reasoner()
-def count_words(text: str) -> int:
+def count_words(text: Annotated[str, Field(examples=["a few words"])]) -> int:
     """A plain `def`: runs in a worker thread."""
     return len(text.split())
 

@@ -57,6 +57,10 @@ EXECUTION_BUCKETS = (
 #: Synchronous runs and long-polls last as long as agent work; probes, scrapes and status
 #: reads answer in about a millisecond, so the HTTP histogram starts lower to tell them apart.
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, *EXECUTION_BUCKETS)
+#: A healthy loop turns within a millisecond or two; a stall is seconds: 1 ms .. 30 s.
+LOOP_LAG_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
@@ -75,6 +79,7 @@ def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
 
 EXECUTION_LE = _le_labels(EXECUTION_BUCKETS)
 HTTP_LE = _le_labels(HTTP_BUCKETS)
+LOOP_LAG_LE = _le_labels(LOOP_LAG_BUCKETS)
 
 
 class AgentRegistry(CollectorRegistry):
@@ -146,6 +151,8 @@ class Metrics:
         self._store = StoreSeries()
         self._emitted: dict[str, int] = {}
         self.streams_open = 0
+        #: How late the loop-lag sampler woke (`agent_server.loop_lag`), each sample.
+        self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
         self.registry = AgentRegistry(auto_describe=True)
         self.registry.register(self)
         self.shutdown_registry = AgentRegistry(auto_describe=True)
@@ -246,6 +253,10 @@ class Metrics:
     def stream_opened(self, change: int) -> None:
         """+1 when an event stream opens, -1 when it ends."""
         self.streams_open += change
+
+    def loop_lagged(self, seconds: float) -> None:
+        """One sample of the loop-lag sampler, on the loop's thread like every other."""
+        self.loop_lag.observe(seconds)
 
     # -- StoreObserver -------------------------------------------------------------------------
 
@@ -359,6 +370,13 @@ class Metrics:
             "Event streams (Server-Sent Events) open now.",
             value=self.streams_open,
         )
+        lag = HistogramMetricFamily(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the event loop's lag sampler woke (it sleeps 0.25 s at a time): a "
+            "loop blocked by code that does not await shows here.",
+        )
+        lag.add_metric([], self.loop_lag.buckets(), self.loop_lag.sum)
+        yield lag
         yield self._shutdown_elapsed()
 
     def _shutdown_elapsed(self) -> Metric:

@@ -132,6 +132,8 @@ class InFlightRegistry:
         self._idle = asyncio.Event()
         self._idle.set()
         self._executor: ThreadPoolExecutor | None = None
+        #: Executions of `def` reasoners, whose threads cannot be cancelled, while they run.
+        self._in_threads: set[str] = set()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -331,12 +333,21 @@ class InFlightRegistry:
             if execution is not None:
                 abandoned.append(execution)
         if len(abandoned) > ABANDONED_LINES:
-            by_reasoner = Counter(execution.reasoner for execution in abandoned[ABANDONED_LINES:])
+            rest = abandoned[ABANDONED_LINES:]
+            by_reasoner = Counter(execution.reasoner for execution in rest)
             logger.warning(
                 "%d more executions abandoned: they did not settle after cancellation (%s); "
                 "each is recorded cancelled and abandoned",
-                len(abandoned) - ABANDONED_LINES,
+                len(rest),
                 ", ".join(f"{name} {count}" for name, count in by_reasoner.most_common()),
+                extra={
+                    "fields": {  # the ids, for a JSON log (the drill reads them)
+                        "abandoned_executions": [e.execution_id for e in rest],
+                        "in_threads": [
+                            e.execution_id for e in rest if e.execution_id in self._in_threads
+                        ],
+                    }
+                },
             )
         return abandoned
 
@@ -368,11 +379,24 @@ class InFlightRegistry:
         self._record(execution, ExecutionStatus.CANCELLED, reason=execution.cancel_reason)
         if not say:
             return execution
+        in_thread = execution.execution_id in self._in_threads
+        reason = None if execution.cancel_reason is None else execution.cancel_reason.value
         logger.warning(
-            "execution %s (%s) abandoned: it did not settle after cancellation (%s)",
+            "execution %s (%s) abandoned: it did not settle after cancellation (%s)%s",
             execution.execution_id,
             execution.reasoner,
-            None if execution.cancel_reason is None else execution.cancel_reason.value,
+            reason,
+            "; it runs in a thread, which cannot be cancelled (a def reasoner)"
+            if in_thread
+            else "",
+            extra={
+                "fields": {
+                    "abandoned_execution": execution.execution_id,
+                    "reasoner": execution.reasoner,
+                    "in_thread": in_thread,
+                    "cancel_reason": reason,
+                }
+            },
         )
         return execution
 
@@ -421,7 +445,7 @@ class InFlightRegistry:
             if reasoner.is_async:
                 value = await reasoner.coroutine(arguments, context)
             else:
-                value = await self._run_in_thread(reasoner, arguments, context)
+                value = await self._run_in_thread(execution, reasoner, arguments, context)
             result = reasoner.serialize(value)
         except asyncio.CancelledError as exc:
             if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
@@ -468,7 +492,11 @@ class InFlightRegistry:
         self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(
-        self, reasoner: Reasoner, arguments: dict[str, Any], context: ExecutionContext | None
+        self,
+        execution: Execution,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        context: ExecutionContext | None,
     ) -> Any:
         """A thread cannot be interrupted: on cancellation keep waiting, so the record is
         honest; settle bounds the wait and abandons it if need be."""
@@ -480,9 +508,14 @@ class InFlightRegistry:
         future = loop.run_in_executor(
             self._executor, functools.partial(reasoner.call, arguments, context)
         )
-        while True:
-            with contextlib.suppress(asyncio.CancelledError):
-                return await asyncio.shield(future)
+        key = execution.execution_id
+        self._in_threads.add(key)
+        try:
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):
+                    return await asyncio.shield(future)
+        finally:
+            self._in_threads.discard(key)
 
     def _record(
         self,

@@ -9,7 +9,11 @@ alternate, and each pass is `--requests` requests; the best pass counts.
 Scenarios: a sync run (`POST /reasoners/echo`) and a status read (`GET /executions/{id}` of a
 finished execution), with the memory store.
 
-Usage: python -m bench.inprocess [--compare DIR] [--passes 12] [--requests 1500]
+`--sampler` compares this tree with itself, the loop-lag sampler (`agent_server.loop_lag`) on
+and off (its `start` and `stop` made no-ops in the child), alternating as trees do: what the
+sampler costs a request.
+
+Usage: python -m bench.inprocess [--compare DIR | --sampler] [--passes 12] [--requests 1500]
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from bench.common import ROOT
 CHILD = r"""
 import asyncio, json, sys, time
 from agent_server.demo import agent
+
+if len(sys.argv) > 3 and sys.argv[3] == "off":  # --sampler: the same tree without it
+    import agent_server.loop_lag as loop_lag
+
+    async def _stopped(self):
+        pass
+
+    loop_lag.LoopLagSampler.start = lambda self: None
+    loop_lag.LoopLagSampler.stop = _stopped
 
 app = agent.asgi()
 passes, requests = int(sys.argv[1]), int(sys.argv[2])
@@ -98,11 +111,12 @@ asyncio.run(main())
 """
 
 
-def measure(tree: Path, passes: int, requests: int) -> dict[str, float]:
-    """Microseconds per request of each scenario, best pass, for the tree at `tree`."""
+def measure(tree: Path, passes: int, requests: int, sampler: str = "on") -> dict[str, float]:
+    """Microseconds per request of each scenario, best pass, for the tree at `tree`
+    (`sampler` "off": with the loop-lag sampler's start and stop made no-ops)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(passes), str(requests)],
+        [sys.executable, "-c", CHILD, str(passes), str(requests), sampler],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -114,17 +128,25 @@ def measure(tree: Path, passes: int, requests: int) -> dict[str, float]:
     return figures
 
 
-def run(compare: Path | None, passes: int, requests: int, repeat: int) -> dict[str, Any]:
-    trees = [ROOT] if compare is None else [ROOT, compare]
-    seen: dict[str, list[dict[str, float]]] = {str(tree): [] for tree in trees}
+def run(
+    compare: Path | None, passes: int, requests: int, repeat: int, sampler: bool = False
+) -> dict[str, Any]:
+    """Each variant (a tree, or this tree with the sampler on and off) `repeat` times,
+    alternating; the best pass of each."""
+    if sampler:
+        variants = [("sampler on", ROOT, "on"), ("sampler off", ROOT, "off")]
+    else:
+        trees = [ROOT] if compare is None else [ROOT, compare]
+        variants = [(str(tree), tree, "on") for tree in trees]
+    seen: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in variants}
     for turn in range(repeat):
-        for tree in trees if turn % 2 == 0 else list(reversed(trees)):
-            seen[str(tree)].append(measure(tree, passes, requests))
+        for label, tree, state in variants if turn % 2 == 0 else list(reversed(variants)):
+            seen[label].append(measure(tree, passes, requests, state))
     best = {
-        tree: {name: min(run[name] for run in runs) for name in runs[0]}
-        for tree, runs in seen.items()
+        label: {name: min(run[name] for run in runs) for name in runs[0]}
+        for label, runs in seen.items()
     }
-    return {"trees": [str(tree) for tree in trees], "best_us": best, "runs": seen}
+    return {"trees": [label for label, _, _ in variants], "best_us": best, "runs": seen}
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -145,8 +167,13 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=12)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each tree, alternating")
+    parser.add_argument(
+        "--sampler", action="store_true", help="this tree with the loop-lag sampler on and off"
+    )
     args = parser.parse_args()
-    data = run(args.compare, args.passes, args.requests, args.repeat)
+    if args.sampler and args.compare is not None:
+        parser.error("--sampler compares this tree with itself: no --compare")
+    data = run(args.compare, args.passes, args.requests, args.repeat, args.sampler)
     print(markdown(data))
 
 

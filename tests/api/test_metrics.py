@@ -109,6 +109,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "events_emitted": "counter",
         P + "event_streams_open": "gauge",
         P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
+        P + "event_loop_lag_seconds": "histogram",
     }
     # _created series are left out on purpose (see agent_server.metrics)
     assert "_created" not in response.text

@@ -12,7 +12,8 @@ The fenced blocks of each page are extracted and, by language:
   the page's server, `<id>` filled from the last execution id printed, `127.0.0.1:6379` at a
   real redis-server. `agent-server run ...` starts a server (on a free port) that the rest of
   the block talks to, stopped with SIGTERM (exit 0) when the block ends. `agent-server call`
-  finds the server through AGENT_SERVER_URL. What a comment states is checked: `exit N`, an
+  finds the server through AGENT_SERVER_URL and prints JSON lines (`agent-server drill` its
+  table, unless `--json`). What a comment states is checked: `exit N`, an
   HTTP status (`# 202 ...`: curl reports every status through a curlrc, so a request that
   says nothing must answer 2xx), `prints X` (X is in its output), `Location`, `the same
   execution`. In a transcript (`$ ` lines) the lines after a command are its output.
@@ -460,7 +461,8 @@ class PageRun:
             assert stated_output[1] in done.stdout, f"does not print {stated_output[1]}: {told}"
         if "Location" in comment:
             assert re.search(r"^location: /executions/", done.stdout, re.M | re.I), told
-        if program == "agent-server":
+        table = re.match(r"agent-server drill\b", line) and "--json" not in line
+        if program == "agent-server" and not table:  # a drill prints a table without --json
             for printed in done.stdout.splitlines():
                 json.loads(printed)  # one JSON line each: the execution, or an event
         if output:  # a transcript: what it shows is what the command printed

@@ -1,0 +1,168 @@
+"""`agent-server drill`: real `agent-server run` children of tests/apps/drill_apps.py, judged
+shutdown-safe (exit 0) or not (exit 1, each fault named), bad arguments exit 2; and the
+loop-stall WARNING of a real server naming the reasoner that blocked its loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.process import APPS_DIR, one_line
+from tests.support.shutdown import CLIENT_TIMEOUT, FAST, finish, wait_stderr
+
+#: The line of drill_apps.py where `crunch` blocks the loop, as the stall lines name it.
+CRUNCH_LINE = next(
+    number
+    for number, line in enumerate((APPS_DIR / "drill_apps.py").read_text().splitlines(), 1)
+    if "time.sleep(seconds)" in line
+)
+#: A drill starts a child, waits `--signal-after`, then at most the grace period (6 s here)
+#: plus the drill's margin: well within this.
+DRILL_TIMEOUT = 90.0
+
+
+def drill(*args: str) -> subprocess.CompletedProcess[str]:
+    """`agent-server drill ARGS` from the apps' directory, bounded."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent_server", "drill", *args],
+        cwd=APPS_DIR,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=DRILL_TIMEOUT,
+        check=False,
+    )
+
+
+def drilled(*args: str) -> tuple[int, dict[str, Any]]:
+    """The exit code and the JSON verdict of a drill with the fast budget."""
+    done = drill(*args, *FAST, "--json")
+    assert done.stdout.strip(), done.stderr
+    verdict: dict[str, Any] = json.loads(done.stdout)
+    return done.returncode, verdict
+
+
+def by_name(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {reasoner["name"]: reasoner for reasoner in verdict["reasoners"]}
+
+
+def test_a_cooperative_app_is_shutdown_safe() -> None:
+    code, verdict = drilled("drill_apps:cooperative", "--executions", "2")
+    assert code == 0, verdict
+    assert verdict["safe"] and verdict["faults"] == []
+    reasoners = by_name(verdict)
+    assert list(reasoners) == ["steps", "patient", "greet"]  # the app's order
+    assert reasoners["steps"]["finished"] == 2  # returned early in the drain
+    assert reasoners["greet"]["finished"] == 2  # input from its schema's example
+    patient = reasoners["patient"]
+    assert (patient["finished"], patient["cancelled"], patient["abandoned"]) == (0, 2, 0)
+    assert 0 <= patient["settle_seconds"] < 0.5  # from the cancel to the settled record
+    assert all(r["parked"] == 0 and r["longest_stall"] < 1 for r in reasoners.values())
+    shutdown = verdict["shutdown"]
+    assert shutdown["exit_code"] == 0 and shutdown["within_grace_period"]
+    assert shutdown["report"]["cancelled"] == 2
+    assert shutdown["report"]["finished"] == 2  # steps (greet ended before the signal)
+
+
+def test_the_demo_agent_is_shutdown_safe_in_the_table() -> None:
+    done = drill("--reasoner", "sleep", "--reasoner", "research")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "drill of 'demo': 2 reasoners x 1 execution, SIGTERM after 1 s"
+    assert lines[2].split()[:4] == ["reasoner", "started", "finished", "cancelled"]
+    assert [line.split()[0] for line in lines[3:5]] == ["sleep", "research"]
+    assert lines[-1] == "verdict: shutdown-safe"
+    assert "within the grace period (30 s); exit code 0" in done.stdout
+
+
+def test_a_reasoner_that_swallows_cancellation_is_named() -> None:
+    code, verdict = drilled("drill_apps:swallowing")
+    assert code == 1, verdict
+    reasoners = by_name(verdict)
+    assert reasoners["stubborn"]["abandoned"] == 1
+    assert reasoners["stubborn"]["faults"] == ["swallows cancellation (1 of 1 abandoned)"]
+    assert reasoners["quick"]["safe"] and reasoners["quick"]["finished"] == 1
+    assert "stubborn: swallows cancellation (1 of 1 abandoned)" in verdict["faults"]
+    assert verdict["shutdown"]["exit_code"] == 3  # the server's own code for it
+
+
+def test_a_def_reasoner_past_the_drain_is_named_for_its_thread() -> None:
+    code, verdict = drilled("drill_apps:threaded")
+    assert code == 1, verdict
+    (sleeper,) = verdict["reasoners"]
+    assert sleeper["faults"] == [
+        "runs past the drain in a thread, which cannot be cancelled (a def reasoner) "
+        "(1 of 1 abandoned)"
+    ]
+    assert sleeper["longest_stall"] < 1  # a thread does not hold the loop
+
+
+def test_a_reasoner_that_blocks_the_loop_is_named_with_its_function() -> None:
+    done = drill("drill_apps:blocking", *FAST, "--input", 'hog={"seconds": 1.6}')
+    assert done.returncode == 1, done.stdout + done.stderr
+    (fault,) = [line.strip() for line in done.stdout.splitlines() if "blocks the event" in line]
+    assert fault.startswith("hog: blocks the event loop (1."), done.stdout
+    assert fault.endswith(f" s in crunch at drill_apps.py:{CRUNCH_LINE})"), done.stdout
+    assert "verdict: NOT shutdown-safe" in done.stdout
+    quick = [line for line in done.stdout.splitlines() if line.startswith("quick ")]
+    assert quick and quick[0].endswith(" ok"), done.stdout
+
+
+def test_an_unknown_reasoner_exits_2() -> None:
+    done = drill("drill_apps:cooperative", "--reasoner", "nope")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert one_line(done.stderr) == (
+        "agent-server: drill: unknown reasoner 'nope' (the app has: steps, patient, greet)"
+    )
+    assert done.stdout == ""
+
+
+def test_input_that_is_not_json_exits_2() -> None:
+    done = drill("drill_apps:cooperative", "--input", "greet={name: Ada}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--input: the input of 'greet' is not valid JSON" in done.stderr
+
+
+def test_a_required_field_without_example_or_default_exits_2_naming_it() -> None:
+    done = drill("drill_apps:strict")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "reasoner 'needs': input field 'text' is required" in one_line(done.stderr)
+    given = drill("drill_apps:strict", *FAST, "--input", 'needs={"text": "hi"}')
+    assert given.returncode == 0, given.stdout + given.stderr
+
+
+def test_a_served_agent_names_the_reasoner_blocking_its_loop(server_factory: Any) -> None:
+    server = server_factory("drill_apps:blocking", "--log-format", "json", *FAST)
+    answer = httpx.post(
+        f"{server.url}/reasoners/hog", json={"seconds": 1.5}, timeout=CLIENT_TIMEOUT
+    )
+    assert answer.status_code == 200, answer.text  # the stall is over
+    wait_stderr(server, "event loop stall ended")
+    lines = [json.loads(line) for line in server.stderr().splitlines() if line.startswith("{")]
+    (warning,) = [line for line in lines if line["level"] == "warning"]
+    assert warning["logger"] == "agent_server.loop_lag"
+    assert warning["reasoner"] == "hog" and warning["function"] == "crunch"
+    assert warning["file"] == str(APPS_DIR / "drill_apps.py") and warning["line"] == CRUNCH_LINE
+    assert f"by reasoner 'hog' in crunch at drill_apps.py:{CRUNCH_LINE}" in warning["message"]
+    (ended,) = [line for line in lines if "stall_seconds" in line]
+    assert 1.2 < ended["stall_seconds"] < 1.6
+    scraped = httpx.get(f"{server.url}/metrics", timeout=CLIENT_TIMEOUT).text
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(scraped)
+        if f.name.endswith("event_loop_lag_seconds")
+    ]
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    count = samples[("agent_server_event_loop_lag_seconds_count", None)]
+    assert count >= 1
+    assert samples[("agent_server_event_loop_lag_seconds_bucket", "1.0")] <= count - 1
+    server.signal(signal.SIGTERM)
+    code, _ = finish(server, timeout=15)
+    assert code == 0, server.stderr()
