@@ -76,6 +76,8 @@ class RegistryObserver(Protocol):
 
     def event_emitted(self, execution: Execution) -> None: ...
 
+    def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None: ...
+
 
 @dataclass
 class RegistryStats:
@@ -227,6 +229,25 @@ class InFlightRegistry:
         if self.observer is not None:
             self.observer.event_emitted(execution)
 
+    # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
+
+    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> None:
+        await self.store.ask(execution, request)
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        return await self.store.expire_ask(execution, request_id)
+
+    def ask_ended(self, execution: Execution, asked: bool, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer.input_waiting(execution, asked, seconds)
+
+    def answer(self, execution_id: str, request_id: int | None, value: Any) -> bool:
+        """Hand an answer the store took to the `ctx.ask` waiting here; False when none
+        waits for it (it ended meanwhile)."""
+        task = self._running.get(execution_id)
+        execution = None if task is None else self._executions.get(task)
+        return execution is not None and execution.take_answer(request_id, value)
+
     @property
     def can_take(self) -> bool:
         """Whether queued work may be claimed now: admitting, with capacity to spare."""
@@ -242,6 +263,7 @@ class InFlightRegistry:
                 self.store.checkpoint if reasoner.resumable else None,
                 self.max_checkpoint_size,
                 self._emitted,
+                self,
             )
         task = asyncio.get_running_loop().create_task(
             self._run(execution, reasoner, arguments, context),

@@ -84,12 +84,15 @@ class Notices:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
         """Woken when the end is written: one read for every waiter woken together
         (`read_woken`), none of its own. `execution` is a copy the caller has just read; an
         end noticed since is re-read at once, and a re-read every REREAD_SECONDS covers a
-        missed notice or an owner that died."""
-        if execution.is_terminal:
+        missed notice or an owner that died. With `asked`, waiting for input counts as an
+        end of the wait."""
+        if execution.reached_end(asked):
             return execution
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -108,7 +111,7 @@ class Notices:
                         if not self._link.is_open:
                             raise
                         found = latest  # keep waiting: the next re-read may reach it
-                    if found is None or found.is_terminal:
+                    if found is None or found.reached_end(asked):
                         return found or latest
                     latest = found
                 remaining = None if deadline is None else deadline - loop.time()
@@ -118,7 +121,7 @@ class Notices:
                 await asyncio.wait({future}, timeout=pause)
                 woken = future.result() if future.done() and not future.cancelled() else None
                 if woken is not None:
-                    if woken.is_terminal:
+                    if woken.reached_end(asked):
                         return woken
                     latest = woken
                 read_now = woken is None  # a notice without a record, or a timed re-read

@@ -54,10 +54,11 @@ class Row(enum.IntEnum):
     DURATION_SECONDS = 9
     REPLICA = 10
     ATTEMPT = 11
-    ABANDONED = 12
-    MOVED = 13
-    MATCHED = 14
-    CURSOR = 15
+    INPUT_REQUEST = 12
+    ABANDONED = 13
+    MOVED = 14
+    MATCHED = 15
+    CURSOR = 16
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.
@@ -87,7 +88,7 @@ class Forget(enum.IntEnum):
 
 
 class Moved(enum.IntEnum):
-    """Value 14 of a record as `read` (judge.lua) returns it: what this call did to it."""
+    """Value 15 of a record as `read` (judge.lua) returns it: what this call did to it."""
 
     NOT = 0
     LOST = 1

@@ -441,9 +441,12 @@ class RedisStore(ExecutionStore):
         found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
         return found or [None] * len(ids)
 
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
-        """Woken by this replica's one pub/sub connection when the end is written (notices.py)."""
-        return await self._notices.wait(execution, timeout)
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        """Woken by this replica's one pub/sub connection when the end is written (notices.py)
+        (with `asked`, also when it asks for input)."""
+        return await self._notices.wait(execution, timeout, asked)
 
     async def page(
         self,
