@@ -401,6 +401,15 @@ class InputChannel(Protocol):
         """Record the request in the store (fenced by owner and attempt) before anyone is
         told of it."""
 
+    async def await_answer(
+        self,
+        execution: Execution,
+        request_id: int,
+        waiter: asyncio.Future[Any],
+        timeout: float | None,
+    ) -> Any:
+        """The answer `waiter` is given, within `timeout` seconds (TimeoutError after)."""
+
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """The request timed out here: close it in the store unless an answer won first;
         (True, the answer) when one did."""
@@ -543,8 +552,7 @@ class ExecutionContext:
         started = time.monotonic()
         try:
             try:
-                async with asyncio.timeout(timeout):
-                    value = await waiter
+                value = await self._inputs.await_answer(execution, request_id, waiter, timeout)
             except TimeoutError:
                 if waiter.done() and not waiter.cancelled():
                     value = waiter.result()
@@ -556,6 +564,8 @@ class ExecutionContext:
         finally:
             if execution.reached_end(asked=True) and not execution.is_terminal:
                 execution.resume()  # unanswered: cancelled or timed out
+            if not waiter.done():
+                waiter.cancel()
             execution.answer_waiter = None
             execution.input_adapter = None
             execution.asking = 0

@@ -46,6 +46,9 @@ logger = logging.getLogger("agent_server.registry")
 
 #: Worker threads for `def` reasoners; they cannot be cancelled, only waited for or abandoned.
 THREAD_WORKERS = 32
+#: A reasoner waiting for an answer through a shared store looks at its record this often
+#: (seconds), in case the answer's notice was missed.
+ANSWER_RECHECK = 5.0
 #: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
 UNANSWERED_LIMIT = 10_000
 
@@ -233,6 +236,33 @@ class InFlightRegistry:
 
     async def record_ask(self, execution: Execution, request: dict[str, Any]) -> None:
         await self.store.ask(execution, request)
+
+    async def await_answer(
+        self,
+        execution: Execution,
+        request_id: int,
+        waiter: asyncio.Future[Any],
+        timeout: float | None,
+    ) -> Any:
+        """The answer handed to `waiter`; TimeoutError after `timeout` seconds. With a shared
+        store the answer comes by pub/sub, and a notice may be missed (a reconnect): every
+        ANSWER_RECHECK seconds the record is looked at for an answer taken."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        shared = self.store.shared
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            pause = left if not shared else min(left or ANSWER_RECHECK, ANSWER_RECHECK)
+            await asyncio.wait({waiter}, timeout=pause)
+            if waiter.done():
+                return waiter.result()
+            if shared and (deadline is None or loop.time() < deadline):
+                answered, value = await self.store.poll_answer(execution, request_id)
+                if answered:
+                    execution.take_answer(request_id, value)
+                    return value
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         return await self.store.expire_ask(execution, request_id)

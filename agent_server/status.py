@@ -136,6 +136,8 @@ END_OF: dict[ExecutionStatus, Transition] = {
 }
 
 _BY_NAME = {step.transition: step for step in TABLE}
+#: Where an owner's task runs (working, or waiting for input): the scripts' `OWNED`.
+OWNED: frozenset[ExecutionStatus] = _OWNED
 #: Statuses some transition leaves: not terminal.
 ACTIVE: frozenset[ExecutionStatus] = frozenset(s for step in TABLE for s in step.sources)
 #: Statuses no transition leaves.

@@ -222,6 +222,11 @@ class ExecutionStore(abc.ABC):
         been taken that the owner has not seen."""
         return False, None
 
+    async def poll_answer(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """The answer taken for the request, if one was, read from the store: an owner that
+        may have missed its notice looks (True, the value). Never needed in one process."""
+        return False, None
+
     async def answer(
         self, execution: Execution, request_id: int | None, value: Any
     ) -> Execution | None:

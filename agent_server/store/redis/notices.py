@@ -18,7 +18,7 @@ import orjson
 
 from agent_server.execution import CancelReason, Execution
 from agent_server.store.base import StoreUnavailable
-from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.codec import RowCodec, loads
 from agent_server.store.redis.failures import UNREACHABLE
 from agent_server.store.redis.link import Link
 from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX
@@ -59,6 +59,7 @@ class Notices:
         cancels: str,
         read: Reader,
         cancel: Callable[[str, CancelReason, float | None], object],
+        answer: Callable[[str, int, Any], object] | None = None,
     ) -> None:
         self._link = link
         self._codec = codec
@@ -69,6 +70,7 @@ class Notices:
         self._cancel_channel = cancels
         self._read = read
         self._cancel = cancel
+        self._answer = answer
         self.waiters: dict[str, set[asyncio.Future[Execution | None]]] = {}
         self.event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Ids whose end notice woke waiters, read together by `read_woken`.
@@ -236,6 +238,9 @@ class Notices:
         if channel == self._queued_channel:
             self.queued.set()
             return
+        if '"request_id"' in data:  # an answer (answer.lua) on the owner's channel
+            self._answered(data)
+            return
         try:
             request = orjson.loads(data)
             reason = CancelReason(request["reason"])
@@ -248,6 +253,23 @@ class Notices:
             self._cancel(execution_id, reason, settle_within)
         except Exception:
             logger.exception("cancel of execution %s failed", execution_id)
+
+    def _answered(self, data: str) -> None:
+        """`{"id", "request_id", "value"}`: to the `ctx.ask` waiting here. The value is read
+        as requests are (integers past 64 bits kept exact)."""
+        try:
+            message = loads(data)
+            execution_id = str(message["id"])
+            request_id = int(message["request_id"])
+            value = message["value"]
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignored a malformed answer: %r", data[:200])
+            return
+        if self._answer is not None:
+            try:
+                self._answer(execution_id, request_id, value)
+            except Exception:
+                logger.exception("the answer to execution %s failed", execution_id)
 
     def _ends(self, data: str) -> list[tuple[str, list[Any] | None]]:
         """An end notice: ids separated by spaces (a script's), or the `end` script's
