@@ -397,9 +397,9 @@ class InputChannel(Protocol):
     """Where `ctx.ask` records its request and learns how it ended (the registry: the store
     and metrics behind it)."""
 
-    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> None:
+    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
         """Record the request in the store (fenced by owner and attempt) before anyone is
-        told of it."""
+        told of it; (True, the answer) when an earlier attempt's same request was answered."""
 
     async def await_answer(
         self,
@@ -539,12 +539,17 @@ class ExecutionContext:
         execution.input_adapter = adapter
         execution.asking = request_id
         try:
-            await self._inputs.record_ask(execution, request)
+            replayed, kept = await self._inputs.record_ask(execution, request)
         except BaseException:
-            execution.answer_waiter = None
-            execution.input_adapter = None
-            execution.asking = 0
+            replayed, kept = True, None
             raise
+        finally:
+            if replayed:
+                execution.answer_waiter = None
+                execution.input_adapter = None
+                execution.asking = 0
+        if replayed:  # answered in an earlier attempt: the same answer, at once
+            return kept if adapter is None else adapter.validate_python(kept)
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
             execution.ask(request)
         self._publish("input_required", request)

@@ -234,8 +234,8 @@ class InFlightRegistry:
 
     # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
 
-    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> None:
-        await self.store.ask(execution, request)
+    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+        return await self.store.ask(execution, request)
 
     async def await_answer(
         self,

@@ -210,11 +210,13 @@ class ExecutionStore(abc.ABC):
         """Return when work may have been queued, or after `timeout` seconds."""
         await asyncio.sleep(timeout)
 
-    async def ask(self, execution: Execution, request: dict[str, Any]) -> None:
+    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
         """Record that an execution this replica runs waits for input (`request` is its
-        `input_request`), fenced by owner and attempt (StaleAttempt otherwise). A store in
-        this process holds the live object: nothing to write."""
-        return None
+        `input_request`), fenced by owner and attempt (StaleAttempt otherwise); (True, the
+        answer) instead when an earlier attempt's same request was answered (a shared
+        store keeps answers). A store in this process holds the live object: nothing to
+        write, and one attempt only."""
+        return False, None
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """The request timed out on its owner: back to `running` unless an answer was taken

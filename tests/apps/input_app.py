@@ -48,11 +48,23 @@ async def guarded(ctx: ExecutionContext) -> str:
     return "answered"
 
 
+async def asked_once(ctx: ExecutionContext) -> dict[str, Any]:
+    """Resumable: asks, then its first attempt waits until the drain cancels it (handed off
+    with a shared store); the next attempt asks the same request again."""
+    answer = await ctx.ask("go?")
+    if ctx.attempt == 1:
+        await ctx.emit({"answer": answer}, event="got")
+        await ctx.wait_for_drain()
+        await asyncio.Event().wait()  # until the drain deadline cancels it
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
 def make_agent() -> Agent:
     """A fresh agent with these reasoners (each in-process test gets its own)."""
     fresh = Agent("input-tests")
     for reasoner in (approve, twice, impatient, guarded):
         fresh.reasoner()(reasoner)
+    fresh.reasoner(resumable=True)(asked_once)
     return fresh
 
 

@@ -25,11 +25,15 @@ pytestmark = pytest.mark.redis
 
 #: A short lease, so that a dead owner is judged within a test.
 LEASE = ("--lease-ttl", "1")
+#: A drain that ends soon, so that a resumable execution is handed off within a test.
+SHORT_DRAIN = ("--unready-delay", "0", "--drain-timeout", "0.5", "--grace-period", "8")
 
 
 @pytest.fixture
 def pair(server_factory: Start, redis_url: str) -> tuple[ServerProcess, ServerProcess]:
-    a = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE)
+    a = server_factory(
+        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *SHORT_DRAIN
+    )
     b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
     return a, b
 
@@ -162,3 +166,24 @@ def test_an_owner_that_died_while_its_execution_waited_leaves_it_lost(
     assert (body["status"], body["error"]["type"]) == ("lost", "ExecutionLost")
     assert body["input_request"] is None
     assert answer(b, execution_id, {"value": {"approved": True}}).status_code == 409
+
+
+def test_a_request_answered_before_a_hand_off_is_not_asked_again(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """The next attempt of a resumable execution asks request 1 again: the answer kept
+    from the earlier attempt is returned at once."""
+    a, b = pair
+    execution_id = start(a, "asked_once")
+    assert poll(b, execution_id)["status"] == "input_required"
+    assert answer(b, execution_id, {"value": "yes"}).status_code == 202
+    with httpx.stream("GET", f"{a.url}/executions/{execution_id}/events", timeout=WAIT) as events:
+        for line in events.iter_lines():  # the first attempt has the answer
+            if line == "event: got":
+                break
+    a.signal(signal.SIGTERM)
+    code, _ = a.wait_exit(WAIT)
+    assert code == 0, a.stderr()
+    done = ended(b, execution_id)
+    assert (done["status"], done["replica"]) == ("succeeded", "B")
+    assert done["result"] == {"answer": "yes", "attempt": 2}

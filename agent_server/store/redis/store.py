@@ -370,9 +370,10 @@ class RedisStore(ExecutionStore):
 
     # -- input (ctx.ask) -------------------------------------------------------------------
 
-    async def ask(self, execution: Execution, request: dict[str, Any]) -> None:
+    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
         """One script (`ask.lua`), fenced by owner and attempt: the record reads
-        `input_required` with its request before anyone is told (the reply, the event)."""
+        `input_required` with its request before anyone is told (the reply, the event).
+        A request an earlier attempt had answered is not asked again: (True, its answer)."""
         reply = await self._waiting_out(
             "ask",
             self.keys.for_ask(execution.execution_id),
@@ -387,6 +388,9 @@ class RedisStore(ExecutionStore):
                 f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
                 f"owns it (the record is {reply[1] or 'gone'})"
             )
+        if int(reply[0]) == 2:
+            return True, codec.loads(reply[1])
+        return False, None
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """`expire.lua`: closed unanswered, unless an answer was taken first (returned)."""
