@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         CheckpointTooLarge,
         Execution,
         ExecutionContext,
+        InputTimeout,
         StaleAttempt,
     )
     from agent_server.settings import Settings
@@ -29,6 +30,7 @@ _HOMES = {
     "Execution": "agent_server.execution",
     "ExecutionContext": "agent_server.execution",
     "ExecutionStatus": "agent_server.status",
+    "InputTimeout": "agent_server.execution",
     "Settings": "agent_server.settings",
     "StaleAttempt": "agent_server.execution",
 }
@@ -40,6 +42,7 @@ __all__ = [
     "Execution",
     "ExecutionContext",
     "ExecutionStatus",
+    "InputTimeout",
     "Settings",
     "StaleAttempt",
 ]

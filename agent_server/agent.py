@@ -402,6 +402,7 @@ class _Parts:
             observer=metrics,
         )
         store.deliver_cancels(registry.cancel)
+        store.deliver_answers(registry.answer)
         store.deliver_orphans(registry.runs, registry.adopt)
         releases = SessionReleases(store, registry, observer=metrics)
         shutdown = ShutdownSequence(

@@ -34,6 +34,7 @@ from agent_server.params import (
     int_param,
     next_link,
     read_body,
+    schema_errors,
     statuses,
     validation_detail,
     wants_events,
@@ -86,9 +87,11 @@ SYNC_ANSWER: dict[ExecutionStatus, int] = {
     ExecutionStatus.CANCELLED: 409,
     ExecutionStatus.LOST: 409,
     ExecutionStatus.QUEUED: 503,
+    # Its reasoner waits for input (ctx.ask): 202 with its Location; it goes on once answered.
+    ExecutionStatus.INPUT_REQUIRED: 202,
 }
-if set(SYNC_ANSWER) != TERMINAL | {ExecutionStatus.QUEUED}:
-    raise RuntimeError("SYNC_ANSWER must answer every terminal status, and queued")
+if set(SYNC_ANSWER) != TERMINAL | {ExecutionStatus.QUEUED, ExecutionStatus.INPUT_REQUIRED}:
+    raise RuntimeError("SYNC_ANSWER must answer every terminal status, queued and input_required")
 
 #: What each route answers in ordinary operation, overload and shutdown included: these
 #: `http_requests_total` series start at 0 (see `Metrics.expect_http`); reads answer 503
@@ -100,6 +103,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/executions/{execution_id}"): (200, 404, 503),
     ("DELETE", "/executions/{execution_id}"): (204, 404, 409, 503),
     ("POST", "/executions/{execution_id}/cancel"): (200, 202, 404, 503),
+    ("POST", "/executions/{execution_id}/input"): (202, 400, 404, 409, 422, 503),
     ("GET", "/executions/{execution_id}/events"): (200, 400, 404, 503),
     ("GET", "/reasoners"): (200,),
     ("GET", "/executions"): (200, 422, 503),
@@ -153,6 +157,7 @@ class Api:
             ("/executions/{execution_id}", self.execution, ["GET", "DELETE"]),
             ("/executions/{execution_id}/cancel", self.cancel_execution, ["POST"]),
             ("/executions/{execution_id}/events", self.execution_events, ["GET"]),
+            ("/executions/{execution_id}/input", self.answer_input, ["POST"]),
             ("/reasoners", self.list_reasoners, ["GET"]),
             ("/executions", self.list_executions, ["GET"]),
             ("/sessions/{session_id}", self.release_session, ["DELETE"]),
@@ -212,6 +217,12 @@ class Api:
                 },
             )
         status_code = SYNC_ANSWER[execution.status]
+        if execution.status is ExecutionStatus.INPUT_REQUIRED:  # it goes on once answered
+            return _execution_response(
+                execution,
+                status_code,
+                {"Location": execution_location(request.scope, execution.execution_id)},
+            )
         if execution.status is ExecutionStatus.QUEUED:  # handed off: follow it elsewhere
             return _execution_response(
                 execution,
@@ -342,15 +353,17 @@ class Api:
         return body
 
     async def _wait_or_disconnect(self, execution: Execution, request: Request) -> Execution | None:
-        """The execution once it has ended (or was handed off); None when the client went
-        away first. Work this replica runs is waited for here; other work (a repeat of an
-        idempotent request) through the store."""
+        """The execution once it has ended (or was handed off, or waits for input); None
+        when the client went away first. Work this replica runs is waited for here; other
+        work (a repeat of an idempotent request) through the store."""
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.is_terminal:  # so no watcher tasks for it
+        if execution.reached(asked=True):  # so no watcher tasks for it
             return execution
         local = self.registry.running(execution.execution_id) is execution
         ended: asyncio.Task[object] = asyncio.create_task(
-            execution.wait(None) if local else self.store.wait(execution, None)
+            execution.wait(None, asked=True)
+            if local
+            else self.store.wait(execution, None, asked=True)
         )
         gone, reader = client_gone(request.scope, request.receive)
         try:
@@ -362,7 +375,7 @@ class Api:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
         if local:
-            return execution if await execution.wait(0) else None
+            return execution if await execution.wait(0, asked=True) else None
         if ended.done() and not ended.cancelled() and ended.exception() is None:
             latest = ended.result()
             assert isinstance(latest, Execution)
@@ -381,12 +394,13 @@ class Api:
         execution = await self._execution(request)
         # Finite, and any size: a wait past MAX_WAIT_SECONDS is capped, as documented.
         wait = float_param(request, "wait", minimum=0.0, maximum=math.inf)
-        if wait is not None and wait > 0 and not execution.is_terminal:
+        if wait is not None and wait > 0 and not execution.reached_end(asked=True):
             return await self._long_poll(execution, min(wait, MAX_WAIT_SECONDS))
         return _execution_response(execution)
 
     async def _long_poll(self, execution: Execution, timeout: float) -> Response:
-        """The execution once terminal or after `timeout`; when the listener closes first
+        """The execution once terminal or waiting for input (`input_required`: someone must
+        answer before it can end), or after `timeout`; when the listener closes first
         (shutdown), as it is now, with `Connection: close`, so the client polls again on
         another replica instead of being cut into a 500 by the http phase's end."""
         closing = self.streams.closing
@@ -394,7 +408,7 @@ class Api:
             return _execution_response(execution, headers={"Connection": "close"})
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         closing.waiters.add(closed)
-        waiting = asyncio.ensure_future(self.store.wait(execution, timeout))
+        waiting = asyncio.ensure_future(self.store.wait(execution, timeout, asked=True))
         watched: set[asyncio.Future[Any]] = {waiting, closed}
         try:
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -419,6 +433,41 @@ class Api:
                 return _execution_response(now)
             return _execution_response(now or execution, 202)
         return _execution_response(execution, 202)
+
+    async def answer_input(self, request: Request) -> Response:
+        """`POST /executions/{id}/input`: the answer to its pending request, taken once
+        (the store decides, on every replica): 202 with the execution, `running` again."""
+        headers = first_values(request.scope["headers"])
+        request_id, value = _answer_body(await self._read_json(request.receive, headers))
+        execution = await self._execution(request)
+        pending = execution.input_request
+        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
+            raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
+        pending_id = int(pending["request_id"])
+        if request_id is not None and request_id != pending_id:
+            raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
+        self._check_answer(execution, pending, value)
+        taken = await self.store.answer(execution, pending_id, value)
+        if taken is None:
+            raise ApiError(409, f"request {pending_id} was answered already (or ended)")
+        return _execution_response(taken, 202)
+
+    def _check_answer(self, execution: Execution, pending: dict[str, Any], value: Any) -> None:
+        """422 unless `value` fits the request: with its type where its reasoner waits in
+        this process, else with its JSON schema (another replica runs it)."""
+        live = self.registry.running(execution.execution_id)
+        if live is not None and live.asking == pending["request_id"]:
+            if live.input_adapter is not None:
+                try:
+                    live.input_adapter.validate_python(value)
+                except ValidationError as exc:
+                    raise ApiError(422, validation_detail(exc)) from None
+            return
+        schema = pending.get("schema")
+        if isinstance(schema, dict):
+            problems = schema_errors(schema, value)
+            if problems:
+                raise ApiError(422, problems)
 
     async def delete_execution(self, request: Request) -> Response:
         try:
@@ -527,6 +576,27 @@ def _list_body(executions: list[Execution]) -> tuple[bytes, int]:
             break
         parts.append(part)
     return b"[" + b",".join(parts) + b"]", len(parts)
+
+
+def _answer_body(body: Any) -> tuple[int | None, Any]:
+    """`{"request_id": N, "value": ...}` (request_id optional): the request id and the
+    value; 422 for anything else."""
+    if not isinstance(body, dict):
+        raise ApiError(422, 'the body must be a JSON object: {"request_id": N, "value": ...}')
+    extra = sorted(set(body) - {"request_id", "value"})
+    if extra:
+        raise ApiError(422, f"unknown keys {extra}: the body holds request_id and value")
+    if "value" not in body:
+        missing = {"type": "missing", "loc": ["body", "value"], "msg": "Field required"}
+        raise ApiError(422, [missing])
+    request_id = body.get("request_id")
+    if isinstance(request_id, float) and request_id.is_integer():
+        request_id = int(request_id)  # 2.0 is an integer to JSON Schema
+    if request_id is not None and (
+        not isinstance(request_id, int) or isinstance(request_id, bool) or request_id < 1
+    ):
+        raise ApiError(422, "request_id must be a positive integer (or left out: the pending one)")
+    return request_id, body["value"]
 
 
 def _admission_error(reason: RejectReason) -> ApiError:

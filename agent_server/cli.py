@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from agent_server.client import (
     DEFAULT_URL,
     AgentClient,
     AgentServerError,
+    Conflict,
     Event,
     Execution,
     InvalidInput,
@@ -437,6 +439,7 @@ class CallExit(enum.IntEnum):
     UNREACHABLE = 5  # no answer, or still refused (429/503), after the retries
     REFUSED = 6  # 401, 404, 409 and any other error answer
     TIMEOUT = 7  # --timeout (--wait) passed before the end
+    INPUT_REQUIRED = 8  # call: it waits for input and stdin is not a terminal to answer from
 
 
 END_CODES = {
@@ -458,6 +461,8 @@ Exit codes:
   5  unreachable: no answer, or still 429/503, after --retry-for seconds
   6  refused: unauthorized (401), unknown (404), conflict (409), other errors
   7  --timeout (get: --wait) passed before the end
+  8  call: it waits for input (input_required) and stdin is not a terminal:
+     answer with `agent-server input ID JSON`
 
 Anything but 0 also writes one line to stderr."""
 
@@ -641,12 +646,85 @@ def call(
 
     def work(client: AgentClient) -> int:
         if not (background or stream):
-            return _printed(client.run_execution(name, payload, session=session, timeout=timeout))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            execution = client.run_execution(name, payload, session=session, timeout=timeout)
+            while execution.waits_for_input:
+                if not _answered_from_terminal(client, execution):
+                    _print_json(execution.json)
+                    return CallExit.INPUT_REQUIRED
+                left = None if deadline is None else max(0.001, deadline - time.monotonic())
+                execution = client.wait(execution.execution_id, left)
+            return _printed(execution)
         handle = client.start(name, payload, session=session)
         if background:
             _print_json(handle.execution.json)
             return CallExit.SUCCEEDED
         return _streamed(handle.events(timeout=timeout))
+
+    _reach(server, work)
+
+
+def _answered_from_terminal(client: AgentClient, execution: Execution) -> bool:
+    """Show what a waiting execution asks (stderr); when stdin is a terminal, read the
+    answer there as JSON, again until the server takes one (True). False when stdin is not
+    a terminal: the caller prints the execution and exits 8."""
+    request = execution.input_request or {}
+    request_id = request.get("request_id")
+    asked = json.dumps(request.get("prompt"), ensure_ascii=False)
+    if not sys.stdin.isatty():
+        click.echo(
+            f"agent-server: execution {execution.execution_id} waits for input (request "
+            f"{request_id}): {asked}; answer with `agent-server input "
+            f"{execution.execution_id} JSON`",
+            err=True,
+        )
+        return False
+    click.echo(f"execution {execution.execution_id} asks (request {request_id}): {asked}", err=True)
+    if request.get("schema") is not None:
+        click.echo(f"the answer's schema: {json.dumps(request['schema'])}", err=True)
+    while True:
+        line = click.prompt("answer (JSON)", err=True)
+        try:
+            value = jsoncodec.loads(line.encode())
+            jsoncodec.check(value, "the answer")
+        except (ValueError, RecursionError) as exc:
+            click.echo(f"agent-server: not JSON ({exc}); again", err=True)
+            continue
+        try:
+            client.respond(execution.execution_id, value, request_id)
+        except InvalidInput as exc:
+            click.echo(f"agent-server: refused: {exc}; again", err=True)
+            continue
+        except Conflict as exc:  # answered elsewhere meanwhile: follow it
+            click.echo(f"agent-server: {exc}", err=True)
+        return True
+
+
+@main.command(name="input", cls=ClientCommand)
+@click.argument("execution_id", metavar="ID")
+@click.argument("value_json", metavar="JSON")
+@click.option(
+    "--request-id",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The request answered (its input_request's request_id); else the pending one.",
+)
+@server_options
+def input_(
+    execution_id: str, value_json: str, request_id: int | None, server: ServerOptions
+) -> None:
+    """Answer the pending request for input of execution ID with JSON, and print the
+    execution as the server took it (running again): 0; 6 when it waits for no input or the
+    request was answered already (409); 2 when the value does not fit its schema (422)."""
+    try:
+        value = jsoncodec.loads(value_json.encode())
+        jsoncodec.check(value, "JSON input")
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(f"JSON input is not valid JSON: {exc}") from None
+
+    def work(client: AgentClient) -> int:
+        _print_json(client.respond(execution_id, value, request_id).json)
+        return CallExit.SUCCEEDED
 
     _reach(server, work)
 

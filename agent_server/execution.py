@@ -9,7 +9,9 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
+
+from pydantic import TypeAdapter
 
 from agent_server import jsoncodec, record
 from agent_server.events import Event, EventLog, encode_data
@@ -87,6 +89,8 @@ class Execution:
         "_done",
         "_duration",
         "abandoned",
+        "answer_waiter",
+        "asking",
         "attempt",
         "body",
         "cancel_reason",
@@ -97,6 +101,8 @@ class Execution:
         "execution_id",
         "finished_at",
         "finished_monotonic",
+        "input_adapter",
+        "input_request",
         "max_attempts",
         "reasoner",
         "recorded",
@@ -128,6 +134,15 @@ class Execution:
         self.finished_monotonic: float | None = None
         self._duration: float | None = None
         self.abandoned = False
+        #: While `input_required`: what it asks (the record's `input_request`), and, on the
+        #: replica whose task waits in `ctx.ask`, the future its answer completes and the
+        #: type the answer is validated against (None: any JSON).
+        self.input_request: dict[str, Any] | None = None
+        self.answer_waiter: asyncio.Future[Any] | None = None
+        self.input_adapter: TypeAdapter[Any] | None = None
+        #: The id of the request `ctx.ask` waits for here (0: none), set before the store
+        #: records it: an answer may come back before the store's reply does.
+        self.asking = 0
         #: Resumable executions only: the request body (to bind a later attempt's arguments
         #: again), the last checkpoint (JSON text) and how many attempts an owner's death
         #: may cost. None, None, 1 for the others.
@@ -159,6 +174,7 @@ class Execution:
         finished_at: float | None = None,
         duration_seconds: float | None = None,
         abandoned: bool = False,
+        input_request: dict[str, Any] | None = None,
     ) -> Execution:
         """A copy of a record read from a store: what another replica sees."""
         execution = cls.__new__(cls)
@@ -178,6 +194,10 @@ class Execution:
         execution.finished_monotonic = None
         execution._duration = duration_seconds
         execution.abandoned = abandoned
+        execution.input_request = input_request
+        execution.answer_waiter = None
+        execution.input_adapter = None
+        execution.asking = 0
         execution.resumable = False
         execution.body = None
         execution.checkpoint = None
@@ -209,6 +229,7 @@ class Execution:
         synchronous caller answers 503 with the execution's Location."""
         step(self.status, Transition.HAND_OFF, ExecutionStatus.QUEUED)
         self.status = ExecutionStatus.QUEUED
+        self.input_request = None
         if self._done is not None:
             self._done.set()
         if self.events is not None:
@@ -230,6 +251,7 @@ class Execution:
         else:
             step(self.status, END_OF[status], status)
         self.status = status
+        self.input_request = None
         self.result = result
         self.error = error
         self.status_reason = reason
@@ -240,17 +262,75 @@ class Execution:
         if self.events is not None:
             self.events.wake()
 
-    async def wait(self, timeout: float | None) -> bool:
-        """Wait until terminal (or handed off) or `timeout` seconds pass; True when so."""
-        if self.is_terminal or self.status is ExecutionStatus.QUEUED:
+    def ask(self, request: dict[str, Any]) -> None:
+        """Its reasoner waits for input (`request` is the record's `input_request`, already
+        in the store): wakes local waiters that return at `input_required` (a synchronous
+        caller answers 202, a long-poll returns)."""
+        step(self.status, Transition.ASK, ExecutionStatus.INPUT_REQUIRED)
+        self.status = ExecutionStatus.INPUT_REQUIRED
+        self.input_request = request
+        self._wake()
+
+    def take_answer(self, request_id: int | None, value: Any) -> bool:
+        """Hand `value` to the `ctx.ask` waiting here, if it waits for that request (None:
+        the pending one); it goes on `running`. False when nothing here waits for it (never
+        asked, answered already, timed out or cancelled): exactly one answer per request."""
+        waiter = self.answer_waiter
+        if waiter is None or waiter.done() or not self.asking:
+            return False
+        if request_id is not None and request_id != self.asking:
+            return False
+        if self.status is ExecutionStatus.INPUT_REQUIRED:
+            step(self.status, Transition.ANSWER, ExecutionStatus.RUNNING)
+            self.status = ExecutionStatus.RUNNING
+        elif self.status is not ExecutionStatus.RUNNING:
+            return False
+        self.input_request = None
+        self.asking = 0
+        waiter.set_result(value)
+        return True
+
+    def resume(self) -> None:
+        """The ask ended unanswered (its timeout, or its task cancelled): running again."""
+        step(self.status, Transition.RESUME, ExecutionStatus.RUNNING)
+        self.status = ExecutionStatus.RUNNING
+        self.input_request = None
+
+    def _wake(self) -> None:
+        """Wake the waiters of now without keeping the flag set: the execution goes on."""
+        if self._done is not None:
+            self._done.set()
+            self._done = None
+
+    def reached_end(self, asked: bool = False) -> bool:
+        """Terminal, or (with `asked`) waiting for input: where a read of the store stops
+        waiting."""
+        return self.status in TERMINAL or (asked and self.status is ExecutionStatus.INPUT_REQUIRED)
+
+    def reached(self, asked: bool = False) -> bool:
+        """Terminal, handed off, or (with `asked`) waiting for input."""
+        status = self.status
+        return (
+            status in TERMINAL
+            or status is ExecutionStatus.QUEUED
+            or (asked and status is ExecutionStatus.INPUT_REQUIRED)
+        )
+
+    async def wait(self, timeout: float | None, asked: bool = False) -> bool:
+        """Wait until terminal (or handed off; with `asked`, or waiting for input) or
+        `timeout` seconds pass; True when so."""
+        if self.reached(asked):
             return True
-        if self._done is None:
-            self._done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                await self._done.wait()
+            async with asyncio.timeout_at(deadline):
+                while not self.reached(asked):
+                    if self._done is None:
+                        self._done = asyncio.Event()
+                    await self._done.wait()
         except TimeoutError:
-            return self.is_terminal
+            return self.reached(asked)
         return True
 
     #: The one execution shape every route returns, made from its fields' declaration
@@ -296,8 +376,46 @@ CheckpointWriter = Callable[["Execution", str], Awaitable[None]]
 EmitObserver = Callable[["Execution", Event], None]
 #: Event names travel on an `event:` line of a stream.
 EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-#: Names the stream itself uses around a reasoner's events.
-RESERVED_EVENTS = frozenset({"start", "missed", "end"})
+#: Names the stream itself uses around a reasoner's events (`input_required` is sent by
+#: `ctx.ask`).
+RESERVED_EVENTS = frozenset({"start", "missed", "end", "input_required"})
+
+
+class InputTimeout(TimeoutError):
+    """`ctx.ask(..., timeout=S)` had no answer within S seconds; the execution goes on
+    `running` (the reasoner decides what to do)."""
+
+    def __init__(self, execution_id: str, request_id: int, timeout: float) -> None:
+        super().__init__(
+            f"request {request_id} of execution {execution_id} had no answer in {timeout:g} s"
+        )
+        self.execution_id = execution_id
+        self.request_id = request_id
+
+
+class InputChannel(Protocol):
+    """Where `ctx.ask` records its request and learns how it ended (the registry: the store
+    and metrics behind it)."""
+
+    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+        """Record the request in the store (fenced by owner and attempt) before anyone is
+        told of it; (True, the answer) when an earlier attempt's same request was answered."""
+
+    async def await_answer(
+        self,
+        execution: Execution,
+        request_id: int,
+        waiter: asyncio.Future[Any],
+        timeout: float | None,
+    ) -> Any:
+        """The answer `waiter` is given, within `timeout` seconds (TimeoutError after)."""
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """The request timed out here: close it in the store unless an answer won first;
+        (True, the answer) when one did."""
+
+    def ask_ended(self, execution: Execution, asked: bool, seconds: float) -> None:
+        """Told when a request begins (asked) and ends (after `seconds` of waiting)."""
 
 
 class ExecutionContext:
@@ -308,9 +426,11 @@ class ExecutionContext:
     """
 
     __slots__ = (
+        "_asked",
         "_drain",
         "_emitted",
         "_execution",
+        "_inputs",
         "_max_checkpoint",
         "_names",
         "_writer",
@@ -324,8 +444,12 @@ class ExecutionContext:
         writer: CheckpointWriter | None = None,
         max_checkpoint_size: int = 65_536,
         emitted: EmitObserver | None = None,
+        inputs: InputChannel | None = None,
     ) -> None:
         self._execution = execution
+        self._inputs = inputs
+        #: Requests made so far: the next one's id is one more.
+        self._asked = 0
         self._drain = drain
         self._writer = writer
         self._max_checkpoint = max_checkpoint_size
@@ -374,10 +498,84 @@ class ExecutionContext:
             )
         if len(self._names) < 64:  # a reasoner uses a few names: each is checked once
             self._names.add(event)
+        return self._publish(event, data)
+
+    def _publish(self, event: str, data: Any) -> int:
         emitted = self._execution.event_log().append(event, encode_data(data))
         if self._emitted is not None:
             self._emitted(self._execution, emitted)
         return emitted.id
+
+    async def ask(self, prompt: Any, schema: Any = None, timeout: float | None = None) -> Any:
+        """Ask for input and wait for the answer: the execution reads `input_required` with
+        its `input_request` (`prompt`, JSON; the JSON schema of `schema`, a type pydantic
+        validates the answer against, None for any JSON), an `input_required` event is
+        sent, and the first answer to `POST /executions/{id}/input` is returned, validated
+        (a model instance for a model). `timeout` seconds without one raise InputTimeout;
+        the execution is `running` again either way. A cancellation while waiting cancels
+        the reasoner as anywhere else."""
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= 31_536_000):
+            raise ValueError("timeout must be a positive number of seconds (at most a year)")
+        if self._inputs is None:
+            raise RuntimeError(f"reasoner {self.reasoner!r} cannot ask for input here")
+        execution = self._execution
+        if execution.status is not ExecutionStatus.RUNNING:
+            raise RuntimeError("one request at a time: an earlier ctx.ask still waits")
+        shown = jsoncodec.loads(jsoncodec.dumps_recordable(prompt, "the prompt"))
+        adapter: TypeAdapter[Any] | None = None if schema is None else TypeAdapter(schema)
+        self._asked += 1
+        request_id = self._asked
+        asked_at = time.time()
+        request: dict[str, Any] = {
+            "request_id": request_id,
+            "prompt": shown,
+            "schema": None if adapter is None else adapter.json_schema(),
+            "asked_at": _isoformat(asked_at),
+            "expires_at": None if timeout is None else _isoformat(asked_at + timeout),
+        }
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # Ready before the store is told: an answer may come back before its reply does.
+        execution.answer_waiter = waiter
+        execution.input_adapter = adapter
+        execution.asking = request_id
+        try:
+            replayed, kept = await self._inputs.record_ask(execution, request)
+        except BaseException:
+            replayed, kept = True, None
+            raise
+        finally:
+            if replayed:
+                execution.answer_waiter = None
+                execution.input_adapter = None
+                execution.asking = 0
+        if replayed:  # answered in an earlier attempt: the same answer, at once
+            return kept if adapter is None else adapter.validate_python(kept)
+        if not waiter.done():  # else answered (elsewhere) before the store's reply came
+            execution.ask(request)
+        self._publish("input_required", request)
+        self._inputs.ask_ended(execution, True, 0.0)
+        started = time.monotonic()
+        try:
+            try:
+                value = await self._inputs.await_answer(execution, request_id, waiter, timeout)
+            except TimeoutError:
+                if waiter.done() and not waiter.cancelled():
+                    value = waiter.result()
+                else:
+                    answered, value = await self._inputs.expire_ask(execution, request_id)
+                    if not answered:
+                        assert timeout is not None
+                        raise InputTimeout(execution.execution_id, request_id, timeout) from None
+        finally:
+            if execution.reached_end(asked=True) and not execution.is_terminal:
+                execution.resume()  # unanswered: cancelled or timed out
+            if not waiter.done():
+                waiter.cancel()
+            execution.answer_waiter = None
+            execution.input_adapter = None
+            execution.asking = 0
+            self._inputs.ask_ended(execution, False, time.monotonic() - started)
+        return value if adapter is None else adapter.validate_python(value)
 
     async def checkpoint(self, state: Any) -> None:
         """Record `state` (JSON) as this execution's progress: a later attempt starts with

@@ -150,6 +150,10 @@ class Metrics:
         self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
         self._store = StoreSeries()
         self._emitted: dict[str, int] = {}
+        #: Executions waiting in `ctx.ask` now, and how long answered or closed requests
+        #: waited, by reasoner.
+        self._waiting: dict[str, int] = {}
+        self._input_waits: dict[str, HistogramSeries] = {}
         self.streams_open = 0
         #: How late the loop-lag sampler woke (`agent_server.loop_lag`), each sample.
         self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
@@ -216,6 +220,9 @@ class Metrics:
         self._started.setdefault(name, 0)
         self._store.lost.setdefault(name, 0)
         self._emitted.setdefault(name, 0)
+        self._waiting.setdefault(name, 0)
+        if name not in self._input_waits:
+            self._input_waits[name] = HistogramSeries(EXECUTION_BUCKETS, EXECUTION_LE)
         for status in EXECUTION_OUTCOMES:
             if (name, status) not in self._outcomes:
                 self._outcomes[name, status] = OutcomeSeries()
@@ -249,6 +256,19 @@ class Metrics:
     def event_emitted(self, execution: Execution) -> None:
         reasoner = execution.reasoner
         self._emitted[reasoner] = self._emitted.get(reasoner, 0) + 1
+
+    def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None:
+        """A request of `ctx.ask` began (asked) or ended after `seconds` of waiting
+        (answered, timed out or cancelled)."""
+        reasoner = execution.reasoner
+        self._waiting[reasoner] = self._waiting.get(reasoner, 0) + (1 if asked else -1)
+        if not asked:
+            series = self._input_waits.get(reasoner)
+            if series is None:
+                series = self._input_waits[reasoner] = HistogramSeries(
+                    EXECUTION_BUCKETS, EXECUTION_LE
+                )
+            series.observe(seconds)
 
     def stream_opened(self, change: int) -> None:
         """+1 when an event stream opens, -1 when it ends."""
@@ -365,6 +385,23 @@ class Metrics:
         yield _counter(
             "events_emitted_total", "Events emitted by reasoners.", "reasoner", self._emitted
         )
+        waiting = GaugeMetricFamily(
+            f"{PREFIX}_executions_waiting",
+            "Executions whose reasoner waits for input (ctx.ask) on this replica now.",
+            labels=["reasoner"],
+        )
+        for reasoner, count in self._waiting.items():
+            waiting.add_metric([reasoner], count)
+        yield waiting
+        waits = HistogramMetricFamily(
+            f"{PREFIX}_input_wait_seconds",
+            "Seconds a request for input waited, from ctx.ask to its answer, timeout or "
+            "cancellation.",
+            labels=["reasoner"],
+        )
+        for reasoner, series in self._input_waits.items():
+            waits.add_metric([reasoner], series.buckets(), series.sum)
+        yield waits
         yield GaugeMetricFamily(
             f"{PREFIX}_event_streams_open",
             "Event streams (Server-Sent Events) open now.",

@@ -98,6 +98,7 @@ EXECUTION_LINKS = {
         ("GetExecution", "getExecution"),
         ("CancelExecution", "cancelExecution"),
         ("DeleteExecution", "deleteExecution"),
+        ("AnswerInput", "answerInput"),
     ]
 }
 #: operationId of every fixed route; reasoner routes are `run_{name}` and `start_{name}`.
@@ -108,6 +109,7 @@ OPERATION_IDS = {
     ("/executions/{execution_id}", "delete"): "deleteExecution",
     ("/executions/{execution_id}/cancel", "post"): "cancelExecution",
     ("/executions/{execution_id}/events", "get"): "streamExecutionEvents",
+    ("/executions/{execution_id}/input", "post"): "answerInput",
     ("/sessions/{session_id}", "delete"): "releaseSession",
     ("/healthz", "get"): "healthz",
     ("/readyz", "get"): "readyz",
@@ -171,6 +173,14 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
                     "application/json": {"schema": succeeded},
                     **EVENT_STREAM["content"],
                 },
+                "links": EXECUTION_LINKS,
+            },
+            "202": {
+                **_json(
+                    _ref("Execution"),
+                    "Its reasoner waits for input (`input_required`): answer it at "
+                    "`Location` + `/input`; it goes on",
+                ),
                 "links": EXECUTION_LINKS,
             },
             "500": _json(_ref("Execution"), "The execution failed"),
@@ -260,7 +270,9 @@ def openapi_document(
                             "description": "Where the page before ended: from its Link header",
                             "schema": {
                                 "type": "string",
-                                "pattern": r"^-?[0-9][0-9.]*(e[+-]?[0-9]+)?:[0-9a-f]{32}$",
+                                # A number as both stores write it, and read it back.
+                                "pattern": r"^-?[0-9]{1,17}(\.[0-9]{1,7})?(e[+-]?[0-9]{1,3})?"
+                                r":[0-9a-f]{32}$",
                             },
                         },
                     ],
@@ -315,6 +327,45 @@ def openapi_document(
                         "200": _json(_ref("Execution"), "Already terminal"),
                         "202": _json(_ref("Execution"), "Cancellation requested"),
                         "404": _error("Unknown execution"),
+                    },
+                }
+            },
+            "/executions/{execution_id}/input": {
+                "post": {
+                    "summary": "Answer the execution's pending request for input (ctx.ask): "
+                    "one answer per request wins, on every replica",
+                    "parameters": [EXECUTION_ID],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["value"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "request_id": {
+                                            "type": ["integer", "null"],
+                                            "minimum": 1,
+                                            "description": "the request answered; left out: "
+                                            "the pending one",
+                                        },
+                                        "value": {
+                                            "description": "the answer (JSON), validated "
+                                            "against the request's schema"
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "202": _json(_ref("Execution"), "Taken: the execution goes on"),
+                        "400": _error("Malformed JSON body"),
+                        "404": _error("Unknown execution"),
+                        "409": _error("It waits for no input, or that request was answered"),
+                        "415": _error("Body is not JSON"),
+                        "422": _error("Malformed body, or a value that fails the schema"),
                     },
                 }
             },

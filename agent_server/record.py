@@ -46,6 +46,22 @@ class Field:
 _NULLABLE_STRING: dict[str, Any] = {"type": ["string", "null"]}
 _TIME: dict[str, Any] = {"type": "string", "format": "date-time"}
 
+#: What an execution waiting for input asks (`ctx.ask`), in the Execution schema.
+INPUT_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["request_id", "prompt", "schema", "asked_at", "expires_at"],
+    "properties": {
+        "request_id": {"type": "integer", "minimum": 1, "description": "1, 2, ... per execution"},
+        "prompt": {"description": "the reasoner's prompt (JSON)"},
+        "schema": {
+            "type": ["object", "null"],
+            "description": "the JSON schema the answer is validated against; null for any JSON",
+        },
+        "asked_at": _TIME,
+        "expires_at": {"oneOf": [{"type": "null"}, _TIME]},
+    },
+}
+
 #: The record, in the order of its JSON and of the Redis hash.
 FIELDS: tuple[Field, ...] = (
     Field("execution_id", Shown.VALUE, {"type": "string"}),
@@ -79,6 +95,12 @@ FIELDS: tuple[Field, ...] = (
         {"type": "string", "description": "the replica that runs it (or ran it); '' if queued"},
     ),
     Field("attempt", Shown.VALUE, {"type": "integer", "minimum": 1}),
+    #: The pending request while `input_required`, else null (docs/input.md).
+    Field(
+        "input_request",
+        Shown.VALUE,
+        {"oneOf": [{"type": "null"}, INPUT_REQUEST_SCHEMA]},
+    ),
     #: Ended by the drain without settling (the reasoner ignored its cancellation).
     Field("abandoned", Shown.HIDDEN, {"type": "boolean"}),
 )

@@ -46,6 +46,9 @@ logger = logging.getLogger("agent_server.registry")
 
 #: Worker threads for `def` reasoners; they cannot be cancelled, only waited for or abandoned.
 THREAD_WORKERS = 32
+#: A reasoner waiting for an answer through a shared store looks at its record this often
+#: (seconds), in case the answer's notice was missed.
+ANSWER_RECHECK = 5.0
 #: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
 UNANSWERED_LIMIT = 10_000
 #: Executions a settle abandons that each get a log line of their own; the rest are counted
@@ -79,6 +82,8 @@ class RegistryObserver(Protocol):
     def execution_rejected(self, reason: RejectReason) -> None: ...
 
     def event_emitted(self, execution: Execution) -> None: ...
+
+    def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None: ...
 
 
 @dataclass
@@ -233,6 +238,52 @@ class InFlightRegistry:
         if self.observer is not None:
             self.observer.event_emitted(execution)
 
+    # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
+
+    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+        return await self.store.ask(execution, request)
+
+    async def await_answer(
+        self,
+        execution: Execution,
+        request_id: int,
+        waiter: asyncio.Future[Any],
+        timeout: float | None,
+    ) -> Any:
+        """The answer handed to `waiter`; TimeoutError after `timeout` seconds. With a shared
+        store the answer comes by pub/sub, and a notice may be missed (a reconnect): every
+        ANSWER_RECHECK seconds the record is looked at for an answer taken."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        shared = self.store.shared
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            pause = left if not shared else min(left or ANSWER_RECHECK, ANSWER_RECHECK)
+            await asyncio.wait({waiter}, timeout=pause)
+            if waiter.done():
+                return waiter.result()
+            if shared and (deadline is None or loop.time() < deadline):
+                answered, value = await self.store.poll_answer(execution, request_id)
+                if answered:
+                    execution.take_answer(request_id, value)
+                    return value
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        return await self.store.expire_ask(execution, request_id)
+
+    def ask_ended(self, execution: Execution, asked: bool, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer.input_waiting(execution, asked, seconds)
+
+    def answer(self, execution_id: str, request_id: int | None, value: Any) -> bool:
+        """Hand an answer the store took to the `ctx.ask` waiting here; False when none
+        waits for it (it ended meanwhile)."""
+        task = self._running.get(execution_id)
+        execution = None if task is None else self._executions.get(task)
+        return execution is not None and execution.take_answer(request_id, value)
+
     @property
     def can_take(self) -> bool:
         """Whether queued work may be claimed now: admitting, with capacity to spare."""
@@ -248,6 +299,7 @@ class InFlightRegistry:
                 self.store.checkpoint if reasoner.resumable else None,
                 self.max_checkpoint_size,
                 self._emitted,
+                self,
             )
         task = asyncio.get_running_loop().create_task(
             self._run(execution, reasoner, arguments, context),

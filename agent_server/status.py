@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 
 class ExecutionStatus(enum.StrEnum):
-    """Where an execution is; `queued` and `lost` appear only with a shared store."""
+    """Where an execution is; `queued` and `lost` appear only with a shared store;
+    `input_required` while its reasoner waits for an answer (`ctx.ask`)."""
 
     QUEUED = "queued"
     RUNNING = "running"
+    INPUT_REQUIRED = "input_required"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -48,6 +50,9 @@ class Transition(enum.StrEnum):
     CLAIM = "claim"
     CANCEL_QUEUED = "cancel_queued"
     LATE_END = "late_end"
+    ASK = "ask"
+    ANSWER = "answer"
+    RESUME = "resume"
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,9 @@ class Step:
 
 _S = ExecutionStatus
 _ENDS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED})
+#: Where an owner runs its task: working, or waiting in `ctx.ask` (the task still runs, so
+#: whatever ends a running execution ends a waiting one, and its owner may die either way).
+_OWNED = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
 
 #: The state machine. Local objects and records follow the same table; LATE_END is the one
 #: move only a local object makes (an attempt handed off at the drain deadline that ended
@@ -70,28 +78,24 @@ _ENDS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED})
 #: has it).
 TABLE: tuple[Step, ...] = (
     Step(Transition.START, frozenset(), frozenset({_S.RUNNING}), "registry; create.lua"),
-    Step(
-        Transition.SUCCEED, frozenset({_S.RUNNING}), frozenset({_S.SUCCEEDED}), "registry; end.lua"
-    ),
-    Step(Transition.FAIL, frozenset({_S.RUNNING}), frozenset({_S.FAILED}), "registry; end.lua"),
-    Step(
-        Transition.CANCEL, frozenset({_S.RUNNING}), frozenset({_S.CANCELLED}), "registry; end.lua"
-    ),
+    Step(Transition.SUCCEED, _OWNED, frozenset({_S.SUCCEEDED}), "registry; end.lua"),
+    Step(Transition.FAIL, _OWNED, frozenset({_S.FAILED}), "registry; end.lua"),
+    Step(Transition.CANCEL, _OWNED, frozenset({_S.CANCELLED}), "registry; end.lua"),
     Step(
         Transition.LOSE,
-        frozenset({_S.RUNNING}),
+        _OWNED,
         frozenset({_S.LOST}),
         "judge.lua read(): its owner stopped renewing",
     ),
     Step(
         Transition.HAND_OFF,
-        frozenset({_S.RUNNING}),
+        _OWNED,
         frozenset({_S.QUEUED}),
         "registry at the drain deadline; handoff.lua",
     ),
     Step(
         Transition.REQUEUE,
-        frozenset({_S.RUNNING}),
+        _OWNED,
         frozenset({_S.QUEUED}),
         "judge.lua read(): its owner died, attempts left",
     ),
@@ -103,6 +107,24 @@ TABLE: tuple[Step, ...] = (
         "cancel_queued.lua; claim.lua (session released)",
     ),
     Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
+    Step(
+        Transition.ASK,
+        frozenset({_S.RUNNING}),
+        frozenset({_S.INPUT_REQUIRED}),
+        "ctx.ask; ask.lua",
+    ),
+    Step(
+        Transition.ANSWER,
+        frozenset({_S.INPUT_REQUIRED}),
+        frozenset({_S.RUNNING}),
+        "POST /executions/{id}/input; answer.lua (exactly one answer per request)",
+    ),
+    Step(
+        Transition.RESUME,
+        frozenset({_S.INPUT_REQUIRED}),
+        frozenset({_S.RUNNING}),
+        "ctx.ask left unanswered: its timeout (expire.lua), or its task cancelled",
+    ),
 )
 
 #: The status an ending with that outcome reaches from `running`, by transition.
@@ -114,6 +136,8 @@ END_OF: dict[ExecutionStatus, Transition] = {
 }
 
 _BY_NAME = {step.transition: step for step in TABLE}
+#: Where an owner's task runs (working, or waiting for input): the scripts' `OWNED`.
+OWNED: frozenset[ExecutionStatus] = _OWNED
 #: Statuses some transition leaves: not terminal.
 ACTIVE: frozenset[ExecutionStatus] = frozenset(s for step in TABLE for s in step.sources)
 #: Statuses no transition leaves.

@@ -34,6 +34,7 @@ from agent_server.client.models import (
     Event,
     Execution,
     Executions,
+    InputRequired,
     Reasoners,
     SessionRelease,
     Statuses,
@@ -142,7 +143,11 @@ class AsyncAgentClient:
         timeout: float | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
-        return await self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+        try:
+            return await self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+        except InputRequired as exc:
+            exc.handle = AsyncExecutionHandle(self, exc.execution)
+            raise
 
     async def run_execution(
         self,
@@ -175,6 +180,11 @@ class AsyncAgentClient:
 
     async def wait(self, execution_id: str, timeout: float | None = None) -> Execution:
         return await self._drive(self._core.wait(execution_id, timeout))
+
+    async def respond(
+        self, execution_id: str, value: Any, request_id: int | None = None
+    ) -> Execution:
+        return await self._drive(self._core.respond(execution_id, value, request_id))
 
     async def cancel(self, execution_id: str) -> Execution:
         return await self._drive(self._core.cancel(execution_id))
@@ -235,6 +245,10 @@ class AsyncExecutionHandle:
 
     async def result(self, timeout: float | None = None) -> Any:
         return (await self.wait(timeout)).outcome()
+
+    async def respond(self, value: Any, request_id: int | None = None) -> Execution:
+        self.execution = await self.client.respond(self.execution_id, value, request_id)
+        return self.execution
 
     async def cancel(self) -> Execution:
         self.execution = await self.client.cancel(self.execution_id)

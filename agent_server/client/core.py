@@ -227,8 +227,9 @@ class Core:
         timeout: float | None,
         idempotency_key: str | None,
     ) -> Flow[Execution]:
-        """The execution once ended, whatever its end. One key for every try, and for the
-        start that replaces a synchronous run whose connection broke."""
+        """The execution once ended, whatever its end, or once it waits for input. One key
+        for every try, and for the start that replaces a synchronous run whose connection
+        broke."""
         key = self._key(idempotency_key)
         deadline = None if timeout is None else time.monotonic() + timeout
         send = Send(
@@ -257,7 +258,7 @@ class Core:
         if not is_execution(body):
             raise error_from_response(response)
         execution = Execution.from_json(body)
-        if execution.is_terminal:
+        if execution.is_terminal or execution.waits_for_input:
             return execution
         return (yield from self._wait(execution.execution_id, deadline))
 
@@ -300,16 +301,32 @@ class Core:
         return (yield from self._wait(execution_id, deadline))
 
     def _wait(self, execution_id: str, deadline: float | None) -> Flow[Execution]:
-        """Long-poll (each poll at most MAX_WAIT seconds) until the execution has ended."""
+        """Long-poll (each poll at most MAX_WAIT seconds) until the execution has ended or
+        waits for input (the server's long-poll returns at `input_required` too)."""
         while True:
             remaining = MAX_WAIT if deadline is None else deadline - time.monotonic()
             execution = yield from self._get(execution_id, max(0.0, min(MAX_WAIT, remaining)))
-            if execution.is_terminal:
+            if execution.is_terminal or execution.waits_for_input:
                 return execution
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(
                     f"execution {execution_id} is still {execution.status}", execution
                 )
+
+    def respond(self, execution_id: str, value: Any, request_id: int | None) -> Flow[Execution]:
+        """Answer the execution's pending request (`request_id`, or whichever is pending):
+        the execution, `running` again. One answer per request wins: `Conflict` (409) when
+        it does not wait for that request, `InvalidInput` (422) when the value does not fit
+        the request's schema. A retry after a broken connection may find its own answer
+        taken (409): read the execution to tell."""
+        body: dict[str, Any] = {"value": value}
+        if request_id is not None:
+            body["request_id"] = request_id
+        send = Send(
+            "POST", f"/executions/{execution_id}/input", self._timeout(self.timeout), body=body
+        )
+        response = yield from self.request(send)
+        return Execution.from_json(_checked(response, 202).json())
 
     def cancel(self, execution_id: str) -> Flow[Execution]:
         send = Send("POST", f"/executions/{execution_id}/cancel", self._timeout(self.timeout))

@@ -17,6 +17,8 @@ from agent_server import status as states
 #: The statuses an execution does not leave, from the one table (status.py imports nothing
 #: of the server).
 TERMINAL = frozenset(status.value for status in states.TERMINAL)
+#: The status of an execution whose reasoner waits for input (docs/input.md).
+INPUT_REQUIRED = states.ExecutionStatus.INPUT_REQUIRED.value
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Execution:
     duration_seconds: float | None = None
     replica: str | None = None
     attempt: int = 1
+    #: While `input_required`: what it asks (`request_id`, `prompt`, `schema`, `asked_at`,
+    #: `expires_at`); None otherwise.
+    input_request: dict[str, Any] | None = None
     #: The JSON object exactly as received (fields this client does not know included).
     json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -50,8 +55,13 @@ class Execution:
 
     @property
     def is_terminal(self) -> bool:
-        """`queued` and `running` are not terminal; every other status is."""
+        """`queued`, `running` and `input_required` are not terminal; every other status is."""
         return self.status in TERMINAL
+
+    @property
+    def waits_for_input(self) -> bool:
+        """Its reasoner waits for an answer (`respond`): status `input_required`."""
+        return self.status == INPUT_REQUIRED
 
     def outcome(self) -> Any:
         """The result of a succeeded execution; the typed error of any other end."""
@@ -63,6 +73,8 @@ class Execution:
             raise ExecutionCancelled(self)
         if self.status == "lost":
             raise ExecutionLost(self)
+        if self.status == INPUT_REQUIRED:
+            raise InputRequired(self)
         raise AgentServerError(f"execution {self.execution_id} is {self.status}", body=self.json)
 
 
@@ -233,6 +245,22 @@ class ExecutionLost(ExecutionError):
         super().__init__(
             execution, f"execution {execution.execution_id} was lost: {message}", status
         )
+
+
+class InputRequired(AgentServerError):
+    """A run reached `input_required`: its reasoner waits for an answer. `execution` is the
+    execution (its `input_request` says what it asks); `handle` (set by `run`) follows it:
+    `exc.handle.respond(value)`, then `exc.handle.result()`."""
+
+    def __init__(self, execution: Execution, handle: Any = None) -> None:
+        request = execution.input_request or {}
+        super().__init__(
+            f"execution {execution.execution_id} waits for input "
+            f"(request {request.get('request_id')})",
+            body=execution.json,
+        )
+        self.execution = execution
+        self.handle = handle
 
 
 def response_body(response: httpx.Response) -> Any:

@@ -32,6 +32,7 @@ from agent_server.client.models import (
     Event,
     Execution,
     Executions,
+    InputRequired,
     Reasoners,
     SessionRelease,
     Statuses,
@@ -136,8 +137,13 @@ class AgentClient:
         """Run `name` with `input` (a JSON object of its parameters) and return its result,
         or raise the typed error of its end. `timeout` bounds the wait for the end (the
         server then cancels the run: nobody waits for it any more). `idempotency_key` is
-        the caller's own key for this run (else one is chosen), sent on every try."""
-        return self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+        the caller's own key for this run (else one is chosen), sent on every try. A run
+        whose reasoner asks for input raises `InputRequired`, whose `handle` follows it."""
+        try:
+            return self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+        except InputRequired as exc:
+            exc.handle = ExecutionHandle(self, exc.execution)
+            raise
 
     def run_execution(
         self,
@@ -174,6 +180,12 @@ class AgentClient:
 
     def wait(self, execution_id: str, timeout: float | None = None) -> Execution:
         return self._drive(self._core.wait(execution_id, timeout))
+
+    def respond(self, execution_id: str, value: Any, request_id: int | None = None) -> Execution:
+        """Answer the execution's pending request (or `request_id`): the execution,
+        `running` again; `Conflict` when it does not wait for it, `InvalidInput` when the
+        value does not fit its schema."""
+        return self._drive(self._core.respond(execution_id, value, request_id))
 
     def cancel(self, execution_id: str) -> Execution:
         return self._drive(self._core.cancel(execution_id))
@@ -239,13 +251,20 @@ class ExecutionHandle:
         return self.execution
 
     def wait(self, timeout: float | None = None) -> Execution:
-        """The execution once ended (any end), long-polling; `WaitTimeout` after `timeout`."""
+        """The execution once ended (any end) or waiting for input (`input_required`),
+        long-polling; `WaitTimeout` after `timeout`."""
         self.execution = self.client.wait(self.execution_id, timeout)
         return self.execution
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait, then the result, or the typed error of its end."""
+        """Wait, then the result, or the typed error of its end (`InputRequired` when it
+        waits for input)."""
         return self.wait(timeout).outcome()
+
+    def respond(self, value: Any, request_id: int | None = None) -> Execution:
+        """Answer its pending request (or `request_id`); see `AgentClient.respond`."""
+        self.execution = self.client.respond(self.execution_id, value, request_id)
+        return self.execution
 
     def cancel(self) -> Execution:
         self.execution = self.client.cancel(self.execution_id)

@@ -22,6 +22,9 @@ from agent_server.execution import CancelReason, Execution, ExecutionStatus
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
 CancelHandler = Callable[[str, CancelReason, float | None], object]
+#: How an answer the store took reaches the `ctx.ask` waiting on the execution's owner: the
+#: id, the request id (None: the pending one) and the value; False when nothing waits.
+AnswerHandler = Callable[[str, int | None, Any], bool]
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,9 @@ class ExecutionStore(abc.ABC):
     replica_id: str
     #: Where cancel requests for this replica go; nowhere until `deliver_cancels`.
     on_cancel: CancelHandler | None = None
+    #: Where answers for this replica's waiting executions go; nowhere until
+    #: `deliver_answers`.
+    on_answer: AnswerHandler | None = None
 
     @property
     def up(self) -> bool:
@@ -121,6 +127,10 @@ class ExecutionStore(abc.ABC):
     def deliver_cancels(self, on_cancel: CancelHandler) -> None:
         """Cancel requests meant for this replica go to `on_cancel` (the registry's)."""
         self.on_cancel = on_cancel
+
+    def deliver_answers(self, on_answer: AnswerHandler) -> None:
+        """Answers to this replica's waiting executions go to `on_answer` (the registry's)."""
+        self.on_answer = on_answer
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         """What a shared store asks of the registry to repair records this replica owns but
@@ -200,6 +210,38 @@ class ExecutionStore(abc.ABC):
         """Return when work may have been queued, or after `timeout` seconds."""
         await asyncio.sleep(timeout)
 
+    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+        """Record that an execution this replica runs waits for input (`request` is its
+        `input_request`), fenced by owner and attempt (StaleAttempt otherwise); (True, the
+        answer) instead when an earlier attempt's same request was answered (a shared
+        store keeps answers). A store in this process holds the live object: nothing to
+        write, and one attempt only."""
+        return False, None
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """The request timed out on its owner: back to `running` unless an answer was taken
+        first, which is then returned as (True, value). In one process nothing can have
+        been taken that the owner has not seen."""
+        return False, None
+
+    async def poll_answer(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """The answer taken for the request, if one was, read from the store: an owner that
+        may have missed its notice looks (True, the value). Never needed in one process."""
+        return False, None
+
+    async def answer(
+        self, execution: Execution, request_id: int | None, value: Any
+    ) -> Execution | None:
+        """Take `value` as the answer to the execution's pending request (`request_id`, or
+        whichever is pending for None), exactly once: the execution as it is then, `running`
+        again; None when it does not wait for that request (not waiting, or answered
+        already). In one process the owner's registry decides."""
+        if execution.status is not ExecutionStatus.INPUT_REQUIRED or self.on_answer is None:
+            return None
+        if not self.on_answer(execution.execution_id, request_id, value):
+            return None
+        return await self.get(execution.execution_id)
+
     @abc.abstractmethod
     def end(self, execution: Execution) -> None:
         """Record the terminal state of an execution this replica owns, now or as soon as
@@ -216,8 +258,11 @@ class ExecutionStore(abc.ABC):
         """The execution, or None when unknown (never existed, forgotten or expired)."""
 
     @abc.abstractmethod
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
-        """The execution once terminal, or as it is when `timeout` seconds have passed."""
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        """The execution once terminal (with `asked`, or once it waits for input), or as it
+        is when `timeout` seconds have passed."""
 
     @abc.abstractmethod
     async def page(

@@ -118,8 +118,10 @@ class MemoryStore(ExecutionStore):
         self._expire()
         return self._executions.get(execution_id)
 
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
-        await execution.wait(timeout)
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        await execution.wait(timeout, asked)
         return execution
 
     async def page(

@@ -34,6 +34,7 @@ EXECUTION_KEYS = {
     "duration_seconds",
     "replica",
     "attempt",
+    "input_request",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 
@@ -104,6 +105,7 @@ def assert_execution(body: Any) -> dict[str, Any]:
         "client_disconnected",
     )
     assert TIMESTAMP.fullmatch(body["created_at"])
+    assert body["input_request"] is None
     if body["status"] == "running":
         assert body["finished_at"] is None
         assert body["duration_seconds"] is None

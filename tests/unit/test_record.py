@@ -55,7 +55,8 @@ def test_a_queued_execution_names_no_replica_and_times_are_rfc3339() -> None:
 
 
 def test_a_synchronous_run_has_an_answer_for_every_status_it_can_end_in() -> None:
-    assert set(SYNC_ANSWER) == TERMINAL | {ExecutionStatus.QUEUED}
+    assert set(SYNC_ANSWER) == TERMINAL | {ExecutionStatus.QUEUED, ExecutionStatus.INPUT_REQUIRED}
+    assert SYNC_ANSWER[ExecutionStatus.INPUT_REQUIRED] == 202
     assert SYNC_ANSWER[ExecutionStatus.SUCCEEDED] == 200
     assert SYNC_ANSWER[ExecutionStatus.FAILED] == 500
 

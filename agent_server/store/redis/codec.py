@@ -61,6 +61,14 @@ def loads(text: str) -> Any:
     return jsoncodec.loads(text.encode())
 
 
+def _input_request(text: str | None) -> dict[str, Any] | None:
+    """The record's `input_request` (JSON text; absent from records written before it)."""
+    if not text:
+        return None
+    value = loads(text)
+    return value if isinstance(value, dict) else None
+
+
 def _number(text: str) -> float | None:
     return float(text) if text else None
 
@@ -102,6 +110,7 @@ class RowCodec:
             finished_at=_number(row[Row.FINISHED_AT]),
             duration_seconds=_number(row[Row.DURATION_SECONDS]),
             abandoned=row[Row.ABANDONED] == "1",
+            input_request=_input_request(row[Row.INPUT_REQUEST]),
         )
         moved = Moved(int(row[Row.MOVED]))
         if moved is Moved.LOST and self.observer is not None:
@@ -140,6 +149,7 @@ class RowCodec:
             "duration_seconds": "",
             "replica": execution.replica,
             "attempt": str(execution.attempt),
+            "input_request": b"null",
             "abandoned": "0",
         }
         return [values[name] for name in FIELDS]

@@ -148,5 +148,16 @@ class Keys:
     def for_handoff(self, execution_id: str, owner: str) -> tuple[str, ...]:
         return self.record(execution_id), self.running, self.owned(owner), self.queue
 
+    def for_ask(self, execution_id: str) -> tuple[str, str]:
+        """The record and the `ends` channel (waiters that return at input_required)."""
+        return self.record(execution_id), self.ends
+
+    def for_answer(self, execution_id: str) -> tuple[str, str]:
+        """The record and the prefix (the owner's channel is named once it is read)."""
+        return self.record(execution_id), self.prefix
+
+    def for_expire(self, execution_id: str) -> tuple[str]:
+        return (self.record(execution_id),)
+
     def for_end_release(self, session_id: str, release_id: str) -> tuple[str, str]:
         return self.releasing(session_id), self.released(release_id)

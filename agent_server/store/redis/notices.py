@@ -18,7 +18,7 @@ import orjson
 
 from agent_server.execution import CancelReason, Execution
 from agent_server.store.base import StoreUnavailable
-from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.codec import RowCodec, loads
 from agent_server.store.redis.failures import UNREACHABLE
 from agent_server.store.redis.link import Link
 from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX
@@ -59,6 +59,7 @@ class Notices:
         cancels: str,
         read: Reader,
         cancel: Callable[[str, CancelReason, float | None], object],
+        answer: Callable[[str, int, Any], object] | None = None,
     ) -> None:
         self._link = link
         self._codec = codec
@@ -69,6 +70,7 @@ class Notices:
         self._cancel_channel = cancels
         self._read = read
         self._cancel = cancel
+        self._answer = answer
         self.waiters: dict[str, set[asyncio.Future[Execution | None]]] = {}
         self.event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Ids whose end notice woke waiters, read together by `read_woken`.
@@ -84,12 +86,15 @@ class Notices:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
         """Woken when the end is written: one read for every waiter woken together
         (`read_woken`), none of its own. `execution` is a copy the caller has just read; an
         end noticed since is re-read at once, and a re-read every REREAD_SECONDS covers a
-        missed notice or an owner that died."""
-        if execution.is_terminal:
+        missed notice or an owner that died. With `asked`, waiting for input counts as an
+        end of the wait."""
+        if execution.reached_end(asked):
             return execution
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -108,7 +113,7 @@ class Notices:
                         if not self._link.is_open:
                             raise
                         found = latest  # keep waiting: the next re-read may reach it
-                    if found is None or found.is_terminal:
+                    if found is None or found.reached_end(asked):
                         return found or latest
                     latest = found
                 remaining = None if deadline is None else deadline - loop.time()
@@ -118,7 +123,7 @@ class Notices:
                 await asyncio.wait({future}, timeout=pause)
                 woken = future.result() if future.done() and not future.cancelled() else None
                 if woken is not None:
-                    if woken.is_terminal:
+                    if woken.reached_end(asked):
                         return woken
                     latest = woken
                 read_now = woken is None  # a notice without a record, or a timed re-read
@@ -233,6 +238,9 @@ class Notices:
         if channel == self._queued_channel:
             self.queued.set()
             return
+        if '"request_id"' in data:  # an answer (answer.lua) on the owner's channel
+            self._answered(data)
+            return
         try:
             request = orjson.loads(data)
             reason = CancelReason(request["reason"])
@@ -245,6 +253,23 @@ class Notices:
             self._cancel(execution_id, reason, settle_within)
         except Exception:
             logger.exception("cancel of execution %s failed", execution_id)
+
+    def _answered(self, data: str) -> None:
+        """`{"id", "request_id", "value"}`: to the `ctx.ask` waiting here. The value is read
+        as requests are (integers past 64 bits kept exact)."""
+        try:
+            message = loads(data)
+            execution_id = str(message["id"])
+            request_id = int(message["request_id"])
+            value = message["value"]
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignored a malformed answer: %r", data[:200])
+            return
+        if self._answer is not None:
+            try:
+                self._answer(execution_id, request_id, value)
+            except Exception:
+                logger.exception("the answer to execution %s failed", execution_id)
 
     def _ends(self, data: str) -> list[tuple[str, list[Any] | None]]:
         """An end notice: ids separated by spaces (a script's), or the `end` script's

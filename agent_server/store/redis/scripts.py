@@ -15,7 +15,7 @@ import re
 from importlib import resources
 
 from agent_server import record
-from agent_server.status import ACTIVE, ExecutionStatus
+from agent_server.status import ACTIVE, OWNED, ExecutionStatus
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -33,6 +33,9 @@ NAMES = (
     "end_release",
     "settle",
     "owned",
+    "ask",
+    "answer",
+    "expire",
 )
 
 
@@ -54,10 +57,11 @@ class Row(enum.IntEnum):
     DURATION_SECONDS = 9
     REPLICA = 10
     ATTEMPT = 11
-    ABANDONED = 12
-    MOVED = 13
-    MATCHED = 14
-    CURSOR = 15
+    INPUT_REQUEST = 12
+    ABANDONED = 13
+    MOVED = 14
+    MATCHED = 15
+    CURSOR = 16
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.
@@ -87,7 +91,7 @@ class Forget(enum.IntEnum):
 
 
 class Moved(enum.IntEnum):
-    """Value 14 of a record as `read` (judge.lua) returns it: what this call did to it."""
+    """Value 15 of a record as `read` (judge.lua) returns it: what this call did to it."""
 
     NOT = 0
     LOST = 1
@@ -99,8 +103,9 @@ _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
 
 def _codes() -> str:
     """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`),
-    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py) and which
-    are active (`ACTIVE[status]`: some move leaves them), the record's fields (`F`, from
+    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py), which
+    are active (`ACTIVE[status]`: some move leaves them) and which an owner's task runs in
+    (`OWNED[status]`: running, or waiting for input), the record's fields (`F`, from
     agent_server/record.py) and where each is in a returned record (`I_STATUS`)."""
     lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
     for kind in (Create, Forget, Moved):
@@ -110,6 +115,8 @@ def _codes() -> str:
         lines.append(f"local STATUS_{status.name} = '{status.value}'")
     active = ", ".join(f"{status.value} = true" for status in sorted(ACTIVE))
     lines.append(f"local ACTIVE = {{{active}}}")
+    owned = ", ".join(f"{status.value} = true" for status in sorted(OWNED))
+    lines.append(f"local OWNED = {{{owned}}}")
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
     for index in Row:
         lines.append(f"local I_{index.name} = {index + 1}")

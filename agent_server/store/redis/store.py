@@ -112,6 +112,7 @@ class RedisStore(ExecutionStore):
             cancels=self.keys.cancel(replica_id),
             read=self._read,
             cancel=self._cancelled,
+            answer=self._answered,
         )
         self._outbox = Outbox(
             self._link,
@@ -337,29 +338,113 @@ class RedisStore(ExecutionStore):
         refusing for a while is waited out (retried with a bounded backoff, as the outbox
         does; a cancellation still ends the wait): a reasoner's progress is written before
         it goes on, and an outage does not fail it (section 12, invariant 4)."""
+        reply = await self._waiting_out(
+            "checkpoint",
+            self.keys.for_checkpoint(execution.execution_id),
+            execution.replica,
+            str(execution.attempt),
+            state,
+        )
+        if not int(reply[0]):
+            self._outbox.fence("checkpoint", execution, reply[1])
+            raise StaleAttempt(
+                f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
+                f"owns it (the record is {reply[1] or 'gone'})"
+            )
+
+    async def _waiting_out(self, name: str, keys: Sequence[str], *args: str | bytes) -> Any:
+        """One script call of an owner's own write, Redis unreachable or refusing for a while
+        waited out (a bounded backoff, as the outbox does; a cancellation still ends the
+        wait): what the reasoner does next depends on it being written."""
         backoff = BACKOFF_FIRST
         while True:
             try:
-                with self._link.operation("checkpoint"):
-                    reply = await self._link.script(
-                        "checkpoint",
-                        self.keys.for_checkpoint(execution.execution_id),
-                        execution.replica,
-                        str(execution.attempt),
-                        state,
-                    )
-                break
+                with self._link.operation(name):
+                    return await self._link.script(name, keys, *args)
             except StoreUnavailable as exc:
                 if not self._link.is_open:
                     raise  # closed: nothing will write it
                 self._outbox.count_retry(transient_reason(exc) or "connection")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
+
+    # -- input (ctx.ask) -------------------------------------------------------------------
+
+    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+        """One script (`ask.lua`), fenced by owner and attempt: the record reads
+        `input_required` with its request before anyone is told (the reply, the event).
+        A request an earlier attempt had answered is not asked again: (True, its answer)."""
+        reply = await self._waiting_out(
+            "ask",
+            self.keys.for_ask(execution.execution_id),
+            execution.replica,
+            str(execution.attempt),
+            str(request["request_id"]),
+            codec.dumps(request),
+        )
         if not int(reply[0]):
-            self._outbox.fence("checkpoint", execution, reply[1])
+            self._outbox.fence("ask", execution, reply[1])
             raise StaleAttempt(
                 f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
                 f"owns it (the record is {reply[1] or 'gone'})"
+            )
+        if int(reply[0]) == 2:
+            return True, codec.loads(reply[1])
+        return False, None
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """`expire.lua`: closed unanswered, unless an answer was taken first (returned)."""
+        return await self._look(execution, request_id, close=True)
+
+    async def poll_answer(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """`expire.lua`, looking only: the answer taken, if one was (its notice missed)."""
+        return await self._look(execution, request_id, close=False)
+
+    async def _look(
+        self, execution: Execution, request_id: int, *, close: bool
+    ) -> tuple[bool, Any]:
+        reply = await self._waiting_out(
+            "expire",
+            self.keys.for_expire(execution.execution_id),
+            execution.replica,
+            str(execution.attempt),
+            str(request_id),
+            "1" if close else "0",
+        )
+        if int(reply[0]) == 2:
+            return True, codec.loads(reply[1])
+        return False, None
+
+    async def answer(
+        self, execution: Execution, request_id: int | None, value: Any
+    ) -> Execution | None:
+        """One script (`answer.lua`): taken only while the record waits for that request,
+        so exactly one answer per request wins across replicas; published to the owner,
+        whose waiting `ctx.ask` returns it."""
+        if request_id is None:
+            pending = execution.input_request or {}
+            request_id = pending.get("request_id")
+            if not isinstance(request_id, int):
+                return None
+        with self._link.operation("answer"):
+            reply = await self._link.script(
+                "answer",
+                self.keys.for_answer(execution.execution_id),
+                str(request_id),
+                codec.dumps(value),
+            )
+        if not int(reply[0]):
+            return None
+        return self._codec.restore([*reply[1], 0])
+
+    def _answered(self, execution_id: str, request_id: int, value: Any) -> None:
+        """An answer published to this replica: to the `ctx.ask` waiting here."""
+        if self.on_answer is None or not self.on_answer(execution_id, request_id, value):
+            logger.warning(
+                "the answer to request %d of execution %s reached no waiting ask here (it "
+                "ended, or timed out and took the answer from the record)",
+                request_id,
+                execution_id,
             )
 
     def hand_off(self, execution: Execution) -> None:
@@ -441,9 +526,12 @@ class RedisStore(ExecutionStore):
         found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
         return found or [None] * len(ids)
 
-    async def wait(self, execution: Execution, timeout: float | None) -> Execution:
-        """Woken by this replica's one pub/sub connection when the end is written (notices.py)."""
-        return await self._notices.wait(execution, timeout)
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        """Woken by this replica's one pub/sub connection when the end is written (notices.py)
+        (with `asked`, also when it asks for input)."""
+        return await self._notices.wait(execution, timeout, asked)
 
     async def page(
         self,

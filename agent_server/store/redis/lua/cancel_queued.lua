@@ -12,5 +12,5 @@ if v[1] == STATUS_QUEUED then
   cancel_queued(rec, KEYS[8], ARGV[4], v[3], ARGV[5])
   return {1, ''}
 end
-if v[1] == STATUS_RUNNING then return {0, v[2]} end
+if OWNED[v[1]] then return {0, v[2]} end
 return {0, ''}

@@ -7,6 +7,6 @@
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt')
 if not v[1] then return {0, ''} end
-if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {0, v[1]} end
+if not OWNED[v[1]] or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {0, v[1]} end
 redis.call('HSET', rec, 'checkpoint', ARGV[6])
 return {1, v[1]}

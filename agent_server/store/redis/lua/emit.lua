@@ -7,7 +7,7 @@
 ]]
 --! include header.lua
 local v = redis.call('HMGET', KEYS[1], 'status', 'replica', 'attempt')
-if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {1, 'dropped'} end
+if not OWNED[v[1]] or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {1, 'dropped'} end
 local key = KEYS[2]
 local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= tonumber(ARGV[6]) then

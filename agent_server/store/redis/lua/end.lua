@@ -24,10 +24,11 @@ for i = 5, #ARGV, 10 do
     'reasoner', 'created_at')
   local ok = 0
   if v[1] and v[2] == owner and v[3] == attempt then
-    if v[1] == STATUS_RUNNING then
+    if OWNED[v[1]] then
       redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
         'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
-        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
+        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9], 'input_request', 'null',
+        'asking', '')
       finish(rec, ev, id, v[4], owned)
       ok = 1
       if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
@@ -35,7 +36,7 @@ for i = 5, #ARGV, 10 do
           status = status, status_reason = ARGV[i + 4], result = ARGV[i + 5],
           error = ARGV[i + 6], created_at = v[7], finished_at = fin,
           duration_seconds = ARGV[i + 8], replica = owner, attempt = attempt,
-          abandoned = ARGV[i + 9]}
+          input_request = 'null', abandoned = ARGV[i + 9]}
         local row = {}
         for j, f in ipairs(F) do row[j] = written[f] end
         notice[#notice + 1] = row

@@ -6,8 +6,8 @@
   '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
   results out (a session's release reads statuses, not results), and a cursor: the score
   and id of the last record looked at before ('' '' from the newest). Returns the records
-  that match (value 15 is 1) or that this call moved to lost (0 when they do not match),
-  newest first, each with its own cursor (value 16), then the cursor past the last id
+  that match (value 16 is 1) or that this call moved to lost (0 when they do not match),
+  newest first, each with its own cursor (value 17), then the cursor past the last id
   looked at ('' when the index holds nothing older). Ids whose record expired are dropped
   from the index as they are met.
 ]]

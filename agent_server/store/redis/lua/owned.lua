@@ -10,7 +10,7 @@ local out = {}
 local owned = KEYS[9]
 for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[4]))) do
   local v = read(id)
-  if v and v[I_STATUS] == STATUS_RUNNING and v[I_REPLICA] == ME then
+  if v and OWNED[v[I_STATUS]] and v[I_REPLICA] == ME then
     out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
   elseif (not v) or v[I_REPLICA] ~= ME then
     redis.call('SREM', owned, id)

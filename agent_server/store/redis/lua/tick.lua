@@ -27,7 +27,7 @@ for _, replica in ipairs(dead) do
     for _, id in ipairs(redis.call('SRANDMEMBER', owned, budget)) do
       local v = read(id)
       if v and v[I_MOVED] == MOVED_LOST then out[#out + 1] = v end
-      if (not v) or v[I_STATUS] ~= STATUS_RUNNING then redis.call('SREM', owned, id) end
+      if (not v) or not OWNED[v[I_STATUS]] then redis.call('SREM', owned, id) end
       budget = budget - 1
     end
   end

@@ -1,0 +1,71 @@
+"""Reasoners that wait for input (`ctx.ask`), for tests/api/test_input.py and
+tests/process/test_input.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from agent_server import Agent, ExecutionContext, InputTimeout
+
+
+class Approval(BaseModel):
+    approved: bool
+    note: str = ""
+
+
+async def approve(ctx: ExecutionContext, amount: int = 100) -> dict[str, Any]:
+    """One approval step: the answer must be an Approval."""
+    answer = await ctx.ask({"question": f"approve {amount}?"}, schema=Approval)
+    return {"approved": answer.approved, "note": answer.note, "amount": amount}
+
+
+async def twice(ctx: ExecutionContext) -> list[Any]:
+    """Two requests in a row, any JSON each."""
+    first = await ctx.ask("first?")
+    second = await ctx.ask({"after": first})
+    return [first, second]
+
+
+async def impatient(ctx: ExecutionContext, timeout: float = 0.2) -> dict[str, Any]:
+    """Asks with a timeout and says how the wait ended."""
+    try:
+        answer = await ctx.ask("quick?", schema=int, timeout=timeout)
+    except InputTimeout as exc:
+        return {"timed_out": True, "request_id": exc.request_id}
+    return {"timed_out": False, "answer": answer}
+
+
+async def guarded(ctx: ExecutionContext) -> str:
+    """Asks, and records a cancellation while waiting by its event."""
+    try:
+        await ctx.ask("never answered")
+    except asyncio.CancelledError:
+        await ctx.emit({"cancelled": True}, event="note")
+        raise
+    return "answered"
+
+
+async def asked_once(ctx: ExecutionContext) -> dict[str, Any]:
+    """Resumable: asks, then its first attempt waits until the drain cancels it (handed off
+    with a shared store); the next attempt asks the same request again."""
+    answer = await ctx.ask("go?")
+    if ctx.attempt == 1:
+        await ctx.emit({"answer": answer}, event="got")
+        await ctx.wait_for_drain()
+        await asyncio.Event().wait()  # until the drain deadline cancels it
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
+def make_agent() -> Agent:
+    """A fresh agent with these reasoners (each in-process test gets its own)."""
+    fresh = Agent("input-tests")
+    for reasoner in (approve, twice, impatient, guarded):
+        fresh.reasoner()(reasoner)
+    fresh.reasoner(resumable=True)(asked_once)
+    return fresh
+
+
+agent = make_agent()

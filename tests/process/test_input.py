@@ -1,0 +1,163 @@
+"""Waiting for input end to end: a real `agent-server run` serving tests/apps/input_app.py,
+the real client (`InputRequired`, `respond`, `wait`) and the real CLI (`agent-server input`,
+and `agent-server call` answering from a terminal, or exiting 8 without one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agent_server.client import AgentClient, AsyncAgentClient, Conflict, InputRequired, InvalidInput
+from tests.support.process import ServerProcess, one_line
+
+WAIT = 20.0
+Start = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def server(server_factory: Start) -> ServerProcess:
+    return server_factory("input_app:agent")
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[AgentClient]:
+    with AgentClient(server.url, timeout=WAIT, retry_for=WAIT) as client:
+        yield client
+
+
+def verb(*args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SERVER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env=environment,
+        stdin=stdin,
+    )
+
+
+def test_run_raises_input_required_and_its_handle_answers(client: AgentClient) -> None:
+    with pytest.raises(InputRequired) as asked:
+        client.run("approve", {"amount": 9})
+    execution = asked.value.execution
+    assert execution.status == "input_required"
+    assert execution.input_request is not None
+    assert execution.input_request["prompt"] == {"question": "approve 9?"}
+    handle = asked.value.handle
+    assert handle is not None and handle.execution_id == execution.execution_id
+    with pytest.raises(InvalidInput):
+        handle.respond({"approved": "maybe"})
+    taken = handle.respond({"approved": True, "note": "ok"})
+    assert taken.status in ("running", "succeeded")
+    with pytest.raises(Conflict):
+        client.respond(execution.execution_id, {"approved": False}, request_id=1)
+    assert handle.result(timeout=WAIT) == {"approved": True, "note": "ok", "amount": 9}
+
+
+def test_wait_returns_at_input_required_and_at_the_end(client: AgentClient) -> None:
+    handle = client.start("twice")
+    first = handle.wait(timeout=WAIT)
+    assert (first.status, first.waits_for_input) == ("input_required", True)
+    assert first.input_request is not None and first.input_request["request_id"] == 1
+    client.respond(handle.execution_id, "a")
+    second = handle.wait(timeout=WAIT)
+    assert second.input_request is not None and second.input_request["request_id"] == 2
+    handle.respond("b", request_id=2)
+    ended = handle.wait(timeout=WAIT)
+    assert (ended.status, ended.result) == ("succeeded", ["a", "b"])
+
+
+async def test_the_async_client_answers_the_same_way(server: ServerProcess) -> None:
+    async with AsyncAgentClient(server.url, timeout=WAIT, retry_for=WAIT) as client:
+        with pytest.raises(InputRequired) as asked:
+            await client.run("approve")
+        assert asked.value.handle is not None
+        await asked.value.handle.respond({"approved": False})
+        assert (await asked.value.handle.result(timeout=WAIT))["approved"] is False
+
+
+def test_the_cli_answers_with_input_and_call_exits_8_without_a_terminal(
+    server: ServerProcess,
+) -> None:
+    called = verb("call", "approve", '{"amount": 4}', "--url", server.url)
+    assert called.returncode == 8, called.stderr
+    execution = json.loads(called.stdout)
+    assert execution["status"] == "input_required"
+    line = one_line(called.stderr)
+    assert "approve 4?" in line and "agent-server input" in line
+    execution_id = execution["execution_id"]
+
+    refused = verb("input", execution_id, '{"approved": 3}', "--url", server.url)
+    assert refused.returncode == 2, refused.stderr
+    one_line(refused.stderr)
+    not_json = verb("input", execution_id, "{nope", "--url", server.url)
+    assert not_json.returncode == 2
+    answered = verb("input", execution_id, '{"approved": true}', "--url", server.url)
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(answered.stdout)["execution_id"] == execution_id
+    again = verb(
+        "input", execution_id, '{"approved": true}', "--request-id", "1", "--url", server.url
+    )
+    assert again.returncode == 6
+    assert "409" in one_line(again.stderr)
+    ended = verb("get", execution_id, "--wait", str(WAIT), "--url", server.url)
+    assert ended.returncode == 0, ended.stderr
+    assert json.loads(ended.stdout)["result"] == {"approved": True, "note": "", "amount": 4}
+    unknown = verb("input", "0" * 32, "1", "--url", server.url)
+    assert unknown.returncode == 6
+
+
+def _read_until(fd: int, wanted: str, seen: list[str], deadline: float) -> None:
+    """Read `fd` (the call's stderr) until `wanted` has appeared, bounded by `deadline`."""
+    while wanted not in "".join(seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {wanted!r} in {''.join(seen)!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"the call ended before {wanted!r}: {''.join(seen)!r}"
+            seen.append(chunk.decode())
+
+
+def test_call_reads_answers_from_a_terminal(server: ServerProcess) -> None:
+    controller, terminal = pty.openpty()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SERVER_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_server", "call", "twice", "--url", server.url],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
+    os.close(terminal)
+    assert proc.stderr is not None and proc.stdout is not None
+    deadline = time.monotonic() + WAIT
+    seen: list[str] = []
+    try:
+        _read_until(proc.stderr.fileno(), "answer (JSON)", seen, deadline)
+        assert '(request 1): "first?"' in "".join(seen)
+        os.write(controller, b"not json\n")
+        _read_until(proc.stderr.fileno(), "not JSON", seen, deadline)
+        os.write(controller, b'"one"\n')
+        _read_until(proc.stderr.fileno(), "(request 2)", seen, deadline)
+        _read_until(proc.stderr.fileno(), "answer (JSON)", seen, deadline + 0)
+        os.write(controller, b'{"n": 2}\n')
+        out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        os.close(controller)
+    assert proc.returncode == 0, "".join(seen)
+    body: dict[str, Any] = json.loads(out)
+    assert (body["status"], body["result"]) == ("succeeded", ["one", {"n": 2}])
