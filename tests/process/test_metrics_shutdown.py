@@ -105,7 +105,8 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
         took = report.phase_seconds
         assert list(took) == ["unready", "draining", "cancelling", "flushing"]
         assert sum(took.values()) == pytest.approx(report.duration_seconds, abs=0.01)
-        assert took["cancelling"] >= settings.cancel_timeout - 0.05
+        # (less the loop's lateness in waking for it: each scrape here blocks it a while)
+        assert took["cancelling"] >= settings.cancel_timeout - 0.25
         for phase, seconds in took.items():
             assert final("shutdown_phase_duration_seconds", phase=phase) == pytest.approx(
                 seconds, abs=1e-3
