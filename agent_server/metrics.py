@@ -66,7 +66,7 @@ EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
 SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "abandoned")
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
-TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "http")
+TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "reporting", "http")
 SESSION_OUTCOMES = ("settled", "abandoned")
 
 #: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
@@ -182,7 +182,8 @@ class Metrics:
         self.shutdown_phase_duration = Gauge(
             f"{PREFIX}_shutdown_phase_duration_seconds",
             "Seconds each phase of the shutdown took: unready, draining, cancelling (the "
-            "cancellation and the settle), flushing (ends owed to the store), then http (open "
+            "cancellation and the settle), flushing (ends owed to the store), reporting (a line "
+            "per end it could not write), then http (open "
             "responses after the listener closed); 0 until it ends.",
             ["phase"],
             registry=None,

@@ -108,7 +108,8 @@ class ShutdownReport:
     #: When each phase began, in seconds after the first signal.
     phases: dict[str, float] = field(default_factory=dict)
     #: How long each phase took up to the report: unready, draining, cancelling (the
-    #: cancellation and the settle), flushing (ends still owed to the store).
+    #: cancellation and the settle), flushing (ends still owed to the store), reporting
+    #: (a log line for each end that could not be written).
     phase_seconds: dict[str, float] = field(default_factory=dict)
     finished: int = 0
     cancelled: int = 0
@@ -237,6 +238,8 @@ class ShutdownSequence:
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
+        reporting = time.monotonic()
+        took["flushing"] = reporting - flushing
         for execution in unrecorded:
             # Everything but the result: a log line never carries a result (it may be
             # megabytes, and a thousand of them would flood the log at the worst moment).
@@ -249,7 +252,7 @@ class ShutdownSequence:
             )
 
         duration = time.monotonic() - t0
-        took["flushing"] = time.monotonic() - flushing
+        took["reporting"] = time.monotonic() - reporting  # a line per unrecorded end, if any
         phases["stopped"] = duration
         abandoned_earlier = max(
             0, self.registry.abandoned_pending - len(abandoned) - self.registry.stale_pending

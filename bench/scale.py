@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -56,6 +57,7 @@ from bench.common import (
     slope,
     write_json,
 )
+from bench.store import RedisServer
 
 APP = "bench.bench_app:agent"
 #: Starts sampled one at a time (on one connection) once the bulk is in flight.
@@ -70,9 +72,10 @@ MIX_CANCEL = 1.0
 PARK_DRAIN = 60.0
 
 
-def _agent_flags(n: int, *, drain: float, cancel: float) -> list[str]:
+def _agent_flags(n: int, *, drain: float, cancel: float, store: str | None = None) -> list[str]:
     grace = drain + cancel + 1 + 1 + 5
     return [
+        *(() if store is None else ("--store", store)),
         "--max-inflight",
         str(max(1000, n + SAMPLED_STARTS)),
         "--max-retained",
@@ -170,6 +173,7 @@ def _launch(
     cancel: float,
     tree: Path | None = None,
     gc_log: bool = False,
+    store: str | None = None,
 ) -> ServerProcess:
     """A fresh server; `tree`: run agent-server from another source tree (bench from ROOT);
     `gc_log`: log every garbage-collection pause over 10 ms (bench/gc_pauses)."""
@@ -179,7 +183,9 @@ def _launch(
     env = {"PYTHONPATH": os.pathsep.join(paths)} if paths else None
     port = free_port()
     if target == "agent-server":
-        argv = agent_server_argv(port, APP, *_agent_flags(n, drain=drain, cancel=cancel))
+        argv = agent_server_argv(
+            port, APP, *_agent_flags(n, drain=drain, cancel=cancel, store=store)
+        )
     else:
         argv = baseline_argv(port, "--max-retained", str(max(10_000, n + SAMPLED_STARTS)))
     server = ServerProcess(target, argv, port, cwd=tree or ROOT, env=env)
@@ -194,8 +200,10 @@ def run_mix(
     cancel: float = MIX_CANCEL,
     tree: Path | None = None,
     gc_log: bool = False,
+    store: str | None = None,
 ) -> dict[str, Any]:
-    """Item 3 at scale n (`tree`: agent-server from another source tree)."""
+    """Item 3 at scale n (`tree`: agent-server from another source tree; `store`: a shared
+    store's URL, whose ends then go through its outbox)."""
     swallowers = n // 10  # every tenth start
     cooperative = http_request("POST", "/reasoners/cooperative/async", b"{}")
     swallow = http_request("POST", "/reasoners/swallow/async", b"{}")
@@ -203,7 +211,10 @@ def run_mix(
     def request(index: int) -> bytes:
         return swallow if index % 10 == 9 else cooperative
 
-    with _launch("agent-server", n, drain=drain, cancel=cancel, tree=tree, gc_log=gc_log) as server:
+    launched = _launch(
+        "agent-server", n, drain=drain, cancel=cancel, tree=tree, gc_log=gc_log, store=store
+    )
+    with launched as server:
         started = time.perf_counter()
         _start(server, request, n)
         start_seconds = time.perf_counter() - started
@@ -237,6 +248,10 @@ def run_mix(
         # Each phase's time (reports from before they carried it: none), and what followed
         # the report: the listener, the http phase, the push and the exit.
         "phase_seconds": report.get("phase_seconds") or {},
+        # With a shared store: ends the flush could not write, as the report counts them and
+        # as the log names them (one line each).
+        "unrecorded": report.get("unrecorded", 0),
+        "unrecorded_lines": stderr.count("end not written to the store: "),
         "after_report_seconds": None
         if report["duration_seconds"] is None
         else elapsed - report["duration_seconds"],
@@ -307,6 +322,7 @@ def run(
     mix_cancel: float = MIX_CANCEL,
     compare: Path | None = None,
     gc_log: bool = False,
+    store: str | None = None,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
     load_before = machine_load()
@@ -315,7 +331,9 @@ def run(
         for n in scales:
             if "mix" in parts:
                 for tree in (None,) if compare is None else (None, compare):
-                    mix = run_mix(n, drain=mix_drain, cancel=mix_cancel, tree=tree, gc_log=gc_log)
+                    mix = run_mix(
+                        n, drain=mix_drain, cancel=mix_cancel, tree=tree, gc_log=gc_log, store=store
+                    )
                     raw["mix"].append(mix)
                     progress(
                         f"round {index + 1} mix n={n} tree {tree}: exit "
@@ -358,6 +376,7 @@ def summarise(
                 "ratio": Spread.of([r["ratio"] for r in runs]).as_dict(),
                 "exit_seconds": Spread.of([r["exit_seconds"] for r in runs]).as_dict(),
                 "reports": [r["report"] for r in runs],
+                "unrecorded": [(r["unrecorded"], r["unrecorded_lines"]) for r in runs],
                 "all_add_up": all(r["adds_up"] for r in runs),
                 "exit_codes": sorted({r["exit_code"] for r in runs}),
                 "gc_pause_after_signal": [r["gc_pause_after_signal"] for r in runs],
@@ -459,8 +478,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "",
             "| in flight | unready s | draining s | cancelling s | flushing s "
-            "| after the report s |",
-            "|---|---|---|---|---|---|",
+            "| after the report s | unrecorded (as logged) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for n, entry in summary["mix"].items():
             phases = entry.get("phases", {})
@@ -468,7 +487,10 @@ def markdown(data: dict[str, Any]) -> str:
                 spread(phases[p], 3) if p in phases else "-"
                 for p in ("unready", "draining", "cancelling", "flushing")
             ]
-            lines.append(f"| {n} | {' | '.join(cells)} | {spread(entry['after_report'], 3)} |")
+            unrecorded = ", ".join(f"{a} ({b} lines)" for a, b in entry.get("unrecorded", []))
+            lines.append(
+                f"| {n} | {' | '.join(cells)} | {spread(entry['after_report'], 3)} | {unrecorded} |"
+            )
         lines.append("")
     if summary["park"]:
         lines += [
@@ -523,15 +545,21 @@ def main() -> None:
     parser.add_argument("--parts", default="mix,park,retained")
     parser.add_argument("--compare", type=Path, default=None, help="mix: another source tree")
     parser.add_argument("--gc-log", action="store_true", help="mix: log GC pauses")
+    parser.add_argument(
+        "--redis", action="store_true", help="mix: the Redis store, on a redis-server of its own"
+    )
     args = parser.parse_args()
     scales = tuple(int(s) for s in args.scales.split(","))
-    data = run(
-        scales=scales,
-        rounds=args.rounds,
-        parts=tuple(args.parts.split(",")),
-        compare=args.compare,
-        gc_log=args.gc_log,
-    )
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(RedisServer()).url if args.redis else None
+        data = run(
+            scales=scales,
+            rounds=args.rounds,
+            parts=tuple(args.parts.split(",")),
+            compare=args.compare,
+            gc_log=args.gc_log,
+            store=store,
+        )
     data["raw_file"] = str(write_json("scale", data))
     print(markdown(data))
     print(f"\nload average before {data['load_before']} after {data['load_after']}")

@@ -103,7 +103,7 @@ async def test_phases_and_counters_move_through_an_in_process_shutdown() -> None
         # Each phase's time, in the report and the metric: they add up to the duration, and
         # the settle of the swallowing execution is the cancelling phase's.
         took = report.phase_seconds
-        assert list(took) == ["unready", "draining", "cancelling", "flushing"]
+        assert list(took) == ["unready", "draining", "cancelling", "flushing", "reporting"]
         assert sum(took.values()) == pytest.approx(report.duration_seconds, abs=0.01)
         # (less the loop's lateness in waking for it: each scrape here blocks it a while)
         assert took["cancelling"] >= settings.cancel_timeout - 0.25
@@ -228,7 +228,7 @@ def test_a_real_drain_is_visible_in_metrics_health_and_the_push(server_factory: 
     # the process's last line says what the phases after the report took.
     took = {
         name: push.value(P + "shutdown_phase_duration_seconds", phase=name)
-        for name in ("unready", "draining", "cancelling", "flushing", "http")
+        for name in ("unready", "draining", "cancelling", "flushing", "reporting", "http")
     }
     assert took["unready"] == pytest.approx(1.5, abs=0.2)
     assert 1.5 < took["cancelling"] < 4.0  # about 2 s of cleanup after the cancellation
