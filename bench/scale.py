@@ -477,15 +477,15 @@ def markdown(data: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            "| in flight | unready s | draining s | cancelling s | flushing s "
+            "| in flight | unready s | draining s | cancelling s | flushing s | reporting s "
             "| after the report s | unrecorded (as logged) |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for n, entry in summary["mix"].items():
             phases = entry.get("phases", {})
             cells = [
                 spread(phases[p], 3) if p in phases else "-"
-                for p in ("unready", "draining", "cancelling", "flushing")
+                for p in ("unready", "draining", "cancelling", "flushing", "reporting")
             ]
             unrecorded = ", ".join(f"{a} ({b} lines)" for a, b in entry.get("unrecorded", []))
             lines.append(
