@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent_server.cli import ClientCommand, main
+from agent_server.cli import main
+from agent_server.cli_client import ClientCommand
 from agent_server.client import AgentClient
 from tests.support.process import ServerProcess, one_line
 
