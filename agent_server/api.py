@@ -52,7 +52,6 @@ from agent_server.sse import (
     Streams,
     named,
 )
-from agent_server.status import TERMINAL
 from agent_server.store.base import (
     BadCursor,
     ExecutionRunning,
@@ -77,10 +76,10 @@ RETRY_AFTER_SECONDS = "1"
 JSON_MEDIA_TYPES = ("application/json",)
 
 
-#: What a synchronous run answers, by the status it ends in: every terminal status of the
-#: state machine (agent_server/status.py), and `queued` (handed off to another replica at the
-#: drain deadline: 503 with its Location). A status added to the table without an answer here
-#: stops the import, not a request.
+#: What a synchronous run answers, by the status its wait returns at: every status of the
+#: state machine (agent_server/status.py) but `running`, `queued` included (handed off to
+#: another replica at the drain deadline: 503 with its Location). A status added to the table
+#: without an answer here stops the import, not a request.
 SYNC_ANSWER: dict[ExecutionStatus, int] = {
     ExecutionStatus.SUCCEEDED: 200,
     ExecutionStatus.FAILED: 500,
@@ -90,8 +89,8 @@ SYNC_ANSWER: dict[ExecutionStatus, int] = {
     # Its reasoner waits for input (ctx.ask): 202 with its Location; it goes on once answered.
     ExecutionStatus.INPUT_REQUIRED: 202,
 }
-if set(SYNC_ANSWER) != TERMINAL | {ExecutionStatus.QUEUED, ExecutionStatus.INPUT_REQUIRED}:
-    raise RuntimeError("SYNC_ANSWER must answer every terminal status, queued and input_required")
+if set(SYNC_ANSWER) != set(ExecutionStatus) - {ExecutionStatus.RUNNING}:
+    raise RuntimeError("SYNC_ANSWER must answer every status but running")
 
 #: What each route answers in ordinary operation, overload and shutdown included: these
 #: `http_requests_total` series start at 0 (see `Metrics.expect_http`); reads answer 503

@@ -70,7 +70,8 @@ _S = ExecutionStatus
 _ENDS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED})
 #: Where an owner runs its task: working, or waiting in `ctx.ask` (the task still runs, so
 #: whatever ends a running execution ends a waiting one, and its owner may die either way).
-_OWNED = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
+#: The scripts read it as `OWNED` (codes.lua).
+OWNED: frozenset[ExecutionStatus] = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
 
 #: The state machine. Local objects and records follow the same table; LATE_END is the one
 #: move only a local object makes (an attempt handed off at the drain deadline that ended
@@ -78,24 +79,24 @@ _OWNED = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
 #: has it).
 TABLE: tuple[Step, ...] = (
     Step(Transition.START, frozenset(), frozenset({_S.RUNNING}), "registry; create.lua"),
-    Step(Transition.SUCCEED, _OWNED, frozenset({_S.SUCCEEDED}), "registry; end.lua"),
-    Step(Transition.FAIL, _OWNED, frozenset({_S.FAILED}), "registry; end.lua"),
-    Step(Transition.CANCEL, _OWNED, frozenset({_S.CANCELLED}), "registry; end.lua"),
+    Step(Transition.SUCCEED, OWNED, frozenset({_S.SUCCEEDED}), "registry; end.lua"),
+    Step(Transition.FAIL, OWNED, frozenset({_S.FAILED}), "registry; end.lua"),
+    Step(Transition.CANCEL, OWNED, frozenset({_S.CANCELLED}), "registry; end.lua"),
     Step(
         Transition.LOSE,
-        _OWNED,
+        OWNED,
         frozenset({_S.LOST}),
         "judge.lua read(): its owner stopped renewing",
     ),
     Step(
         Transition.HAND_OFF,
-        _OWNED,
+        OWNED,
         frozenset({_S.QUEUED}),
         "registry at the drain deadline; handoff.lua",
     ),
     Step(
         Transition.REQUEUE,
-        _OWNED,
+        OWNED,
         frozenset({_S.QUEUED}),
         "judge.lua read(): its owner died, attempts left",
     ),
@@ -136,8 +137,6 @@ END_OF: dict[ExecutionStatus, Transition] = {
 }
 
 _BY_NAME = {step.transition: step for step in TABLE}
-#: Where an owner's task runs (working, or waiting for input): the scripts' `OWNED`.
-OWNED: frozenset[ExecutionStatus] = _OWNED
 #: Statuses some transition leaves: not terminal.
 ACTIVE: frozenset[ExecutionStatus] = frozenset(s for step in TABLE for s in step.sources)
 #: Statuses no transition leaves.
