@@ -290,6 +290,12 @@ class Execution:
         waiter.set_result(value)
         return True
 
+    def stop_waiting(self) -> None:
+        """Nothing here waits for an answer any more (`ctx.ask` returned or raised)."""
+        self.answer_waiter = None
+        self.input_adapter = None
+        self.asking = 0
+
     def resume(self) -> None:
         """The ask ended unanswered (its timeout, or its task cancelled): running again."""
         step(self.status, Transition.RESUME, ExecutionStatus.RUNNING)
@@ -545,9 +551,7 @@ class ExecutionContext:
             raise
         finally:
             if replayed:
-                execution.answer_waiter = None
-                execution.input_adapter = None
-                execution.asking = 0
+                execution.stop_waiting()
         if replayed:  # answered in an earlier attempt: the same answer, at once
             return kept if adapter is None else adapter.validate_python(kept)
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
@@ -571,9 +575,7 @@ class ExecutionContext:
                 execution.resume()  # unanswered: cancelled or timed out
             if not waiter.done():
                 waiter.cancel()
-            execution.answer_waiter = None
-            execution.input_adapter = None
-            execution.asking = 0
+            execution.stop_waiting()
             self._inputs.ask_ended(execution, False, time.monotonic() - started)
         return value if adapter is None else adapter.validate_python(value)
 
