@@ -344,6 +344,11 @@ class Execution:
     to_json: ClassVar[Callable[[Execution], dict[str, Any]]] = record.json_maker(_isoformat)
 
 
+#: The longest duration any setting (or duration parameter of a request) takes: a year. Past
+#: it a value is refused at start (exit 2, naming the flag) rather than failing later where
+#: it is used: the watchdog's timer (at most threading.TIMEOUT_MAX), Redis TTLs in ms, the
+#: event loop's clock.
+MAX_SECONDS = 365 * 86_400.0
 #: Characters of an exception's message an execution's `error` keeps (and a log line shows).
 MAX_ERROR_MESSAGE = 8192
 
@@ -520,7 +525,7 @@ class ExecutionContext:
         (a model instance for a model). `timeout` seconds without one raise InputTimeout;
         the execution is `running` again either way. A cancellation while waiting cancels
         the reasoner as anywhere else."""
-        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= 31_536_000):
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
             raise ValueError("timeout must be a positive number of seconds (at most a year)")
         if self._inputs is None:
             raise RuntimeError(f"reasoner {self.reasoner!r} cannot ask for input here")

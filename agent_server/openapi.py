@@ -12,10 +12,9 @@ from typing import Any
 
 from agent_server import record
 from agent_server.auth import OPEN_PATHS
-from agent_server.execution import ExecutionStatus
+from agent_server.execution import MAX_SECONDS, ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
-from agent_server.settings import MAX_SECONDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 

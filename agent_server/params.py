@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive
 
+from agent_server.execution import MAX_SECONDS
 from agent_server.names import SESSION_ID_RULE, is_session_id
 from agent_server.routing import ApiError
-from agent_server.settings import MAX_SECONDS
 from agent_server.status import ExecutionStatus
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255

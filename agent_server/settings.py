@@ -18,15 +18,11 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from agent_server.execution import MAX_SECONDS
 from agent_server.tokens import check_token, read_token_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
-#: The longest duration any setting (or duration parameter of a request) takes: a year. Past
-#: it a value is refused at start (exit 2, naming the flag) rather than failing later where
-#: it is used: the watchdog's timer (at most threading.TIMEOUT_MAX), Redis TTLs in ms, the
-#: event loop's clock.
-MAX_SECONDS = 365 * 86_400.0
 #: The largest count or size any setting takes.
 MAX_COUNT = 2**31 - 1
 
