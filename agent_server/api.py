@@ -425,7 +425,7 @@ class Api:
         if execution.is_terminal:
             return _execution_response(execution)
         await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-        if execution.status is ExecutionStatus.QUEUED:
+        if execution.owned_by_nobody:
             # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
             now = await self.store.get(execution.execution_id)
             if now is not None and now.is_terminal:

@@ -514,7 +514,8 @@ class ReasonerVerdict:
     settle_seconds: float | None = None  # the longest time from the cancel to the settle
     abandoned: int = 0
     handed_off: int = 0
-    parked: int = 0  # always 0 until executions can wait for input
+    #: Parked waiting for input (a resumable reasoner on a shared store): no task held.
+    parked: int = 0
     unknown: int = 0  # no end seen before the process ended
     longest_stall: float = 0.0  # the longest loop lag while any of its executions ran
     stall: Stall | None = None  # the longest stall over 1 s its code caused
@@ -605,6 +606,8 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
             verdict.abandoned_kinds[kind] = verdict.abandoned_kinds.get(kind, 0) + 1
         elif status == "queued":
             verdict.handed_off += 1
+        elif status == "input_required" and not record.get("replica"):
+            verdict.parked += 1  # waiting for input with no task: no drain waited for it
         elif status in ENDED and finished is not None:
             by_cancel = status == "cancelled" and record.get("status_reason") == "shutdown"
             if cancel_at is not None and (by_cancel or finished > cancel_at + 0.001):

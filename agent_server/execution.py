@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import math
 import os
@@ -95,6 +96,7 @@ class Execution:
         "body",
         "cancel_reason",
         "checkpoint",
+        "checkpoint_asks",
         "created_at",
         "error",
         "events",
@@ -149,6 +151,9 @@ class Execution:
         self.resumable = False
         self.body: Any = None
         self.checkpoint: str | None = None
+        #: The requests its reasoner had asked by its last checkpoint: a later attempt's
+        #: asks are numbered on from it (those it replays are the ones after it).
+        self.checkpoint_asks = 0
         self.max_attempts = 1
         #: Its live events (agent_server.events), made when first needed.
         self.events: EventLog | None = None
@@ -261,6 +266,15 @@ class Execution:
             self._done.set()
         if self.events is not None:
             self.events.wake()
+
+    @property
+    def owned_by_nobody(self) -> bool:
+        """Queued, or parked (waiting for input with no owner): a cancel ends it where it
+        waits, since no task runs it."""
+        status = self.status
+        return status is ExecutionStatus.QUEUED or (
+            status is ExecutionStatus.INPUT_REQUIRED and not self.replica
+        )
 
     def ask(self, request: dict[str, Any]) -> None:
         """Its reasoner waits for input (`request` is the record's `input_request`, already
@@ -396,21 +410,43 @@ class InputTimeout(TimeoutError):
     """`ctx.ask(..., timeout=S)` had no answer within S seconds; the execution goes on
     `running` (the reasoner decides what to do)."""
 
-    def __init__(self, execution_id: str, request_id: int, timeout: float) -> None:
-        super().__init__(
-            f"request {request_id} of execution {execution_id} had no answer in {timeout:g} s"
-        )
+    def __init__(self, execution_id: str, request_id: int, timeout: float | None) -> None:
+        within = "in time" if timeout is None else f"in {timeout:g} s"
+        super().__init__(f"request {request_id} of execution {execution_id} had no answer {within}")
         self.execution_id = execution_id
         self.request_id = request_id
+
+
+class AskOutcome(enum.Enum):
+    """What the store did with a request of `ctx.ask`."""
+
+    #: Recorded: the reasoner waits for the answer in its task, on this replica.
+    WAIT = "wait"
+    #: Recorded and parked: nobody owns the execution until the answer queues it; this
+    #: attempt's task ends (`Parked`).
+    PARKED = "parked"
+    #: An earlier attempt's same request was answered: that answer, at once.
+    ANSWERED = "answered"
+    #: An earlier attempt's same request expired unanswered: InputTimeout, at once.
+    TIMED_OUT = "timed_out"
+
+
+class Parked(BaseException):
+    """Raised out of `ctx.ask` once the execution is parked: the attempt's task ends without
+    an end (the record waits in the store; the answer resumes it on any replica). A
+    BaseException, like a cancellation, so that `except Exception` does not keep it."""
 
 
 class InputChannel(Protocol):
     """Where `ctx.ask` records its request and learns how it ended (the registry: the store
     and metrics behind it)."""
 
-    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+    async def record_ask(
+        self, execution: Execution, request: dict[str, Any], timeout: float | None
+    ) -> tuple[AskOutcome, Any]:
         """Record the request in the store (fenced by owner and attempt) before anyone is
-        told of it; (True, the answer) when an earlier attempt's same request was answered."""
+        told of it, parked where it can be; with ANSWERED, the answer an earlier attempt's
+        same request had."""
 
     async def await_answer(
         self,
@@ -459,8 +495,9 @@ class ExecutionContext:
     ) -> None:
         self._execution = execution
         self._inputs = inputs
-        #: Requests made so far: the next one's id is one more.
-        self._asked = 0
+        #: Requests made so far (by the last checkpoint, for a later attempt): the next one's
+        #: id is one more.
+        self._asked = execution.checkpoint_asks
         self._drain = drain
         self._writer = writer
         self._max_checkpoint = max_checkpoint_size
@@ -524,7 +561,9 @@ class ExecutionContext:
         sent, and the first answer to `POST /executions/{id}/input` is returned, validated
         (a model instance for a model). `timeout` seconds without one raise InputTimeout;
         the execution is `running` again either way. A cancellation while waiting cancels
-        the reasoner as anywhere else."""
+        the reasoner as anywhere else. A resumable execution on a shared store is parked
+        instead (`Parked` ends this attempt): its answer resumes the next attempt anywhere,
+        where this call returns the kept answer (numbered on from the last checkpoint)."""
         if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
             raise ValueError("timeout must be a positive number of seconds (at most a year)")
         if self._inputs is None:
@@ -550,15 +589,21 @@ class ExecutionContext:
         execution.input_adapter = adapter
         execution.asking = request_id
         try:
-            replayed, kept = await self._inputs.record_ask(execution, request)
+            outcome, kept = await self._inputs.record_ask(execution, request, timeout)
         except BaseException:
-            replayed, kept = True, None
+            outcome, kept = AskOutcome.ANSWERED, None
             raise
         finally:
-            if replayed:
+            if outcome is not AskOutcome.WAIT:
                 execution.stop_waiting()
-        if replayed:  # answered in an earlier attempt: the same answer, at once
+        if outcome is AskOutcome.ANSWERED:  # in an earlier attempt: that answer, at once
             return kept if adapter is None else adapter.validate_python(kept)
+        if outcome is AskOutcome.TIMED_OUT:  # in an earlier attempt: so here too
+            raise InputTimeout(execution.execution_id, request_id, timeout)
+        if outcome is AskOutcome.PARKED:  # its task ends; the answer resumes it anywhere
+            execution.ask(request)
+            self._publish("input_required", request)
+            raise Parked
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
             execution.ask(request)
         self._publish("input_required", request)
@@ -595,6 +640,7 @@ class ExecutionContext:
             )
         if self._writer is None:
             raise RuntimeError(f"reasoner {self.reasoner!r} is not resumable: no checkpoints")
+        self._execution.checkpoint_asks = self._asked
         await self._writer(self._execution, text)
         self._execution.checkpoint = text
         self.checkpoint_state = state

@@ -64,7 +64,7 @@ LOOP_LAG_BUCKETS = (
 
 EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
-SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "abandoned")
+SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned")
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
 TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "reporting", "http")
 SESSION_OUTCOMES = ("settled", "abandoned")
@@ -357,6 +357,8 @@ class Metrics:
 
     def _shutdown_outcome(self, outcome: str) -> str | None:
         """How the shutdown report will count an execution that ends now, if it does."""
+        if outcome == "parked":  # it left this replica waiting for input, in any phase
+            return outcome
         if self._phase in ("unready", "draining"):
             return "finished"
         if self._phase == "cancelling":

@@ -26,10 +26,12 @@ from typing import Any, Protocol
 
 from agent_server.events import Event
 from agent_server.execution import (
+    AskOutcome,
     CancelReason,
     Execution,
     ExecutionContext,
     ExecutionStatus,
+    Parked,
     error_of,
     exception_text,
 )
@@ -247,8 +249,13 @@ class InFlightRegistry:
 
     # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
 
-    async def record_ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
-        return await self.store.ask(execution, request)
+    async def record_ask(
+        self, execution: Execution, request: dict[str, Any], timeout: float | None
+    ) -> tuple[AskOutcome, Any]:
+        """A resumable execution is parked where the store can queue it (section 13): its
+        task ends, and no drain waits for a person."""
+        park = execution.resumable and self.store.supports_handoff
+        return await self.store.ask(execution, request, park, timeout)
 
     async def await_answer(
         self,
@@ -518,6 +525,8 @@ class InFlightRegistry:
             else:
                 value = await self._run_in_thread(execution, reasoner, arguments, context)
             result = reasoner.serialize(value)
+        except Parked:
+            self._parked(execution)
         except asyncio.CancelledError as exc:
             if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
                 self._hand_off(execution)
@@ -656,6 +665,20 @@ class InFlightRegistry:
         self.store.hand_off(execution)
         logger.info(
             "execution %s (%s) handed off after attempt %d (status_reason: handoff)",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+        )
+
+    def _parked(self, execution: Execution) -> None:
+        """Parked by `ctx.ask`: the record waits in the store, owned by nobody; this attempt
+        ends here without an end (its answer queues the next)."""
+        self.stats.outcomes["parked"] += 1
+        if self.observer is not None:
+            self.observer.execution_finished(execution, "parked")
+        logger.info(
+            "execution %s (%s) parked after attempt %d: it waits for input with no task; "
+            "its answer resumes it on any replica",
             execution.execution_id,
             execution.reasoner,
             execution.attempt,

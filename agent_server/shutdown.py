@@ -115,6 +115,9 @@ class ShutdownReport:
     cancelled: int = 0
     #: Resumable executions queued for another replica at the drain deadline.
     handed_off: int = 0
+    #: Executions that began waiting for input during the shutdown and were parked in the
+    #: shared store (their tasks ended; an answer resumes them on another replica).
+    parked: int = 0
     abandoned: int = 0
     #: Abandoned earlier (by a session release) and still running: the exit ends them too.
     abandoned_earlier: int = 0
@@ -172,6 +175,7 @@ class ShutdownSequence:
         self._signal: str | None = None
         self._skip = asyncio.Event()
         self._ended_before = 0
+        self._parked_before = 0
         self._rejected_before = 0
         self._after_report: dict[str, float] = {}
 
@@ -182,6 +186,7 @@ class ShutdownSequence:
         self.started = started
         self._signal = signal_name
         self._ended_before = self.registry.stats.ended
+        self._parked_before = self.registry.stats.outcomes["parked"]
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
         self.metrics.shutdown_began(wall_time, started)
@@ -221,7 +226,8 @@ class ShutdownSequence:
         if not self._skip.is_set():
             await self.registry.wait_idle(cancel_at, interrupt=self._skip)
         cancel_at = min(cancel_at, time.monotonic())
-        finished = self.registry.stats.ended - self._ended_before
+        parked_draining = self.registry.stats.outcomes["parked"] - self._parked_before
+        finished = self.registry.stats.ended - self._ended_before - parked_draining
 
         self.set_phase(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
@@ -235,6 +241,7 @@ class ShutdownSequence:
             self.limit_releases(settle_at)
         abandoned = await self.registry.settle(tasks, settle_at)
         handed_off = self.registry.stats.outcomes["handed_off"] - handed_before
+        parked = self.registry.stats.outcomes["parked"] - self._parked_before
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
@@ -262,8 +269,9 @@ class ShutdownSequence:
             phases={name: round(seconds, 4) for name, seconds in phases.items()},
             phase_seconds={name: round(seconds, 4) for name, seconds in took.items()},
             finished=finished,
-            cancelled=len(tasks) - len(abandoned) - handed_off,
+            cancelled=len(tasks) - len(abandoned) - handed_off - (parked - parked_draining),
             handed_off=handed_off,
+            parked=parked,
             abandoned=len(abandoned),
             abandoned_earlier=abandoned_earlier,
             rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]
@@ -279,6 +287,7 @@ class ShutdownSequence:
                 ("finished", report.finished),
                 ("cancelled", report.cancelled),
                 ("handed_off", report.handed_off),
+                ("parked", report.parked),
                 ("abandoned", report.abandoned),
             ],
             took,

@@ -53,6 +53,7 @@ class Transition(enum.StrEnum):
     ASK = "ask"
     ANSWER = "answer"
     RESUME = "resume"
+    EXPIRE = "expire"
 
 
 @dataclass(frozen=True)
@@ -103,28 +104,35 @@ TABLE: tuple[Step, ...] = (
     Step(Transition.CLAIM, frozenset({_S.QUEUED}), frozenset({_S.RUNNING}), "claim.lua"),
     Step(
         Transition.CANCEL_QUEUED,
-        frozenset({_S.QUEUED}),
+        frozenset({_S.QUEUED, _S.INPUT_REQUIRED}),
         frozenset({_S.CANCELLED}),
-        "cancel_queued.lua; claim.lua (session released)",
+        "cancel_queued.lua (queued, or parked: owned by nobody); claim.lua (session released)",
     ),
     Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
     Step(
         Transition.ASK,
         frozenset({_S.RUNNING}),
         frozenset({_S.INPUT_REQUIRED}),
-        "ctx.ask; ask.lua",
+        "ctx.ask; ask.lua (a resumable one on a shared store is parked: no owner, no task)",
     ),
     Step(
         Transition.ANSWER,
         frozenset({_S.INPUT_REQUIRED}),
-        frozenset({_S.RUNNING}),
-        "POST /executions/{id}/input; answer.lua (exactly one answer per request)",
+        frozenset({_S.RUNNING, _S.QUEUED}),
+        "POST /executions/{id}/input; answer.lua (exactly one answer per request; a parked "
+        "one is queued, for any replica to resume)",
     ),
     Step(
         Transition.RESUME,
         frozenset({_S.INPUT_REQUIRED}),
         frozenset({_S.RUNNING}),
         "ctx.ask left unanswered: its timeout (expire.lua), or its task cancelled",
+    ),
+    Step(
+        Transition.EXPIRE,
+        frozenset({_S.INPUT_REQUIRED}),
+        frozenset({_S.QUEUED}),
+        "tick.lua: a parked execution's request expired (the resumed ask raises InputTimeout)",
     ),
 )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent_server.events import Event
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
 
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
@@ -210,13 +210,17 @@ class ExecutionStore(abc.ABC):
         """Return when work may have been queued, or after `timeout` seconds."""
         await asyncio.sleep(timeout)
 
-    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+    async def ask(
+        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
+    ) -> tuple[AskOutcome, Any]:
         """Record that an execution this replica runs waits for input (`request` is its
-        `input_request`), fenced by owner and attempt (StaleAttempt otherwise); (True, the
-        answer) instead when an earlier attempt's same request was answered (a shared
-        store keeps answers). A store in this process holds the live object: nothing to
-        write, and one attempt only."""
-        return False, None
+        `input_request`), fenced by owner and attempt (StaleAttempt otherwise); with `park`
+        (a resumable execution, a store that can queue it) parked: owned by nobody until its
+        answer (or its `timeout`, seconds) queues it. ANSWERED or TIMED_OUT instead when an
+        earlier attempt's same request was answered or expired (a shared store keeps them).
+        A store in this process holds the live object: nothing to write, one attempt only,
+        and nowhere to park."""
+        return AskOutcome.WAIT, None
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """The request timed out on its owner: back to `running` unless an answer was taken

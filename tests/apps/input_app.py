@@ -48,15 +48,43 @@ async def guarded(ctx: ExecutionContext) -> str:
     return "answered"
 
 
-async def asked_once(ctx: ExecutionContext) -> dict[str, Any]:
-    """Resumable: asks, then its first attempt waits until the drain cancels it (handed off
-    with a shared store); the next attempt asks the same request again."""
+async def asked_once(ctx: ExecutionContext, hold_attempt: int = 2) -> dict[str, Any]:
+    """Resumable: asks (parked with a shared store: its answer resumes attempt 2, which
+    replays it); attempt `hold_attempt` then waits until the drain cancels it (handed off),
+    and the next attempt asks the same request again."""
     answer = await ctx.ask("go?")
-    if ctx.attempt == 1:
+    if ctx.attempt == hold_attempt:
         await ctx.emit({"answer": answer}, event="got")
         await ctx.wait_for_drain()
         await asyncio.Event().wait()  # until the drain deadline cancels it
     return {"answer": answer, "attempt": ctx.attempt}
+
+
+async def approve_later(ctx: ExecutionContext, amount: int = 100) -> dict[str, Any]:
+    """Resumable `approve`: with a shared store it is parked while it waits."""
+    answer = await ctx.ask({"question": f"approve {amount}?"}, schema=Approval)
+    return {"approved": answer.approved, "amount": amount, "attempt": ctx.attempt}
+
+
+async def stepwise(ctx: ExecutionContext) -> dict[str, Any]:
+    """Resumable, two requests with a checkpoint between them: a later attempt resumes past
+    the first (its answer is in the checkpoint) and replays only the second."""
+    state = ctx.checkpoint_state or {}
+    if "first" not in state:
+        first = await ctx.ask("first?", schema=int)
+        state = {"first": first}
+        await ctx.checkpoint(state)
+    second = await ctx.ask({"after": state["first"]}, schema=int)
+    return {"first": state["first"], "second": second, "attempt": ctx.attempt}
+
+
+async def patient(ctx: ExecutionContext, timeout: float = 1.0) -> dict[str, Any]:
+    """Resumable `impatient`: a parked request that expires is resumed to raise."""
+    try:
+        answer = await ctx.ask("quick?", schema=int, timeout=timeout)
+    except InputTimeout as exc:
+        return {"timed_out": True, "request_id": exc.request_id, "attempt": ctx.attempt}
+    return {"timed_out": False, "answer": answer}
 
 
 def make_agent() -> Agent:
@@ -64,7 +92,8 @@ def make_agent() -> Agent:
     fresh = Agent("input-tests")
     for reasoner in (approve, twice, impatient, guarded):
         fresh.reasoner()(reasoner)
-    fresh.reasoner(resumable=True)(asked_once)
+    for resumable in (asked_once, approve_later, stepwise, patient):
+        fresh.reasoner(resumable=True)(resumable)
     return fresh
 
 

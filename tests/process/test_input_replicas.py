@@ -2,7 +2,13 @@
 Redis. The ask is recorded on its owner (A), any replica answers (B), exactly one answer
 per request wins when replicas race (decided in one Lua script), and the answer reaches the
 owner's waiting `ctx.ask` through pub/sub; cancel, DELETE, timeouts and events as in one
-process."""
+process.
+
+Parked waits (section 13): a resumable reasoner that asks holds no task. The asking
+replica's drain never waits for the person, the record is owned by nobody (never judged
+`lost`, whoever dies), the answer queues it and any replica resumes it from its last
+checkpoint with the earlier answers replayed; a parked request times out, is cancelled, and
+takes exactly one answer, as a waiting one does."""
 
 from __future__ import annotations
 
@@ -34,7 +40,9 @@ def pair(server_factory: Start, redis_url: str) -> tuple[ServerProcess, ServerPr
     a = server_factory(
         "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *SHORT_DRAIN
     )
-    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    b = server_factory(
+        "input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
+    )
     return a, b
 
 
@@ -171,19 +179,113 @@ def test_an_owner_that_died_while_its_execution_waited_leaves_it_lost(
 def test_a_request_answered_before_a_hand_off_is_not_asked_again(
     pair: tuple[ServerProcess, ServerProcess],
 ) -> None:
-    """The next attempt of a resumable execution asks request 1 again: the answer kept
-    from the earlier attempt is returned at once."""
+    """Attempt 1 parks; the answer resumes attempt 2 (on either replica), which replays it
+    and is handed off by its replica's drain; attempt 3 asks request 1 again and gets the
+    kept answer at once."""
+    replicas = dict(zip("AB", pair, strict=True))
     a, b = pair
     execution_id = start(a, "asked_once")
     assert poll(b, execution_id)["status"] == "input_required"
     assert answer(b, execution_id, {"value": "yes"}).status_code == 202
-    with httpx.stream("GET", f"{a.url}/executions/{execution_id}/events", timeout=WAIT) as events:
-        for line in events.iter_lines():  # the first attempt has the answer
+    with httpx.stream("GET", f"{b.url}/executions/{execution_id}/events", timeout=WAIT) as events:
+        for line in events.iter_lines():  # attempt 2 has the answer
             if line == "event: got":
                 break
+    holder = httpx.get(f"{b.url}/executions/{execution_id}", timeout=WAIT).json()["replica"]
+    other = "B" if holder == "A" else "A"
+    replicas[holder].signal(signal.SIGTERM)
+    code, _ = replicas[holder].wait_exit(WAIT)
+    assert code == 0, replicas[holder].stderr()
+    done = ended(replicas[other], execution_id)
+    assert (done["status"], done["replica"]) == ("succeeded", other)
+    assert done["result"] == {"answer": "yes", "attempt": 3}
+
+
+#: A drain that would wait a minute for running work: an exit within seconds shows that a
+#: parked execution is not waited for.
+LONG_DRAIN = ("--unready-delay", "0.5", "--drain-timeout", "60", "--grace-period", "90")
+
+
+def test_a_parked_wait_holds_no_drain_and_resumes_on_another_replica(
+    server_factory: Start, redis_url: str
+) -> None:
+    a = server_factory(
+        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
+    )
+    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    execution_id = start(a, "approve_later", {"amount": 7})
+    waiting = poll(b, execution_id)
+    assert waiting["status"] == "input_required"
+    assert not waiting["replica"]  # parked: nobody owns it, nothing runs it
+    assert waiting["attempt"] == 2  # the attempt its answer resumes
+    assert waiting["input_request"]["prompt"] == {"question": "approve 7?"}
+
     a.signal(signal.SIGTERM)
-    code, _ = a.wait_exit(WAIT)
+    code, seconds = a.wait_exit(WAIT)
     assert code == 0, a.stderr()
+    assert seconds < 30, f"A's drain waited {seconds:.1f} s for a parked execution"
+    assert "drain deadline" not in a.stderr()  # nothing was left to cancel
+
+    # A's liveness has ended: an owned execution would now read lost; a parked one waits.
+    still = httpx.get(f"{b.url}/executions/{execution_id}", timeout=WAIT).json()
+    assert (still["status"], still["error"]) == ("input_required", None)
+
+    refused = answer(b, execution_id, {"value": {"approved": "maybe"}})  # the JSON schema
+    assert refused.status_code == 422, refused.text
+    taken = answer(b, execution_id, {"request_id": 1, "value": {"approved": True}})
+    assert taken.status_code == 202, taken.text
+    assert taken.json()["status"] in ("queued", "running")  # the answer queued it
+    again = answer(b, execution_id, {"request_id": 1, "value": {"approved": False}})
+    assert again.status_code == 409, again.text
     done = ended(b, execution_id)
     assert (done["status"], done["replica"]) == ("succeeded", "B")
-    assert done["result"] == {"answer": "yes", "attempt": 2}
+    assert done["result"] == {"approved": True, "amount": 7, "attempt": 2}
+
+
+def test_two_asks_with_a_kill_between_the_answers(server_factory: Start, redis_url: str) -> None:
+    """Request 1's answer resumes attempt 2, which checkpoints past it and parks at request
+    2; A is killed; request 2's answer resumes attempt 3 on B, which starts from the
+    checkpoint, so only request 2 is replayed (numbered on from the checkpoint)."""
+    a = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE)
+    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    execution_id = start(a, "stepwise")
+    assert poll(b, execution_id)["input_request"]["request_id"] == 1
+    assert answer(b, execution_id, {"value": 3}).status_code == 202
+    second = poll(b, execution_id)  # returns once attempt 2 asked request 2
+    assert second["status"] == "input_required", second
+    assert second["input_request"]["request_id"] == 2
+    assert second["input_request"]["prompt"] == {"after": 3}
+
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(timeout=WAIT)
+    assert answer(b, execution_id, {"request_id": 2, "value": 4}).status_code == 202
+    done = ended(b, execution_id)
+    assert (done["status"], done["replica"]) == ("succeeded", "B"), done
+    assert done["result"] == {"first": 3, "second": 4, "attempt": 3}
+
+
+def test_a_parked_request_times_out_and_a_parked_one_is_cancelled(
+    server_factory: Start, redis_url: str
+) -> None:
+    b = server_factory(
+        "input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
+    )
+    impatient = start(b, "patient", {"timeout": 0.5})
+    held = start(b, "approve_later")
+    assert poll(b, held)["status"] == "input_required"
+    # The tick that finds the expired request queues it; the resumed ask raises.
+    timed_out = ended(b, impatient)
+    assert timed_out["status"] == "succeeded", timed_out
+    assert timed_out["result"] == {"timed_out": True, "request_id": 1, "attempt": 2}
+
+    cancelled = httpx.post(f"{b.url}/executions/{held}/cancel", timeout=WAIT)
+    assert cancelled.status_code == 200, cancelled.text  # nobody runs it: it ends at once
+    assert (cancelled.json()["status"], cancelled.json()["status_reason"]) == (
+        "cancelled",
+        "request",
+    )
+    assert answer(b, held, {"value": {"approved": True}}).status_code == 409
+
+    b.signal(signal.SIGTERM)
+    code, _ = b.wait_exit(WAIT)
+    assert code == 0, b.stderr()

@@ -21,6 +21,7 @@ class Keys:
         "events",
         "finished",
         "judged",
+        "parked",
         "prefix",
         "queue",
         "queued",
@@ -41,6 +42,9 @@ class Keys:
         self.finished = prefix + "finished"
         self.sizes = prefix + "sizes"
         self.queue = prefix + "queue"
+        #: Parked executions (waiting for input, owned by nobody), scored by when their
+        #: request expires.
+        self.parked = prefix + "parked"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
         #: Channels (they take the tag too): ends written, ids with new events, ids queued.
@@ -128,7 +132,15 @@ class Keys:
         return *self.judged, self.record(execution_id), self.stream(execution_id)
 
     def for_cancel_queued(self, execution_id: str) -> tuple[str, ...]:
-        return *self.records, self.record(execution_id), self.stream(execution_id)
+        return (
+            *self.records,
+            self.record(execution_id),
+            self.stream(execution_id),
+            self.parked,
+        )
+
+    def for_tick(self) -> tuple[str, ...]:
+        return *self.judged, self.parked
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
         return *self.records, self.replicas, self.owned(replica)
@@ -148,13 +160,15 @@ class Keys:
     def for_handoff(self, execution_id: str, owner: str) -> tuple[str, ...]:
         return self.record(execution_id), self.running, self.owned(owner), self.queue
 
-    def for_ask(self, execution_id: str) -> tuple[str, str]:
-        """The record and the `ends` channel (waiters that return at input_required)."""
-        return self.record(execution_id), self.ends
+    def for_ask(self, execution_id: str, owner: str) -> tuple[str, ...]:
+        """The record, the `ends` channel (waiters that return at input_required), and what
+        parking it changes."""
+        return self.record(execution_id), self.ends, self.running, self.owned(owner), self.parked
 
-    def for_answer(self, execution_id: str) -> tuple[str, str]:
-        """The record and the prefix (the owner's channel is named once it is read)."""
-        return self.record(execution_id), self.prefix
+    def for_answer(self, execution_id: str) -> tuple[str, ...]:
+        """The record, the prefix (the owner's channel is named once it is read), and
+        where a parked execution goes once answered."""
+        return self.record(execution_id), self.prefix, self.queue, self.parked, self.queued
 
     def for_expire(self, execution_id: str) -> tuple[str]:
         return (self.record(execution_id),)

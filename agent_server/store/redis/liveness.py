@@ -97,7 +97,7 @@ class Liveness:
         lease_ms = max(1, round(self._lease_ttl * 1000))
         with link.operation("renew", probe=True):
             reply = await link.script(
-                "tick", self._keys.judged, lease_ms, SWEEP_LIMIT, via=link.probe
+                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, via=link.probe
             )
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))

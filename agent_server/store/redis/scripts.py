@@ -90,6 +90,16 @@ class Forget(enum.IntEnum):
     FORGOTTEN = 1
 
 
+class Asked(enum.IntEnum):
+    """The first value of ask.lua's reply."""
+
+    FENCED = 0
+    RECORDED = 1
+    ANSWERED = 2
+    TIMED_OUT = 3
+    PARKED = 4
+
+
 class Moved(enum.IntEnum):
     """Value 15 of a record as `read` (judge.lua) returns it: what this call did to it."""
 
@@ -108,7 +118,7 @@ def _codes() -> str:
     (`OWNED[status]`: running, or waiting for input), the record's fields (`F`, from
     agent_server/record.py) and where each is in a returned record (`I_STATUS`)."""
     lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
-    for kind in (Create, Forget, Moved):
+    for kind in (Create, Forget, Asked, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
     for status in ExecutionStatus:

@@ -21,6 +21,7 @@ import orjson
 
 from agent_server.events import Event
 from agent_server.execution import (
+    AskOutcome,
     CancelReason,
     Execution,
     ExecutionStatus,
@@ -47,7 +48,7 @@ from agent_server.store.redis.liveness import Liveness
 from agent_server.store.redis.notices import Notices
 from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX, OUTBOX_LIMIT, Outbox
 from agent_server.store.redis.releases import Releases
-from agent_server.store.redis.scripts import Create, Forget, Row
+from agent_server.store.redis.scripts import Asked, Create, Forget, Row
 from agent_server.waiting import Wakeup
 
 logger = logging.getLogger("agent_server.store")
@@ -344,6 +345,7 @@ class RedisStore(ExecutionStore):
             execution.replica,
             str(execution.attempt),
             state,
+            str(execution.checkpoint_asks),
         )
         if not int(reply[0]):
             self._outbox.fence("checkpoint", execution, reply[1])
@@ -370,27 +372,35 @@ class RedisStore(ExecutionStore):
 
     # -- input (ctx.ask) -------------------------------------------------------------------
 
-    async def ask(self, execution: Execution, request: dict[str, Any]) -> tuple[bool, Any]:
+    async def ask(
+        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
+    ) -> tuple[AskOutcome, Any]:
         """One script (`ask.lua`), fenced by owner and attempt: the record reads
-        `input_required` with its request before anyone is told (the reply, the event).
-        A request an earlier attempt had answered is not asked again: (True, its answer)."""
+        `input_required` with its request before anyone is told (the reply, the event),
+        parked with `park`. A request an earlier attempt had answered or let expire is not
+        asked again: its answer, or its timeout."""
         reply = await self._waiting_out(
             "ask",
-            self.keys.for_ask(execution.execution_id),
+            self.keys.for_ask(execution.execution_id, execution.replica),
             execution.replica,
             str(execution.attempt),
             str(request["request_id"]),
             codec.dumps(request),
+            "1" if park else "0",
+            "" if timeout is None else str(max(1, round(timeout * 1000))),
         )
-        if not int(reply[0]):
+        code = Asked(int(reply[0]))
+        if code is Asked.FENCED:
             self._outbox.fence("ask", execution, reply[1])
             raise StaleAttempt(
                 f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
                 f"owns it (the record is {reply[1] or 'gone'})"
             )
-        if int(reply[0]) == 2:
-            return True, codec.loads(reply[1])
-        return False, None
+        if code is Asked.ANSWERED:
+            return AskOutcome.ANSWERED, codec.loads(reply[1])
+        if code is Asked.TIMED_OUT:
+            return AskOutcome.TIMED_OUT, None
+        return (AskOutcome.PARKED if code is Asked.PARKED else AskOutcome.WAIT), None
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """`expire.lua`: closed unanswered, unless an answer was taken first (returned)."""
@@ -473,12 +483,13 @@ class RedisStore(ExecutionStore):
             liveness.claiming -= 1
         if not reply:
             return None
-        row, (body, checkpoint, max_attempts, last_event) = reply
+        row, (body, checkpoint, max_attempts, last_event, asks) = reply
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
         execution.body = codec.loads(body) if body else None
         execution.checkpoint = checkpoint or None
+        execution.checkpoint_asks = int(asks or 0)
         execution.max_attempts = int(max_attempts or 1)
         execution.resumable = True
         # Its duration runs from its creation, across attempts.
@@ -584,7 +595,7 @@ class RedisStore(ExecutionStore):
         """Straight to the local registry when this replica owns it, else one PUBLISH to
         the owner's channel (nothing listens there once the owner is gone: it reads lost)."""
         owner = execution.replica
-        if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
+        if execution.owned_by_nobody:  # queued or parked: it ends here
             with self._link.operation("request_cancel"):
                 reply = await self._link.script(
                     "cancel_queued",

@@ -1,23 +1,43 @@
 --[[ ask
-  KEYS[1]: the record (`x:{id}`). ARGV[1..3]: the common arguments (header.lua).
+  KEYS[1..5]: the record (`x:{id}`), the `ends` channel, `running`, `owned:{owner}`,
+  `parked`. ARGV[1..3]: the common arguments (header.lua).
   Its reasoner waits for input (ctx.ask), fenced by owner and attempt like a checkpoint.
-  ARGV[4..]: owner, attempt, request id, the request (the record's `input_request`, JSON).
+  ARGV[4..]: owner, attempt, request id, the request (the record's `input_request`, JSON),
+  '1' to park it ('0' to wait in its task), the request's timeout in ms ('' for none).
   Sets status input_required, input_request and `asking` (the pending request id), and
   publishes the id on `ends` (waiters that return at input_required re-read it).
+  Parked (a resumable execution on the shared store): nobody owns it any more (`replica`
+  '', out of `running` and its owner's set), `attempt` is the next one's, `parked_by`
+  "{owner}|{attempt}" lets this attempt's events still owed be written, and `parked` holds
+  it scored by when its request expires (Redis ms, +inf for never): the answer queues it,
+  tick.lua queues it at that time, nothing ever judges it.
   A request an earlier attempt had answered (`answer:{request id}` kept: the reasoner asks
-  again after a hand-off or a retry) is not asked again: its answer is returned, and
-  nothing changes.
-  Returns {1, the status found} when recorded; {2, the kept answer (JSON)} when answered
-  before; {0, the status found ('' if unknown)} when this attempt no longer owns it.
+  again after a hand-off, a retry or a resume) is not asked again: its answer is returned,
+  and nothing changes; one that expired while parked (`expired:{request id}`) times out.
+  Returns {ASKED_RECORDED, status} waiting in its task; {ASKED_PARKED, status};
+  {ASKED_ANSWERED, the kept answer (JSON)}; {ASKED_TIMED_OUT, ''}; {ASKED_FENCED, the
+  status found ('' if unknown)} when this attempt no longer owns it.
 ]]
 --! include header.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'execution_id')
-if not v[1] then return {0, ''} end
-if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {0, v[1]} end
-local kept = redis.call('HGET', rec, 'answer:' .. ARGV[6])
-if kept then return {2, kept} end
+if not v[1] then return {ASKED_FENCED, ''} end
+if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {ASKED_FENCED, v[1]} end
+local kept = redis.call('HMGET', rec, 'answer:' .. ARGV[6], 'expired:' .. ARGV[6])
+if kept[1] then return {ASKED_ANSWERED, kept[1]} end
+if kept[2] then return {ASKED_TIMED_OUT, ''} end
 redis.call('HSET', rec, 'status', STATUS_INPUT_REQUIRED, 'input_request', ARGV[7],
   'asking', ARGV[6])
+local code = ASKED_RECORDED
+if ARGV[8] == '1' then
+  redis.call('HSET', rec, 'replica', '', 'attempt', tostring(tonumber(v[3]) + 1),
+    'parked_by', v[2] .. '|' .. v[3])
+  redis.call('ZREM', KEYS[3], v[4])
+  redis.call('SREM', KEYS[4], v[4])
+  local expires = '+inf'
+  if ARGV[9] ~= '' then expires = NOW + tonumber(ARGV[9]) end
+  redis.call('ZADD', KEYS[5], expires, v[4])
+  code = ASKED_PARKED
+end
 redis.call('PUBLISH', KEYS[2], v[4])
-return {1, v[1]}
+return {code, v[1]}

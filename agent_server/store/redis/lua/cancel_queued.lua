@@ -1,14 +1,16 @@
 --[[ cancel_queued
-  KEYS[1..6]: records.lua's; KEYS[7..8]: the record (`x:{id}`) and its events (`ev:{id}`).
-  ARGV[1..3]: the common arguments (header.lua).
-  Cancel a queued execution: nobody runs it, so it ends here. ARGV[4..]: id, reason.
+  KEYS[1..6]: records.lua's; KEYS[7..9]: the record (`x:{id}`), its events (`ev:{id}`),
+  `parked`. ARGV[1..3]: the common arguments (header.lua).
+  Cancel a queued or a parked execution (input_required, nobody owns it): nobody runs it,
+  so it ends here. ARGV[4..]: id, reason.
   Returns {1, ''} cancelled; {0, owner} when a replica claimed it meanwhile (send it there);
   {0, ''} when it is no longer active.
 ]]
 --! include records.lua
 local rec = KEYS[7]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'session_id')
-if v[1] == STATUS_QUEUED then
+if v[1] == STATUS_QUEUED or (v[1] == STATUS_INPUT_REQUIRED and v[2] == '') then
+  redis.call('ZREM', KEYS[9], ARGV[4])
   cancel_queued(rec, KEYS[8], ARGV[4], v[3], ARGV[5])
   return {1, ''}
 end

@@ -3,6 +3,8 @@
   A request timed out on its owner (or the owner looks again after a missed notice, with
   ARGV[7] '0'): close it unless an answer was taken first. ARGV[4..]: owner, attempt,
   request id, '1' to close it ('0' only to look).
+  Closing keeps `expired:{request id}`: a later attempt that asks it again times out at
+  once, as this one did.
   Returns {1} closed unanswered (status running again); {2, the answer (JSON)} answered
   first; {0, the status found ('' if unknown)} still waiting (looking only), or this attempt
   no longer owns it.
@@ -15,7 +17,8 @@ if not v[1] then return {0, ''} end
 if v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {0, v[1]} end
 if v[5] then return {2, v[5]} end
 if v[1] == STATUS_INPUT_REQUIRED and v[4] == ARGV[6] and ARGV[7] == '1' then
-  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'input_request', 'null', 'asking', '')
+  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'input_request', 'null', 'asking', '',
+    'expired:' .. ARGV[6], '1')
   return {1}
 end
 return {0, v[1]}

@@ -39,8 +39,9 @@ local function read(id, rec, ev)
   local v = redis.call('HMGET', rec, unpack(F))
   if not v[I_EXECUTION_ID] then return false end
   local moved = MOVED_NOT
-  -- An owner waiting for input (its task in ctx.ask) is judged like a running one.
-  if OWNED[v[I_STATUS]] and judged(v[I_REPLICA]) then
+  -- An owner waiting for input (its task in ctx.ask) is judged like a running one; a
+  -- parked execution (input_required, replica '') has no owner to judge.
+  if OWNED[v[I_STATUS]] and v[I_REPLICA] ~= '' and judged(v[I_REPLICA]) then
     local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
     local retries = tonumber(r[2] or '0') or 0
     if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
