@@ -286,6 +286,19 @@ def test_a_parked_request_times_out_and_a_parked_one_is_cancelled(
     )
     assert answer(b, held, {"value": {"approved": True}}).status_code == 409
 
+    in_session = httpx.post(
+        f"{b.url}/reasoners/approve_later/async",
+        json={},
+        headers={"X-Session-ID": "parked-session"},
+        timeout=WAIT,
+    ).json()["execution_id"]
+    assert poll(b, in_session)["status"] == "input_required"
+    released = httpx.delete(f"{b.url}/sessions/parked-session", timeout=WAIT)
+    assert released.status_code == 200, released.text
+    assert (released.json()["cancelled"], released.json()["abandoned"]) == (1, 0)
+    gone = httpx.get(f"{b.url}/executions/{in_session}", timeout=WAIT)
+    assert gone.status_code == 404  # released: cancelled where it waited, then forgotten
+
     b.signal(signal.SIGTERM)
     code, _ = b.wait_exit(WAIT)
     assert code == 0, b.stderr()
