@@ -87,12 +87,20 @@ async def patient(ctx: ExecutionContext, timeout: float = 1.0) -> dict[str, Any]
     return {"timed_out": False, "answer": answer}
 
 
+async def asks_at_drain(ctx: ExecutionContext) -> Any:
+    """Resumable: once its first replica drains, asks (parked with a shared store); the
+    attempt its answer resumes asks again, and gets the answer at once."""
+    if ctx.attempt == 1:
+        await ctx.wait_for_drain()
+    return await ctx.ask("still there?")
+
+
 def make_agent() -> Agent:
     """A fresh agent with these reasoners (each in-process test gets its own)."""
     fresh = Agent("input-tests")
     for reasoner in (approve, twice, impatient, guarded):
         fresh.reasoner()(reasoner)
-    for resumable in (asked_once, approve_later, stepwise, patient):
+    for resumable in (asked_once, approve_later, stepwise, patient, asks_at_drain):
         fresh.reasoner(resumable=True)(resumable)
     return fresh
 

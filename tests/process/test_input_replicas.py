@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +23,7 @@ import httpx
 import pytest
 
 from tests.support.process import ServerProcess
+from tests.support.shutdown import shutdown_report
 
 WAIT = 20.0
 Start = Callable[..., ServerProcess]
@@ -62,13 +64,20 @@ def poll(server: ServerProcess, execution_id: str) -> dict[str, Any]:
 
 
 def ended(server: ServerProcess, execution_id: str) -> dict[str, Any]:
-    """Once terminal: its event stream ends with `end` (a long-poll stops at asks too)."""
-    stream = httpx.get(f"{server.url}/executions/{execution_id}/events", timeout=WAIT)
-    frames = [f for f in stream.text.split("\n\n") if "event: end" in f]
-    assert frames, stream.text
-    data = next(line[6:] for line in frames[-1].splitlines() if line.startswith("data: "))
-    body: dict[str, Any] = json.loads(data)
-    return body
+    """Once terminal: its event stream ends with `end` (a long-poll stops at asks too).
+    Bounded as a whole: heartbeats keep a stream's reads inside any read timeout."""
+    deadline = time.monotonic() + WAIT
+    url = f"{server.url}/executions/{execution_id}/events"
+    with httpx.stream("GET", url, timeout=WAIT) as stream:
+        at_end = False
+        for line in stream.iter_lines():
+            assert time.monotonic() < deadline, f"{execution_id} did not end in {WAIT} s"
+            if line == "event: end":
+                at_end = True
+            elif at_end and line.startswith("data: "):
+                body: dict[str, Any] = json.loads(line[6:])
+                return body
+    raise AssertionError(f"the stream of {execution_id} closed without its end")
 
 
 def answer(server: ServerProcess, execution_id: str, body: Any) -> httpx.Response:
@@ -299,6 +308,28 @@ def test_a_parked_request_times_out_and_a_parked_one_is_cancelled(
     gone = httpx.get(f"{b.url}/executions/{in_session}", timeout=WAIT)
     assert gone.status_code == 404  # released: cancelled where it waited, then forgotten
 
-    b.signal(signal.SIGTERM)
+    start(b, "asks_at_drain")
+    b.signal(signal.SIGTERM)  # it asks once the drain begins, and parks: nothing to wait for
     code, _ = b.wait_exit(WAIT)
     assert code == 0, b.stderr()
+    report = shutdown_report(b)
+    assert (report["parked"], report["finished"], report["cancelled"]) == (1, 0, 0), report
+
+
+def test_a_replica_draining_with_a_parked_execution_leaves_it_to_the_next(
+    server_factory: Start, redis_url: str
+) -> None:
+    """What parked during a drain is resumed by a replica that starts later."""
+    a = server_factory(
+        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
+    )
+    execution_id = start(a, "asks_at_drain")
+    a.signal(signal.SIGTERM)
+    code, _ = a.wait_exit(WAIT)
+    assert code == 0, a.stderr()
+    assert shutdown_report(a)["parked"] == 1
+    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    assert poll(b, execution_id)["input_request"]["prompt"] == "still there?"
+    assert answer(b, execution_id, {"value": "yes"}).status_code == 202
+    done = ended(b, execution_id)
+    assert (done["status"], done["result"], done["replica"]) == ("succeeded", "yes", "B")
