@@ -267,6 +267,11 @@ class Execution:
         if self.events is not None:
             self.events.wake()
 
+    def leave(self) -> None:
+        """Parked: its owner's task ends and nobody owns it (as its record now says), so a
+        local reader knows to look for it elsewhere."""
+        self.replica = ""
+
     @property
     def owned_by_nobody(self) -> bool:
         """Queued, or parked (waiting for input with no owner): a cancel ends it where it
@@ -602,7 +607,8 @@ class ExecutionContext:
             raise InputTimeout(execution.execution_id, request_id, timeout)
         if outcome is AskOutcome.PARKED:  # its task ends; the answer resumes it anywhere
             execution.ask(request)
-            self._publish("input_required", request)
+            self._publish("input_required", request)  # as this attempt's, still its owner's
+            execution.leave()
             raise Parked
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
             execution.ask(request)

@@ -127,6 +127,13 @@ class EventSource:
         """Whether its end may be told: it is in the store every replica reads."""
         return True
 
+    @property
+    def moved(self) -> bool:
+        """Whether the execution's next events will be written somewhere this source does
+        not read (it left this replica): the stream ends with a retry hint, and the
+        client's reconnection (with its `Last-Event-ID`) reads them from the store."""
+        return False
+
 
 class LocalEvents(EventSource):
     __slots__ = ("execution", "log", "store")
@@ -153,6 +160,11 @@ class LocalEvents(EventSource):
 
     def unlisten(self, waiter: asyncio.Future[None]) -> None:
         self.log.unlisten(waiter)
+
+    @property
+    def moved(self) -> bool:
+        """Handed off or parked: its next attempt runs on whichever replica takes it."""
+        return self.store is not None and self.execution.owned_by_nobody
 
 
 class RemoteEvents(EventSource):
@@ -269,7 +281,7 @@ class EventStream:
                 if execution.is_terminal:
                     ended = execution  # one more read: events written before the end
                     continue
-                if streams.closing.is_set():
+                if streams.closing.is_set() or source.moved:
                     await send(_body(b"retry: %d\n\n" % RETRY_MS))
                     break
                 now = loop.time()

@@ -4,6 +4,7 @@ tests/process/test_input.py."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from pydantic import BaseModel
@@ -95,12 +96,33 @@ async def asks_at_drain(ctx: ExecutionContext) -> Any:
     return await ctx.ask("still there?")
 
 
+async def asks_when_told(ctx: ExecutionContext) -> Any:
+    """Resumable: says `ready`, and asks once the test pushes to `go:{id}` in the Redis named by
+    INPUT_APP_REDIS (a list it pops: a reader can attach while its task still runs)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(os.environ["INPUT_APP_REDIS"])
+    try:
+        await ctx.emit({}, event="ready")
+        await client.blpop([f"go:{ctx.execution_id}"], timeout=60)
+    finally:
+        await client.aclose()
+    return await ctx.ask("now?")
+
+
 def make_agent() -> Agent:
     """A fresh agent with these reasoners (each in-process test gets its own)."""
     fresh = Agent("input-tests")
     for reasoner in (approve, twice, impatient, guarded):
         fresh.reasoner()(reasoner)
-    for resumable in (asked_once, approve_later, stepwise, patient, asks_at_drain):
+    for resumable in (
+        asked_once,
+        approve_later,
+        stepwise,
+        patient,
+        asks_at_drain,
+        asks_when_told,
+    ):
         fresh.reasoner(resumable=True)(resumable)
     return fresh
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from tests.support.process import ServerProcess
 from tests.support.shutdown import shutdown_report
@@ -333,3 +334,35 @@ def test_a_replica_draining_with_a_parked_execution_leaves_it_to_the_next(
     assert answer(b, execution_id, {"value": "yes"}).status_code == 202
     done = ended(b, execution_id)
     assert (done["status"], done["result"], done["replica"]) == ("succeeded", "yes", "B")
+
+
+def test_a_stream_on_the_replica_that_parks_sends_its_reader_elsewhere(
+    server_factory: Start, redis_url: str
+) -> None:
+    """A stream read from the task's own log ends once it parks, with a retry hint: the
+    next events are written by whichever replica resumes it, and the reconnection (with
+    its Last-Event-ID) reads them from the store."""
+    a = server_factory(
+        "input_app:agent",
+        "--store",
+        redis_url,
+        "--replica-id",
+        "A",
+        *LEASE,
+        env={"INPUT_APP_REDIS": redis_url},
+    )
+    execution_id = start(a, "asks_when_told")
+    deadline = time.monotonic() + WAIT
+    lines: list[str] = []
+    with httpx.stream("GET", f"{a.url}/executions/{execution_id}/events", timeout=WAIT) as out:
+        for line in out.iter_lines():
+            assert time.monotonic() < deadline, lines
+            lines.append(line)
+            if line == "event: ready":  # its task runs: this stream reads A's own log
+                redis.Redis.from_url(redis_url).rpush(f"go:{execution_id}", 1)
+    assert "event: input_required" in lines, lines
+    assert any(line.startswith("retry: ") for line in lines), lines
+    assert "event: end" not in lines, lines
+    assert answer(a, execution_id, {"value": "now"}).status_code == 202
+    done = ended(a, execution_id)  # read from the store: the next attempt wrote its end
+    assert (done["status"], done["result"], done["attempt"]) == ("succeeded", "now", 2)
