@@ -101,12 +101,13 @@ async def asks_when_told(ctx: ExecutionContext) -> Any:
     INPUT_APP_REDIS (a list it pops: a reader can attach while its task still runs)."""
     import redis.asyncio as aioredis
 
-    client = aioredis.Redis.from_url(os.environ["INPUT_APP_REDIS"])
-    try:
-        await ctx.emit({}, event="ready")
-        await client.blpop([f"go:{ctx.execution_id}"], timeout=60)
-    finally:
-        await client.aclose()
+    if ctx.attempt == 1:
+        client = aioredis.Redis.from_url(os.environ["INPUT_APP_REDIS"])
+        try:
+            await ctx.emit({}, event="ready")
+            await client.blpop([f"go:{ctx.execution_id}"], timeout=60)
+        finally:
+            await client.aclose()
     return await ctx.ask("now?")
 
 
