@@ -20,6 +20,7 @@ from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from tests.support.cluster import Cluster, metric, wait_for
 from tests.support.redis_server import RedisServer
+from tests.support.shutdown import shutdown_report
 
 WAIT = 10.0
 
@@ -224,9 +225,11 @@ def test_1000_open_streams_end_cleanly_through_a_drain(server_factory: Any) -> N
             return time.monotonic() - began
 
     asyncio.run(run())
-    code, elapsed = server.wait_exit(timeout=20)
+    code, _ = server.wait_exit(timeout=20)
     assert code == 0, server.stderr()
-    assert elapsed < 10  # inside the grace period
+    # Inside the grace period, by the server's own clock (the 1,000 readers here, all in
+    # this one process, may finish reading well after it exited).
+    assert shutdown_report(server)["duration_seconds"] < 10
     assert len(endings) == 1000
     # The executions were cancelled at the drain deadline: their streams saw the end.
     assert endings.count("end") == 1000, set(endings)
