@@ -113,6 +113,7 @@ class Execution:
         "started_monotonic",
         "status",
         "status_reason",
+        "webhook_url",
     )
 
     def __init__(
@@ -150,6 +151,9 @@ class Execution:
         self.body: Any = None
         self.checkpoint: str | None = None
         self.max_attempts = 1
+        #: Where its webhook deliveries go (X-Webhook-URL or --webhook-url), None for none:
+        #: kept by the store, never shown in its JSON (a URL may carry a receiver's token).
+        self.webhook_url: str | None = None
         #: Its live events (agent_server.events), made when first needed.
         self.events: EventLog | None = None
         self._done: asyncio.Event | None = None
@@ -202,6 +206,7 @@ class Execution:
         execution.body = None
         execution.checkpoint = None
         execution.max_attempts = 1
+        execution.webhook_url = None
         execution.events = None
         execution._done = None
         execution.recorded = None

@@ -1,0 +1,317 @@
+"""Webhooks on real processes: `agent-server run` POSTs signed deliveries to a real HTTP
+receiver on loopback, which verifies every signature with the Standard Webhooks library.
+Retries keep one `webhook-id`; a target that is not allowed is never contacted; with two
+replicas on one real Redis, a delivery owed by a replica killed (SIGKILL) while the receiver
+was down is made by the other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+
+from tests.support.cluster import metric, wait_for
+from tests.support.process import ServerProcess, agent_server_cli
+from tests.support.shutdown import assert_clean_stderr, shutdown_report
+
+SECRET = "whsec_" + base64.b64encode(b"agent-server webhook test secret").decode()
+WAIT = 20.0
+#: A short retry window: the first retry within 0.3 s (a hundredth of it).
+RETRY = ("--webhook-retry-for", "30")
+HOOKS = ("--webhook-secret", SECRET, "--webhook-allow", "127.0.0.1", *RETRY)
+
+
+class Receiver:
+    """A real HTTP server on a loopback address: records every request, verifies its
+    signature, and answers 503 to the first `failures` attempts of each webhook-id."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, failures: int = 0) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.unverified: list[str] = []
+        self.failures = failures
+        self.lock = threading.Lock()
+        signer = Webhook(SECRET)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                try:
+                    signer.verify(body, headers)
+                except Exception as exc:
+                    receiver.unverified.append(repr(exc))
+                with receiver.lock:
+                    seen = sum(1 for r in receiver.requests if r["id"] == headers.get("webhook-id"))
+                    status = 503 if seen < receiver.failures else 200
+                    receiver.requests.append(
+                        {
+                            "id": headers.get("webhook-id"),
+                            "headers": headers,
+                            "body": json.loads(body),
+                            "status": status,
+                        }
+                    )
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hooks?token=t"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def delivered(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["status"] == 200 and r["body"]["type"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One memory-store server for the module's tests."""
+    process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path_factory.mktemp("hooks"))
+    process.wait_ready()
+    yield process
+    assert_clean_stderr(process)
+    process.close()
+
+
+def start(server: ServerProcess, name: str, url: str, body: Any = None) -> str:
+    response = httpx.post(
+        f"{server.url}/reasoners/{name}/async",
+        json=body or {},
+        headers={"X-Webhook-URL": url},
+        timeout=WAIT,
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["execution_id"])
+
+
+def test_an_ask_and_an_end_are_delivered_signed(server: ServerProcess, receiver: Receiver) -> None:
+    execution_id = start(server, "approve", receiver.url, {"amount": 7})
+    asked = wait_for(
+        lambda: [
+            r
+            for r in receiver.delivered("execution.input_required")
+            if r["body"]["data"]["execution_id"] == execution_id
+        ],
+        WAIT,
+        "the input_required delivery",
+    )[0]
+    assert asked["body"]["data"]["status"] == "input_required"
+    assert asked["body"]["data"]["input_request"]["prompt"] == {"question": "approve 7?"}
+    answer = httpx.post(
+        f"{server.url}/executions/{execution_id}/input",
+        json={"value": {"approved": True}},
+        timeout=WAIT,
+    )
+    assert answer.status_code == 202, answer.text
+    done = wait_for(
+        lambda: [
+            r
+            for r in receiver.delivered("execution.finished")
+            if r["body"]["data"]["execution_id"] == execution_id
+        ],
+        WAIT,
+        "the finished delivery",
+    )[0]
+    data = done["body"]["data"]
+    assert data["status"] == "succeeded"
+    assert data["result"] == {"approved": True, "note": "", "amount": 7}
+    assert done["body"]["timestamp"].endswith("Z")
+    assert done["id"] != asked["id"]
+    assert done["headers"]["webhook-signature"].startswith("v1,")
+    assert receiver.unverified == []
+    # The URL is kept by the store, never shown: it may carry the receiver's token.
+    shown = httpx.get(f"{server.url}/executions/{execution_id}", timeout=WAIT).json()
+    assert "token=t" not in json.dumps(shown)
+    assert set(shown) == set(data)
+
+
+def test_retries_keep_one_webhook_id(server: ServerProcess) -> None:
+    flaky = Receiver(failures=2)
+    try:
+        before = metric(server.url, "agent_server_webhook_deliveries_total", outcome="retried")
+        execution_id = start(server, "impatient", flaky.url, {"timeout": 0.05})
+        finished = wait_for(
+            lambda: flaky.delivered("execution.finished"), WAIT, "the third attempt"
+        )
+        attempts = [r for r in flaky.requests if r["id"] == finished[0]["id"]]
+        assert [r["status"] for r in attempts] == [503, 503, 200]
+        assert {r["body"]["data"]["execution_id"] for r in attempts} == {execution_id}
+        stamps = [r["headers"]["webhook-timestamp"] for r in attempts]
+        assert stamps == sorted(stamps)  # each attempt signed when it is made
+        assert flaky.unverified == []
+        retried = metric(server.url, "agent_server_webhook_deliveries_total", outcome="retried")
+        assert retried - before >= 2
+    finally:
+        flaky.close()
+
+
+def test_a_target_not_allowed_is_never_contacted(server: ServerProcess) -> None:
+    """127.0.0.2 is loopback, and only 127.0.0.1 is allowed."""
+    private = Receiver(host="127.0.0.2")
+    try:
+        before = metric(server.url, "agent_server_webhook_deliveries_total", outcome="refused")
+        start(server, "impatient", private.url, {"timeout": 0.05})
+        wait_for(
+            lambda: (
+                metric(server.url, "agent_server_webhook_deliveries_total", outcome="refused")
+                >= before + 2
+            ),
+            WAIT,
+            "two refusals (the ask and the end)",
+        )
+        assert private.requests == []
+        assert "127.0.0.2 is not a public address" in server.stderr()
+    finally:
+        private.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.com/x",
+        "/relative",
+        "http://",
+        "not a url",
+        "http://h:99999/",
+        pytest.param("http://example.com/" + "x" * 3000, id="too-long"),
+    ],
+)
+def test_a_bad_webhook_url_is_400_and_starts_nothing(server: ServerProcess, url: str) -> None:
+    before = len(httpx.get(f"{server.url}/executions", timeout=WAIT).json())
+    response = httpx.post(
+        f"{server.url}/reasoners/approve/async",
+        json={},
+        headers={"X-Webhook-URL": url},
+        timeout=WAIT,
+    )
+    assert response.status_code == 400, response.text
+    assert "X-Webhook-URL" in response.json()["detail"]
+    assert len(httpx.get(f"{server.url}/executions", timeout=WAIT).json()) == before
+
+
+def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
+    for args, said in (
+        (("--webhook-secret", "not-whsec"), "whsec_"),
+        (("--webhook-url", "http://127.0.0.1:9/x"), "webhook-url needs webhook-secret"),
+        (("--webhook-secret-file", str(tmp_path / "absent")), "cannot be read"),
+        (("--webhook-secret", SECRET, "--webhook-allow", "a b"), "neither a host name"),
+    ):
+        result = agent_server_cli("run", "input_app:agent", *args)
+        assert result.returncode == 2, result.stderr
+        assert said in result.stderr
+
+
+def test_deliveries_owed_at_shutdown_are_counted(tmp_path: Path) -> None:
+    """Memory store: the receiver never answers, so what is owed at the end is reported."""
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/"
+        process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path)
+        try:
+            process.wait_ready()
+            start(process, "impatient", url, {"timeout": 0.05})
+            wait_for(
+                lambda: metric(process.url, "agent_server_webhooks_pending") == 2,
+                WAIT,
+                "two deliveries owed",
+            )
+            process.signal(signal.SIGTERM)
+            code, _ = process.wait_exit(WAIT)
+            assert code == 0, process.stderr()
+            assert shutdown_report(process)["webhooks_undelivered"] == 2
+            assert_clean_stderr(process)
+        finally:
+            process.close()
+
+
+# -- two replicas on one Redis ---------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_a_replica_killed_while_the_receiver_was_down(tmp_path: Path, redis_url: str) -> None:
+    """A records the ask and the end with their deliveries and fails to deliver them (the
+    receiver refuses connections); A is killed; the receiver comes up; B delivers both,
+    each signed, under the webhook-id A used."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))  # bound, not listening: the receiver is down
+    port = holder.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/hooks"
+    replicas = []
+    for name in ("A", "B"):
+        folder = tmp_path / name
+        folder.mkdir()
+        replica = ServerProcess(
+            ["input_app:agent", "--store", redis_url, "--replica-id", name, *HOOKS], {}, folder
+        )
+        replicas.append(replica)
+    a, b = replicas
+    receiver: Receiver | None = None
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        execution_id = start(a, "impatient", url, {"timeout": 0.05})
+        polled = httpx.get(
+            f"{a.url}/executions/{execution_id}", params={"wait": WAIT}, timeout=WAIT + 5
+        )
+        assert polled.json()["status"] == "succeeded", polled.text
+        wait_for(
+            lambda: (
+                sum(
+                    metric(r.url, "agent_server_webhook_deliveries_total", outcome="retried")
+                    for r in replicas
+                )
+                >= 2
+            ),
+            WAIT,
+            "both deliveries tried and failed",
+        )
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(timeout=WAIT)
+        holder.close()
+        receiver = Receiver(port=port)
+        delivered = wait_for(
+            lambda: len({r["id"] for r in receiver.requests if r["status"] == 200}) == 2,
+            30.0,
+            "both deliveries made by B",
+        )
+        assert delivered
+        ids = {r["id"] for r in receiver.requests}
+        assert ids == {f"{execution_id}.finished", f"{execution_id}.input.1.1"}
+        assert receiver.unverified == []
+        assert metric(b.url, "agent_server_webhook_deliveries_total", outcome="delivered") == 2
+        wait_for(lambda: metric(b.url, "agent_server_webhooks_pending") == 0, WAIT, "nothing owed")
+        finished = receiver.delivered("execution.finished")[0]["body"]["data"]
+        assert finished["status"] == "succeeded"
+        assert finished["replica"] == "A"
+    finally:
+        holder.close()
+        if receiver is not None:
+            receiver.close()
+        for replica in replicas:
+            replica.close()
