@@ -89,6 +89,15 @@ IDEMPOTENCY_HEADER = {
     "execution, never a second run; the same key with another request is 422.",
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
 }
+WEBHOOK_HEADER = {
+    "name": "X-Webhook-URL",
+    "in": "header",
+    "required": False,
+    "description": "Where this execution's webhooks go (execution.finished, "
+    "execution.input_required), signed per Standard Webhooks; an absolute http(s) URL, and "
+    "the server needs a webhook secret (else 400). docs/webhooks.md.",
+    "schema": {"type": "string", "maxLength": 2048, "pattern": "^https?://[!-~]+$"},
+}
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
 EXECUTION_LINKS = {
@@ -133,7 +142,7 @@ EVENT_STREAM: dict[str, Any] = {
     },
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body, X-Session-ID or Idempotency-Key"),
+    "400": _error("Malformed JSON body, X-Session-ID, Idempotency-Key or X-Webhook-URL"),
     "409": _error("The session is being released"),
     "413": _error("Body over the size limit"),
     "415": _error("Body is not JSON"),
@@ -162,7 +171,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, WEBHOOK_HEADER],
         "requestBody": body,
         "responses": {
             "200": {
@@ -197,7 +206,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, WEBHOOK_HEADER],
         "requestBody": body,
         "responses": {
             "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
