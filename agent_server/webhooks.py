@@ -277,7 +277,7 @@ class WebhookSender:
                 why = f"{why}; retried for {self.retry_for:g} s"
             else:
                 retry_in = min(delay, left)
-        log = logger.info if outcome in ("delivered", "retried") else logger.warning
+        log = {"delivered": logger.debug, "retried": logger.info}.get(outcome, logger.warning)
         log(
             "webhook %s %s to %s (attempt %d): %s%s",
             delivery.delivery_id,
@@ -322,10 +322,7 @@ class WebhookSender:
                         "data": delivery.data,
                     }
                 )
-                assert self._client is not None, "start() first"
-                answer = await self._client.post(
-                    delivery.url, content=body, headers=self.headers(delivery, body)
-                )
+                answer = await self._post(delivery, host, addresses, body)
         except TimeoutError:
             return "retried", f"no answer within {timeout:g} s"
         except (httpx.HTTPError, OSError) as exc:
@@ -336,6 +333,30 @@ class WebhookSender:
         if 400 <= status < 500 and status not in (408, 429):
             return "gave_up", f"HTTP {status}"
         return "retried", f"HTTP {status}"
+
+    async def _post(
+        self, delivery: Delivery, host: str, addresses: list[_Address], body: bytes
+    ) -> httpx.Response:
+        """POST to the addresses just checked, in the resolver's order until one connects:
+        the connection goes to a checked address (never to what a second lookup might say),
+        while `Host`, TLS's server name and the certificate check keep the URL's host."""
+        assert self._client is not None, "start() first"
+        url = httpx.URL(delivery.url)
+        headers = self.headers(delivery, body)
+        headers.append(("host", url.netloc.decode("ascii").rpartition("@")[2]))
+        failure: httpx.ConnectError | None = None
+        for address in dict.fromkeys(addresses):
+            try:
+                return await self._client.post(
+                    url.copy_with(host=str(address)),
+                    content=body,
+                    headers=headers,
+                    extensions={"sni_hostname": host},
+                )
+            except httpx.ConnectError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
 
     def headers(self, delivery: Delivery, body: bytes) -> list[tuple[str, str]]:
         """The Standard Webhooks headers for this attempt (signed now), then the extra

@@ -28,7 +28,12 @@ SECRET = "whsec_" + base64.b64encode(b"agent-server webhook test secret").decode
 WAIT = 20.0
 #: A short retry window: the first retry within 0.3 s (a hundredth of it).
 RETRY = ("--webhook-retry-for", "30")
-HOOKS = ("--webhook-secret", SECRET, "--webhook-allow", "127.0.0.1", *RETRY)
+HOOKS = (
+    "--webhook-secret",
+    SECRET,
+    *("--webhook-allow", "127.0.0.1", "--webhook-allow", "localhost"),
+    *RETRY,
+)
 
 
 class Receiver:
@@ -111,7 +116,10 @@ def start(server: ServerProcess, name: str, url: str, body: Any = None) -> str:
 
 
 def test_an_ask_and_an_end_are_delivered_signed(server: ServerProcess, receiver: Receiver) -> None:
-    execution_id = start(server, "approve", receiver.url, {"amount": 7})
+    """To a host allowed by name: the connection goes to the address checked, and the
+    request still names the host."""
+    url = receiver.url.replace("127.0.0.1", "localhost")
+    execution_id = start(server, "approve", url, {"amount": 7})
     asked = wait_for(
         lambda: [
             r
@@ -144,6 +152,7 @@ def test_an_ask_and_an_end_are_delivered_signed(server: ServerProcess, receiver:
     assert done["body"]["timestamp"].endswith("Z")
     assert done["id"] != asked["id"]
     assert done["headers"]["webhook-signature"].startswith("v1,")
+    assert done["headers"]["host"] == url.split("/")[2]
     assert receiver.unverified == []
     # The URL is kept by the store, never shown: it may carry the receiver's token.
     shown = httpx.get(f"{server.url}/executions/{execution_id}", timeout=WAIT).json()
@@ -255,9 +264,10 @@ def test_deliveries_owed_at_shutdown_are_counted(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 def test_a_replica_killed_while_the_receiver_was_down(tmp_path: Path, redis_url: str) -> None:
-    """A records the ask and the end with their deliveries and fails to deliver them (the
-    receiver refuses connections); A is killed; the receiver comes up; B delivers both,
-    each signed, under the webhook-id A used."""
+    """A records an ask and an end with their deliveries (ask.lua, end.lua) and fails to
+    deliver them: the receiver refuses connections. A second execution waits for input on A
+    when A is killed; B judges it lost (judge.lua), which owes its end too. The receiver comes
+    up, and B delivers all four, each signed, under the webhook-ids they were given."""
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))  # bound, not listening: the receiver is down
     port = holder.getsockname()[1]
@@ -266,49 +276,59 @@ def test_a_replica_killed_while_the_receiver_was_down(tmp_path: Path, redis_url:
     for name in ("A", "B"):
         folder = tmp_path / name
         folder.mkdir()
-        replica = ServerProcess(
-            ["input_app:agent", "--store", redis_url, "--replica-id", name, *HOOKS], {}, folder
-        )
-        replicas.append(replica)
+        args = ["input_app:agent", "--store", redis_url, "--replica-id", name, *HOOKS]
+        replicas.append(ServerProcess([*args, "--lease-ttl", "1"], {}, folder))
     a, b = replicas
     receiver: Receiver | None = None
+
+    def retried() -> float:
+        return sum(
+            metric(r.url, "agent_server_webhook_deliveries_total", outcome="retried")
+            for r in replicas
+            if r.proc.poll() is None
+        )
+
     try:
         for replica in replicas:
             replica.wait_ready()
-        execution_id = start(a, "impatient", url, {"timeout": 0.05})
-        polled = httpx.get(
-            f"{a.url}/executions/{execution_id}", params={"wait": WAIT}, timeout=WAIT + 5
-        )
+        ended = start(a, "impatient", url, {"timeout": 0.05})
+        polled = httpx.get(f"{a.url}/executions/{ended}", params={"wait": WAIT}, timeout=WAIT + 5)
         assert polled.json()["status"] == "succeeded", polled.text
-        wait_for(
-            lambda: (
-                sum(
-                    metric(r.url, "agent_server_webhook_deliveries_total", outcome="retried")
-                    for r in replicas
-                )
-                >= 2
-            ),
-            WAIT,
-            "both deliveries tried and failed",
-        )
+        waiting = start(a, "guarded", url)
+        wait_for(lambda: retried() >= 3, WAIT, "three deliveries tried and failed")
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait(timeout=WAIT)
+        wait_for(
+            lambda: (
+                httpx.get(f"{b.url}/executions/{waiting}", timeout=WAIT).json()["status"] == "lost"
+            ),
+            WAIT,
+            "the waiting execution judged lost by B",
+        )
         holder.close()
         receiver = Receiver(port=port)
-        delivered = wait_for(
-            lambda: len({r["id"] for r in receiver.requests if r["status"] == 200}) == 2,
+        wanted = {
+            f"{ended}.finished",
+            f"{ended}.input.1.1",
+            f"{waiting}.input.1.1",
+            f"{waiting}.finished",
+        }
+        wait_for(
+            lambda: {r["id"] for r in receiver.requests if r["status"] == 200} == wanted,
             30.0,
-            "both deliveries made by B",
+            "the four deliveries made by B",
         )
-        assert delivered
-        ids = {r["id"] for r in receiver.requests}
-        assert ids == {f"{execution_id}.finished", f"{execution_id}.input.1.1"}
+        assert {r["id"] for r in receiver.requests} == wanted
         assert receiver.unverified == []
-        assert metric(b.url, "agent_server_webhook_deliveries_total", outcome="delivered") == 2
+        assert metric(b.url, "agent_server_webhook_deliveries_total", outcome="delivered") == 4
         wait_for(lambda: metric(b.url, "agent_server_webhooks_pending") == 0, WAIT, "nothing owed")
-        finished = receiver.delivered("execution.finished")[0]["body"]["data"]
-        assert finished["status"] == "succeeded"
-        assert finished["replica"] == "A"
+        by_id = {r["id"]: r["body"] for r in receiver.requests}
+        assert by_id[f"{ended}.finished"]["data"]["status"] == "succeeded"
+        assert by_id[f"{ended}.finished"]["data"]["replica"] == "A"
+        assert by_id[f"{waiting}.input.1.1"]["type"] == "execution.input_required"
+        assert by_id[f"{waiting}.input.1.1"]["data"]["input_request"]["prompt"] == "never answered"
+        gone = by_id[f"{waiting}.finished"]["data"]
+        assert (gone["status"], gone["error"]["type"]) == ("lost", "ExecutionLost")
     finally:
         holder.close()
         if receiver is not None:

@@ -393,7 +393,9 @@ class RedisStore(ExecutionStore):
             )
         if int(reply[0]) == 2:
             return True, codec.loads(reply[1])
-        if self.on_webhook is not None:
+        if self.on_webhook is not None and (
+            execution.webhook_url is not None or execution.attempt > 1
+        ):
             self.on_webhook()  # ask.lua may have recorded a delivery
         return False, None
 
@@ -502,7 +504,11 @@ class RedisStore(ExecutionStore):
         execution.recorded = asyncio.get_running_loop().create_future()
         keys = self.keys.for_end(execution.execution_id, execution.replica)
         self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
-        if self.on_webhook is not None:  # once written, a delivery may be owed (records.lua)
+        # Once written, a delivery may be owed (records.lua): the sender looks at once. A
+        # resumed attempt's URL is in the hash only (the sender's next look finds it too).
+        if self.on_webhook is not None and (
+            execution.webhook_url is not None or execution.attempt > 1
+        ):
             wake = self.on_webhook
             execution.recorded.add_done_callback(lambda _: wake())
 
