@@ -236,27 +236,46 @@ def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
         assert said in result.stderr
 
 
-def test_deliveries_owed_at_shutdown_are_counted(tmp_path: Path) -> None:
-    """Memory store: the receiver never answers, so what is owed at the end is reported."""
-    with socket.socket() as closed:  # bound, never listening: connections are refused
-        closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}/"
-        process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path)
-        try:
-            process.wait_ready()
-            start(process, "impatient", url, {"timeout": 0.05})
-            wait_for(
-                lambda: metric(process.url, "agent_server_webhooks_pending") == 2,
-                WAIT,
-                "two deliveries owed",
+def test_deliveries_owed_at_shutdown_get_a_last_attempt(tmp_path: Path) -> None:
+    """Memory store: two receivers refuse connections; one comes up just before SIGTERM and
+    gets its two deliveries in the shutdown's last attempt; the other's two are reported."""
+    dead, revived = socket.socket(), socket.socket()
+    receiver: Receiver | None = None
+    process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path)
+    try:
+        for holder in (dead, revived):  # bound, never listening: connections are refused
+            holder.bind(("127.0.0.1", 0))
+        process.wait_ready()
+        for holder in (dead, revived):
+            start(
+                process,
+                "impatient",
+                f"http://127.0.0.1:{holder.getsockname()[1]}/",
+                {"timeout": 0.05},
             )
-            process.signal(signal.SIGTERM)
-            code, _ = process.wait_exit(WAIT)
-            assert code == 0, process.stderr()
-            assert shutdown_report(process)["webhooks_undelivered"] == 2
-            assert_clean_stderr(process)
-        finally:
-            process.close()
+        wait_for(
+            lambda: (
+                metric(process.url, "agent_server_webhook_deliveries_total", outcome="retried") >= 8
+            ),
+            WAIT,
+            "every delivery tried twice",
+        )
+        port = revived.getsockname()[1]
+        revived.close()
+        receiver = Receiver(port=port)
+        process.signal(signal.SIGTERM)
+        code, _ = process.wait_exit(WAIT)
+        assert code == 0, process.stderr()
+        assert shutdown_report(process)["webhooks_undelivered"] == 2
+        assert len({r["id"] for r in receiver.requests if r["status"] == 200}) == 2
+        assert receiver.unverified == []
+        assert_clean_stderr(process)
+    finally:
+        dead.close()
+        revived.close()
+        if receiver is not None:
+            receiver.close()
+        process.close()
 
 
 # -- two replicas on one Redis ---------------------------------------------------------------
