@@ -287,6 +287,7 @@ class Agent:
         parts = self._built
         settings = self.settings
         secured = settings.bearer_token is not None
+        hooked = parts.webhooks is not None
         return Api(
             self.reasoners,
             parts.registry,
@@ -298,9 +299,11 @@ class Agent:
             idempotency_ttl=settings.idempotency_ttl,
             sse_heartbeat=settings.sse_heartbeat,
             streams_closing=parts.streams_closing,
-            webhooks=parts.webhooks is not None,
+            webhooks=hooked,
             webhook_url=settings.webhook_url,
-            openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
+            openapi=lambda: openapi_document(
+                self.name, self.reasoners.values(), secured=secured, webhooks=hooked
+            ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
         )
 

@@ -171,7 +171,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, WEBHOOK_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "200": {
@@ -206,7 +206,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, WEBHOOK_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
@@ -231,8 +231,17 @@ def _secure(document: dict[str, Any]) -> None:
                 operation["responses"]["401"] = _error("Missing or wrong bearer token")
 
 
+def _webhooks(document: dict[str, Any]) -> None:
+    """`X-Webhook-URL` on the start routes: documented only where webhooks are on (a
+    server without a secret refuses it)."""
+    for operations in document["paths"].values():
+        post = operations.get("post", {})
+        if post.get("operationId", "").startswith(("run_", "start_")):
+            post["parameters"] = [*post["parameters"], WEBHOOK_HEADER]
+
+
 def openapi_document(
-    title: str, reasoners: Iterable[Reasoner], *, secured: bool = False
+    title: str, reasoners: Iterable[Reasoner], *, secured: bool = False, webhooks: bool = False
 ) -> dict[str, Any]:
     """The whole document; built per request, it is small and reasoners are few."""
     components: dict[str, Any] = dict(BASE_SCHEMAS)
@@ -477,4 +486,6 @@ def openapi_document(
         paths[path][method]["operationId"] = operation_id
     if secured:
         _secure(document)
+    if webhooks:
+        _webhooks(document)
     return document

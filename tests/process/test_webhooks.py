@@ -158,6 +158,10 @@ def test_an_ask_and_an_end_are_delivered_signed(server: ServerProcess, receiver:
     shown = httpx.get(f"{server.url}/executions/{execution_id}", timeout=WAIT).json()
     assert "token=t" not in json.dumps(shown)
     assert set(shown) == set(data)
+    document = httpx.get(f"{server.url}/openapi.json", timeout=WAIT).json()
+    for path in ("/reasoners/approve", "/reasoners/approve/async"):
+        names = {p["name"] for p in document["paths"][path]["post"]["parameters"]}
+        assert "X-Webhook-URL" in names
 
 
 def test_retries_keep_one_webhook_id(server: ServerProcess) -> None:

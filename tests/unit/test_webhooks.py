@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 
+import httpx
 import pytest
 
 from agent_server.webhooks import (
@@ -93,3 +94,19 @@ def test_the_backoff_doubles_under_full_jitter_up_to_its_cap() -> None:
     assert retry_delay(30, 86_400, top) == MAX_RETRY_DELAY
     assert retry_delay(500, 86_400, top) == MAX_RETRY_DELAY  # no overflow
     assert retry_delay(3, 86_400, lambda: 0.0) == 0.0
+
+
+async def test_without_a_secret_x_webhook_url_is_400_and_undocumented(
+    app_client: httpx.AsyncClient,
+) -> None:
+    response = await app_client.post(
+        "/reasoners/echo/async",
+        json={"text": "hi"},
+        headers={"X-Webhook-URL": "https://hooks.example.com/x"},
+    )
+    assert response.status_code == 400
+    assert "--webhook-secret" in response.json()["detail"]
+    assert (await app_client.get("/executions")).json() == []
+    document = (await app_client.get("/openapi.json")).json()
+    start = document["paths"]["/reasoners/echo/async"]["post"]
+    assert "X-Webhook-URL" not in {p["name"] for p in start["parameters"]}
