@@ -8,6 +8,7 @@ Finished executions are kept until deleted, released with their session, or past
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -33,6 +34,11 @@ _HEX = "0123456789abcdef"
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
+#: Webhook deliveries owed at most (each holds its execution's JSON): past it the oldest is
+#: dropped, with a WARNING naming it.
+MAX_WEBHOOKS = 10_000
+
+logger = logging.getLogger("agent_server.store")
 
 
 class MemoryStore(ExecutionStore):
@@ -159,6 +165,14 @@ class MemoryStore(ExecutionStore):
             execution.to_json() if data is None else data,
         )
         self._schedule(delivery, time.monotonic())
+        if len(self._webhooks) > MAX_WEBHOOKS:
+            oldest = next(iter(self._webhooks))  # dicts keep the order deliveries were owed
+            del self._webhooks[oldest]
+            logger.warning(
+                "webhook %s dropped undelivered: more than %d deliveries owed",
+                oldest,
+                MAX_WEBHOOKS,
+            )
         if self.on_webhook is not None:
             self.on_webhook()
 

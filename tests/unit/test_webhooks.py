@@ -9,6 +9,8 @@ import ipaddress
 import httpx
 import pytest
 
+from agent_server.execution import Execution, ExecutionStatus
+from agent_server.store import MemoryStore, memory
 from agent_server.webhooks import (
     MAX_RETRY_DELAY,
     AllowList,
@@ -110,3 +112,36 @@ async def test_without_a_secret_x_webhook_url_is_400_and_undocumented(
     document = (await app_client.get("/openapi.json")).json()
     start = document["paths"]["/reasoners/echo/async"]["post"]
     assert "X-Webhook-URL" not in {p["name"] for p in start["parameters"]}
+
+
+async def ended(store: MemoryStore) -> Execution:
+    execution = Execution("echo", None, store.replica_id)
+    execution.webhook_url = "https://hooks.example.com/x"
+    await store.create(execution)
+    execution.finish(ExecutionStatus.SUCCEEDED, result={"ok": True})
+    store.end(execution)
+    return execution
+
+
+async def test_the_memory_store_claims_under_a_lease_and_settles() -> None:
+    store = MemoryStore("r")
+    execution = await ended(store)
+    pending, claimed = await store.claim_webhooks(10, 60.0)
+    assert pending == 1 and [d.delivery_id for d in claimed] == [
+        f"{execution.execution_id}.finished"
+    ]
+    assert claimed[0].data == execution.to_json() and claimed[0].attempts == 0
+    assert (await store.claim_webhooks(10, 60.0))[1] == []  # claimed: not again in its lease
+    assert await store.settle_webhook(claimed[0], 0.0) == 1  # a retry, due at once
+    again = (await store.claim_webhooks(10, 60.0))[1]
+    assert [d.attempts for d in again] == [1]
+    assert await store.settle_webhook(again[0], None) == 0
+
+
+async def test_the_memory_store_owes_a_bounded_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "MAX_WEBHOOKS", 2)
+    store = MemoryStore("r")
+    _, *rest = [await ended(store) for _ in range(3)]
+    pending, claimed = await store.claim_webhooks(10, 60.0)
+    assert pending == 2
+    assert {d.delivery_id for d in claimed} == {f"{e.execution_id}.finished" for e in rest}
