@@ -277,6 +277,9 @@ class WebhookSender:
                 why = f"{why}; retried for {self.retry_for:g} s"
             else:
                 retry_in = min(delay, left)
+        self._count(outcome)
+        if deadline is not None and outcome == "retried":
+            return  # the last chance at shutdown: it stays owed (counted undelivered)
         log = {"delivered": logger.debug, "retried": logger.info}.get(outcome, logger.warning)
         log(
             "webhook %s %s to %s (attempt %d): %s%s",
@@ -288,9 +291,6 @@ class WebhookSender:
             "" if retry_in is None else f"; next in {retry_in:.2f} s",
             extra={"fields": {"execution_id": delivery.data.get("execution_id")}},
         )
-        self._count(outcome)
-        if deadline is not None and outcome == "retried":
-            return  # the last chance at shutdown: it stays owed (counted undelivered)
         try:
             self._set_pending(await self.store.settle_webhook(delivery, retry_in))
         except Exception as exc:  # the store is down: its lease runs out, it is tried again
@@ -391,12 +391,14 @@ class WebhookSender:
             )
             for task in late:
                 task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=0.5)
+            if late:  # a cancelled attempt ends at once; its claim lapses for another replica
+                await asyncio.wait(late, timeout=0.1)
         if self.store.shared:
             return 0
         left, _ = await self.store.claim_webhooks(0, CLAIM_LEASE)
         self._set_pending(left)
+        if left:
+            logger.warning("%d webhook deliveries still owed at shutdown: undelivered", left)
         return left
 
     async def close(self) -> None:

@@ -18,8 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from standardwebhooks import Webhook
 
+from agent_server import Settings
 from tests.support.cluster import metric, wait_for
 from tests.support.process import ServerProcess, agent_server_cli
 from tests.support.shutdown import assert_clean_stderr, shutdown_report
@@ -229,15 +231,18 @@ def test_a_bad_webhook_url_is_400_and_starts_nothing(server: ServerProcess, url:
 
 
 def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
-    for args, said in (
-        (("--webhook-secret", "not-whsec"), "whsec_"),
-        (("--webhook-url", "http://127.0.0.1:9/x"), "webhook-url needs webhook-secret"),
-        (("--webhook-secret-file", str(tmp_path / "absent")), "cannot be read"),
-        (("--webhook-secret", SECRET, "--webhook-allow", "a b"), "neither a host name"),
+    """Checked with the settings (one process shows the exit code; the rest in-process)."""
+    result = agent_server_cli("run", "input_app:agent", "--webhook-secret", "not-whsec")
+    assert result.returncode == 2, result.stderr
+    assert "whsec_" in result.stderr and "not-whsec" not in result.stderr
+    for fields, said in (
+        ({"webhook_url": "http://127.0.0.1:9/x"}, "webhook-url needs webhook-secret"),
+        ({"webhook_secret_file": str(tmp_path / "absent")}, "cannot be read"),
+        ({"webhook_secret": SECRET, "webhook_allow": ("a b",)}, "neither a host name"),
+        ({"webhook_secret": SECRET, "webhook_url": "ftp://x/"}, "absolute http"),
     ):
-        result = agent_server_cli("run", "input_app:agent", *args)
-        assert result.returncode == 2, result.stderr
-        assert said in result.stderr
+        with pytest.raises(ValidationError, match=said):
+            Settings(**fields)
 
 
 def test_deliveries_owed_at_shutdown_get_a_last_attempt(tmp_path: Path) -> None:
