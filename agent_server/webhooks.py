@@ -312,6 +312,8 @@ class WebhookSender:
         try:
             async with asyncio.timeout(timeout):
                 addresses = await _resolve(host, port)
+                if not addresses:
+                    return "retried", f"{host} resolved to no address"
                 refusal = self.allow.refusal(host, addresses)
                 if refusal is not None:
                     return "refused", f"{refusal}: not in --webhook-allow"
