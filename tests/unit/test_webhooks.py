@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.store import MemoryStore, memory
+from agent_server.store.base import Delivery
 from agent_server.webhooks import (
     MAX_RETRY_DELAY,
     AllowList,
+    WebhookSender,
     check_secret,
     check_url,
     first_retry_delay,
@@ -145,3 +150,51 @@ async def test_the_memory_store_owes_a_bounded_number(monkeypatch: pytest.Monkey
     pending, claimed = await store.claim_webhooks(10, 60.0)
     assert pending == 2
     assert {d.delivery_id for d in claimed} == {f"{e.execution_id}.finished" for e in rest}
+
+
+class Answers(BaseHTTPRequestHandler):
+    """Answers each POST with the status its path names (`/410`), after reading it."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(int(self.path.strip("/")))
+        self.send_header("content-length", "0")
+        if self.path.startswith("/3"):
+            self.send_header("location", "http://127.0.0.1:1/elsewhere")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+async def test_each_answer_has_its_outcome() -> None:
+    """One real attempt per status against a real HTTP server on loopback."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sender = WebhookSender(
+        MemoryStore("r"), secret=secret(32), allow=AllowList.parse(["127.0.0.1"]), retry_for=60
+    )
+    sender.start()
+    try:
+        port = server.server_address[1]
+        outcomes = {}
+        for status in (200, 204, 302, 404, 408, 410, 422, 429, 500, 503):
+            delivery = Delivery(
+                "x.finished", "execution.finished", f"http://127.0.0.1:{port}/{status}",
+                time.time(), 0.0, 0, {"execution_id": "x"},
+            )  # fmt: skip
+            outcomes[status] = (await sender.send(delivery))[0]
+        assert outcomes == {
+            200: "delivered", 204: "delivered", 302: "retried", 404: "gave_up",
+            408: "retried", 410: "gave_up", 422: "gave_up", 429: "retried",
+            500: "retried", 503: "retried",
+        }  # fmt: skip
+        refused = Delivery(
+            "y.finished", "execution.finished", f"http://127.0.0.2:{port}/200", time.time(),
+            0.0, 0, {},
+        )  # fmt: skip
+        assert (await sender.send(refused))[0] == "refused"
+    finally:
+        await sender.close()
+        server.shutdown()
+        server.server_close()
