@@ -34,6 +34,7 @@ from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
 from agent_server.waiting import Closing
+from agent_server.webhooks import WebhookSender
 
 logger = logging.getLogger("agent_server.agent")
 
@@ -49,6 +50,7 @@ CORS_REQUEST_HEADERS = (
     "X-Session-ID",
     "Idempotency-Key",
     "Last-Event-ID",
+    "X-Webhook-URL",
 )
 CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
 #: The answer to a request the server cancels before it is answered (plain uvicorn's
@@ -285,6 +287,7 @@ class Agent:
         parts = self._built
         settings = self.settings
         secured = settings.bearer_token is not None
+        hooked = parts.webhooks is not None
         return Api(
             self.reasoners,
             parts.registry,
@@ -296,7 +299,11 @@ class Agent:
             idempotency_ttl=settings.idempotency_ttl,
             sse_heartbeat=settings.sse_heartbeat,
             streams_closing=parts.streams_closing,
-            openapi=lambda: openapi_document(self.name, self.reasoners.values(), secured=secured),
+            webhooks=hooked,
+            webhook_url=settings.webhook_url,
+            openapi=lambda: openapi_document(
+                self.name, self.reasoners.values(), secured=secured, webhooks=hooked
+            ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
         )
 
@@ -313,6 +320,8 @@ class Agent:
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         await parts.store.open()
         parts.taker.start()
+        if parts.webhooks is not None:
+            parts.webhooks.start()
         # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
         sampler = LoopLagSampler(
             self.metrics.loop_lagged,
@@ -340,6 +349,8 @@ class Agent:
         finally:
             await sampler.stop()
             await parts.taker.close()
+            if parts.webhooks is not None:
+                await parts.webhooks.close()
             await parts.releases.close()
             await parts.store.close()
             parts.registry.close()  # its idle worker threads end before the check below
@@ -364,6 +375,7 @@ class _Parts:
         shutdown: ShutdownSequence,
         taker: QueueTaker,
         streams_closing: Closing,
+        webhooks: WebhookSender | None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -372,6 +384,8 @@ class _Parts:
         self.taker = taker
         #: Set when the listener closes: open event streams end with a retry hint.
         self.streams_closing = streams_closing
+        #: Delivers webhooks, when a secret is set.
+        self.webhooks = webhooks
 
     @classmethod
     def build(
@@ -405,6 +419,18 @@ class _Parts:
         store.deliver_answers(registry.answer)
         store.deliver_orphans(registry.runs, registry.adopt)
         releases = SessionReleases(store, registry, observer=metrics)
+        secret = settings.signing_secret
+        webhooks = (
+            None
+            if secret is None
+            else WebhookSender(
+                store,
+                secret=secret,
+                allow=settings.webhook_targets,
+                retry_for=settings.webhook_retry_for,
+                observer=metrics,
+            )
+        )
         shutdown = ShutdownSequence(
             registry,
             metrics,
@@ -413,9 +439,10 @@ class _Parts:
             limit_releases=releases.limit,
             flush_ends=store.flush,
             end_streams=streams_closing.set,
+            flush_webhooks=None if webhooks is None else webhooks.flush,
         )
         taker = QueueTaker(store, registry, reasoners)
-        return cls(store, registry, releases, shutdown, taker, streams_closing)
+        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks)
 
 
 def cors_middleware(origins: Sequence[str]) -> Middleware:

@@ -38,6 +38,7 @@ from agent_server.params import (
     statuses,
     validation_detail,
     wants_events,
+    webhook_target,
 )
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
@@ -66,6 +67,7 @@ logger = logging.getLogger("agent_server.api")
 
 SESSION_HEADER = b"x-session-id"
 IDEMPOTENCY_HEADER = b"idempotency-key"
+WEBHOOK_HEADER = b"x-webhook-url"
 MAX_WAIT_SECONDS = 60.0
 MAX_LIST_LIMIT = 1000
 #: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
@@ -134,6 +136,8 @@ class Api:
         sse_heartbeat: float = 15.0,
         streams_closing: Closing | None = None,
         docs: DocsPage | None = None,
+        webhooks: bool = False,
+        webhook_url: str | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -147,6 +151,9 @@ class Api:
         self.streams = Streams(sse_heartbeat, streams_closing or Closing(), metrics.stream_opened)
         self.docs = docs
         self.openapi_document = openapi
+        #: Whether webhooks are on (a secret is set), and where they go by default.
+        self.webhooks = webhooks
+        self.webhook_url = webhook_url
 
     def routes(self) -> list[Route]:
         """The hot routes (runs and status reads) first: the router tries them in order."""
@@ -284,6 +291,7 @@ class Api:
         headers = first_values(request.scope["headers"])
         session_id = self._session_id(headers.get(SESSION_HEADER))
         key = idempotency_key(headers.get(IDEMPOTENCY_HEADER))
+        webhook_url = webhook_target(headers.get(WEBHOOK_HEADER), self.webhooks, self.webhook_url)
         body = await self._read_json(request.receive, headers)
         try:
             arguments = reasoner.bind(body)
@@ -300,7 +308,12 @@ class Api:
         )
         try:
             return await self.registry.start_once(
-                reasoner, arguments, session_id, body=body, idempotency=idempotency
+                reasoner,
+                arguments,
+                session_id,
+                body=body,
+                idempotency=idempotency,
+                webhook_url=webhook_url,
             )
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None

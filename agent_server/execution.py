@@ -115,6 +115,7 @@ class Execution:
         "started_monotonic",
         "status",
         "status_reason",
+        "webhook_url",
     )
 
     def __init__(
@@ -155,6 +156,9 @@ class Execution:
         #: asks are numbered on from it (those it replays are the ones after it).
         self.checkpoint_asks = 0
         self.max_attempts = 1
+        #: Where its webhook deliveries go (X-Webhook-URL or --webhook-url), None for none:
+        #: kept by the store, never shown in its JSON (a URL may carry a receiver's token).
+        self.webhook_url: str | None = None
         #: Its live events (agent_server.events), made when first needed.
         self.events: EventLog | None = None
         self._done: asyncio.Event | None = None
@@ -207,6 +211,7 @@ class Execution:
         execution.body = None
         execution.checkpoint = None
         execution.max_attempts = 1
+        execution.webhook_url = None
         execution.events = None
         execution._done = None
         execution.recorded = None

@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 from agent_server.execution import Execution
 from agent_server.registry import RejectReason
 from agent_server.store.base import WRITE_RETRY_REASONS
+from agent_server.webhooks import OUTCOMES as WEBHOOK_OUTCOMES
 
 PREFIX = "agent_server"
 
@@ -155,6 +156,9 @@ class Metrics:
         self._waiting: dict[str, int] = {}
         self._input_waits: dict[str, HistogramSeries] = {}
         self.streams_open = 0
+        #: Webhook attempts by outcome, and the deliveries pending (agent_server.webhooks).
+        self._webhooks: dict[str, int] = dict.fromkeys(WEBHOOK_OUTCOMES, 0)
+        self._webhooks_pending = 0
         #: How late the loop-lag sampler woke (`agent_server.loop_lag`), each sample.
         self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
         self.registry = AgentRegistry(auto_describe=True)
@@ -274,6 +278,12 @@ class Metrics:
     def stream_opened(self, change: int) -> None:
         """+1 when an event stream opens, -1 when it ends."""
         self.streams_open += change
+
+    def webhook_delivery(self, outcome: str) -> None:
+        self._webhooks[outcome] = self._webhooks.get(outcome, 0) + 1
+
+    def webhooks_pending(self, count: int) -> None:
+        self._webhooks_pending = count
 
     def loop_lagged(self, seconds: float) -> None:
         """One sample of the loop-lag sampler, on the loop's thread like every other."""
@@ -409,6 +419,18 @@ class Metrics:
             f"{PREFIX}_event_streams_open",
             "Event streams (Server-Sent Events) open now.",
             value=self.streams_open,
+        )
+        yield _counter(
+            "webhook_deliveries_total",
+            "Webhook attempts, by outcome: delivered (2xx), retried, gave_up (a 4xx but 408 "
+            "and 429, or retried for --webhook-retry-for), refused (a target not allowed).",
+            "outcome",
+            self._webhooks,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_webhooks_pending",
+            "Webhook deliveries owed (with a shared store: by every replica, as last seen).",
+            value=self._webhooks_pending,
         )
         lag = HistogramMetricFamily(
             f"{PREFIX}_event_loop_lag_seconds",

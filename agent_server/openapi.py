@@ -89,6 +89,15 @@ IDEMPOTENCY_HEADER = {
     "execution, never a second run; the same key with another request is 422.",
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
 }
+WEBHOOK_HEADER = {
+    "name": "X-Webhook-URL",
+    "in": "header",
+    "required": False,
+    "description": "Where this execution's webhooks go (execution.finished, "
+    "execution.input_required), signed per Standard Webhooks; an absolute http(s) URL, and "
+    "the server needs a webhook secret (else 400). docs/webhooks.md.",
+    "schema": {"type": "string", "maxLength": 2048, "pattern": "^https?://[!-~]+$"},
+}
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
 EXECUTION_LINKS = {
@@ -133,7 +142,7 @@ EVENT_STREAM: dict[str, Any] = {
     },
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body, X-Session-ID or Idempotency-Key"),
+    "400": _error("Malformed JSON body, X-Session-ID, Idempotency-Key or X-Webhook-URL"),
     "409": _error("The session is being released"),
     "413": _error("Body over the size limit"),
     "415": _error("Body is not JSON"),
@@ -222,8 +231,17 @@ def _secure(document: dict[str, Any]) -> None:
                 operation["responses"]["401"] = _error("Missing or wrong bearer token")
 
 
+def _webhooks(document: dict[str, Any]) -> None:
+    """`X-Webhook-URL` on the start routes: documented only where webhooks are on (a
+    server without a secret refuses it)."""
+    for operations in document["paths"].values():
+        post = operations.get("post", {})
+        if post.get("operationId", "").startswith(("run_", "start_")):
+            post["parameters"] = [*post["parameters"], WEBHOOK_HEADER]
+
+
 def openapi_document(
-    title: str, reasoners: Iterable[Reasoner], *, secured: bool = False
+    title: str, reasoners: Iterable[Reasoner], *, secured: bool = False, webhooks: bool = False
 ) -> dict[str, Any]:
     """The whole document; built per request, it is small and reasoners are few."""
     components: dict[str, Any] = dict(BASE_SCHEMAS)
@@ -468,4 +486,6 @@ def openapi_document(
         paths[path][method]["operationId"] = operation_id
     if secured:
         _secure(document)
+    if webhooks:
+        _webhooks(document)
     return document

@@ -18,6 +18,7 @@ from agent_server.execution import MAX_SECONDS
 from agent_server.names import SESSION_ID_RULE, is_session_id
 from agent_server.routing import ApiError
 from agent_server.status import ExecutionStatus
+from agent_server.webhooks import check_url
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
@@ -103,6 +104,23 @@ def idempotency_key(raw: bytes | None) -> str | None:
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters",
         )
     return raw.decode("ascii")
+
+
+def webhook_target(raw: bytes | None, enabled: bool, default: str | None) -> str | None:
+    """Where a start's webhooks go: `X-Webhook-URL` (an absolute http(s) URL, or 400; 400
+    too when webhooks are off: no secret to sign with), else `--webhook-url`."""
+    if raw is None:
+        return default
+    if not enabled:
+        raise ApiError(
+            400,
+            "X-Webhook-URL needs webhooks on this server (--webhook-secret or "
+            "--webhook-secret-file)",
+        )
+    try:
+        return check_url(raw.decode("latin-1"), "X-Webhook-URL")
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:

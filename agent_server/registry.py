@@ -184,13 +184,16 @@ class InFlightRegistry:
         *,
         body: Any = None,
         idempotency: Idempotency | None = None,
+        webhook_url: str | None = None,
     ) -> tuple[Execution, bool]:
-        """Admit, record and start one execution; or, for a repeated idempotency key, the
-        execution it started first. True when this call started it."""
+        """Admit, record and start one execution (its webhooks to `webhook_url`); or, for a
+        repeated idempotency key, the execution it started first. True when this call
+        started it."""
         reason = self._refusal()
         if reason is not None:
             self._reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
+        execution.webhook_url = webhook_url
         if reasoner.resumable:
             execution.resumable = True
             execution.body = body

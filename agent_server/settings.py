@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent_server.execution import MAX_SECONDS
 from agent_server.tokens import check_token, read_token_file
+from agent_server.webhooks import AllowList, check_secret, check_url, read_secret_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
@@ -208,7 +209,79 @@ class Settings(BaseSettings):
         "the API and read its event streams; repeat the flag for more (the environment "
         "twin takes a comma-separated list).",
     )
+    # -- webhooks (docs/webhooks.md) -------------------------------------------------------
+    webhook_url: str | None = Field(
+        default=None,
+        description="URL every execution's webhooks are POSTed to (execution.finished, "
+        "execution.input_required) unless its start gives X-Webhook-URL; needs a secret.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Standard Webhooks signing secret (whsec_ and base64 of 24 to 64 bytes); "
+        "webhooks are off without one.",
+    )
+    webhook_secret_file: str | None = Field(
+        default=None, description="File holding the webhook secret (a mounted secret)."
+    )
+    webhook_retry_for: Seconds = Field(
+        default=86_400.0,
+        gt=0,
+        description="Seconds a webhook delivery is retried (exponential backoff, full "
+        "jitter; the first retry within min(1 s, a hundredth of this)) before it is given up.",
+    )
+    webhook_allow: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="A host name or CIDR that webhooks may reach although it is loopback, "
+        "private or link-local (refused otherwise); repeat the flag for more (the "
+        "environment twin takes a comma-separated list).",
+    )
     _file_token: SecretStr | None = PrivateAttr(default=None)
+    _file_webhook_secret: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value, "webhook-url")
+
+    @field_validator("webhook_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: object) -> object:
+        """The environment twin is one string: `hooks.internal,10.0.0.0/8`."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _check_allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        AllowList.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> Settings:
+        """One secret source, read and checked here (a bad one fails the start); a URL for
+        every execution needs it."""
+        if self.webhook_secret is not None and self.webhook_secret_file is not None:
+            raise ValueError("give webhook-secret or webhook-secret-file, not both")
+        if self.webhook_secret is not None:
+            check_secret(self.webhook_secret.get_secret_value())
+        if self.webhook_secret_file is not None:
+            self._file_webhook_secret = SecretStr(read_secret_file(self.webhook_secret_file))
+        if self.webhook_url is not None and self.signing_secret is None:
+            raise ValueError("webhook-url needs webhook-secret or webhook-secret-file")
+        return self
+
+    @property
+    def signing_secret(self) -> str | None:
+        """The webhook secret, or None when webhooks are off."""
+        secret = (
+            self.webhook_secret if self.webhook_secret is not None else self._file_webhook_secret
+        )
+        return None if secret is None else secret.get_secret_value()
+
+    @property
+    def webhook_targets(self) -> AllowList:
+        return AllowList.parse(self.webhook_allow)
 
     @model_validator(mode="after")
     def _check_api_token(self) -> Settings:

@@ -108,8 +108,8 @@ class ShutdownReport:
     #: When each phase began, in seconds after the first signal.
     phases: dict[str, float] = field(default_factory=dict)
     #: How long each phase took up to the report: unready, draining, cancelling (the
-    #: cancellation and the settle), flushing (ends still owed to the store), reporting
-    #: (a log line for each end that could not be written).
+    #: cancellation and the settle), flushing (ends still owed to the store, then webhook
+    #: deliveries owed), reporting (a log line for each end that could not be written).
     phase_seconds: dict[str, float] = field(default_factory=dict)
     finished: int = 0
     cancelled: int = 0
@@ -124,6 +124,9 @@ class ShutdownReport:
     rejected: int = 0
     #: Ends that could not be written to the shared store (each logged as a JSON line).
     unrecorded: int = 0
+    #: Webhook deliveries still owed by this process when it stopped (memory store: lost;
+    #: a shared store keeps them for the other replicas, so 0).
+    webhooks_undelivered: int = 0
     duration_seconds: float = 0.0
     exit_code: int = ExitCode.OK
     plan: dict[str, float] = field(default_factory=dict)
@@ -138,6 +141,14 @@ FlushEnds = Callable[[float], Awaitable[list[Execution]]]
 
 async def _nothing_to_flush(deadline: float) -> list[Execution]:
     return []
+
+
+#: Delivers the webhooks still owed by a deadline; returns how many are left undelivered.
+FlushWebhooks = Callable[[float], Awaitable[int]]
+
+
+async def _no_webhooks(deadline: float) -> int:
+    return 0
 
 
 class ShutdownSequence:
@@ -158,6 +169,7 @@ class ShutdownSequence:
         limit_releases: Callable[[float], None] | None = None,
         flush_ends: FlushEnds = _nothing_to_flush,
         end_streams: Callable[[], None] | None = None,
+        flush_webhooks: FlushWebhooks | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -165,6 +177,7 @@ class ShutdownSequence:
         self.plan = plan
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
+        self.flush_webhooks = _no_webhooks if flush_webhooks is None else flush_webhooks
         #: Ends open event streams (with a retry hint) as the listener closes.
         self.end_streams = end_streams
         #: True when `agent-server run` drives the sequence from signals; otherwise the
@@ -245,6 +258,15 @@ class ShutdownSequence:
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
+        # Webhooks owed (the ends just written may owe some) get an http phase's length at
+        # most, within what the budget leaves before the http phase.
+        now = time.monotonic()
+        undelivered = await self.flush_webhooks(
+            min(
+                self.plan.flush_deadline(t0, now),
+                now + max(self.plan.http_timeout, FLUSH_AT_LEAST),
+            )
+        )
         reporting = time.monotonic()
         took["flushing"] = reporting - flushing
         for execution in unrecorded:
@@ -278,6 +300,7 @@ class ShutdownSequence:
             - self._rejected_before,
             duration_seconds=round(duration, 4),
             unrecorded=len(unrecorded),
+            webhooks_undelivered=undelivered,
             exit_code=_exit_code(bool(unrecorded), bool(abandoned or abandoned_earlier)),
             plan=asdict(self.plan),
         )

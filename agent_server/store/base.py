@@ -69,6 +69,31 @@ class Page:
     next: str | None
 
 
+@dataclass
+class Delivery:
+    """A webhook delivery owed (docs/webhooks.md): recorded by the store with the move it
+    reports, and claimed by a replica for one attempt at a time."""
+
+    #: The `webhook-id`: the same on every attempt (receivers deduplicate by it).
+    delivery_id: str
+    #: `execution.finished` or `execution.input_required`.
+    type: str
+    url: str
+    #: When the move happened (Unix seconds on the store's clock): the body's `timestamp`.
+    at: float
+    #: Seconds since then, on the store's clock, when it was claimed.
+    age: float
+    #: Attempts made before this one.
+    attempts: int
+    #: The execution's JSON as the move left it.
+    data: dict[str, Any]
+
+
+#: The `type` of a delivery at an end and at a request for input.
+FINISHED_EVENT = "execution.finished"
+INPUT_REQUIRED_EVENT = "execution.input_required"
+
+
 class ExecutionRunning(Exception):
     """An execution that is not terminal (running or queued) cannot be forgotten."""
 
@@ -118,6 +143,8 @@ class ExecutionStore(abc.ABC):
     #: Where answers for this replica's waiting executions go; nowhere until
     #: `deliver_answers`.
     on_answer: AnswerHandler | None = None
+    #: Told when a move that may owe a webhook delivery was recorded here.
+    on_webhook: Callable[[], object] | None = None
 
     @property
     def up(self) -> bool:
@@ -131,6 +158,23 @@ class ExecutionStore(abc.ABC):
     def deliver_answers(self, on_answer: AnswerHandler) -> None:
         """Answers to this replica's waiting executions go to `on_answer` (the registry's)."""
         self.on_answer = on_answer
+
+    def deliver_webhooks(self, on_webhook: Callable[[], object]) -> None:
+        """`on_webhook` is called when this replica recorded a move that may owe a webhook
+        delivery (the sender claims sooner than its next look)."""
+        self.on_webhook = on_webhook
+
+    async def claim_webhooks(
+        self, limit: int, lease: float, *, due_only: bool = True
+    ) -> tuple[int, list[Delivery]]:
+        """Claim up to `limit` deliveries that are due (any, without `due_only`): none is
+        claimed again for `lease` seconds unless settled. With the number pending."""
+        return 0, []
+
+    async def settle_webhook(self, delivery: Delivery, retry_in: float | None) -> int:
+        """After an attempt: the delivery is over (None: delivered, given up or refused) or
+        is due again in `retry_in` seconds. Returns the number pending."""
+        return 0
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         """What a shared store asks of the registry to repair records this replica owns but

@@ -7,15 +7,20 @@ Finished executions are kept until deleted, released with their session, or past
 
 from __future__ import annotations
 
+import heapq
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 from agent_server import jsoncodec
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import (
+    FINISHED_EVENT,
+    INPUT_REQUIRED_EVENT,
     BadCursor,
+    Delivery,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
@@ -29,6 +34,11 @@ _HEX = "0123456789abcdef"
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
+#: Webhook deliveries owed at most (each holds its execution's JSON): past it the oldest is
+#: dropped, with a WARNING naming it.
+MAX_WEBHOOKS = 10_000
+
+logger = logging.getLogger("agent_server.store")
 
 
 class MemoryStore(ExecutionStore):
@@ -54,6 +64,10 @@ class MemoryStore(ExecutionStore):
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        #: Webhook deliveries owed: id -> (when due, monotonic; the delivery), and a heap of
+        #: (due, id) where an entry whose due time changed since is skipped.
+        self._webhooks: dict[str, tuple[float, Delivery]] = {}
+        self._webhooks_due: list[tuple[float, str]] = []
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -107,12 +121,100 @@ class MemoryStore(ExecutionStore):
         execution.checkpoint = state
 
     def end(self, execution: Execution) -> None:
+        if execution.webhook_url is not None:
+            self._owe_webhook(execution, f"{execution.execution_id}.finished", FINISHED_EVENT)
         size = len(jsoncodec.dumps(execution.result))
         if execution.error is not None:
             size += len(jsoncodec.dumps(execution.error))
         self._finished[execution.execution_id] = size
         self._finished_bytes += size
         self._expire()
+
+    async def ask(
+        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
+    ) -> tuple[AskOutcome, Any]:
+        """Nothing to write (the live object is the record), nowhere to park; a webhook may
+        be owed."""
+        if execution.webhook_url is not None:
+            data = execution.to_json()
+            data["status"] = ExecutionStatus.INPUT_REQUIRED.value  # what it is about to read
+            data["input_request"] = request
+            delivery_id = f"{execution.execution_id}.input.{execution.attempt}"
+            self._owe_webhook(
+                execution,
+                f"{delivery_id}.{request['request_id']}",
+                INPUT_REQUIRED_EVENT,
+                data,
+            )
+        return AskOutcome.WAIT, None
+
+    # -- webhook deliveries, in this process -----------------------------------------------
+
+    def _owe_webhook(
+        self,
+        execution: Execution,
+        delivery_id: str,
+        kind: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        assert execution.webhook_url is not None
+        delivery = Delivery(
+            delivery_id,
+            kind,
+            execution.webhook_url,
+            time.time(),
+            0.0,
+            0,
+            execution.to_json() if data is None else data,
+        )
+        self._schedule(delivery, time.monotonic())
+        if len(self._webhooks) > MAX_WEBHOOKS:
+            oldest = next(iter(self._webhooks))  # dicts keep the order deliveries were owed
+            del self._webhooks[oldest]
+            logger.warning(
+                "webhook %s dropped undelivered: more than %d deliveries owed",
+                oldest,
+                MAX_WEBHOOKS,
+            )
+        if self.on_webhook is not None:
+            self.on_webhook()
+
+    def _schedule(self, delivery: Delivery, due: float) -> None:
+        self._webhooks[delivery.delivery_id] = (due, delivery)
+        heapq.heappush(self._webhooks_due, (due, delivery.delivery_id))
+
+    async def claim_webhooks(
+        self, limit: int, lease: float, *, due_only: bool = True
+    ) -> tuple[int, list[Delivery]]:
+        now = time.monotonic()
+        claimed: list[Delivery] = []
+        heap = self._webhooks_due
+        if not due_only:  # every one owed, at once (the last chance at shutdown)
+            heap[:] = [(now, delivery_id) for delivery_id in self._webhooks]
+            for delivery_id, (_, delivery) in list(self._webhooks.items()):
+                self._webhooks[delivery_id] = (now, delivery)
+        while heap and heap[0][0] <= now and len(claimed) < limit:
+            due, delivery_id = heapq.heappop(heap)
+            owed = self._webhooks.get(delivery_id)
+            if owed is None or owed[0] != due:
+                continue  # settled, or rescheduled since this entry was pushed
+            delivery = owed[1]
+            delivery.age = time.time() - delivery.at
+            self._schedule(delivery, now + lease)
+            claimed.append(delivery)
+        return len(self._webhooks), claimed
+
+    async def settle_webhook(self, delivery: Delivery, retry_in: float | None) -> int:
+        owed = self._webhooks.get(delivery.delivery_id)
+        if owed is not None:
+            if retry_in is None:
+                del self._webhooks[delivery.delivery_id]
+            else:
+                delivery.attempts += 1
+                self._schedule(delivery, time.monotonic() + retry_in)
+        if not self._webhooks:
+            self._webhooks_due.clear()
+        return len(self._webhooks)
 
     async def get(self, execution_id: str) -> Execution | None:
         self._expire()

@@ -110,6 +110,8 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "executions_waiting": "gauge",
         P + "input_wait_seconds": "histogram",
         P + "event_streams_open": "gauge",
+        P + "webhook_deliveries": "counter",
+        P + "webhooks_pending": "gauge",
         P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
         P + "event_loop_lag_seconds": "histogram",
     }

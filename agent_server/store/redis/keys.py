@@ -31,6 +31,8 @@ class Keys:
         "running",
         "sizes",
         "tag",
+        "webhook_bodies",
+        "webhooks",
     )
 
     def __init__(self, agent_name: str) -> None:
@@ -47,6 +49,10 @@ class Keys:
         self.parked = prefix + "parked"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
+        #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):
+        #: written by the script of the move each reports (lua/webhooks.lua).
+        self.webhooks = prefix + "webhooks"
+        self.webhook_bodies = prefix + "webhook_bodies"
         #: Channels (they take the tag too): ends written, ids with new events, ids queued.
         self.ends = prefix + "ends"
         self.events = prefix + "events"
@@ -161,9 +167,21 @@ class Keys:
         return self.record(execution_id), self.running, self.owned(owner), self.queue
 
     def for_ask(self, execution_id: str, owner: str) -> tuple[str, ...]:
-        """The record, the `ends` channel (waiters that return at input_required), and what
-        parking it changes."""
-        return self.record(execution_id), self.ends, self.running, self.owned(owner), self.parked
+        """The record, the `ends` channel (waiters that return at input_required), what
+        parking it changes, and the webhook deliveries."""
+        return (
+            self.record(execution_id),
+            self.ends,
+            self.running,
+            self.owned(owner),
+            self.parked,
+            self.webhooks,
+            self.webhook_bodies,
+        )
+
+    def for_webhooks(self) -> tuple[str, str]:
+        """`webhook_claim` and `webhook_settle`."""
+        return self.webhooks, self.webhook_bodies
 
     def for_answer(self, execution_id: str) -> tuple[str, ...]:
         """The record, the prefix (the owner's channel is named once it is read), and

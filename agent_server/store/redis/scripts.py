@@ -36,6 +36,8 @@ NAMES = (
     "ask",
     "answer",
     "expire",
+    "webhook_claim",
+    "webhook_settle",
 )
 
 

@@ -29,6 +29,7 @@ from agent_server.execution import (
 )
 from agent_server.store import sentinel
 from agent_server.store.base import (
+    Delivery,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
@@ -290,6 +291,8 @@ class RedisStore(ExecutionStore):
             pairs.extend(
                 ("body", codec.dumps(execution.body), "max_attempts", str(execution.max_attempts))
             )
+        if execution.webhook_url is not None:  # kept in the hash, never in the record's JSON
+            pairs.extend(("webhook", execution.webhook_url))
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
@@ -400,6 +403,10 @@ class RedisStore(ExecutionStore):
             return AskOutcome.ANSWERED, codec.loads(reply[1])
         if code is Asked.TIMED_OUT:
             return AskOutcome.TIMED_OUT, None
+        if self.on_webhook is not None and (
+            execution.webhook_url is not None or execution.attempt > 1
+        ):
+            self.on_webhook()  # ask.lua may have recorded a delivery
         return (AskOutcome.PARKED if code is Asked.PARKED else AskOutcome.WAIT), None
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
@@ -508,6 +515,53 @@ class RedisStore(ExecutionStore):
         execution.recorded = asyncio.get_running_loop().create_future()
         keys = self.keys.for_end(execution.execution_id, execution.replica)
         self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
+        # Once written, a delivery may be owed (records.lua): the sender looks at once. A
+        # resumed attempt's URL is in the hash only (the sender's next look finds it too).
+        if self.on_webhook is not None and (
+            execution.webhook_url is not None or execution.attempt > 1
+        ):
+            wake = self.on_webhook
+            execution.recorded.add_done_callback(lambda _: wake())
+
+    # -- webhook deliveries (lua/webhooks.lua) ---------------------------------------------
+
+    async def claim_webhooks(
+        self, limit: int, lease: float, *, due_only: bool = True
+    ) -> tuple[int, list[Delivery]]:
+        """One script: the due deliveries of every replica, each claimed for `lease`
+        seconds. `due_only` is for the memory store: what is owed here stays for others."""
+        with self._link.operation("webhook_claim"):
+            reply = await self._link.script(
+                "webhook_claim", self.keys.for_webhooks(), round(lease * 1000), limit
+            )
+        pending, now = int(reply[0]), int(reply[1]) / 1000
+        deliveries = []
+        for delivery_id, text in reply[2:]:
+            body = codec.loads(text)
+            at = float(body["at"]) / 1000
+            execution = self._codec.restore([*body["row"], 0])
+            deliveries.append(
+                Delivery(
+                    str(delivery_id),
+                    str(body["type"]),
+                    str(body["url"]),
+                    at,
+                    max(0.0, now - at),
+                    int(body["attempts"]),
+                    execution.to_json(),
+                )
+            )
+        return pending, deliveries
+
+    async def settle_webhook(self, delivery: Delivery, retry_in: float | None) -> int:
+        """One script: the delivery goes, or is due again `retry_in` seconds from now on
+        Redis's clock."""
+        delay = "" if retry_in is None else str(max(0, round(retry_in * 1000)))
+        with self._link.operation("webhook_settle"):
+            reply = await self._link.script(
+                "webhook_settle", self.keys.for_webhooks(), delivery.delivery_id, delay
+            )
+        return int(reply)
 
     async def recorded(self, execution: Execution, timeout: float) -> bool:
         """Whether the end is in Redis within `timeout` seconds: False when it was refused

@@ -1,6 +1,7 @@
 --[[ ask
-  KEYS[1..5]: the record (`x:{id}`), the `ends` channel, `running`, `owned:{owner}`,
-  `parked`. ARGV[1..3]: the common arguments (header.lua).
+  KEYS[1..7]: the record (`x:{id}`), the `ends` channel, `running`, `owned:{owner}`,
+  `parked`, `webhooks`, `webhook_bodies` (webhooks.lua: its `execution.input_required`
+  delivery). ARGV[1..3]: the common arguments (header.lua).
   Its reasoner waits for input (ctx.ask), fenced by owner and attempt like a checkpoint.
   ARGV[4..]: owner, attempt, request id, the request (the record's `input_request`, JSON),
   '1' to park it ('0' to wait in its task), the request's timeout in ms ('' for none).
@@ -19,6 +20,7 @@
   status found ('' if unknown)} when this attempt no longer owns it.
 ]]
 --! include header.lua
+--! include webhooks.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'execution_id')
 if not v[1] then return {ASKED_FENCED, ''} end
@@ -40,4 +42,6 @@ if ARGV[8] == '1' then
   code = ASKED_PARKED
 end
 redis.call('PUBLISH', KEYS[2], v[4])
+schedule_webhook(KEYS[6], KEYS[7], rec, v[4] .. '.input.' .. ARGV[5] .. '.' .. ARGV[6],
+  'execution.input_required')
 return {code, v[1]}

@@ -5,9 +5,12 @@
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
   finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason). finish()
   publishes the end notice and prunes unless a script that writes many ends at once sets
-  NOTIFY or PRUNE to false first (end.lua does, once for its batch).
+  NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
+  through finish(), which records its webhook delivery (webhooks.lua) in `webhooks` and
+  `webhook_bodies`, named from the prefix.
 ]]
 --! include header.lua
+--! include webhooks.lua
 local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 
@@ -79,6 +82,8 @@ local function finish(rec, ev, id, sid, owned)
   redis.call('HINCRBY', SIZES, '#', size)
   redis.call('PEXPIRE', rec, TTL)
   redis.call('PEXPIRE', ev, TTL)
+  schedule_webhook(P .. 'webhooks', P .. 'webhook_bodies', rec, id .. '.finished',
+    'execution.finished')
   if PRUNE then prune() end
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end

@@ -1,0 +1,365 @@
+"""Webhooks on real processes: `agent-server run` POSTs signed deliveries to a real HTTP
+receiver on loopback, which verifies every signature with the Standard Webhooks library.
+Retries keep one `webhook-id`; a target that is not allowed is never contacted; with two
+replicas on one real Redis, a delivery owed by a replica killed (SIGKILL) while the receiver
+was down is made by the other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import ValidationError
+from standardwebhooks import Webhook
+
+from agent_server import Settings
+from tests.support.cluster import metric, wait_for
+from tests.support.process import ServerProcess, agent_server_cli
+from tests.support.shutdown import assert_clean_stderr, shutdown_report
+
+SECRET = "whsec_" + base64.b64encode(b"agent-server webhook test secret").decode()
+WAIT = 20.0
+#: A short retry window: the first retry within 0.3 s (a hundredth of it).
+RETRY = ("--webhook-retry-for", "30")
+HOOKS = (
+    "--webhook-secret",
+    SECRET,
+    *("--webhook-allow", "127.0.0.1", "--webhook-allow", "localhost"),
+    *RETRY,
+)
+
+
+class Receiver:
+    """A real HTTP server on a loopback address: records every request, verifies its
+    signature, and answers 503 to the first `failures` attempts of each webhook-id."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, failures: int = 0) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.unverified: list[str] = []
+        self.failures = failures
+        self.lock = threading.Lock()
+        signer = Webhook(SECRET)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                try:
+                    signer.verify(body, headers)
+                except Exception as exc:
+                    receiver.unverified.append(repr(exc))
+                with receiver.lock:
+                    seen = sum(1 for r in receiver.requests if r["id"] == headers.get("webhook-id"))
+                    status = 503 if seen < receiver.failures else 200
+                    receiver.requests.append(
+                        {
+                            "id": headers.get("webhook-id"),
+                            "headers": headers,
+                            "body": json.loads(body),
+                            "status": status,
+                        }
+                    )
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hooks?token=t"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def delivered(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["status"] == 200 and r["body"]["type"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One memory-store server for the module's tests."""
+    process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path_factory.mktemp("hooks"))
+    process.wait_ready()
+    yield process
+    assert_clean_stderr(process)
+    process.close()
+
+
+def start(server: ServerProcess, name: str, url: str, body: Any = None) -> str:
+    response = httpx.post(
+        f"{server.url}/reasoners/{name}/async",
+        json=body or {},
+        headers={"X-Webhook-URL": url},
+        timeout=WAIT,
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["execution_id"])
+
+
+def test_an_ask_and_an_end_are_delivered_signed(server: ServerProcess, receiver: Receiver) -> None:
+    """To a host allowed by name: the connection goes to the address checked, and the
+    request still names the host."""
+    url = receiver.url.replace("127.0.0.1", "localhost")
+    execution_id = start(server, "approve", url, {"amount": 7})
+    asked = wait_for(
+        lambda: [
+            r
+            for r in receiver.delivered("execution.input_required")
+            if r["body"]["data"]["execution_id"] == execution_id
+        ],
+        WAIT,
+        "the input_required delivery",
+    )[0]
+    assert asked["body"]["data"]["status"] == "input_required"
+    assert asked["body"]["data"]["input_request"]["prompt"] == {"question": "approve 7?"}
+    answer = httpx.post(
+        f"{server.url}/executions/{execution_id}/input",
+        json={"value": {"approved": True}},
+        timeout=WAIT,
+    )
+    assert answer.status_code == 202, answer.text
+    done = wait_for(
+        lambda: [
+            r
+            for r in receiver.delivered("execution.finished")
+            if r["body"]["data"]["execution_id"] == execution_id
+        ],
+        WAIT,
+        "the finished delivery",
+    )[0]
+    data = done["body"]["data"]
+    assert data["status"] == "succeeded"
+    assert data["result"] == {"approved": True, "note": "", "amount": 7}
+    assert done["body"]["timestamp"].endswith("Z")
+    assert done["id"] != asked["id"]
+    assert done["headers"]["webhook-signature"].startswith("v1,")
+    assert done["headers"]["host"] == url.split("/")[2]
+    assert receiver.unverified == []
+    # The URL is kept by the store, never shown: it may carry the receiver's token.
+    shown = httpx.get(f"{server.url}/executions/{execution_id}", timeout=WAIT).json()
+    assert "token=t" not in json.dumps(shown)
+    assert set(shown) == set(data)
+    document = httpx.get(f"{server.url}/openapi.json", timeout=WAIT).json()
+    for path in ("/reasoners/approve", "/reasoners/approve/async"):
+        names = {p["name"] for p in document["paths"][path]["post"]["parameters"]}
+        assert "X-Webhook-URL" in names
+
+
+def test_retries_keep_one_webhook_id(server: ServerProcess) -> None:
+    flaky = Receiver(failures=2)
+    try:
+        before = metric(server.url, "agent_server_webhook_deliveries_total", outcome="retried")
+        execution_id = start(server, "impatient", flaky.url, {"timeout": 0.05})
+        finished = wait_for(
+            lambda: flaky.delivered("execution.finished"), WAIT, "the third attempt"
+        )
+        attempts = [r for r in flaky.requests if r["id"] == finished[0]["id"]]
+        assert [r["status"] for r in attempts] == [503, 503, 200]
+        assert {r["body"]["data"]["execution_id"] for r in attempts} == {execution_id}
+        stamps = [r["headers"]["webhook-timestamp"] for r in attempts]
+        assert stamps == sorted(stamps)  # each attempt signed when it is made
+        assert flaky.unverified == []
+        retried = metric(server.url, "agent_server_webhook_deliveries_total", outcome="retried")
+        assert retried - before >= 2
+    finally:
+        flaky.close()
+
+
+def test_a_target_not_allowed_is_never_contacted(server: ServerProcess) -> None:
+    """127.0.0.2 is loopback, and only 127.0.0.1 is allowed."""
+    private = Receiver(host="127.0.0.2")
+    try:
+        before = metric(server.url, "agent_server_webhook_deliveries_total", outcome="refused")
+        start(server, "impatient", private.url, {"timeout": 0.05})
+        wait_for(
+            lambda: (
+                metric(server.url, "agent_server_webhook_deliveries_total", outcome="refused")
+                >= before + 2
+            ),
+            WAIT,
+            "two refusals (the ask and the end)",
+        )
+        assert private.requests == []
+        assert "127.0.0.2 is not a public address" in server.stderr()
+    finally:
+        private.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.com/x",
+        "/relative",
+        "http://",
+        "not a url",
+        "http://h:99999/",
+        pytest.param("http://example.com/" + "x" * 3000, id="too-long"),
+    ],
+)
+def test_a_bad_webhook_url_is_400_and_starts_nothing(server: ServerProcess, url: str) -> None:
+    before = len(httpx.get(f"{server.url}/executions", timeout=WAIT).json())
+    response = httpx.post(
+        f"{server.url}/reasoners/approve/async",
+        json={},
+        headers={"X-Webhook-URL": url},
+        timeout=WAIT,
+    )
+    assert response.status_code == 400, response.text
+    assert "X-Webhook-URL" in response.json()["detail"]
+    assert len(httpx.get(f"{server.url}/executions", timeout=WAIT).json()) == before
+
+
+def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
+    """Checked with the settings (one process shows the exit code; the rest in-process)."""
+    result = agent_server_cli("run", "input_app:agent", "--webhook-secret", "not-whsec")
+    assert result.returncode == 2, result.stderr
+    assert "whsec_" in result.stderr and "not-whsec" not in result.stderr
+    for fields, said in (
+        ({"webhook_url": "http://127.0.0.1:9/x"}, "webhook-url needs webhook-secret"),
+        ({"webhook_secret_file": str(tmp_path / "absent")}, "cannot be read"),
+        ({"webhook_secret": SECRET, "webhook_allow": ("a b",)}, "neither a host name"),
+        ({"webhook_secret": SECRET, "webhook_url": "ftp://x/"}, "absolute http"),
+    ):
+        with pytest.raises(ValidationError, match=said):
+            Settings(**fields)
+
+
+def test_deliveries_owed_at_shutdown_get_a_last_attempt(tmp_path: Path) -> None:
+    """Memory store: two receivers refuse connections; one comes up just before SIGTERM and
+    gets its two deliveries in the shutdown's last attempt; the other's two are reported."""
+    dead, revived = socket.socket(), socket.socket()
+    receiver: Receiver | None = None
+    process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path)
+    try:
+        for holder in (dead, revived):  # bound, never listening: connections are refused
+            holder.bind(("127.0.0.1", 0))
+        process.wait_ready()
+        for holder in (dead, revived):
+            start(
+                process,
+                "impatient",
+                f"http://127.0.0.1:{holder.getsockname()[1]}/",
+                {"timeout": 0.05},
+            )
+        wait_for(
+            lambda: (
+                metric(process.url, "agent_server_webhook_deliveries_total", outcome="retried") >= 8
+            ),
+            WAIT,
+            "every delivery tried twice",
+        )
+        port = revived.getsockname()[1]
+        revived.close()
+        receiver = Receiver(port=port)
+        process.signal(signal.SIGTERM)
+        code, _ = process.wait_exit(WAIT)
+        assert code == 0, process.stderr()
+        assert shutdown_report(process)["webhooks_undelivered"] == 2
+        assert len({r["id"] for r in receiver.requests if r["status"] == 200}) == 2
+        assert receiver.unverified == []
+        assert_clean_stderr(process)
+    finally:
+        dead.close()
+        revived.close()
+        if receiver is not None:
+            receiver.close()
+        process.close()
+
+
+# -- two replicas on one Redis ---------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_a_replica_killed_while_the_receiver_was_down(tmp_path: Path, redis_url: str) -> None:
+    """A records an ask and an end with their deliveries (ask.lua, end.lua) and fails to
+    deliver them: the receiver refuses connections. A second execution waits for input on A
+    when A is killed; B judges it lost (judge.lua), which owes its end too. The receiver comes
+    up, and B delivers all four, each signed, under the webhook-ids they were given."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))  # bound, not listening: the receiver is down
+    port = holder.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/hooks"
+    replicas = []
+    for name in ("A", "B"):
+        folder = tmp_path / name
+        folder.mkdir()
+        args = ["input_app:agent", "--store", redis_url, "--replica-id", name, *HOOKS]
+        replicas.append(ServerProcess([*args, "--lease-ttl", "1"], {}, folder))
+    a, b = replicas
+    receiver: Receiver | None = None
+
+    def retried() -> float:
+        return sum(
+            metric(r.url, "agent_server_webhook_deliveries_total", outcome="retried")
+            for r in replicas
+            if r.proc.poll() is None
+        )
+
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        ended = start(a, "impatient", url, {"timeout": 0.05})
+        polled = httpx.get(f"{a.url}/executions/{ended}", params={"wait": WAIT}, timeout=WAIT + 5)
+        assert polled.json()["status"] == "succeeded", polled.text
+        waiting = start(a, "guarded", url)
+        wait_for(lambda: retried() >= 3, WAIT, "three deliveries tried and failed")
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(timeout=WAIT)
+        wait_for(
+            lambda: (
+                httpx.get(f"{b.url}/executions/{waiting}", timeout=WAIT).json()["status"] == "lost"
+            ),
+            WAIT,
+            "the waiting execution judged lost by B",
+        )
+        holder.close()
+        receiver = Receiver(port=port)
+        wanted = {
+            f"{ended}.finished",
+            f"{ended}.input.1.1",
+            f"{waiting}.input.1.1",
+            f"{waiting}.finished",
+        }
+        wait_for(
+            lambda: {r["id"] for r in receiver.requests if r["status"] == 200} == wanted,
+            30.0,
+            "the four deliveries made by B",
+        )
+        assert {r["id"] for r in receiver.requests} == wanted
+        assert receiver.unverified == []
+        assert metric(b.url, "agent_server_webhook_deliveries_total", outcome="delivered") == 4
+        wait_for(lambda: metric(b.url, "agent_server_webhooks_pending") == 0, WAIT, "nothing owed")
+        by_id = {r["id"]: r["body"] for r in receiver.requests}
+        assert by_id[f"{ended}.finished"]["data"]["status"] == "succeeded"
+        assert by_id[f"{ended}.finished"]["data"]["replica"] == "A"
+        assert by_id[f"{waiting}.input.1.1"]["type"] == "execution.input_required"
+        assert by_id[f"{waiting}.input.1.1"]["data"]["input_request"]["prompt"] == "never answered"
+        gone = by_id[f"{waiting}.finished"]["data"]
+        assert (gone["status"], gone["error"]["type"]) == ("lost", "ExecutionLost")
+    finally:
+        holder.close()
+        if receiver is not None:
+            receiver.close()
+        for replica in replicas:
+            replica.close()
