@@ -29,6 +29,7 @@ from agent_server.openapi import openapi_document
 from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
+from agent_server.scheduling import RetryPolicy
 from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
@@ -146,12 +147,17 @@ class Agent:
         description: str | None = None,
         resumable: bool = False,
         max_attempts: int | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
         `resumable=True`: the reasoner may `await ctx.checkpoint(state)`; with a shared store
         its executions are handed off to another replica at shutdown, and retried after
         their owner's death up to `max_attempts` attempts in all (default 3).
+        `timeout=S`: an attempt running longer (waiting for input not counted) is cancelled
+        and fails with `ExecutionTimeout`. `retry=RetryPolicy(...)`: a failed attempt runs
+        again after a backoff, queued with its `scheduled_at` (docs/scheduling.md).
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -165,7 +171,13 @@ class Agent:
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
             self.reasoners[reasoner_name] = Reasoner(
-                func, reasoner_name, description, resumable=resumable, max_attempts=attempts
+                func,
+                reasoner_name,
+                description,
+                resumable=resumable,
+                max_attempts=attempts,
+                timeout=timeout,
+                retry=retry,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func

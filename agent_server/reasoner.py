@@ -26,6 +26,7 @@ from pydantic import (
 
 from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
+from agent_server.scheduling import RetryPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]
 
@@ -45,6 +46,8 @@ class Reasoner:
         *,
         resumable: bool = False,
         max_attempts: int = 1,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -58,8 +61,22 @@ class Reasoner:
         #: store) and retried after their owner's death, up to `max_attempts` attempts.
         self.resumable = resumable
         self.max_attempts = max_attempts
+        try:
+            #: Seconds an attempt may run (time waiting for input not counted), or None.
+            self.timeout = check_timeout(name, timeout)
+        except ValueError as exc:
+            raise ReasonerDefinitionError(str(exc)) from None
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: retry must be a RetryPolicy")
+        #: How a failed attempt runs again (queued with its due time), or None.
+        self.retry = retry
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
+        if self.timeout is not None and not self.is_async:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a def reasoner runs in a thread, which cannot be "
+                "cancelled: timeout= needs an async def"
+            )
         try:
             hints = typing.get_type_hints(func, include_extras=True)  # keep Annotated[..., Field]
         except Exception as exc:

@@ -34,6 +34,7 @@ from agent_server.execution import (
     exception_text,
 )
 from agent_server.reasoner import Reasoner
+from agent_server.scheduling import ExecutionTimeout
 from agent_server.signals import block_in_this_thread
 from agent_server.store.base import (
     ExecutionStore,
@@ -60,6 +61,47 @@ ABANDONED_LINES = 20
 ABANDON_COST = 2.0
 #: Times a settle looks again at what is still pending before its reserve is spent.
 SETTLE_LOOKS = 3
+
+
+class AttemptClock:
+    """An attempt's time limit (`timeout=`): its task is cancelled once it has run that long,
+    not counting time in `input_required` (the clock stops while `ctx.ask` waits)."""
+
+    __slots__ = ("_handle", "_since", "_used", "expired", "task", "timeout")
+
+    def __init__(self, task: asyncio.Task[None], timeout: float) -> None:
+        self.task = task
+        self.timeout = timeout
+        self.expired = False
+        self._used = 0.0
+        self._since: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.run()
+
+    def run(self) -> None:
+        """The attempt works (its start, or an answer came): the clock goes on."""
+        if self._since is None and not self.expired:
+            loop = asyncio.get_running_loop()
+            self._since = loop.time()
+            self._handle = loop.call_later(max(0.0, self.timeout - self._used), self._expire)
+
+    def pause(self) -> None:
+        """The attempt waits for input: its time does not count."""
+        if self._since is not None:
+            self._used += asyncio.get_running_loop().time() - self._since
+            self._since = None
+        self.stop()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expire(self) -> None:
+        self._handle = None
+        if not self.task.done():
+            self.expired = True
+            self.task.cancel()
 
 
 class RejectReason(enum.StrEnum):
@@ -146,6 +188,8 @@ class InFlightRegistry:
         self._in_threads: set[str] = set()
         #: Seconds recording one end takes (a moving average over the ends so far).
         self._end_seconds = 10e-6
+        #: The time limits of attempts that have one (`timeout=`), by execution id.
+        self._clocks: dict[str, AttemptClock] = {}
 
     # -- admission -------------------------------------------------------------------------
 
@@ -281,6 +325,9 @@ class InFlightRegistry:
         return await self.store.expire_ask(execution, request_id)
 
     def ask_ended(self, execution: Execution, asked: bool, seconds: float) -> None:
+        clock = self._clocks.get(execution.execution_id)
+        if clock is not None:
+            clock.pause() if asked else clock.run()
         if self.observer is not None:
             self.observer.input_waiting(execution, asked, seconds)
 
@@ -314,6 +361,8 @@ class InFlightRegistry:
         )
         self._running[execution.execution_id] = task
         self._executions[task] = execution
+        if reasoner.timeout is not None:
+            self._clocks[execution.execution_id] = AttemptClock(task, reasoner.timeout)
         self._idle.clear()
         task.add_done_callback(self._on_task_done)
         self.stats.started += 1
@@ -519,7 +568,14 @@ class InFlightRegistry:
                 value = await self._run_in_thread(execution, reasoner, arguments, context)
             result = reasoner.serialize(value)
         except asyncio.CancelledError as exc:
-            if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
+            clock = self._clocks.get(execution.execution_id)
+            if clock is not None and clock.expired and execution.cancel_reason is None:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # its own limit: it ends here, failed, not cancelled
+                timed_out = ExecutionTimeout(clock.timeout, execution.attempt)
+                self._record_failure(execution, timed_out)
+            elif self._was_cancelled(execution) and execution.execution_id in self._handing_off:
                 self._hand_off(execution)
             elif self._was_cancelled(execution):
                 self._record_cancelled(execution)
@@ -629,6 +685,10 @@ class InFlightRegistry:
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Observe the task's end exactly once and drop the strong reference."""
         execution = self._executions.pop(task)
+        clock = self._clocks.get(execution.execution_id)
+        if clock is not None and clock.task is task:
+            clock.stop()
+            del self._clocks[execution.execution_id]
         if not task.cancelled():
             exc = task.exception()
             if exc is not None:  # _run never raises; anything here is a bug worth seeing
