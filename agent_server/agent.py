@@ -412,6 +412,8 @@ class _Parts:
             max_checkpoint_size=settings.max_checkpoint_size,
             max_events=settings.max_events,
             observer=metrics,
+            queue_when_full=settings.queue_when_full,
+            max_queued=settings.max_queued,
         )
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)
@@ -425,6 +427,7 @@ class _Parts:
             limit_releases=releases.limit,
             flush_ends=store.flush,
             end_streams=streams_closing.set,
+            cancel_queued=registry.cancel_queued,
         )
         taker = QueueTaker(store, registry, reasoners)
         return cls(store, registry, releases, shutdown, taker, streams_closing)

@@ -15,6 +15,7 @@ from agent_server.auth import OPEN_PATHS
 from agent_server.execution import MAX_SECONDS, ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
+from agent_server.scheduling import MAX_DELAY_SECONDS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -88,6 +89,14 @@ IDEMPOTENCY_HEADER = {
     "description": "A repeat with the same reasoner, session and body gets the same "
     "execution, never a second run; the same key with another request is 422.",
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+}
+DELAY_PARAMETER = {
+    "name": "delay",
+    "in": "query",
+    "required": False,
+    "description": "Start no sooner than this many seconds from now (at most 7 days): the "
+    "execution is `queued` with its `scheduled_at` until then; 400 past 7 days.",
+    "schema": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
 }
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
@@ -197,10 +206,13 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, DELAY_PARAMETER],
         "requestBody": body,
         "responses": {
-            "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+            "202": {
+                **_json(_ref("Execution"), "Started, or queued (?delay=, --queue-when-full)"),
+                "links": EXECUTION_LINKS,
+            },
             **START_ERRORS,
         },
     }

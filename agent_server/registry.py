@@ -36,9 +36,11 @@ from agent_server.execution import (
 from agent_server.reasoner import Reasoner
 from agent_server.scheduling import ExecutionTimeout
 from agent_server.signals import block_in_this_thread
+from agent_server.status import OWNED
 from agent_server.store.base import (
     ExecutionStore,
     Idempotency,
+    QueueFull,
     SessionReleasing,
     StoreUnavailable,
 )
@@ -132,6 +134,12 @@ class RegistryObserver(Protocol):
 
     def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None: ...
 
+    def execution_queued(self, execution: Execution, delta: int, waited: float | None) -> None:
+        """One more queued (delta 1), or one fewer (-1: taken after `waited` seconds past
+        its due time, or cancelled while queued: None)."""
+
+    def execution_retried(self, execution: Execution, reason: str) -> None: ...
+
 
 @dataclass
 class RegistryStats:
@@ -158,9 +166,16 @@ class InFlightRegistry:
         max_checkpoint_size: int = 65_536,
         max_events: int = 1000,
         observer: RegistryObserver | None = None,
+        queue_when_full: bool = False,
+        max_queued: int = 10_000,
     ) -> None:
         self.store = store
         self.max_inflight = max_inflight
+        #: An async start past max_inflight is queued (202 queued) rather than refused (429),
+        #: up to `max_queued` queued executions in all.
+        self.queue_when_full = queue_when_full
+        self.max_queued = max_queued
+        store.on_unqueued = self._unqueued
         self.max_checkpoint_size = max_checkpoint_size
         self.max_events = max_events
         self.observer = observer
@@ -226,20 +241,38 @@ class InFlightRegistry:
         *,
         body: Any = None,
         idempotency: Idempotency | None = None,
+        delay: float | None = None,
+        may_queue: bool = False,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution; or, for a repeated idempotency key, the
-        execution it started first. True when this call started it."""
+        execution it started first. True when this call started it.
+
+        With `delay` (seconds) it is queued, due then, whatever the capacity now; with
+        `may_queue` (an async start) and `queue_when_full`, one past capacity is queued,
+        due at once. Either way a replica with room takes it (QueueTaker), and past
+        `max_queued` it is refused for capacity (429)."""
         reason = self._refusal()
+        queue = delay is not None and delay > 0
+        if reason is RejectReason.CAPACITY and (queue or (may_queue and self.queue_when_full)):
+            queue, reason = True, None
         if reason is not None:
             self._reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
         if reasoner.resumable:
             execution.resumable = True
-            execution.body = body
             execution.max_attempts = reasoner.max_attempts
-        self._starting += 1  # counts against capacity while its record is written
+        if reasoner.resumable or reasoner.retry is not None or queue:
+            execution.body = body  # a later attempt, or this one elsewhere, binds it again
+        if queue:
+            execution.enqueue(time.time() + delay if delay else None)
+        else:
+            self._starting += 1  # counts against capacity while its record is written
         try:
-            earlier = await self.store.create(execution, idempotency)
+            earlier = await self.store.create(
+                execution, idempotency, max_queued=self.max_queued if queue else 0
+            )
+        except QueueFull:
+            self._reject(RejectReason.CAPACITY)
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable:
@@ -250,11 +283,32 @@ class InFlightRegistry:
                 self._unanswered.popitem(last=False)
             self._reject(RejectReason.STORE_UNAVAILABLE)
         finally:
-            self._starting -= 1
+            if not queue:
+                self._starting -= 1
         if earlier is not None:
             return earlier, False
+        if queue:
+            if self.observer is not None:
+                self.observer.execution_queued(execution, 1, None)
+            return execution, True
         self._launch(execution, reasoner, arguments)
         return execution, True
+
+    def _unqueued(self, execution: Execution, waited: float | None) -> None:
+        """The store took a queued execution for this replica (`waited` seconds past its
+        due time) or cancelled one (None)."""
+        if self.observer is not None:
+            self.observer.execution_queued(execution, -1, waited)
+
+    def cancel_queued(self) -> int:
+        """At shutdown: what a store in this process still queues has nowhere to go and
+        ends cancelled (`shutdown`); a shared store keeps its queue for other replicas."""
+        cancelled = self.store.cancel_all_queued(CancelReason.SHUTDOWN)
+        for execution in cancelled:
+            self._unqueued(execution, None)
+        if cancelled:
+            logger.info("shutdown: %d queued executions cancelled", len(cancelled))
+        return len(cancelled)
 
     def runs(self, execution_id: str) -> bool:
         """Whether a task of this process runs the execution."""
@@ -574,15 +628,15 @@ class InFlightRegistry:
                 if task is not None:
                     task.uncancel()  # its own limit: it ends here, failed, not cancelled
                 timed_out = ExecutionTimeout(clock.timeout, execution.attempt)
-                self._record_failure(execution, timed_out)
+                self._record_failure(execution, timed_out, reasoner)
             elif self._was_cancelled(execution) and execution.execution_id in self._handing_off:
                 self._hand_off(execution)
             elif self._was_cancelled(execution):
                 self._record_cancelled(execution)
             else:  # raised by the reasoner's own code: nobody asked for it
-                self._record_failure(execution, exc)
+                self._record_failure(execution, exc, reasoner)
         except BaseException as exc:
-            self._record_failure(execution, exc)
+            self._record_failure(execution, exc, reasoner)
         else:
             self._record(execution, ExecutionStatus.SUCCEEDED, result=result)
 
@@ -599,7 +653,18 @@ class InFlightRegistry:
             reason = CancelReason.REQUEST
         self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
 
-    def _record_failure(self, execution: Execution, exc: BaseException) -> None:
+    def _record_failure(
+        self, execution: Execution, exc: BaseException, reasoner: Reasoner | None = None
+    ) -> None:
+        policy = None if reasoner is None else reasoner.retry
+        if (
+            policy is not None
+            and execution.status in OWNED
+            and policy.retries(exc, execution.attempt)
+            and (self.admitting or self.store.shared)  # else nobody here would take it
+        ):
+            self._retry(execution, exc, policy.delay(execution.attempt))
+            return
         if execution.is_terminal and execution.status is not ExecutionStatus.QUEUED:
             logger.warning(
                 "abandoned execution %s (%s) ended later with %s: %s",
@@ -704,6 +769,26 @@ class InFlightRegistry:
         self._handing_off.discard(execution.execution_id)
         if not self._running:
             self._idle.set()
+
+    def _retry(self, execution: Execution, exc: BaseException, delay: float) -> None:
+        """The attempt failed with what its policy retries: the next is queued, due after
+        `delay` seconds, for whichever replica has room then (this one, in one process)."""
+        logger.warning(
+            "execution %s (%s): attempt %d failed with %s: %s; attempt %d is due in %.3g s",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+            type(exc).__name__,
+            exception_text(exc),
+            execution.attempt + 1,
+            delay,
+        )
+        self.store.retry(execution, delay)  # its arguments (the attempt that failed) now
+        execution.retry(time.time() + delay, moved_away=self.store.shared)
+        if self.observer is not None:
+            reason = "timeout" if isinstance(exc, ExecutionTimeout) else "exception"
+            self.observer.execution_retried(execution, reason)
+            self.observer.execution_queued(execution, 1, None)
 
     def _hand_off(self, execution: Execution) -> None:
         """The next attempt goes to the queue; this one ends here (status_reason: handoff)."""

@@ -53,6 +53,8 @@ class Transition(enum.StrEnum):
     ASK = "ask"
     ANSWER = "answer"
     RESUME = "resume"
+    ENQUEUE = "enqueue"
+    RETRY = "retry"
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,17 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.QUEUED}),
         "judge.lua read(): its owner died, attempts left",
     ),
-    Step(Transition.CLAIM, frozenset({_S.QUEUED}), frozenset({_S.RUNNING}), "claim.lua"),
+    Step(
+        Transition.CLAIM,
+        frozenset({_S.QUEUED}),
+        frozenset({_S.RUNNING}),
+        "QueueTaker, once due: claim.lua; the memory store's queue",
+    ),
     Step(
         Transition.CANCEL_QUEUED,
         frozenset({_S.QUEUED}),
         frozenset({_S.CANCELLED}),
-        "cancel_queued.lua; claim.lua (session released)",
+        "cancel_queued.lua; claim.lua (session released); the memory store (and its shutdown)",
     ),
     Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
     Step(
@@ -125,6 +132,18 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.INPUT_REQUIRED}),
         frozenset({_S.RUNNING}),
         "ctx.ask left unanswered: its timeout (expire.lua), or its task cancelled",
+    ),
+    Step(
+        Transition.ENQUEUE,
+        frozenset(),
+        frozenset({_S.QUEUED}),
+        "registry: ?delay=, or --queue-when-full at capacity; enqueue.lua",
+    ),
+    Step(
+        Transition.RETRY,
+        OWNED,
+        frozenset({_S.QUEUED}),
+        "registry: a failure its RetryPolicy retries, due after the backoff; retry.lua",
     ),
 )
 

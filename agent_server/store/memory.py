@@ -7,6 +7,9 @@ Finished executions are kept until deleted, released with their session, or past
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -22,6 +25,7 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     Page,
+    QueueFull,
     SessionReleasing,
 )
 
@@ -54,6 +58,13 @@ class MemoryStore(ExecutionStore):
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        #: The queue: (due, monotonic; arrival number, id), soonest first. An entry whose
+        #: execution is no longer queued (cancelled) is skipped when it comes up.
+        self._queue: list[tuple[float, int, str]] = []
+        self._arrivals = itertools.count()
+        #: Ids queued now (what --max-queued bounds).
+        self._queued: set[str] = set()
+        self._queued_notice: asyncio.Event | None = None
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -62,15 +73,22 @@ class MemoryStore(ExecutionStore):
         """Nothing to disconnect from."""
 
     async def create(
-        self, execution: Execution, idempotency: Idempotency | None = None
+        self,
+        execution: Execution,
+        idempotency: Idempotency | None = None,
+        max_queued: int = 0,
     ) -> Execution | None:
         session_id = execution.session_id
         if session_id is not None and session_id in self._releasing:
             raise SessionReleasing(session_id)
+        queued = execution.status is ExecutionStatus.QUEUED
         if idempotency is not None:
             earlier = self._first_use(idempotency)
             if earlier is not None:
                 return earlier
+        if queued and len(self._queued) >= max_queued:
+            raise QueueFull(max_queued)
+        if idempotency is not None:
             self._keys[idempotency.key] = (
                 idempotency.fingerprint,
                 execution.execution_id,
@@ -81,7 +99,76 @@ class MemoryStore(ExecutionStore):
         if session_id is not None:
             self._sessions.setdefault(session_id, set()).add(execution.execution_id)
         self._executions[execution.execution_id] = execution
+        if queued:
+            scheduled = execution.scheduled_at
+            self._push(execution, 0.0 if scheduled is None else scheduled - time.time())
         return None
+
+    # -- the queue -------------------------------------------------------------------------
+
+    def _push(self, execution: Execution, delay: float) -> None:
+        """Queue it, due in `delay` seconds, after what is due before."""
+        due = time.monotonic() + max(0.0, delay)
+        heapq.heappush(self._queue, (due, next(self._arrivals), execution.execution_id))
+        self._queued.add(execution.execution_id)
+        self._notice().set()
+
+    def _notice(self) -> asyncio.Event:
+        if self._queued_notice is None:
+            self._queued_notice = asyncio.Event()
+        return self._queued_notice
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queued)
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        self._push(execution, delay)
+
+    async def claim(self) -> Execution | None:
+        """The execution due first, if it is due: this process runs it (the same object)."""
+        now = time.monotonic()
+        while self._queue and self._queue[0][0] <= now:
+            due, _, execution_id = heapq.heappop(self._queue)
+            execution = self._executions.get(execution_id)
+            if execution is None or execution.status is not ExecutionStatus.QUEUED:
+                continue
+            self._queued.discard(execution_id)
+            execution.claim(self.replica_id)
+            if self.on_unqueued is not None:
+                self.on_unqueued(execution, now - due)
+            return execution
+        return None
+
+    def due_in(self) -> float | None:
+        if not self._queue:
+            return None
+        return max(0.0, self._queue[0][0] - time.monotonic())
+
+    async def wait_queued(self, timeout: float) -> None:
+        notice = self._notice()
+        try:
+            async with asyncio.timeout(timeout):
+                await notice.wait()
+        except TimeoutError:
+            pass
+        notice.clear()
+
+    def cancel_all_queued(self, reason: CancelReason) -> list[Execution]:
+        """At shutdown: what is still queued has nowhere to go; it ends cancelled."""
+        cancelled = []
+        for execution_id in list(self._queued):
+            execution = self._executions.get(execution_id)
+            if execution is not None and execution.status is ExecutionStatus.QUEUED:
+                self._cancel_queued(execution, reason)
+                cancelled.append(execution)
+        self._queue.clear()
+        return cancelled
+
+    def _cancel_queued(self, execution: Execution, reason: CancelReason) -> None:
+        self._queued.discard(execution.execution_id)
+        execution.cancel_queued(reason)
+        self.end(execution)
 
     def _first_use(self, idempotency: Idempotency) -> Execution | None:
         """The execution the key was first used for, if it is still known."""
@@ -181,6 +268,11 @@ class MemoryStore(ExecutionStore):
     async def request_cancel(
         self, execution: Execution, reason: CancelReason, settle_within: float | None
     ) -> None:
+        if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
+            self._cancel_queued(execution, reason)
+            if self.on_unqueued is not None:
+                self.on_unqueued(execution, None)
+            return
         if self.on_cancel is not None:
             self.on_cancel(execution.execution_id, reason, settle_within)
 

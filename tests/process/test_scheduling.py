@@ -5,6 +5,7 @@ itself (`starts.log`, tests/apps/scheduling_app.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
+from tests.support.shutdown import assert_clean_stderr, shutdown_report
 
 WAIT = 15.0
 APP = "scheduling_app:agent"
@@ -29,6 +31,12 @@ class Served:
         self.server = server
         self.marks = marks
         self.url = server.url
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.close()
 
     def starts(self, execution_id: str) -> list[dict[str, Any]]:
         path = self.marks / "starts.log"
@@ -60,18 +68,19 @@ class Served:
             time.sleep(0.02)
 
 
-def _serve(
-    tmp: Path, store: str, *extra: str, redis: RedisServer | None = None
-) -> Iterator[Served]:
-    marks = tmp / "marks"
-    marks.mkdir()
+def _serve(tmp: Path, store: str, *extra: str, marks: Path | None = None) -> tuple[Served]:
+    """A server of the scheduling app (closed by the caller: `with`)."""
+    if marks is None:
+        marks = tmp / "marks"
+        marks.mkdir()
     args = [APP, "--store", store, "--lease-ttl", "1", *extra]
     server = ServerProcess(args, {"SCHEDULING_MARKS": str(marks)}, tmp)
     try:
         server.wait_ready()
-        yield Served(server, marks)
-    finally:
+    except BaseException:
         server.close()
+        raise
+    return (Served(server, marks),)
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +97,12 @@ def served(
 ) -> Iterator[Served]:
     """One server per store, shared by the module's tests."""
     tmp = tmp_path_factory.mktemp(f"sched-{request.param}")
-    if request.param == "memory":
-        yield from _serve(tmp, "memory")
-        return
-    redis = request.getfixturevalue("redis_for_module")
-    yield from _serve(tmp, redis.url)
+    store = "memory"
+    if request.param == "redis":
+        store = request.getfixturevalue("redis_for_module").url
+    (server,) = _serve(tmp, store)
+    with server:
+        yield server
 
 
 # -- timeouts ---------------------------------------------------------------------------------
@@ -128,6 +138,187 @@ def test_time_waiting_for_input_does_not_count_toward_the_timeout(served: Served
     httpx.post(f"{served.url}/executions/{execution_id}/input", json={"value": 1}, timeout=WAIT)
     ended = served.ended(execution_id)
     assert ended["status"] == "failed" and ended["error"]["type"] == "ExecutionTimeout", ended
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+
+def test_a_retried_execution_succeeds_on_its_third_attempt(served: Served) -> None:
+    started = served.start("flaky")
+    execution_id = started["execution_id"]
+    ended = served.ended(execution_id)
+    assert (ended["status"], ended["result"], ended["attempt"]) == (
+        "succeeded",
+        {"attempt": 3},
+        3,
+    ), ended
+    assert ended["scheduled_at"] is None and ended["error"] is None, ended
+    starts = served.starts(execution_id)
+    assert [s["attempt"] for s in starts] == [1, 2, 3], starts
+    # The backoff: 0.2 s, then 0.4 s (each attempt begins no sooner than its delay).
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(starts)]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps
+
+
+def test_a_retry_waits_queued_with_its_scheduled_at(served: Served) -> None:
+    response = httpx.post(f"{served.url}/reasoners/flaky/async", json={}, timeout=WAIT)
+    execution_id = response.json()["execution_id"]
+    deadline = time.monotonic() + WAIT
+    while True:  # the first backoff is 0.2 s: it is seen queued, due, with attempt 2
+        body = httpx.get(f"{served.url}/executions/{execution_id}", timeout=WAIT).json()
+        if body["status"] == "queued" or body["status"] == "succeeded":
+            break
+        assert time.monotonic() < deadline, body
+        time.sleep(0.01)
+    if body["status"] == "queued":
+        assert body["attempt"] >= 2 and body["scheduled_at"] is not None, body
+        assert body["replica"] == "", body
+    assert served.ended(execution_id)["status"] == "succeeded"
+
+
+def test_a_synchronous_run_waits_through_its_retries(served: Served) -> None:
+    response = httpx.post(f"{served.url}/reasoners/flaky", json={}, timeout=WAIT)
+    assert response.status_code == 200, response.text
+    assert response.json()["attempt"] == 3
+
+
+def test_retries_give_up_after_max_attempts_and_on_what_is_not_retried(served: Served) -> None:
+    gave_up = served.ended(served.start("flaky", {"succeed_on": 9})["execution_id"])
+    assert (gave_up["status"], gave_up["attempt"]) == ("failed", 3), gave_up
+    assert gave_up["error"] == {"type": "Flaky", "message": "attempt 3 fails"}, gave_up
+    assert len(served.starts(gave_up["execution_id"])) == 3
+    picky = served.ended(served.start("picky")["execution_id"])
+    assert (picky["status"], picky["attempt"], picky["error"]["type"]) == (
+        "failed",
+        1,
+        "ValueError",
+    ), picky
+    stuck = served.ended(served.start("stuck")["execution_id"])  # a timeout is retried too
+    assert (stuck["status"], stuck["attempt"]) == ("failed", 2), stuck
+    assert stuck["error"]["type"] == "ExecutionTimeout", stuck
+    metrics = httpx.get(f"{served.url}/metrics", timeout=WAIT).text
+    assert 'agent_server_execution_retries_total{reason="timeout",reasoner="stuck"} 1.0' in (
+        metrics
+    ), metrics
+
+
+# -- delayed starts ---------------------------------------------------------------------------
+
+
+def test_a_delayed_start_is_queued_until_its_scheduled_at(served: Served) -> None:
+    asked = time.time()
+    started = served.start("stamp", delay=0.6)
+    assert started["status"] == "queued" and started["scheduled_at"] is not None, started
+    scheduled = _unix(started["scheduled_at"])
+    assert asked + 0.55 <= scheduled <= time.time() + 0.7, (asked, started)
+    listed = httpx.get(f"{served.url}/executions", params={"status": "queued"}, timeout=WAIT).json()
+    assert started["execution_id"] in [e["execution_id"] for e in listed], listed
+    ended = served.ended(started["execution_id"])
+    assert ended["status"] == "succeeded" and ended["scheduled_at"] is None, ended
+    (mark,) = served.starts(started["execution_id"])
+    assert mark["at"] >= scheduled, (mark, scheduled)
+
+
+def test_a_delayed_start_can_be_cancelled_while_it_waits(served: Served) -> None:
+    started = served.start("stamp", delay=30)
+    cancelled = httpx.post(
+        f"{served.url}/executions/{started['execution_id']}/cancel", timeout=WAIT
+    )
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert (body["status"], body["status_reason"], body["scheduled_at"]) == (
+        "cancelled",
+        "request",
+        None,
+    ), body
+    assert served.starts(started["execution_id"]) == []
+
+
+@pytest.mark.parametrize("delay", ["-1", "604801", "nan", "soon"])
+def test_a_bad_delay_is_400_and_starts_nothing(served: Served, delay: str) -> None:
+    response = httpx.post(
+        f"{served.url}/reasoners/stamp/async", params={"delay": delay}, json={}, timeout=WAIT
+    )
+    assert response.status_code == 400, response.text
+    assert "delay" in response.json()["detail"]
+    sync = httpx.post(f"{served.url}/reasoners/stamp", params={"delay": "1"}, json={}, timeout=5)
+    assert sync.status_code == 400, sync.text
+
+
+# -- queueing instead of 429 ------------------------------------------------------------------
+
+FULL = ("--max-inflight", "1", "--queue-when-full", "--max-queued", "2")
+#: A drain that does not wait long for the held slot, so a SIGTERM test ends soon.
+SHORT_DRAIN = ("--drain-timeout", "0.5", "--cancel-timeout", "0.5", "--grace-period", "8")
+
+
+def test_a_full_server_queues_then_refuses_past_max_queued(served: Served, tmp_path: Path) -> None:
+    # On Redis a database of its own: no other replica takes what it queues.
+    store = "memory" if "memory" in str(served.marks) else _store_of(served)[:-1] + "1"
+    (server,) = _serve(tmp_path, store, *FULL, *SHORT_DRAIN)
+    with server:
+        held = server.start("hold", {"seconds": 0.8})
+        assert held["status"] == "running", held
+        first = server.start("stamp")
+        second = server.start("stamp")
+        for queued in (first, second):
+            assert (queued["status"], queued["scheduled_at"]) == ("queued", None), queued
+        refused = httpx.post(f"{server.url}/reasoners/stamp/async", json={}, timeout=WAIT)
+        assert refused.status_code == 429 and "Retry-After" in refused.headers, refused.text
+        sync = httpx.post(f"{server.url}/reasoners/stamp", json={}, timeout=WAIT)
+        assert sync.status_code == 429, sync.text  # a synchronous run is never queued
+        # Once the slot frees, the queued ones run, in their order.
+        ran = [server.ended(queued["execution_id"]) for queued in (first, second)]
+        assert [r["status"] for r in ran] == ["succeeded", "succeeded"], ran
+        assert ran[0]["result"] <= ran[1]["result"], ran
+        held_end = server.ended(held["execution_id"])
+        assert _unix(held_end["finished_at"]) <= ran[0]["result"], (held_end, ran)
+        metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+        assert 'agent_server_executions_queued{reasoner="stamp"} 0.0' in metrics
+        assert 'agent_server_queue_wait_seconds_count{reasoner="stamp"} 2.0' in metrics
+
+
+def test_sigterm_does_not_wait_for_queued_work(served: Served, tmp_path: Path) -> None:
+    """Queued and scheduled work belongs to no replica: the drain never waits for it. With
+    the memory store it ends cancelled (shutdown), counted in the report; with Redis it
+    stays queued for the replicas that remain."""
+    memory = "memory" in str(served.marks)
+    store = "memory" if memory else _store_of(served)
+    (server,) = _serve(tmp_path, store, *FULL, *SHORT_DRAIN, "--replica-id", "full")
+    with server:
+        server.start("hold", {"seconds": 0.2})
+        waiting = server.start("hold", {"seconds": 0.2})  # queued behind the first
+        later = server.start("stamp", delay=60)  # scheduled
+        server.server.signal(signal.SIGTERM)
+        code, elapsed = server.server.wait_exit(10)
+        assert code == 0, server.server.stderr()
+        assert elapsed < 3, elapsed  # the 60 s delay is not waited for
+        report = shutdown_report(server.server)
+        assert_clean_stderr(server.server)
+        if memory:
+            assert report["queued_cancelled"] == 2, report
+        else:
+            assert report["queued_cancelled"] == 0, report
+            # The module's server, with room, takes what the full one queued.
+            taken = served.ended(waiting["execution_id"])
+            assert taken["status"] == "succeeded" and taken["replica"] != "full", taken
+            record = httpx.get(
+                f"{served.url}/executions/{later['execution_id']}", timeout=WAIT
+            ).json()
+            assert record["status"] == "queued" and record["scheduled_at"], record
+        assert served.starts(later["execution_id"]) == []
+
+
+def _store_of(served: Served) -> str:
+    args = served.server.proc.args
+    assert isinstance(args, list)
+    return str(args[args.index("--store") + 1])
+
+
+def _unix(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 _ = signal  # used by the shutdown tests below

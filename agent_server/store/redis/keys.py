@@ -28,6 +28,7 @@ class Keys:
         "renewals",
         "replicas",
         "running",
+        "scheduled",
         "sizes",
         "tag",
     )
@@ -41,6 +42,9 @@ class Keys:
         self.finished = prefix + "finished"
         self.sizes = prefix + "sizes"
         self.queue = prefix + "queue"
+        #: Queued executions waiting for a time, scored by when they are due (ms, Redis's
+        #: clock): delayed starts and retries after their backoff.
+        self.scheduled = prefix + "scheduled"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
         #: Channels (they take the tag too): ends written, ids with new events, ids queued.
@@ -131,7 +135,20 @@ class Keys:
         return *self.records, self.record(execution_id), self.stream(execution_id)
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
-        return *self.records, self.replicas, self.owned(replica)
+        return *self.records, self.replicas, self.owned(replica), self.scheduled
+
+    def for_enqueue(self, execution_id: str, session_id: str, key: str) -> tuple[str, ...]:
+        return (
+            *self.judged,
+            self.record(execution_id),
+            self.idempotency(key),
+            self.session(session_id),
+            self.releasing(session_id),
+            self.scheduled,
+        )
+
+    def for_retry(self, execution_id: str, owner: str) -> tuple[str, ...]:
+        return self.record(execution_id), self.running, self.owned(owner), self.scheduled
 
     def for_list(self, index: str) -> tuple[str, ...]:
         return *self.judged, index

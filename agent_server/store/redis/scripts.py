@@ -36,6 +36,8 @@ NAMES = (
     "ask",
     "answer",
     "expire",
+    "enqueue",
+    "retry",
 )
 
 
@@ -58,10 +60,11 @@ class Row(enum.IntEnum):
     REPLICA = 10
     ATTEMPT = 11
     INPUT_REQUEST = 12
-    ABANDONED = 13
-    MOVED = 14
-    MATCHED = 15
-    CURSOR = 16
+    SCHEDULED_AT = 13
+    ABANDONED = 14
+    MOVED = 15
+    MATCHED = 16
+    CURSOR = 17
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.
@@ -79,6 +82,7 @@ class Create(enum.IntEnum):
     KEY_FORGOTTEN = -2
     VOIDED = -3
     LEASE_LAPSED = -4
+    FULL = -5
     EXISTING = 2
 
 
