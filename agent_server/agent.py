@@ -149,6 +149,8 @@ class Agent:
         max_attempts: int | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
@@ -158,6 +160,9 @@ class Agent:
         `timeout=S`: an attempt running longer (waiting for input not counted) is cancelled
         and fails with `ExecutionTimeout`. `retry=RetryPolicy(...)`: a failed attempt runs
         again after a backoff, queued with its `scheduled_at` (docs/scheduling.md).
+        `max_concurrency=N`: at most N attempts at once per value of `concurrency_key`
+        (`"header:NAME"`, `"session"`, or None: the whole reasoner) across the replicas
+        sharing the store; the rest wait queued, first in first out per value.
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -178,6 +183,8 @@ class Agent:
                 max_attempts=attempts,
                 timeout=timeout,
                 retry=retry,
+                max_concurrency=max_concurrency,
+                concurrency_key=concurrency_key,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func

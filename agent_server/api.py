@@ -315,6 +315,7 @@ class Api:
                 idempotency=idempotency,
                 delay=delay,
                 may_queue=may_queue,
+                concurrency_key=_concurrency_value(reasoner, headers, session_id),
             )
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None
@@ -615,6 +616,27 @@ def _answer_body(body: Any) -> tuple[int | None, Any]:
     ):
         raise ApiError(422, "request_id must be a positive integer (or left out: the pending one)")
     return request_id, body["value"]
+
+
+def _concurrency_value(
+    reasoner: Reasoner, headers: dict[bytes, bytes], session_id: str | None
+) -> str | None:
+    """The value of the reasoner's `concurrency_key` this request carries ('' when absent:
+    those requests share one value); None when it has no limit."""
+    if reasoner.max_concurrency is None:
+        return None
+    spec = reasoner.concurrency_key
+    if spec is None:
+        return ""
+    if spec == "session":
+        return session_id or ""
+    name = spec[len("header:") :]
+    raw = headers.get(name.lower().encode())
+    if raw is None:
+        return ""
+    if len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
+        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters")
+    return raw.decode("ascii")
 
 
 def _retried(execution: Execution) -> bool:

@@ -63,14 +63,15 @@ class QueueTaker:
 
     async def _run(self) -> None:
         wait = IDLE_SECONDS
+        full = False
         while True:
-            due = self.store.due_in()
+            due = None if full else self.store.due_in()  # full: what is due waits anyway
             await self.store.wait_queued(wait if due is None else min(wait, due))
-            wait = IDLE_SECONDS
+            wait, full = IDLE_SECONDS, False
             try:
                 while True:
                     if not self.registry.can_take:
-                        wait = POLL_SECONDS  # work may be left: look again soon
+                        wait, full = POLL_SECONDS, True  # work may be left: look again soon
                         break
                     execution = await self.store.claim()
                     if execution is None:

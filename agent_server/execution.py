@@ -95,6 +95,8 @@ class Execution:
         "body",
         "cancel_reason",
         "checkpoint",
+        "concurrency_key",
+        "concurrency_limit",
         "created_at",
         "error",
         "events",
@@ -154,6 +156,10 @@ class Execution:
         self.max_attempts = 1
         #: While queued for a time: when it is due (a Unix time), else None.
         self.scheduled_at: float | None = None
+        #: Its reasoner's concurrency limit: the key value whose slots it takes (None: no
+        #: limit) and how many attempts of that key may run at once.
+        self.concurrency_key: str | None = None
+        self.concurrency_limit = 0
         #: Queued where another replica may take it (handed off, or retried through a
         #: shared store): this object no longer follows it, and its waiters read the store.
         self.moved_away = False
@@ -211,6 +217,8 @@ class Execution:
         execution.checkpoint = None
         execution.max_attempts = 1
         execution.scheduled_at = scheduled_at
+        execution.concurrency_key = None
+        execution.concurrency_limit = 0
         execution.moved_away = False
         execution.events = None
         execution._done = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,8 @@ from agent_server.execution import ExecutionContext
 from agent_server.scheduling import RetryPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]
+#: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 
 class ReasonerDefinitionError(TypeError):
@@ -48,6 +51,8 @@ class Reasoner:
         max_attempts: int = 1,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -70,6 +75,30 @@ class Reasoner:
             raise ReasonerDefinitionError(f"reasoner {name!r}: retry must be a RetryPolicy")
         #: How a failed attempt runs again (queued with its due time), or None.
         self.retry = retry
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: max_concurrency must be >= 1")
+        if concurrency_key is not None and max_concurrency is None:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key needs max_concurrency"
+            )
+        if concurrency_key is not None and not (
+            concurrency_key == "session"
+            or (
+                concurrency_key.startswith("header:")
+                and HEADER_NAME.fullmatch(concurrency_key[len("header:") :])
+            )
+        ):
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key is 'header:NAME', 'session' or None"
+            )
+        #: At most this many attempts run at once per value of `concurrency_key` ("header:
+        #: NAME", "session", or None: the whole reasoner), across replicas; None: no limit.
+        self.max_concurrency = max_concurrency
+        self.concurrency_key = concurrency_key
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
         if self.timeout is not None and not self.is_async:

@@ -243,6 +243,7 @@ class InFlightRegistry:
         idempotency: Idempotency | None = None,
         delay: float | None = None,
         may_queue: bool = False,
+        concurrency_key: str | None = None,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution; or, for a repeated idempotency key, the
         execution it started first. True when this call started it.
@@ -250,9 +251,12 @@ class InFlightRegistry:
         With `delay` (seconds) it is queued, due then, whatever the capacity now; with
         `may_queue` (an async start) and `queue_when_full`, one past capacity is queued,
         due at once. Either way a replica with room takes it (QueueTaker), and past
-        `max_queued` it is refused for capacity (429)."""
+        `max_queued` it is refused for capacity (429). A reasoner with a concurrency limit
+        is always queued, under its `concurrency_key` value: the store's claim decides,
+        atomically across replicas, when a slot of that value is free."""
         reason = self._refusal()
-        queue = delay is not None and delay > 0
+        limited = reasoner.max_concurrency is not None
+        queue = (delay is not None and delay > 0) or limited
         if reason is RejectReason.CAPACITY and (queue or (may_queue and self.queue_when_full)):
             queue, reason = True, None
         if reason is not None:
@@ -263,6 +267,9 @@ class InFlightRegistry:
             execution.max_attempts = reasoner.max_attempts
         if reasoner.resumable or reasoner.retry is not None or queue:
             execution.body = body  # a later attempt, or this one elsewhere, binds it again
+        if limited:
+            execution.concurrency_key = f"{reasoner.name}:{concurrency_key or ''}"
+            execution.concurrency_limit = reasoner.max_concurrency or 1
         if queue:
             execution.enqueue(time.time() + delay if delay else None)
         else:

@@ -11,12 +11,13 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.status import OWNED
 from agent_server.store.base import (
     BadCursor,
     ExecutionRunning,
@@ -65,6 +66,11 @@ class MemoryStore(ExecutionStore):
         #: Ids queued now (what --max-queued bounds).
         self._queued: set[str] = set()
         self._queued_notice: asyncio.Event | None = None
+        #: Concurrency keys: each value's queue (first in, first out), the ids holding its
+        #: slots, and when it last got one (keys least recently served are tried first).
+        self._keyed: dict[str, deque[str]] = {}
+        self._holders: dict[str, set[str]] = {}
+        self._served: dict[str, float] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -101,8 +107,19 @@ class MemoryStore(ExecutionStore):
         self._executions[execution.execution_id] = execution
         if queued:
             scheduled = execution.scheduled_at
-            self._push(execution, 0.0 if scheduled is None else scheduled - time.time())
+            if scheduled is None and execution.concurrency_key is not None:
+                self._queued.add(execution.execution_id)
+                self._wait_for_slot(execution)
+            else:
+                self._push(execution, 0.0 if scheduled is None else scheduled - time.time())
         return None
+
+    def _wait_for_slot(self, execution: Execution) -> None:
+        key = execution.concurrency_key
+        assert key is not None
+        self._keyed.setdefault(key, deque()).append(execution.execution_id)
+        self._served.setdefault(key, 0.0)
+        self._notice().set()
 
     # -- the queue -------------------------------------------------------------------------
 
@@ -126,19 +143,57 @@ class MemoryStore(ExecutionStore):
         self._push(execution, delay)
 
     async def claim(self) -> Execution | None:
-        """The execution due first, if it is due: this process runs it (the same object)."""
+        """The execution due first, if it is due: this process runs it (the same object).
+        One with a concurrency limit waits in its key's queue for a slot; the keys are
+        tried least recently served first."""
         now = time.monotonic()
         while self._queue and self._queue[0][0] <= now:
             due, _, execution_id = heapq.heappop(self._queue)
             execution = self._executions.get(execution_id)
             if execution is None or execution.status is not ExecutionStatus.QUEUED:
                 continue
-            self._queued.discard(execution_id)
-            execution.claim(self.replica_id)
-            if self.on_unqueued is not None:
-                self.on_unqueued(execution, now - due)
-            return execution
+            if execution.concurrency_key is not None:
+                self._wait_for_slot(execution)
+                continue
+            return self._take(execution, now - due)
+        for key in sorted(self._keyed, key=self._served.__getitem__):
+            waiting = self._keyed[key]
+            holders = self._holders.setdefault(key, set())
+            for holder in list(holders):
+                found = self._executions.get(holder)
+                if found is None or found.status not in OWNED:
+                    holders.discard(holder)
+            while waiting:
+                execution = self._executions.get(waiting[0])
+                if execution is None or execution.status is not ExecutionStatus.QUEUED:
+                    waiting.popleft()
+                    continue
+                if len(holders) >= execution.concurrency_limit:
+                    break
+                waiting.popleft()
+                holders.add(execution.execution_id)
+                self._served[key] = now
+                if not waiting:
+                    self._forget_key(key)
+                waited = time.time() - execution.created_at if execution.attempt == 1 else None
+                return self._take(execution, waited)
+            if not waiting:
+                self._forget_key(key)
         return None
+
+    def _forget_key(self, key: str) -> None:
+        """Nothing waits for the key: its queue and turn go (its holders stay counted)."""
+        self._keyed.pop(key, None)
+        self._served.pop(key, None)
+        if not self._holders.get(key):
+            self._holders.pop(key, None)
+
+    def _take(self, execution: Execution, waited: float | None) -> Execution:
+        self._queued.discard(execution.execution_id)
+        execution.claim(self.replica_id)
+        if self.on_unqueued is not None:
+            self.on_unqueued(execution, waited)
+        return execution
 
     def due_in(self) -> float | None:
         if not self._queue:
@@ -194,6 +249,15 @@ class MemoryStore(ExecutionStore):
         execution.checkpoint = state
 
     def end(self, execution: Execution) -> None:
+        key = execution.concurrency_key
+        if key is not None:
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(execution.execution_id)
+                if not holders and key not in self._keyed:
+                    del self._holders[key]
+            if key in self._keyed:
+                self._notice().set()  # a slot of its key is free: the taker looks
         size = len(jsoncodec.dumps(execution.result))
         if execution.error is not None:
             size += len(jsoncodec.dumps(execution.error))

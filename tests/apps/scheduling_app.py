@@ -91,3 +91,25 @@ async def hold(ctx: ExecutionContext, seconds: float = 30.0) -> str:
     mark(ctx)
     await asyncio.sleep(seconds)
     return "held"
+
+
+@agent.reasoner(max_concurrency=2, concurrency_key="header:X-Tenant")
+async def limited(ctx: ExecutionContext, tenant: str, seconds: float = 0.3) -> str:
+    """At most 2 at once per X-Tenant, across replicas: marks its start and its end."""
+    mark(ctx, tenant=tenant, event="start")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        mark(ctx, tenant=tenant, event="end")
+    return tenant
+
+
+@agent.reasoner(max_concurrency=1)
+async def single(ctx: ExecutionContext, seconds: float = 0.1) -> str:
+    """One at a time for the whole reasoner."""
+    mark(ctx, tenant="*", event="start")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        mark(ctx, tenant="*", event="end")
+    return "one"

@@ -10,12 +10,14 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support.cluster import Cluster
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 from tests.support.shutdown import assert_clean_stderr, shutdown_report
@@ -54,12 +56,14 @@ class Served:
         return found
 
     def ended(self, execution_id: str) -> dict[str, Any]:
+        return self.ended_at(self.url, execution_id)
+
+    @staticmethod
+    def ended_at(url: str, execution_id: str) -> dict[str, Any]:
         """The execution once terminal (long-polls; retries pass through `queued`)."""
         deadline = time.monotonic() + WAIT
         while True:
-            response = httpx.get(
-                f"{self.url}/executions/{execution_id}", params={"wait": 5}, timeout=10
-            )
+            response = httpx.get(f"{url}/executions/{execution_id}", params={"wait": 5}, timeout=10)
             assert response.status_code == 200, response.text
             body: dict[str, Any] = response.json()
             if body["status"] in ("succeeded", "failed", "cancelled", "lost"):
@@ -307,6 +311,104 @@ def test_sigterm_does_not_wait_for_queued_work(served: Served, tmp_path: Path) -
             ).json()
             assert record["status"] == "queued" and record["scheduled_at"], record
         assert served.starts(later["execution_id"]) == []
+
+
+# -- concurrency limits -----------------------------------------------------------------------
+
+
+def most_at_once(starts: list[dict[str, Any]]) -> dict[str, int]:
+    """The most executions of each tenant that ran at once, from the app's own marks (an
+    end is marked before its slot is given back, a start after it is taken)."""
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for line in sorted(starts, key=lambda line: (line["at"], line["event"] == "start")):
+        tenant = line["tenant"]
+        running[tenant] = running.get(tenant, 0) + (1 if line["event"] == "start" else -1)
+        most[tenant] = max(most.get(tenant, 0), running[tenant])
+    return most
+
+
+def _marks_of(marks: Path, ids: set[str]) -> list[dict[str, Any]]:
+    path = marks / "starts.log"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [line for line in lines if line["id"] in ids and "event" in line]
+
+
+def _limit_run(urls: list[str], marks: Path) -> None:
+    """Six 0.6 s runs of tenant A (limit 2) sent at once, spread over `urls`, then one of
+    tenant B: A never runs more than 2 at once, and B does not wait behind A's backlog."""
+
+    def start_a(index: int) -> str:
+        response = httpx.post(
+            f"{urls[index % len(urls)]}/reasoners/limited/async",
+            json={"tenant": "A", "seconds": 0.6},
+            headers={"X-Tenant": "A"},
+            timeout=WAIT,
+        )
+        assert response.status_code == 202, response.text
+        return str(response.json()["execution_id"])
+
+    with ThreadPoolExecutor(6) as pool:
+        ids = list(pool.map(start_a, range(6)))
+    b_sent = time.time()
+    response = httpx.post(
+        f"{urls[-1]}/reasoners/limited/async",
+        json={"tenant": "B", "seconds": 0.05},
+        headers={"X-Tenant": "B"},
+        timeout=WAIT,
+    )
+    b_id = response.json()["execution_id"]
+    for execution_id in [*ids, b_id]:
+        ended = Served.ended_at(urls[0], execution_id)
+        assert ended["status"] == "succeeded", ended
+    marks_seen = _marks_of(marks, {*ids, b_id})
+    assert most_at_once(marks_seen) == {"A": 2, "B": 1}, marks_seen
+    a_starts = sorted(m["at"] for m in marks_seen if m["tenant"] == "A" and m["event"] == "start")
+    (b_start,) = [m["at"] for m in marks_seen if m["tenant"] == "B" and m["event"] == "start"]
+    assert b_start < a_starts[-1], (b_start, a_starts)  # not behind A's backlog
+    assert b_start - b_sent < 0.5, (b_sent, b_start)
+
+
+def test_a_concurrency_limit_per_header_value(served: Served) -> None:
+    _limit_run([served.url], served.marks)
+
+
+def test_a_bad_concurrency_header_is_400(served: Served) -> None:
+    response = httpx.post(
+        f"{served.url}/reasoners/limited/async",
+        json={"tenant": "x"},
+        headers={"X-Tenant": "a" * 256},
+        timeout=WAIT,
+    )
+    assert response.status_code == 400, response.text
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    redis_for_module: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, Path]]:
+    """Three replicas of the scheduling app on one Redis (a database of their own)."""
+    tmp = tmp_path_factory.mktemp("sched-cluster")
+    marks = tmp / "marks"
+    marks.mkdir()
+    redis = _Database(redis_for_module, 2)
+    three = Cluster(tmp, redis, [], {"SCHEDULING_MARKS": str(marks)}, app=APP)  # type: ignore[arg-type]
+    try:
+        yield three, marks
+    finally:
+        three.close()
+
+
+class _Database:
+    """The module's Redis, another database number (no other server of the module uses it)."""
+
+    def __init__(self, server: RedisServer, db: int) -> None:
+        self.url = server.url[:-1] + str(db)
+
+
+def test_a_concurrency_limit_holds_across_three_replicas(cluster: tuple[Cluster, Path]) -> None:
+    three, marks = cluster
+    _limit_run([three.url(index) for index in range(3)], marks)
 
 
 def _store_of(served: Served) -> str:

@@ -385,3 +385,23 @@ def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
     for kwargs in ({"max_attempts": 0}, {"backoff": -1}, {"retry_on": [ValueError]}):
         with pytest.raises(ValueError):
             RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_concurrency_limit_is_checked_where_the_reasoner_is_defined() -> None:
+    from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+
+    async def work() -> None:
+        return None
+
+    assert Reasoner(work, "w", None, max_concurrency=2).concurrency_key is None
+    limited = Reasoner(work, "w", None, max_concurrency=1, concurrency_key="header:X-Tenant")
+    assert limited.max_concurrency == 1
+    for kwargs in (
+        {"max_concurrency": 0},
+        {"max_concurrency": True},
+        {"concurrency_key": "session"},
+        {"max_concurrency": 1, "concurrency_key": "tenant"},
+        {"max_concurrency": 1, "concurrency_key": "header:bad name"},
+    ):
+        with pytest.raises(ReasonerDefinitionError):
+            Reasoner(work, "w", None, **kwargs)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ class Keys:
 
     __slots__ = (
         "all",
+        "ckeys",
         "ends",
         "events",
         "finished",
@@ -45,6 +46,9 @@ class Keys:
         #: Queued executions waiting for a time, scored by when they are due (ms, Redis's
         #: clock): delayed starts and retries after their backoff.
         self.scheduled = prefix + "scheduled"
+        #: Concurrency keys with work waiting for a slot, scored by when each last got one
+        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`.
+        self.ckeys = prefix + "ckeys"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
         #: Channels (they take the tag too): ends written, ids with new events, ids queued.
@@ -135,7 +139,7 @@ class Keys:
         return *self.records, self.record(execution_id), self.stream(execution_id)
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
-        return *self.records, self.replicas, self.owned(replica), self.scheduled
+        return *self.records, self.replicas, self.owned(replica), self.scheduled, self.ckeys
 
     def for_enqueue(self, execution_id: str, session_id: str, key: str) -> tuple[str, ...]:
         return (
@@ -145,6 +149,7 @@ class Keys:
             self.session(session_id),
             self.releasing(session_id),
             self.scheduled,
+            self.ckeys,
         )
 
     def for_retry(self, execution_id: str, owner: str) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -53,6 +54,8 @@ from agent_server.waiting import Wakeup
 
 logger = logging.getLogger("agent_server.store")
 
+#: Seconds after which keyed work waiting for a slot is looked at again without a notice.
+BLOCKED_RELOOK = 5.0
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
 
@@ -364,6 +367,8 @@ class RedisStore(ExecutionStore):
                 key_ttl,
                 max(0, round(delay * 1000)) if execution.scheduled_at is not None else 0,
                 max_queued,
+                execution.concurrency_key or "",
+                str(execution.concurrency_limit),
                 *pairs,
             )
         code = Create(int(reply[0]))
@@ -541,9 +546,14 @@ class RedisStore(ExecutionStore):
             raise
         finally:
             liveness.claiming -= 1
-        if not isinstance(reply, list):
+        if not isinstance(reply[0], list):  # nothing taken: when to look again
+            due_ms, blocked = int(reply[0]), int(reply[1])
             loop = asyncio.get_running_loop()
-            self._due_at = None if reply is None else loop.time() + int(reply) / 1000
+            self._due_at = None if due_ms < 0 else loop.time() + due_ms / 1000
+            if blocked:  # a missed end notice costs at most this long
+                self._due_at = min(self._due_at or math.inf, loop.time() + BLOCKED_RELOOK)
+            # Keyed work waits for a slot: the next end (on any replica) may free one.
+            self._notices.wake_on_ends = bool(blocked)
             return None
         row, (body, checkpoint, max_attempts, last_event, scheduled_at) = reply
         execution = self._codec.restore(row)

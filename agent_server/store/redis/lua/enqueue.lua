@@ -2,15 +2,16 @@
   a start past --max-inflight with --queue-when-full), unless something forbids it.
   KEYS[1..8]: judge.lua's; KEYS[9..12]: the record (`x:{id}`), `idem:{idempotency key}`,
   `session:{sid}`, `releasing:{sid}` (the last three untouched when there is no key, no
-  session); KEYS[13]: `scheduled`. The keys of the execution a key was first used for are
-  named from the prefix.
+  session); KEYS[13..14]: `scheduled`, `ckeys`. The keys of the execution a key was first
+  used for, and its concurrency key's queue (`cq:{key}`), are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, idempotency key ('' for none), its
   fingerprint, its TTL (ms), the delay (ms; 0: due now), the most executions that may be
-  queued, then the record's values in F's order, then any more field/value pairs (its body
-  and max_attempts).
-  Due now, it joins the tail of `queue`; else `scheduled`, scored by its due time on Redis's
-  clock (claim.lua moves it to the queue once due). The id is published on `queued`.
+  queued, its concurrency key ('' for none) and that key's limit, then the record's values
+  in F's order, then any more field/value pairs (its body and max_attempts).
+  Due now, it joins the tail of `queue`, or of its concurrency key's queue (the key is then
+  in `ckeys`); else `scheduled`, scored by its due time on Redis's clock (claim.lua moves it
+  on once due). The id is published on `queued`.
   Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now)}; {RELEASING};
   {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
   record} the execution the key was first used for (nothing created).
@@ -19,7 +20,9 @@
 local id, sid, score = ARGV[4], ARGV[5], ARGV[6]
 local key, fingerprint, key_ttl = ARGV[7], ARGV[8], ARGV[9]
 local delay, most = tonumber(ARGV[10]), tonumber(ARGV[11])
+local ckey, climit = ARGV[12], ARGV[13]
 local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local ckeys = KEYS[14]
 if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
 if key ~= '' then
   local first = redis.call('GET', idem)
@@ -36,8 +39,12 @@ if redis.call('LLEN', QUEUE) + redis.call('ZCARD', scheduled) >= most then
 end
 if key ~= '' then redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl) end
 local values = {}
-for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[11 + i] end
-for i = 12 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[13 + i] end
+for i = 14 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+if ckey ~= '' then
+  values[#values + 1] = 'ckey'; values[#values + 1] = ckey
+  values[#values + 1] = 'climit'; values[#values + 1] = climit
+end
 local at = ''
 if delay > 0 then
   local due = NOW + delay
@@ -45,6 +52,9 @@ if delay > 0 then
   values[#values + 1] = 'scheduled_at'
   values[#values + 1] = at
   redis.call('ZADD', scheduled, due, id)
+elseif ckey ~= '' then
+  redis.call('RPUSH', P .. 'cq:' .. ckey, id)
+  redis.call('ZADD', ckeys, 'NX', 0, ckey)
 else
   redis.call('RPUSH', QUEUE, id)
 end

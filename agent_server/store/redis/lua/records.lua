@@ -94,6 +94,8 @@ local function cancel_queued(rec, ev, id, sid, reason)
     'scheduled_at', '')
   redis.call('LREM', QUEUE, 0, id)
   redis.call('ZREM', P .. 'scheduled', id)
+  local key = redis.call('HGET', rec, 'ckey')
+  if key and key ~= '' then redis.call('LREM', P .. 'cq:' .. key, 0, id) end
   finish(rec, ev, id, sid, false)
 end
 
