@@ -50,6 +50,7 @@ CORS_REQUEST_HEADERS = (
     "X-Session-ID",
     "Idempotency-Key",
     "Last-Event-ID",
+    "X-Session-Policy",
 )
 CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
 #: The answer to a request the server cancels before it is answered (plain uvicorn's
@@ -151,6 +152,7 @@ class Agent:
         retry: RetryPolicy | None = None,
         max_concurrency: int | None = None,
         concurrency_key: str | None = None,
+        session_policy: str = "parallel",
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
@@ -163,6 +165,9 @@ class Agent:
         `max_concurrency=N`: at most N attempts at once per value of `concurrency_key`
         (`"header:NAME"`, `"session"`, or None: the whole reasoner) across the replicas
         sharing the store; the rest wait queued, first in first out per value.
+        `session_policy=`: what a start in a session does beside the session's other work
+        (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
+        overrides it per request).
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -185,6 +190,7 @@ class Agent:
                 retry=retry,
                 max_concurrency=max_concurrency,
                 concurrency_key=concurrency_key,
+                session_policy=session_policy,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func

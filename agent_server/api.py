@@ -44,6 +44,7 @@ from agent_server.params import (
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.routing import ApiError, Endpoint, Handler, JSONResponse, execution_location
+from agent_server.scheduling import SessionPolicy
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.sse import (
     RECORD_WAIT,
@@ -61,6 +62,7 @@ from agent_server.store.base import (
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    SessionTaken,
 )
 from agent_server.waiting import Closing
 
@@ -316,7 +318,14 @@ class Api:
                 delay=delay,
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
+                session_policy=_session_policy(reasoner, headers),
             )
+        except SessionTaken as exc:
+            raise ApiError(
+                409,
+                "the session has an execution that is not terminal (session policy reject)",
+                extra={"execution_id": exc.execution_id},
+            ) from None
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None
         except IdempotencyMismatch:
@@ -616,6 +625,20 @@ def _answer_body(body: Any) -> tuple[int | None, Any]:
     ):
         raise ApiError(422, "request_id must be a positive integer (or left out: the pending one)")
     return request_id, body["value"]
+
+
+def _session_policy(reasoner: Reasoner, headers: dict[bytes, bytes]) -> SessionPolicy:
+    """`X-Session-Policy`, else the reasoner's default; a value not of SessionPolicy is 400."""
+    raw = headers.get(b"x-session-policy")
+    if raw is None:
+        return reasoner.session_policy
+    try:
+        return SessionPolicy(raw.decode("latin-1").strip().lower())
+    except ValueError:
+        raise ApiError(
+            400,
+            "invalid X-Session-Policy: one of " + ", ".join(p.value for p in SessionPolicy),
+        ) from None
 
 
 def _concurrency_value(

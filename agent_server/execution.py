@@ -98,6 +98,7 @@ class Execution:
         "concurrency_key",
         "concurrency_limit",
         "created_at",
+        "displaced",
         "error",
         "events",
         "execution_id",
@@ -114,6 +115,7 @@ class Execution:
         "resumable",
         "scheduled_at",
         "session_id",
+        "session_policy",
         "started_monotonic",
         "status",
         "status_reason",
@@ -160,6 +162,10 @@ class Execution:
         #: limit) and how many attempts of that key may run at once.
         self.concurrency_key: str | None = None
         self.concurrency_limit = 0
+        #: Its start's session policy when not `parallel` (agent_server.scheduling), and
+        #: the earlier executions of its session the store found it must interrupt.
+        self.session_policy: str | None = None
+        self.displaced: tuple[str, ...] = ()
         #: Queued where another replica may take it (handed off, or retried through a
         #: shared store): this object no longer follows it, and its waiters read the store.
         self.moved_away = False
@@ -219,6 +225,8 @@ class Execution:
         execution.scheduled_at = scheduled_at
         execution.concurrency_key = None
         execution.concurrency_limit = 0
+        execution.session_policy = None
+        execution.displaced = ()
         execution.moved_away = False
         execution.events = None
         execution._done = None

@@ -27,7 +27,7 @@ from pydantic import (
 
 from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
-from agent_server.scheduling import RetryPolicy, check_timeout
+from agent_server.scheduling import RetryPolicy, SessionPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]
 #: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
@@ -53,6 +53,7 @@ class Reasoner:
         retry: RetryPolicy | None = None,
         max_concurrency: int | None = None,
         concurrency_key: str | None = None,
+        session_policy: str = "parallel",
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -99,6 +100,19 @@ class Reasoner:
         #: NAME", "session", or None: the whole reasoner), across replicas; None: no limit.
         self.max_concurrency = max_concurrency
         self.concurrency_key = concurrency_key
+        try:
+            #: What a start in a session does beside the session's other work, by default.
+            self.session_policy = SessionPolicy(session_policy)
+        except ValueError:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: session_policy is one of "
+                + ", ".join(policy.value for policy in SessionPolicy)
+            ) from None
+        if self.session_policy is not SessionPolicy.PARALLEL and max_concurrency is not None:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a session_policy other than parallel queues by session, "
+                "which max_concurrency cannot share"
+            )
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
         if self.timeout is not None and not self.is_async:

@@ -34,7 +34,7 @@ from agent_server.execution import (
     exception_text,
 )
 from agent_server.reasoner import Reasoner
-from agent_server.scheduling import ExecutionTimeout
+from agent_server.scheduling import ExecutionTimeout, SessionPolicy
 from agent_server.signals import block_in_this_thread
 from agent_server.status import OWNED
 from agent_server.store.base import (
@@ -61,6 +61,8 @@ ABANDONED_LINES = 20
 #: Abandoning one execution costs about this many times recording an end (the bookkeeping
 #: around it); a settle reserves that much per pending task before its deadline.
 ABANDON_COST = 2.0
+#: Seconds a rollback waits for an interrupted execution to end before it forgets it.
+ROLLBACK_WAIT = 60.0
 #: Times a settle looks again at what is still pending before its reserve is spent.
 SETTLE_LOOKS = 3
 
@@ -205,6 +207,8 @@ class InFlightRegistry:
         self._end_seconds = 10e-6
         #: The time limits of attempts that have one (`timeout=`), by execution id.
         self._clocks: dict[str, AttemptClock] = {}
+        #: Session policy rollback: forgetting interrupted records once they end.
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -244,6 +248,7 @@ class InFlightRegistry:
         delay: float | None = None,
         may_queue: bool = False,
         concurrency_key: str | None = None,
+        session_policy: SessionPolicy = SessionPolicy.PARALLEL,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution; or, for a repeated idempotency key, the
         execution it started first. True when this call started it.
@@ -255,7 +260,8 @@ class InFlightRegistry:
         is always queued, under its `concurrency_key` value: the store's claim decides,
         atomically across replicas, when a slot of that value is free."""
         reason = self._refusal()
-        limited = reasoner.max_concurrency is not None
+        by_session = session_id is not None and session_policy is not SessionPolicy.PARALLEL
+        limited = reasoner.max_concurrency is not None or by_session
         queue = (delay is not None and delay > 0) or limited
         if reason is RejectReason.CAPACITY and (queue or (may_queue and self.queue_when_full)):
             queue, reason = True, None
@@ -267,7 +273,11 @@ class InFlightRegistry:
             execution.max_attempts = reasoner.max_attempts
         if reasoner.resumable or reasoner.retry is not None or queue:
             execution.body = body  # a later attempt, or this one elsewhere, binds it again
-        if limited:
+        if by_session:  # one at a time per session, in arrival order
+            execution.concurrency_key = f"session:{session_id}"
+            execution.concurrency_limit = 1
+            execution.session_policy = session_policy.value
+        elif limited:
             execution.concurrency_key = f"{reasoner.name}:{concurrency_key or ''}"
             execution.concurrency_limit = reasoner.max_concurrency or 1
         if queue:
@@ -297,9 +307,39 @@ class InFlightRegistry:
         if queue:
             if self.observer is not None:
                 self.observer.execution_queued(execution, 1, None)
+            if execution.displaced:
+                await self._interrupt(execution)
             return execution, True
         self._launch(execution, reasoner, arguments)
         return execution, True
+
+    async def _interrupt(self, execution: Execution) -> None:
+        """Session policy interrupt or rollback: cancel the session's earlier executions
+        (`interrupted`), wherever they run; the new one starts once they ended (the store
+        made them hold its slot). With rollback their records are forgotten once ended."""
+        for execution_id in execution.displaced:
+            other = await self.store.get(execution_id)
+            if other is not None and not other.is_terminal:
+                await self.store.request_cancel(other, CancelReason.INTERRUPTED, None)
+        if execution.session_policy == SessionPolicy.ROLLBACK.value:
+            for execution_id in execution.displaced:
+                task = asyncio.get_running_loop().create_task(self._forget_when_ended(execution_id))
+                self._forgetting.add(task)
+                task.add_done_callback(self._forgetting.discard)
+
+    async def _forget_when_ended(self, execution_id: str) -> None:
+        """Rollback: forget an interrupted execution once it ended (bounded)."""
+        try:
+            other = await self.store.get(execution_id)
+            if other is None:
+                return
+            ended = await self.store.wait(other, ROLLBACK_WAIT)
+            if ended.is_terminal:
+                await self.store.forget(execution_id)
+            else:
+                logger.warning("rollback: execution %s did not end; kept", execution_id)
+        except Exception as exc:  # a store outage: the record stays, said once
+            logger.warning("rollback: execution %s not forgotten: %s", execution_id, exc)
 
     def _unqueued(self, execution: Execution, waited: float | None) -> None:
         """The store took a queued execution for this replica (`waited` seconds past its

@@ -5,11 +5,28 @@ delayed starts with the time they are due (`scheduled_at`)."""
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
 #: The longest `?delay=` a start may ask for: seven days.
 MAX_DELAY_SECONDS = 7 * 86_400.0
+
+
+class SessionPolicy(enum.StrEnum):
+    """What a start does among the non-terminal executions of its session (`session_policy=`
+    on the reasoner, `X-Session-Policy` per request)."""
+
+    #: Runs beside them (the default).
+    PARALLEL = "parallel"
+    #: Refused (409, naming the busy one) while any is not terminal.
+    REJECT = "reject"
+    #: Queued; runs after every earlier one ended, in arrival order, on any replica.
+    ENQUEUE = "enqueue"
+    #: The earlier ones are cancelled (`interrupted`); it runs once they settled.
+    INTERRUPT = "interrupt"
+    #: As interrupt, and the interrupted records are forgotten.
+    ROLLBACK = "rollback"
 
 
 class ExecutionTimeout(TimeoutError):

@@ -35,6 +35,8 @@ class CancelReason(enum.StrEnum):
     SESSION_RELEASED = "session_released"
     SHUTDOWN = "shutdown"
     CLIENT_DISCONNECTED = "client_disconnected"
+    #: A later start in its session had session policy `interrupt` or `rollback`.
+    INTERRUPTED = "interrupted"
 
 
 class Transition(enum.StrEnum):

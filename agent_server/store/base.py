@@ -58,6 +58,15 @@ class QueueFull(Exception):
     (429, as for capacity)."""
 
 
+class SessionTaken(Exception):
+    """Session policy `reject`: the session has an execution that is not terminal (409,
+    naming it)."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(execution_id)
+        self.execution_id = execution_id
+
+
 class SessionReleasing(Exception):
     """The session is being released: new work for it is refused (409)."""
 

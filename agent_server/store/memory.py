@@ -28,6 +28,7 @@ from agent_server.store.base import (
     Page,
     QueueFull,
     SessionReleasing,
+    SessionTaken,
 )
 
 _HEX = "0123456789abcdef"
@@ -92,6 +93,13 @@ class MemoryStore(ExecutionStore):
             earlier = self._first_use(idempotency)
             if earlier is not None:
                 return earlier
+        others: list[Execution] = []
+        if execution.session_policy is not None and session_id is not None:
+            ids = self._sessions.get(session_id, ())
+            others = [e for e in map(self._executions.__getitem__, ids) if not e.is_terminal]
+            others.sort(key=lambda e: e.created_at)
+            if others and execution.session_policy == "reject":
+                raise SessionTaken(others[-1].execution_id)
         if queued and len(self._queued) >= max_queued:
             raise QueueFull(max_queued)
         if idempotency is not None:
@@ -105,6 +113,11 @@ class MemoryStore(ExecutionStore):
         if session_id is not None:
             self._sessions.setdefault(session_id, set()).add(execution.execution_id)
         self._executions[execution.execution_id] = execution
+        if others and execution.concurrency_key is not None:  # it starts once they ended
+            holders = self._holders.setdefault(execution.concurrency_key, set())
+            holders.update(e.execution_id for e in others if e.status in OWNED)
+            if execution.session_policy in ("interrupt", "rollback"):
+                execution.displaced = tuple(e.execution_id for e in others)
         if queued:
             scheduled = execution.scheduled_at
             if scheduled is None and execution.concurrency_key is not None:
@@ -256,8 +269,8 @@ class MemoryStore(ExecutionStore):
                 holders.discard(execution.execution_id)
                 if not holders and key not in self._keyed:
                     del self._holders[key]
-            if key in self._keyed:
-                self._notice().set()  # a slot of its key is free: the taker looks
+        if self._keyed:
+            self._notice().set()  # a slot may be free (its key's, or a session's): look
         size = len(jsoncodec.dumps(execution.result))
         if execution.error is not None:
             size += len(jsoncodec.dumps(execution.error))

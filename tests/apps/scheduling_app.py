@@ -113,3 +113,14 @@ async def single(ctx: ExecutionContext, seconds: float = 0.1) -> str:
     finally:
         mark(ctx, tenant="*", event="end")
     return "one"
+
+
+@agent.reasoner()
+async def chat(ctx: ExecutionContext, text: str, seconds: float = 0.2) -> str:
+    """One message of a session: marks its start and its end (tenant: the session)."""
+    mark(ctx, tenant=ctx.session_id or "", event="start", text=text)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        mark(ctx, tenant=ctx.session_id or "", event="end", text=text)
+    return text

@@ -411,6 +411,99 @@ def test_a_concurrency_limit_holds_across_three_replicas(cluster: tuple[Cluster,
     _limit_run([three.url(index) for index in range(3)], marks)
 
 
+# -- session policies -------------------------------------------------------------------------
+
+
+def _chat(
+    url: str, session: str, text: str, policy: str | None, seconds: float = 0.2
+) -> httpx.Response:
+    headers = {"X-Session-ID": session}
+    if policy is not None:
+        headers["X-Session-Policy"] = policy
+    return httpx.post(
+        f"{url}/reasoners/chat/async",
+        json={"text": text, "seconds": seconds},
+        headers=headers,
+        timeout=WAIT,
+    )
+
+
+def _enqueue_order(urls: list[str], marks: Path, session: str) -> None:
+    """Four messages of one session, policy enqueue, each sent to the next replica: they run
+    one at a time, in the order they arrived."""
+    ids = []
+    for index in range(4):
+        response = _chat(urls[index % len(urls)], session, f"m{index}", "enqueue")
+        assert response.status_code == 202 and response.json()["status"] == "queued", response.text
+        ids.append(response.json()["execution_id"])
+    for execution_id in ids:
+        assert Served.ended_at(urls[0], execution_id)["status"] == "succeeded"
+    seen = _marks_of(marks, set(ids))
+    starts = [m for m in sorted(seen, key=lambda m: m["at"]) if m["event"] == "start"]
+    assert [m["text"] for m in starts] == ["m0", "m1", "m2", "m3"], seen
+    assert most_at_once(seen) == {session: 1}, seen
+
+
+def test_session_policy_enqueue_runs_in_arrival_order(served: Served) -> None:
+    _enqueue_order([served.url], served.marks, f"enq-{time.time_ns()}")
+
+
+def test_session_policy_enqueue_order_across_three_replicas(
+    cluster: tuple[Cluster, Path],
+) -> None:
+    three, marks = cluster
+    _enqueue_order([three.url(index) for index in range(3)], marks, "enq-cluster")
+
+
+def test_session_policy_reject_names_the_busy_execution(served: Served) -> None:
+    session = f"rej-{time.time_ns()}"
+    busy = _chat(served.url, session, "first", None, seconds=0.5).json()["execution_id"]
+    refused = _chat(served.url, session, "second", "reject")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["execution_id"] == busy and refused.json()["detail"], refused.text
+    assert served.ended(busy)["status"] == "succeeded"
+    accepted = _chat(served.url, session, "third", "reject")  # nothing active: it runs
+    assert accepted.status_code == 202, accepted.text
+    assert served.ended(accepted.json()["execution_id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("policy", ["interrupt", "rollback"])
+def test_session_policy_interrupt_cancels_the_earlier_work_first(
+    served: Served, policy: str
+) -> None:
+    session = f"{policy}-{time.time_ns()}"
+    first = _chat(served.url, session, "first", None, seconds=30).json()["execution_id"]
+    deadline = time.monotonic() + WAIT
+    while not _marks_of(served.marks, {first}):  # it really runs
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    second = _chat(served.url, session, "second", policy)
+    assert second.status_code == 202, second.text
+    ended = served.ended(second.json()["execution_id"])
+    assert ended["status"] == "succeeded", ended
+    first_marks = _marks_of(served.marks, {first})
+    second_start = next(
+        m["at"] for m in _marks_of(served.marks, {ended["execution_id"]}) if m["event"] == "start"
+    )
+    first_end = next(m["at"] for m in first_marks if m["event"] == "end")
+    assert first_end <= second_start, (first_marks, second_start)
+    record = httpx.get(f"{served.url}/executions/{first}", timeout=WAIT)
+    if policy == "interrupt":
+        body = record.json()
+        assert (body["status"], body["status_reason"]) == ("cancelled", "interrupted"), body
+    else:
+        deadline = time.monotonic() + WAIT
+        while record.status_code != 404:  # forgotten once it ended
+            assert time.monotonic() < deadline, record.text
+            time.sleep(0.02)
+            record = httpx.get(f"{served.url}/executions/{first}", timeout=WAIT)
+
+
+def test_a_bad_session_policy_is_400(served: Served) -> None:
+    response = _chat(served.url, "bad-policy", "x", "sometimes")
+    assert response.status_code == 400 and "X-Session-Policy" in response.json()["detail"]
+
+
 def _store_of(served: Served) -> str:
     args = served.server.proc.args
     assert isinstance(args, list)

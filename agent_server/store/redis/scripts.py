@@ -83,6 +83,7 @@ class Create(enum.IntEnum):
     VOIDED = -3
     LEASE_LAPSED = -4
     FULL = -5
+    BUSY = -6
     EXISTING = 2
 
 

@@ -37,6 +37,7 @@ from agent_server.store.base import (
     Page,
     QueueFull,
     SessionReleasing,
+    SessionTaken,
     StoreObserver,
     StoreUnavailable,
 )
@@ -369,11 +370,14 @@ class RedisStore(ExecutionStore):
                 max_queued,
                 execution.concurrency_key or "",
                 str(execution.concurrency_limit),
+                execution.session_policy or "",
                 *pairs,
             )
         code = Create(int(reply[0]))
         if code is Create.FULL:
             raise QueueFull(max_queued)
+        if code is Create.BUSY:
+            raise SessionTaken(str(reply[1]))
         if code is Create.RELEASING:
             raise SessionReleasing(session_id)
         if code is Create.KEY_MISMATCH:
@@ -384,6 +388,7 @@ class RedisStore(ExecutionStore):
             return self._codec.restore(reply[1])
         if reply[1]:
             execution.scheduled_at = float(reply[1])  # on Redis's clock, as it is due
+        execution.displaced = tuple(str(other) for other in reply[2:])
         return None
 
     async def checkpoint(self, execution: Execution, state: str) -> None:

@@ -7,12 +7,18 @@
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, idempotency key ('' for none), its
   fingerprint, its TTL (ms), the delay (ms; 0: due now), the most executions that may be
-  queued, its concurrency key ('' for none) and that key's limit, then the record's values
-  in F's order, then any more field/value pairs (its body and max_attempts).
+  queued, its concurrency key ('' for none) and that key's limit, its session policy ('' for
+  parallel), then the record's values in F's order, then any more field/value pairs (its
+  body and max_attempts).
+  A session policy looks at the session's active executions (at most 1000, newest first):
+  `reject` refuses the start when there is one; `enqueue`, `interrupt` and `rollback` make
+  the running ones hold its key's slot (`cslots:{key}`, the key being the session's, limit
+  1), so it starts once they ended; `interrupt` and `rollback` return them all to cancel.
   Due now, it joins the tail of `queue`, or of its concurrency key's queue (the key is then
   in `ckeys`); else `scheduled`, scored by its due time on Redis's clock (claim.lua moves it
   on once due). The id is published on `queued`.
-  Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now)}; {RELEASING};
+  Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now), ids to interrupt...};
+  {BUSY, the id of an active execution of the session} (reject); {RELEASING};
   {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
   record} the execution the key was first used for (nothing created).
 ]]
@@ -20,7 +26,7 @@
 local id, sid, score = ARGV[4], ARGV[5], ARGV[6]
 local key, fingerprint, key_ttl = ARGV[7], ARGV[8], ARGV[9]
 local delay, most = tonumber(ARGV[10]), tonumber(ARGV[11])
-local ckey, climit = ARGV[12], ARGV[13]
+local ckey, climit, policy = ARGV[12], ARGV[13], ARGV[14]
 local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local ckeys = KEYS[14]
 if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
@@ -34,13 +40,23 @@ if key ~= '' then
     return {CREATE_KEY_FORGOTTEN}
   end
 end
+local interrupted = {}
+if policy ~= '' and sid ~= '' then
+  for _, other in ipairs(redis.call('ZREVRANGE', session, 0, 999)) do
+    local status = redis.call('HGET', P .. 'x:' .. other, 'status')
+    if status and ACTIVE[status] then
+      if policy == 'reject' then return {CREATE_BUSY, other} end
+      interrupted[#interrupted + 1] = other
+    end
+  end
+end
 if redis.call('LLEN', QUEUE) + redis.call('ZCARD', scheduled) >= most then
   return {CREATE_FULL}
 end
 if key ~= '' then redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl) end
 local values = {}
-for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[13 + i] end
-for i = 14 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[14 + i] end
+for i = 15 + #F, #ARGV do values[#values + 1] = ARGV[i] end
 if ckey ~= '' then
   values[#values + 1] = 'ckey'; values[#values + 1] = ckey
   values[#values + 1] = 'climit'; values[#values + 1] = climit
@@ -61,5 +77,14 @@ end
 redis.call('HSET', rec, unpack(values))
 redis.call('ZADD', ALL, score, id)
 if sid ~= '' then redis.call('ZADD', session, score, id) end
+for _, other in ipairs(interrupted) do
+  if OWNED[redis.call('HGET', P .. 'x:' .. other, 'status')] then
+    redis.call('SADD', P .. 'cslots:' .. ckey, other)  -- it starts once they ended
+  end
+end
 redis.call('PUBLISH', P .. 'queued', id)
-return {CREATE_CREATED, at}
+local reply = {CREATE_CREATED, at}
+if policy == 'interrupt' or policy == 'rollback' then
+  for _, other in ipairs(interrupted) do reply[#reply + 1] = other end
+end
+return reply
