@@ -15,7 +15,7 @@ from agent_server.auth import OPEN_PATHS
 from agent_server.execution import MAX_SECONDS, ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
-from agent_server.scheduling import MAX_DELAY_SECONDS
+from agent_server.scheduling import MAX_DELAY_SECONDS, SessionPolicy
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -90,6 +90,16 @@ IDEMPOTENCY_HEADER = {
     "execution, never a second run; the same key with another request is 422.",
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
 }
+SESSION_POLICY_HEADER = {
+    "name": "X-Session-Policy",
+    "in": "header",
+    "required": False,
+    "description": "With X-Session-ID, what this start does among the session's non-terminal "
+    "executions (the reasoner's default otherwise): parallel runs beside them; reject is 409 "
+    "naming one; enqueue queues it after them, in arrival order; interrupt cancels them "
+    "(interrupted) and starts once they settled; rollback also forgets them. 400 otherwise.",
+    "schema": {"enum": [policy.value for policy in SessionPolicy]},
+}
 DELAY_PARAMETER = {
     "name": "delay",
     "in": "query",
@@ -142,8 +152,13 @@ EVENT_STREAM: dict[str, Any] = {
     },
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body, X-Session-ID or Idempotency-Key"),
-    "409": _error("The session is being released"),
+    "400": _error(
+        "Malformed JSON body, X-Session-ID, X-Session-Policy, Idempotency-Key or ?delay="
+    ),
+    "409": _error(
+        "The session is being released, or has a non-terminal execution (session "
+        "policy reject: the body also names its execution_id)"
+    ),
     "413": _error("Body over the size limit"),
     "415": _error("Body is not JSON"),
     "422": _error("Invalid input, or an Idempotency-Key first used for another request"),
@@ -171,7 +186,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, SESSION_POLICY_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "200": {
@@ -206,7 +221,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER, DELAY_PARAMETER],
+        "parameters": [SESSION_HEADER, SESSION_POLICY_HEADER, IDEMPOTENCY_HEADER, DELAY_PARAMETER],
         "requestBody": body,
         "responses": {
             "202": {
