@@ -854,6 +854,9 @@ class InFlightRegistry:
         )
 
     def close(self) -> None:
-        """Release the worker threads without waiting for abandoned ones."""
+        """Release the worker threads without waiting for abandoned ones; stop forgetting
+        what a rollback interrupted (the records stay, visibly)."""
+        for task in list(self._forgetting):
+            task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

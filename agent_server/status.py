@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 
 class ExecutionStatus(enum.StrEnum):
-    """Where an execution is; `queued` and `lost` appear only with a shared store;
-    `input_required` while its reasoner waits for an answer (`ctx.ask`)."""
+    """Where an execution is; `queued` while it waits for a replica to take it (a delayed
+    start, a retry, a start waiting for room or a slot, a hand-off); `lost` only with a
+    shared store; `input_required` while its reasoner waits for an answer (`ctx.ask`)."""
 
     QUEUED = "queued"
     RUNNING = "running"

@@ -365,8 +365,8 @@ def _limit_run(urls: list[str], marks: Path) -> None:
     assert most_at_once(marks_seen) == {"A": 2, "B": 1}, marks_seen
     a_starts = sorted(m["at"] for m in marks_seen if m["tenant"] == "A" and m["event"] == "start")
     (b_start,) = [m["at"] for m in marks_seen if m["tenant"] == "B" and m["event"] == "start"]
-    assert b_start < a_starts[-1], (b_start, a_starts)  # not behind A's backlog
-    assert b_start - b_sent < 0.5, (b_sent, b_start)
+    # Not behind A's backlog: B began before A's last (A's queue drains for 1.8 s).
+    assert b_sent < b_start < a_starts[-1], (b_sent, b_start, a_starts)
 
 
 def test_a_concurrency_limit_per_header_value(served: Served) -> None:
