@@ -318,9 +318,12 @@ class InFlightRegistry:
         (`interrupted`), wherever they run; the new one starts once they ended (the store
         made them hold its slot). With rollback their records are forgotten once ended."""
         for execution_id in execution.displaced:
-            other = await self.store.get(execution_id)
-            if other is not None and not other.is_terminal:
-                await self.store.request_cancel(other, CancelReason.INTERRUPTED, None)
+            try:
+                other = await self.store.get(execution_id)
+                if other is not None and not other.is_terminal:
+                    await self.store.request_cancel(other, CancelReason.INTERRUPTED, None)
+            except StoreUnavailable as exc:  # it was accepted: it starts once they end
+                logger.warning("could not interrupt execution %s: %s", execution_id, exc)
         if execution.session_policy == SessionPolicy.ROLLBACK.value:
             for execution_id in execution.displaced:
                 task = asyncio.get_running_loop().create_task(self._forget_when_ended(execution_id))
