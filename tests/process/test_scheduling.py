@@ -271,6 +271,10 @@ def test_a_full_server_queues_then_refuses_past_max_queued(served: Served, tmp_p
         assert refused.status_code == 429 and "Retry-After" in refused.headers, refused.text
         sync = httpx.post(f"{server.url}/reasoners/stamp", json={}, timeout=WAIT)
         assert sync.status_code == 429, sync.text  # a synchronous run is never queued
+        keyed = httpx.post(
+            f"{server.url}/reasoners/limited/async", json={"tenant": "t"}, timeout=WAIT
+        )
+        assert keyed.status_code == 429, keyed.text  # the bound counts every queue
         # Once the slot frees, the queued ones run, in their order.
         ran = [server.ended(queued["execution_id"]) for queued in (first, second)]
         assert [r["status"] for r in ran] == ["succeeded", "succeeded"], ran

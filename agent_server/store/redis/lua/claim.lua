@@ -9,7 +9,8 @@
   and `climit`) goes to the tail of its key's queue instead; the keys with waiting work
   (`ckeys`, scored by when each last got a slot) are then tried least recently served
   first, each taking its oldest while fewer than `climit` of the key's slots are held by
-  running work (a holder that ended, or was lost, is dropped as it is seen). ARGV[4]: this
+  running work (a holder that ended, or was lost, is dropped as it is seen); `cqueued`
+  counts what the keys' queues hold. ARGV[4]: this
   replica. Returns {record, {body, checkpoint, max_attempts, last event id, the
   scheduled_at it waited for ('' if none)}}; else {ms until the next scheduled one is due
   (-1: none), 1 when keyed work waits for a slot (look again when one ends), else 0}.
@@ -54,6 +55,7 @@ while true do
   local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id', 'ckey')
   if v[1] == STATUS_QUEUED and v[4] and v[4] ~= '' then
     redis.call('RPUSH', P .. 'cq:' .. v[4], id)  -- it waits for a slot of its key
+    redis.call('INCR', P .. 'cqueued')
     if not redis.call('ZSCORE', ckeys, v[4]) then redis.call('ZADD', ckeys, 0, v[4]) end
   elseif v[1] == STATUS_QUEUED then
     local claimed = take(id, v)
@@ -75,12 +77,14 @@ for _, key in ipairs(redis.call('ZRANGE', ckeys, 0, 99)) do
     local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id',
       'climit')
     if v[1] ~= STATUS_QUEUED then
-      redis.call('LPOP', queue)  -- cancelled meanwhile
+      redis.call('LPOP', queue)  -- ended meanwhile
+      redis.call('DECR', P .. 'cqueued')
     elseif redis.call('SCARD', slots) >= (tonumber(v[4]) or 1) then
       blocked = 1
       break
     else
       redis.call('LPOP', queue)
+      redis.call('DECR', P .. 'cqueued')
       local claimed = take(id, v)
       if claimed then
         redis.call('SADD', slots, id)

@@ -15,8 +15,8 @@
   the running ones hold its key's slot (`cslots:{key}`, the key being the session's, limit
   1), so it starts once they ended; `interrupt` and `rollback` return them all to cancel.
   Due now, it joins the tail of `queue`, or of its concurrency key's queue (the key is then
-  in `ckeys`); else `scheduled`, scored by its due time on Redis's clock (claim.lua moves it
-  on once due). The id is published on `queued`.
+  in `ckeys`; `cqueued` counts what the keys' queues hold, for the bound); else `scheduled`,
+  scored by its due time on Redis's clock (claim.lua moves it on once due). The id is published on `queued`.
   Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now), ids to interrupt...};
   {BUSY, the id of an active execution of the session} (reject); {RELEASING};
   {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
@@ -50,7 +50,8 @@ if policy ~= '' and sid ~= '' then
     end
   end
 end
-if redis.call('LLEN', QUEUE) + redis.call('ZCARD', scheduled) >= most then
+local waiting = tonumber(redis.call('GET', P .. 'cqueued') or '0')  -- in the keys' queues
+if redis.call('LLEN', QUEUE) + redis.call('ZCARD', scheduled) + waiting >= most then
   return {CREATE_FULL}
 end
 if key ~= '' then redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl) end
@@ -70,6 +71,7 @@ if delay > 0 then
   redis.call('ZADD', scheduled, due, id)
 elseif ckey ~= '' then
   redis.call('RPUSH', P .. 'cq:' .. ckey, id)
+  redis.call('INCR', P .. 'cqueued')
   redis.call('ZADD', ckeys, 'NX', 0, ckey)
 else
   redis.call('RPUSH', QUEUE, id)

@@ -95,7 +95,9 @@ local function cancel_queued(rec, ev, id, sid, reason)
   redis.call('LREM', QUEUE, 0, id)
   redis.call('ZREM', P .. 'scheduled', id)
   local key = redis.call('HGET', rec, 'ckey')
-  if key and key ~= '' then redis.call('LREM', P .. 'cq:' .. key, 0, id) end
+  if key and key ~= '' and redis.call('LREM', P .. 'cq:' .. key, 0, id) > 0 then
+    redis.call('DECR', P .. 'cqueued')
+  end
   finish(rec, ev, id, sid, false)
 end
 
