@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         InputTimeout,
         StaleAttempt,
     )
+    from agent_server.scheduling import ExecutionTimeout, RetryPolicy
     from agent_server.settings import Settings
     from agent_server.status import ExecutionStatus
 
@@ -30,7 +31,9 @@ _HOMES = {
     "Execution": "agent_server.execution",
     "ExecutionContext": "agent_server.execution",
     "ExecutionStatus": "agent_server.status",
+    "ExecutionTimeout": "agent_server.scheduling",
     "InputTimeout": "agent_server.execution",
+    "RetryPolicy": "agent_server.scheduling",
     "Settings": "agent_server.settings",
     "StaleAttempt": "agent_server.execution",
 }
@@ -42,7 +45,9 @@ __all__ = [
     "Execution",
     "ExecutionContext",
     "ExecutionStatus",
+    "ExecutionTimeout",
     "InputTimeout",
+    "RetryPolicy",
     "Settings",
     "StaleAttempt",
 ]

@@ -29,6 +29,7 @@ from agent_server.openapi import openapi_document
 from agent_server.pushgateway import push_shutdown
 from agent_server.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.registry import InFlightRegistry
+from agent_server.scheduling import RetryPolicy
 from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
@@ -51,6 +52,7 @@ CORS_REQUEST_HEADERS = (
     "Idempotency-Key",
     "Last-Event-ID",
     "X-Webhook-URL",
+    "X-Session-Policy",
 )
 CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
 #: The answer to a request the server cancels before it is answered (plain uvicorn's
@@ -148,12 +150,26 @@ class Agent:
         description: str | None = None,
         resumable: bool = False,
         max_attempts: int | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
+        session_policy: str = "parallel",
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
         `resumable=True`: the reasoner may `await ctx.checkpoint(state)`; with a shared store
         its executions are handed off to another replica at shutdown, and retried after
         their owner's death up to `max_attempts` attempts in all (default 3).
+        `timeout=S`: an attempt running longer (waiting for input not counted) is cancelled
+        and fails with `ExecutionTimeout`. `retry=RetryPolicy(...)`: a failed attempt runs
+        again after a backoff, queued with its `scheduled_at` (docs/scheduling.md).
+        `max_concurrency=N`: at most N attempts at once per value of `concurrency_key`
+        (`"header:NAME"`, `"session"`, or None: the whole reasoner) across the replicas
+        sharing the store; the rest wait queued, first in first out per value.
+        `session_policy=`: what a start in a session does beside the session's other work
+        (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
+        overrides it per request).
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -167,7 +183,16 @@ class Agent:
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
             self.reasoners[reasoner_name] = Reasoner(
-                func, reasoner_name, description, resumable=resumable, max_attempts=attempts
+                func,
+                reasoner_name,
+                description,
+                resumable=resumable,
+                max_attempts=attempts,
+                timeout=timeout,
+                retry=retry,
+                max_concurrency=max_concurrency,
+                concurrency_key=concurrency_key,
+                session_policy=session_policy,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func
@@ -414,6 +439,8 @@ class _Parts:
             max_checkpoint_size=settings.max_checkpoint_size,
             max_events=settings.max_events,
             observer=metrics,
+            queue_when_full=settings.queue_when_full,
+            max_queued=settings.max_queued,
         )
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)
@@ -440,6 +467,7 @@ class _Parts:
             flush_ends=store.flush,
             end_streams=streams_closing.set,
             flush_webhooks=None if webhooks is None else webhooks.flush,
+            cancel_queued=registry.cancel_queued,
         )
         taker = QueueTaker(store, registry, reasoners)
         return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks)

@@ -27,12 +27,14 @@ from agent_server.metrics import Metrics
 from agent_server.names import SESSION_ID_RULE, is_session_id_bytes
 from agent_server.params import (
     checked_session_id,
+    delay_param,
     event_cursor,
     first_values,
     float_param,
     idempotency_key,
     int_param,
     next_link,
+    query_param,
     read_body,
     schema_errors,
     statuses,
@@ -43,6 +45,7 @@ from agent_server.params import (
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.routing import ApiError, Endpoint, Handler, JSONResponse, execution_location
+from agent_server.scheduling import SessionPolicy
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.sse import (
     RECORD_WAIT,
@@ -60,6 +63,7 @@ from agent_server.store.base import (
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    SessionTaken,
 )
 from agent_server.waiting import Closing
 
@@ -280,13 +284,19 @@ class Api:
         return EventStream(self.streams, source, cursor, first)
 
     async def run_async(self, request: Request) -> Response:
-        execution, _ = await self._start(request)
+        delay = delay_param(request)
+        execution, _ = await self._start(request, delay=delay, may_queue=True)
         location = execution_location(request.scope, execution.execution_id)
         return _execution_response(execution, 202, {"Location": location})
 
-    async def _start(self, request: Request) -> tuple[Execution, bool]:
+    async def _start(
+        self, request: Request, *, delay: float | None = None, may_queue: bool = False
+    ) -> tuple[Execution, bool]:
         """Start the execution, or find the one an earlier request with the same
-        Idempotency-Key started; True when this request started it."""
+        Idempotency-Key started; True when this request started it. An async start may be
+        queued (`delay`, or `may_queue` with --queue-when-full)."""
+        if not may_queue and query_param(request, "delay") is not None:
+            raise ApiError(400, "delay is for POST /reasoners/{name}/async (a delayed start)")
         reasoner = self._reasoner(request.path_params["name"])
         headers = first_values(request.scope["headers"])
         session_id = self._session_id(headers.get(SESSION_HEADER))
@@ -314,7 +324,17 @@ class Api:
                 body=body,
                 idempotency=idempotency,
                 webhook_url=webhook_url,
+                delay=delay,
+                may_queue=may_queue,
+                concurrency_key=_concurrency_value(reasoner, headers, session_id),
+                session_policy=_session_policy(reasoner, headers),
             )
+        except SessionTaken as exc:
+            raise ApiError(
+                409,
+                "the session has an execution that is not terminal (session policy reject)",
+                extra={"execution_id": exc.execution_id},
+            ) from None
         except AdmissionError as exc:
             raise _admission_error(exc.reason) from None
         except IdempotencyMismatch:
@@ -369,14 +389,10 @@ class Api:
         when the client went away first. Work this replica runs is waited for here; other
         work (a repeat of an idempotent request) through the store."""
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.reached(asked=True):  # so no watcher tasks for it
+        if execution.reached(asked=True) and not _retried(execution):  # no watcher tasks
             return execution
         local = self.registry.running(execution.execution_id) is execution
-        ended: asyncio.Task[object] = asyncio.create_task(
-            execution.wait(None, asked=True)
-            if local
-            else self.store.wait(execution, None, asked=True)
-        )
+        ended: asyncio.Task[object] = asyncio.create_task(self._until_end(execution, local))
         gone, reader = client_gone(request.scope, request.receive)
         try:
             watched: set[asyncio.Future[Any]] = {ended, gone}
@@ -386,13 +402,21 @@ class Api:
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
-        if local:
-            return execution if await execution.wait(0, asked=True) else None
         if ended.done() and not ended.cancelled() and ended.exception() is None:
             latest = ended.result()
             assert isinstance(latest, Execution)
             return latest
         return None
+
+    async def _until_end(self, execution: Execution, local: bool) -> Execution:
+        """The live execution this replica runs, until it ends (or waits for input, or is
+        handed off); one retried through a shared store is followed there (whichever
+        replica takes its next attempt)."""
+        if local:
+            await execution.wait(None, asked=True)
+            if not _retried(execution):
+                return execution
+        return await self.store.wait(execution, None, asked=True)
 
     # -- executions ----------------------------------------------------------------------------
 
@@ -437,8 +461,9 @@ class Api:
         execution = await self._execution(request)
         if execution.is_terminal:
             return _execution_response(execution)
+        nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
         await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-        if execution.owned_by_nobody:
+        if nobody:
             # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
             now = await self.store.get(execution.execution_id)
             if now is not None and now.is_terminal:
@@ -609,6 +634,47 @@ def _answer_body(body: Any) -> tuple[int | None, Any]:
     ):
         raise ApiError(422, "request_id must be a positive integer (or left out: the pending one)")
     return request_id, body["value"]
+
+
+def _session_policy(reasoner: Reasoner, headers: dict[bytes, bytes]) -> SessionPolicy:
+    """`X-Session-Policy`, else the reasoner's default; a value not of SessionPolicy is 400."""
+    raw = headers.get(b"x-session-policy")
+    if raw is None:
+        return reasoner.session_policy
+    try:
+        return SessionPolicy(raw.decode("latin-1").strip().lower())
+    except ValueError:
+        raise ApiError(
+            400,
+            "invalid X-Session-Policy: one of " + ", ".join(p.value for p in SessionPolicy),
+        ) from None
+
+
+def _concurrency_value(
+    reasoner: Reasoner, headers: dict[bytes, bytes], session_id: str | None
+) -> str | None:
+    """The value of the reasoner's `concurrency_key` this request carries ('' when absent:
+    those requests share one value); None when it has no limit."""
+    if reasoner.max_concurrency is None:
+        return None
+    spec = reasoner.concurrency_key
+    if spec is None:
+        return ""
+    if spec == "session":
+        return session_id or ""
+    name = spec[len("header:") :]
+    raw = headers.get(name.lower().encode())
+    if raw is None:
+        return ""
+    if len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
+        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters")
+    return raw.decode("ascii")
+
+
+def _retried(execution: Execution) -> bool:
+    """Queued for its next attempt through a shared store: whichever replica takes it runs
+    it, so a caller follows the record there."""
+    return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None
 
 
 def _admission_error(reason: RejectReason) -> ApiError:

@@ -1,5 +1,7 @@
 """Taking queued work: the next attempt of an execution another replica handed off at its
-shutdown, or of one whose owner died (resumable reasoners, shared store only).
+shutdown, or of one whose owner died (resumable reasoners, shared store only); a retry once
+its backoff has passed, a delayed start once due, and a start queued while every replica was
+full (any store: the memory store queues within its process).
 
 One task per replica, owned by the agent's lifespan: it claims work while this replica
 admits new work and has capacity, woken by the store's `queued` notice (the liveness
@@ -7,7 +9,8 @@ renewal, which sees the queue's length, wakes it too in case a notice was missed
 every `POLL_SECONDS` after a claim left work behind (capacity was full). Claiming is one
 atomic script in the store: the claimed record is running under this replica before anything
 else can see it, so a replica that dies right after claiming is caught by its liveness like
-any other owner.
+any other owner. While nothing is due the taker sleeps until the next scheduled execution
+is (`store.due_in`), or until a notice says something was queued.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class QueueTaker:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self.store.supports_handoff and self._task is None:
+        if self._task is None:
             self._task = asyncio.create_task(self._run(), name="queue-taker")
 
     async def close(self) -> None:
@@ -60,13 +63,15 @@ class QueueTaker:
 
     async def _run(self) -> None:
         wait = IDLE_SECONDS
+        full = False
         while True:
-            await self.store.wait_queued(wait)
-            wait = IDLE_SECONDS
+            due = None if full else self.store.due_in()  # full: what is due waits anyway
+            await self.store.wait_queued(wait if due is None else min(wait, due))
+            wait, full = IDLE_SECONDS, False
             try:
                 while True:
                     if not self.registry.can_take:
-                        wait = POLL_SECONDS  # work may be left: look again soon
+                        wait, full = POLL_SECONDS, True  # work may be left: look again soon
                         break
                     execution = await self.store.claim()
                     if execution is None:
@@ -81,8 +86,14 @@ class QueueTaker:
     def _resume(self, execution: Execution) -> None:
         reasoner = self.reasoners.get(execution.reasoner)
         try:
-            if reasoner is None or not reasoner.resumable:
+            if reasoner is None:
+                raise LookupError(
+                    f"reasoner {execution.reasoner!r} is not resumable here: this replica "
+                    "does not serve it"
+                )
+            if execution.attempt > 1 and not (reasoner.resumable or reasoner.retry):
                 raise LookupError(f"reasoner {execution.reasoner!r} is not resumable here")
+            execution.resumable = reasoner.resumable
             arguments = reasoner.bind(execution.body)
         except (LookupError, ValidationError) as exc:
             # A replica serving other code (a rollout that renamed the reasoner): the

@@ -97,7 +97,10 @@ class Execution:
         "cancel_reason",
         "checkpoint",
         "checkpoint_asks",
+        "concurrency_key",
+        "concurrency_limit",
         "created_at",
+        "displaced",
         "error",
         "events",
         "execution_id",
@@ -106,12 +109,15 @@ class Execution:
         "input_adapter",
         "input_request",
         "max_attempts",
+        "moved_away",
         "reasoner",
         "recorded",
         "replica",
         "result",
         "resumable",
+        "scheduled_at",
         "session_id",
+        "session_policy",
         "started_monotonic",
         "status",
         "status_reason",
@@ -159,6 +165,19 @@ class Execution:
         #: Where its webhook deliveries go (X-Webhook-URL or --webhook-url), None for none:
         #: kept by the store, never shown in its JSON (a URL may carry a receiver's token).
         self.webhook_url: str | None = None
+        #: While queued for a time: when it is due (a Unix time), else None.
+        self.scheduled_at: float | None = None
+        #: Its reasoner's concurrency limit: the key value whose slots it takes (None: no
+        #: limit) and how many attempts of that key may run at once.
+        self.concurrency_key: str | None = None
+        self.concurrency_limit = 0
+        #: Its start's session policy when not `parallel` (agent_server.scheduling), and
+        #: the earlier executions of its session the store found it must interrupt.
+        self.session_policy: str | None = None
+        self.displaced: tuple[str, ...] = ()
+        #: Queued where another replica may take it (handed off, or retried through a
+        #: shared store): this object no longer follows it, and its waiters read the store.
+        self.moved_away = False
         #: Its live events (agent_server.events), made when first needed.
         self.events: EventLog | None = None
         self._done: asyncio.Event | None = None
@@ -184,6 +203,7 @@ class Execution:
         duration_seconds: float | None = None,
         abandoned: bool = False,
         input_request: dict[str, Any] | None = None,
+        scheduled_at: float | None = None,
     ) -> Execution:
         """A copy of a record read from a store: what another replica sees."""
         execution = cls.__new__(cls)
@@ -212,6 +232,12 @@ class Execution:
         execution.checkpoint = None
         execution.max_attempts = 1
         execution.webhook_url = None
+        execution.scheduled_at = scheduled_at
+        execution.concurrency_key = None
+        execution.concurrency_limit = 0
+        execution.session_policy = None
+        execution.displaced = ()
+        execution.moved_away = False
         execution.events = None
         execution._done = None
         execution.recorded = None
@@ -240,6 +266,51 @@ class Execution:
         step(self.status, Transition.HAND_OFF, ExecutionStatus.QUEUED)
         self.status = ExecutionStatus.QUEUED
         self.input_request = None
+        self.moved_away = True
+        if self._done is not None:
+            self._done.set()
+        if self.events is not None:
+            self.events.wake()
+
+    def enqueue(self, scheduled_at: float | None) -> None:
+        """Created queued rather than running (a delayed start, or a full server that
+        queues): due at `scheduled_at` (None: as soon as a replica has room)."""
+        step(None, Transition.ENQUEUE, ExecutionStatus.QUEUED)
+        self.status = ExecutionStatus.QUEUED
+        self.replica = ""
+        self.scheduled_at = scheduled_at
+
+    def retry(self, scheduled_at: float, moved_away: bool) -> None:
+        """The attempt failed and its policy runs it again: queued, due at `scheduled_at`,
+        as the next attempt. `moved_away` (a shared store): whichever replica takes it runs
+        it, so this object's waiters are woken to follow the store."""
+        step(self.status, Transition.RETRY, ExecutionStatus.QUEUED)
+        self.status = ExecutionStatus.QUEUED
+        self.input_request = None
+        self.attempt += 1
+        self.scheduled_at = scheduled_at
+        self.moved_away = moved_away
+        if moved_away:
+            self._wake()
+        if self.events is not None:
+            self.events.wake()
+
+    def claim(self, replica: str) -> None:
+        """Taken from the queue (the memory store's, where the record is this object)."""
+        step(self.status, Transition.CLAIM, ExecutionStatus.RUNNING)
+        self.status = ExecutionStatus.RUNNING
+        self.replica = replica
+        self.scheduled_at = None
+
+    def cancel_queued(self, reason: CancelReason) -> None:
+        """Cancelled while queued: nobody runs it, so it ends where it waited."""
+        step(self.status, Transition.CANCEL_QUEUED, ExecutionStatus.CANCELLED)
+        self.status = ExecutionStatus.CANCELLED
+        self.status_reason = reason
+        self.cancel_reason = reason
+        self.scheduled_at = None
+        self.finished_at = time.time()
+        self.finished_monotonic = time.monotonic()
         if self._done is not None:
             self._done.set()
         if self.events is not None:
@@ -338,11 +409,13 @@ class Execution:
         return self.status in TERMINAL or (asked and self.status is ExecutionStatus.INPUT_REQUIRED)
 
     def reached(self, asked: bool = False) -> bool:
-        """Terminal, handed off, or (with `asked`) waiting for input."""
+        """Terminal, queued where this object no longer follows it (handed off, or retried
+        through a shared store), or (with `asked`) waiting for input. A queued execution
+        this process will run (the memory store's queue) is waited for to its end."""
         status = self.status
         return (
             status in TERMINAL
-            or status is ExecutionStatus.QUEUED
+            or (status is ExecutionStatus.QUEUED and self.moved_away)
             or (asked and status is ExecutionStatus.INPUT_REQUIRED)
         )
 

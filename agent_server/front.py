@@ -59,7 +59,8 @@ def _error_response(exc: HTTPException) -> Response:
     headers = dict(exc.headers or {})
     if exc.status_code in (204, 304):
         return Response(status_code=exc.status_code, headers=headers)
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+    body = {"detail": exc.detail, **(getattr(exc, "extra", None) or {})}
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 def _start_failures_in_one_line(send: Send) -> Send:

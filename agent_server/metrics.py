@@ -69,6 +69,8 @@ SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
 TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "reporting", "http")
 SESSION_OUTCOMES = ("settled", "abandoned")
+#: Why a failed attempt was retried (`execution_retries_total{reason}`).
+RETRY_REASONS = ("timeout", "exception")
 
 #: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
 _go_float: Callable[[float], str] = utils.floatToGoString
@@ -155,6 +157,12 @@ class Metrics:
         #: waited, by reasoner.
         self._waiting: dict[str, int] = {}
         self._input_waits: dict[str, HistogramSeries] = {}
+        #: Executions queued (delayed, retrying, or waiting for room) that this replica
+        #: queued less those it took or cancelled; the seconds each waited past its due time;
+        #: retries by reason (docs/scheduling.md).
+        self._queued: dict[str, int] = {}
+        self._queue_waits: dict[str, HistogramSeries] = {}
+        self._retries: dict[tuple[str, str], int] = {}
         self.streams_open = 0
         #: Webhook attempts by outcome, and the deliveries pending (agent_server.webhooks).
         self._webhooks: dict[str, int] = dict.fromkeys(WEBHOOK_OUTCOMES, 0)
@@ -228,6 +236,11 @@ class Metrics:
         self._waiting.setdefault(name, 0)
         if name not in self._input_waits:
             self._input_waits[name] = HistogramSeries(EXECUTION_BUCKETS, EXECUTION_LE)
+        self._queued.setdefault(name, 0)
+        if name not in self._queue_waits:
+            self._queue_waits[name] = HistogramSeries(EXECUTION_BUCKETS, EXECUTION_LE)
+        for reason in RETRY_REASONS:
+            self._retries.setdefault((name, reason), 0)
         for status in EXECUTION_OUTCOMES:
             if (name, status) not in self._outcomes:
                 self._outcomes[name, status] = OutcomeSeries()
@@ -261,6 +274,21 @@ class Metrics:
     def event_emitted(self, execution: Execution) -> None:
         reasoner = execution.reasoner
         self._emitted[reasoner] = self._emitted.get(reasoner, 0) + 1
+
+    def execution_queued(self, execution: Execution, delta: int, waited: float | None) -> None:
+        reasoner = execution.reasoner
+        self._queued[reasoner] = self._queued.get(reasoner, 0) + delta
+        if waited is not None:
+            series = self._queue_waits.get(reasoner)
+            if series is None:
+                series = self._queue_waits[reasoner] = HistogramSeries(
+                    EXECUTION_BUCKETS, EXECUTION_LE
+                )
+            series.observe(waited)
+
+    def execution_retried(self, execution: Execution, reason: str) -> None:
+        key = (execution.reasoner, reason)
+        self._retries[key] = self._retries.get(key, 0) + 1
 
     def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None:
         """A request of `ctx.ask` began (asked) or ended after `seconds` of waiting
@@ -415,6 +443,7 @@ class Metrics:
         for reasoner, series in self._input_waits.items():
             waits.add_metric([reasoner], series.buckets(), series.sum)
         yield waits
+        yield from self._queue_families()
         yield GaugeMetricFamily(
             f"{PREFIX}_event_streams_open",
             "Event streams (Server-Sent Events) open now.",
@@ -440,6 +469,35 @@ class Metrics:
         lag.add_metric([], self.loop_lag.buckets(), self.loop_lag.sum)
         yield lag
         yield self._shutdown_elapsed()
+
+    def _queue_families(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            f"{PREFIX}_executions_queued",
+            "Executions queued (a delayed start, a retry after its backoff, a start waiting "
+            "for room): those this replica queued less those it took or cancelled; summed "
+            "over replicas, the agent's queue.",
+            labels=["reasoner"],
+        )
+        for reasoner, count in self._queued.items():
+            queued.add_metric([reasoner], count)
+        yield queued
+        waits = HistogramMetricFamily(
+            f"{PREFIX}_queue_wait_seconds",
+            "Seconds a queued execution waited past its due time before a replica took it.",
+            labels=["reasoner"],
+        )
+        for reasoner, series in self._queue_waits.items():
+            waits.add_metric([reasoner], series.buckets(), series.sum)
+        yield waits
+        retries = CounterMetricFamily(
+            f"{PREFIX}_execution_retries",
+            "Failed attempts run again by their RetryPolicy, by reason (timeout: an "
+            "ExecutionTimeout; exception: anything else it retries).",
+            labels=["reasoner", "reason"],
+        )
+        for (reasoner, reason), count in self._retries.items():
+            retries.add_metric([reasoner, reason], count)
+        yield retries
 
     def _shutdown_elapsed(self) -> Metric:
         """Seconds since the first signal, as of this scrape: what a scrape can see of a

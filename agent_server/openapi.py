@@ -15,6 +15,7 @@ from agent_server.auth import OPEN_PATHS
 from agent_server.execution import MAX_SECONDS, ExecutionStatus
 from agent_server.names import SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
+from agent_server.scheduling import MAX_DELAY_SECONDS, SessionPolicy
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -98,6 +99,24 @@ WEBHOOK_HEADER = {
     "the server needs a webhook secret (else 400). docs/webhooks.md.",
     "schema": {"type": "string", "maxLength": 2048, "pattern": "^https?://[!-~]+$"},
 }
+SESSION_POLICY_HEADER = {
+    "name": "X-Session-Policy",
+    "in": "header",
+    "required": False,
+    "description": "With X-Session-ID, what this start does among the session's non-terminal "
+    "executions (the reasoner's default otherwise): parallel runs beside them; reject is 409 "
+    "naming one; enqueue queues it after them, in arrival order; interrupt cancels them "
+    "(interrupted) and starts once they settled; rollback also forgets them. 400 otherwise.",
+    "schema": {"enum": [policy.value for policy in SessionPolicy]},
+}
+DELAY_PARAMETER = {
+    "name": "delay",
+    "in": "query",
+    "required": False,
+    "description": "Start no sooner than this many seconds from now (at most 7 days): the "
+    "execution is `queued` with its `scheduled_at` until then; 400 past 7 days.",
+    "schema": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
+}
 #: The execution a response carries is reachable at these operations (OpenAPI links):
 #: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
 EXECUTION_LINKS = {
@@ -142,8 +161,14 @@ EVENT_STREAM: dict[str, Any] = {
     },
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body, X-Session-ID, Idempotency-Key or X-Webhook-URL"),
-    "409": _error("The session is being released"),
+    "400": _error(
+        "Malformed JSON body, X-Session-ID, X-Session-Policy, Idempotency-Key, X-Webhook-URL "
+        "or ?delay="
+    ),
+    "409": _error(
+        "The session is being released, or has a non-terminal execution (session "
+        "policy reject: the body also names its execution_id)"
+    ),
     "413": _error("Body over the size limit"),
     "415": _error("Body is not JSON"),
     "422": _error("Invalid input, or an Idempotency-Key first used for another request"),
@@ -171,7 +196,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"run_{reasoner.name}",
         "summary": reasoner.description or f"Run {reasoner.name} and wait",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, SESSION_POLICY_HEADER, IDEMPOTENCY_HEADER],
         "requestBody": body,
         "responses": {
             "200": {
@@ -206,10 +231,13 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "operationId": f"start_{reasoner.name}",
         "summary": f"Start {reasoner.name} in the background",
         "tags": tag,
-        "parameters": [SESSION_HEADER, IDEMPOTENCY_HEADER],
+        "parameters": [SESSION_HEADER, SESSION_POLICY_HEADER, IDEMPOTENCY_HEADER, DELAY_PARAMETER],
         "requestBody": body,
         "responses": {
-            "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+            "202": {
+                **_json(_ref("Execution"), "Started, or queued (?delay=, --queue-when-full)"),
+                "links": EXECUTION_LINKS,
+            },
             **START_ERRORS,
         },
     }

@@ -17,6 +17,7 @@ from starlette.types import Receive
 from agent_server.execution import MAX_SECONDS
 from agent_server.names import SESSION_ID_RULE, is_session_id
 from agent_server.routing import ApiError
+from agent_server.scheduling import MAX_DELAY_SECONDS
 from agent_server.status import ExecutionStatus
 from agent_server.webhooks import check_url
 
@@ -196,6 +197,20 @@ def float_param(
         raise ApiError(422, f"{name} must be a number") from None
     if not math.isfinite(number) or not minimum <= number <= maximum:
         raise ApiError(422, f"{name} must be a finite number from {minimum:g} to {maximum:g}")
+    return number
+
+
+def delay_param(request: Request) -> float | None:
+    """`?delay=S` of an async start: seconds from 0 to 7 days, else 400."""
+    value = query_param(request, "delay")
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or not 0 <= number <= MAX_DELAY_SECONDS:
+        raise ApiError(400, "delay must be a number of seconds from 0 to 604800 (7 days)")
     return number
 
 

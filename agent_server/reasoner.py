@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,8 +27,11 @@ from pydantic import (
 
 from agent_server import jsoncodec
 from agent_server.execution import ExecutionContext
+from agent_server.scheduling import RetryPolicy, SessionPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]
+#: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 
 class ReasonerDefinitionError(TypeError):
@@ -45,6 +49,11 @@ class Reasoner:
         *,
         resumable: bool = False,
         max_attempts: int = 1,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
+        session_policy: str = "parallel",
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -58,8 +67,59 @@ class Reasoner:
         #: store) and retried after their owner's death, up to `max_attempts` attempts.
         self.resumable = resumable
         self.max_attempts = max_attempts
+        try:
+            #: Seconds an attempt may run (time waiting for input not counted), or None.
+            self.timeout = check_timeout(name, timeout)
+        except ValueError as exc:
+            raise ReasonerDefinitionError(str(exc)) from None
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: retry must be a RetryPolicy")
+        #: How a failed attempt runs again (queued with its due time), or None.
+        self.retry = retry
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: max_concurrency must be >= 1")
+        if concurrency_key is not None and max_concurrency is None:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key needs max_concurrency"
+            )
+        if concurrency_key is not None and not (
+            concurrency_key == "session"
+            or (
+                concurrency_key.startswith("header:")
+                and HEADER_NAME.fullmatch(concurrency_key[len("header:") :])
+            )
+        ):
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key is 'header:NAME', 'session' or None"
+            )
+        #: At most this many attempts run at once per value of `concurrency_key` ("header:
+        #: NAME", "session", or None: the whole reasoner), across replicas; None: no limit.
+        self.max_concurrency = max_concurrency
+        self.concurrency_key = concurrency_key
+        try:
+            #: What a start in a session does beside the session's other work, by default.
+            self.session_policy = SessionPolicy(session_policy)
+        except ValueError:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: session_policy is one of "
+                + ", ".join(policy.value for policy in SessionPolicy)
+            ) from None
+        if self.session_policy is not SessionPolicy.PARALLEL and max_concurrency is not None:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a session_policy other than parallel queues by session, "
+                "which max_concurrency cannot share"
+            )
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
+        if self.timeout is not None and not self.is_async:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a def reasoner runs in a thread, which cannot be "
+                "cancelled: timeout= needs an async def"
+            )
         try:
             hints = typing.get_type_hints(func, include_extras=True)  # keep Annotated[..., Field]
         except Exception as exc:

@@ -101,6 +101,9 @@ FIELDS: tuple[Field, ...] = (
         Shown.VALUE,
         {"oneOf": [{"type": "null"}, INPUT_REQUEST_SCHEMA]},
     ),
+    #: When a queued execution is due to start (a delayed start, or a retry after its
+    #: backoff); null unless it waits for a time.
+    Field("scheduled_at", Shown.TIME_OR_NULL, {"oneOf": [{"type": "null"}, _TIME]}),
     #: Ended by the drain without settling (the reasoner ignored its cancellation).
     Field("abandoned", Shown.HIDDEN, {"type": "boolean"}),
 )

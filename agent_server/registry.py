@@ -36,10 +36,13 @@ from agent_server.execution import (
     exception_text,
 )
 from agent_server.reasoner import Reasoner
+from agent_server.scheduling import ExecutionTimeout, SessionPolicy
 from agent_server.signals import block_in_this_thread
+from agent_server.status import OWNED
 from agent_server.store.base import (
     ExecutionStore,
     Idempotency,
+    QueueFull,
     SessionReleasing,
     StoreUnavailable,
 )
@@ -60,8 +63,51 @@ ABANDONED_LINES = 20
 #: Abandoning one execution costs about this many times recording an end (the bookkeeping
 #: around it); a settle reserves that much per pending task before its deadline.
 ABANDON_COST = 2.0
+#: Seconds a rollback waits for an interrupted execution to end before it forgets it.
+ROLLBACK_WAIT = 60.0
 #: Times a settle looks again at what is still pending before its reserve is spent.
 SETTLE_LOOKS = 3
+
+
+class AttemptClock:
+    """An attempt's time limit (`timeout=`): its task is cancelled once it has run that long,
+    not counting time in `input_required` (the clock stops while `ctx.ask` waits)."""
+
+    __slots__ = ("_handle", "_since", "_used", "expired", "task", "timeout")
+
+    def __init__(self, task: asyncio.Task[None], timeout: float) -> None:
+        self.task = task
+        self.timeout = timeout
+        self.expired = False
+        self._used = 0.0
+        self._since: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.run()
+
+    def run(self) -> None:
+        """The attempt works (its start, or an answer came): the clock goes on."""
+        if self._since is None and not self.expired:
+            loop = asyncio.get_running_loop()
+            self._since = loop.time()
+            self._handle = loop.call_later(max(0.0, self.timeout - self._used), self._expire)
+
+    def pause(self) -> None:
+        """The attempt waits for input: its time does not count."""
+        if self._since is not None:
+            self._used += asyncio.get_running_loop().time() - self._since
+            self._since = None
+        self.stop()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expire(self) -> None:
+        self._handle = None
+        if not self.task.done():
+            self.expired = True
+            self.task.cancel()
 
 
 class RejectReason(enum.StrEnum):
@@ -92,6 +138,12 @@ class RegistryObserver(Protocol):
 
     def input_waiting(self, execution: Execution, asked: bool, seconds: float) -> None: ...
 
+    def execution_queued(self, execution: Execution, delta: int, waited: float | None) -> None:
+        """One more queued (delta 1), or one fewer (-1: taken after `waited` seconds past
+        its due time, or cancelled while queued: None)."""
+
+    def execution_retried(self, execution: Execution, reason: str) -> None: ...
+
 
 @dataclass
 class RegistryStats:
@@ -118,9 +170,16 @@ class InFlightRegistry:
         max_checkpoint_size: int = 65_536,
         max_events: int = 1000,
         observer: RegistryObserver | None = None,
+        queue_when_full: bool = False,
+        max_queued: int = 10_000,
     ) -> None:
         self.store = store
         self.max_inflight = max_inflight
+        #: An async start past max_inflight is queued (202 queued) rather than refused (429),
+        #: up to `max_queued` queued executions in all.
+        self.queue_when_full = queue_when_full
+        self.max_queued = max_queued
+        store.on_unqueued = self._unqueued
         self.max_checkpoint_size = max_checkpoint_size
         self.max_events = max_events
         self.observer = observer
@@ -148,6 +207,10 @@ class InFlightRegistry:
         self._in_threads: set[str] = set()
         #: Seconds recording one end takes (a moving average over the ends so far).
         self._end_seconds = 10e-6
+        #: The time limits of attempts that have one (`timeout=`), by execution id.
+        self._clocks: dict[str, AttemptClock] = {}
+        #: Session policy rollback: forgetting interrupted records once they end.
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     # -- admission -------------------------------------------------------------------------
 
@@ -185,22 +248,53 @@ class InFlightRegistry:
         body: Any = None,
         idempotency: Idempotency | None = None,
         webhook_url: str | None = None,
+        delay: float | None = None,
+        may_queue: bool = False,
+        concurrency_key: str | None = None,
+        session_policy: SessionPolicy = SessionPolicy.PARALLEL,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution (its webhooks to `webhook_url`); or, for a
         repeated idempotency key, the execution it started first. True when this call
-        started it."""
+        started it.
+
+        With `delay` (seconds) it is queued, due then, whatever the capacity now; with
+        `may_queue` (an async start) and `queue_when_full`, one past capacity is queued,
+        due at once. Either way a replica with room takes it (QueueTaker), and past
+        `max_queued` it is refused for capacity (429). A reasoner with a concurrency limit
+        is always queued, under its `concurrency_key` value: the store's claim decides,
+        atomically across replicas, when a slot of that value is free."""
         reason = self._refusal()
+        by_session = session_id is not None and session_policy is not SessionPolicy.PARALLEL
+        limited = reasoner.max_concurrency is not None or by_session
+        queue = (delay is not None and delay > 0) or limited
+        if reason is RejectReason.CAPACITY and (queue or (may_queue and self.queue_when_full)):
+            queue, reason = True, None
         if reason is not None:
             self._reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
         execution.webhook_url = webhook_url
         if reasoner.resumable:
             execution.resumable = True
-            execution.body = body
             execution.max_attempts = reasoner.max_attempts
-        self._starting += 1  # counts against capacity while its record is written
+        if reasoner.resumable or reasoner.retry is not None or queue:
+            execution.body = body  # a later attempt, or this one elsewhere, binds it again
+        if by_session:  # one at a time per session, in arrival order
+            execution.concurrency_key = f"session:{session_id}"
+            execution.concurrency_limit = 1
+            execution.session_policy = session_policy.value
+        elif limited:
+            execution.concurrency_key = f"{reasoner.name}:{concurrency_key or ''}"
+            execution.concurrency_limit = reasoner.max_concurrency or 1
+        if queue:
+            execution.enqueue(time.time() + delay if delay else None)
+        else:
+            self._starting += 1  # counts against capacity while its record is written
         try:
-            earlier = await self.store.create(execution, idempotency)
+            earlier = await self.store.create(
+                execution, idempotency, max_queued=self.max_queued if queue else 0
+            )
+        except QueueFull:
+            self._reject(RejectReason.CAPACITY)
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable:
@@ -211,11 +305,65 @@ class InFlightRegistry:
                 self._unanswered.popitem(last=False)
             self._reject(RejectReason.STORE_UNAVAILABLE)
         finally:
-            self._starting -= 1
+            if not queue:
+                self._starting -= 1
         if earlier is not None:
             return earlier, False
+        if queue:
+            if self.observer is not None:
+                self.observer.execution_queued(execution, 1, None)
+            if execution.displaced:
+                await self._interrupt(execution)
+            return execution, True
         self._launch(execution, reasoner, arguments)
         return execution, True
+
+    async def _interrupt(self, execution: Execution) -> None:
+        """Session policy interrupt or rollback: cancel the session's earlier executions
+        (`interrupted`), wherever they run; the new one starts once they ended (the store
+        made them hold its slot). With rollback their records are forgotten once ended."""
+        for execution_id in execution.displaced:
+            try:
+                other = await self.store.get(execution_id)
+                if other is not None and not other.is_terminal:
+                    await self.store.request_cancel(other, CancelReason.INTERRUPTED, None)
+            except StoreUnavailable as exc:  # it was accepted: it starts once they end
+                logger.warning("could not interrupt execution %s: %s", execution_id, exc)
+        if execution.session_policy == SessionPolicy.ROLLBACK.value:
+            for execution_id in execution.displaced:
+                task = asyncio.get_running_loop().create_task(self._forget_when_ended(execution_id))
+                self._forgetting.add(task)
+                task.add_done_callback(self._forgetting.discard)
+
+    async def _forget_when_ended(self, execution_id: str) -> None:
+        """Rollback: forget an interrupted execution once it ended (bounded)."""
+        try:
+            other = await self.store.get(execution_id)
+            if other is None:
+                return
+            ended = await self.store.wait(other, ROLLBACK_WAIT)
+            if ended.is_terminal:
+                await self.store.forget(execution_id)
+            else:
+                logger.warning("rollback: execution %s did not end; kept", execution_id)
+        except Exception as exc:  # a store outage: the record stays, said once
+            logger.warning("rollback: execution %s not forgotten: %s", execution_id, exc)
+
+    def _unqueued(self, execution: Execution, waited: float | None) -> None:
+        """The store took a queued execution for this replica (`waited` seconds past its
+        due time) or cancelled one (None)."""
+        if self.observer is not None:
+            self.observer.execution_queued(execution, -1, waited)
+
+    def cancel_queued(self) -> int:
+        """At shutdown: what a store in this process still queues has nowhere to go and
+        ends cancelled (`shutdown`); a shared store keeps its queue for other replicas."""
+        cancelled = self.store.cancel_all_queued(CancelReason.SHUTDOWN)
+        for execution in cancelled:
+            self._unqueued(execution, None)
+        if cancelled:
+            logger.info("shutdown: %d queued executions cancelled", len(cancelled))
+        return len(cancelled)
 
     def runs(self, execution_id: str) -> bool:
         """Whether a task of this process runs the execution."""
@@ -291,6 +439,9 @@ class InFlightRegistry:
         return await self.store.expire_ask(execution, request_id)
 
     def ask_ended(self, execution: Execution, asked: bool, seconds: float) -> None:
+        clock = self._clocks.get(execution.execution_id)
+        if clock is not None:
+            clock.pause() if asked else clock.run()
         if self.observer is not None:
             self.observer.input_waiting(execution, asked, seconds)
 
@@ -324,6 +475,8 @@ class InFlightRegistry:
         )
         self._running[execution.execution_id] = task
         self._executions[task] = execution
+        if reasoner.timeout is not None:
+            self._clocks[execution.execution_id] = AttemptClock(task, reasoner.timeout)
         self._idle.clear()
         task.add_done_callback(self._on_task_done)
         self.stats.started += 1
@@ -531,14 +684,21 @@ class InFlightRegistry:
         except Parked:
             self._parked(execution)
         except asyncio.CancelledError as exc:
-            if self._was_cancelled(execution) and execution.execution_id in self._handing_off:
+            clock = self._clocks.get(execution.execution_id)
+            if clock is not None and clock.expired and execution.cancel_reason is None:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # its own limit: it ends here, failed, not cancelled
+                timed_out = ExecutionTimeout(clock.timeout, execution.attempt)
+                self._record_failure(execution, timed_out, reasoner)
+            elif self._was_cancelled(execution) and execution.execution_id in self._handing_off:
                 self._hand_off(execution)
             elif self._was_cancelled(execution):
                 self._record_cancelled(execution)
             else:  # raised by the reasoner's own code: nobody asked for it
-                self._record_failure(execution, exc)
+                self._record_failure(execution, exc, reasoner)
         except BaseException as exc:
-            self._record_failure(execution, exc)
+            self._record_failure(execution, exc, reasoner)
         else:
             self._record(execution, ExecutionStatus.SUCCEEDED, result=result)
 
@@ -555,7 +715,18 @@ class InFlightRegistry:
             reason = CancelReason.REQUEST
         self._record(execution, ExecutionStatus.CANCELLED, reason=reason)
 
-    def _record_failure(self, execution: Execution, exc: BaseException) -> None:
+    def _record_failure(
+        self, execution: Execution, exc: BaseException, reasoner: Reasoner | None = None
+    ) -> None:
+        policy = None if reasoner is None else reasoner.retry
+        if (
+            policy is not None
+            and execution.status in OWNED
+            and policy.retries(exc, execution.attempt)
+            and (self.admitting or self.store.shared)  # else nobody here would take it
+        ):
+            self._retry(execution, exc, policy.delay(execution.attempt))
+            return
         if execution.is_terminal and execution.status is not ExecutionStatus.QUEUED:
             logger.warning(
                 "abandoned execution %s (%s) ended later with %s: %s",
@@ -641,6 +812,10 @@ class InFlightRegistry:
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Observe the task's end exactly once and drop the strong reference."""
         execution = self._executions.pop(task)
+        clock = self._clocks.get(execution.execution_id)
+        if clock is not None and clock.task is task:
+            clock.stop()
+            del self._clocks[execution.execution_id]
         if not task.cancelled():
             exc = task.exception()
             if exc is not None:  # _run never raises; anything here is a bug worth seeing
@@ -656,6 +831,26 @@ class InFlightRegistry:
         self._handing_off.discard(execution.execution_id)
         if not self._running:
             self._idle.set()
+
+    def _retry(self, execution: Execution, exc: BaseException, delay: float) -> None:
+        """The attempt failed with what its policy retries: the next is queued, due after
+        `delay` seconds, for whichever replica has room then (this one, in one process)."""
+        logger.warning(
+            "execution %s (%s): attempt %d failed with %s: %s; attempt %d is due in %.3g s",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+            type(exc).__name__,
+            exception_text(exc),
+            execution.attempt + 1,
+            delay,
+        )
+        self.store.retry(execution, delay)  # its arguments (the attempt that failed) now
+        execution.retry(time.time() + delay, moved_away=self.store.shared)
+        if self.observer is not None:
+            reason = "timeout" if isinstance(exc, ExecutionTimeout) else "exception"
+            self.observer.execution_retried(execution, reason)
+            self.observer.execution_queued(execution, 1, None)
 
     def _hand_off(self, execution: Execution) -> None:
         """The next attempt goes to the queue; this one ends here (status_reason: handoff)."""
@@ -688,6 +883,9 @@ class InFlightRegistry:
         )
 
     def close(self) -> None:
-        """Release the worker threads without waiting for abandoned ones."""
+        """Release the worker threads without waiting for abandoned ones; stop forgetting
+        what a rollback interrupted (the records stay, visibly)."""
+        for task in list(self._forgetting):
+            task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

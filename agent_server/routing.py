@@ -96,10 +96,17 @@ class ApiError(HTTPException):
     """An HTTP error with a JSON detail and optional headers."""
 
     def __init__(
-        self, status_code: int, detail: Any, headers: dict[str, str] | None = None
+        self,
+        status_code: int,
+        detail: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(status_code=status_code, detail=detail, headers=headers)
         self.payload = detail
+        #: More members of the JSON error beside `detail` (a 409's `execution_id`).
+        self.extra = extra
 
 
 def execution_location(scope: Scope, execution_id: str) -> str:

@@ -70,6 +70,17 @@ class Settings(BaseSettings):
     max_inflight: Count = Field(
         default=1000, ge=1, description="Running executions at once; beyond it, 429."
     )
+    queue_when_full: bool = Field(
+        default=False,
+        description="An async start beyond --max-inflight is queued (202 queued) for the "
+        "first replica with room, instead of 429.",
+    )
+    max_queued: Count = Field(
+        default=10_000,
+        ge=0,
+        description="Queued executions at most (delayed, retrying, waiting for room), across "
+        "the replicas sharing the store; a start beyond it is 429.",
+    )
     max_body_size: Count = Field(
         default=1_048_576, ge=1, description="Request body bytes; beyond it, 413."
     )

@@ -118,6 +118,9 @@ class ShutdownReport:
     #: Executions that began waiting for input during the shutdown and were parked in the
     #: shared store (their tasks ended; an answer resumes them on another replica).
     parked: int = 0
+    #: Queued executions (delayed, retrying, waiting for room) that the memory store still
+    #: held when admission closed: nobody else can take them, so they ended cancelled.
+    queued_cancelled: int = 0
     abandoned: int = 0
     #: Abandoned earlier (by a session release) and still running: the exit ends them too.
     abandoned_earlier: int = 0
@@ -170,6 +173,7 @@ class ShutdownSequence:
         flush_ends: FlushEnds = _nothing_to_flush,
         end_streams: Callable[[], None] | None = None,
         flush_webhooks: FlushWebhooks | None = None,
+        cancel_queued: Callable[[], int] | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -180,6 +184,9 @@ class ShutdownSequence:
         self.flush_webhooks = _no_webhooks if flush_webhooks is None else flush_webhooks
         #: Ends open event streams (with a retry hint) as the listener closes.
         self.end_streams = end_streams
+        #: Ends what a store in this process still queues, once admission closes (queued
+        #: work belongs to no replica: the drain never waits for it); returns how many.
+        self.cancel_queued = cancel_queued
         #: True when `agent-server run` drives the sequence from signals; otherwise the
         #: lifespan shutdown of plain uvicorn runs it.
         self.driven_by_signals = False
@@ -231,6 +238,7 @@ class ShutdownSequence:
         admission_at = t0 + (0.0 if skip_unready else self.plan.unready_delay)
         await self._until(admission_at)
         self.registry.close_admission()
+        queued_cancelled = 0 if self.cancel_queued is None else self.cancel_queued()
         self.set_phase(Phase.DRAINING)
         phases["draining"] = time.monotonic() - t0
         took["unready"] = phases["draining"]
@@ -294,6 +302,7 @@ class ShutdownSequence:
             cancelled=len(tasks) - len(abandoned) - handed_off - (parked - parked_draining),
             handed_off=handed_off,
             parked=parked,
+            queued_cancelled=queued_cancelled,
             abandoned=len(abandoned),
             abandoned_earlier=abandoned_earlier,
             rejected=self.registry.stats.rejected[RejectReason.DRAINING.value]

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 
 class ExecutionStatus(enum.StrEnum):
-    """Where an execution is; `queued` and `lost` appear only with a shared store;
-    `input_required` while its reasoner waits for an answer (`ctx.ask`)."""
+    """Where an execution is; `queued` while it waits for a replica to take it (a delayed
+    start, a retry, a start waiting for room or a slot, a hand-off); `lost` only with a
+    shared store; `input_required` while its reasoner waits for an answer (`ctx.ask`)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -35,6 +36,8 @@ class CancelReason(enum.StrEnum):
     SESSION_RELEASED = "session_released"
     SHUTDOWN = "shutdown"
     CLIENT_DISCONNECTED = "client_disconnected"
+    #: A later start in its session had session policy `interrupt` or `rollback`.
+    INTERRUPTED = "interrupted"
 
 
 class Transition(enum.StrEnum):
@@ -54,6 +57,8 @@ class Transition(enum.StrEnum):
     ANSWER = "answer"
     RESUME = "resume"
     EXPIRE = "expire"
+    ENQUEUE = "enqueue"
+    RETRY = "retry"
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,18 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.QUEUED}),
         "judge.lua read(): its owner died, attempts left",
     ),
-    Step(Transition.CLAIM, frozenset({_S.QUEUED}), frozenset({_S.RUNNING}), "claim.lua"),
+    Step(
+        Transition.CLAIM,
+        frozenset({_S.QUEUED}),
+        frozenset({_S.RUNNING}),
+        "QueueTaker, once due: claim.lua; the memory store's queue",
+    ),
     Step(
         Transition.CANCEL_QUEUED,
         frozenset({_S.QUEUED, _S.INPUT_REQUIRED}),
         frozenset({_S.CANCELLED}),
-        "cancel_queued.lua (queued, or parked: owned by nobody); claim.lua (session released)",
+        "cancel_queued.lua (queued, or parked: owned by nobody); claim.lua (session "
+        "released); the memory store (and its shutdown)",
     ),
     Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
     Step(
@@ -133,6 +144,18 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.INPUT_REQUIRED}),
         frozenset({_S.QUEUED}),
         "tick.lua: a parked execution's request expired (the resumed ask raises InputTimeout)",
+    ),
+    Step(
+        Transition.ENQUEUE,
+        frozenset(),
+        frozenset({_S.QUEUED}),
+        "registry: ?delay=, or --queue-when-full at capacity; enqueue.lua",
+    ),
+    Step(
+        Transition.RETRY,
+        OWNED,
+        frozenset({_S.QUEUED}),
+        "registry: a failure its RetryPolicy retries, due after the backoff; retry.lua",
     ),
 )
 

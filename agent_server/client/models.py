@@ -40,6 +40,9 @@ class Execution:
     #: While `input_required`: what it asks (`request_id`, `prompt`, `schema`, `asked_at`,
     #: `expires_at`); None otherwise.
     input_request: dict[str, Any] | None = None
+    #: While `queued` for a time (a delayed start, or a retry after its backoff): when it
+    #: is due to start (RFC 3339); None otherwise.
+    scheduled_at: str | None = None
     #: The JSON object exactly as received (fields this client does not know included).
     json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -22,6 +22,9 @@ from agent_server.execution import AskOutcome, CancelReason, Execution, Executio
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
 CancelHandler = Callable[[str, CancelReason, float | None], object]
+#: Told when a queued execution leaves the queue: taken (with the seconds it waited past
+#: its due time) or cancelled (None).
+UnqueuedHandler = Callable[[Execution, "float | None"], None]
 #: How an answer the store took reaches the `ctx.ask` waiting on the execution's owner: the
 #: id, the request id (None: the pending one) and the value; False when nothing waits.
 AnswerHandler = Callable[[str, int | None, Any], bool]
@@ -48,6 +51,20 @@ class IdempotencyForgotten(Exception):
 
 class StoreUnavailable(Exception):
     """The shared store cannot be reached now: new work and reads get 503."""
+
+
+class QueueFull(Exception):
+    """`--max-queued` executions are queued already: a start that would queue is refused
+    (429, as for capacity)."""
+
+
+class SessionTaken(Exception):
+    """Session policy `reject`: the session has an execution that is not terminal (409,
+    naming it)."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(execution_id)
+        self.execution_id = execution_id
 
 
 class SessionReleasing(Exception):
@@ -145,6 +162,8 @@ class ExecutionStore(abc.ABC):
     on_answer: AnswerHandler | None = None
     #: Told when a move that may owe a webhook delivery was recorded here.
     on_webhook: Callable[[], object] | None = None
+    #: Told when this replica takes or cancels a queued execution (the registry's).
+    on_unqueued: UnqueuedHandler | None = None
 
     @property
     def up(self) -> bool:
@@ -228,12 +247,14 @@ class ExecutionStore(abc.ABC):
 
     @abc.abstractmethod
     async def create(
-        self, execution: Execution, idempotency: Idempotency | None = None
+        self, execution: Execution, idempotency: Idempotency | None = None, max_queued: int = 0
     ) -> Execution | None:
-        """Record a new running execution and return None; or, when `idempotency` names a
-        key already used for the same request, create nothing and return that execution.
-        Raises SessionReleasing, IdempotencyMismatch, IdempotencyForgotten or
-        StoreUnavailable."""
+        """Record a new execution and return None: running under this replica, or queued
+        (its status says so; due at its `scheduled_at`, None: now), for whichever replica
+        takes it first, unless `max_queued` are queued already (QueueFull). Or, when
+        `idempotency` names a key already used for the same request, create nothing and
+        return that execution. Raises SessionReleasing, IdempotencyMismatch,
+        IdempotencyForgotten or StoreUnavailable."""
 
     @abc.abstractmethod
     async def checkpoint(self, execution: Execution, state: str) -> None:
@@ -245,10 +266,25 @@ class ExecutionStore(abc.ABC):
         the same outbox as ends, fenced the same way)."""
         raise NotImplementedError("this store has nowhere to hand off to")
 
+    def retry(self, execution: Execution, delay: float) -> None:
+        """Queue the next attempt of an execution whose attempt failed here, due in `delay`
+        seconds (fenced like an end: the record must still be this attempt's)."""
+        raise NotImplementedError
+
     async def claim(self) -> Execution | None:
-        """Take the oldest queued execution for this replica (atomically), with its body and
-        last checkpoint, or None when the queue is empty."""
+        """Take the queued execution due first, if it is due, for this replica (atomically),
+        with its body and last checkpoint; None when nothing is due."""
         return None
+
+    def due_in(self) -> float | None:
+        """Seconds until the next queued execution is due, as the last claim saw it; None
+        when nothing waits for a time."""
+        return None
+
+    def cancel_all_queued(self, reason: CancelReason) -> list[Execution]:
+        """End cancelled what is queued, when nobody else can take it (a store in this
+        process, at shutdown); a shared store keeps its queue for the other replicas."""
+        return []
 
     async def wait_queued(self, timeout: float) -> None:
         """Return when work may have been queued, or after `timeout` seconds."""

@@ -7,15 +7,18 @@ Finished executions are kept until deleted, released with their session, or past
 
 from __future__ import annotations
 
+import asyncio
 import heapq
+import itertools
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
+from agent_server.status import OWNED
 from agent_server.store.base import (
     FINISHED_EVENT,
     INPUT_REQUIRED_EVENT,
@@ -27,7 +30,9 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     Page,
+    QueueFull,
     SessionReleasing,
+    SessionTaken,
 )
 
 _HEX = "0123456789abcdef"
@@ -68,6 +73,18 @@ class MemoryStore(ExecutionStore):
         #: (due, id) where an entry whose due time changed since is skipped.
         self._webhooks: dict[str, tuple[float, Delivery]] = {}
         self._webhooks_due: list[tuple[float, str]] = []
+        #: The queue: (due, monotonic; arrival number, id), soonest first. An entry whose
+        #: execution is no longer queued (cancelled) is skipped when it comes up.
+        self._queue: list[tuple[float, int, str]] = []
+        self._arrivals = itertools.count()
+        #: Ids queued now (what --max-queued bounds).
+        self._queued: set[str] = set()
+        self._queued_notice: asyncio.Event | None = None
+        #: Concurrency keys: each value's queue (first in, first out), the ids holding its
+        #: slots, and when it last got one (keys least recently served are tried first).
+        self._keyed: dict[str, deque[str]] = {}
+        self._holders: dict[str, set[str]] = {}
+        self._served: dict[str, float] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -76,15 +93,29 @@ class MemoryStore(ExecutionStore):
         """Nothing to disconnect from."""
 
     async def create(
-        self, execution: Execution, idempotency: Idempotency | None = None
+        self,
+        execution: Execution,
+        idempotency: Idempotency | None = None,
+        max_queued: int = 0,
     ) -> Execution | None:
         session_id = execution.session_id
         if session_id is not None and session_id in self._releasing:
             raise SessionReleasing(session_id)
+        queued = execution.status is ExecutionStatus.QUEUED
         if idempotency is not None:
             earlier = self._first_use(idempotency)
             if earlier is not None:
                 return earlier
+        others: list[Execution] = []
+        if execution.session_policy is not None and session_id is not None:
+            ids = self._sessions.get(session_id, ())
+            others = [e for e in map(self._executions.__getitem__, ids) if not e.is_terminal]
+            others.sort(key=lambda e: e.created_at)
+            if others and execution.session_policy == "reject":
+                raise SessionTaken(others[-1].execution_id)
+        if queued and len(self._queued) >= max_queued:
+            raise QueueFull(max_queued)
+        if idempotency is not None:
             self._keys[idempotency.key] = (
                 idempotency.fingerprint,
                 execution.execution_id,
@@ -95,7 +126,130 @@ class MemoryStore(ExecutionStore):
         if session_id is not None:
             self._sessions.setdefault(session_id, set()).add(execution.execution_id)
         self._executions[execution.execution_id] = execution
+        if others and execution.concurrency_key is not None:  # it starts once they ended
+            holders = self._holders.setdefault(execution.concurrency_key, set())
+            holders.update(e.execution_id for e in others if e.status in OWNED)
+            if execution.session_policy in ("interrupt", "rollback"):
+                execution.displaced = tuple(e.execution_id for e in others)
+        if queued:
+            scheduled = execution.scheduled_at
+            if scheduled is None and execution.concurrency_key is not None:
+                self._queued.add(execution.execution_id)
+                self._wait_for_slot(execution)
+            else:
+                self._push(execution, 0.0 if scheduled is None else scheduled - time.time())
         return None
+
+    def _wait_for_slot(self, execution: Execution) -> None:
+        key = execution.concurrency_key
+        assert key is not None
+        self._keyed.setdefault(key, deque()).append(execution.execution_id)
+        self._served.setdefault(key, 0.0)
+        self._notice().set()
+
+    # -- the queue -------------------------------------------------------------------------
+
+    def _push(self, execution: Execution, delay: float) -> None:
+        """Queue it, due in `delay` seconds, after what is due before."""
+        due = time.monotonic() + max(0.0, delay)
+        heapq.heappush(self._queue, (due, next(self._arrivals), execution.execution_id))
+        self._queued.add(execution.execution_id)
+        self._notice().set()
+
+    def _notice(self) -> asyncio.Event:
+        if self._queued_notice is None:
+            self._queued_notice = asyncio.Event()
+        return self._queued_notice
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queued)
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        self._push(execution, delay)
+
+    async def claim(self) -> Execution | None:
+        """The execution due first, if it is due: this process runs it (the same object).
+        One with a concurrency limit waits in its key's queue for a slot; the keys are
+        tried least recently served first."""
+        now = time.monotonic()
+        while self._queue and self._queue[0][0] <= now:
+            due, _, execution_id = heapq.heappop(self._queue)
+            execution = self._executions.get(execution_id)
+            if execution is None or execution.status is not ExecutionStatus.QUEUED:
+                continue
+            if execution.concurrency_key is not None:
+                self._wait_for_slot(execution)
+                continue
+            return self._take(execution, now - due)
+        for key in sorted(self._keyed, key=self._served.__getitem__):
+            waiting = self._keyed[key]
+            holders = self._holders.setdefault(key, set())
+            for holder in list(holders):
+                found = self._executions.get(holder)
+                if found is None or found.status not in OWNED:
+                    holders.discard(holder)
+            while waiting:
+                execution = self._executions.get(waiting[0])
+                if execution is None or execution.status is not ExecutionStatus.QUEUED:
+                    waiting.popleft()
+                    continue
+                if len(holders) >= execution.concurrency_limit:
+                    break
+                waiting.popleft()
+                holders.add(execution.execution_id)
+                self._served[key] = now
+                if not waiting:
+                    self._forget_key(key)
+                waited = time.time() - execution.created_at if execution.attempt == 1 else None
+                return self._take(execution, waited)
+            if not waiting:
+                self._forget_key(key)
+        return None
+
+    def _forget_key(self, key: str) -> None:
+        """Nothing waits for the key: its queue and turn go (its holders stay counted)."""
+        self._keyed.pop(key, None)
+        self._served.pop(key, None)
+        if not self._holders.get(key):
+            self._holders.pop(key, None)
+
+    def _take(self, execution: Execution, waited: float | None) -> Execution:
+        self._queued.discard(execution.execution_id)
+        execution.claim(self.replica_id)
+        if self.on_unqueued is not None:
+            self.on_unqueued(execution, waited)
+        return execution
+
+    def due_in(self) -> float | None:
+        if not self._queue:
+            return None
+        return max(0.0, self._queue[0][0] - time.monotonic())
+
+    async def wait_queued(self, timeout: float) -> None:
+        notice = self._notice()
+        try:
+            async with asyncio.timeout(timeout):
+                await notice.wait()
+        except TimeoutError:
+            pass
+        notice.clear()
+
+    def cancel_all_queued(self, reason: CancelReason) -> list[Execution]:
+        """At shutdown: what is still queued has nowhere to go; it ends cancelled."""
+        cancelled = []
+        for execution_id in list(self._queued):
+            execution = self._executions.get(execution_id)
+            if execution is not None and execution.status is ExecutionStatus.QUEUED:
+                self._cancel_queued(execution, reason)
+                cancelled.append(execution)
+        self._queue.clear()
+        return cancelled
+
+    def _cancel_queued(self, execution: Execution, reason: CancelReason) -> None:
+        self._queued.discard(execution.execution_id)
+        execution.cancel_queued(reason)
+        self.end(execution)
 
     def _first_use(self, idempotency: Idempotency) -> Execution | None:
         """The execution the key was first used for, if it is still known."""
@@ -123,6 +277,15 @@ class MemoryStore(ExecutionStore):
     def end(self, execution: Execution) -> None:
         if execution.webhook_url is not None:
             self._owe_webhook(execution, f"{execution.execution_id}.finished", FINISHED_EVENT)
+        key = execution.concurrency_key
+        if key is not None:
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(execution.execution_id)
+                if not holders and key not in self._keyed:
+                    del self._holders[key]
+        if self._keyed:
+            self._notice().set()  # a slot may be free (its key's, or a session's): look
         size = len(jsoncodec.dumps(execution.result))
         if execution.error is not None:
             size += len(jsoncodec.dumps(execution.error))
@@ -283,6 +446,11 @@ class MemoryStore(ExecutionStore):
     async def request_cancel(
         self, execution: Execution, reason: CancelReason, settle_within: float | None
     ) -> None:
+        if execution.status is ExecutionStatus.QUEUED:  # nobody runs it: it ends here
+            self._cancel_queued(execution, reason)
+            if self.on_unqueued is not None:
+                self.on_unqueued(execution, None)
+            return
         if self.on_cancel is not None:
             self.on_cancel(execution.execution_id, reason, settle_within)
 

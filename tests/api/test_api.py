@@ -35,6 +35,7 @@ EXECUTION_KEYS = {
     "replica",
     "attempt",
     "input_request",
+    "scheduled_at",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 

@@ -109,6 +109,9 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "events_emitted": "counter",
         P + "executions_waiting": "gauge",
         P + "input_wait_seconds": "histogram",
+        P + "executions_queued": "gauge",
+        P + "queue_wait_seconds": "histogram",
+        P + "execution_retries": "counter",
         P + "event_streams_open": "gauge",
         P + "webhook_deliveries": "counter",
         P + "webhooks_pending": "gauge",
@@ -132,6 +135,9 @@ async def test_known_label_values_start_at_zero(served: Served) -> None:
         assert m("executions_finished_total", reasoner=name, status="lost") == 0
         assert m("executions_waiting", reasoner=name) == 0
         assert m("input_wait_seconds_count", reasoner=name) == 0
+        assert m("executions_queued", reasoner=name) == 0
+        assert m("queue_wait_seconds_count", reasoner=name) == 0
+        assert m("execution_retries_total", reasoner=name, reason="timeout") == 0
     assert m.labels("requests_rejected_total", "reason") == {
         "draining",
         "capacity",

@@ -21,7 +21,8 @@ LEASE = 1.0
 
 
 class Replica(ServerProcess):
-    """`agent-server run tests_app:agent` on a fixed loopback port with the redis store."""
+    """`agent-server run tests_app:agent` (or `app`) on a fixed loopback port with the redis
+    store."""
 
     def __init__(
         self,
@@ -31,11 +32,12 @@ class Replica(ServerProcess):
         marker_dir: Path,
         extra: list[str],
         env: dict[str, str] | None = None,
+        app: str = "tests_app:agent",
     ) -> None:
         self.fixed_port = port
         self.replica_id = replica_id
         args = [
-            "tests_app:agent",
+            app,
             "--store",
             store,
             "--replica-id",
@@ -59,12 +61,14 @@ class Cluster:
         redis: RedisServer,
         extra: list[str],
         env: dict[str, str] | None = None,
+        app: str = "tests_app:agent",
     ) -> None:
         need("haproxy", package="haproxy")  # before any replica starts, so none is left behind
         self.tmp_path = tmp_path
         self.redis = redis
         self.extra = extra
         self.env = env or {}
+        self.app = app
         self.ports = [free_port() for _ in range(3)]
         self.incarnations = 0
         self.replicas = [self.start(index) for index in range(3)]
@@ -84,6 +88,7 @@ class Cluster:
             marker_dir,
             self.extra,
             self.env,
+            self.app,
         )
 
     def url(self, index: int) -> str:

@@ -358,3 +358,50 @@ async def test_unserialisable_result_is_failed() -> None:
             body = response.json()
             assert body["status"] == "failed"
             assert set(body["error"]) == {"type", "message"}
+
+
+def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
+    from agent_server import RetryPolicy
+    from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+
+    async def work() -> None:
+        return None
+
+    def blocking() -> None:
+        return None
+
+    assert Reasoner(work, "w", None, timeout=2).timeout == 2.0
+    for bad in (0, -1, float("nan"), 8 * 86_400, True):
+        with pytest.raises(ReasonerDefinitionError):
+            Reasoner(work, "w", None, timeout=bad)
+    with pytest.raises(ReasonerDefinitionError, match="async def"):
+        Reasoner(blocking, "b", None, timeout=1)
+    with pytest.raises(ReasonerDefinitionError, match="RetryPolicy"):
+        Reasoner(work, "w", None, retry=3)  # type: ignore[arg-type]
+    policy = RetryPolicy(max_attempts=4, initial_delay=1, backoff=2, max_delay=3)
+    assert [policy.delay(n) for n in (1, 2, 3)] == [1, 2, 3]
+    assert policy.retries(ValueError(), 3) and not policy.retries(ValueError(), 4)
+    assert not RetryPolicy(retry_on=(KeyError,)).retries(ValueError(), 1)
+    for kwargs in ({"max_attempts": 0}, {"backoff": -1}, {"retry_on": [ValueError]}):
+        with pytest.raises(ValueError):
+            RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_concurrency_limit_is_checked_where_the_reasoner_is_defined() -> None:
+    from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+
+    async def work() -> None:
+        return None
+
+    assert Reasoner(work, "w", None, max_concurrency=2).concurrency_key is None
+    limited = Reasoner(work, "w", None, max_concurrency=1, concurrency_key="header:X-Tenant")
+    assert limited.max_concurrency == 1
+    for kwargs in (
+        {"max_concurrency": 0},
+        {"max_concurrency": True},
+        {"concurrency_key": "session"},
+        {"max_concurrency": 1, "concurrency_key": "tenant"},
+        {"max_concurrency": 1, "concurrency_key": "header:bad name"},
+    ):
+        with pytest.raises(ReasonerDefinitionError):
+            Reasoner(work, "w", None, **kwargs)  # type: ignore[arg-type]

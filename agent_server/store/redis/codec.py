@@ -111,6 +111,7 @@ class RowCodec:
             duration_seconds=_number(row[Row.DURATION_SECONDS]),
             abandoned=row[Row.ABANDONED] == "1",
             input_request=_input_request(row[Row.INPUT_REQUEST]),
+            scheduled_at=_number(row[Row.SCHEDULED_AT]),
         )
         moved = Moved(int(row[Row.MOVED]))
         if moved is Moved.LOST and self.observer is not None:
@@ -150,6 +151,7 @@ class RowCodec:
             "replica": execution.replica,
             "attempt": str(execution.attempt),
             "input_request": b"null",
+            "scheduled_at": "" if execution.scheduled_at is None else repr(execution.scheduled_at),
             "abandoned": "0",
         }
         return [values[name] for name in FIELDS]

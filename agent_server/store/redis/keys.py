@@ -17,6 +17,7 @@ class Keys:
 
     __slots__ = (
         "all",
+        "ckeys",
         "ends",
         "events",
         "finished",
@@ -29,6 +30,7 @@ class Keys:
         "renewals",
         "replicas",
         "running",
+        "scheduled",
         "sizes",
         "tag",
         "webhook_bodies",
@@ -47,6 +49,12 @@ class Keys:
         #: Parked executions (waiting for input, owned by nobody), scored by when their
         #: request expires.
         self.parked = prefix + "parked"
+        #: Queued executions waiting for a time, scored by when they are due (ms, Redis's
+        #: clock): delayed starts and retries after their backoff.
+        self.scheduled = prefix + "scheduled"
+        #: Concurrency keys with work waiting for a slot, scored by when each last got one
+        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`.
+        self.ckeys = prefix + "ckeys"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
         #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):
@@ -149,7 +157,21 @@ class Keys:
         return *self.judged, self.parked
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
-        return *self.records, self.replicas, self.owned(replica)
+        return *self.records, self.replicas, self.owned(replica), self.scheduled, self.ckeys
+
+    def for_enqueue(self, execution_id: str, session_id: str, key: str) -> tuple[str, ...]:
+        return (
+            *self.judged,
+            self.record(execution_id),
+            self.idempotency(key),
+            self.session(session_id),
+            self.releasing(session_id),
+            self.scheduled,
+            self.ckeys,
+        )
+
+    def for_retry(self, execution_id: str, owner: str) -> tuple[str, ...]:
+        return self.record(execution_id), self.running, self.owned(owner), self.scheduled
 
     def for_list(self, index: str) -> tuple[str, ...]:
         return *self.judged, index

@@ -83,6 +83,8 @@ class Notices:
         self._recent_ends: OrderedDict[str, None] = OrderedDict()
         #: Set when work may be queued: the queue taker looks.
         self.queued = asyncio.Event()
+        #: Work waits for a slot of its concurrency key: every end wakes the taker too.
+        self.wake_on_ends = False
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -219,6 +221,8 @@ class Notices:
 
     def _dispatched(self, channel: str, data: str) -> None:
         if channel == self._ends_channel:
+            if self.wake_on_ends:
+                self.queued.set()
             for execution_id, row in self._ends(data):
                 self._noticed(execution_id)
                 if execution_id in self.waiters:

@@ -38,6 +38,8 @@ NAMES = (
     "expire",
     "webhook_claim",
     "webhook_settle",
+    "enqueue",
+    "retry",
 )
 
 
@@ -60,10 +62,11 @@ class Row(enum.IntEnum):
     REPLICA = 10
     ATTEMPT = 11
     INPUT_REQUEST = 12
-    ABANDONED = 13
-    MOVED = 14
-    MATCHED = 15
-    CURSOR = 16
+    SCHEDULED_AT = 13
+    ABANDONED = 14
+    MOVED = 15
+    MATCHED = 16
+    CURSOR = 17
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.
@@ -81,6 +84,8 @@ class Create(enum.IntEnum):
     KEY_FORGOTTEN = -2
     VOIDED = -3
     LEASE_LAPSED = -4
+    FULL = -5
+    BUSY = -6
     EXISTING = 2
 
 

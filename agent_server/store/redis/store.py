@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -36,7 +37,9 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     Page,
+    QueueFull,
     SessionReleasing,
+    SessionTaken,
     StoreObserver,
     StoreUnavailable,
 )
@@ -54,6 +57,8 @@ from agent_server.waiting import Wakeup
 
 logger = logging.getLogger("agent_server.store")
 
+#: Seconds after which keyed work waiting for a slot is looked at again without a notice.
+BLOCKED_RELOOK = 5.0
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
 
@@ -88,6 +93,9 @@ class RedisStore(ExecutionStore):
         self.observer = observer
         self.max_events = max_events
         self._tasks: list[asyncio.Task[None]] = []
+        #: When the next scheduled execution is due (the loop's clock), as the last claim
+        #: said; None when nothing waits for a time.
+        self._due_at: float | None = None
         self._codec = RowCodec(observer)
         renew_now = asyncio.Event()
         self._link = Link(
@@ -280,14 +288,15 @@ class RedisStore(ExecutionStore):
     # -- records ---------------------------------------------------------------------------
 
     async def create(
-        self, execution: Execution, idempotency: Idempotency | None = None
+        self, execution: Execution, idempotency: Idempotency | None = None, max_queued: int = 0
     ) -> Execution | None:
         """One script: refused while the session is released; with an idempotency key
         already used for the same request, the execution it started; else the record, its
-        index entries, and the key (set if absent, atomically: one execution per key)."""
+        index entries, and the key (set if absent, atomically: one execution per key).
+        A queued one is `enqueue.lua`'s."""
         session_id = execution.session_id or ""
         pairs = self._codec.new_record(execution)  # in FIELDS order: the script names them
-        if execution.resumable:
+        if execution.resumable or execution.body is not None:
             pairs.extend(
                 ("body", codec.dumps(execution.body), "max_attempts", str(execution.max_attempts))
             )
@@ -296,6 +305,8 @@ class RedisStore(ExecutionStore):
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
+        if execution.status is ExecutionStatus.QUEUED:
+            return await self._enqueue(execution, key, fingerprint, key_ttl, max_queued, pairs)
         execution_id = execution.execution_id
         liveness = self._liveness
         liveness.creating.add(execution_id)
@@ -335,6 +346,53 @@ class RedisStore(ExecutionStore):
             raise IdempotencyForgotten(key)
         if code is Create.EXISTING:
             return self._codec.restore(reply[1])
+        return None
+
+    async def _enqueue(
+        self,
+        execution: Execution,
+        key: str,
+        fingerprint: str,
+        key_ttl: int,
+        max_queued: int,
+        pairs: list[str | bytes],
+    ) -> Execution | None:
+        """`enqueue.lua`: nobody owns it, so no lease is asked for; due on Redis's clock."""
+        execution_id, session_id = execution.execution_id, execution.session_id or ""
+        delay = 0.0 if execution.scheduled_at is None else execution.scheduled_at - time.time()
+        with self._link.operation("enqueue"):
+            reply = await self._link.script(
+                "enqueue",
+                self.keys.for_enqueue(execution_id, session_id, key),
+                execution_id,
+                session_id,
+                repr(execution.created_at),
+                key,
+                fingerprint,
+                key_ttl,
+                max(0, round(delay * 1000)) if execution.scheduled_at is not None else 0,
+                max_queued,
+                execution.concurrency_key or "",
+                str(execution.concurrency_limit),
+                execution.session_policy or "",
+                *pairs,
+            )
+        code = Create(int(reply[0]))
+        if code is Create.FULL:
+            raise QueueFull(max_queued)
+        if code is Create.BUSY:
+            raise SessionTaken(str(reply[1]))
+        if code is Create.RELEASING:
+            raise SessionReleasing(session_id)
+        if code is Create.KEY_MISMATCH:
+            raise IdempotencyMismatch(key)
+        if code is Create.KEY_FORGOTTEN:
+            raise IdempotencyForgotten(key)
+        if code is Create.EXISTING:
+            return self._codec.restore(reply[1])
+        if reply[1]:
+            execution.scheduled_at = float(reply[1])  # on Redis's clock, as it is due
+        execution.displaced = tuple(str(other) for other in reply[2:])
         return None
 
     async def checkpoint(self, execution: Execution, state: str) -> None:
@@ -473,9 +531,31 @@ class RedisStore(ExecutionStore):
             [execution.execution_id, execution.replica, str(execution.attempt), self.keys.queued],
         )
 
+    def retry(self, execution: Execution, delay: float) -> None:
+        """Through the outbox, fenced: the record goes to `queued` with attempt + 1, due
+        after `delay` seconds on Redis's clock (`retry.lua`)."""
+        self._outbox.put(
+            execution,
+            "retry",
+            self.keys.for_retry(execution.execution_id, execution.replica),
+            [
+                execution.execution_id,
+                execution.replica,
+                str(execution.attempt),
+                str(max(0, round(delay * 1000))),
+                self.keys.queued,
+            ],
+        )
+
+    def due_in(self) -> float | None:
+        if self._due_at is None:
+            return None
+        return max(0.0, self._due_at - asyncio.get_running_loop().time())
+
     async def claim(self) -> Execution | None:
-        """One script: the oldest queued execution, now running here, with its body and
-        last checkpoint; None when nothing is queued."""
+        """One script: the oldest queued execution (what fell due in `scheduled` joins the
+        queue first), now running here, with its body and last checkpoint; None when
+        nothing is due (`due_in` then says when the next one is)."""
         liveness = self._liveness
         liveness.claiming += 1
         try:
@@ -488,9 +568,16 @@ class RedisStore(ExecutionStore):
             raise
         finally:
             liveness.claiming -= 1
-        if not reply:
+        if not isinstance(reply[0], list):  # nothing taken: when to look again
+            due_ms, blocked = int(reply[0]), int(reply[1])
+            loop = asyncio.get_running_loop()
+            self._due_at = None if due_ms < 0 else loop.time() + due_ms / 1000
+            if blocked:  # a missed end notice costs at most this long
+                self._due_at = min(self._due_at or math.inf, loop.time() + BLOCKED_RELOOK)
+            # Keyed work waits for a slot: the next end (on any replica) may free one.
+            self._notices.wake_on_ends = bool(blocked)
             return None
-        row, (body, checkpoint, max_attempts, last_event, asks) = reply
+        row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks) = reply
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
@@ -503,6 +590,10 @@ class RedisStore(ExecutionStore):
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at
         )
+        # Counted as queued when it was queued (a start or a retry), not when handed off.
+        if self.on_unqueued is not None and (scheduled_at or execution.attempt == 1):
+            due = float(scheduled_at) if scheduled_at else execution.created_at
+            self.on_unqueued(execution, max(0.0, time.time() - due))
         return execution
 
     async def wait_queued(self, timeout: float) -> None:
@@ -657,6 +748,8 @@ class RedisStore(ExecutionStore):
                     execution.execution_id,
                     reason.value,
                 )
+            if int(reply[0]) and self.on_unqueued is not None:
+                self.on_unqueued(execution, None)
             if int(reply[0]) or not reply[1]:
                 return
             owner = reply[1]  # claimed meanwhile: the request goes to its new owner

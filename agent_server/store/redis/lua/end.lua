@@ -36,7 +36,7 @@ for i = 5, #ARGV, 10 do
           status = status, status_reason = ARGV[i + 4], result = ARGV[i + 5],
           error = ARGV[i + 6], created_at = v[7], finished_at = fin,
           duration_seconds = ARGV[i + 8], replica = owner, attempt = attempt,
-          input_request = 'null', abandoned = ARGV[i + 9]}
+          input_request = 'null', scheduled_at = '', abandoned = ARGV[i + 9]}
         local row = {}
         for j, f in ipairs(F) do row[j] = written[f] end
         notice[#notice + 1] = row

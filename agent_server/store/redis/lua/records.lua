@@ -88,14 +88,21 @@ local function finish(rec, ev, id, sid, owned)
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end
 
--- End a queued execution (nobody runs it) as cancelled.
+-- End a queued execution (nobody runs it) as cancelled: out of the queue, or out of
+-- `scheduled` (named from the prefix) if it waited for a time.
 local function cancel_queued(rec, ev, id, sid, reason)
   -- Its duration runs from its creation, across attempts, as a finished attempt's does.
   local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
   redis.call('HSET', rec, 'status', STATUS_CANCELLED, 'status_reason', reason,
     'finished_at', string.format('%.6f', NOW / 1000),
-    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)))
+    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)),
+    'scheduled_at', '')
   redis.call('LREM', QUEUE, 0, id)
+  redis.call('ZREM', P .. 'scheduled', id)
+  local key = redis.call('HGET', rec, 'ckey')
+  if key and key ~= '' and redis.call('LREM', P .. 'cq:' .. key, 0, id) > 0 then
+    redis.call('DECR', P .. 'cqueued')
+  end
   finish(rec, ev, id, sid, false)
 end
 

@@ -1,0 +1,92 @@
+--[[ enqueue: a new record, queued for whichever replica takes it first (a delayed start, or
+  a start past --max-inflight with --queue-when-full), unless something forbids it.
+  KEYS[1..8]: judge.lua's; KEYS[9..12]: the record (`x:{id}`), `idem:{idempotency key}`,
+  `session:{sid}`, `releasing:{sid}` (the last three untouched when there is no key, no
+  session); KEYS[13..14]: `scheduled`, `ckeys`. The keys of the execution a key was first
+  used for, and its concurrency key's queue (`cq:{key}`), are named from the prefix.
+  ARGV[1..3]: the common arguments (header.lua).
+  ARGV[4..]: id, session id ('' for none), created_at, idempotency key ('' for none), its
+  fingerprint, its TTL (ms), the delay (ms; 0: due now), the most executions that may be
+  queued, its concurrency key ('' for none) and that key's limit, its session policy ('' for
+  parallel), then the record's values in F's order, then any more field/value pairs (its
+  body and max_attempts).
+  A session policy looks at the session's active executions (at most 1000, newest first):
+  `reject` refuses the start when there is one; `enqueue`, `interrupt` and `rollback` make
+  the running ones hold its key's slot (`cslots:{key}`, the key being the session's, limit
+  1), so it starts once they ended; `interrupt` and `rollback` return them all to cancel.
+  Due now, it joins the tail of `queue`, or of its concurrency key's queue (the key is then
+  in `ckeys`; `cqueued` counts what the keys' queues hold, for the bound); else `scheduled`,
+  scored by its due time on Redis's clock (claim.lua moves it on once due). The id is published on `queued`.
+  Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now), ids to interrupt...};
+  {BUSY, the id of an active execution of the session} (reject); {RELEASING};
+  {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
+  record} the execution the key was first used for (nothing created).
+]]
+--! include judge.lua
+local id, sid, score = ARGV[4], ARGV[5], ARGV[6]
+local key, fingerprint, key_ttl = ARGV[7], ARGV[8], ARGV[9]
+local delay, most = tonumber(ARGV[10]), tonumber(ARGV[11])
+local ckey, climit, policy = ARGV[12], ARGV[13], ARGV[14]
+local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local ckeys = KEYS[14]
+if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
+if key ~= '' then
+  local first = redis.call('GET', idem)
+  if first then
+    local bar = string.find(first, '|', 1, true)
+    if string.sub(first, 1, bar - 1) ~= fingerprint then return {CREATE_KEY_MISMATCH} end
+    local earlier = read(string.sub(first, bar + 1))
+    if earlier then return {CREATE_EXISTING, earlier} end
+    return {CREATE_KEY_FORGOTTEN}
+  end
+end
+local interrupted = {}
+if policy ~= '' and sid ~= '' then
+  for _, other in ipairs(redis.call('ZREVRANGE', session, 0, 999)) do
+    local status = redis.call('HGET', P .. 'x:' .. other, 'status')
+    if status and ACTIVE[status] then
+      if policy == 'reject' then return {CREATE_BUSY, other} end
+      interrupted[#interrupted + 1] = other
+    end
+  end
+end
+local waiting = tonumber(redis.call('GET', P .. 'cqueued') or '0')  -- in the keys' queues
+if redis.call('LLEN', QUEUE) + redis.call('ZCARD', scheduled) + waiting >= most then
+  return {CREATE_FULL}
+end
+if key ~= '' then redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl) end
+local values = {}
+for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[14 + i] end
+for i = 15 + #F, #ARGV do values[#values + 1] = ARGV[i] end
+if ckey ~= '' then
+  values[#values + 1] = 'ckey'; values[#values + 1] = ckey
+  values[#values + 1] = 'climit'; values[#values + 1] = climit
+end
+local at = ''
+if delay > 0 then
+  local due = NOW + delay
+  at = string.format('%.6f', due / 1000)
+  values[#values + 1] = 'scheduled_at'
+  values[#values + 1] = at
+  redis.call('ZADD', scheduled, due, id)
+elseif ckey ~= '' then
+  redis.call('RPUSH', P .. 'cq:' .. ckey, id)
+  redis.call('INCR', P .. 'cqueued')
+  redis.call('ZADD', ckeys, 'NX', 0, ckey)
+else
+  redis.call('RPUSH', QUEUE, id)
+end
+redis.call('HSET', rec, unpack(values))
+redis.call('ZADD', ALL, score, id)
+if sid ~= '' then redis.call('ZADD', session, score, id) end
+for _, other in ipairs(interrupted) do
+  if OWNED[redis.call('HGET', P .. 'x:' .. other, 'status')] then
+    redis.call('SADD', P .. 'cslots:' .. ckey, other)  -- it starts once they ended
+  end
+end
+redis.call('PUBLISH', P .. 'queued', id)
+local reply = {CREATE_CREATED, at}
+if policy == 'interrupt' or policy == 'rollback' then
+  for _, other in ipairs(interrupted) do reply[#reply + 1] = other end
+end
+return reply
