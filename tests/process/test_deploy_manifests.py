@@ -825,6 +825,12 @@ def test_dashboard_queries_only_metrics_the_server_exposes() -> None:
         "agent_server_store_operation_duration_seconds_bucket",
         "agent_server_store_fenced_writes_total",
         "agent_server_replicas_alive",
+        "agent_server_executions_waiting",
+        "agent_server_input_wait_seconds_bucket",
+        "agent_server_executions_queued",
+        "agent_server_execution_retries_total",
+        "agent_server_webhook_deliveries_total",
+        "agent_server_webhooks_pending",
     ):
         assert required in used, f"no panel shows {required}"
     titles = {panel["title"] for panel in dashboard["panels"]}
