@@ -5,6 +5,11 @@ server rightly refuses the second one (422: the key was first used for another r
 which the fuzzer would read as a valid request rejected. Each valid key it draws is made
 unique per request, so keys are still sent (and malformed ones still refused with 400)
 without being reused across requests.
+
+A long-poll (`GET /executions/{id}?wait=S`) rightly waits up to a minute for an execution
+that is not ending (a start the fuzzer delayed by days with `?delay=`), past the fuzzer's
+own request timeout: a drawn `wait` is bounded to WAIT_BOUND seconds (values outside the
+schema are still sent as drawn, and still refused).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 import schemathesis
 
 VALID_KEY = re.compile(r"[ -~]{1,255}")
+#: Well under the fuzzer's --request-timeout (10 s).
+WAIT_BOUND = 2.0
 
 
 @schemathesis.hook
@@ -24,3 +31,7 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     for name in list(headers):
         if name.lower() == "idempotency-key" and VALID_KEY.fullmatch(str(headers[name])):
             headers[name] = uuid.uuid4().hex
+    query = case.query or {}
+    wait = query.get("wait")
+    if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > WAIT_BOUND:
+        query["wait"] = WAIT_BOUND
