@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
+from agent_server.tracing import Tracing, tracing_from
 from agent_server.waiting import Closing
 
 logger = logging.getLogger("agent_server.agent")
@@ -203,19 +205,35 @@ class Agent:
 
             store = describe_url(store)
         names = sorted(self.reasoners)
+        # The address configured (`agent-server run`'s; port 0: uvicorn's next line names the
+        # port it took), and the shutdown budget every deadline is derived from.
+        address = f"{settings.host}:{settings.port}"
+        plan = self.shutdown.plan
+        budget = {
+            "grace_period": plan.grace_period,
+            "unready_delay": plan.unready_delay,
+            "drain_timeout": plan.drain_timeout,
+            "cancel_timeout": plan.cancel_timeout,
+            "http_timeout": plan.http_timeout,
+        }
         logger.info(
-            "agent %r serving %d reasoners (%s) with store %s as replica %s",
+            "agent %r serving %d reasoners (%s) with store %s as replica %s on %s; shutdown "
+            "within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
             self.name,
             len(names),
             ", ".join(names) or "none",
             store,
             settings.replica_id,
+            address,
+            *budget.values(),
             extra={
                 "fields": {
                     "agent": self.name,
                     "reasoners": names,
                     "store": store,
                     "replica": settings.replica_id,
+                    "address": address,
+                    "shutdown": budget,
                 }
             },
         )
@@ -277,7 +295,7 @@ class Agent:
             )
             if settings.access_log:
                 app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
-            self._app = app
+            self._app = self._built.tracing.server(app)  # outermost: the access line's span
         return self._app
 
     def api(self) -> Api:
@@ -364,8 +382,10 @@ class _Parts:
         shutdown: ShutdownSequence,
         taker: QueueTaker,
         streams_closing: Closing,
+        tracing: Tracing,
     ) -> None:
         self.store = store
+        self.tracing = tracing
         self.registry = registry
         self.releases = releases
         self.shutdown = shutdown
@@ -394,12 +414,14 @@ class _Parts:
             observer=metrics,
         )
         streams_closing = Closing()
+        tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables
         registry = InFlightRegistry(
             store,
             max_inflight=settings.max_inflight,
             max_checkpoint_size=settings.max_checkpoint_size,
             max_events=settings.max_events,
             observer=metrics,
+            tracing=tracing,
         )
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)
@@ -413,9 +435,10 @@ class _Parts:
             limit_releases=releases.limit,
             flush_ends=store.flush,
             end_streams=streams_closing.set,
+            flush_spans=tracing.flush,
         )
         taker = QueueTaker(store, registry, reasoners)
-        return cls(store, registry, releases, shutdown, taker, streams_closing)
+        return cls(store, registry, releases, shutdown, taker, streams_closing, tracing)
 
 
 def cors_middleware(origins: Sequence[str]) -> Middleware:

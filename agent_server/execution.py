@@ -113,6 +113,7 @@ class Execution:
         "started_monotonic",
         "status",
         "status_reason",
+        "trace",
     )
 
     def __init__(
@@ -156,6 +157,9 @@ class Execution:
         #: With a shared store, done once its end is written there (True) or refused
         #: (False): a client is told a terminal status only once it is recorded.
         self.recorded: asyncio.Future[bool] | None = None
+        #: With traces on: the `traceparent` of the request that started it, kept with the
+        #: record (not shown), so every attempt joins that trace (agent_server/tracing.py).
+        self.trace: str | None = None
 
     @classmethod
     def restore(
@@ -205,6 +209,7 @@ class Execution:
         execution.events = None
         execution._done = None
         execution.recorded = None
+        execution.trace = None
         return execution
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import functools
 import logging
@@ -33,6 +34,7 @@ from agent_server.execution import (
     error_of,
     exception_text,
 )
+from agent_server.logs import LOG_SCOPE, LogScope, execution_fields
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
 from agent_server.store.base import (
@@ -41,6 +43,7 @@ from agent_server.store.base import (
     SessionReleasing,
     StoreUnavailable,
 )
+from agent_server.tracing import Tracing
 
 logger = logging.getLogger("agent_server.registry")
 
@@ -116,8 +119,11 @@ class InFlightRegistry:
         max_checkpoint_size: int = 65_536,
         max_events: int = 1000,
         observer: RegistryObserver | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
+        #: Traces (agent_server/tracing.py): off unless the OTEL_* variables ask for them.
+        self.tracing = tracing if tracing is not None else Tracing()
         self.max_inflight = max_inflight
         self.max_checkpoint_size = max_checkpoint_size
         self.max_events = max_events
@@ -193,6 +199,8 @@ class InFlightRegistry:
             execution.resumable = True
             execution.body = body
             execution.max_attempts = reasoner.max_attempts
+        if self.tracing.enabled:  # the request's span: every attempt joins its trace
+            execution.trace = self.tracing.start_context()
         self._starting += 1  # counts against capacity while its record is written
         try:
             earlier = await self.store.create(execution, idempotency)
@@ -235,7 +243,12 @@ class InFlightRegistry:
         """End `failed` an execution claimed from the queue that this replica cannot run
         (its reasoner is gone or not resumable here, or its body no longer binds): counted
         and recorded like any other end, rather than circulating."""
-        logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
+        logger.error(
+            "cannot resume execution %s: %s",
+            execution.execution_id,
+            exc,
+            extra={"fields": execution_fields(execution)},
+        )
         if self.observer is not None:
             self.observer.execution_started(execution)
         self._record(execution, ExecutionStatus.FAILED, error=error_of(exc))
@@ -244,6 +257,8 @@ class InFlightRegistry:
         self.store.emit(execution, event)
         if self.observer is not None:
             self.observer.event_emitted(execution)
+        if self.tracing.enabled:
+            self.tracing.emitted(execution, event)
 
     # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
 
@@ -308,9 +323,17 @@ class InFlightRegistry:
                 self._emitted,
                 self,
             )
+        run = self._run(execution, reasoner, arguments, context)
+        if self.tracing.enabled:
+            run = self.tracing.attempt(execution, run)
+        # The task's own context names its execution, for every line logged in it (the
+        # reasoner's own included): agent_server.logs.
+        scope = contextvars.copy_context()
+        scope.run(LOG_SCOPE.set, LogScope(execution))
         task = asyncio.get_running_loop().create_task(
-            self._run(execution, reasoner, arguments, context),
+            run,
             name=f"execution-{execution.execution_id}",
+            context=scope,
         )
         self._running[execution.execution_id] = task
         self._executions[task] = execution
@@ -462,8 +485,8 @@ class InFlightRegistry:
             else "",
             extra={
                 "fields": {
+                    **execution_fields(execution),
                     "abandoned_execution": execution.execution_id,
-                    "reasoner": execution.reasoner,
                     "in_thread": in_thread,
                     "cancel_reason": reason,
                 }
@@ -551,15 +574,25 @@ class InFlightRegistry:
                 execution.reasoner,
                 type(exc).__name__,
                 exception_text(exc),
+                extra={"fields": execution_fields(execution)},
             )
             return
         error = error_of(exc)
         try:
             logger.error(
-                "execution %s (%s) failed", execution.execution_id, execution.reasoner, exc_info=exc
+                "execution %s (%s) failed",
+                execution.execution_id,
+                execution.reasoner,
+                exc_info=exc,
+                extra={"fields": execution_fields(execution)},
             )
         except Exception:  # a traceback that cannot be formatted: the record still ends
-            logger.error("execution %s (%s) failed: %s", execution.execution_id, *error.values())
+            logger.error(
+                "execution %s (%s) failed: %s",
+                execution.execution_id,
+                *error.values(),
+                extra={"fields": execution_fields(execution)},
+            )
         self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(
@@ -576,9 +609,9 @@ class InFlightRegistry:
                 THREAD_WORKERS, thread_name_prefix="reasoner", initializer=block_in_this_thread
             )
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(
-            self._executor, functools.partial(reasoner.call, arguments, context)
-        )
+        # In a copy of the task's context: the execution's log scope and span go along.
+        call = functools.partial(contextvars.copy_context().run, reasoner.call, arguments, context)
+        future = loop.run_in_executor(self._executor, call)
         key = execution.execution_id
         self._in_threads.add(key)
         try:
@@ -604,6 +637,7 @@ class InFlightRegistry:
                 execution.execution_id,
                 execution.reasoner,
                 status.value,
+                extra={"fields": execution_fields(execution)},
             )
             execution.finish(status, result=result, error=error, reason=reason)
             self.store.end(execution)  # refused by the store: a newer attempt owns it
@@ -614,6 +648,7 @@ class InFlightRegistry:
                 execution.execution_id,
                 execution.reasoner,
                 status.value,
+                extra={"fields": execution_fields(execution)},
             )
             return
         began = time.perf_counter()
@@ -659,6 +694,7 @@ class InFlightRegistry:
             execution.execution_id,
             execution.reasoner,
             execution.attempt,
+            extra={"fields": execution_fields(execution)},
         )
 
     def close(self) -> None:

@@ -137,12 +137,18 @@ async def _nothing_to_flush(deadline: float) -> list[Execution]:
     return []
 
 
+async def _no_spans(deadline: float) -> None:
+    return None
+
+
 class ShutdownSequence:
     """Runs the phases against the registry; reports and sets the final metrics.
 
     `limit_releases` bounds session releases under way by the shutdown's settle deadline;
     `flush_ends` writes what the store still owes before the report; `end_streams` ends
-    open event streams when the listener closes (the runner calls it then).
+    open event streams when the listener closes (the runner calls it then);
+    `flush_spans` exports the spans ended so far (traces on), in the flushing phase after
+    the ends, by the same kind of deadline.
     """
 
     def __init__(
@@ -155,6 +161,7 @@ class ShutdownSequence:
         limit_releases: Callable[[float], None] | None = None,
         flush_ends: FlushEnds = _nothing_to_flush,
         end_streams: Callable[[], None] | None = None,
+        flush_spans: Callable[[float], Awaitable[None]] = _no_spans,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -162,6 +169,7 @@ class ShutdownSequence:
         self.plan = plan
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
+        self.flush_spans = flush_spans
         #: Ends open event streams (with a retry hint) as the listener closes.
         self.end_streams = end_streams
         #: True when `agent-server run` drives the sequence from signals; otherwise the
@@ -238,6 +246,9 @@ class ShutdownSequence:
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
+        # The attempts' spans ended with them (a hand-off's too): exported before the http
+        # phase, whose own requests' spans may be left unexported.
+        await self.flush_spans(self.plan.flush_deadline(t0, time.monotonic()))
         reporting = time.monotonic()
         took["flushing"] = reporting - flushing
         for execution in unrecorded:

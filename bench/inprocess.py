@@ -13,7 +13,13 @@ finished execution), with the memory store.
 and off (its `start` and `stop` made no-ops in the child), alternating as trees do: what the
 sampler costs a request.
 
-Usage: python -m bench.inprocess [--compare DIR | --sampler] [--passes 12] [--requests 1500]
+`--tracing` adds this tree with traces on: `OTEL_EXPORTER_OTLP_ENDPOINT` pointed at a sink in
+this process (a loopback HTTP server that reads each export and answers 200, as a collector
+would), so the spans are made, batched, encoded and sent as in production. With `--compare`
+it is measured beside both trees, traces off.
+
+Usage: python -m bench.inprocess [--compare DIR | --sampler] [--tracing] [--passes 12]
+    [--requests 1500]
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +121,49 @@ asyncio.run(main())
 """
 
 
-def measure(tree: Path, passes: int, requests: int, sampler: str = "on") -> dict[str, float]:
+#: The standard variables that turn traces on (cleared for every other variant).
+def _otel_env(endpoint: str) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench"}
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """A collector that keeps nothing: reads each export and answers 200."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """The endpoint of a sink served by a thread of this process while the block runs."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def measure(
+    tree: Path,
+    passes: int,
+    requests: int,
+    sampler: str = "on",
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, float]:
     """Microseconds per request of each scenario, best pass, for the tree at `tree`
-    (`sampler` "off": with the loop-lag sampler's start and stop made no-ops)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    (`sampler` "off": with the loop-lag sampler's start and stop made no-ops; `extra_env`:
+    the OTEL_* variables of traces on, none otherwise)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(extra_env or {}, PYTHONPATH=str(tree))
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(passes), str(requests), sampler],
         cwd=tree,
@@ -129,35 +178,48 @@ def measure(tree: Path, passes: int, requests: int, sampler: str = "on") -> dict
 
 
 def run(
-    compare: Path | None, passes: int, requests: int, repeat: int, sampler: bool = False
+    compare: Path | None,
+    passes: int,
+    requests: int,
+    repeat: int,
+    sampler: bool = False,
+    traced: str | None = None,
 ) -> dict[str, Any]:
-    """Each variant (a tree, or this tree with the sampler on and off) `repeat` times,
-    alternating; the best pass of each."""
+    """Each variant (a tree, this tree with the sampler on and off, or with traces on and
+    exported to `traced`) `repeat` times, alternating; the best pass of each."""
+    Variant = tuple[str, Path, str, dict[str, str]]
+    variants: list[Variant]
     if sampler:
-        variants = [("sampler on", ROOT, "on"), ("sampler off", ROOT, "off")]
+        variants = [("sampler on", ROOT, "on", {}), ("sampler off", ROOT, "off", {})]
     else:
         trees = [ROOT] if compare is None else [ROOT, compare]
-        variants = [(str(tree), tree, "on") for tree in trees]
-    seen: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in variants}
+        variants = [(str(tree), tree, "on", {}) for tree in trees]
+    if traced is not None:
+        variants.append(("traces on", ROOT, "on", _otel_env(traced)))
+    seen: dict[str, list[dict[str, float]]] = {label: [] for label, _, _, _ in variants}
     for turn in range(repeat):
-        for label, tree, state in variants if turn % 2 == 0 else list(reversed(variants)):
-            seen[label].append(measure(tree, passes, requests, state))
+        for label, tree, state, env in variants if turn % 2 == 0 else variants[::-1]:
+            seen[label].append(measure(tree, passes, requests, state, env))
     best = {
         label: {name: min(run[name] for run in runs) for name in runs[0]}
         for label, runs in seen.items()
     }
-    return {"trees": [label for label, _, _ in variants], "best_us": best, "runs": seen}
+    return {"trees": [label for label, _, _, _ in variants], "best_us": best, "runs": seen}
 
 
 def markdown(data: dict[str, Any]) -> str:
     trees = data["trees"]
     best = data["best_us"]
-    lines = ["| scenario | " + " | ".join(f"{Path(t).name} (us)" for t in trees) + " | ratio |"]
-    lines.append("|---|" + "---|" * (len(trees) + 1))
+    others = trees[1:]
+    head = " | ".join(f"{Path(t).name} (us)" for t in trees)
+    ratios = " | ".join(f"{Path(trees[0]).name} / {Path(t).name}" for t in others)
+    lines = [f"| scenario | {head} | {ratios} |"]
+    lines.append("|---|" + "---|" * (len(trees) + len(others)))
     for name in best[trees[0]]:
         values = [best[tree][name] for tree in trees]
-        ratio = f"{values[0] / values[1]:.2f}" if len(values) == 2 else ""
-        lines.append(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {ratio} |")
+        shown = " | ".join(f"{v:.1f}" for v in values)
+        quotients = " | ".join(f"{values[0] / v:.2f}" for v in values[1:])
+        lines.append(f"| {name} | {shown} | {quotients} |")
     return "\n".join(lines)
 
 
@@ -170,10 +232,19 @@ def main() -> None:
     parser.add_argument(
         "--sampler", action="store_true", help="this tree with the loop-lag sampler on and off"
     )
+    parser.add_argument(
+        "--tracing", action="store_true", help="also this tree with traces on (OTLP to a sink)"
+    )
     args = parser.parse_args()
     if args.sampler and args.compare is not None:
         parser.error("--sampler compares this tree with itself: no --compare")
-    data = run(args.compare, args.passes, args.requests, args.repeat, args.sampler)
+    if not args.tracing:
+        data = run(args.compare, args.passes, args.requests, args.repeat, args.sampler)
+    else:
+        with otlp_sink() as endpoint:
+            data = run(
+                args.compare, args.passes, args.requests, args.repeat, args.sampler, endpoint
+            )
     print(markdown(data))
 
 

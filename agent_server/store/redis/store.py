@@ -289,6 +289,8 @@ class RedisStore(ExecutionStore):
             pairs.extend(
                 ("body", codec.dumps(execution.body), "max_attempts", str(execution.max_attempts))
             )
+        if execution.trace is not None:  # traces on: the starting request's span
+            pairs.extend(("trace", execution.trace))
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
@@ -473,7 +475,7 @@ class RedisStore(ExecutionStore):
             liveness.claiming -= 1
         if not reply:
             return None
-        row, (body, checkpoint, max_attempts, last_event) = reply
+        row, (body, checkpoint, max_attempts, last_event, trace) = reply
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
@@ -481,6 +483,7 @@ class RedisStore(ExecutionStore):
         execution.checkpoint = checkpoint or None
         execution.max_attempts = int(max_attempts or 1)
         execution.resumable = True
+        execution.trace = str(trace) if trace else None
         # Its duration runs from its creation, across attempts.
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at

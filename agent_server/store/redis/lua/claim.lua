@@ -3,7 +3,8 @@
   the id it takes from the queue (its record, events, session) are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   Take the oldest queued execution. ARGV[4]: this replica. Returns {record, {body,
-  checkpoint, max_attempts, last event id}} or false when nothing is queued.
+  checkpoint, max_attempts, last event id, trace context ('' for none)}} or false when
+  nothing is queued.
 ]]
 --! include records.lua
 local me = ARGV[4]
@@ -25,6 +26,7 @@ while true do
     local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts')
     local last = redis.call('XREVRANGE', ev, '+', '-', 'COUNT', 1)
     extra[4] = last[1] and last[1][1] or '0-0'
+    extra[5] = redis.call('HGET', rec, 'trace') or ''
     return {row, extra}
   end
 end
