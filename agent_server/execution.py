@@ -78,6 +78,19 @@ def _whole_second(seconds: int) -> str:
     return "%04d-%02d-%02dT%02d:%02d:%02d" % time.gmtime(seconds)[:6]  # noqa: UP031
 
 
+def log_fields(execution: Execution) -> dict[str, Any]:
+    """What a JSON log line about `execution` carries as fields (agent_server/logs.py)."""
+    fields: dict[str, Any] = {
+        "execution_id": execution.execution_id,
+        "reasoner": execution.reasoner,
+        "attempt": execution.attempt,
+        "replica": execution.replica,
+    }
+    if execution.session_id is not None:
+        fields["session_id"] = execution.session_id
+    return fields
+
+
 class Execution:
     """One execution. Slots keep the per-execution memory small: a server holds many.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent_server.execution import Execution
+from agent_server.execution import Execution, log_fields
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The logger of the access lines (`--access-log`).
@@ -39,18 +39,9 @@ class LogScope:
 LOG_SCOPE: ContextVar[LogScope | None] = ContextVar("agent_server_log_scope", default=None)
 
 
-def execution_fields(execution: Execution) -> dict[str, Any]:
-    """The fields a JSON line about one execution carries (`extra={"fields": ...}` where a
-    line is logged outside the execution's own task)."""
-    fields: dict[str, Any] = {
-        "execution_id": execution.execution_id,
-        "reasoner": execution.reasoner,
-        "attempt": execution.attempt,
-        "replica": execution.replica,
-    }
-    if execution.session_id is not None:
-        fields["session_id"] = execution.session_id
-    return fields
+#: The fields a JSON line about one execution carries (`extra={"fields": ...}` where a line
+#: is logged outside the execution's own task); the store's lines use it from execution.py.
+execution_fields = log_fields
 
 
 class JsonFormatter(logging.Formatter):
