@@ -21,22 +21,14 @@ ACCESS_LOGGER = "agent_server.access"
 BASE_KEYS = frozenset({"timestamp", "level", "logger", "message"})
 
 
-class LogScope:
-    """What the lines logged in one task are about: the execution its reasoner runs (set by
-    the registry in the task's own context, so the reasoner's own logging carries it too),
-    and the span it runs in (set by `agent_server.tracing` when traces are on)."""
-
-    __slots__ = ("execution", "span_id", "trace_id")
-
-    def __init__(self, execution: Execution | None = None) -> None:
-        self.execution = execution
-        self.trace_id: str | None = None
-        self.span_id: str | None = None
-
-
-#: The scope of the running task (None outside any execution or traced request). Each task
-#: runs in a copy of the context it was made in, so a scope set there stays in that task.
-LOG_SCOPE: ContextVar[LogScope | None] = ContextVar("agent_server_log_scope", default=None)
+#: What the lines logged in the running task are about. Each task runs in a copy of the
+#: context it was made in, so a value set there stays in that task (and the threads it
+#: hands a copy of its context). The execution its reasoner runs, set by the registry at
+#: the start of the task, so the reasoner's own logging carries it too:
+LOG_EXECUTION: ContextVar[Execution | None] = ContextVar("agent_server_log_execution", default=None)
+#: The span it runs in (trace id, span id, hex), set by `agent_server.tracing` when traces
+#: are on: a request's server span, an attempt's span.
+LOG_SPAN: ContextVar[tuple[str, str] | None] = ContextVar("agent_server_log_span", default=None)
 
 
 #: The fields a JSON line about one execution carries (`extra={"fields": ...}` where a line
@@ -60,13 +52,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
-        scope = LOG_SCOPE.get()
-        if scope is not None:
-            if scope.execution is not None:
-                payload.update(execution_fields(scope.execution))
-            if scope.trace_id is not None:
-                payload["trace_id"] = scope.trace_id
-                payload["span_id"] = scope.span_id
+        execution = LOG_EXECUTION.get()
+        if execution is not None:
+            payload.update(log_fields(execution))
+        span = LOG_SPAN.get()
+        if span is not None:
+            payload["trace_id"], payload["span_id"] = span
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             payload.update((key, value) for key, value in fields.items() if key not in BASE_KEYS)

@@ -34,7 +34,7 @@ from agent_server.execution import (
     error_of,
     exception_text,
 )
-from agent_server.logs import LOG_SCOPE, LogScope, execution_fields
+from agent_server.logs import LOG_EXECUTION, execution_fields
 from agent_server.reasoner import Reasoner
 from agent_server.signals import block_in_this_thread
 from agent_server.store.base import (
@@ -326,14 +326,8 @@ class InFlightRegistry:
         run = self._run(execution, reasoner, arguments, context)
         if self.tracing.enabled:
             run = self.tracing.attempt(execution, run)
-        # The task's own context names its execution, for every line logged in it (the
-        # reasoner's own included): agent_server.logs.
-        scope = contextvars.copy_context()
-        scope.run(LOG_SCOPE.set, LogScope(execution))
         task = asyncio.get_running_loop().create_task(
-            run,
-            name=f"execution-{execution.execution_id}",
-            context=scope,
+            run, name=f"execution-{execution.execution_id}"
         )
         self._running[execution.execution_id] = task
         self._executions[task] = execution
@@ -535,6 +529,9 @@ class InFlightRegistry:
         context: ExecutionContext | None,
     ) -> None:
         """Run the reasoner and record how it really ended; never raises."""
+        # The task's own context names its execution, for every line logged in it (the
+        # reasoner's own included): agent_server.logs.
+        LOG_EXECUTION.set(execution)
         try:
             if reasoner.is_async:
                 value = await reasoner.coroutine(arguments, context)

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_server.events import Event
 from agent_server.execution import Execution, ExecutionStatus
-from agent_server.logs import LOG_SCOPE, LogScope
+from agent_server.logs import LOG_SPAN
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -314,16 +314,10 @@ def _resolve(future: asyncio.Future[bool], value: bool) -> None:
         future.set_result(value)
 
 
-def _scope_ids(span: Span) -> LogScope:
-    """Name `span` in the log scope of this task (made if the task has none)."""
-    scope = LOG_SCOPE.get()
-    if scope is None:
-        scope = LogScope()
-        LOG_SCOPE.set(scope)
+def _scope_ids(span: Span) -> None:
+    """The lines this task logs from now on name `span` (agent_server.logs)."""
     context = span.get_span_context()
-    scope.trace_id = f"{context.trace_id:032x}"
-    scope.span_id = f"{context.span_id:016x}"
-    return scope
+    LOG_SPAN.set((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
 
 
 def _id_generator_base() -> Any:

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from agent_server.execution import Execution
-from agent_server.logs import LOG_SCOPE, JsonFormatter, LogScope
+from agent_server.logs import LOG_EXECUTION, LOG_SPAN, JsonFormatter
 from agent_server.tracing import Tracing, attempt_span_id, traceparent, tracing_from, wanted
 
 
@@ -55,13 +55,12 @@ def test_an_attempts_span_id_is_derived_and_named_by_traceparent() -> None:
 def test_a_line_in_an_executions_scope_carries_its_fields() -> None:
     execution = Execution("chatter", "s-1", "r1", attempt=2)
     record = logging.LogRecord("mine", logging.INFO, "", 0, "hello %s", ("you",), None)
-    scope = LogScope(execution)
-    scope.trace_id, scope.span_id = "a" * 32, "b" * 16
-    token = LOG_SCOPE.set(scope)
+    token, span = LOG_EXECUTION.set(execution), LOG_SPAN.set(("a" * 32, "b" * 16))
     try:
         line = json.loads(JsonFormatter().format(record))
     finally:
-        LOG_SCOPE.reset(token)
+        LOG_EXECUTION.reset(token)
+        LOG_SPAN.reset(span)
     assert line == {
         "timestamp": line["timestamp"],
         "level": "info",
