@@ -1,5 +1,5 @@
-"""What a reasoner declares about when and how often its executions run (DESIGN.md section
-14): a time limit per attempt (`ExecutionTimeout` when it is passed) and a retry policy with
+"""What a reasoner declares about when and how often its executions run (docs/scheduling.md):
+a time limit per attempt (`ExecutionTimeout` when it is passed) and a retry policy with
 exponential backoff (`RetryPolicy`). The registry applies them; the store queues retries and
 delayed starts with the time they are due (`scheduled_at`)."""
 

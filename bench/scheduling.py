@@ -1,4 +1,4 @@
-"""The cost of scheduling to a start (DESIGN.md section 14): a synchronous run of a trivial
+"""The cost of scheduling to a start (docs/scheduling.md): a synchronous run of a trivial
 reasoner with no limit, with a concurrency limit that never binds, and in a session with
 policy `enqueue`, each as a ratio to no limit in the same rounds; and, with 1,000 queued
 behind a limit of one, the time from a slot freeing (an end) to the next queued attempt
