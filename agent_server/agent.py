@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
+from agent_server.tracing import Tracing, tracing_from
 from agent_server.waiting import Closing
 from agent_server.webhooks import WebhookSender
 
@@ -230,19 +232,35 @@ class Agent:
 
             store = describe_url(store)
         names = sorted(self.reasoners)
+        # The address configured (`agent-server run`'s; port 0: uvicorn's next line names the
+        # port it took), and the shutdown budget every deadline is derived from.
+        address = f"{settings.host}:{settings.port}"
+        plan = self.shutdown.plan
+        budget = {
+            "grace_period": plan.grace_period,
+            "unready_delay": plan.unready_delay,
+            "drain_timeout": plan.drain_timeout,
+            "cancel_timeout": plan.cancel_timeout,
+            "http_timeout": plan.http_timeout,
+        }
         logger.info(
-            "agent %r serving %d reasoners (%s) with store %s as replica %s",
+            "agent %r serving %d reasoners (%s) with store %s as replica %s on %s; shutdown "
+            "within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
             self.name,
             len(names),
             ", ".join(names) or "none",
             store,
             settings.replica_id,
+            address,
+            *budget.values(),
             extra={
                 "fields": {
                     "agent": self.name,
                     "reasoners": names,
                     "store": store,
                     "replica": settings.replica_id,
+                    "address": address,
+                    "shutdown": budget,
                 }
             },
         )
@@ -304,7 +322,7 @@ class Agent:
             )
             if settings.access_log:
                 app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
-            self._app = app
+            self._app = self._built.tracing.server(app)  # outermost: the access line's span
         return self._app
 
     def api(self) -> Api:
@@ -401,8 +419,10 @@ class _Parts:
         taker: QueueTaker,
         streams_closing: Closing,
         webhooks: WebhookSender | None,
+        tracing: Tracing,
     ) -> None:
         self.store = store
+        self.tracing = tracing
         self.registry = registry
         self.releases = releases
         self.shutdown = shutdown
@@ -433,6 +453,7 @@ class _Parts:
             observer=metrics,
         )
         streams_closing = Closing()
+        tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables
         registry = InFlightRegistry(
             store,
             max_inflight=settings.max_inflight,
@@ -441,6 +462,7 @@ class _Parts:
             observer=metrics,
             queue_when_full=settings.queue_when_full,
             max_queued=settings.max_queued,
+            tracing=tracing,
         )
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)
@@ -468,9 +490,10 @@ class _Parts:
             end_streams=streams_closing.set,
             flush_webhooks=None if webhooks is None else webhooks.flush,
             cancel_queued=registry.cancel_queued,
+            flush_spans=tracing.flush,
         )
         taker = QueueTaker(store, registry, reasoners)
-        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks)
+        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
 
 
 def cors_middleware(origins: Sequence[str]) -> Middleware:

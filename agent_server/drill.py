@@ -136,7 +136,7 @@ class ChildLog:
         for record in self.records:
             report = record.get("report")
             if record.get("message") == "shutdown report" and isinstance(report, dict):
-                logged = datetime.fromisoformat(str(record["time"])).timestamp()
+                logged = datetime.fromisoformat(str(record["timestamp"])).timestamp()
                 return report, logged - float(report.get("duration_seconds", 0.0))
         return None
 
@@ -159,12 +159,14 @@ class ChildLog:
         warned = [r for r in self.records if "blocked_seconds" in r]
         ended = [r for r in self.records if "stall_seconds" in r]
         found = [
-            Stall(float(r["stall_seconds"]), _unix(r.get("time")), r.get("reasoner"), _where(r))
+            Stall(
+                float(r["stall_seconds"]), _unix(r.get("timestamp")), r.get("reasoner"), _where(r)
+            )
             for r in ended
         ]
         for record in warned[len(ended) :]:
             seconds = float(record["blocked_seconds"])
-            warned_at = _unix(record.get("time"))
+            warned_at = _unix(record.get("timestamp"))
             if until is not None and warned_at is not None:  # it lasted until the exit
                 seconds = max(seconds, until - (warned_at - seconds))
             found.append(Stall(seconds, None, record.get("reasoner"), _where(record)))

@@ -21,6 +21,7 @@ import logging
 from pydantic import ValidationError
 
 from agent_server.execution import Execution
+from agent_server.logs import execution_fields
 from agent_server.reasoner import Reasoner
 from agent_server.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
@@ -105,5 +106,6 @@ class QueueTaker:
             execution.execution_id,
             execution.reasoner,
             execution.attempt,
+            extra={"fields": execution_fields(execution)},
         )
         self.registry.resume(reasoner, arguments, execution)

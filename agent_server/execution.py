@@ -79,6 +79,19 @@ def _whole_second(seconds: int) -> str:
     return "%04d-%02d-%02dT%02d:%02d:%02d" % time.gmtime(seconds)[:6]  # noqa: UP031
 
 
+def log_fields(execution: Execution) -> dict[str, Any]:
+    """What a JSON log line about `execution` carries as fields (agent_server/logs.py)."""
+    fields: dict[str, Any] = {
+        "execution_id": execution.execution_id,
+        "reasoner": execution.reasoner,
+        "attempt": execution.attempt,
+        "replica": execution.replica,
+    }
+    if execution.session_id is not None:
+        fields["session_id"] = execution.session_id
+    return fields
+
+
 class Execution:
     """One execution. Slots keep the per-execution memory small: a server holds many.
 
@@ -121,6 +134,7 @@ class Execution:
         "started_monotonic",
         "status",
         "status_reason",
+        "trace",
         "webhook_url",
     )
 
@@ -184,6 +198,9 @@ class Execution:
         #: With a shared store, done once its end is written there (True) or refused
         #: (False): a client is told a terminal status only once it is recorded.
         self.recorded: asyncio.Future[bool] | None = None
+        #: With traces on: the `traceparent` of the request that started it, kept with the
+        #: record (not shown), so every attempt joins that trace (agent_server/tracing.py).
+        self.trace: str | None = None
 
     @classmethod
     def restore(
@@ -241,6 +258,7 @@ class Execution:
         execution.events = None
         execution._done = None
         execution.recorded = None
+        execution.trace = None
         return execution
 
     @property

@@ -6,32 +6,58 @@ import json
 import logging
 import sys
 import time
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_server.execution import Execution, log_fields
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The logger of the access lines (`--access-log`).
 ACCESS_LOGGER = "agent_server.access"
 #: The keys every JSON line has; a record's `fields` never replace them.
-BASE_KEYS = frozenset({"time", "level", "logger", "message"})
+BASE_KEYS = frozenset({"timestamp", "level", "logger", "message"})
+
+
+#: What the lines logged in the running task are about. Each task runs in a copy of the
+#: context it was made in, so a value set there stays in that task (and the threads it
+#: hands a copy of its context). The execution its reasoner runs, set by the registry at
+#: the start of the task, so the reasoner's own logging carries it too:
+LOG_EXECUTION: ContextVar[Execution | None] = ContextVar("agent_server_log_execution", default=None)
+#: The span it runs in (trace id, span id, hex), set by `agent_server.tracing` when traces
+#: are on: a request's server span, an attempt's span.
+LOG_SPAN: ContextVar[tuple[str, str] | None] = ContextVar("agent_server_log_span", default=None)
+
+
+#: The fields a JSON line about one execution carries (`extra={"fields": ...}` where a line
+#: is logged outside the execution's own task); the store's lines use it from execution.py.
+execution_fields = log_fields
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record; a shutdown report is embedded as structured data, and a
     record's `fields` (`extra={"fields": {...}}`) become keys of the object, so a pipeline
-    reads the access line's status or the start line's store without parsing a message."""
+    reads the access line's status or the start line's store without parsing a message.
+    A line logged inside an execution's task (or a traced request) carries its scope's
+    execution and trace fields; a record's own `fields` win over them."""
 
     def format(self, record: logging.LogRecord) -> str:
         report = getattr(record, "shutdown_report", None)
         message = "shutdown report" if report is not None else record.getMessage()
         payload: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": message,
         }
+        execution = LOG_EXECUTION.get()
+        if execution is not None:
+            payload.update(log_fields(execution))
+        span = LOG_SPAN.get()
+        if span is not None:
+            payload["trace_id"], payload["span_id"] = span
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             payload.update((key, value) for key, value in fields.items() if key not in BASE_KEYS)
@@ -81,7 +107,7 @@ def configure_unless_configured(level: str, log_format: str) -> None:
 
 class AccessLog:
     """ASGI middleware: one line per HTTP request once it has been answered, with the method,
-    path, status, duration (seconds) and client, as fields of the JSON line.
+    path, status, duration (`duration_ms`) and client, as fields of the JSON line.
 
     uvicorn's own access line is written when the answer starts and has no duration (an
     event stream's would read zero); this one is written at the end. In text it reads as
@@ -113,7 +139,7 @@ class AccessLog:
             "method": scope["method"],
             "path": scope["path"],
             "status": status,
-            "duration": round(seconds, 6),
+            "duration_ms": round(seconds * 1000, 3),
             "client": address,
             "http_version": scope.get("http_version", "1.1"),
         }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import functools
 import logging
@@ -35,6 +36,7 @@ from agent_server.execution import (
     error_of,
     exception_text,
 )
+from agent_server.logs import LOG_EXECUTION, execution_fields
 from agent_server.reasoner import Reasoner
 from agent_server.scheduling import ExecutionTimeout, SessionPolicy
 from agent_server.signals import block_in_this_thread
@@ -46,6 +48,7 @@ from agent_server.store.base import (
     SessionReleasing,
     StoreUnavailable,
 )
+from agent_server.tracing import Tracing
 
 logger = logging.getLogger("agent_server.registry")
 
@@ -172,8 +175,11 @@ class InFlightRegistry:
         observer: RegistryObserver | None = None,
         queue_when_full: bool = False,
         max_queued: int = 10_000,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
+        #: Traces (agent_server/tracing.py): off unless the OTEL_* variables ask for them.
+        self.tracing = tracing if tracing is not None else Tracing()
         self.max_inflight = max_inflight
         #: An async start past max_inflight is queued (202 queued) rather than refused (429),
         #: up to `max_queued` queued executions in all.
@@ -278,6 +284,8 @@ class InFlightRegistry:
             execution.max_attempts = reasoner.max_attempts
         if reasoner.resumable or reasoner.retry is not None or queue:
             execution.body = body  # a later attempt, or this one elsewhere, binds it again
+        if self.tracing.enabled:  # the request's span: every attempt joins its trace
+            execution.trace = self.tracing.start_context()
         if by_session:  # one at a time per session, in arrival order
             execution.concurrency_key = f"session:{session_id}"
             execution.concurrency_limit = 1
@@ -388,7 +396,12 @@ class InFlightRegistry:
         """End `failed` an execution claimed from the queue that this replica cannot run
         (its reasoner is gone or not resumable here, or its body no longer binds): counted
         and recorded like any other end, rather than circulating."""
-        logger.error("cannot resume execution %s: %s", execution.execution_id, exc)
+        logger.error(
+            "cannot resume execution %s: %s",
+            execution.execution_id,
+            exc,
+            extra={"fields": execution_fields(execution)},
+        )
         if self.observer is not None:
             self.observer.execution_started(execution)
         self._record(execution, ExecutionStatus.FAILED, error=error_of(exc))
@@ -397,6 +410,8 @@ class InFlightRegistry:
         self.store.emit(execution, event)
         if self.observer is not None:
             self.observer.event_emitted(execution)
+        if self.tracing.enabled:
+            self.tracing.emitted(execution, event)
 
     # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
 
@@ -469,9 +484,11 @@ class InFlightRegistry:
                 self._emitted,
                 self,
             )
+        run = self._run(execution, reasoner, arguments, context)
+        if self.tracing.enabled:
+            run = self.tracing.attempt(execution, run)
         task = asyncio.get_running_loop().create_task(
-            self._run(execution, reasoner, arguments, context),
-            name=f"execution-{execution.execution_id}",
+            run, name=f"execution-{execution.execution_id}"
         )
         self._running[execution.execution_id] = task
         self._executions[task] = execution
@@ -625,8 +642,8 @@ class InFlightRegistry:
             else "",
             extra={
                 "fields": {
+                    **execution_fields(execution),
                     "abandoned_execution": execution.execution_id,
-                    "reasoner": execution.reasoner,
                     "in_thread": in_thread,
                     "cancel_reason": reason,
                 }
@@ -675,6 +692,9 @@ class InFlightRegistry:
         context: ExecutionContext | None,
     ) -> None:
         """Run the reasoner and record how it really ended; never raises."""
+        # The task's own context names its execution, for every line logged in it (the
+        # reasoner's own included): agent_server.logs.
+        LOG_EXECUTION.set(execution)
         try:
             if reasoner.is_async:
                 value = await reasoner.coroutine(arguments, context)
@@ -734,15 +754,25 @@ class InFlightRegistry:
                 execution.reasoner,
                 type(exc).__name__,
                 exception_text(exc),
+                extra={"fields": execution_fields(execution)},
             )
             return
         error = error_of(exc)
         try:
             logger.error(
-                "execution %s (%s) failed", execution.execution_id, execution.reasoner, exc_info=exc
+                "execution %s (%s) failed",
+                execution.execution_id,
+                execution.reasoner,
+                exc_info=exc,
+                extra={"fields": execution_fields(execution)},
             )
         except Exception:  # a traceback that cannot be formatted: the record still ends
-            logger.error("execution %s (%s) failed: %s", execution.execution_id, *error.values())
+            logger.error(
+                "execution %s (%s) failed: %s",
+                execution.execution_id,
+                *error.values(),
+                extra={"fields": execution_fields(execution)},
+            )
         self._record(execution, ExecutionStatus.FAILED, error=error)
 
     async def _run_in_thread(
@@ -759,9 +789,9 @@ class InFlightRegistry:
                 THREAD_WORKERS, thread_name_prefix="reasoner", initializer=block_in_this_thread
             )
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(
-            self._executor, functools.partial(reasoner.call, arguments, context)
-        )
+        # In a copy of the task's context: the execution's log scope and span go along.
+        call = functools.partial(contextvars.copy_context().run, reasoner.call, arguments, context)
+        future = loop.run_in_executor(self._executor, call)
         key = execution.execution_id
         self._in_threads.add(key)
         try:
@@ -787,6 +817,7 @@ class InFlightRegistry:
                 execution.execution_id,
                 execution.reasoner,
                 status.value,
+                extra={"fields": execution_fields(execution)},
             )
             execution.finish(status, result=result, error=error, reason=reason)
             self.store.end(execution)  # refused by the store: a newer attempt owns it
@@ -797,6 +828,7 @@ class InFlightRegistry:
                 execution.execution_id,
                 execution.reasoner,
                 status.value,
+                extra={"fields": execution_fields(execution)},
             )
             return
         began = time.perf_counter()
@@ -866,6 +898,7 @@ class InFlightRegistry:
             execution.execution_id,
             execution.reasoner,
             execution.attempt,
+            extra={"fields": execution_fields(execution)},
         )
 
     def _parked(self, execution: Execution) -> None:

@@ -154,12 +154,18 @@ async def _no_webhooks(deadline: float) -> int:
     return 0
 
 
+async def _no_spans(deadline: float) -> None:
+    return None
+
+
 class ShutdownSequence:
     """Runs the phases against the registry; reports and sets the final metrics.
 
     `limit_releases` bounds session releases under way by the shutdown's settle deadline;
     `flush_ends` writes what the store still owes before the report; `end_streams` ends
-    open event streams when the listener closes (the runner calls it then).
+    open event streams when the listener closes (the runner calls it then);
+    `flush_spans` exports the spans ended so far (traces on), in the flushing phase after
+    the ends, by the same kind of deadline.
     """
 
     def __init__(
@@ -174,6 +180,7 @@ class ShutdownSequence:
         end_streams: Callable[[], None] | None = None,
         flush_webhooks: FlushWebhooks | None = None,
         cancel_queued: Callable[[], int] | None = None,
+        flush_spans: Callable[[float], Awaitable[None]] = _no_spans,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -182,6 +189,7 @@ class ShutdownSequence:
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
         self.flush_webhooks = _no_webhooks if flush_webhooks is None else flush_webhooks
+        self.flush_spans = flush_spans
         #: Ends open event streams (with a retry hint) as the listener closes.
         self.end_streams = end_streams
         #: Ends what a store in this process still queues, once admission closes (queued
@@ -266,6 +274,9 @@ class ShutdownSequence:
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
+        # The attempts' spans ended with them (a hand-off's too): exported before the http
+        # phase, whose own requests' spans may be left unexported.
+        await self.flush_spans(self.plan.flush_deadline(t0, time.monotonic()))
         # Webhooks owed (the ends just written may owe some) get an http phase's length at
         # most, within what the budget leaves before the http phase.
         now = time.monotonic()

@@ -95,7 +95,7 @@ def deadline_logged(stderr: str) -> float | None:
     """When the owner logged its drain deadline (JSON log line), as epoch seconds."""
     for line in stderr.splitlines():
         if DEADLINE_LINE in line and line.startswith("{"):
-            return _epoch(json.loads(line)["time"])
+            return _epoch(json.loads(line)["timestamp"])
     return None
 
 

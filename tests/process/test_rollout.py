@@ -255,7 +255,7 @@ def test_rolling_restart_under_load_loses_nothing(server_factory: Any) -> None:
     began = next(r for r in records if r["message"].startswith("shutdown began"))
     report = next(r["report"] for r in records if r["message"] == "shutdown report")
     print(f"shutdown report: {report}")
-    t0 = _instant(began["time"])
+    t0 = _instant(began["timestamp"])
     after = [b for b in on_old if _instant(b["finished_at"]) >= t0]
     by_shutdown = [b for b in after if b["status_reason"] == "shutdown"]
     refused = sum(count for key, count in tally.refusals.items() if key.startswith("old"))

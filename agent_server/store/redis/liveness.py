@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent_server.execution import Execution, ExecutionStatus
+from agent_server.execution import Execution, ExecutionStatus, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.keys import Keys
@@ -157,6 +157,7 @@ class Liveness:
                     execution.reasoner,
                     self._replica_id,
                     execution.attempt,
+                    extra={"fields": log_fields(execution)},
                 )
                 self._hand_off(execution)
                 continue
@@ -169,6 +170,7 @@ class Liveness:
             execution.execution_id,
             execution.reasoner,
             self._replica_id,
+            extra={"fields": log_fields(execution)},
         )
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at

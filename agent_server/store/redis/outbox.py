@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from agent_server.execution import Execution
+from agent_server.execution import Execution, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.failures import Refused, on_a_replica, transient_reason
 from agent_server.store.redis.link import Link
@@ -276,13 +276,19 @@ class Outbox:
             later.append(write)
             reasons.append(reason)
         elif isinstance(reply, Exception) and script == "emit":
-            logger.warning("event of execution %s not written: %s", execution.execution_id, reply)
+            logger.warning(
+                "event of execution %s not written: %s",
+                execution.execution_id,
+                reply,
+                extra={"fields": log_fields(execution)},
+            )
         elif isinstance(reply, Exception):
             logger.error(
                 "%s of execution %s could not be written: %s",
                 script,
                 execution.execution_id,
                 reply,
+                extra={"fields": log_fields(execution)},
             )
             self.failed.append(execution)
             recorded(execution, False)
@@ -330,6 +336,7 @@ class Outbox:
             execution.replica,
             execution.attempt,
             found or "unknown (expired, deleted, or Redis lost its data)",
+            extra={"fields": log_fields(execution)},
         )
         if self._observer is not None:
             self._observer.fenced_write(execution)

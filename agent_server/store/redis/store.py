@@ -302,6 +302,8 @@ class RedisStore(ExecutionStore):
             )
         if execution.webhook_url is not None:  # kept in the hash, never in the record's JSON
             pairs.extend(("webhook", execution.webhook_url))
+        if execution.trace is not None:  # traces on: the starting request's span
+            pairs.extend(("trace", execution.trace))
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
@@ -577,7 +579,7 @@ class RedisStore(ExecutionStore):
             # Keyed work waits for a slot: the next end (on any replica) may free one.
             self._notices.wake_on_ends = bool(blocked)
             return None
-        row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks) = reply
+        row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks, trace) = reply
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
@@ -586,6 +588,7 @@ class RedisStore(ExecutionStore):
         execution.checkpoint_asks = int(asks or 0)
         execution.max_attempts = int(max_attempts or 1)
         execution.resumable = True
+        execution.trace = str(trace) if trace else None
         # Its duration runs from its creation, across attempts.
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at

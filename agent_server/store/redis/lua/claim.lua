@@ -12,9 +12,9 @@
   running work (a holder that ended, or was lost, is dropped as it is seen); `cqueued`
   counts what the keys' queues hold. ARGV[4]: this
   replica. Returns {record, {body, checkpoint, max_attempts, last event id, the
-  scheduled_at it waited for ('' if none), the requests asked by its checkpoint}}; else
-  {ms until the next scheduled one is due (-1: none), 1 when keyed work waits for a slot
-  (look again when one ends), else 0}.
+  scheduled_at it waited for ('' if none), the requests asked by its checkpoint, trace
+  context ('' for none)}}; else {ms until the next scheduled one is due (-1: none), 1 when
+  keyed work waits for a slot (look again when one ends), else 0}.
 ]]
 --! include records.lua
 local me = ARGV[4]
@@ -44,6 +44,7 @@ local function take(id, v)
   extra[5] = extra[4] or ''
   extra[4] = last[1] and last[1][1] or '0-0'
   extra[6] = redis.call('HGET', rec, 'checkpoint_asks') or '0'
+  extra[7] = redis.call('HGET', rec, 'trace') or ''
   if extra[5] ~= '' then
     redis.call('HSET', rec, 'scheduled_at', '')
     row[I_SCHEDULED_AT] = ''
