@@ -50,9 +50,14 @@ def exit_on_signal_before_serving() -> None:
     Installed first thing by the CLI, because importing an application can take long and
     without a handler PID 1 ignores SIGTERM (the pod then waits for SIGKILL), while any
     other process is killed by it (exit 143). The Runner replaces these handlers.
+
+    A process inherits the signal mask of the thread that started it: one started by a
+    thread that blocks them (a supervisor's worker, or our own reasoner threads' mask) would
+    never see them, so they are unblocked here too.
     """
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, _exit_before_serving)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
 
 
 def _exit_before_serving(sig: int, frame: FrameType | None) -> None:

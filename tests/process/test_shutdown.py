@@ -467,6 +467,30 @@ def test_signal_while_the_app_is_still_importing(
     assert "before serving" in server.stderr()
 
 
+def test_signals_a_parent_left_blocked_still_reach_the_server(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """A process inherits the signal mask of the thread that started it: a supervisor (or a
+    test runner's worker thread) that blocks SIGTERM would leave the server deaf to it, the
+    import never interrupted and the pod waiting for SIGKILL. The server unblocks them."""
+    app = slow_import_app(tmp_path)
+
+    def start_blocked() -> ServerProcess:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        return server_factory("slow_import:agent", *FAST, env={"PYTHONPATH": str(app)}, ready=False)
+
+    with ThreadPoolExecutor(1) as pool:
+        server = pool.submit(start_blocked).result(timeout=CLIENT_TIMEOUT)
+    server.wait_marker("importing", timeout=CLIENT_TIMEOUT)
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    blocked = [line for line in status.splitlines() if line.startswith("SigBlk")]
+    server.signal()
+    code, elapsed = finish(server, timeout=10)
+    assert code == 0, (server.stderr(), blocked)
+    assert elapsed < 1.0, elapsed
+    assert "SIGTERM before serving" in server.stderr()
+
+
 def test_stray_task_and_thread_do_not_hold_the_exit(server_factory: ServerFactory) -> None:
     server = server_factory("tests_app:agent", *FAST)
     stray = start_async(server, "spawn_stubborn_task", {})
