@@ -35,7 +35,7 @@ from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
-from agent_server.tracing import Tracing, tracing_from
+from agent_server.tracing import Tracing, tracing_from, webhook_headers
 from agent_server.waiting import Closing
 from agent_server.webhooks import WebhookSender
 
@@ -478,6 +478,7 @@ class _Parts:
                 allow=settings.webhook_targets,
                 retry_for=settings.webhook_retry_for,
                 observer=metrics,
+                extra_headers=webhook_headers,
             )
         )
         shutdown = ShutdownSequence(

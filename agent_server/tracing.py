@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent_server.events import Event
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.logs import LOG_SPAN
+from agent_server.store.base import Delivery
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -85,6 +86,14 @@ def traceparent(trace: str | None, execution_id: str, attempt: int) -> str | Non
         return None
     span = attempt_span_id(execution_id, attempt)
     return f"00-{parsed[1]}-{span:016x}-{parsed[3]}"
+
+
+def webhook_headers(delivery: Delivery) -> list[tuple[str, str]]:
+    """A webhook's `traceparent`: the span of the attempt whose move it reports, so the
+    receiver's work joins the execution's trace. Derived from what the delivery carries,
+    whichever replica sends it and whether or not it traces itself."""
+    header = traceparent(delivery.trace, str(delivery.data["execution_id"]), delivery.attempt)
+    return [] if header is None else [("traceparent", header)]
 
 
 class Tracing:

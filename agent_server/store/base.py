@@ -104,6 +104,11 @@ class Delivery:
     attempts: int
     #: The execution's JSON as the move left it.
     data: dict[str, Any]
+    #: The trace context its record keeps (`Execution.trace`), None when started with
+    #: traces off; with `attempt`, the one whose move it reports, it names the span a
+    #: receiver's `traceparent` continues (tracing.webhook_headers).
+    trace: str | None = None
+    attempt: int = 0
 
 
 #: The `type` of a delivery at an end and at a request for input.

@@ -329,6 +329,8 @@ class MemoryStore(ExecutionStore):
             0.0,
             0,
             execution.to_json() if data is None else data,
+            execution.trace,
+            execution.attempt,
         )
         self._schedule(delivery, time.monotonic())
         if len(self._webhooks) > MAX_WEBHOOKS:

@@ -30,9 +30,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from agent_server.tracing import attempt_span_id, traceparent
-from tests.support.cluster import Replica
+from tests.support.cluster import Replica, wait_for
 from tests.support.process import ROOT, ServerProcess, free_port
 from tests.support.redis_server import RedisServer
+from tests.support.webhooks import HOOKS
+from tests.support.webhooks import Receiver as WebhookReceiver
 
 WAIT = 10.0
 
@@ -149,9 +151,35 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
+def hooks() -> Iterator[WebhookReceiver]:
+    running = WebhookReceiver()
+    yield running
+    running.close()
+
+
+def _finished_traceparent(hooks: WebhookReceiver, execution_id: str) -> str:
+    """The `traceparent` of the (verified) webhook about the execution's end."""
+    delivered = wait_for(
+        lambda: [
+            r
+            for r in hooks.delivered("execution.finished")
+            if r["body"]["data"]["execution_id"] == execution_id
+        ],
+        WAIT,
+        "the end's webhook",
+    )
+    assert hooks.unverified == []
+    return str(delivered[0]["headers"].get("traceparent"))
+
+
+@pytest.fixture(scope="module")
 def server(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process = ServerProcess(
-        ["tracing_app:agent", "--log-format", "json", "--access-log", "--replica-id", "solo"],
+        [
+            "tracing_app:agent",
+            *("--log-format", "json", "--access-log", "--replica-id", "solo"),
+            *HOOKS,
+        ],
         _otel_env(receiver),
         tmp_path_factory.mktemp("traced"),
     )
@@ -161,13 +189,13 @@ def server(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_the_execution_span_is_a_child_of_the_callers_trace(
-    server: ServerProcess, receiver: Receiver
+    server: ServerProcess, receiver: Receiver, hooks: WebhookReceiver
 ) -> None:
     trace_id, caller_span, header = _caller()
     answer = httpx.post(
         f"{server.url}/reasoners/chatter",
         json={"count": 3},
-        headers={"traceparent": header, "X-Session-ID": "s-1"},
+        headers={"traceparent": header, "X-Session-ID": "s-1", "X-Webhook-URL": hooks.url},
         timeout=WAIT,
     )
     assert answer.status_code == 200, answer.text
@@ -200,6 +228,8 @@ def test_the_execution_span_is_a_child_of_the_callers_trace(
     assert span["events"] == ["progress"] * 3
     assert span["resource"]["service.name"] == "tracing-tests"
     assert span["resource"]["service.instance.id"] == "solo"
+    # The webhook about its end continues the trace from the attempt's span.
+    assert _finished_traceparent(hooks, execution_id) == f"00-{trace_id}-{span['span_id']}-01"
 
     # The reasoner's own log line carries the execution and its span as fields.
     own = next(
@@ -318,10 +348,14 @@ def test_with_the_variables_unset_nothing_of_opentelemetry_is_imported() -> None
 
 
 def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
-    receiver: Receiver, redis_url: str, redis_server: RedisServer, tmp_path: Path
+    receiver: Receiver,
+    hooks: WebhookReceiver,
+    redis_url: str,
+    redis_server: RedisServer,
+    tmp_path: Path,
 ) -> None:
     flags = ["--unready-delay", "0", "--drain-timeout", "0.3", "--cancel-timeout", "1"]
-    flags += ["--grace-period", "5", "--log-format", "json"]
+    flags += ["--grace-period", "5", "--log-format", "json", *HOOKS]
     replicas = []
     try:
         for index in range(2):
@@ -338,7 +372,7 @@ def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
         answer = httpx.post(
             f"{first.url}/reasoners/steps/async",
             json={"count": 15, "pause": 0.1, "marker": "steps-began"},
-            headers={"traceparent": header},
+            headers={"traceparent": header, "X-Webhook-URL": hooks.url},
             timeout=WAIT,
         )
         assert answer.status_code == 202, answer.text
@@ -356,6 +390,9 @@ def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
             ),
             "of attempt 2",
         )
+        # The end's webhook, sent from the record's snapshot by whichever replica claims
+        # it, continues the trace from the span of the attempt that ended.
+        webhook_parent = _finished_traceparent(hooks, execution_id)
     finally:
         for replica in replicas:
             replica.close()
@@ -381,10 +418,8 @@ def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
         "succeeded",
     )
     assert two["links"] == [(trace_id, one["span_id"])]
-    # What a webhook about its end would send: the span of the attempt that ended.
-    assert traceparent(f"00-{trace_id}-{start['span_id']}-01", execution_id, 2) == (
-        f"00-{trace_id}-{two['span_id']}-01"
-    )
+    assert webhook_parent == f"00-{trace_id}-{two['span_id']}-01"
+    assert traceparent(f"00-{trace_id}-{start['span_id']}-01", execution_id, 2) == webhook_parent
 
 
 def _final(url: str, execution_id: str) -> dict[str, Any]:

@@ -643,6 +643,8 @@ class RedisStore(ExecutionStore):
                     max(0.0, now - at),
                     int(body["attempts"]),
                     execution.to_json(),
+                    str(body.get("trace") or "") or None,
+                    int(body.get("attempt") or execution.attempt),
                 )
             )
         return pending, deliveries

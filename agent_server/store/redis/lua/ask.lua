@@ -43,5 +43,5 @@ if ARGV[8] == '1' then
 end
 redis.call('PUBLISH', KEYS[2], v[4])
 schedule_webhook(KEYS[6], KEYS[7], rec, v[4] .. '.input.' .. ARGV[5] .. '.' .. ARGV[6],
-  'execution.input_required')
+  'execution.input_required', v[3])
 return {code, v[1]}

@@ -1,0 +1,74 @@
+"""A real webhook receiver on loopback for the tests: it verifies every signature with the
+Standard Webhooks library, as a receiver in production would."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from standardwebhooks import Webhook
+
+SECRET = "whsec_" + base64.b64encode(b"agent-server webhook test secret").decode()
+WAIT = 20.0
+#: A short retry window: the first retry within 0.3 s (a hundredth of it).
+RETRY = ("--webhook-retry-for", "30")
+HOOKS = (
+    "--webhook-secret",
+    SECRET,
+    *("--webhook-allow", "127.0.0.1", "--webhook-allow", "localhost"),
+    *RETRY,
+)
+
+
+class Receiver:
+    """A real HTTP server on a loopback address: records every request, verifies its
+    signature, and answers 503 to the first `failures` attempts of each webhook-id."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, failures: int = 0) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.unverified: list[str] = []
+        self.failures = failures
+        self.lock = threading.Lock()
+        signer = Webhook(SECRET)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                try:
+                    signer.verify(body, headers)
+                except Exception as exc:
+                    receiver.unverified.append(repr(exc))
+                with receiver.lock:
+                    seen = sum(1 for r in receiver.requests if r["id"] == headers.get("webhook-id"))
+                    status = 503 if seen < receiver.failures else 200
+                    receiver.requests.append(
+                        {
+                            "id": headers.get("webhook-id"),
+                            "headers": headers,
+                            "body": json.loads(body),
+                            "status": status,
+                        }
+                    )
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hooks?token=t"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def delivered(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["status"] == 200 and r["body"]["type"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
