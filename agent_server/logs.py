@@ -123,7 +123,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        answer = _Status(send)
+        answer = StatusSend(send)
         try:
             await self.app(scope, receive, answer)
         finally:
@@ -158,8 +158,9 @@ class AccessLog:
         )
 
 
-class _Status:
-    """The `send` of one request under `AccessLog`: notes the status it answers."""
+class StatusSend:
+    """The `send` of one request: notes the status it answers (for `AccessLog`'s line and
+    the server span's status, agent_server/tracing.py)."""
 
     __slots__ = ("send", "status")
 

@@ -155,7 +155,7 @@ TABLE: tuple[Step, ...] = (
         Transition.RETRY,
         OWNED,
         frozenset({_S.QUEUED}),
-        "registry: a failure its RetryPolicy retries, due after the backoff; retry.lua",
+        "registry: a failure its RetryPolicy retries, after the backoff; handoff.lua with a delay",
     ),
 )
 

@@ -28,11 +28,11 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.events import Event
-from agent_server.execution import Execution, ExecutionStatus
-from agent_server.logs import LOG_SPAN
+from agent_server.execution import Execution, ExecutionStatus, log_fields
+from agent_server.logs import LOG_SPAN, StatusSend
 from agent_server.store.base import Delivery
 
 if TYPE_CHECKING:
@@ -227,14 +227,8 @@ class OtelTracing(Tracing):
                 earlier = attempt_span_id(execution.execution_id, execution.attempt - 1)
                 previous = trace.SpanContext(trace_id, earlier, True, flags)
                 links.append(trace.Link(previous, {"agent_server.link": "previous_attempt"}))
-        attributes: dict[str, str | int] = {
-            "agent_server.execution_id": execution.execution_id,
-            "agent_server.reasoner": execution.reasoner,
-            "agent_server.attempt": execution.attempt,
-            "agent_server.replica": execution.replica,
-        }
-        if execution.session_id is not None:
-            attributes["agent_server.session_id"] = execution.session_id
+        # The same fields as its log lines carry, under the project's attribute prefix.
+        attributes = {f"agent_server.{k}": v for k, v in log_fields(execution).items()}
         with self._ids.preset(attempt_span_id(execution.execution_id, execution.attempt)):
             span = self.tracer.start_span(
                 f"execution {execution.reasoner}",
@@ -411,7 +405,7 @@ class _ServerSpans:
         )
         token = tracing._context.attach(trace.set_span_in_context(span, parent))
         _scope_ids(span)
-        answer = _Status(send)
+        answer = StatusSend(send)
         try:
             await self.app(scope, receive, answer)
         finally:
@@ -425,18 +419,3 @@ class _ServerSpans:
                 span.set_status(trace.Status(trace.StatusCode.ERROR))
             span.end()
             tracing._context.detach(token)
-
-
-class _Status:
-    """The `send` of one traced request: notes the status it answers."""
-
-    __slots__ = ("send", "status")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.status = 0
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        await self.send(message)

@@ -170,9 +170,6 @@ class Keys:
             self.ckeys,
         )
 
-    def for_retry(self, execution_id: str, owner: str) -> tuple[str, ...]:
-        return self.record(execution_id), self.running, self.owned(owner), self.scheduled
-
     def for_list(self, index: str) -> tuple[str, ...]:
         return *self.judged, index
 
@@ -186,7 +183,14 @@ class Keys:
         return self.record(execution_id), self.stream(execution_id)
 
     def for_handoff(self, execution_id: str, owner: str) -> tuple[str, ...]:
-        return self.record(execution_id), self.running, self.owned(owner), self.queue
+        """Where the next attempt goes: the queue (a hand-off), or `scheduled` (a retry)."""
+        return (
+            self.record(execution_id),
+            self.running,
+            self.owned(owner),
+            self.queue,
+            self.scheduled,
+        )
 
     def for_ask(self, execution_id: str, owner: str) -> tuple[str, ...]:
         """The record, the `ends` channel (waiters that return at input_required), what

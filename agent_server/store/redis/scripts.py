@@ -39,7 +39,6 @@ NAMES = (
     "webhook_claim",
     "webhook_settle",
     "enqueue",
-    "retry",
 )
 
 

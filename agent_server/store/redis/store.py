@@ -340,6 +340,12 @@ class RedisStore(ExecutionStore):
         if code is Create.LEASE_LAPSED:
             liveness.renew_now.set()
             raise StoreUnavailable(f"replica {execution.replica}'s lease lapsed: renewing first")
+        return self._existing(code, reply, key, session_id)
+
+    def _existing(self, code: Create, reply: Any, key: str, session_id: str) -> Execution | None:
+        """The answers create.lua and enqueue.lua share: refused (the session is released,
+        the key was used otherwise or forgotten), the execution the key started, or None
+        when this one was created."""
         if code is Create.RELEASING:
             raise SessionReleasing(session_id)
         if code is Create.KEY_MISMATCH:
@@ -384,14 +390,9 @@ class RedisStore(ExecutionStore):
             raise QueueFull(max_queued)
         if code is Create.BUSY:
             raise SessionTaken(str(reply[1]))
-        if code is Create.RELEASING:
-            raise SessionReleasing(session_id)
-        if code is Create.KEY_MISMATCH:
-            raise IdempotencyMismatch(key)
-        if code is Create.KEY_FORGOTTEN:
-            raise IdempotencyForgotten(key)
-        if code is Create.EXISTING:
-            return self._codec.restore(reply[1])
+        existing = self._existing(code, reply, key, session_id)
+        if existing is not None:
+            return existing
         if reply[1]:
             execution.scheduled_at = float(reply[1])  # on Redis's clock, as it is due
         execution.displaced = tuple(str(other) for other in reply[2:])
@@ -526,26 +527,24 @@ class RedisStore(ExecutionStore):
 
     def hand_off(self, execution: Execution) -> None:
         """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
+        self._queue_next(execution, "")
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        """As a hand-off, the next attempt due after `delay` seconds on Redis's clock."""
+        self._queue_next(execution, str(max(0, round(delay * 1000))))
+
+    def _queue_next(self, execution: Execution, delay_ms: str) -> None:
+        """`handoff.lua`, through the outbox: one script for both, fenced like an end."""
         self._outbox.put(
             execution,
             "handoff",
             self.keys.for_handoff(execution.execution_id, execution.replica),
-            [execution.execution_id, execution.replica, str(execution.attempt), self.keys.queued],
-        )
-
-    def retry(self, execution: Execution, delay: float) -> None:
-        """Through the outbox, fenced: the record goes to `queued` with attempt + 1, due
-        after `delay` seconds on Redis's clock (`retry.lua`)."""
-        self._outbox.put(
-            execution,
-            "retry",
-            self.keys.for_retry(execution.execution_id, execution.replica),
             [
                 execution.execution_id,
                 execution.replica,
                 str(execution.attempt),
-                str(max(0, round(delay * 1000))),
                 self.keys.queued,
+                delay_ms,
             ],
         )
 

@@ -13,7 +13,7 @@
   owner must renew first; {EXISTING, record} the execution the key was first used for
   (nothing created).
 ]]
---! include judge.lua
+--! include admit.lua
 local id, sid, score, owner = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local key, fingerprint, key_ttl = ARGV[8], ARGV[9], ARGV[10]
 local rec, void, idem, session, owned, releasing = KEYS[9], KEYS[10], KEYS[11], KEYS[12],
@@ -24,18 +24,9 @@ if redis.call('EXISTS', void) == 1 then return {CREATE_VOIDED} end
 -- until it has renewed; what it took now would be judged at once.
 local lease = redis.call('ZSCORE', REPLICAS, owner)
 if (not lease) or tonumber(lease) <= NOW then return {CREATE_LEASE_LAPSED} end
-if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
-if key ~= '' then
-  local first = redis.call('GET', idem)
-  if first then
-    local bar = string.find(first, '|', 1, true)
-    if string.sub(first, 1, bar - 1) ~= fingerprint then return {CREATE_KEY_MISMATCH} end
-    local earlier = read(string.sub(first, bar + 1))
-    if earlier then return {CREATE_EXISTING, earlier} end
-    return {CREATE_KEY_FORGOTTEN}
-  end
-  redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl)
-end
+local refused = refusal(sid, releasing, key, idem, fingerprint)
+if refused then return refused end
+if key ~= '' then redis.call('SET', idem, fingerprint .. '|' .. id, 'PX', key_ttl) end
 local values = {}
 for i, f in ipairs(F) do values[2 * i - 1] = f; values[2 * i] = ARGV[10 + i] end
 for i = 11 + #F, #ARGV do values[#values + 1] = ARGV[i] end

@@ -22,24 +22,15 @@
   {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
   record} the execution the key was first used for (nothing created).
 ]]
---! include judge.lua
+--! include admit.lua
 local id, sid, score = ARGV[4], ARGV[5], ARGV[6]
 local key, fingerprint, key_ttl = ARGV[7], ARGV[8], ARGV[9]
 local delay, most = tonumber(ARGV[10]), tonumber(ARGV[11])
 local ckey, climit, policy = ARGV[12], ARGV[13], ARGV[14]
 local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local ckeys = KEYS[14]
-if sid ~= '' and redis.call('EXISTS', releasing) == 1 then return {CREATE_RELEASING} end
-if key ~= '' then
-  local first = redis.call('GET', idem)
-  if first then
-    local bar = string.find(first, '|', 1, true)
-    if string.sub(first, 1, bar - 1) ~= fingerprint then return {CREATE_KEY_MISMATCH} end
-    local earlier = read(string.sub(first, bar + 1))
-    if earlier then return {CREATE_EXISTING, earlier} end
-    return {CREATE_KEY_FORGOTTEN}
-  end
-end
+local refused = refusal(sid, releasing, key, idem, fingerprint)
+if refused then return refused end
 local interrupted = {}
 if policy ~= '' and sid ~= '' then
   for _, other in ipairs(redis.call('ZREVRANGE', session, 0, 999)) do
