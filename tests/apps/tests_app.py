@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent_server import Agent, ExecutionContext, Settings
+from agent_server import Agent, ExecutionContext, InputTimeout, Settings
 
 
 class Text(BaseModel):
@@ -451,6 +451,30 @@ async def evidenced_steps(
     return {"steps": count, "attempt": ctx.attempt}
 
 
+#: How long `evidenced_asking` waits for its answer: past it, it fails with ValueError.
+EVIDENCED_ASK_TIMEOUT = 30.0
+
+
+def evidenced_answer(execution_id: str) -> str:
+    """What the fault harness's clients answer an `evidenced_asking` execution: derived from
+    its id, so the checker knows what its result must hold."""
+    return f"answer-{execution_id[:12]}"
+
+
+async def evidenced_asking(ctx: ExecutionContext, pause: float = 0.1) -> dict[str, str]:
+    """Resumable: asks once for input (parked on a shared store: the next attempt takes the
+    answer) and returns it. Notes `asked ATTEMPT` before the ask and `answered ATTEMPT`
+    after; no answer in time fails it with ValueError."""
+    await asyncio.sleep(pause)
+    _evidence(ctx, "asked", ctx.attempt)
+    try:
+        answer = await ctx.ask({"question": "the word"}, timeout=EVIDENCED_ASK_TIMEOUT)
+    except InputTimeout:
+        raise ValueError("no answer in time") from None
+    _evidence(ctx, "answered", ctx.attempt)
+    return {"answer": str(answer)}
+
+
 REASONERS += [evidenced]
 
 
@@ -470,7 +494,13 @@ _limit_address_space()
 
 
 #: Every reasoner name make_agent registers: the plain ones and the resumable ones.
-RESUMABLE_NAMES = {"steps", "steps_once", "slow_first_attempt", "evidenced_steps"}
+RESUMABLE_NAMES = {
+    "steps",
+    "steps_once",
+    "slow_first_attempt",
+    "evidenced_steps",
+    "evidenced_asking",
+}
 
 
 def reasoner_names() -> set[str]:
@@ -486,6 +516,7 @@ def make_agent(settings: Settings | None = None) -> Agent:
     fresh.reasoner(name="steps_once", resumable=True, max_attempts=1)(steps)
     fresh.reasoner(resumable=True, max_attempts=3)(slow_first_attempt)
     fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_steps)
+    fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_asking)
     return fresh
 
 

@@ -10,11 +10,13 @@ one; `python -m bench.faults --seconds N --seeds A-B` runs long ones.
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.apps.tests_app import evidenced_answer
 from tests.support.faults import (
     FAULT_KINDS,
     Evidence,
@@ -177,3 +179,41 @@ def test_the_checker_reads_logs_but_leaves_a_reasoners_own_failure_to_its_record
     found = check(History(), {}, {}, {"r0-1": own + server + server.replace("0x55d1", "0x66e2")})
     assert [v.invariant for v in found] == ["log-errors"]
     assert "2x" in found[0].detail and "store-pubsub" in found[0].detail
+
+
+def test_the_checker_finds_an_answer_lost_or_changed_and_a_parked_attempt_is_no_hand_off() -> None:
+    asking = "/reasoners/evidenced_asking/async"
+    history = History()
+    history.exchanges.append(answer(asking, 202, "running", 1.0, key="k"))
+    taken = answer(f"/executions/{ID}/input", 202, "queued", 2.0)
+    history.exchanges.append(Exchange(**{**taken.__dict__, "op": "input", "method": "POST"}))
+    # Parked at attempt 1 (asked, never answered there), resumed as attempt 2 elsewhere.
+    parked = {
+        ID: [
+            Evidence("asked", 1, None, None, "r0-1", 10, 0.0),
+            Evidence("asked", 2, None, None, "r1-1", 11, 3.0),
+            Evidence("answered", 2, None, None, "r1-1", 11, 3.0),
+        ]
+    }
+    result = {"answer": evidenced_answer(ID)}
+    good = {ID: record("succeeded", attempt=2, replica="r1-1", result=result)}
+    assert check(history, good, parked, {}) == []
+    changed = {ID: record("succeeded", attempt=2, replica="r1-1", result={"answer": "other"})}
+    assert invariants(check(history, changed, parked, {})) == {"answer-taken"}
+    timed_out = record(
+        "failed", error={"type": "ValueError", "message": "no answer in time"}, attempt=2
+    )
+    assert invariants(check(history, {ID: timed_out}, parked, {})) == {"answer-taken"}
+
+
+def test_the_checker_finds_a_delayed_start_run_early() -> None:
+    history = History()
+    start = answer("/reasoners/evidenced/async", 202, "queued", 1.0, key="k")
+    history.exchanges.append(Exchange(**{**start.__dict__, "delay": 1.0}))
+    created = "2026-12-02T10:00:00+00:00"
+    at = datetime.fromisoformat(created).timestamp()
+    final = {ID: record("succeeded", created_at=created)}
+    on_time = {ID: [Evidence("run", 1, None, None, "r0-1", 10, at + 1.01)]}
+    assert check(history, final, on_time, {}) == []
+    early = {ID: [Evidence("run", 1, None, None, "r0-1", 10, at + 0.5)]}
+    assert invariants(check(history, final, early, {})) == {"delayed"}

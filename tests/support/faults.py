@@ -34,6 +34,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,16 @@ import httpx
 from agent_server.client import (
     AgentClient,
     AgentServerError,
+    Conflict,
     Execution,
     WaitTimeout,
 )
-from tests.apps.tests_app import EVIDENCE_DIR_ENV, EVIDENCED_STEPS_MAX_ATTEMPTS, REPLICA_ID_ENV
+from tests.apps.tests_app import (
+    EVIDENCE_DIR_ENV,
+    EVIDENCED_STEPS_MAX_ATTEMPTS,
+    REPLICA_ID_ENV,
+    evidenced_answer,
+)
 from tests.support.haproxy import Haproxy
 from tests.support.process import APPS_DIR, ServerProcess
 from tests.support.redis_server import AOF, START_TIMEOUT, RedisServer
@@ -420,6 +427,7 @@ class Exchange:
     error_type: str | None = None
     error_message: str | None = None
     text: str = ""  # the start of a body that is not an execution
+    delay: float | None = None  # a start's `?delay=`
 
     @property
     def is_execution(self) -> bool:
@@ -507,7 +515,7 @@ class History:
         self.add(Note(self.now(), kind, detail))
 
 
-_EXECUTION_PATH = re.compile(r"^/executions/([0-9a-f]{32})(/cancel)?$")
+_EXECUTION_PATH = re.compile(r"^/executions/([0-9a-f]{32})(/cancel|/input)?$")
 _REASONER_PATH = re.compile(r"^/reasoners/([^/]+)(/async)?$")
 
 
@@ -516,7 +524,7 @@ def _op(method: str, path: str, params: httpx.QueryParams) -> tuple[str, str | N
     found = _EXECUTION_PATH.match(path)
     if found is not None:
         if found.group(2):
-            return "cancel", found.group(1)
+            return found.group(2)[1:], found.group(1)
         return ("wait" if "wait" in params else "get"), found.group(1)
     found = _REASONER_PATH.match(path)
     if found is not None and method == "POST":
@@ -541,6 +549,7 @@ class RecordingTransport(httpx.BaseTransport):
             "path": request.url.path,
             "key": request.headers.get("idempotency-key"),
             "invoked": self.history.now(),
+            "delay": float(request.url.params["delay"]) if "delay" in request.url.params else None,
         }
         try:
             response = self._inner.handle_request(request)
@@ -610,7 +619,9 @@ def _execution(response: httpx.Response) -> dict[str, Any] | None:
 # -- the clients ------------------------------------------------------------------------------
 
 #: (operation, reasoner, weight): sync runs, background starts followed with `?wait=`,
-#: background starts cancelled a moment later.
+#: background starts cancelled a moment later, starts that wait for input (parked on the
+#: store) and are answered, delayed starts (`?delay=`; raw clients only, the project's
+#: client has no delay: theirs are plain starts).
 OPERATIONS = (
     ("run", "evidenced", 3.0),
     ("run", "evidenced_steps", 1.5),
@@ -618,10 +629,18 @@ OPERATIONS = (
     ("start", "evidenced_steps", 2.0),
     ("cancel", "evidenced", 1.0),
     ("cancel", "evidenced_steps", 0.5),
+    ("ask", "evidenced_asking", 1.5),
+    ("delayed", "evidenced", 1.0),
 )
+#: The delays a delayed start asks for (seconds).
+DELAYS = (0.2, 0.5, 1.0)
 
 
 def _input(rng: random.Random, op: str, reasoner: str) -> dict[str, Any]:
+    if reasoner == "evidenced_asking":
+        return {"pause": rng.choice((0.05, 0.2, 0.5))}
+    if op == "delayed":
+        return {"seconds": rng.choice((0.05, 0.2))}
     if reasoner == "evidenced":
         if op == "cancel":
             return {"seconds": round(rng.uniform(1.0, 3.0), 2)}
@@ -703,6 +722,16 @@ class LoadClient(threading.Thread):
                 return execution.execution_id, execution.status, False
             handle = client.start(name, body)
             execution_id = handle.execution_id
+            if op == "ask":
+                deadline = time.monotonic() + OP_TIMEOUT
+                while True:
+                    execution = handle.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    if execution.is_terminal:
+                        return execution_id, execution.status, False
+                    if time.monotonic() > deadline:
+                        return execution_id, f"still {execution.status} at the deadline", False
+                    with contextlib.suppress(Conflict):  # a retry that found its answer taken
+                        client.respond(execution_id, evidenced_answer(execution_id))
             if op == "cancel":
                 time.sleep(self.rng.uniform(0.0, 0.6))
                 client.cancel(execution_id)
@@ -725,7 +754,8 @@ class LoadClient(threading.Thread):
     ) -> tuple[str | None, str, bool]:
         deadline = time.monotonic() + OP_TIMEOUT
         sync = op == "run"
-        started = self._raw_start(http, name, body, sync, deadline)
+        delay = self.rng.choice(DELAYS) if op == "delayed" else None
+        started = self._raw_start(http, name, body, sync, deadline, delay)
         if started is None:
             return None, "no execution", True
         if isinstance(started, str):
@@ -736,15 +766,27 @@ class LoadClient(threading.Thread):
         if op == "cancel":
             time.sleep(self.rng.uniform(0.0, 0.6))
             self._raw_cancel(http, execution_id, deadline)
-        return self._raw_wait(http, execution_id, deadline)
+        while True:
+            execution_id, last, failed = self._raw_wait(http, execution_id, deadline)
+            if last != "input_required":
+                return execution_id, last, failed
+            self._raw_answer(http, execution_id, deadline)
 
     def _raw_start(
-        self, http: httpx.Client, name: str, body: dict[str, Any], sync: bool, deadline: float
+        self,
+        http: httpx.Client,
+        name: str,
+        body: dict[str, Any],
+        sync: bool,
+        deadline: float,
+        delay: float | None = None,
     ) -> dict[str, Any] | str | None:
         """The execution a start answered (a sync run: its end, or the `queued` of a
         hand-off), an unexpected answer as text, or None past the deadline."""
         key = uuid.uuid4().hex
         path = f"/reasoners/{name}" if sync else f"/reasoners/{name}/async"
+        if delay is not None:
+            path += f"?delay={delay}"
         read = max(0.5, deadline - time.monotonic()) if sync else 10.0
         failures = 0
         while time.monotonic() < deadline:
@@ -784,6 +826,24 @@ class LoadClient(threading.Thread):
                 continue
             return
 
+    def _raw_answer(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
+        """Answer its pending request, retried past refusals; a 409 (its answer taken by
+        an earlier try, or no request pending) ends the tries: the wait that follows tells."""
+        failures = 0
+        body = {"value": evidenced_answer(execution_id)}
+        while time.monotonic() < deadline:
+            try:
+                response = http.post(f"/executions/{execution_id}/input", json=body, timeout=10.0)
+            except httpx.TransportError:
+                failures += 1
+                self._pause(None, failures)
+                continue
+            if response.status_code in (429, 502, 503, 504) and _execution(response) is None:
+                failures += 1
+                self._pause(response, failures)
+                continue
+            return
+
     def _raw_wait(
         self, http: httpx.Client, execution_id: str, deadline: float
     ) -> tuple[str | None, str, bool]:
@@ -811,7 +871,7 @@ class LoadClient(threading.Thread):
                 continue
             failures = 0
             last = str(execution["status"])
-            if last in TERMINAL:
+            if last in TERMINAL or last == "input_required":
                 return execution_id, last, False
         return execution_id, f"still {last} at the deadline", False
 
@@ -1034,7 +1094,7 @@ def quiesce(
 class Evidence:
     """One line of an evidenced reasoner's own account: a run of its body, or a step."""
 
-    kind: str  # run or step
+    kind: str  # run, step, asked or answered
     attempt: int
     step: int | None
     count: int | None
@@ -1055,6 +1115,9 @@ def read_evidence(directory: Path) -> dict[str, list[Evidence]]:
                         "run", int(words[1]), None, None, words[2], int(words[3]), float(words[4])
                     )
                 )
+            elif words and words[0] in ("asked", "answered"):
+                kind, attempt, replica, pid, at = words[:5]
+                lines.append(Evidence(kind, int(attempt), None, None, replica, int(pid), float(at)))
             elif words and words[0] == "step":
                 attempt, step, count = int(words[1]), int(words[2]), int(words[3])
                 lines.append(
@@ -1088,6 +1151,9 @@ INVARIANTS = {
     "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
     " error: a transient refusal that failed it instead of being retried)",
     "answers": "9. every answer is one the API documents; no client call gives up",
+    "answer-taken": "10. an execution waiting for input returns the answer it was given, and"
+    " none times out once an answer was accepted (202)",
+    "delayed": "11. a delayed start's body never runs before its delay has passed",
     "harness": "the harness itself: a replica that would not start or be ready again",
 }
 
@@ -1363,6 +1429,9 @@ def _living_judged(
         lines = evidence.get(execution_id, [])
         attempts = max([_attempt(record), *(e.attempt for e in lines)])
         for attempt in range(1, attempts):
+            kinds = {e.kind for e in lines if e.attempt == attempt}
+            if "asked" in kinds and "answered" not in kinds:
+                continue  # it parked waiting for input: the answer queued the next attempt
             for replica in sorted({e.replica for e in lines if e.attempt == attempt}):
                 if not faulted.may_hand_off(replica, since):
                     yield Violation(
@@ -1436,6 +1505,8 @@ def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
             continue
         if not exchange.is_execution and status in (429, 502, 503, 504):
             continue
+        if exchange.op == "input" and status == 409:  # its answer taken by an earlier try
+            continue
         yield Violation("answers", exchange.execution_id, exchange.describe())
     for call in calls:
         if call.failed:
@@ -1445,6 +1516,56 @@ def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
                 f"{call.client} {call.op} {call.reasoner} at t={call.invoked:.3f}: "
                 f"{call.outcome[:300]}",
             )
+
+
+def _answer_taken(index: _Index, final: Mapping[str, Final]) -> Iterator[Violation]:
+    """10. A succeeded `evidenced_asking` returns the answer its clients sent (derived from
+    its id); one whose answer was accepted (a 202 to its input) never times out waiting."""
+    for execution_id, seen in index.by_id.items():
+        if index.reasoner_of.get(execution_id) != "evidenced_asking":
+            continue
+        record = final.get(execution_id)
+        if record is None or record.body is None:
+            continue
+        body = record.body
+        if record.state == "succeeded" and body.get("result") != {
+            "answer": evidenced_answer(execution_id)
+        }:
+            yield Violation("answer-taken", execution_id, f"succeeded with {body.get('result')!r}")
+        accepted = [e for e in seen if e.op == "input" and e.status == 202]
+        message = str((body.get("error") or {}).get("message", ""))
+        if record.state == "failed" and accepted and "no answer in time" in message:
+            yield Violation(
+                "answer-taken",
+                execution_id,
+                f"timed out though its answer was accepted at t={accepted[0].answered:.3f}"
+                + index.timeline(execution_id),
+            )
+
+
+def _delayed(
+    index: _Index, final: Mapping[str, Final], evidence: Mapping[str, list[Evidence]]
+) -> Iterator[Violation]:
+    """11. No run of a delayed start's body before its creation plus the delay (the
+    evidence and the record's time are this machine's clock; 50 ms of rounding allowed)."""
+    delays: dict[str, float] = {}
+    for key_seen in index.by_key.values():
+        asked = [e.delay for e in key_seen if e.delay is not None]
+        for e in key_seen:
+            if asked and e.execution_id is not None:
+                delays[e.execution_id] = max(asked)
+    for execution_id, delay in delays.items():
+        record = final.get(execution_id)
+        if record is None or record.body is None:
+            continue
+        created = datetime.fromisoformat(str(record.body["created_at"])).timestamp()
+        for line in evidence.get(execution_id, []):
+            if line.at < created + delay - 0.05:
+                yield Violation(
+                    "delayed",
+                    execution_id,
+                    f"ran {line.at - created:.3f}s after its creation, delayed {delay}s",
+                )
 
 
 def check(
@@ -1463,6 +1584,8 @@ def check(
         *_one_per_key(index),
         *_evidence(final, evidence),
         *_answers(index, history.calls),
+        *_answer_taken(index, final),
+        *_delayed(index, final, evidence),
     ]
     for replica, text in logs.items():
         violations.extend(log_errors(replica, text))
