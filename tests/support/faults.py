@@ -812,28 +812,22 @@ class LoadClient(threading.Thread):
         return None
 
     def _raw_cancel(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
-        failures = 0
-        while time.monotonic() < deadline:
-            try:
-                response = http.post(f"/executions/{execution_id}/cancel", timeout=10.0)
-            except httpx.TransportError:
-                failures += 1
-                self._pause(None, failures)
-                continue
-            if response.status_code in (429, 502, 503, 504) and _execution(response) is None:
-                failures += 1
-                self._pause(response, failures)
-                continue
-            return
+        self._raw_post(http, f"/executions/{execution_id}/cancel", None, deadline)
 
     def _raw_answer(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
-        """Answer its pending request, retried past refusals; a 409 (its answer taken by
-        an earlier try, or no request pending) ends the tries: the wait that follows tells."""
-        failures = 0
+        """A 409 (its answer taken by an earlier try, or no request pending) ends the tries:
+        the wait that follows tells."""
         body = {"value": evidenced_answer(execution_id)}
+        self._raw_post(http, f"/executions/{execution_id}/input", body, deadline)
+
+    def _raw_post(
+        self, http: httpx.Client, path: str, body: dict[str, Any] | None, deadline: float
+    ) -> None:
+        """POST until an answer that is not a refusal, or the deadline."""
+        failures = 0
         while time.monotonic() < deadline:
             try:
-                response = http.post(f"/executions/{execution_id}/input", json=body, timeout=10.0)
+                response = http.post(path, json=body, timeout=10.0)
             except httpx.TransportError:
                 failures += 1
                 self._pause(None, failures)
