@@ -898,7 +898,7 @@ class InFlightRegistry:
             execution.execution_id,
             execution.reasoner,
             execution.attempt,
-            extra={"fields": execution_fields(execution)},
+            extra={"fields": {**execution_fields(execution), "handed_off": True}},
         )
 
     def _parked(self, execution: Execution) -> None:
