@@ -6,6 +6,7 @@ reasoner that blocked its loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent_server.drill import DrillArgs, judge, run_drill
+from agent_server.settings import Settings
 from tests.support.process import APPS_DIR, one_line
 from tests.support.redis_server import RedisServer
 from tests.support.shutdown import CLIENT_TIMEOUT, FAST, finish, wait_stderr
@@ -169,6 +172,30 @@ def test_a_limited_reasoners_queue_is_judged_by_the_store_the_same_every_run(
     assert report["queued_cancelled"] == (0 if shared else 4)
     assert report["handed_off"] == (1 if shared else 0)
     assert_few_requests(verdicts)
+
+
+async def test_the_requests_the_drill_counts_are_those_its_server_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's own access log (`--access-log`) counts the drill's reads: one or two per
+    execution, as the verdict says, where an asking reasoner once drew hundreds of polls."""
+    monkeypatch.chdir(APPS_DIR)
+    monkeypatch.setenv("AGENT_SERVER_ACCESS_LOG", "true")
+    monkeypatch.setenv("AGENT_SERVER_STORE", "memory")
+    budget = dict(zip(FAST[::2], map(float, FAST[1::2]), strict=True))
+    flags = {name.removeprefix("--").replace("-", "_"): value for name, value in budget.items()}
+    args = DrillArgs("drill_apps:asking", (), {}, 3, 1.0, flags, Settings(**flags))
+    run = await asyncio.wait_for(run_drill(args), DRILL_TIMEOUT)
+    verdict = judge(run, 3, 1.0)
+    reads = [
+        line
+        for line in run.log.records
+        if line.get("method") == "GET" and str(line.get("path")).startswith("/executions/")
+    ]
+    counted = sum(reasoner.requests for reasoner in verdict.reasoners)
+    assert len(reads) == counted, reads
+    assert counted <= 2 * 3 * len(verdict.reasoners)
+    assert verdict.faults == []
 
 
 def test_the_demo_agent_is_shutdown_safe_in_the_table() -> None:
