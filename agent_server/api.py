@@ -64,10 +64,16 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     SessionTaken,
+    StoreUnavailable,
 )
 from agent_server.waiting import Closing
 
 logger = logging.getLogger("agent_server.api")
+
+
+class _ListenerClosed(Exception):
+    """A sync run's wait met the listener's close while its work runs nowhere here."""
+
 
 SESSION_HEADER = b"x-session-id"
 IDEMPOTENCY_HEADER = b"idempotency-key"
@@ -199,8 +205,17 @@ class Api:
         if wants_events(request.scope["headers"]):
             return await self.run_streamed(request)
         execution, started = await self._start(request)
+        location = execution_location(request.scope, execution.execution_id)
         try:
             ended = await self._wait_or_disconnect(execution, request)
+        except _ListenerClosed:
+            # Shutdown, and its work waits in the queue (or runs elsewhere): another replica
+            # may run it, and the client follows it there.
+            return _execution_response(
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
+            )
         except asyncio.CancelledError:
             # The server gave up on this request (plain uvicorn's --timeout-graceful-shutdown
             # cancels what is still open): its client is cut off, as if it had gone away.
@@ -209,7 +224,7 @@ class Api:
             raise
         if ended is None:
             if started:  # a repeat of an idempotent request leaves the first one's work be
-                self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
+                await self._cancel_for_caller(execution)
             return _execution_response(execution, 499)  # nobody is listening any more
         execution = ended
         if execution.is_terminal and not await self._recorded(execution):
@@ -245,9 +260,26 @@ class Api:
             )
         if execution.status_reason is CancelReason.SHUTDOWN:  # ask another replica
             return _execution_response(
-                execution, 503, {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
             )
         return _execution_response(execution, status_code)
+
+    async def _cancel_for_caller(self, execution: Execution) -> None:
+        """The caller of a sync run left: its work is cancelled wherever it is, running here
+        or queued (ended where it waits) or taken by another replica meanwhile."""
+        reason = CancelReason.CLIENT_DISCONNECTED
+        if self.registry.cancel(execution.execution_id, reason):
+            return
+        try:
+            latest = await self.store.get(execution.execution_id)
+            if latest is not None and not latest.is_terminal:
+                await self.store.request_cancel(latest, reason, None)
+        except StoreUnavailable as exc:  # it runs on; said once
+            logger.warning(
+                "execution %s: its caller left, not cancelled: %s", execution.execution_id, exc
+            )
 
     async def _recorded(self, execution: Execution) -> bool:
         """Whether the end is in the store: a copy read from the store, or an end the
@@ -394,10 +426,24 @@ class Api:
         local = self.registry.running(execution.execution_id) is execution
         ended: asyncio.Task[object] = asyncio.create_task(self._until_end(execution, local))
         gone, reader = client_gone(request.scope, request.receive)
+        closing = self.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
         try:
-            watched: set[asyncio.Future[Any]] = {ended, gone}
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            watched: set[asyncio.Future[Any]] = {ended, gone, closed}
+            if closing.is_set():
+                closed.set_result(None)
+            while True:
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if not closed.done() or ended.done() or gone.done():
+                    break
+                # The listener closed. Work this replica runs is settled by the drain (its
+                # end, or a hand-off, answers); work that waits in the queue is not.
+                if self.registry.running(execution.execution_id) is None:
+                    raise _ListenerClosed
+                watched.discard(closed)
         finally:
+            closing.waiters.discard(closed)
             watchers = [ended] if reader is None else [ended, reader]
             for task in watchers:
                 task.cancel()

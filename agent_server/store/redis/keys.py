@@ -53,7 +53,8 @@ class Keys:
         #: clock): delayed starts and retries after their backoff.
         self.scheduled = prefix + "scheduled"
         #: Concurrency keys with work waiting for a slot, scored by when each last got one
-        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`.
+        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`; those
+        #: whose work may go on now are `cready` (named from the prefix, records.lua).
         self.ckeys = prefix + "ckeys"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
