@@ -10,6 +10,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -19,7 +21,7 @@ import pytest
 from agent_server import logs, redaction
 from agent_server.execution import Execution, ExecutionStatus
 from agent_server.redaction import QuoteArgs, RedactUrls
-from agent_server.store import MemoryStore, memory
+from agent_server.store import ExecutionStore, MemoryStore, memory
 from agent_server.store.base import Delivery
 from agent_server.webhooks import (
     MAX_RETRY_DELAY,
@@ -31,6 +33,7 @@ from agent_server.webhooks import (
     host_problem,
     retry_delay,
 )
+from tests.support.stores import Recorder, closed, eventually, open_redis
 
 
 def addresses(*texts: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -371,3 +374,60 @@ async def test_an_endless_answer_is_read_no_further_than_the_bound() -> None:
         await sender.close()
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class Outcomes:
+    """A WebhookObserver that remembers what it was told."""
+
+    outcomes: list[str] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+
+    def webhook_delivery(self, outcome: str) -> None:
+        self.outcomes.append(outcome)
+
+    def webhooks_pending(self, count: int) -> None:
+        self.pending.append(count)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def one_store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
+    store: ExecutionStore = MemoryStore("r")
+    if request.param == "redis":
+        store = open_redis(request.getfixturevalue("redis_url"), "r", Recorder())
+    await store.open()
+    yield store
+    await closed(store)
+
+
+@pytest.mark.parametrize("host", ["d" * 64 + ".example.com", "x..y"])
+async def test_a_kept_url_no_resolver_takes_gives_up_once(
+    one_store: ExecutionStore, host: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A delivery kept with such a URL (recorded before the start's check, or by another
+    version) is settled: given up at its first attempt, counted, logged in one WARNING
+    without a traceback, and never claimed again (it raised out of the resolver, was never
+    settled, and was claimed again after each lease, forever)."""
+    execution = Execution("echo", None, one_store.replica_id)
+    execution.webhook_url = f"https://{host}/hook"
+    await one_store.create(execution)
+    execution.finish(ExecutionStatus.SUCCEEDED, result={"ok": True})
+    one_store.end(execution)
+    seen = Outcomes()
+    sender = WebhookSender(
+        one_store, secret=secret(32), allow=AllowList(), retry_for=60, observer=seen
+    )
+    sender.start()
+    try:
+        await eventually(lambda: _true(seen.outcomes and seen.pending[-1:] == [0]))
+    finally:
+        await sender.close()
+    assert seen.outcomes == ["gave_up"]
+    assert await one_store.claim_webhooks(10, 0.0, due_only=False) == (0, [])
+    lines = [r for r in caplog.records if r.name == "agent_server.webhooks"]
+    assert [(r.levelname, r.exc_info) for r in lines] == [("WARNING", None)]
+    assert "can never be delivered" in lines[0].getMessage()
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
