@@ -19,6 +19,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
@@ -132,8 +133,12 @@ def _status_only(
         for name, value in headers:
             request.add_header(name, value)
         opener = urllib.request.build_opener(_NoRedirect)
-        with opener.open(request, timeout=timeout):
-            pass
+        try:
+            with opener.open(request, timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:  # it holds the answer open: close it now
+            exc.close()
+            raise OSError(f"the gateway answered {exc.code} {exc.reason}") from None
 
     return handle
 
