@@ -7,8 +7,8 @@ line this process writes shows one as `scheme://host[:port]`, an IPv6 host in br
 followed by `/…` when it had a path, query or fragment: the host and port say which
 receiver it is, and nothing after them is shown. A URL of another scheme (the store's
 `redis://`) loses its userinfo only. `RedactUrls`, a logging filter on the handlers the
-server installs and on httpx's logger, applies the rule to every message and traceback,
-the HTTP library's own lines included. docs/observability.md#what-a-line-shows.
+server installs and on httpx's logger, applies the rule to every message, traceback and
+JSON field, the HTTP library's own lines included. docs/observability.md#what-a-line-shows.
 """
 
 from __future__ import annotations
@@ -85,20 +85,26 @@ def _escape(found: re.Match[str]) -> str:
 
 
 class RedactUrls(logging.Filter):
-    """Renders a record's message, and its traceback, with every URL shown by the rule.
+    """Renders a record's message once, with every URL shown by the rule, and so its
+    traceback and the text values of its `fields` (the JSON line's keys).
 
     On a handler it sees every record the handler writes, whichever logger made it; on a
     logger (httpx's), every record made there, whoever handles it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        shown = redact_urls(message)
-        if shown != message:
-            record.msg, record.args = shown, None
+        record.msg, record.args = redact_urls(record.getMessage()), None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redact_urls(record.exc_text)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict) and any(
+            isinstance(value, str) and "://" in value for value in fields.values()
+        ):
+            record.fields = {
+                key: redact_urls(value) if isinstance(value, str) else value
+                for key, value in fields.items()
+            }
         return True
 
 

@@ -251,11 +251,14 @@ def test_the_rule_applies_to_every_line_a_handler_writes() -> None:
         raise ValueError("bad http://h.example/private-token")
     except ValueError:
         record.exc_info = sys.exc_info()
+    record.fields = {"query": "next=https://h.example/p?token=field-token", "status": 200}
     assert RedactUrls().filter(record)
     assert record.getMessage() == "HTTP Request: POST http://h/…"
+    assert record.fields == {"query": "next=https://h.example/…", "status": 200}
     assert record.exc_text is not None and "private-token" not in record.exc_text
     for formatter in (logs.TextFormatter(), logs.JsonFormatter()):
-        assert "private-token" not in formatter.format(record)
+        line = formatter.format(record)
+        assert "private-token" not in line and "field-token" not in line
 
 
 def test_a_text_line_is_one_line() -> None:
