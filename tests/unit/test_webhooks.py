@@ -33,6 +33,7 @@ from agent_server.webhooks import (
     host_problem,
     retry_delay,
 )
+from tests.support.redis_server import RedisServer
 from tests.support.stores import Recorder, closed, eventually, open_redis
 
 
@@ -434,3 +435,34 @@ async def test_a_kept_url_no_resolver_takes_gives_up_once(
 
 async def _true(value: object) -> bool:
     return bool(value)
+
+
+@pytest.mark.redis
+async def test_a_body_unread_holds_no_other_delivery_back(
+    redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis: a stored delivery whose body this version cannot read (written by another, or
+    damaged) is left claimed for a replica that can, with a WARNING; the deliveries claimed
+    with it are returned (one such body failed the whole claim, every lease, forever)."""
+    store = open_redis(redis_url, "r", Recorder())
+    await store.open()
+    try:
+        executions = []
+        for _ in range(2):
+            execution = Execution("echo", None, "r")
+            execution.webhook_url = "https://hooks.example.com/x"
+            await store.create(execution)
+            execution.finish(ExecutionStatus.SUCCEEDED, result={"ok": True})
+            store.end(execution)
+            executions.append(execution)
+        damaged, kept = (f"{e.execution_id}.finished" for e in executions)
+        bodies = store.keys.webhook_bodies
+        await eventually(  # both ends written
+            lambda: _true(redis_server.command("HLEN", bodies) == b":2\r\n")
+        )
+        assert redis_server.command("HSET", bodies, damaged, '{"row": "not a row"}') == b":0\r\n"
+        pending, claimed = await store.claim_webhooks(10, 60.0)
+        assert pending == 2 and [d.delivery_id for d in claimed] == [kept]
+        assert f"webhook {damaged}: its stored body cannot be read" in caplog.text
+    finally:
+        await closed(store)
