@@ -126,7 +126,7 @@ def _status_only(
     url: str, method: str, timeout: float | None, headers: Sequence[tuple[str, str]], data: bytes
 ) -> Callable[[], None]:
     """prometheus_client's push `handler`: the request, its answer's body never read, an
-    answer other than 2xx raised as HTTPError."""
+    answer other than 2xx (a redirect too) closed and raised as OSError."""
 
     def handle() -> None:
         request = urllib.request.Request(url, data=data, method=method)

@@ -96,14 +96,17 @@ def check_url(url: str, what: str) -> str:
 
 def host_problem(host: str) -> str | None:
     """Why a URL's host (brackets removed) can never be resolved, None when it may be: an
-    address, or a name of labels of 1 to 63 characters, at most 253 in all, that the
-    resolver's IDNA codec takes (an `xn--` label must decode)."""
+    address, or a name of letters, digits, '-', '_' and '.' (as `--webhook-allow` names
+    hosts) in labels of 1 to 63 characters, at most 253 in all, that the resolver's IDNA
+    codec takes (an `xn--` label must decode)."""
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
         return None
     except ValueError:
         pass
     name = host[:-1] if host.endswith(".") else host
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in name):
+        return "has a character no host name has (letters, digits, '-', '_' and '.')"
     if len(name) > MAX_HOST_LENGTH:
         return f"is longer than {MAX_HOST_LENGTH} characters"
     labels = name.split(".")

@@ -291,6 +291,9 @@ def test_what_a_library_echoes_is_quoted_and_bounded() -> None:
         (".".join(["a" * 60] * 5), "longer than 253"),
         ("xn--zz.example", "not a valid IDNA"),
         ("xn--.example", "not a valid IDNA"),
+        ("a<b.example", "character no host name has"),
+        ("a%41b.example", "character no host name has"),
+        ('a"b', "character no host name has"),
     ],
 )  # fmt: skip
 def test_a_host_no_resolver_takes_is_refused_at_the_start(host: str, problem: str) -> None:
