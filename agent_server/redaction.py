@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 #: The schemes whose path and query are never shown.
@@ -110,18 +112,36 @@ class RedactUrls(logging.Filter):
 
 class QuoteArgs(logging.Filter):
     """On the logger of a library that puts what a client sent into its lines (the W3C
-    baggage propagator: a malformed `baggage` header, up to the whole head): each text
-    argument quoted and cut to `limit` characters."""
+    baggage propagator: a malformed `baggage` header, up to the whole head, and a line per
+    malformed entry): each text argument quoted and cut to `limit` characters, and at most
+    `per_second` lines a second; the next line let through counts those dropped."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, per_second: int = 10, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
         self.limit = limit
+        self.per_second = per_second
+        self.clock = clock
+        self._window = -1.0
+        self._passed = 0
+        self._dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        if now - self._window >= 1.0:
+            self._window, self._passed = now, 0
+        if self._passed >= self.per_second:
+            self._dropped += 1
+            return False
+        self._passed += 1
         if isinstance(record.args, tuple):
             record.args = tuple(
                 quoted(arg, self.limit) if isinstance(arg, str) else arg for arg in record.args
             )
+        if self._dropped:
+            record.msg = f"{record.msg} ({self._dropped} such lines dropped before this one)"
+            self._dropped = 0
         return True
 
 

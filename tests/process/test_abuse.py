@@ -633,9 +633,10 @@ BREAKS = ("%0D%0A", "%0A", "%0D", "%0B", "%0C", "%1C", "%1B[2J", "%C2%85", "%E2%
 
 def test_no_request_writes_a_log_line_of_its_own(tmp_path: Path) -> None:
     """Text format, access lines and traces on: paths that carry a line break and then what
-    reads as a CRITICAL line, a malformed 40 KB `baggage` header. Every line of stderr is
-    one whole log line; what was forged appears only inside access lines (one each), and
-    the baggage propagator's warning quotes at most 64 characters of the header."""
+    reads as a CRITICAL line, a malformed 40 KB `baggage` header, one of 170 malformed
+    entries. Every line of stderr is one whole log line; what was forged appears only
+    inside access lines (one each); the baggage propagator's warning quotes at most 64
+    characters of the header, and its lines are at most 10 a second."""
     process = ServerProcess(
         ["tests_app:agent", "--access-log"], {"OTEL_TRACES_EXPORTER": "console"}, tmp_path
     )
@@ -654,8 +655,10 @@ def test_no_request_writes_a_log_line_of_its_own(tmp_path: Path) -> None:
         assert status == 200
         with httpx.Client(base_url=process.url, timeout=TIMEOUT) as http:
             assert http.get("/healthz", headers={"baggage": "a,b=c,,=d"}).status_code == 200
+            entries = ",".join(f"entry-{n}" for n in range(170))  # a line each, unbounded
+            assert http.get("/healthz", headers={"baggage": entries}).status_code == 200
             wait_for(
-                lambda: process.stderr().count("agent_server.access:") >= len(BREAKS) + 2,
+                lambda: process.stderr().count("agent_server.access:") >= len(BREAKS) + 3,
                 TIMEOUT,
                 "every access line",
             )
@@ -668,5 +671,7 @@ def test_no_request_writes_a_log_line_of_its_own(tmp_path: Path) -> None:
             assert len(mine) == 1 and " INFO agent_server.access: " in mine[0], mine
         echoed = [line for line in lines if "not-a-pair-" in line]
         assert len(echoed) == 1 and f"({len(baggage)} chars)" in echoed[0], echoed
+        # At most 10 a second of the propagator's lines (the requests may span two seconds).
+        assert len([line for line in lines if "opentelemetry.baggage" in line]) <= 20
     finally:
         process.close()

@@ -281,6 +281,26 @@ def test_what_a_library_echoes_is_quoted_and_bounded() -> None:
     assert len(message) < 200 and "\n" not in message and "(65003 chars)" in message
 
 
+def test_what_a_library_echoes_is_at_most_ten_lines_a_second() -> None:
+    """A baggage header of 180 malformed entries is a line each: 10 a second pass, and the
+    next one let through says how many were dropped."""
+    now = [100.0]
+    echoes = QuoteArgs(64, clock=lambda: now[0])
+
+    def line(entry: str) -> logging.LogRecord:
+        return logging.LogRecord(
+            "opentelemetry.baggage.propagation", logging.WARNING, "", 0,
+            "Baggage list-member `%s` doesn't match the format", (entry,), None,
+        )  # fmt: skip
+
+    passed = [echoes.filter(line(f"e{n}")) for n in range(180)]
+    assert passed == [True] * 10 + [False] * 170
+    now[0] += 1.0
+    record = line("next")
+    assert echoes.filter(record)
+    assert record.getMessage().endswith("(170 such lines dropped before this one)")
+
+
 @pytest.mark.parametrize(
     ("host", "problem"),
     [
