@@ -177,6 +177,7 @@ def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
         ({"webhook_secret_file": str(tmp_path / "absent")}, "cannot be read"),
         ({"webhook_secret": SECRET, "webhook_allow": ("a b",)}, "neither a host name"),
         ({"webhook_secret": SECRET, "webhook_url": "ftp://x/"}, "absolute http"),
+        ({"webhook_secret": SECRET, "webhook_url": "http://x..y/"}, "host has an empty label"),
     ):
         with pytest.raises(ValidationError, match=said):
             Settings(**fields)
