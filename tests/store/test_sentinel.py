@@ -31,6 +31,8 @@ from redis.exceptions import ConnectionError, ReadOnlyError
 
 from agent_server.store import StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import COMMAND_TIMEOUT
 from agent_server.store.resp import Address, RedisLink
 from agent_server.store.sentinel import parse_url
 from tests.support.process import ServerProcess, free_port, need
@@ -59,9 +61,13 @@ class Node:
         self.directory = directory
         self.port = free_port()
         self.log_path = directory / "redis.log"
+        self.start(primary)
+
+    def start(self, primary: int | None) -> None:
+        """Start (or start again, on its files and port) and wait until it answers."""
         command = redis_command(
             self.port,
-            directory,
+            self.directory,
             self.log_path,
             *AOF,
             *("--requirepass", PASSWORD, "--masterauth", PASSWORD),
@@ -77,6 +83,15 @@ class Node:
         except BaseException:
             self.kill()
             raise
+
+    def rejoin(self, primary: int) -> None:
+        """A killed node back as a replica of `primary` (a restarted pod), in sync."""
+        self.start(primary)
+        wait_until(
+            lambda: self.info("replication").get("master_link_status") == "up",
+            what=f"node {self.port} in sync with {primary}",
+            log=self.log,
+        )
 
     def answers(self) -> bool:
         if self.proc.poll() is not None:
@@ -668,6 +683,10 @@ async def failover(
                 asyncio.create_task(ready_again(client, agent.url, killed_at)) for agent in agents
             ]
             announced_at = await announcing
+            # The new primary has no replica to hold what clients are told (starts answer
+            # 503 + Location meanwhile): the killed node comes back as its replica, as a
+            # restarted pod does.
+            await asyncio.to_thread(redises.primary.rejoin, redises.replica.port)
             ready_at = await asyncio.gather(*readiness)
             async with asyncio.timeout(WAIT):  # some more accepted on the new primary
                 await history.accepted_count(len(history.accepted_at) + 40)
@@ -680,3 +699,211 @@ async def failover(
         "announced": announced_at - killed_at,
         "ready": [at - announced_at for at in ready_at],
     }
+
+
+# -- what a client is told survives a failover ------------------------------------------------
+
+
+@dataclass
+class Told:
+    """The answers of async starts: every 202 (when), every 503 naming a Location."""
+
+    accepted: dict[str, float] = field(default_factory=dict)
+    in_doubt: dict[str, float] = field(default_factory=dict)
+    statuses: dict[int, int] = field(default_factory=dict)
+    #: Seconds from each request to its 503 + Location.
+    doubt_seconds: list[float] = field(default_factory=list)
+    grew: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def until(self, done: Any) -> None:
+        """Until `done()` holds, looked at after each answer (the caller bounds it)."""
+        while not done():
+            self.grew.clear()
+            await self.grew.wait()
+
+    def since(self, at: float) -> int:
+        """202s and in-doubt 503s answered after `at`."""
+        return sum(1 for when in (*self.accepted.values(), *self.in_doubt.values()) if when > at)
+
+
+async def told_starter(
+    client: httpx.AsyncClient, bases: list[str], name: str, told: Told, stop: asyncio.Event
+) -> None:
+    """Async starts, each retried under its own Idempotency-Key (on the next agent replica)
+    until a 202; a 503 must say whether it may have been recorded (Location) or not."""
+    number = 0
+    while not stop.is_set():
+        number += 1
+        attempt = 0
+        while not stop.is_set():
+            base = bases[(number + attempt) % len(bases)]
+            attempt += 1
+            sent = time.monotonic()
+            try:
+                response = await client.post(
+                    f"{base}/reasoners/sleep/async",
+                    json={"seconds": 0.05},
+                    headers={"Idempotency-Key": f"{name}-{number}"},
+                )
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+                continue
+            now = time.monotonic()
+            told.statuses[response.status_code] = told.statuses.get(response.status_code, 0) + 1
+            told.grew.set()
+            if response.status_code == 202:
+                told.accepted[response.json()["execution_id"]] = now
+                break
+            assert response.status_code == 503, response.text
+            if "location" in response.headers:
+                body = response.json()
+                assert response.headers["location"] == f"/executions/{body['execution_id']}"
+                assert response.headers["retry-after"] == "1"
+                told.in_doubt[body["execution_id"]] = now
+                told.doubt_seconds.append(now - sent)
+            await asyncio.sleep(0.05)
+
+
+def start_agents(tmp_path: Path, url: str, count: int = 2) -> list[ServerProcess]:
+    agents: list[ServerProcess] = []
+    try:
+        for index in range(count):
+            marker_dir = tmp_path / f"agent{index}"
+            marker_dir.mkdir()
+            agents.append(
+                ServerProcess(
+                    ["tests_app:agent", "--store", url, "--replica-id", f"agent{index}"],
+                    {},
+                    marker_dir,
+                )
+            )
+        for agent in agents:
+            agent.wait_ready()
+    except BaseException:
+        for agent in agents:
+            agent.close()
+        raise
+    return agents
+
+
+def missing_on(node: Node, agents: list[ServerProcess], ids: list[str]) -> list[str]:
+    """The ids the node (the new primary) lacks, or any agent replica reads as 404."""
+    keys = Keys("tests")
+    problems = [i for i in ids if not node.client.exists(keys.record(i))]
+    with httpx.Client(timeout=WAIT) as client:
+        for number, execution_id in enumerate(ids):
+            url = f"{agents[number % len(agents)].url}/executions/{execution_id}"
+            deadline = time.monotonic() + WAIT
+            while (read := client.get(url)).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(POLL)  # the agent replica reconnecting to the new primary
+            if read.status_code != 200:
+                problems.append(f"{execution_id}: {read.status_code} {read.text}")
+    return problems
+
+
+async def told_load(
+    agents: list[ServerProcess], told: Told, fault: Any, *, after: float
+) -> dict[str, float]:
+    """Async starts from 8 clients; `fault()` once 30 are accepted; the load goes on for
+    `after` seconds past the new primary's announcement."""
+    stop = asyncio.Event()
+    bases = [agent.url for agent in agents]
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        load = [
+            asyncio.create_task(told_starter(client, bases, f"t{i}", told, stop))
+            for i in range(STARTERS)
+        ]
+        try:
+            async with asyncio.timeout(WAIT):
+                await told.until(lambda: len(told.accepted) >= 30)
+            measured = await fault(told)
+            await asyncio.sleep(after)  # the load, running past the announcement
+        finally:
+            stop.set()
+            await asyncio.gather(*load)
+    return measured
+
+
+def test_a_planned_failover_loses_no_start_a_client_was_told(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Invariant 1 under `SENTINEL FAILOVER`: the replica is promoted while the old primary
+    stays writable, and the agent replicas write there until they follow the announcement.
+    Every 202 must be on the new primary afterwards: a start is answered 202 only once a
+    replica holds it, else 503 + Location (in doubt)."""
+    agents = start_agents(tmp_path, redises.url())
+    old = ("127.0.0.1", redises.primary.port)
+    told = Told()
+
+    async def fail_over(told: Told) -> dict[str, float]:
+        began = time.monotonic()
+        assert redises.sentinels[0].client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        announced_at = await announced(redises, old)
+        return {"began": began, "announced": announced_at - began}
+
+    try:
+        measured = asyncio.run(told_load(agents, told, fail_over, after=2.0))
+        lost = missing_on(redises.replica, agents, sorted(told.accepted))
+        print(
+            f"\nannounced {measured['announced']:.2f} s after SENTINEL FAILOVER; answers "
+            f"{told.statuses}; accepted {len(told.accepted)}, since the failover began "
+            f"{told.since(measured['began'])}; in doubt {len(told.in_doubt)}; lost {len(lost)}"
+        )
+        assert lost == [], lost
+        assert told.since(measured["began"]) > 0, "no start was answered during the failover"
+        for agent in agents:
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_a_killed_primary_whose_replica_lags_loses_no_start_a_client_was_told(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Invariant 1 under kill -9: the replica is stopped (SIGSTOP) and cut from the primary
+    (`CLIENT KILL TYPE replica`), so nothing written meanwhile reaches it; the primary is
+    then killed and the stale replica promoted. A start answered 202 in that window would
+    be lost: it must be answered 503 + Location instead, within the command timeout."""
+    agents = start_agents(tmp_path, redises.url())
+    old = ("127.0.0.1", redises.primary.port)
+    told = Told()
+    replica, primary = redises.replica, redises.primary
+
+    async def stall_then_kill(told: Told) -> dict[str, float]:
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            primary.client.client_kill_filter(_type="replica")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: primary.info("replication")["connected_slaves"] == 0,
+                what="the replica cut off",
+            )
+            stalled = time.monotonic()
+            async with asyncio.timeout(WAIT):  # starts answered while no replica has them
+                await told.until(lambda: told.since(stalled) >= 8)
+            await asyncio.to_thread(primary.kill)
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        killed = time.monotonic()
+        announced_at = await announced(redises, old)
+        return {"stalled": stalled, "killed": killed, "announced": announced_at - killed}
+
+    try:
+        measured = asyncio.run(told_load(agents, told, stall_then_kill, after=0.5))
+        lost = missing_on(replica, agents, sorted(told.accepted))
+        stalled = {i for i, at in told.in_doubt.items() if at > measured["stalled"]}
+        print(
+            f"\npromoted {measured['announced']:.2f} s after the kill; answers {told.statuses}; "
+            f"accepted {len(told.accepted)}; in doubt {len(told.in_doubt)} (slowest "
+            f"{max(told.doubt_seconds, default=0):.2f} s); lost {len(lost)}"
+        )
+        assert lost == [], lost
+        assert stalled, "no start was answered in doubt while the replica lagged"
+        assert max(told.doubt_seconds) < 2 * COMMAND_TIMEOUT + 1, told.doubt_seconds
+        for agent in agents:
+            assert PASSWORD not in agent.stderr()
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
