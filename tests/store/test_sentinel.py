@@ -29,7 +29,8 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ReadOnlyError
 
-from agent_server.store import StoreUnavailable
+from agent_server.execution import CancelReason
+from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import COMMAND_TIMEOUT
@@ -406,6 +407,59 @@ async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Red
         await store.close()
 
 
+async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -> None:
+    """With the replica stopped, Redis runs each told write but no replica holds it: a
+    start, a cancel of a queued execution, an answer and a DELETE raise StoreInDoubt naming
+    the execution (503 + Location), a release's end StoreUnavailable, each within the
+    command timeout, never a success a failover could take back. Reads still answer."""
+    from agent_server.execution import Execution, ExecutionStatus
+
+    store = RedisStore(redises.url(), replica_id="A", agent_name="told")
+    await store.open()
+    try:
+        asking, queued, ended = (Execution("sleep", None, "A") for _ in range(3))
+        queued.enqueue(None)
+        for execution in (asking, queued, ended):
+            assert await store.create(execution, max_queued=10) is None
+        ended.finish(ExecutionStatus.SUCCEEDED, result=1)
+        store.end(ended)
+        assert await store.recorded(ended, WAIT)
+        request = {"request_id": 1, "prompt": "go on?", "schema": None, "asked_at": time.time()}
+        await store.ask(asking, {**request, "expires_at": None}, False, None)
+        waiting = await store.get(asking.execution_id)
+        assert waiting is not None and waiting.status is ExecutionStatus.INPUT_REQUIRED
+        assert await store.begin_release("s", 5.0) is None
+        redises.replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            fresh = Execution("sleep", None, "A")
+            writes: list[tuple[str, Any]] = [
+                (fresh.execution_id, store.create(fresh)),
+                (queued.execution_id, store.request_cancel(queued, CancelReason.REQUEST, None)),
+                (asking.execution_id, store.answer(waiting, None, "yes")),
+                (ended.execution_id, store.forget(ended.execution_id)),
+            ]
+            for execution_id, write in writes:
+                began = time.monotonic()
+                with pytest.raises(StoreInDoubt) as caught:
+                    await write
+                assert caught.value.execution_id == execution_id
+                assert time.monotonic() - began < COMMAND_TIMEOUT + 1.0
+            with pytest.raises(StoreUnavailable) as refused:
+                await store.end_release("s", {"cancelled": 0})
+            assert not isinstance(refused.value, StoreInDoubt)
+            # On the primary, running here: the repair adopts it (settled, not voided).
+            found = await store.get(fresh.execution_id)
+            assert found is not None and found.status is ExecutionStatus.RUNNING
+        finally:
+            redises.replica.proc.send_signal(signal.SIGCONT)
+        key = store.keys.record(fresh.execution_id)
+        wait_until(lambda: redises.replica.client.exists(key), what="the replica catching up")
+        again = Execution("sleep", None, "A")
+        assert await store.create(again) is None  # held: acknowledged once more
+    finally:
+        await store.close()
+
+
 async def port_of(link: RedisLink, client: aioredis.Redis) -> tuple[int, int]:
     """The port of the node each of the store's connections reaches."""
     by_link = await link.call("CONFIG", "GET", "port")
@@ -764,7 +818,9 @@ async def told_starter(
             await asyncio.sleep(0.05)
 
 
-def start_agents(tmp_path: Path, url: str, count: int = 2) -> list[ServerProcess]:
+def start_agents(
+    tmp_path: Path, url: str, count: int = 2, app: str = "tests_app:agent"
+) -> list[ServerProcess]:
     agents: list[ServerProcess] = []
     try:
         for index in range(count):
@@ -772,7 +828,7 @@ def start_agents(tmp_path: Path, url: str, count: int = 2) -> list[ServerProcess
             marker_dir.mkdir()
             agents.append(
                 ServerProcess(
-                    ["tests_app:agent", "--store", url, "--replica-id", f"agent{index}"],
+                    [app, "--store", url, "--replica-id", f"agent{index}"],
                     {},
                     marker_dir,
                 )
@@ -907,3 +963,63 @@ def test_a_killed_primary_whose_replica_lags_loses_no_start_a_client_was_told(
     finally:
         for agent in agents:
             agent.close()
+
+
+def test_each_told_route_answers_in_doubt_while_no_replica_holds_its_write(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Over HTTP, with the replica stopped: a start, an answer, a cancel of a queued
+    execution and a DELETE answer 503 + `Retry-After` + `Location` naming the execution, a
+    session release 503 + `Retry-After`; once the replica goes on, each record says what
+    became of the write (the answer was taken, the start runs)."""
+    (agent,) = start_agents(tmp_path, redises.url(), 1, "input_app:agent")
+    try:
+        with httpx.Client(base_url=agent.url, timeout=WAIT) as client:
+
+            def started(path: str) -> str:
+                response = client.post(path, json={})
+                assert response.status_code == 202, response.text
+                return str(response.json()["execution_id"])
+
+            def read(execution_id: str, until: Any) -> dict[str, Any]:
+                deadline = time.monotonic() + WAIT
+                while not until(body := client.get(f"/executions/{execution_id}").json()):
+                    assert time.monotonic() < deadline, body
+                    time.sleep(POLL)
+                return body
+
+            asking = started("/reasoners/twice/async")
+            read(asking, lambda body: body["status"] == "input_required")
+            queued = started("/reasoners/twice/async?delay=600")
+            ended = started("/reasoners/impatient/async")
+            read(ended, lambda body: body["status"] == "succeeded")
+            redises.replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                answers = {
+                    asking: client.post(f"/executions/{asking}/input", json={"value": "a"}),
+                    queued: client.post(f"/executions/{queued}/cancel"),
+                    ended: client.delete(f"/executions/{ended}"),
+                }
+                start = client.post("/reasoners/twice/async", json={})
+                answers[start.json().get("execution_id", "?")] = start
+                release = client.delete("/sessions/s1", params={"timeout": 1})
+            finally:
+                redises.replica.proc.send_signal(signal.SIGCONT)
+            for execution_id, response in answers.items():
+                assert response.status_code == 503, response.text
+                assert response.headers["location"] == f"/executions/{execution_id}"
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["execution_id"] == execution_id
+            assert release.status_code == 503 and "location" not in release.headers
+            # Settled later: the answer was taken (the second request is pending), the
+            # start runs (adopted by the repair), the cancel and the DELETE took place.
+            second = read(asking, lambda body: (body["input_request"] or {}).get("request_id"))
+            assert second["input_request"]["request_id"] == 2, second
+            fresh = start.json()["execution_id"]
+            read(fresh, lambda body: body["status"] == "input_required")
+            assert read(queued, lambda body: True)["status"] == "cancelled"
+            assert client.get(f"/executions/{ended}").status_code == 404
+            assert client.delete("/sessions/s1").status_code == 200
+        assert PASSWORD not in agent.stderr()
+    finally:
+        agent.close()
