@@ -44,7 +44,14 @@ from agent_server.params import (
 )
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
-from agent_server.routing import ApiError, Endpoint, Handler, JSONResponse, execution_location
+from agent_server.routing import (
+    ApiError,
+    Endpoint,
+    Handler,
+    JSONResponse,
+    execution_location,
+    in_doubt,
+)
 from agent_server.scheduling import SessionPolicy
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.sse import (
@@ -64,6 +71,7 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     SessionTaken,
+    StoreInDoubt,
     StoreUnavailable,
 )
 from agent_server.waiting import Closing
@@ -368,6 +376,8 @@ class Api:
                 extra={"execution_id": exc.execution_id},
             ) from None
         except AdmissionError as exc:
+            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
+                raise in_doubt(request.scope, exc.in_doubt) from None
             raise _admission_error(exc.reason) from None
         except IdempotencyMismatch:
             raise ApiError(422, "Idempotency-Key was first used for a different request") from None
@@ -610,6 +620,8 @@ class Api:
             )
         except SessionBusy:
             raise ApiError(409, "session has running executions and cancel_running=false") from None
+        except StoreInDoubt as exc:  # one forget not yet on a replica: the release is retried
+            raise StoreUnavailable(str(exc)) from None
         return JSONResponse(release.to_json())
 
     # -- health, metrics, schema ------------------------------------------------------------

@@ -46,6 +46,7 @@ from agent_server.store.base import (
     Idempotency,
     QueueFull,
     SessionReleasing,
+    StoreInDoubt,
     StoreUnavailable,
 )
 from agent_server.tracing import Tracing
@@ -121,11 +122,13 @@ class RejectReason(enum.StrEnum):
 
 
 class AdmissionError(Exception):
-    """New work was refused; the reason maps to 503, 429 or 409."""
+    """New work was refused; the reason maps to 503, 429 or 409. `in_doubt` names the
+    execution the store may have recorded after all (a replica may lack it): read it later."""
 
-    def __init__(self, reason: RejectReason) -> None:
+    def __init__(self, reason: RejectReason, in_doubt: str | None = None) -> None:
         super().__init__(reason.value)
         self.reason = reason
+        self.in_doubt = in_doubt
 
 
 class RegistryObserver(Protocol):
@@ -309,13 +312,14 @@ class InFlightRegistry:
             self._reject(RejectReason.CAPACITY)
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             # The store may have recorded it all the same (its answer was lost): if so it
             # asks, through `adopt`, for it to run here after all.
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
                 self._unanswered.popitem(last=False)
-            self._reject(RejectReason.STORE_UNAVAILABLE)
+            in_doubt = exc.execution_id if isinstance(exc, StoreInDoubt) else None
+            self._reject(RejectReason.STORE_UNAVAILABLE, in_doubt)
         finally:
             if not queue:
                 self._starting -= 1
@@ -515,11 +519,11 @@ class InFlightRegistry:
             return RejectReason.CAPACITY
         return None
 
-    def _reject(self, reason: RejectReason) -> None:
+    def _reject(self, reason: RejectReason, in_doubt: str | None = None) -> None:
         self.stats.rejected[reason.value] += 1
         if self.observer is not None:
             self.observer.execution_rejected(reason)
-        raise AdmissionError(reason)
+        raise AdmissionError(reason, in_doubt)
 
     def running(self, execution_id: str) -> Execution | None:
         """The live execution when this process runs it."""

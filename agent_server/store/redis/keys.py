@@ -16,6 +16,7 @@ class Keys:
     """Every key and channel of one agent's store is named here."""
 
     __slots__ = (
+        "acked",
         "all",
         "ckeys",
         "ends",
@@ -66,6 +67,9 @@ class Keys:
         self.ends = prefix + "ends"
         self.events = prefix + "events"
         self.queued = prefix + "queued"
+        #: Published (to nobody) before each `WAIT` of a told write under Sentinel: the
+        #: connection's last write is then the newest, and a replica that has it has all.
+        self.acked = prefix + "acked"
         #: KEYS[1..6] of every script that includes records.lua.
         self.records: tuple[str, ...] = (
             prefix,
