@@ -33,9 +33,11 @@ from agent_server.params import (
     float_param,
     idempotency_key,
     int_param,
+    list_cursor,
     next_link,
     query_param,
     read_body,
+    reasoner_filter,
     schema_errors,
     statuses,
     validation_detail,
@@ -57,7 +59,6 @@ from agent_server.sse import (
     named,
 )
 from agent_server.store.base import (
-    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
@@ -517,18 +518,14 @@ class Api:
 
     async def list_executions(self, request: Request) -> Response:
         limit = int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
-        after = request.query_params.get("cursor")
-        try:
-            page = await self.store.page(
-                statuses=statuses(request),
-                reasoner=request.query_params.get("reasoner"),
-                session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
-                limit=100 if limit is None else limit,
-                max_bytes=MAX_LIST_BYTES,
-                after=after,
-            )
-        except BadCursor:
-            raise ApiError(400, "cursor is not one a Link header of this list gave") from None
+        page = await self.store.page(
+            statuses=statuses(request),
+            reasoner=reasoner_filter(request),
+            session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
+            limit=100 if limit is None else limit,
+            max_bytes=MAX_LIST_BYTES,
+            after=list_cursor(request),
+        )
         body, shown = _list_body(page.executions)
         headers: dict[str, str] = {}
         following = page.cursors[shown - 1] if shown < len(page.executions) else page.next
