@@ -651,7 +651,9 @@ def _concurrency_value(
     reasoner: Reasoner, headers: dict[bytes, bytes], session_id: str | None
 ) -> str | None:
     """The value of the reasoner's `concurrency_key` this request carries ('' when absent:
-    those requests share one value); None when it has no limit."""
+    those requests share one value); None when it has no limit. A header present but empty
+    (or only spaces and tabs) is a 400 naming it: it would otherwise be a value of its own,
+    or silently the one the requests without it share."""
     if reasoner.max_concurrency is None:
         return None
     spec = reasoner.concurrency_key
@@ -663,8 +665,8 @@ def _concurrency_value(
     raw = headers.get(name.lower().encode())
     if raw is None:
         return ""
-    if len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
-        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters")
+    if not raw.strip(b" \t") or len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
+        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters, not only spaces")
     return raw.decode("ascii")
 
 

@@ -48,6 +48,10 @@ logger = logging.getLogger("agent_server.tracing")
 Run = Coroutine[Any, Any, None]
 T = TypeVar("T")
 
+#: The request headers that carry a caller's trace context (W3C trace context and baggage):
+#: what the server span reads, and what a browser page may send (CORS).
+TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+_TRACE_CONTEXT_KEYS = tuple(name.encode() for name in TRACE_CONTEXT_HEADERS)
 #: A W3C trace context `traceparent` of version 00: trace id, parent span id, flags.
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 #: Span events recorded per attempt for `ctx.emit` (the first ones; the rest are counted in
@@ -569,7 +573,7 @@ class _ServerSpans:
         carrier = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in scope.get("headers", ())
-            if name in (b"traceparent", b"tracestate", b"baggage")
+            if name in _TRACE_CONTEXT_KEYS
         }
         parent = tracing._propagator.extract(carrier)
         method = scope["method"]
