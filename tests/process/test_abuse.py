@@ -214,8 +214,9 @@ def test_list_filters(client: httpx.Client, params: dict[str, str], status: int)
 
 
 #: Cursors no Link header gave, each with a well-formed id: times that are not numbers
-#: Redis parses (an error there), that are not finite, not a time a record can have (past
-#: year 9999, negative), or spelled in ways neither store writes; then malformed ids.
+#: Redis parses (an error there), that are not finite, not a time a record can have (12
+#: digits: past the year 5138; negative), or spelled as neither store writes (an exponent);
+#: then malformed ids.
 _ID = "0123456789abcdef" * 2
 FORGED_CURSORS = [
     *(
@@ -234,6 +235,10 @@ FORGED_CURSORS = [
             "9e999",
             "1e309",
             "9e11",
+            "1e9",
+            "347.267E69",
+            "99999999999.5e0",
+            "100000000000",
             "253402300800",
             "-1",
             "-0",
