@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from starlette.middleware import Middleware
@@ -35,7 +35,7 @@ from agent_server.sessions import SessionReleases
 from agent_server.settings import Settings
 from agent_server.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.store import ExecutionStore, open_store
-from agent_server.tracing import Tracing, tracing_from, webhook_headers
+from agent_server.tracing import TRACE_CONTEXT_HEADERS, Tracing, tracing_from, webhook_headers
 from agent_server.waiting import Closing
 from agent_server.webhooks import WebhookSender
 
@@ -44,7 +44,9 @@ logger = logging.getLogger("agent_server.agent")
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
-#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated.
+#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
+#: request headers are these, a caller's trace context, and each reasoner's concurrency
+#: header (`cors_request_headers`).
 CORS_METHODS = ("GET", "POST", "DELETE")
 CORS_REQUEST_HEADERS = (
     "Authorization",
@@ -55,6 +57,7 @@ CORS_REQUEST_HEADERS = (
     "Last-Event-ID",
     "X-Webhook-URL",
     "X-Session-Policy",
+    *TRACE_CONTEXT_HEADERS,
 )
 CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
 #: The answer to a request the server cancels before it is answered (plain uvicorn's
@@ -310,7 +313,8 @@ class Agent:
             settings = self.settings
             middleware = list(self.user_middleware)
             if settings.cors_allow_origin:  # outermost: preflights never need the token
-                middleware.insert(0, cors_middleware(settings.cors_allow_origin))
+                cors = cors_middleware(settings.cors_allow_origin, self.reasoners.values())
+                middleware.insert(0, cors)
             app = build_app(
                 self.api(),
                 self.lifespan,
@@ -498,7 +502,18 @@ class _Parts:
         return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
 
 
-def cors_middleware(origins: Sequence[str]) -> Middleware:
+def cors_request_headers(reasoners: Iterable[Reasoner]) -> list[str]:
+    """Every request header the API reads: the fixed ones, a caller's trace context (a page
+    with OpenTelemetry's browser instrumentation sends it with every request), and the
+    header each `concurrency_key="header:NAME"` names."""
+    found = dict.fromkeys(CORS_REQUEST_HEADERS)
+    for reasoner in reasoners:
+        if reasoner.concurrency_header is not None:
+            found.setdefault(reasoner.concurrency_header)
+    return list(found)
+
+
+def cors_middleware(origins: Sequence[str], reasoners: Iterable[Reasoner] = ()) -> Middleware:
     """Starlette's CORS middleware for `--cors-allow-origin`: a page of one of `origins` may
     run, read and cancel executions and follow their event streams (a browser
     `EventSource`), and read the headers clients follow."""
@@ -506,7 +521,7 @@ def cors_middleware(origins: Sequence[str]) -> Middleware:
         CORSMiddleware,
         allow_origins=list(origins),
         allow_methods=list(CORS_METHODS),
-        allow_headers=list(CORS_REQUEST_HEADERS),
+        allow_headers=cors_request_headers(reasoners),
         expose_headers=list(CORS_EXPOSED_HEADERS),
     )
 

@@ -33,9 +33,11 @@ from agent_server.params import (
     float_param,
     idempotency_key,
     int_param,
+    list_cursor,
     next_link,
     query_param,
     read_body,
+    reasoner_filter,
     schema_errors,
     statuses,
     validation_detail,
@@ -64,7 +66,6 @@ from agent_server.sse import (
     named,
 )
 from agent_server.store.base import (
-    BadCursor,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
@@ -573,18 +574,14 @@ class Api:
 
     async def list_executions(self, request: Request) -> Response:
         limit = int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
-        after = request.query_params.get("cursor")
-        try:
-            page = await self.store.page(
-                statuses=statuses(request),
-                reasoner=request.query_params.get("reasoner"),
-                session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
-                limit=100 if limit is None else limit,
-                max_bytes=MAX_LIST_BYTES,
-                after=after,
-            )
-        except BadCursor:
-            raise ApiError(400, "cursor is not one a Link header of this list gave") from None
+        page = await self.store.page(
+            statuses=statuses(request),
+            reasoner=reasoner_filter(request),
+            session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
+            limit=100 if limit is None else limit,
+            max_bytes=MAX_LIST_BYTES,
+            after=list_cursor(request),
+        )
         body, shown = _list_body(page.executions)
         headers: dict[str, str] = {}
         following = page.cursors[shown - 1] if shown < len(page.executions) else page.next
@@ -712,7 +709,9 @@ def _concurrency_value(
     reasoner: Reasoner, headers: dict[bytes, bytes], session_id: str | None
 ) -> str | None:
     """The value of the reasoner's `concurrency_key` this request carries ('' when absent:
-    those requests share one value); None when it has no limit."""
+    those requests share one value); None when it has no limit. A header present but empty
+    (or only spaces and tabs) is a 400 naming it: it would otherwise be a value of its own,
+    or silently the one the requests without it share."""
     if reasoner.max_concurrency is None:
         return None
     spec = reasoner.concurrency_key
@@ -724,8 +723,8 @@ def _concurrency_value(
     raw = headers.get(name.lower().encode())
     if raw is None:
         return ""
-    if len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
-        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters")
+    if not raw.strip(b" \t") or len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
+        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters, not only spaces")
     return raw.decode("ascii")
 
 

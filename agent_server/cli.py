@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings
 from starlette.types import ASGIApp
 
 from agent_server.agent import Agent
-from agent_server.cli_client import COMMANDS, CONTEXT, ENV
+from agent_server.cli_client import COMMANDS, CONTEXT, ENV, Seconds
 from agent_server.drill import SHUTDOWN_FIELDS, DrillArgs, DrillError, drill_and_print, parse_input
 from agent_server.execution import exception_text
 from agent_server.exits import ExitCode
@@ -264,7 +264,7 @@ def run(app: str | None, **flags: Any) -> None:
 )
 @click.option(
     "--signal-after",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=1.0,
     show_default=True,
     help="Seconds from the last start to SIGTERM.",

@@ -8,6 +8,7 @@ import dataclasses
 import enum
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -80,6 +81,42 @@ Exit codes:
 Anything but 0 also writes one line to stderr."""
 
 
+#: The longest wait a verb takes: a year, the server's bound on every duration.
+MAX_SECONDS = 365 * 86_400.0
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds: finite, from 0 (or above it) to a year. click's FloatRange takes
+    `nan` (no comparison refuses it) and `inf` or `1e999` without a maximum: each then broke
+    a verb with a traceback (exit 1, which means "failed")."""
+
+    name = "seconds"
+
+    def __init__(self, *, above_zero: bool = False) -> None:
+        super().__init__(min=0, max=MAX_SECONDS, min_open=above_zero)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return number
+
+
+class PathName(click.ParamType[str]):
+    """An execution id, reasoner name or session id: not empty (it would name another
+    route). Any other text is sent percent-encoded as one path segment."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or not value:
+            self.fail("must not be empty.", param, ctx)
+        return value
+
+
+PATH_NAME = PathName()
+
+
 class BadInput(click.ClickException):
     """Input a verb cannot send: exit 2 with one line, as every other end but 0 of a verb
     writes one line (click's own usage errors write three)."""
@@ -133,7 +170,7 @@ def server_options(func: Callable[..., None]) -> Callable[..., None]:
     )
     @click.option(
         "--retry-for",
-        type=click.FloatRange(min=0),
+        type=Seconds(),
         default=30.0,
         show_default=True,
         help="Seconds to keep retrying refusals (429, 503) and connection errors.",
@@ -147,7 +184,7 @@ def server_options(func: Callable[..., None]) -> Callable[..., None]:
 
 def seconds_option(flag: str, help: str) -> Callable[[F], F]:
     """A bound in seconds (above 0) on a verb's wait for an end; none without it."""
-    return click.option(flag, type=click.FloatRange(min=0, min_open=True), default=None, help=help)
+    return click.option(flag, type=Seconds(above_zero=True), default=None, help=help)
 
 
 def _call_token(token_file: str | None) -> str | None:
@@ -219,7 +256,7 @@ def _error_code(exc: AgentServerError) -> int:
 
 
 @click.command(cls=ClientCommand)
-@click.argument("name")
+@click.argument("name", type=PATH_NAME)
 @click.argument("input_json", metavar="[JSON]", required=False)
 @click.option(
     "--async",
@@ -314,7 +351,7 @@ def _answered_from_terminal(client: AgentClient, execution: Execution) -> bool:
 
 
 @click.command(name="input", cls=ClientCommand)
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", type=PATH_NAME)
 @click.argument("value_json", metavar="JSON")
 @click.option(
     "--request-id",
@@ -343,7 +380,7 @@ def input_(
 
 
 @click.command(cls=ClientCommand)
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", type=PATH_NAME)
 @seconds_option(
     "--wait",
     "Seconds to long-poll for its end; if it has not ended by then, print it as it is and exit 7.",
@@ -376,7 +413,7 @@ def get(execution_id: str, wait: float | None, server: ServerOptions) -> None:
 @click.option("--session", default=None, help="Only executions of this session.")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1000),
     default=100,
     show_default=True,
     help="Executions a page (the server's bound: 1000).",
@@ -405,7 +442,7 @@ def list_(
 
 
 @click.command(cls=ClientCommand)
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", type=PATH_NAME)
 @server_options
 def cancel(execution_id: str, server: ServerOptions) -> None:
     """Request the cancellation of execution ID and print it as the server answered: still
@@ -419,7 +456,7 @@ def cancel(execution_id: str, server: ServerOptions) -> None:
 
 
 @click.command(cls=ClientCommand)
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", type=PATH_NAME)
 @seconds_option("--timeout", "Seconds the whole stream may take (the execution goes on after it).")
 @server_options
 def events(execution_id: str, timeout: float | None, server: ServerOptions) -> None:
@@ -429,10 +466,10 @@ def events(execution_id: str, timeout: float | None, server: ServerOptions) -> N
 
 
 @click.command(cls=ClientCommand)
-@click.argument("session_id", metavar="SESSION")
+@click.argument("session_id", metavar="SESSION", type=PATH_NAME)
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=30.0,
     show_default=True,
     help="Seconds its cancelled executions may take to settle before they are abandoned "

@@ -13,9 +13,10 @@ from typing import Any
 from agent_server import record
 from agent_server.auth import OPEN_PATHS
 from agent_server.execution import MAX_SECONDS, ExecutionStatus
-from agent_server.names import SESSION_ID_PATTERN
+from agent_server.names import REASONER_NAME_PATTERN, SESSION_ID_PATTERN
 from agent_server.reasoner import Reasoner
 from agent_server.scheduling import MAX_DELAY_SECONDS, SessionPolicy
+from agent_server.store.cursor import CURSOR_PATTERN
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -302,7 +303,11 @@ def openapi_document(
                                 "items": {"enum": [status.value for status in ExecutionStatus]},
                             },
                         },
-                        {"name": "reasoner", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "reasoner",
+                            "in": "query",
+                            "schema": {"type": "string", "pattern": REASONER_NAME_PATTERN},
+                        },
                         {"name": "session_id", "in": "query", "schema": SESSION_ID_SCHEMA},
                         {
                             "name": "limit",
@@ -313,12 +318,8 @@ def openapi_document(
                             "name": "cursor",
                             "in": "query",
                             "description": "Where the page before ended: from its Link header",
-                            "schema": {
-                                "type": "string",
-                                # A number as both stores write it, and read it back.
-                                "pattern": r"^-?[0-9]{1,17}(\.[0-9]{1,7})?(e[+-]?[0-9]{1,3})?"
-                                r":[0-9a-f]{32}$",
-                            },
+                            # A time as both stores write it, and an id (store/cursor.py).
+                            "schema": {"type": "string", "pattern": CURSOR_PATTERN},
                         },
                     ],
                     "responses": {

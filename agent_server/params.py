@@ -15,10 +15,11 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from agent_server.execution import MAX_SECONDS
-from agent_server.names import SESSION_ID_RULE, is_session_id
+from agent_server.names import REASONER_NAME_RULE, SESSION_ID_RULE, is_reasoner_name, is_session_id
 from agent_server.routing import ApiError
 from agent_server.scheduling import MAX_DELAY_SECONDS
 from agent_server.status import ExecutionStatus
+from agent_server.store.cursor import CURSOR_RULE, BadCursor, ListCursor
 from agent_server.webhooks import check_url
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -67,6 +68,28 @@ def next_link(request: Request, cursor: str) -> str:
     query = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
     query.append(("cursor", cursor))
     return f'<{request.url.path}?{urllib.parse.urlencode(query)}>; rel="next"'
+
+
+def list_cursor(request: Request) -> ListCursor | None:
+    """`cursor`, read by the one reader both stores share: one no Link header could have
+    given (a time that is not a finite number a record can have, a malformed id) is a 400
+    before any store sees it."""
+    text = query_param(request, "cursor")
+    if text is None:
+        return None
+    try:
+        return ListCursor.read(text)
+    except BadCursor:
+        raise ApiError(400, CURSOR_RULE) from None
+
+
+def reasoner_filter(request: Request) -> str | None:
+    """`reasoner`: a name no reasoner can have (huge, control characters...) is a 400, not
+    a silent miss that a store carries around."""
+    value = query_param(request, "reasoner")
+    if value is not None and not is_reasoner_name(value):
+        raise ApiError(400, f"invalid reasoner: {REASONER_NAME_RULE}")
+    return value
 
 
 def checked_session_id(value: str | None, where: str) -> str | None:
@@ -215,13 +238,14 @@ def delay_param(request: Request) -> float | None:
 
 
 def int_param(request: Request, name: str, *, minimum: int, maximum: int) -> int | None:
+    """A count: ASCII digits only (`int` would also take ' 5', '+5', '1_0' and other
+    scripts' digits), within the bounds, else 422 naming it."""
     value = query_param(request, name)
     if value is None:
         return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ApiError(422, f"{name} must be an integer") from None
+    if not value.isascii() or not value.isdigit():
+        raise ApiError(422, f"{name} must be an integer")
+    number = int(value) if len(value) <= 20 else maximum + 1
     if not minimum <= number <= maximum:
         raise ApiError(422, f"{name} must be between {minimum} and {maximum}")
     return number

@@ -180,6 +180,12 @@ class Reasoner:
         return {name: getattr(model, name) for name in self._field_names}
 
     @property
+    def concurrency_header(self) -> str | None:
+        """The request header `concurrency_key="header:NAME"` names, else None."""
+        key = self.concurrency_key
+        return key[len("header:") :] if key is not None and key.startswith("header:") else None
+
+    @property
     def wants_context(self) -> bool:
         """Whether the function takes an ExecutionContext parameter."""
         return bool(self._context_params)

@@ -25,8 +25,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,7 +36,9 @@ from agent_server.logs import LOG_SPAN, StatusSend
 from agent_server.store.base import Delivery
 
 if TYPE_CHECKING:
+    from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.id_generator import IdGenerator
     from opentelemetry.trace import Span
 
@@ -44,7 +46,12 @@ logger = logging.getLogger("agent_server.tracing")
 
 #: An attempt's task body.
 Run = Coroutine[Any, Any, None]
+T = TypeVar("T")
 
+#: The request headers that carry a caller's trace context (W3C trace context and baggage):
+#: what the server span reads, and what a browser page may send (CORS).
+TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+_TRACE_CONTEXT_KEYS = tuple(name.encode() for name in TRACE_CONTEXT_HEADERS)
 #: A W3C trace context `traceparent` of version 00: trace id, parent span id, flags.
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 #: Span events recorded per attempt for `ctx.emit` (the first ones; the rest are counted in
@@ -141,8 +148,11 @@ def tracing_from(environ: Mapping[str, str], service: str, replica: str) -> Trac
             protocol,
         )
         return Tracing()
+    setup = _Setup(environ)
     try:
-        return OtelTracing(service, replica, exporter)
+        return setup.part(_SDK, lambda: OtelTracing(service, replica, exporter, setup), Tracing)
+    except _Off:  # said why, once
+        return Tracing()
     except ImportError as exc:
         logger.warning(
             "traces asked for (OTEL_*) but OpenTelemetry is not installed (%s): traces are off; "
@@ -155,38 +165,51 @@ def tracing_from(environ: Mapping[str, str], service: str, replica: str) -> Trac
 class OtelTracing(Tracing):
     """Traces on, through the OpenTelemetry SDK: a batch processor and the exporter the
     `OTEL_*` variables configure (the SDK reads them: endpoint, headers, timeout, batch
-    delay, sampler, resource attributes)."""
+    delay, sampler, resource attributes). Each part is built through `_Setup`: a value the
+    SDK refuses or complains of is one warning naming its variable, and that part runs
+    with its defaults (traces off only when no exporter can be built)."""
 
     enabled = True
 
-    def __init__(self, service: str, replica: str, exporter: str) -> None:
-        from opentelemetry import context, propagate, trace
+    def __init__(self, service: str, replica: str, exporter: str, setup: _Setup) -> None:
+        from opentelemetry import context, trace
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 
-        made: SpanExporter
-        if exporter == "console":
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-            made = ConsoleSpanExporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            made = OTLPSpanExporter()
-        resource = Resource.create()
+        made = setup.part(_EXPORTER, lambda: _exporter(exporter), lambda: None)
+        if made is None:
+            raise _Off
+        propagator = setup.part(_PROPAGATORS, _configured_propagator, _default_propagator)
+        resource = setup.part(_RESOURCE, Resource.create, lambda: Resource({}))
         own: dict[str, str] = {"service.instance.id": replica}
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        if str(resource.attributes.get("service.name", "unknown_service")).startswith(
+            "unknown_service"
+        ):
             own["service.name"] = service  # OTEL_SERVICE_NAME, if set, names it instead
+        limits = setup.part(_LIMITS, SpanLimits, lambda: SpanLimits(**_DEFAULT_LIMITS))
         self._ids = _AttemptIds()
-        # Not shut down at the interpreter's exit (its exporter's timeout could outlast the
-        # watchdog): the shutdown sequence flushes it within its budget (`flush`).
-        self.provider: TracerProvider = TracerProvider(
-            resource=resource.merge(Resource(own)),
-            id_generator=cast("IdGenerator", self._ids),  # its interface, without its import
-            shutdown_on_exit=False,
+
+        def provider(sampler: Any = None) -> TracerProvider:
+            # Not shut down at the interpreter's exit (its exporter's timeout could outlast
+            # the watchdog): the shutdown sequence flushes it within its budget (`flush`).
+            return TracerProvider(
+                sampler=sampler,  # None: the SDK's, from OTEL_TRACES_SAMPLER
+                resource=resource.merge(Resource(own)),
+                id_generator=cast("IdGenerator", self._ids),  # its interface, not its import
+                span_limits=limits,
+                shutdown_on_exit=False,
+            )
+
+        self.provider: TracerProvider = setup.part(_SAMPLER, provider, lambda: provider(DEFAULT_ON))
+        self.provider.add_span_processor(
+            setup.part(
+                _BATCH,
+                lambda: BatchSpanProcessor(made),
+                lambda: BatchSpanProcessor(made, **_DEFAULT_BATCH),
+            )
         )
-        self.provider.add_span_processor(BatchSpanProcessor(made))
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             # The reasoners' own `trace.get_tracer(...)` spans go the same way (once per
             # process: the API keeps one global provider).
@@ -195,7 +218,7 @@ class OtelTracing(Tracing):
         self.replica = replica
         self._trace = trace
         self._context = context
-        self._propagate = propagate
+        self._propagator = propagator
         #: The span of each attempt running here, by execution id (for its events).
         self._attempts: dict[str, _Attempt] = {}
 
@@ -301,6 +324,163 @@ class OtelTracing(Tracing):
             )
 
 
+class _Off(Exception):
+    """No exporter could be built: traces are off (the warning said why)."""
+
+
+class _Part:
+    """A part of the SDK's setup: the variables it reads (names, or prefixes ending in
+    '_') and what runs when it cannot be built from them."""
+
+    __slots__ = ("instead", "variables")
+
+    def __init__(self, variables: tuple[str, ...], instead: str) -> None:
+        self.variables = variables
+        self.instead = instead
+
+
+#: The SDK as a whole: importing it reads some variables (a span limit) and raises.
+_SDK = _Part(("OTEL_",), "traces are off")
+_EXPORTER = _Part(("OTEL_EXPORTER_OTLP_",), "traces are off")
+_PROPAGATORS = _Part(("OTEL_PROPAGATORS",), "requests' context is read as tracecontext,baggage")
+_RESOURCE = _Part(
+    ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"),
+    "spans name only the service and the replica",
+)
+_LIMITS = _Part(
+    ("OTEL_SPAN_", "OTEL_ATTRIBUTE_", "OTEL_EVENT_", "OTEL_LINK_"),
+    "spans have the default limits",
+)
+_SAMPLER = _Part(
+    ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"),
+    "every trace is sampled (parentbased_always_on)",
+)
+_BATCH = _Part(("OTEL_BSP_",), "the batch processor runs with its defaults")
+#: The SDK's defaults, given explicitly: the SDK reads no variable for a value it is given.
+_DEFAULT_LIMITS: dict[str, Any] = {
+    "max_attributes": 128,
+    "max_events": 128,
+    "max_links": 128,
+    "max_span_attributes": 128,
+    "max_event_attributes": 128,
+    "max_link_attributes": 128,
+    "max_attribute_length": -1,  # SpanLimits.UNSET: no limit
+    "max_span_attribute_length": -1,
+}
+_DEFAULT_BATCH: dict[str, Any] = {
+    "max_queue_size": 2048,
+    "schedule_delay_millis": 5000,
+    "max_export_batch_size": 512,
+    "export_timeout_millis": 30000,
+}
+
+
+class _Heard(logging.Handler):
+    """What the SDK logs (warnings and errors, some with a traceback) while a part is built:
+    its reasons, said again in our one warning."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.said.append(record.getMessage())
+        except Exception:  # a message the SDK formats badly: still a problem to report
+            self.said.append(str(record.msg))
+
+
+class _Setup:
+    """Builds the SDK's parts from `OTEL_*` variables so that none can stop a replica: a
+    part the SDK refuses to build (it raises) runs with its defaults instead, and a value
+    the SDK complains of (it logs, some with a traceback) and replaces itself is reported
+    too; either way one WARNING line that names the variables and says what runs instead.
+    Caught where each part is built, whatever the value: never a list of bad inputs."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        #: The part being built: only its handler hears the SDK (parts nest in `_SDK`).
+        self._heard: _Heard | None = None
+
+    def part(self, part: _Part, build: Callable[[], T], fallback: Callable[[], T]) -> T:
+        heard, outer = _Heard(), self._heard
+        sdk = logging.getLogger("opentelemetry")
+        propagates = sdk.propagate
+        if outer is not None:
+            sdk.removeHandler(outer)
+        sdk.addHandler(heard)
+        self._heard = heard
+        sdk.propagate = False
+        failed = False
+        try:
+            try:
+                return build()
+            except (_Off, ImportError):  # said already / said by the caller
+                raise
+            except Exception as exc:
+                failed = True
+                heard.said.append(str(exc) or type(exc).__name__)
+                return fallback()
+        finally:
+            sdk.removeHandler(heard)
+            sdk.propagate = propagates
+            self._heard = outer
+            if outer is not None:
+                sdk.addHandler(outer)
+            if heard.said:
+                self._warn(part, heard.said, failed)
+
+    def _warn(self, part: _Part, said: list[str], failed: bool) -> None:
+        given = sorted(
+            name
+            for name in self.environ
+            if any(name == v or (v.endswith("_") and name.startswith(v)) for v in part.variables)
+        )
+        reasons = self._scrubbed("; ".join(dict.fromkeys(s.strip().rstrip(".") for s in said)))
+        named = [name for name in given if name in reasons] or given or list(part.variables)
+        logger.warning(
+            "%s: %s; %s",
+            ", ".join(named),
+            reasons[:500],
+            part.instead if failed else "the SDK uses its default for what it could not read",
+        )
+
+    def _scrubbed(self, text: str) -> str:
+        """Header values (credentials, often) never reach a log: a reason that quotes any
+        part of one is not shown."""
+        for name, value in self.environ.items():
+            quoted = any(p.strip() in text for p in (value, *value.split(",")) if p.strip())
+            if name.startswith("OTEL_") and name.endswith("_HEADERS") and quoted:
+                return "a value it could not read (not shown: headers may hold credentials)"
+        return text
+
+
+def _exporter(kind: str) -> SpanExporter:
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    if kind == "console":
+        return ConsoleSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def _configured_propagator() -> TextMapPropagator:
+    """What `OTEL_PROPAGATORS` names (the API reads it when `propagate` is first imported,
+    and raises for one that is not installed)."""
+    from opentelemetry import propagate
+
+    return propagate.get_global_textmap()
+
+
+def _default_propagator() -> TextMapPropagator:
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+
+
 class _Attempt:
     """The span of one running attempt, and how many of its events it recorded."""
 
@@ -393,9 +573,9 @@ class _ServerSpans:
         carrier = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in scope.get("headers", ())
-            if name in (b"traceparent", b"tracestate", b"baggage")
+            if name in _TRACE_CONTEXT_KEYS
         }
-        parent = tracing._propagate.extract(carrier)
+        parent = tracing._propagator.extract(carrier)
         method = scope["method"]
         span = tracing.tracer.start_span(
             method,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import urllib.parse
 import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,17 @@ UNNUMBERED = frozenset({"start", "missed", "end"})
 NO_BODY: Any = object()
 
 T = TypeVar("T")
+
+
+def segment(value: str) -> str:
+    """`value` as one path segment: every character but the unreserved ones percent-encoded
+    (an id or name with '/', '?', '#' or '%' never names another path), and '.' or '..'
+    with their dots encoded too (a URL parser would resolve them away: `release ..` sent
+    `DELETE /`). An empty one names no resource: ValueError."""
+    if not value:
+        raise ValueError("an execution id, reasoner name or session id cannot be empty")
+    quoted = urllib.parse.quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 # -- the steps --------------------------------------------------------------------------------
@@ -234,7 +246,7 @@ class Core:
         deadline = None if timeout is None else time.monotonic() + timeout
         send = Send(
             "POST",
-            f"/reasoners/{name}",
+            f"/reasoners/{segment(name)}",
             self._timeout(timeout),
             body=NO_BODY if input is None else input,
             headers=self._start_headers(session, key),
@@ -270,7 +282,7 @@ class Core:
     def _start(self, name: str, input: Any, session: str | None, key: str) -> Flow[Execution]:
         send = Send(
             "POST",
-            f"/reasoners/{name}/async",
+            f"/reasoners/{segment(name)}/async",
             self._timeout(self.timeout),
             body=NO_BODY if input is None else input,
             headers=self._start_headers(session, key),
@@ -291,7 +303,10 @@ class Core:
     def _get(self, execution_id: str, wait: float) -> Flow[Execution]:
         params = {"wait": f"{wait:g}"} if wait > 0 else {}
         send = Send(
-            "GET", f"/executions/{execution_id}", self._timeout(wait + self.timeout), params
+            "GET",
+            f"/executions/{segment(execution_id)}",
+            self._timeout(wait + self.timeout),
+            params,
         )
         response = yield from self.request(send)
         return Execution.from_json(_checked(response, 200).json())
@@ -323,18 +338,23 @@ class Core:
         if request_id is not None:
             body["request_id"] = request_id
         send = Send(
-            "POST", f"/executions/{execution_id}/input", self._timeout(self.timeout), body=body
+            "POST",
+            f"/executions/{segment(execution_id)}/input",
+            self._timeout(self.timeout),
+            body=body,
         )
         response = yield from self.request(send)
         return Execution.from_json(_checked(response, 202).json())
 
     def cancel(self, execution_id: str) -> Flow[Execution]:
-        send = Send("POST", f"/executions/{execution_id}/cancel", self._timeout(self.timeout))
+        send = Send(
+            "POST", f"/executions/{segment(execution_id)}/cancel", self._timeout(self.timeout)
+        )
         response = yield from self.request(send)
         return Execution.from_json(_checked(response, 200, 202).json())
 
     def forget(self, execution_id: str) -> Flow[None]:
-        send = Send("DELETE", f"/executions/{execution_id}", self._timeout(self.timeout))
+        send = Send("DELETE", f"/executions/{segment(execution_id)}", self._timeout(self.timeout))
         _checked((yield from self.request(send)), 204)
 
     def _list_first(
@@ -400,7 +420,7 @@ class Core:
             "cancel_running": "true" if cancel_running else "false",
         }
         read = None if timeout is None else timeout + self.timeout
-        send = Send("DELETE", f"/sessions/{session_id}", self._timeout(read), params)
+        send = Send("DELETE", f"/sessions/{segment(session_id)}", self._timeout(read), params)
         response = _checked((yield from self.request(send)), 200)
         return SessionRelease.from_json(response.json())
 
@@ -429,7 +449,7 @@ class Core:
             connect, silence = min(connect, left), min(silence, left)
         return Send(
             "GET",
-            f"/executions/{execution_id}/events",
+            f"/executions/{segment(execution_id)}/events",
             httpx.Timeout(connect, read=silence),
             {},
             headers=headers,

@@ -292,7 +292,9 @@ def error_from_response(response: httpx.Response) -> AgentServerError:
                 return exc
     detail = body.get("detail") if isinstance(body, dict) else body
     shown = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
-    message = f"{response.request.method} {response.request.url.path}: {status} {shown}"
+    # The path as sent (percent-encoded ids and names: `..%2Fmetrics`, not `../metrics`).
+    path = response.request.url.raw_path.partition(b"?")[0].decode("ascii", "replace")
+    message = f"{response.request.method} {path}: {status} {shown}"
     kind: type[AgentServerError] = AgentServerError
     if status == 401:
         kind = Unauthorized

@@ -19,6 +19,10 @@ from typing import Any, Protocol
 from agent_server.events import Event
 from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
 
+# Re-exported: the stores and the routes import them with the rest of the interface.
+from agent_server.store.cursor import BadCursor as BadCursor
+from agent_server.store.cursor import ListCursor as ListCursor
+
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
 CancelHandler = Callable[[str, CancelReason, float | None], object]
@@ -79,10 +83,6 @@ class SessionTaken(Exception):
 
 class SessionReleasing(Exception):
     """The session is being released: new work for it is refused (409)."""
-
-
-class BadCursor(ValueError):
-    """A list cursor this store did not give (or one of another store)."""
 
 
 @dataclass(frozen=True)
@@ -372,14 +372,14 @@ class ExecutionStore(abc.ABC):
         session_id: str | None = None,
         limit: int = 100,
         max_bytes: int = 0,
-        after: str | None = None,
+        after: ListCursor | None = None,
     ) -> Page:
         """Newest first, filtered (any of `statuses`; all when empty), at most `limit`,
-        older than the cursor `after`; bounded work per call, so a page may hold fewer than
-        `limit` while `next` says more may follow. With `max_bytes`, a store that sends
-        records over the network stops once their results and errors pass it (one record
-        past it at most, so the caller sees the page is cut). BadCursor for a cursor this
-        store did not give."""
+        older than the cursor `after` (read by `ListCursor.read`, which refuses what no page
+        gave); bounded work per call, so a page may hold fewer than `limit` while `next`
+        says more may follow. With `max_bytes`, a store that sends records over the network
+        stops once their results and errors pass it (one record past it at most, so the
+        caller sees the page is cut)."""
 
     async def list_executions(
         self,

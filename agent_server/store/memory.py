@@ -22,20 +22,18 @@ from agent_server.scheduling import SESSION_GATED, is_session_key, session_key
 from agent_server.store.base import (
     FINISHED_EVENT,
     INPUT_REQUIRED_EVENT,
-    BadCursor,
     Delivery,
     ExecutionRunning,
     ExecutionStore,
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    ListCursor,
     Page,
     QueueFull,
     SessionReleasing,
     SessionTaken,
 )
-
-_HEX = "0123456789abcdef"
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
@@ -440,7 +438,7 @@ class MemoryStore(ExecutionStore):
         session_id: str | None = None,
         limit: int = 100,
         max_bytes: int = 0,
-        after: str | None = None,
+        after: ListCursor | None = None,
     ) -> Page:
         """A cursor is the creation time and id of the last execution looked at: the next
         page starts past that id, or past that time when the id is gone meanwhile."""
@@ -453,7 +451,7 @@ class MemoryStore(ExecutionStore):
             )
         else:
             keys = reversed(self._executions)
-        since: tuple[float, str] | None = None if after is None else _cursor(after)
+        since = None if after is None else (after.created_at, after.execution_id)
         found: list[Execution] = []
         cursors: list[str] = []
         last: str | None = None
@@ -543,15 +541,3 @@ def _session_gate(execution: Execution) -> str | None:
     if execution.session_id is None or execution.session_policy not in SESSION_GATED:
         return None
     return session_key(execution.session_id)
-
-
-def _cursor(text: str) -> tuple[float, str]:
-    """A cursor `page` gave: the creation time and the id."""
-    created, _, execution_id = text.partition(":")
-    try:
-        value = float(created)
-    except ValueError:
-        raise BadCursor(text) from None
-    if value != value or len(execution_id) != 32 or execution_id.strip(_HEX):
-        raise BadCursor(text)
-    return value, execution_id

@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 import httpx
@@ -204,7 +205,7 @@ def test_bad_limit_is_422(client: httpx.Client, value: str) -> None:
     [
         ({"status": "bogus"}, 422),
         ({"status": ""}, 422),
-        ({"reasoner": "x" * 10_000}, 200),
+        ({"reasoner": "x" * 10_000}, 400),  # no reasoner can have that name
         ({"session_id": "\u2603" * 100}, 400),  # no request can carry it (agent_server.names)
         ({"limit": "1000"}, 200),
     ],
@@ -213,6 +214,115 @@ def test_list_filters(client: httpx.Client, params: dict[str, str], status: int)
     response = client.get("/executions", params=params)
     assert response.status_code == status
     _assert_clean(response.content)
+
+
+#: Cursors no Link header gave, each with a well-formed id: times that are not numbers
+#: Redis parses (an error there), that are not finite, not a time a record can have (12
+#: digits: past the year 5138; negative), or spelled as neither store writes (an exponent);
+#: then malformed ids.
+_ID = "0123456789abcdef" * 2
+FORGED_CURSORS = [
+    *(
+        f"{time}:{_ID}"
+        for time in (
+            "1.2.3",
+            "1..",
+            ".5",
+            "1.",
+            "inf",
+            "-inf",
+            "+inf",
+            "Infinity",
+            "nan",
+            "NaN",
+            "9e999",
+            "1e309",
+            "9e11",
+            "1e9",
+            "347.267E69",
+            "99999999999.5e0",
+            "100000000000",
+            "253402300800",
+            "-1",
+            "-0",
+            "+1",
+            "0x10",
+            "1_0",
+            " 1",
+            "1 ",
+            "\u0661",
+            "(1",
+            "1e",
+            "",
+            "9" * 400,
+        )
+    ),
+    "1700000000.5:" + _ID.upper(),
+    "1700000000.5:" + _ID[:-1],
+    "1700000000.5:" + _ID + "0",
+    "1700000000.5:" + _ID + "\n",
+    "1700000000.5:" + _ID[:-1] + "\x00",
+    "1700000000.5::" + _ID,
+    "1700000000.5",
+    _ID,
+    "",
+]
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_forged_cursors_and_filters_are_4xx_on_both_stores(
+    request: pytest.FixtureRequest, server_factory: Any, store: str
+) -> None:
+    """The list route reads its query before any store sees it: a cursor no Link gave is a
+    400 (Redis answered 500 for a time it could not parse; memory took `inf` as a time), a
+    filter no record can match (a reasoner name no reasoner can have, a huge or odd limit)
+    is a 4xx; the pages a Link gives still cover every record once."""
+    args = ["tests_app:agent"]
+    if store == "redis":
+        redis = request.getfixturevalue("own_redis")
+        args += ["--store", redis.url, "--replica-id", "c"]
+    server: ServerProcess = server_factory(*args)
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http:
+        made = [
+            http.post("/reasoners/echo", json={"text": str(i)}).json()["execution_id"]
+            for i in range(5)
+        ]
+        for cursor in FORGED_CURSORS:
+            response = http.get("/executions", params={"cursor": cursor, "limit": 2})
+            _assert_json_error(response, 400)
+            assert "cursor" in response.json()["detail"], cursor
+        for params, status in [
+            ({"reasoner": "x" * 200}, 400),
+            ({"reasoner": "echo\x00"}, 400),
+            ({"reasoner": "echo\r\nX-Injected: 1"}, 400),
+            ({"reasoner": "%ED%A0%80"}, 400),  # a lone surrogate, percent-encoded as is
+            ({"reasoner": ""}, 400),
+            ({"reasoner": "../echo"}, 400),
+            ({"limit": " 5"}, 422),
+            ({"limit": "+5"}, 422),
+            ({"limit": "1_0"}, 422),
+            ({"limit": "\u0665"}, 422),
+            ({"limit": "nan"}, 422),
+            ({"limit": "1" + "0" * 30}, 422),
+            ({"status": "succeeded\x00"}, 422),
+            ({"session_id": "s\x01"}, 400),
+        ]:
+            query = "&".join(f"{k}={quote(v, safe='%')}" for k, v in params.items())
+            response = http.get(f"/executions?{query}")
+            _assert_json_error(response, status)
+        seen: list[str] = []
+        path: str | None = "/executions?limit=2&reasoner=echo"
+        for _ in range(10):  # bounded: 5 records, 2 a page
+            assert path is not None
+            page = http.get(path)
+            assert page.status_code == 200, page.text
+            seen += [e["execution_id"] for e in page.json()]
+            path = page.links.get("next", {}).get("url")
+            if path is None:
+                break
+        assert seen == made[::-1]
+        assert server_errors(http.get("/metrics").text) == {}
+    assert "Traceback" not in server.stderr()
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from agent_server.cli import main
 from agent_server.cli_client import ClientCommand
-from agent_server.client import AgentClient
+from agent_server.client import AgentClient, InvalidInput, NotFound
 from tests.support.process import ServerProcess, one_line
 
 WAIT = 20.0
@@ -218,3 +219,80 @@ def test_unreachable_exits_5() -> None:
     result = verb("list", "--url", "http://127.0.0.1:9", "--retry-for", "0.3")
     assert result.returncode == 5
     assert "ConnectError" in one_line(result.stderr)
+
+
+#: Seconds no verb can wait: not finite, negative, past a year (the server's bound).
+BAD_SECONDS = ("nan", "NaN", "inf", "-inf", "Infinity", "1e999", "-1", "31536001", "0x10")
+#: A verb and its option in seconds, each of them.
+SECONDS_OPTIONS = [
+    ("get", "x", "--wait"),
+    ("call", "echo", "--timeout"),
+    ("events", "x", "--timeout"),
+    ("release", "s", "--timeout"),
+    ("list", "--retry-for"),
+]
+
+
+def test_seconds_that_are_not_finite_are_usage_errors() -> None:
+    """nan and inf are floats to click: `--timeout nan` broke the verb with a traceback
+    (exit 1, which means "failed"). Each is exit 2 with one line naming the option, before
+    any request (the URL here answers nothing: a request would exit 5). In-process through
+    the real command group, then two as real processes."""
+    runner = CliRunner()
+    for *args, option in SECONDS_OPTIONS:
+        for value in BAD_SECONDS:
+            result = runner.invoke(main, [*args, option, value, "--url", "http://127.0.0.1:9"])
+            assert result.exit_code == 2, (args, option, value, result.output)
+            assert option in one_line(result.stderr), (option, value)
+    result = runner.invoke(main, ["list", "--limit", "5000", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "--limit" in one_line(result.stderr)
+    for args in (("call", "echo", "--timeout", "nan"), ("release", "s", "--timeout", "inf")):
+        done = verb(*args, "--url", "http://127.0.0.1:9", "--retry-for", "0")
+        assert done.returncode == 2, done.stderr
+        assert args[-2] in one_line(done.stderr)
+
+
+#: Ids and names that would walk to another route unencoded; the exit code and the line
+#: each verb must end with (the path as sent).
+WALKS = [
+    (("get", "../metrics"), 6, "GET /executions/..%2Fmetrics: 404"),
+    (("cancel", "../reasoners/echo"), 6, "POST /executions/..%2Freasoners%2Fecho/cancel: 404"),
+    (("release", ".."), 2, "DELETE /sessions/%2E%2E: 400"),
+    (("release", "."), 2, "DELETE /sessions/%2E: 400"),
+    (("get", "a b?c#d%2F"), 6, "GET /executions/a%20b%3Fc%23d%252F: 404"),
+    (("events", "../../healthz"), 6, "GET /executions/..%2F..%2Fhealthz/events: 404"),
+    (("input", "../readyz", "1"), 6, "POST /executions/..%2Freadyz/input: 404"),
+    (("call", "../healthz", "{}"), 6, "POST /reasoners/..%2Fhealthz: 404"),
+    (("call", "..", "{}"), 6, "POST /reasoners/%2E%2E: 404"),
+]
+
+
+def test_ids_and_names_are_one_path_segment_each(server: ServerProcess) -> None:
+    """Every id and name is percent-encoded as one path segment (dot segments too): `get
+    ../metrics` fetched /metrics and `release ..` sent `DELETE /`. Each here reaches the
+    route it names and is refused there as unknown or invalid, on a real server."""
+    for args, code, line in WALKS:
+        result = verb(*args, "--url", server.url, "--retry-for", "0")
+        assert result.returncode == code, (args, result.stdout, result.stderr)
+        assert result.stdout == ""
+        assert one_line(result.stderr).startswith(f"agent-server: {line}"), result.stderr
+    empty = verb("get", "", "--url", server.url)  # names no execution
+    assert empty.returncode == 2
+    assert "ID" in one_line(empty.stderr)
+
+
+def test_the_python_client_encodes_each_segment(server: ServerProcess, client: AgentClient) -> None:
+    """The same through the library: an id or name is one segment wherever a URL is built."""
+    with pytest.raises(NotFound, match=r"GET /executions/\.\.%2Fmetrics: 404"):
+        client.get("../metrics")
+    with pytest.raises(NotFound, match=r"POST /reasoners/\.\.%2Fhealthz: 404"):
+        client.run_execution("../healthz", {})
+    with pytest.raises(NotFound, match=r"DELETE /executions/%2E%2E: 404"):
+        client.forget("..")
+    with pytest.raises(InvalidInput, match=r"DELETE /sessions/%2E%2E: 400"):
+        client.release_session("..", 0)
+    with pytest.raises(ValueError, match="empty"):
+        client.cancel("")
+    done = client.run_execution("echo", {"text": "still served"})
+    assert client.get(done.execution_id).result == {"text": "still served"}

@@ -121,6 +121,46 @@ def test_the_environment_twins_of_the_new_flags(start: Start) -> None:
 # -- --cors-allow-origin -------------------------------------------------------------------
 
 
+def test_a_traced_page_may_send_its_trace_context_and_concurrency_header(start: Start) -> None:
+    """A page with OpenTelemetry's browser instrumentation sends `traceparent`,
+    `tracestate` and `baggage` with every request, and a reasoner limited per
+    `header:X-Tenant` needs its page to send that header: the preflight allows each of them
+    (Starlette answered 400 "Disallowed CORS headers", and the browser sent nothing), and the
+    request that follows is served with them."""
+    origin = "https://traced.example"
+    server = start(
+        run_command("scheduling_app:agent", "--port", "0", "--cors-allow-origin", origin)
+    )
+    asked = ["traceparent", "tracestate", "baggage", "x-tenant", "content-type"]
+    with server.client() as client:
+        preflight = client.options(
+            "/reasoners/limited/async",
+            headers={
+                "Origin": origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": ", ".join(asked),
+            },
+        )
+        assert preflight.status_code == 200, preflight.text
+        allowed = preflight.headers["access-control-allow-headers"].lower()
+        assert set(asked) <= {header.strip() for header in allowed.split(",")}
+        started = client.post(
+            "/reasoners/limited/async",
+            json={"tenant": "t", "seconds": 0},
+            headers={
+                "Origin": origin,
+                "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+                "tracestate": "vendor=value",
+                "baggage": "user=u1",
+                "X-Tenant": "t",
+            },
+        )
+        assert started.status_code == 202, started.text
+        assert started.headers["access-control-allow-origin"] == origin
+    server.signal()
+    assert finish(server, timeout=10)[0] == 0, server.stderr()
+
+
 def test_a_page_of_an_allowed_origin_runs_and_follows_events(start: Start) -> None:
     """The preflight a browser sends before a POST with a token and JSON, the POST whose
     Location the page must read, and the `EventSource` GET of the execution's events."""

@@ -430,3 +430,67 @@ def _final(url: str, execution_id: str) -> dict[str, Any]:
         ).json()
         if body["status"] not in ("queued", "running") or time.monotonic() > deadline:
             return body
+
+
+#: `OTEL_*` values the SDK refuses (it raised, and the server exited 1 with a traceback) or
+#: complains of in its own words (some with a traceback, some naming no variable); the
+#: variable each warning must name. Every part the SDK builds at setup is here once or more.
+BAD_SETTINGS: list[tuple[dict[str, str], str]] = [
+    ({"OTEL_PROPAGATORS": "tracecontext,xray-nope"}, "OTEL_PROPAGATORS"),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "-20"}, "OTEL_BSP_SCHEDULE_DELAY"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "8", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}, "OTEL_BSP_"),
+    ({"OTEL_BSP_EXPORT_TIMEOUT": "soon"}, "OTEL_BSP_EXPORT_TIMEOUT"),
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "a while"}, "OTEL_EXPORTER_OTLP_TIMEOUT"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"}, "OTEL_EXPORTER_OTLP_COMPRESSION"),
+    (
+        {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cr3t-token,broken-pair"},
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ),
+    ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER"),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "SAMPLER"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "team,tier=gold"}, "OTEL_RESOURCE_ATTRIBUTES"),
+    ({"OTEL_SPAN_EVENT_COUNT_LIMIT": "-3"}, "OTEL_SPAN_EVENT_COUNT_LIMIT"),
+    ({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "lots"}, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"),
+]
+
+
+@pytest.mark.parametrize(("bad", "named"), BAD_SETTINGS, ids=["-".join(b) for b, _ in BAD_SETTINGS])
+def test_a_bad_telemetry_setting_is_one_warning_and_the_server_serves(
+    receiver: Receiver, tmp_path: Path, bad: dict[str, str], named: str
+) -> None:
+    """Telemetry never stops a replica (docs/observability.md): each value here is one
+    WARNING line naming its variable, no traceback, and the server serves (that part of
+    the SDK at its defaults, or traces off when the SDK itself cannot load)."""
+    env = {**_otel_env(receiver), **bad}
+    if not any(name.startswith("OTEL_BSP_") for name in bad):
+        env.pop("OTEL_BSP_SCHEDULE_DELAY")
+    process = ServerProcess(["tests_app:agent", "--log-format", "json"], env, tmp_path)
+    try:
+        process.wait_ready()
+        trace_id, caller_span, header = _caller()
+        with httpx.Client(base_url=process.url, timeout=WAIT) as client:
+            answer = client.post(
+                "/reasoners/echo", json={"text": "traced"}, headers={"traceparent": header}
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"] == {"text": "traced"}
+        process.signal(signal.SIGTERM)
+        code, _ = process.wait_exit(timeout=WAIT)
+        stderr = process.stderr()
+    finally:
+        process.close()
+    assert code == 0, stderr
+    if named != "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT":  # the SDK cannot load: traces are off
+        # The part at its defaults still works: the request's span, flushed at the exit,
+        # is a child of the caller's (tracecontext read, sampled, exported).
+        span = receiver.wait(
+            lambda s: s["trace_id"] == trace_id and s["name"] == "POST /reasoners/{name}",
+            "for the request in the caller's trace",
+        )
+        assert span["parent_span_id"] == caller_span
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    warnings = [line for line in lines if line["level"] in ("warning", "error", "critical")]
+    assert len(warnings) == 1, warnings
+    assert named in warnings[0]["message"].split(":")[0], warnings[0]
+    assert "Traceback" not in stderr and "exc_info" not in warnings[0]
+    assert "s3cr3t" not in stderr

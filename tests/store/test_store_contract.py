@@ -28,6 +28,7 @@ from agent_server.store import (
     BadCursor,
     ExecutionRunning,
     ExecutionStore,
+    ListCursor,
     MemoryStore,
     SessionReleasing,
     StoreUnavailable,
@@ -204,7 +205,8 @@ async def test_pages_follow_cursors_to_the_oldest_with_any_of_several_statuses(
         seen: list[str] = []
         after: str | None = None
         for _ in range(50):  # bounded: 11 records
-            page = await r.b.page(after=after, **filters)
+            cursor = None if after is None else ListCursor.read(after)
+            page = await r.b.page(after=cursor, **filters)
             assert len(page.cursors) == len(page.executions)
             seen += [e.execution_id for e in page.executions]
             if page.next is None:
@@ -223,11 +225,14 @@ async def test_pages_follow_cursors_to_the_oldest_with_any_of_several_statuses(
     assert await every(limit=2, statuses=running) == [e.execution_id for e in made[:3:-1]]
     # A page cut short continues from the last execution shown.
     first = await r.b.page(limit=5)
-    rest = await r.b.page(limit=100, after=first.cursors[1])
+    rest = await r.b.page(limit=100, after=ListCursor.read(first.cursors[1]))
     assert [e.execution_id for e in rest.executions] == newest_first[2:]
+    # Every cursor a page gave reads back as itself; what none gave is refused by the one
+    # reader (tests/process/test_abuse.py sends such cursors to both stores).
+    assert all(str(ListCursor.read(c)) == c for c in first.cursors)
     for bad in ("", "x", "1:2", f"nan:{made[0].execution_id}", "1:" + "g" * 32):
         with pytest.raises(BadCursor):
-            await r.b.page(after=bad)
+            ListCursor.read(bad)
 
 
 # -- waiting --------------------------------------------------------------------------------

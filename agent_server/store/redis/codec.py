@@ -4,20 +4,16 @@ show it (never its password)."""
 from __future__ import annotations
 
 import logging
-import re
 import urllib.parse
 from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import sentinel
-from agent_server.store.base import BadCursor, StoreObserver
+from agent_server.store.base import ListCursor, StoreObserver
 from agent_server.store.redis.scripts import FIELDS, Moved, Row
 
 logger = logging.getLogger("agent_server.store")
-
-#: A list cursor: the index score (the creation time, as Redis writes a double) and the id.
-_CURSOR = re.compile(r"(-?[0-9][0-9.]{0,24}(?:e[+-]?[0-9]{1,3})?):([0-9a-f]{32})")
 
 
 def describe_url(url: str) -> str:
@@ -73,15 +69,12 @@ def _number(text: str) -> float | None:
     return float(text) if text else None
 
 
-def cursor(after: str | None) -> tuple[str, str]:
-    """A list cursor as the list script takes it: the score and id ('' '' from the newest)."""
+def cursor(after: ListCursor | None) -> tuple[str, str]:
+    """A list cursor as the list script takes it: the score (as the cursor spells it: the
+    script compares it to the index's text for ties) and id ('' '' from the newest)."""
     if after is None:
         return "", ""
-    found = _CURSOR.fullmatch(after)
-    if found is None:
-        raise BadCursor(after)
-    since, since_id = found.groups()
-    return since, since_id
+    return after.score, after.execution_id
 
 
 class RowCodec:

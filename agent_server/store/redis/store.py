@@ -36,6 +36,7 @@ from agent_server.store.base import (
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
+    ListCursor,
     Page,
     QueueFull,
     SessionReleasing,
@@ -725,7 +726,7 @@ class RedisStore(ExecutionStore):
         session_id: str | None = None,
         limit: int = 100,
         max_bytes: int = 0,
-        after: str | None = None,
+        after: ListCursor | None = None,
     ) -> Page:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
         index (the session's, the running ones, or all, newest first), so a rare filter
@@ -806,7 +807,7 @@ class RedisStore(ExecutionStore):
         *,
         budget: int = 0,
         bare: bool = False,
-        after: str | None = None,
+        after: ListCursor | None = None,
     ) -> Page:
         since, since_id = codec.cursor(after)
         with self._link.operation(operation):
