@@ -70,7 +70,7 @@ async def test_an_ask_waits_and_exactly_one_answer_goes_on(client: httpx.AsyncCl
 
     refused = await answer(client, execution_id, {"value": {"approved": "perhaps"}})
     assert refused.status_code == 422
-    assert refused.json()["detail"][0]["loc"] == ["approved"]
+    assert refused.json()["detail"][0]["loc"] == ["body", "value", "approved"]
     assert (await client.get(f"/executions/{execution_id}")).json()["status"] == "input_required"
 
     taken = await answer(client, execution_id, {"request_id": 1, "value": {"approved": True}})
