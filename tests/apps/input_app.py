@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, StringConstraints
 
-from agent_server import Agent, ExecutionContext, InputTimeout, RetryPolicy
+from agent_server import Agent, ExecutionContext, InputTimeout, RetryPolicy, Settings
 
 #: An ordinary e-mail pattern that Python's `re` matches in exponential time on a long run
 #: of letters that does not end like an address.
@@ -185,9 +185,9 @@ async def keyed_retry(ctx: ExecutionContext, key: str | None = None) -> dict[str
     return {"answer": answer, "attempt": ctx.attempt}
 
 
-def make_agent() -> Agent:
+def make_agent(settings: Settings | None = None) -> Agent:
     """A fresh agent with these reasoners (each in-process test gets its own)."""
-    fresh = Agent("input-tests")
+    fresh = Agent("input-tests", settings)
     for reasoner in (approve, twice, impatient, guarded, email_held):
         fresh.reasoner()(reasoner)
     for flaky in (retried, keyed_retry):
