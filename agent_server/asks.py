@@ -118,11 +118,14 @@ class Ledger:
     whether it timed out, by request id; the answers bounded in bytes (the oldest dropped
     first). `ask.lua` and `answer.lua` do the same with the record's fields."""
 
-    __slots__ = ("answer_bytes", "entries")
+    __slots__ = ("answer_bytes", "entries", "kept_from", "top")
 
     def __init__(self) -> None:
         self.entries: dict[int, Entry] = {}
         self.answer_bytes = 0
+        #: No answer is kept below this request id; the highest id asked.
+        self.kept_from = 1
+        self.top = 0
 
     def find(self, question: Question) -> Reply | None:
         """What an earlier attempt left for the question; None when it is to be asked (it
@@ -140,6 +143,7 @@ class Ledger:
             if kept is not None:
                 return kept
         self.entries[number] = Entry(question.identity, question.label)
+        self.top = max(self.top, number)
         return None
 
     @staticmethod
@@ -158,13 +162,17 @@ class Ledger:
             return
         entry.answered, entry.value, entry.size = True, value, size
         self.answer_bytes += size
-        for other in sorted(self.entries):
-            if self.answer_bytes <= bound:
-                break
-            dropped = self.entries[other]
-            if other != number and dropped.answered:
+        self.kept_from = min(self.kept_from, number)
+        if self.answer_bytes <= bound:
+            return
+        other = self.kept_from
+        while self.answer_bytes > bound and other <= self.top:
+            dropped = self.entries.get(other)
+            if other != number and dropped is not None and dropped.answered:
                 self.answer_bytes -= dropped.size
                 dropped.answered, dropped.value, dropped.size = False, None, 0
+            other += 1
+        self.kept_from = number if self.kept_from <= number < other else other
 
     def expire(self, number: int) -> None:
         entry = self.entries.get(number)
