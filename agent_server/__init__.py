@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agent_server.agent import Agent
     from agent_server.execution import (
+        AskMismatch,
         CancelReason,
         CheckpointTooLarge,
         Execution,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "Agent": "agent_server.agent",
+    "AskMismatch": "agent_server.execution",
     "CancelReason": "agent_server.execution",
     "CheckpointTooLarge": "agent_server.execution",
     "Execution": "agent_server.execution",
@@ -40,6 +42,7 @@ _HOMES = {
 
 __all__ = [
     "Agent",
+    "AskMismatch",
     "CancelReason",
     "CheckpointTooLarge",
     "Execution",

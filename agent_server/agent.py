@@ -455,6 +455,7 @@ class _Parts:
             lease_ttl=settings.lease_ttl,
             max_events=settings.max_events,
             observer=metrics,
+            max_answer_bytes=settings.max_answer_bytes,
         )
         streams_closing = Closing()
         tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables

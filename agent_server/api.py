@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive
 
-from agent_server import jsoncodec
+from agent_server import answers, jsoncodec
 from agent_server.docs_page import DocsPage
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.http_limits import client_gone
@@ -38,7 +38,6 @@ from agent_server.params import (
     query_param,
     read_body,
     reasoner_filter,
-    schema_errors,
     statuses,
     validation_detail,
     wants_events,
@@ -540,28 +539,32 @@ class Api:
         pending_id = int(pending["request_id"])
         if request_id is not None and request_id != pending_id:
             raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
-        self._check_answer(execution, pending, value)
+        size = len(jsoncodec.dumps(value))
+        if size > self.store.max_answer_bytes:
+            raise ApiError(
+                413,
+                f"the answer is {size} bytes as JSON: an execution keeps at most "
+                f"{self.store.max_answer_bytes} (--max-answer-bytes)",
+            )
+        await self._check_answer(pending, value)
         taken = await self.store.answer(execution, pending_id, value)
         if taken is None:
             raise ApiError(409, f"request {pending_id} was answered already (or ended)")
         return _execution_response(taken, 202)
 
-    def _check_answer(self, execution: Execution, pending: dict[str, Any], value: Any) -> None:
-        """422 unless `value` fits the request: with its type where its reasoner waits in
-        this process, else with its JSON schema (another replica runs it)."""
-        live = self.registry.running(execution.execution_id)
-        if live is not None and live.asking == pending["request_id"]:
-            if live.input_adapter is not None:
-                try:
-                    live.input_adapter.validate_python(value)
-                except ValidationError as exc:
-                    raise ApiError(422, validation_detail(exc)) from None
-            return
+    async def _check_answer(self, pending: dict[str, Any], value: Any) -> None:
+        """422 unless `value` fits the request's JSON schema, checked the same way on every
+        replica (agent_server/answers.py: JSON's own types, linear patterns, off the event
+        loop); the owner's type then reads it in `ctx.ask`."""
         schema = pending.get("schema")
-        if isinstance(schema, dict):
-            problems = schema_errors(schema, value)
-            if problems:
-                raise ApiError(422, problems)
+        if not isinstance(schema, dict):
+            return
+        try:
+            problems = await answers.check(schema, value)
+        except answers.TooSlow as exc:
+            raise ApiError(422, str(exc)) from None
+        if problems:
+            raise ApiError(422, problems)
 
     async def delete_execution(self, request: Request) -> Response:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import math
 import os
@@ -14,7 +13,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import TypeAdapter
 
-from agent_server import jsoncodec, record
+from agent_server import asks, jsoncodec, record
+from agent_server.asks import Found, Question, Reply
 from agent_server.events import Event, EventLog, encode_data
 from agent_server.status import END_OF, TERMINAL, Transition, step
 from agent_server.status import CancelReason as CancelReason  # its home is status.py
@@ -121,6 +121,7 @@ class Execution:
         "finished_monotonic",
         "input_adapter",
         "input_request",
+        "ledger",
         "max_attempts",
         "moved_away",
         "reasoner",
@@ -166,6 +167,9 @@ class Execution:
         #: The id of the request `ctx.ask` waits for here (0: none), set before the store
         #: records it: an answer may come back before the store's reply does.
         self.asking = 0
+        #: The memory store's record of its requests (identity, kept answer), None until
+        #: it first asks and once it ends; a shared store keeps them in the record instead.
+        self.ledger: asks.Ledger | None = None
         #: Resumable executions only: the request body (to bind a later attempt's arguments
         #: again), the last checkpoint (JSON text) and how many attempts an owner's death
         #: may cost. None, None, 1 for the others.
@@ -244,6 +248,7 @@ class Execution:
         execution.answer_waiter = None
         execution.input_adapter = None
         execution.asking = 0
+        execution.ledger = None
         execution.resumable = False
         execution.body = None
         execution.checkpoint = None
@@ -518,18 +523,22 @@ class InputTimeout(TimeoutError):
         self.request_id = request_id
 
 
-class AskOutcome(enum.Enum):
-    """What the store did with a request of `ctx.ask`."""
+class AskMismatch(RuntimeError):
+    """A resumed `ctx.ask` asks another question than the request its number had, and no
+    earlier request of the execution asked this one: rather than hand it another question's
+    answer, the ask fails (and the execution with it, unless the reasoner catches it)."""
 
-    #: Recorded: the reasoner waits for the answer in its task, on this replica.
-    WAIT = "wait"
-    #: Recorded and parked: nobody owns the execution until the answer queues it; this
-    #: attempt's task ends (`Parked`).
-    PARKED = "parked"
-    #: An earlier attempt's same request was answered: that answer, at once.
-    ANSWERED = "answered"
-    #: An earlier attempt's same request expired unanswered: InputTimeout, at once.
-    TIMED_OUT = "timed_out"
+    def __init__(self, execution_id: str, request_id: int, asked: str, recorded: str) -> None:
+        super().__init__(
+            f"request {request_id} of execution {execution_id} was {recorded}, but the "
+            f"reasoner now asks {asked}, which no earlier request asked: its code changed, or "
+            "asks in another order than its checkpoint says (give ctx.ask a key= to name a "
+            "question whose prompt changes)"
+        )
+        self.execution_id = execution_id
+        self.request_id = request_id
+        self.asked = asked
+        self.recorded = recorded
 
 
 class Parked(BaseException):
@@ -543,11 +552,11 @@ class InputChannel(Protocol):
     and metrics behind it)."""
 
     async def record_ask(
-        self, execution: Execution, request: dict[str, Any], timeout: float | None
-    ) -> tuple[AskOutcome, Any]:
+        self, execution: Execution, question: Question, timeout: float | None
+    ) -> Reply:
         """Record the request in the store (fenced by owner and attempt) before anyone is
-        told of it, parked where it can be; with ANSWERED, the answer an earlier attempt's
-        same request had."""
+        told of it, parked where it can be; or what an earlier attempt left for the same
+        question (asks.Found)."""
 
     async def await_answer(
         self,
@@ -579,6 +588,7 @@ class ExecutionContext:
         "_emitted",
         "_execution",
         "_inputs",
+        "_matched",
         "_max_checkpoint",
         "_names",
         "_writer",
@@ -599,6 +609,9 @@ class ExecutionContext:
         #: Requests made so far (by the last checkpoint, for a later attempt): the next one's
         #: id is one more.
         self._asked = execution.checkpoint_asks
+        #: By identity, the last earlier request a replayed ask of it was matched to (asks
+        #: of one question asked again from the top get the earlier answers in order).
+        self._matched: dict[str, int] = {}
         self._drain = drain
         self._writer = writer
         self._max_checkpoint = max_checkpoint_size
@@ -655,7 +668,14 @@ class ExecutionContext:
             self._emitted(self._execution, emitted)
         return emitted.id
 
-    async def ask(self, prompt: Any, schema: Any = None, timeout: float | None = None) -> Any:
+    async def ask(
+        self,
+        prompt: Any,
+        schema: Any = None,
+        timeout: float | None = None,
+        *,
+        key: str | None = None,
+    ) -> Any:
         """Ask for input and wait for the answer: the execution reads `input_required` with
         its `input_request` (`prompt`, JSON; the JSON schema of `schema`, a type pydantic
         validates the answer against, None for any JSON), an `input_required` event is
@@ -664,9 +684,15 @@ class ExecutionContext:
         the execution is `running` again either way. A cancellation while waiting cancels
         the reasoner as anywhere else. A resumable execution on a shared store is parked
         instead (`Parked` ends this attempt): its answer resumes the next attempt anywhere,
-        where this call returns the kept answer (numbered on from the last checkpoint)."""
+        where this call returns the kept answer (numbered on from the last checkpoint).
+
+        A request is matched by what it asks: `key` names the question (else a digest of
+        the prompt and the schema does); a replayed ask whose numbered request asked
+        something else gets the earlier request of its own question, or raises
+        AskMismatch."""
         if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
             raise ValueError("timeout must be a positive number of seconds (at most a year)")
+        key = asks.check_key(key)
         if self._inputs is None:
             raise RuntimeError(f"reasoner {self.reasoner!r} cannot ask for input here")
         execution = self._execution
@@ -674,34 +700,37 @@ class ExecutionContext:
             raise RuntimeError("one request at a time: an earlier ctx.ask still waits")
         shown = jsoncodec.loads(jsoncodec.dumps_recordable(prompt, "the prompt"))
         adapter: TypeAdapter[Any] | None = None if schema is None else TypeAdapter(schema)
-        self._asked += 1
-        request_id = self._asked
+        json_schema = None if adapter is None else adapter.json_schema()
+        number = self._asked + 1
         asked_at = time.time()
         request: dict[str, Any] = {
-            "request_id": request_id,
+            "request_id": number,
             "prompt": shown,
-            "schema": None if adapter is None else adapter.json_schema(),
+            "schema": json_schema,
             "asked_at": _isoformat(asked_at),
             "expires_at": None if timeout is None else _isoformat(asked_at + timeout),
         }
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        # Ready before the store is told: an answer may come back before its reply does.
-        execution.answer_waiter = waiter
-        execution.input_adapter = adapter
-        execution.asking = request_id
-        try:
-            outcome, kept = await self._inputs.record_ask(execution, request, timeout)
-        except BaseException:
-            outcome, kept = AskOutcome.ANSWERED, None
-            raise
-        finally:
-            if outcome is not AskOutcome.WAIT:
-                execution.stop_waiting()
-        if outcome is AskOutcome.ANSWERED:  # in an earlier attempt: that answer, at once
-            return kept if adapter is None else adapter.validate_python(kept)
-        if outcome is AskOutcome.TIMED_OUT:  # in an earlier attempt: so here too
+        identity = asks.identity(key, shown, json_schema)
+        question = Question(
+            request, identity, asks.label(key, shown), self._matched.get(identity, 0)
+        )
+        reply, waiter = await self._record(question, adapter, timeout)
+        if reply.found is Found.AGAIN:  # an earlier request's, its answer dropped: again
+            question.request = {**request, "request_id": reply.request_id}
+            reply, waiter = await self._record(question, adapter, timeout)
+        if reply.found is Found.MISMATCH:
+            raise AskMismatch(execution.execution_id, number, question.label, reply.other)
+        request_id = reply.request_id
+        if request_id == number:
+            self._asked = number
+        else:
+            self._matched[identity] = request_id
+        if reply.found is Found.ANSWERED:  # in an earlier attempt: that answer, at once
+            return reply.value if adapter is None else adapter.validate_python(reply.value)
+        if reply.found is Found.TIMED_OUT:  # in an earlier attempt: so here too
             raise InputTimeout(execution.execution_id, request_id, timeout)
-        if outcome is AskOutcome.PARKED:  # its task ends; the answer resumes it anywhere
+        request = question.request
+        if reply.found is Found.PARKED:  # its task ends; the answer resumes it anywhere
             execution.ask(request)
             self._publish("input_required", request)  # as this attempt's, still its owner's
             execution.leave()
@@ -730,6 +759,26 @@ class ExecutionContext:
             execution.stop_waiting()
             self._inputs.ask_ended(execution, False, time.monotonic() - started)
         return value if adapter is None else adapter.validate_python(value)
+
+    async def _record(
+        self, question: Question, adapter: TypeAdapter[Any] | None, timeout: float | None
+    ) -> tuple[Reply, asyncio.Future[Any]]:
+        """The store's reply to the question, with the future its answer completes, made
+        ready before the store is told: an answer may come back before its reply does."""
+        assert self._inputs is not None
+        execution = self._execution
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        execution.answer_waiter = waiter
+        execution.input_adapter = adapter
+        execution.asking = question.request_id
+        found = Found.ANSWERED
+        try:
+            reply = await self._inputs.record_ask(execution, question, timeout)
+            found = reply.found
+        finally:
+            if found is not Found.WAIT:
+                execution.stop_waiting()
+        return reply, waiter
 
     async def checkpoint(self, state: Any) -> None:
         """Record `state` (JSON) as this execution's progress: a later attempt starts with

@@ -394,7 +394,9 @@ def openapi_document(
                                             "type": ["integer", "null"],
                                             "minimum": 1,
                                             "description": "the request answered; left out: "
-                                            "the pending one",
+                                            "the pending one (a client that may retry names "
+                                            "it, so a retry is 409, never the next "
+                                            "request's answer)",
                                         },
                                         "value": {
                                             "description": "the answer (JSON), validated "
@@ -410,6 +412,9 @@ def openapi_document(
                         "400": _error("Malformed JSON body"),
                         "404": _error("Unknown execution"),
                         "409": _error("It waits for no input, or that request was answered"),
+                        "413": _error(
+                            "Body over the size limit, or an answer over --max-answer-bytes"
+                        ),
                         "415": _error("Body is not JSON"),
                         "422": _error("Malformed body, or a value that fails the schema"),
                     },

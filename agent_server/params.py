@@ -155,31 +155,6 @@ def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     return [{key: _encodable(value) for key, value in error.items()} for error in errors]
 
 
-#: Schema errors reported at most, for an answer that fails its request's JSON schema.
-MAX_SCHEMA_ERRORS = 20
-
-
-def schema_errors(schema: dict[str, Any], value: Any) -> list[dict[str, Any]]:
-    """Why `value` does not fit `schema` (a request's JSON schema, as pydantic made it), in
-    the shape of pydantic's list; empty when it fits. A schema the validator cannot read
-    refuses nothing: the owner's own type still validates the answer."""
-    import jsonschema  # type: ignore[import-untyped]  # only for another replica's request
-
-    try:
-        validator = jsonschema.Draft202012Validator(schema)
-        found = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    except Exception:  # a schema it cannot read or resolve: SchemaError, Unresolvable, ...
-        return []
-    return [
-        {
-            "type": f"schema_{error.validator}",
-            "loc": ["body", "value", *error.absolute_path],
-            "msg": _encodable(error.message),
-        }
-        for error in found[:MAX_SCHEMA_ERRORS]
-    ]
-
-
 def _encodable(value: Any) -> Any:
     """JSON data whose strings all encode to UTF-8: a string that does not is sent with
     its unencodable characters backslash-escaped (`"\\ud800"`); what is not JSON data

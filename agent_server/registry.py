@@ -25,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent_server.asks import Question, Reply
 from agent_server.events import Event
 from agent_server.execution import (
-    AskOutcome,
+    AskMismatch,
     CancelReason,
     Execution,
     ExecutionContext,
@@ -428,12 +429,12 @@ class InFlightRegistry:
     # -- input (ctx.ask: the registry is its InputChannel) ----------------------------------
 
     async def record_ask(
-        self, execution: Execution, request: dict[str, Any], timeout: float | None
-    ) -> tuple[AskOutcome, Any]:
+        self, execution: Execution, question: Question, timeout: float | None
+    ) -> Reply:
         """A resumable execution is parked where the store can queue it (section 13): its
         task ends, and no drain waits for a person."""
         park = execution.resumable and self.store.supports_handoff
-        return await self.store.ask(execution, request, park, timeout)
+        return await self.store.ask(execution, question, park, timeout)
 
     async def await_answer(
         self,
@@ -754,6 +755,7 @@ class InFlightRegistry:
         if (
             policy is not None
             and execution.status in OWNED
+            and not isinstance(exc, AskMismatch)  # the next attempt would ask the same
             and policy.retries(exc, execution.attempt)
             and (self.admitting or self.store.shared)  # else nobody here would take it
         ):

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from agent_server.asks import MAX_ANSWER_BYTES
 from agent_server.execution import MAX_SECONDS
 from agent_server.tokens import check_token, read_token_file
 from agent_server.webhooks import AllowList, check_secret, check_url, read_secret_file
@@ -139,6 +140,13 @@ class Settings(BaseSettings):
         default=86_400.0,
         gt=0,
         description="Seconds an Idempotency-Key is remembered: a repeat gets the same execution.",
+    )
+    max_answer_bytes: int = Field(
+        default=MAX_ANSWER_BYTES,
+        ge=1,
+        le=2**40,
+        description="Bytes of answers to its requests for input (as JSON) an execution keeps "
+        "until it ends; past it the oldest go first, and one answer larger is refused (413).",
     )
     max_checkpoint_size: Count = Field(
         default=65_536,

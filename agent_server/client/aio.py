@@ -247,6 +247,8 @@ class AsyncExecutionHandle:
         return (await self.wait(timeout)).outcome()
 
     async def respond(self, value: Any, request_id: int | None = None) -> Execution:
+        if request_id is None:  # the request this handle last saw pending (see the sync one)
+            request_id = self.execution.pending_request_id
         self.execution = await self.client.respond(self.execution_id, value, request_id)
         return self.execution
 

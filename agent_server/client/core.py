@@ -25,6 +25,7 @@ from httpx_sse import SSEError
 from agent_server.client import retries as policy
 from agent_server.client.models import (
     AgentServerError,
+    Conflict,
     Event,
     Execution,
     Executions,
@@ -329,14 +330,22 @@ class Core:
                 )
 
     def respond(self, execution_id: str, value: Any, request_id: int | None) -> Flow[Execution]:
-        """Answer the execution's pending request (`request_id`, or whichever is pending):
-        the execution, `running` again. One answer per request wins: `Conflict` (409) when
-        it does not wait for that request, `InvalidInput` (422) when the value does not fit
-        the request's schema. A retry after a broken connection may find its own answer
-        taken (409): read the execution to tell."""
-        body: dict[str, Any] = {"value": value}
-        if request_id is not None:
-            body["request_id"] = request_id
+        """Answer the execution's pending request (`request_id`, or the one pending now,
+        read first): the execution, `running` again. The request id is always sent, so a
+        retry after a broken connection answers that request or none (409), never the next
+        one. `Conflict` (409) when it does not wait for that request, `InvalidInput` (422)
+        when the value does not fit the request's schema (413: larger than the server
+        keeps). A retry may find its own answer taken (409): read the execution to tell."""
+        if request_id is None:
+            execution = yield from self._get(execution_id, 0)
+            request_id = execution.pending_request_id
+            if request_id is None:
+                raise Conflict(
+                    f"execution {execution_id} is {execution.status}: it waits for no input",
+                    status=409,
+                    body=execution.json,
+                )
+        body: dict[str, Any] = {"request_id": request_id, "value": value}
         send = Send(
             "POST",
             f"/executions/{segment(execution_id)}/input",

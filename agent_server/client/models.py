@@ -66,6 +66,13 @@ class Execution:
         """Its reasoner waits for an answer (`respond`): status `input_required`."""
         return self.status == INPUT_REQUIRED
 
+    @property
+    def pending_request_id(self) -> int | None:
+        """While it waits for input: the id of the request it waits for; else None."""
+        request = self.input_request if self.waits_for_input else None
+        number = None if request is None else request.get("request_id")
+        return number if isinstance(number, int) and not isinstance(number, bool) else None
+
     def outcome(self) -> Any:
         """The result of a succeeded execution; the typed error of any other end."""
         if self.status == "succeeded":

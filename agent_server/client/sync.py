@@ -262,7 +262,10 @@ class ExecutionHandle:
         return self.wait(timeout).outcome()
 
     def respond(self, value: Any, request_id: int | None = None) -> Execution:
-        """Answer its pending request (or `request_id`); see `AgentClient.respond`."""
+        """Answer `request_id`, else the request this handle last saw pending (else the one
+        pending now); see `AgentClient.respond`."""
+        if request_id is None:
+            request_id = self.execution.pending_request_id
         self.execution = self.client.respond(self.execution_id, value, request_id)
         return self.execution
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent_server.asks import MAX_ANSWER_BYTES
 from agent_server.store.base import (
     BadCursor,
     CancelHandler,
@@ -43,6 +44,7 @@ def open_store(
     max_retained_bytes: int = 256 * 1024 * 1024,
     max_events: int = 1000,
     observer: StoreObserver | None = None,
+    max_answer_bytes: int = MAX_ANSWER_BYTES,
 ) -> ExecutionStore:
     """The store `--store` names: `memory`, or a `redis://`, `rediss://` or
     `redis+sentinel://` URL."""
@@ -52,6 +54,7 @@ def open_store(
             result_ttl=result_ttl,
             max_retained=max_retained,
             max_retained_bytes=max_retained_bytes,
+            max_answer_bytes=max_answer_bytes,
         )
     from agent_server.store.redis import RedisStore  # only when asked for: it needs redis-py
 
@@ -65,4 +68,5 @@ def open_store(
         lease_ttl=lease_ttl,
         observer=observer,
         max_events=max_events,
+        max_answer_bytes=max_answer_bytes,
     )

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent_server.asks import MAX_ANSWER_BYTES, Found, Question, Reply
 from agent_server.events import Event
-from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
+from agent_server.execution import CancelReason, Execution, ExecutionStatus
 
 # Re-exported: the stores and the routes import them with the rest of the interface.
 from agent_server.store.cursor import BadCursor as BadCursor
@@ -179,6 +180,8 @@ class ExecutionStore(abc.ABC):
     on_webhook: Callable[[], object] | None = None
     #: Told when this replica takes or cancels a queued execution (the registry's).
     on_unqueued: UnqueuedHandler | None = None
+    #: Bytes of answers (as JSON) an execution keeps: past it the oldest are dropped.
+    max_answer_bytes: int = MAX_ANSWER_BYTES
 
     @property
     def up(self) -> bool:
@@ -306,16 +309,15 @@ class ExecutionStore(abc.ABC):
         await asyncio.sleep(timeout)
 
     async def ask(
-        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
-    ) -> tuple[AskOutcome, Any]:
-        """Record that an execution this replica runs waits for input (`request` is its
-        `input_request`), fenced by owner and attempt (StaleAttempt otherwise); with `park`
-        (a resumable execution, a store that can queue it) parked: owned by nobody until its
-        answer (or its `timeout`, seconds) queues it. ANSWERED or TIMED_OUT instead when an
-        earlier attempt's same request was answered or expired (a shared store keeps them).
-        A store in this process holds the live object: nothing to write, one attempt only,
-        and nowhere to park."""
-        return AskOutcome.WAIT, None
+        self, execution: Execution, question: Question, park: bool, timeout: float | None
+    ) -> Reply:
+        """Record that an execution this replica runs waits for input (`question.request`
+        is its `input_request`), fenced by owner and attempt (StaleAttempt otherwise); with
+        `park` (a resumable execution, a store that can queue it) parked: owned by nobody
+        until its answer (or its `timeout`, seconds) queues it. What an earlier attempt left
+        instead, matched by the question's identity (asks.Found): its answer, its timeout,
+        AGAIN (its answer dropped), or MISMATCH (another question has the number)."""
+        return Reply(Found.WAIT, question.request_id)
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """The request timed out on its owner: back to `running` unless an answer was taken

@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent_server import jsoncodec
-from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
+from agent_server.asks import MAX_ANSWER_BYTES, Found, Ledger, Question, Reply
+from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.scheduling import SESSION_GATED, is_session_key, session_key
 from agent_server.store.base import (
     FINISHED_EVENT,
@@ -54,8 +55,10 @@ class MemoryStore(ExecutionStore):
         result_ttl: float = 3600.0,
         max_retained: int = 10_000,
         max_retained_bytes: int = 256 * 1024 * 1024,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.replica_id = replica_id
+        self.max_answer_bytes = max_answer_bytes
         self.result_ttl = result_ttl
         self.max_retained = max_retained
         self.max_retained_bytes = max_retained_bytes
@@ -311,6 +314,7 @@ class MemoryStore(ExecutionStore):
         execution.checkpoint = state
 
     def end(self, execution: Execution) -> None:
+        execution.ledger = None  # no answer outlives its execution
         if execution.webhook_url is not None:
             self._owe_webhook(execution, f"{execution.execution_id}.finished", FINISHED_EVENT)
         keys = [execution.concurrency_key]
@@ -333,10 +337,17 @@ class MemoryStore(ExecutionStore):
         self._expire()
 
     async def ask(
-        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
-    ) -> tuple[AskOutcome, Any]:
-        """Nothing to write (the live object is the record), nowhere to park; a webhook may
-        be owed."""
+        self, execution: Execution, question: Question, park: bool, timeout: float | None
+    ) -> Reply:
+        """Nowhere to park: the live object is the record, and its ledger keeps the
+        requests (a retried attempt's asks find their answers, matched by identity); a
+        webhook may be owed."""
+        if execution.ledger is None:
+            execution.ledger = Ledger()
+        found = execution.ledger.find(question)
+        if found is not None:
+            return found
+        request = question.request
         if execution.webhook_url is not None:
             data = execution.to_json()
             data["status"] = ExecutionStatus.INPUT_REQUIRED.value  # what it is about to read
@@ -348,7 +359,26 @@ class MemoryStore(ExecutionStore):
                 INPUT_REQUIRED_EVENT,
                 data,
             )
-        return AskOutcome.WAIT, None
+        return Reply(Found.WAIT, question.request_id)
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        """Closed unanswered: a retried attempt that asks it again times out at once."""
+        if execution.ledger is not None:
+            execution.ledger.expire(request_id)
+        return False, None
+
+    async def answer(
+        self, execution: Execution, request_id: int | None, value: Any
+    ) -> Execution | None:
+        """Handed to the waiting `ctx.ask`, and kept in its ledger (bounded in bytes) for
+        a retried attempt's replay."""
+        pending = execution.input_request or {}
+        number = pending.get("request_id") if request_id is None else request_id
+        taken = await super().answer(execution, request_id, value)
+        if taken is not None and execution.ledger is not None and isinstance(number, int):
+            size = len(jsoncodec.dumps(value))
+            execution.ledger.keep(number, value, size, self.max_answer_bytes)
+        return taken
 
     # -- webhook deliveries, in this process -----------------------------------------------
 

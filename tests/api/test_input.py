@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server import Settings
 from tests.apps.input_app import make_agent
 
 WAIT = 10.0
@@ -70,7 +71,7 @@ async def test_an_ask_waits_and_exactly_one_answer_goes_on(client: httpx.AsyncCl
 
     refused = await answer(client, execution_id, {"value": {"approved": "perhaps"}})
     assert refused.status_code == 422
-    assert refused.json()["detail"][0]["loc"] == ["approved"]
+    assert refused.json()["detail"][0]["loc"] == ["body", "value", "approved"]
     assert (await client.get(f"/executions/{execution_id}")).json()["status"] == "input_required"
 
     taken = await answer(client, execution_id, {"request_id": 1, "value": {"approved": True}})
@@ -248,3 +249,50 @@ async def test_the_openapi_document_has_the_route_and_the_schema(
     assert "input_request" in execution["required"]
     assert "input_required" in execution["properties"]["status"]["enum"]
     assert "202" in document["paths"]["/reasoners/approve"]["post"]["responses"]
+
+
+# -- one validation, whichever replica: the owner too reads JSON's own types ----------------
+
+
+@pytest.mark.parametrize(
+    "wrong", [{"approved": "true"}, {"approved": "false"}, {"approved": 1}, {"approved": None}]
+)
+async def test_the_owner_refuses_what_json_schema_refuses(
+    client: httpx.AsyncClient, wrong: Any
+) -> None:
+    """pydantic's lax mode would read `"true"` as True on the owner, where another replica
+    (JSON Schema) refuses it: every replica refuses it now, and nothing changes."""
+    execution_id = await start(client, "approve")
+    await poll(client, execution_id)
+    refused = await answer(client, execution_id, {"request_id": 1, "value": wrong})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["type"] == "schema_type"
+    assert (await client.get(f"/executions/{execution_id}")).json()["status"] == "input_required"
+    taken = await answer(client, execution_id, {"request_id": 1, "value": {"approved": False}})
+    assert taken.status_code == 202
+    assert (await poll(client, execution_id))["result"]["approved"] is False
+
+
+@pytest.mark.parametrize("key", ["", "k" * 257, 5])
+async def test_a_key_that_is_not_a_short_string_is_a_value_error(key: Any) -> None:
+    from agent_server import ExecutionContext
+
+    context = ExecutionContext.__new__(ExecutionContext)
+    with pytest.raises(ValueError, match="key must be"):
+        await context.ask("?", key=key)
+
+
+async def test_an_answer_over_max_answer_bytes_is_413() -> None:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=make_agent(Settings(max_answer_bytes=100))),
+        base_url="http://testserver",
+    ) as client:
+        execution_id = await start(client, "twice")
+        await poll(client, execution_id)
+        refused = await answer(client, execution_id, {"request_id": 1, "value": "x" * 99})
+        assert refused.status_code == 413, refused.text
+        assert "--max-answer-bytes" in refused.json()["detail"]
+        assert (await client.get(f"/executions/{execution_id}")).json()["status"] == (
+            "input_required"
+        )
+        assert (await answer(client, execution_id, {"value": "x" * 97})).status_code == 202

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, StringConstraints
 
-from agent_server import Agent, ExecutionContext, InputTimeout
+from agent_server import Agent, ExecutionContext, InputTimeout, RetryPolicy, Settings
+
+#: An ordinary e-mail pattern that Python's `re` matches in exponential time on a long run
+#: of letters that does not end like an address.
+EMAIL_PATTERN = (
+    r"^([a-zA-Z0-9])(([\-.]|[_]+)?([a-zA-Z0-9]+))*(@){1}[a-z0-9]+[.]{1}"
+    r"(([a-z]{2,3})|([a-z]{2,3}[.]{1}[a-z]{2,3}))$"
+)
+Email = Annotated[str, StringConstraints(pattern=EMAIL_PATTERN)]
 
 
 class Approval(BaseModel):
@@ -111,11 +119,81 @@ async def asks_when_told(ctx: ExecutionContext) -> Any:
     return await ctx.ask("now?")
 
 
-def make_agent() -> Agent:
+async def from_top(ctx: ExecutionContext) -> dict[str, Any]:
+    """Resumable, two requests with a checkpoint between them, asked again from the top on
+    resume (it does not skip what its checkpoint keeps): each ask must get its own answer."""
+    first = await ctx.ask("first?")
+    await ctx.checkpoint({"first": first})
+    second = await ctx.ask({"second": "?"})
+    return {"first": first, "second": second, "attempt": ctx.attempt}
+
+
+async def changing(ctx: ExecutionContext) -> Any:
+    """Resumable: its question is INPUT_APP_QUESTION's (a rollout that changes the code
+    between attempts)."""
+    return await ctx.ask({"question": os.environ.get("INPUT_APP_QUESTION", "old")})
+
+
+async def keyed(ctx: ExecutionContext, key: str | None = "approval") -> dict[str, Any]:
+    """Resumable: a prompt that changes with each attempt, named by `key` (None: by its
+    prompt, so a later attempt asks another question)."""
+    answer = await ctx.ask({"question": "approve?", "attempt": ctx.attempt}, key=key)
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
+async def chat(ctx: ExecutionContext, turns: int = 3) -> dict[str, Any]:
+    """Resumable: asks the same prompt each turn and checkpoints each turn (the turns seen,
+    not the answers): a chat loop."""
+    state = ctx.checkpoint_state or {"turn": 0, "sizes": []}
+    while state["turn"] < turns:
+        said = await ctx.ask("next?", schema=str)
+        state = {"turn": state["turn"] + 1, "sizes": [*state["sizes"], len(said)]}
+        await ctx.checkpoint(state)
+    return state
+
+
+async def email(ctx: ExecutionContext) -> str:
+    """Resumable: asks for an address (parked with a shared store: any replica checks the
+    answer against the JSON schema's pattern)."""
+    return str(await ctx.ask("your e-mail?", schema=Email))
+
+
+async def email_held(ctx: ExecutionContext) -> str:
+    """`email`, waiting in its task on its owner."""
+    return str(await ctx.ask("your e-mail?", schema=Email))
+
+
+class Flaky(Exception):
+    """The first attempt of `retried` fails with it."""
+
+
+async def retried(ctx: ExecutionContext, change: bool = False) -> dict[str, Any]:
+    """Asks, then fails its first attempt; the retry asks again: the same question (its
+    kept answer, at once) or, with `change`, another (AskMismatch)."""
+    question = "again?" if change and ctx.attempt > 1 else "first?"
+    answer = await ctx.ask(question)
+    if ctx.attempt == 1:
+        raise Flaky("the first attempt fails after its answer")
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
+async def keyed_retry(ctx: ExecutionContext, key: str | None = None) -> dict[str, Any]:
+    """`retried` whose prompt names the attempt: the same question only when `key` names it."""
+    answer = await ctx.ask({"question": "approve?", "attempt": ctx.attempt}, key=key)
+    if ctx.attempt == 1:
+        raise Flaky("the first attempt fails after its answer")
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
+def make_agent(settings: Settings | None = None) -> Agent:
     """A fresh agent with these reasoners (each in-process test gets its own)."""
-    fresh = Agent("input-tests")
-    for reasoner in (approve, twice, impatient, guarded):
+    fresh = Agent("input-tests", settings)
+    for reasoner in (approve, twice, impatient, guarded, email_held):
         fresh.reasoner()(reasoner)
+    for flaky in (retried, keyed_retry):
+        fresh.reasoner(retry=RetryPolicy(max_attempts=3, initial_delay=0.05, retry_on=(Flaky,)))(
+            flaky
+        )
     for resumable in (
         asked_once,
         approve_later,
@@ -123,6 +201,11 @@ def make_agent() -> Agent:
         patient,
         asks_at_drain,
         asks_when_told,
+        from_top,
+        changing,
+        keyed,
+        chat,
+        email,
     ):
         fresh.reasoner(resumable=True)(resumable)
     return fresh

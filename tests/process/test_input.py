@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from agent_server.client import AgentClient, AsyncAgentClient, Conflict, InputRequired, InvalidInput
@@ -161,3 +162,85 @@ def test_call_reads_answers_from_a_terminal(server: ServerProcess) -> None:
     assert proc.returncode == 0, "".join(seen)
     body: dict[str, Any] = json.loads(out)
     assert (body["status"], body["result"]) == ("succeeded", ["one", {"n": 2}])
+
+
+# -- a retried attempt's asks are matched by what they ask (the memory store) ---------------
+
+
+def test_a_retried_attempt_gets_the_answer_of_the_same_question(client: AgentClient) -> None:
+    """Attempt 1 is answered, then fails; the retry asks the same question and gets the kept
+    answer at once (it is not asked again, and no answer is needed)."""
+    handle = client.start("retried")
+    asked = handle.wait(timeout=WAIT)
+    assert asked.input_request is not None and asked.input_request["prompt"] == "first?"
+    handle.respond(41)
+    done = handle.wait(timeout=WAIT)
+    assert (done.status, done.result) == ("succeeded", {"answer": 41, "attempt": 2}), done
+
+
+@pytest.mark.parametrize(
+    ("reasoner", "body"), [("retried", {"change": True}), ("keyed_retry", {"key": None})]
+)
+def test_a_retried_attempt_asking_another_question_fails_with_ask_mismatch(
+    client: AgentClient, reasoner: str, body: dict[str, Any]
+) -> None:
+    handle = client.start(reasoner, body)
+    handle.wait(timeout=WAIT)
+    handle.respond(41)
+    done = handle.wait(timeout=WAIT)
+    assert done.status == "failed", done
+    assert done.error is not None and done.error["type"] == "AskMismatch", done
+    assert "request 1" in done.error["message"]
+    assert done.attempt == 2  # not retried again: the next attempt would ask the same
+
+
+def test_a_key_names_the_question_across_retries(client: AgentClient) -> None:
+    handle = client.start("keyed_retry", {"key": "approval"})
+    asked = handle.wait(timeout=WAIT)
+    assert asked.input_request is not None and asked.input_request["prompt"]["attempt"] == 1
+    handle.respond("yes")
+    done = handle.wait(timeout=WAIT)
+    assert (done.status, done.result) == ("succeeded", {"answer": "yes", "attempt": 2}), done
+
+
+# -- one answer, one request: the client always names the request it answers ---------------
+
+
+class LosingTransport(httpx.HTTPTransport):
+    """Delivers the first answer, then loses its reply (the connection is cut after the
+    server took it): the client retries the same POST. Records every answer's body."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/input"):
+            self.answers.append(json.loads(request.content))
+            if len(self.answers) == 1:
+                response.read()
+                response.close()
+                raise httpx.ReadError("the connection was cut after the answer left")
+        return response
+
+
+def test_a_retried_answer_is_409_never_the_answer_to_the_next_request(
+    server: ServerProcess,
+) -> None:
+    """`twice` asks again at once after its first answer: the retry of the first answer,
+    after its reply was lost, names request 1 and is refused, where without the id it would
+    have answered request 2 with the first answer."""
+    losing = LosingTransport()
+    with AgentClient(server.url, timeout=WAIT, retry_for=WAIT, transport=losing) as client:
+        handle = client.start("twice")
+        assert handle.wait(timeout=WAIT).waits_for_input
+        with pytest.raises(Conflict):
+            handle.respond("first")
+        second = handle.wait(timeout=WAIT)
+        assert second.input_request is not None and second.input_request["request_id"] == 2
+        assert second.input_request["prompt"] == {"after": "first"}
+        client.respond(handle.execution_id, "second")  # reads the pending request first
+        done = handle.wait(timeout=WAIT)
+    assert (done.status, done.result) == ("succeeded", ["first", "second"])
+    assert [body.get("request_id") for body in losing.answers] == [1, 1, 2]

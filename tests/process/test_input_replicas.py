@@ -366,3 +366,176 @@ def test_a_stream_on_the_replica_that_parks_sends_its_reader_elsewhere(
     assert answer(a, execution_id, {"value": "now"}).status_code == 202
     done = ended(a, execution_id)  # read from the store: the next attempt wrote its end
     assert (done["status"], done["result"], done["attempt"]) == ("succeeded", "now", 2)
+
+
+# -- an ask is matched by what it asks (section 13) -------------------------------------------
+
+
+def test_asking_again_from_the_top_gets_each_answer_back_in_order(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """Attempt 3 resumes from a checkpoint taken after request 1 but asks request 1's
+    question again: it is matched to request 1 (not handed request 2's answer), and request
+    2's question then gets request 2's answer, whichever replica answers and resumes."""
+    a, b = pair
+    execution_id = start(a, "from_top")
+    assert poll(b, execution_id)["input_request"]["prompt"] == "first?"
+    assert answer(b, execution_id, {"request_id": 1, "value": "one"}).status_code == 202
+    second = poll(a, execution_id)
+    assert second["input_request"]["prompt"] == {"second": "?"}, second
+    assert answer(a, execution_id, {"request_id": 2, "value": "two"}).status_code == 202
+    done = ended(b, execution_id)
+    assert done["status"] == "succeeded", done
+    assert done["result"] == {"first": "one", "second": "two", "attempt": 3}
+
+
+def test_a_changed_question_fails_with_ask_mismatch_never_the_old_answer(
+    server_factory: Start, redis_url: str
+) -> None:
+    """A rollout changes the question between attempts: the answer given to the old one
+    resumes an attempt that asks the new one, which fails with AskMismatch naming both."""
+    a = server_factory(
+        "input_app:agent",
+        "--store",
+        redis_url,
+        "--replica-id",
+        "A",
+        *LEASE,
+        env={"INPUT_APP_QUESTION": "ship the old build?"},
+    )
+    execution_id = start(a, "changing")
+    assert poll(a, execution_id)["input_request"]["prompt"] == {"question": "ship the old build?"}
+    a.signal(signal.SIGTERM)  # parked: it exits at once, and the next code answers
+    assert a.wait_exit(WAIT)[0] == 0, a.stderr()
+    b = server_factory(
+        "input_app:agent",
+        "--store",
+        redis_url,
+        "--replica-id",
+        "B",
+        *LEASE,
+        env={"INPUT_APP_QUESTION": "delete the database?"},
+    )
+    assert answer(b, execution_id, {"request_id": 1, "value": True}).status_code == 202
+    done = ended(b, execution_id)
+    assert (done["status"], done["error"]["type"]) == ("failed", "AskMismatch"), done
+    assert "ship the old build?" in done["error"]["message"]
+    assert "delete the database?" in done["error"]["message"]
+    assert done["attempt"] == 2  # failed once: a retry would ask the same
+
+
+def test_a_key_names_a_question_whose_prompt_changes(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """The prompt names the attempt; with a key the resumed attempt gets its answer, without
+    one it is another question (AskMismatch)."""
+    a, b = pair
+    named = start(a, "keyed", {"key": "approval"})
+    unnamed = start(a, "keyed", {"key": None})
+    for execution_id in (named, unnamed):
+        assert poll(b, execution_id)["input_request"]["prompt"]["attempt"] == 1
+        assert answer(b, execution_id, {"request_id": 1, "value": "yes"}).status_code == 202
+    assert ended(a, named)["result"] == {"answer": "yes", "attempt": 2}
+    assert ended(a, unnamed)["error"]["type"] == "AskMismatch"
+
+
+# -- answers are bounded, and go with the execution -----------------------------------------
+
+
+def record_fields(redis_url: str, execution_id: str) -> dict[str, bytes]:
+    """The execution's record hash in Redis, as the store keeps it."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        key = f"{{agent-server:input-tests}}:x:{execution_id}"
+        return {name.decode(): value for name, value in client.hgetall(key).items()}
+    finally:
+        client.close()
+
+
+def kept_answer_bytes(fields: dict[str, bytes]) -> int:
+    return sum(len(value) for name, value in fields.items() if name.startswith("answer:"))
+
+
+def test_answers_are_bounded_in_bytes_and_deleted_at_the_end(
+    server_factory: Start, redis_url: str
+) -> None:
+    """A chat loop of 8 turns of ~30 KB answers with --max-answer-bytes 100000: the record
+    never keeps more than the bound (the oldest answers go first), the loop still ends with
+    every turn in order, an answer alone over the bound is 413, and at the end no answer,
+    nor any request's identity, is left in the record."""
+    bound = ("--max-answer-bytes", "100000")
+    a = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *bound)
+    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE, *bound)
+    execution_id = start(a, "chat", {"turns": 8})
+    too_big = poll(b, execution_id)
+    refused = answer(b, execution_id, {"request_id": 1, "value": "x" * 100_001})
+    assert refused.status_code == 413, refused.text
+    assert poll(a, execution_id)["input_request"]["request_id"] == 1  # nothing changed
+    assert too_big["status"] == "input_required"
+    for turn in range(1, 9):
+        waiting = poll((a, b)[turn % 2], execution_id)
+        assert waiting["input_request"]["request_id"] == turn, waiting
+        taken = answer((b, a)[turn % 2], execution_id, {"request_id": turn, "value": "y" * 30_000})
+        assert taken.status_code == 202, taken.text
+        fields = record_fields(redis_url, execution_id)
+        assert kept_answer_bytes(fields) <= 100_000, sorted(fields)
+        assert f"answer:{turn}" in fields or turn == 8  # the newest is kept (until the end)
+    done = ended(a, execution_id)
+    assert done["status"] == "succeeded", done
+    assert done["result"] == {"turn": 8, "sizes": [30_000] * 8}
+    left = [
+        name
+        for name in record_fields(redis_url, execution_id)
+        if name.split(":")[0] in ("answer", "ident", "label", "expired", "answer_bytes")
+    ]
+    assert left == [], left
+
+
+# -- one validation on every replica --------------------------------------------------------
+
+
+def test_an_answer_is_valid_or_not_whichever_replica_takes_it(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """`"true"` is not a JSON boolean: 422 on the owner (whose task waits) as on the other
+    replica; a value that fits is taken by either."""
+    a, b = pair
+    execution_id = start(a, "approve")
+    assert poll(a, execution_id)["replica"] == "A"
+    for replica in (a, b):
+        for wrong in ({"approved": "true"}, {"approved": 1}, {"approved": True, "note": 5}):
+            refused = answer(replica, execution_id, {"request_id": 1, "value": wrong})
+            assert refused.status_code == 422, (replica.url, wrong, refused.text)
+            assert refused.json()["detail"][0]["loc"][:2] == ["body", "value"]
+    assert (
+        answer(a, execution_id, {"request_id": 1, "value": {"approved": True}}).status_code == 202
+    )
+    assert ended(b, execution_id)["result"]["approved"] is True
+
+
+def test_a_hostile_pattern_answer_cannot_stall_a_replica(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """An ordinary e-mail pattern and a long run of letters that does not end like an
+    address: Python's `re` would take seconds (doubling with each letter) holding the event
+    loop. Each replica answers 422 at once and serves /healthz meanwhile; an address fits."""
+    a, b = pair
+    parked = start(a, "email")
+    held = start(a, "email_held")
+    for execution_id, replica in ((parked, b), (held, b), (held, a)):
+        assert poll(replica, execution_id)["status"] == "input_required"
+        hostile = {"request_id": 1, "value": "a" * 40 + "!"}
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(answer, replica, execution_id, hostile)
+            deadline = time.monotonic() + 15
+            while not sent.done():  # the loop serves while the answer is checked
+                assert time.monotonic() < deadline, "the answer was not checked in 15 s"
+                health = httpx.get(f"{replica.url}/healthz", timeout=1.0)
+                assert health.status_code == 200
+            refused = sent.result()
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["type"] == "schema_pattern"
+    for execution_id in (parked, held):
+        fits = {"request_id": 1, "value": "sam.smith@example.org"}
+        assert answer(b, execution_id, fits).status_code == 202
+        assert ended(a, execution_id)["result"] == "sam.smith@example.org"

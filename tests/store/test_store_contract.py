@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from agent_server.asks import Found, Question, Reply
 from agent_server.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import (
     BadCursor,
@@ -85,20 +86,29 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     opened: list[ExecutionStore] = []
 
     async def make(
-        result_ttl: float = 3600.0, max_retained: int = 10_000, lease_ttl: float = 10.0
+        result_ttl: float = 3600.0,
+        max_retained: int = 10_000,
+        lease_ttl: float = 10.0,
+        max_answer_bytes: int = 16 * 1024 * 1024,
     ) -> Replicas:
         cancels: list[tuple[str, CancelReason, float | None]] = []
         a_seen, b_seen = Recorder(), Recorder()
         a: ExecutionStore
         b: ExecutionStore
         if request.param == "memory":
-            a = b = MemoryStore("A", result_ttl=result_ttl, max_retained=max_retained)
+            a = b = MemoryStore(
+                "A",
+                result_ttl=result_ttl,
+                max_retained=max_retained,
+                max_answer_bytes=max_answer_bytes,
+            )
         else:
             url = request.getfixturevalue("redis_url")
             options = {
                 "result_ttl": result_ttl,
                 "max_retained": max_retained,
                 "lease_ttl": lease_ttl,
+                "max_answer_bytes": max_answer_bytes,
             }
             a = open_redis(url, "A", a_seen, **options)
             b = open_redis(url, "B", b_seen, **options)
@@ -111,6 +121,79 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     yield make
     for store in opened:
         await closed(store)
+
+
+# -- requests for input: matched by identity, answers bounded -------------------------------
+
+
+def question(number: int, identity: str, after: int = 0) -> Question:
+    request = {"request_id": number, "prompt": identity, "schema": None}
+    return Question(request, identity, f"label {identity}", after)
+
+
+async def asked_and_answered(
+    r: Replicas, execution: Execution, number: int, identity: str, value: Any
+) -> None:
+    """`a` records the request (its task waits); `b` takes the answer."""
+    asked = question(number, identity)
+    assert (await r.a.ask(execution, asked, False, None)).found is Found.WAIT
+    execution.ask(asked.request)
+
+    async def waiting() -> Execution | None:
+        seen = await r.b.get(execution.execution_id)
+        waits = seen is not None and seen.status is ExecutionStatus.INPUT_REQUIRED
+        return seen if waits else None
+
+    seen = await eventually(waiting)
+    assert await r.b.answer(seen, number, value) is not None
+    execution.resume()  # what the waiting ctx.ask does once handed the answer
+
+
+async def kept_requests(store: ExecutionStore, execution: Execution) -> list[str]:
+    """The requests' fields of the record (`answer:N`, `ident:N`, `label:N`), on Redis."""
+    if not isinstance(store, RedisStore):
+        ledger = execution.ledger
+        return (
+            []
+            if ledger is None
+            else [f"ident:{n}" for n in ledger.entries]
+            + [f"answer:{n}" for n, entry in ledger.entries.items() if entry.answered]
+        )
+    fields = await store._link.redis.hkeys(store.keys.record(execution.execution_id))
+    return [str(f) for f in fields if str(f).split(":")[0] in ("answer", "ident", "label")]
+
+
+async def test_a_replayed_ask_is_matched_by_its_identity(replicas: Factory) -> None:
+    """Requests 1 "a" and 2 "b" answered: an ask of "a" numbered 2 gets request 1's answer,
+    one of "b" request 2's, one of "c" a mismatch naming "b"; the oldest answer goes past the
+    bound and its ask is asked again; at the end nothing of them is left."""
+    r = await replicas(max_answer_bytes=100)
+    r.a.deliver_answers(lambda *args: True)  # the waiting ctx.ask takes it
+    execution = r.new()
+    await r.a.create(execution)
+    await asked_and_answered(r, execution, 1, "a", "A" * 38)  # 40 bytes as JSON
+    await asked_and_answered(r, execution, 2, "b", "B" * 38)
+    replay = await r.a.ask(execution, question(2, "a"), False, None)
+    assert replay == Reply(Found.ANSWERED, 1, "A" * 38)
+    assert await r.a.ask(execution, question(2, "b"), False, None) == Reply(
+        Found.ANSWERED, 2, "B" * 38
+    )
+    assert await r.a.ask(execution, question(2, "a", after=1), False, None) == Reply(
+        Found.MISMATCH, 2, other="label b"
+    )
+    await asked_and_answered(r, execution, 3, "c", "C" * 38)  # 120 bytes: request 1's goes
+    again = await r.a.ask(execution, question(2, "a"), False, None)
+    assert again == Reply(Found.AGAIN, 1)
+    assert await r.a.ask(execution, question(3, "c"), False, None) == Reply(
+        Found.ANSWERED, 3, "C" * 38
+    )
+    assert set(await kept_requests(r.a, execution)) >= {"ident:1", "answer:2", "answer:3"}
+    execution.finish(ExecutionStatus.SUCCEEDED, result=None)
+    await r.ended(execution)
+    if isinstance(r.a, RedisStore):
+        assert await kept_requests(r.a, execution) == []
+    else:
+        assert execution.ledger is None
 
 
 # -- records, reads and lists -----------------------------------------------------------------

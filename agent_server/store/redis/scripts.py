@@ -105,6 +105,8 @@ class Asked(enum.IntEnum):
     ANSWERED = 2
     TIMED_OUT = 3
     PARKED = 4
+    AGAIN = 5
+    MISMATCH = 6
 
 
 class Moved(enum.IntEnum):

@@ -20,9 +20,9 @@ from typing import Any, cast
 
 import orjson
 
+from agent_server.asks import MAX_ANSWER_BYTES, Found, Question, Reply
 from agent_server.events import Event
 from agent_server.execution import (
-    AskOutcome,
     CancelReason,
     Execution,
     ExecutionStatus,
@@ -81,8 +81,10 @@ class RedisStore(ExecutionStore):
         observer: StoreObserver | None = None,
         outbox_limit: int = OUTBOX_LIMIT,
         max_events: int = 1000,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.replica_id = replica_id
+        self.max_answer_bytes = max_answer_bytes
         self.url = url
         self.where = codec.describe_url(url)
         self.keys = Keys(agent_name)
@@ -450,21 +452,25 @@ class RedisStore(ExecutionStore):
     # -- input (ctx.ask) -------------------------------------------------------------------
 
     async def ask(
-        self, execution: Execution, request: dict[str, Any], park: bool, timeout: float | None
-    ) -> tuple[AskOutcome, Any]:
+        self, execution: Execution, question: Question, park: bool, timeout: float | None
+    ) -> Reply:
         """One script (`ask.lua`), fenced by owner and attempt: the record reads
         `input_required` with its request before anyone is told (the reply, the event),
         parked with `park`. A request an earlier attempt had answered or let expire is not
-        asked again: its answer, or its timeout."""
+        asked again: its answer, or its timeout, matched by the question's identity."""
+        number = question.request_id
         reply = await self._waiting_out(
             "ask",
             self.keys.for_ask(execution.execution_id, execution.replica),
             execution.replica,
             str(execution.attempt),
-            str(request["request_id"]),
-            codec.dumps(request),
+            str(number),
+            codec.dumps(question.request),
             "1" if park else "0",
             "" if timeout is None else str(max(1, round(timeout * 1000))),
+            question.identity,
+            question.label,
+            str(question.after),
         )
         code = Asked(int(reply[0]))
         if code is Asked.FENCED:
@@ -474,14 +480,19 @@ class RedisStore(ExecutionStore):
                 f"owns it (the record is {reply[1] or 'gone'})"
             )
         if code is Asked.ANSWERED:
-            return AskOutcome.ANSWERED, codec.loads(reply[1])
+            return Reply(Found.ANSWERED, int(reply[2]), codec.loads(reply[1]))
         if code is Asked.TIMED_OUT:
-            return AskOutcome.TIMED_OUT, None
+            return Reply(Found.TIMED_OUT, int(reply[2]))
+        if code is Asked.AGAIN:
+            return Reply(Found.AGAIN, int(reply[2]))
+        if code is Asked.MISMATCH:
+            other = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            return Reply(Found.MISMATCH, int(reply[2]), other=other)
         if self.on_webhook is not None and (
             execution.webhook_url is not None or execution.attempt > 1
         ):
             self.on_webhook()  # ask.lua may have recorded a delivery
-        return (AskOutcome.PARKED if code is Asked.PARKED else AskOutcome.WAIT), None
+        return Reply(Found.PARKED if code is Asked.PARKED else Found.WAIT, number)
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
         """`expire.lua`: closed unanswered, unless an answer was taken first (returned)."""
@@ -523,6 +534,7 @@ class RedisStore(ExecutionStore):
                 self.keys.for_answer(execution.execution_id),
                 str(request_id),
                 codec.dumps(value),
+                str(self.max_answer_bytes),
             )
         if not int(reply[0]):
             return None

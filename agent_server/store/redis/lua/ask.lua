@@ -3,8 +3,16 @@
   `parked`, `webhooks`, `webhook_bodies` (webhooks.lua: its `execution.input_required`
   delivery). ARGV[1..3]: the common arguments (header.lua).
   Its reasoner waits for input (ctx.ask), fenced by owner and attempt like a checkpoint.
-  ARGV[4..]: owner, attempt, request id, the request (the record's `input_request`, JSON),
-  '1' to park it ('0' to wait in its task), the request's timeout in ms ('' for none).
+  ARGV[4..]: owner, attempt, request id (the number the attempt reached), the request (the
+  record's `input_request`, JSON), '1' to park it ('0' to wait in its task), the request's
+  timeout in ms ('' for none), its identity (asks.py), its label, and the last request of
+  that identity this attempt matched out of order ('0' for none).
+  Each request keeps `ident:{id}` and `label:{id}` until the execution ends (`asked_top`:
+  the highest id asked). The numbered request asked another question (its identity
+  differs): the first request after the last matched of this identity, and before the
+  number, answers for it ({ASKED_ANSWERED, answer, id}, {ASKED_TIMED_OUT, '', id}, or
+  {ASKED_AGAIN, '', id} when its answer was dropped: the caller asks it again under that
+  id); none: {ASKED_MISMATCH, the numbered request's label, id}.
   Sets status input_required, input_request and `asking` (the pending request id), and
   publishes the id on `ends` (waiters that return at input_required re-read it).
   Parked (a resumable execution on the shared store): nobody owns it any more (`replica`
@@ -16,8 +24,8 @@
   again after a hand-off, a retry or a resume) is not asked again: its answer is returned,
   and nothing changes; one that expired while parked (`expired:{request id}`) times out.
   Returns {ASKED_RECORDED, status} waiting in its task; {ASKED_PARKED, status};
-  {ASKED_ANSWERED, the kept answer (JSON)}; {ASKED_TIMED_OUT, ''}; {ASKED_FENCED, the
-  status found ('' if unknown)} when this attempt no longer owns it.
+  {ASKED_ANSWERED, the kept answer (JSON), id}; {ASKED_TIMED_OUT, '', id}; {ASKED_FENCED,
+  the status found ('' if unknown)} when this attempt no longer owns it.
 ]]
 --! include header.lua
 --! include webhooks.lua
@@ -25,11 +33,28 @@ local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'execution_id')
 if not v[1] then return {ASKED_FENCED, ''} end
 if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {ASKED_FENCED, v[1]} end
-local kept = redis.call('HMGET', rec, 'answer:' .. ARGV[6], 'expired:' .. ARGV[6])
-if kept[1] then return {ASKED_ANSWERED, kept[1]} end
-if kept[2] then return {ASKED_TIMED_OUT, ''} end
+local n, identity = tonumber(ARGV[6]), ARGV[10]
+local function kept_for(id)
+  local kept = redis.call('HMGET', rec, 'answer:' .. id, 'expired:' .. id)
+  if kept[1] then return {ASKED_ANSWERED, kept[1], id} end
+  if kept[2] then return {ASKED_TIMED_OUT, '', id} end
+  return nil
+end
+local held = redis.call('HGET', rec, 'ident:' .. n)
+if held and held ~= identity then
+  for id = tonumber(ARGV[12]) + 1, n - 1 do
+    if redis.call('HGET', rec, 'ident:' .. id) == identity then
+      return kept_for(id) or {ASKED_AGAIN, '', id}
+    end
+  end
+  return {ASKED_MISMATCH, redis.call('HGET', rec, 'label:' .. n) or '', n}
+end
+local kept = kept_for(n)
+if kept then return kept end
+local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
 redis.call('HSET', rec, 'status', STATUS_INPUT_REQUIRED, 'input_request', ARGV[7],
-  'asking', ARGV[6])
+  'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
+  'asked_top', tostring(math.max(top, n)))
 local code = ASKED_RECORDED
 if ARGV[8] == '1' then
   redis.call('HSET', rec, 'replica', '', 'attempt', tostring(tonumber(v[3]) + 1),

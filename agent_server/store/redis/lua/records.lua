@@ -5,6 +5,7 @@
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
   finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason). finish()
+  deletes the requests for input the record kept (their answers among them), and
   publishes the end notice and prunes unless a script that writes many ends at once sets
   NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
   through finish(), which records its webhook delivery (webhooks.lua) in `webhooks` and
@@ -100,9 +101,20 @@ local function unqueue(key, id)
   end
 end
 
+-- The requests for input a record keeps (ask.lua, answer.lua, expire.lua) go with its end:
+-- no answer outlives its execution.
+local function drop_requests(rec)
+  local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
+  for i = 1, top do
+    redis.call('HDEL', rec, 'answer:' .. i, 'expired:' .. i, 'ident:' .. i, 'label:' .. i)
+  end
+  if top > 0 then redis.call('HDEL', rec, 'asked_top', 'answer_bytes', 'answers_from') end
+end
+
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
 local function finish(rec, ev, id, sid, owned)
+  drop_requests(rec)
   redis.call('ZREM', RUNNING, id)
   if owned then redis.call('SREM', owned, id) end
   -- Its slots are free: its limit's, and its session's turn (any execution of the session
