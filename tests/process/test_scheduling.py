@@ -296,7 +296,9 @@ def test_sigterm_does_not_wait_for_queued_work(served: Served, tmp_path: Path) -
     store = "memory" if memory else _store_of(served)
     (server,) = _serve(tmp_path, store, *FULL, *SHORT_DRAIN, "--replica-id", "full")
     with server:
-        server.start("hold", {"seconds": 0.2})
+        # The first outlasts the drain (cancelled at its deadline), so the second is still
+        # queued at the signal however slowly the starts arrive.
+        server.start("hold", {"seconds": 5})
         waiting = server.start("hold", {"seconds": 0.2})  # queued behind the first
         later = server.start("stamp", delay=60)  # scheduled
         server.server.signal(signal.SIGTERM)
