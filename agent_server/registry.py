@@ -307,7 +307,9 @@ class InFlightRegistry:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable:
             # The store may have recorded it all the same (its answer was lost): if so it
-            # asks, through `adopt`, for it to run here after all.
+            # asks, through `adopt`, for it to run here after all, or queues it with its
+            # body for any replica to run.
+            execution.body = body
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
                 self._unanswered.popitem(last=False)

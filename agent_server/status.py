@@ -104,7 +104,8 @@ TABLE: tuple[Step, ...] = (
         Transition.REQUEUE,
         OWNED,
         frozenset({_S.QUEUED}),
-        "judge.lua read(): its owner died, attempts left",
+        "judge.lua read(): its owner died, attempts left; unclaim.lua: taken, its answer "
+        "lost, never started",
     ),
     Step(
         Transition.CLAIM,

@@ -204,9 +204,11 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
 ) -> None:
     """A create sent while Redis is paused times out (the start answers 503), but Redis
     runs it on resume: the record exists, `running` under a live owner. The owner either
-    runs it after all (its registry still has it) or ends it `failed`; never `running`
-    for good with no task anywhere. (The lease outlasts the pause: past it, the create
-    would be refused when it runs, A's lease having lapsed.)"""
+    runs it after all (its registry still has it) or, its body never having started, puts
+    it on the queue for its first run on any replica, with the body the registry kept;
+    never `running` for good with no task anywhere, never `failed` unrun. (The lease
+    outlasts the pause: past it, the create would be refused when it runs, A's lease
+    having lapsed.)"""
     a = await stores("A", lease_ttl=8.0)
     b = await stores("B", lease_ttl=8.0)
     adoptions: list[str] = []
@@ -223,6 +225,7 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
             await a.create(execution)
     finally:
         resume(own_redis)
+    execution.body = {"seconds": 0.25}  # as the registry keeps it for a start refused so
 
     async def settled() -> Execution | None:
         try:
@@ -231,15 +234,17 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
             return None
         if adopted:
             return found if adoptions else None
-        return found if found is not None and found.is_terminal else None
+        return found if found is not None and found.status is ExecutionStatus.QUEUED else None
 
     found = await eventually(settled, timeout=BOUND)
     assert adoptions == [execution.execution_id]
     if adopted:
         assert found.status is ExecutionStatus.RUNNING and found.replica == "A"
     else:
-        assert found.status is ExecutionStatus.FAILED
-        assert found.error is not None and found.error["type"] == "ExecutionNotStarted"
+        assert (found.replica, found.attempt) == ("", 1)
+        claimed = await b.claim()
+        assert claimed is not None and claimed.execution_id == execution.execution_id
+        assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, {"seconds": 0.25})
 
 
 async def test_a_create_that_never_reached_redis_stays_absent(

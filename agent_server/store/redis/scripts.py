@@ -39,6 +39,7 @@ NAMES = (
     "webhook_claim",
     "webhook_settle",
     "enqueue",
+    "unclaim",
 )
 
 

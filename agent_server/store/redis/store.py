@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -146,6 +147,7 @@ class RedisStore(ExecutionStore):
             owed=self._outbox.owed_ids,
             end=self.end,
             hand_off=self.hand_off,
+            unclaim=self.unclaim,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -529,6 +531,18 @@ class RedisStore(ExecutionStore):
         """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
         self._queue_next(execution, "")
 
+    def unclaim(self, execution: Execution, token: str) -> None:
+        """Through the outbox, fenced by owner, attempt and claim: an execution taken here
+        whose answer was lost, so its body never started, goes back to the head of the
+        queue with its attempt unchanged (`unclaim.lua`)."""
+        body = "" if execution.body is None else codec.dumps(execution.body)
+        self._outbox.put(
+            execution,
+            "unclaim",
+            self.keys.for_unclaim(execution.execution_id, execution.replica),
+            [execution.execution_id, execution.replica, str(execution.attempt), token, body],
+        )
+
     def retry(self, execution: Execution, delay: float) -> None:
         """As a hand-off, the next attempt due after `delay` seconds on Redis's clock."""
         self._queue_next(execution, str(max(0, round(delay * 1000))))
@@ -559,13 +573,14 @@ class RedisStore(ExecutionStore):
         nothing is due (`due_in` then says when the next one is)."""
         liveness = self._liveness
         liveness.claiming += 1
+        token = os.urandom(8).hex()  # kept with what it takes: a lost answer is known by it
         try:
             with self._link.operation("claim"):
                 reply = await self._link.script(
-                    "claim", self.keys.for_claim(self.replica_id), self.replica_id
+                    "claim", self.keys.for_claim(self.replica_id), self.replica_id, token
                 )
         except StoreUnavailable:
-            liveness.repair_due = True  # it may have been claimed here all the same
+            liveness.unanswered(token)  # it may have been claimed here all the same
             raise
         finally:
             liveness.claiming -= 1
