@@ -347,7 +347,7 @@ async def test_a_slow_command_fails_alone_and_the_store_stays_up(
         assert a.up and False not in seen(a).ups
         # The probe's failure is what turns it down: Redis paused.
         pause(own_redis)
-        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 3 * COMMAND_TIMEOUT)
         resume(own_redis)
         await eventually(lambda: asyncio.sleep(0, a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
     finally:

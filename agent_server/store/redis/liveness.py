@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from agent_server.execution import Execution, ExecutionStatus, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
@@ -51,6 +51,7 @@ class Liveness:
         end: Callable[[Execution], None],
         hand_off: Callable[[Execution], None],
         unclaim: Callable[[Execution, str], None],
+        cancel: Callable[[str], None],
     ) -> None:
         self._link = link
         self._codec = codec
@@ -64,6 +65,9 @@ class Liveness:
         self._end = end
         self._hand_off = hand_off
         self._unclaim = unclaim
+        self._cancel = cancel
+        self._running: Callable[[], Collection[str]] = tuple
+        self._vanish: Callable[[str], object] | None = None
         #: Tokens of claims sent without an answer, with when each was sent (monotonic):
         #: what such a claim took never started here (`repair`).
         self._unanswered: OrderedDict[str, float] = OrderedDict()
@@ -91,6 +95,12 @@ class Liveness:
         self._runs = runs
         self._adopt = adopt
 
+    def deliver_vanished(
+        self, running: Callable[[], Collection[str]], vanish: Callable[[str], object]
+    ) -> None:
+        self._running = running
+        self._vanish = vanish
+
     async def keep_alive(self) -> None:
         """Renew every lease_ttl/3, or at once when asked (`renew_now`)."""
         interval = self._lease_ttl / 3
@@ -112,16 +122,43 @@ class Liveness:
     async def tick(self) -> None:
         link = self._link
         lease_ms = max(1, round(self._lease_ttl * 1000))
+        running = self._running()
         with link.operation("renew", probe=True):
             reply = await link.script(
-                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, via=link.probe
+                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, len(running), via=link.probe
             )
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
             self._queued.set()
-        for row in reply[2:]:
+        for request in reply[3]:  # cancel requests kept for this replica (cancel.lua)
+            self._cancel(str(request))
+        for row in reply[4:]:
             self._codec.restore(row)
+        if int(reply[2]) and running:
+            await self.vanished(running)
+
+    async def vanished(self, running: Collection[str]) -> None:
+        """This replica's `owned` set holds fewer ids than it runs tasks for: a record may
+        have vanished (Redis restarted without persistence, FLUSHALL). Each task whose
+        record is gone ends `lost` and frees its slot (a waiter in `ctx.ask` would
+        otherwise wait for an answer nobody can give, holding its slot for good)."""
+        ids = list(running)
+        for start in range(0, len(ids), WAKE_BATCH):
+            batch = ids[start : start + WAKE_BATCH]
+            with self._link.operation("exists"):
+                found = await self._link.scripts.pipeline(
+                    [["EXISTS", self._keys.record(execution_id)] for execution_id in batch]
+                )
+            for execution_id, exists in zip(batch, found, strict=True):
+                if exists == 0 and self._vanish is not None:
+                    logger.error(
+                        "execution %s: its record vanished from Redis at %s (Redis lost its "
+                        "data); its task ends lost",
+                        execution_id,
+                        self._link.where,
+                    )
+                    self._vanish(execution_id)
 
     async def repair(self) -> None:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is

@@ -40,6 +40,7 @@ NAMES = (
     "webhook_settle",
     "enqueue",
     "unclaim",
+    "cancel",
 )
 
 

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
 
 import orjson
@@ -148,6 +148,7 @@ class RedisStore(ExecutionStore):
             end=self.end,
             hand_off=self.hand_off,
             unclaim=self.unclaim,
+            cancel=self._notices.missed_cancel,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -231,6 +232,11 @@ class RedisStore(ExecutionStore):
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         self._liveness.deliver_orphans(runs, adopt)
+
+    def deliver_vanished(
+        self, running: Callable[[], Collection[str]], vanish: Callable[[str], object]
+    ) -> None:
+        self._liveness.deliver_vanished(running, vanish)
 
     def _on_up(self) -> None:
         self._outbox.wake_if_owed()
@@ -779,8 +785,15 @@ class RedisStore(ExecutionStore):
         message = orjson.dumps(
             {"id": execution.execution_id, "reason": reason.value, "settle_within": settle_within}
         )
+        # Kept for the owner as well as published (cancel.lua): its renewals return a
+        # request its subscriber missed.
         with self._link.operation("request_cancel"):
-            await cast(Awaitable[Any], self._link.redis.publish(self.keys.cancel(owner), message))
+            await self._link.script(
+                "cancel",
+                self.keys.for_cancel(execution.execution_id),
+                execution.execution_id,
+                message,
+            )
 
     async def _list(
         self,
