@@ -92,7 +92,8 @@ TABLE: tuple[Step, ...] = (
         Transition.LOSE,
         OWNED,
         frozenset({_S.LOST}),
-        "judge.lua read(): its owner stopped renewing",
+        "judge.lua read(): its owner stopped renewing; registry: its record vanished from "
+        "the store",
     ),
     Step(
         Transition.HAND_OFF,
