@@ -247,6 +247,51 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
         assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, {"seconds": 0.25})
 
 
+@pytest.mark.parametrize("body", [{"seconds": 0.25}, None])
+async def test_a_claim_redis_ran_after_its_answer_was_given_up_is_queued_again(
+    own_redis: RedisServer,
+    stores: Callable[..., Awaitable[RedisStore]],
+    body: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Accepted work is never failed unrun: a claim sent while Redis is paused gets no
+    answer (the taker starts nothing), but Redis runs it on resume and marks the queued
+    start `running` under A. A's repair knows the claim by its token: the execution goes
+    back to the queue with its attempt unchanged, and the next claim takes it as attempt 1
+    with its body; never handed to attempt 2 (which a non-resumable reasoner refuses) nor
+    `failed`. (The lease outlasts the pause: past it the claim would be refused when it
+    runs, A's lease having lapsed.)"""
+    a = await stores("A", lease_ttl=8.0)
+    b = await stores("B", lease_ttl=8.0)
+    a.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
+    execution = Execution("sleep", None, "B")
+    execution.body = body
+    execution.enqueue(None)
+    assert await b.create(execution, max_queued=10) is None
+    pause(own_redis)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await a.claim()
+    finally:
+        resume(own_redis)
+
+    async def repaired() -> Execution | None:
+        # A's repair has found it (a line naming it), and written what it decided.
+        if not any(execution.execution_id in line for line in caplog.messages):
+            return None
+        try:
+            found = await b.get(execution.execution_id)
+        except StoreUnavailable:
+            return None
+        return None if found is None or found.status is ExecutionStatus.RUNNING else found
+
+    found = await eventually(repaired, timeout=BOUND)
+    assert (found.status, found.replica, found.attempt) == (ExecutionStatus.QUEUED, "", 1)
+    claimed = await b.claim()
+    assert claimed is not None and claimed.execution_id == execution.execution_id
+    assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, body)
+
+
 async def test_a_create_that_never_reached_redis_stays_absent(
     own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
 ) -> None:
