@@ -473,6 +473,7 @@ class _Parts:
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)
         store.deliver_orphans(registry.runs, registry.adopt)
+        store.deliver_vanished(registry.owned_ids, registry.vanish)
         releases = SessionReleases(store, registry, observer=metrics)
         secret = settings.signing_secret
         webhooks = (

@@ -59,6 +59,11 @@ THREAD_WORKERS = 32
 #: A reasoner waiting for an answer through a shared store looks at its record this often
 #: (seconds), in case the answer's notice was missed.
 ANSWER_RECHECK = 5.0
+#: The error of an execution whose record vanished from the store while it ran here.
+VANISHED = {
+    "type": "ExecutionLost",
+    "message": "its record vanished from the store (Redis lost its data) while it ran",
+}
 #: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
 UNANSWERED_LIMIT = 10_000
 #: Executions a settle abandons that each get a log line of their own; the rest are counted
@@ -222,6 +227,8 @@ class InFlightRegistry:
         self._end_seconds = 10e-6
         #: The time limits of attempts that have one (`timeout=`), by execution id.
         self._clocks: dict[str, AttemptClock] = {}
+        #: Executions whose record vanished from the store: their tasks end `lost`.
+        self._vanished: set[str] = set()
         #: Session policy rollback: forgetting interrupted records once they end.
         self._forgetting: set[asyncio.Task[None]] = set()
 
@@ -315,7 +322,9 @@ class InFlightRegistry:
             self._reject(RejectReason.SESSION_RELEASED)
         except StoreUnavailable as exc:
             # The store may have recorded it all the same (its answer was lost): if so it
-            # asks, through `adopt`, for it to run here after all.
+            # asks, through `adopt`, for it to run here after all, or queues it with its
+            # body for any replica to run.
+            execution.body = body
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
                 self._unanswered.popitem(last=False)
@@ -400,6 +409,29 @@ class InFlightRegistry:
         execution, reasoner, arguments = unanswered
         self._launch(execution, reasoner, arguments)
         return True
+
+    def owned_ids(self) -> list[str]:
+        """The executions whose attempt this process runs, owned in the store (running or
+        waiting for input in their task; not abandoned, not handed off)."""
+        return [
+            key
+            for key, task in self._running.items()
+            if (execution := self._executions.get(task)) is not None
+            and execution.status in OWNED
+            and task not in self._abandoned
+        ]
+
+    def vanish(self, execution_id: str) -> bool:
+        """The store lost the record of an execution this process runs (Redis lost its
+        data): nobody can answer, cancel or read it any more, so its task is cancelled and
+        it ends `lost` here (counted, logged; its end is refused by the store), freeing
+        its slot. False when it does not run here (any more)."""
+        task = self._running.get(execution_id)
+        execution = None if task is None else self._executions.get(task)
+        if task is None or execution is None or execution.status not in OWNED:
+            return False
+        self._vanished.add(execution_id)
+        return self.cancel(execution_id, CancelReason.REQUEST)
 
     def resume(self, reasoner: Reasoner, arguments: dict[str, Any], execution: Execution) -> None:
         """Run the next attempt of an execution this replica has claimed from the queue."""
@@ -741,6 +773,10 @@ class InFlightRegistry:
         return execution.cancel_reason is not None or (task is not None and task.cancelling() > 0)
 
     def _record_cancelled(self, execution: Execution) -> None:
+        if execution.execution_id in self._vanished:
+            self._vanished.discard(execution.execution_id)
+            self._record(execution, ExecutionStatus.LOST, error=VANISHED)
+            return
         reason = execution.cancel_reason
         if reason is None and self.draining:
             reason = CancelReason.SHUTDOWN
@@ -873,6 +909,7 @@ class InFlightRegistry:
         if self._running.get(execution.execution_id) is task:
             del self._running[execution.execution_id]
         self._abandoned.pop(task, None)
+        self._vanished.discard(execution.execution_id)
         self._stale.discard(task)
         self._handing_off.discard(execution.execution_id)
         if not self._running:

@@ -92,7 +92,8 @@ TABLE: tuple[Step, ...] = (
         Transition.LOSE,
         OWNED,
         frozenset({_S.LOST}),
-        "judge.lua read(): its owner stopped renewing",
+        "judge.lua read(): its owner stopped renewing; registry: its record vanished from "
+        "the store",
     ),
     Step(
         Transition.HAND_OFF,
@@ -104,7 +105,8 @@ TABLE: tuple[Step, ...] = (
         Transition.REQUEUE,
         OWNED,
         frozenset({_S.QUEUED}),
-        "judge.lua read(): its owner died, attempts left",
+        "judge.lua read(): its owner died, attempts left; unclaim.lua: taken, its answer "
+        "lost, never started",
     ),
     Step(
         Transition.CLAIM,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -218,6 +218,14 @@ class ExecutionStore(abc.ABC):
         runs nothing for (section 12, invariant 3): whether it runs a task for an id, and
         to run (`adopt`) an execution whose create got no answer but was recorded after all
         (True when it does). A store in this process never needs them."""
+        return None
+
+    def deliver_vanished(
+        self, running: Callable[[], Collection[str]], vanish: Callable[[str], object]
+    ) -> None:
+        """What a shared store asks of the registry to end the tasks whose records vanished
+        from it (Redis lost its data): the ids it runs tasks for, and `vanish`, which ends
+        one (`lost`) and frees its slot. A store in this process never loses a record."""
         return None
 
     @abc.abstractmethod

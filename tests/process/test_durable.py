@@ -392,3 +392,50 @@ async def test_claimed_work_this_replica_cannot_run_ends_failed_and_is_counted(
         assert f"cannot resume execution {execution.execution_id}" in server.stderr()
     finally:
         await a.close()
+
+
+# -- accepted work is never failed unrun (section 12) --------------------------------------------
+
+
+@pytest.mark.parametrize("delay", ["0.3", None])
+def test_a_claim_whose_answer_was_lost_runs_its_first_run(
+    server_factory: Any, redis_server: RedisServer, redis_url: str, delay: str | None
+) -> None:
+    """Redis runs the claim of a delayed (or queued-while-full) non-resumable start, but its
+    answer is held past the command timeout (a slow reply, as a pause or a cut gives): the
+    record is running under the claimer, attempt 1, and no body ever started. The repair
+    puts it back on the queue with its attempt unchanged, and it runs as its first run:
+    `succeeded`, its body run exactly once, never `failed` unrun ("not resumable here")."""
+    from agent_server.store.redis import COMMAND_TIMEOUT
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        args = ["--store", proxy.url, "--replica-id", "A", "--lease-ttl", "3"]
+        if delay is None:
+            args += ["--max-inflight", "1", "--queue-when-full"]
+        server = server_factory("tests_app:agent", *args, env={"TESTS_REDIS_URL": redis_server.url})
+        key = f"lost-claim-{os.urandom(4).hex()}"
+        # Only the claim's reply carries the body, and with it this key.
+        proxy.stall(key.encode(), COMMAND_TIMEOUT + 1.0, times=1)
+        busy = None
+        if delay is None:  # the one slot is taken: the start is queued, claimed once free
+            busy = httpx.post(f"{server.url}/reasoners/sleep/async", json={"seconds": 0.5})
+            assert busy.status_code == 202
+        params = {} if delay is None else {"delay": delay}
+        started = httpx.post(
+            f"{server.url}/reasoners/counted/async", params=params, json={"key": key}
+        )
+        assert started.status_code == 202, started.text
+        assert started.json()["status"] == "queued"
+        execution_id = started.json()["execution_id"]
+        body = final(server.url, execution_id, timeout=30)
+        assert proxy.stalled == 1  # the claim's answer was lost once
+        assert body["status"] == "succeeded", body
+        assert body["attempt"] == 1
+        assert body["result"] == {"key": key, "runs": 1}
+        assert redis_server.command("GET", f"tests:runs:{key}") == b"$1\r\n1\r\n"
+        assert "so it never started; it goes back to the queue" in server.stderr()
+    finally:
+        proxy.stop()

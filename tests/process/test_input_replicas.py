@@ -539,3 +539,56 @@ def test_a_hostile_pattern_answer_cannot_stall_a_replica(
         fits = {"request_id": 1, "value": "sam.smith@example.org"}
         assert answer(b, execution_id, fits).status_code == 202
         assert ended(a, execution_id)["result"] == "sam.smith@example.org"
+
+
+def test_a_waiter_whose_record_vanished_ends_and_frees_its_slot(
+    server_factory: Start, redis_server: Any, redis_url: str
+) -> None:
+    """Redis loses its data (FLUSHALL, as a restart without persistence does) while an
+    execution waits in `ctx.ask` in its task, holding the replica's one `--max-inflight`
+    slot. Nobody can answer, cancel or read it any more: at its next renewal the owner finds
+    its record gone, ends the task `lost` (logged, counted in
+    `executions_finished_total{status="lost"}`) and frees the slot, so a new start is
+    accepted again rather than 429 for good. A running task (no ask) ends the same way."""
+    server = server_factory(
+        "input_app:agent",
+        "--store",
+        redis_url,
+        "--replica-id",
+        "A",
+        "--max-inflight",
+        "2",
+        *LEASE,
+    )
+    waiting = start(server, "approve", {"amount": 7})
+    assert poll(server, waiting)["status"] == "input_required"
+    # A second slot, taken by a task that waits in its own way (a later request of twice's).
+    second = start(server, "twice")
+    assert poll(server, second)["status"] == "input_required"
+    full = httpx.post(f"{server.url}/reasoners/approve/async", json={}, timeout=WAIT)
+    assert full.status_code == 429
+    assert redis_server.command("FLUSHALL") == b"+OK\r\n"
+
+    def accepted() -> str | None:
+        response = httpx.post(f"{server.url}/reasoners/approve/async", json={}, timeout=WAIT)
+        return str(response.json()["execution_id"]) if response.status_code == 202 else None
+
+    deadline = time.monotonic() + WAIT
+    fresh = accepted()
+    while fresh is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        fresh = accepted()
+    assert fresh is not None, "the slots stayed taken by executions whose records vanished"
+    # Both vanished tasks ended, each said once.
+    log = server.stderr()
+    for execution_id in (waiting, second):
+        line = f"execution {execution_id}: its record vanished from Redis"
+        assert log.count(line) == 1, log[-3000:]
+    metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    assert 'agent_server_executions_finished_total{reasoner="approve",status="lost"} 1.0' in metrics
+    assert 'agent_server_executions_finished_total{reasoner="twice",status="lost"} 1.0' in metrics
+    # The replica works on: the new one waits for input as usual and is answered.
+    assert poll(server, fresh)["status"] == "input_required"
+    taken = answer(server, fresh, {"value": {"approved": True}})
+    assert taken.status_code == 202, taken.text
+    assert ended(server, fresh)["status"] == "succeeded"

@@ -394,3 +394,72 @@ def test_concurrent_releases_on_two_replicas_share_one_answer(cluster: Cluster) 
     # The abandoned one is forgotten too, as on one process: its owner ends it at the deadline.
     assert counts[0] == counts[1] == (1, 1, 2), counts
     assert elapsed < 2.5, elapsed  # each by its own deadline
+
+
+def test_a_cancel_sent_while_the_owner_resubscribes_still_reaches_it(cluster: Cluster) -> None:
+    """A cancel answered 202 ends the execution `cancelled`, whatever the state of its
+    owner's subscriber: every pub/sub connection is killed right before each cancel (the
+    owner's subscriber reconnects meanwhile, and the publish finds nobody listening). The
+    request is kept for the owner beside the publish, and its next renewal takes it."""
+    for _ in range(4):
+        started = httpx.post(
+            f"{cluster.url(0)}/reasoners/sleep/async", json={"seconds": 60}, timeout=5
+        )
+        assert started.status_code == 202
+        execution_id = started.json()["execution_id"]
+        assert cluster.redis.command("CLIENT", "KILL", "TYPE", "pubsub")
+        cancel = httpx.post(f"{cluster.url(1)}/executions/{execution_id}/cancel", timeout=5)
+        assert cancel.status_code == 202, cancel.text
+
+        def cancelled(execution_id: str = execution_id) -> dict[str, Any] | None:
+            body: dict[str, Any] = httpx.get(
+                f"{cluster.url(2)}/executions/{execution_id}", params={"wait": 2}, timeout=5
+            ).json()
+            return body if terminal(body) else None
+
+        body = wait_for(cancelled, timeout=WAIT, what=f"the cancel of {execution_id}")
+        assert (body["status"], body["status_reason"]) == ("cancelled", "request"), body
+
+
+def test_one_unanswered_renewal_leaves_an_idle_replica_ready(
+    server_factory: Any, redis_server: RedisServer, redis_url: str
+) -> None:
+    """Readiness reflects reachability, not one slow operation (section 12, invariant 5):
+    one renewal of an idle replica whose reply is held past the command timeout (the probe's
+    own connection stalls; Redis answers everything else) neither turns /readyz 503 nor
+    says the store is unreachable. The probe asks again at once on a fresh connection, and
+    only a probe unanswered that long again would turn the replica unready."""
+    from agent_server.execution import Execution
+    from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        server = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", "--lease-ttl", "1"
+        )
+        marker = f"judged-{os.urandom(4).hex()}"
+        # Only the renewal that judges this record returns it (the reply carries the
+        # reasoner's name): a replica Z leaves it running and ends its liveness.
+        proxy.stall(marker.encode(), COMMAND_TIMEOUT + 0.5, times=1)
+
+        async def leave_a_record() -> None:
+            z = RedisStore(redis_server.url, replica_id="Z", agent_name="tests")
+            await z.open()
+            await z.create(Execution(marker, None, "Z"))
+            await z.close()
+
+        asyncio.run(leave_a_record())
+        wait_for(lambda: proxy.stalled >= 1, timeout=WAIT, what="the renewal's reply held")
+        answers = []
+        until = time.monotonic() + COMMAND_TIMEOUT + 1.5
+        while time.monotonic() < until:
+            answers.append(httpx.get(f"{server.url}/readyz", timeout=5).status_code)
+            time.sleep(0.02)
+        assert set(answers) == {200}, answers
+        assert "unreachable" not in server.stderr()
+        found = httpx.get(f"{server.url}/executions", params={"status": "lost"}, timeout=5)
+        assert [e["reasoner"] for e in found.json()] == [marker]
+    finally:
+        proxy.stop()

@@ -204,9 +204,11 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
 ) -> None:
     """A create sent while Redis is paused times out (the start answers 503), but Redis
     runs it on resume: the record exists, `running` under a live owner. The owner either
-    runs it after all (its registry still has it) or ends it `failed`; never `running`
-    for good with no task anywhere. (The lease outlasts the pause: past it, the create
-    would be refused when it runs, A's lease having lapsed.)"""
+    runs it after all (its registry still has it) or, its body never having started, puts
+    it on the queue for its first run on any replica, with the body the registry kept;
+    never `running` for good with no task anywhere, never `failed` unrun. (The lease
+    outlasts the pause: past it, the create would be refused when it runs, A's lease
+    having lapsed.)"""
     a = await stores("A", lease_ttl=8.0)
     b = await stores("B", lease_ttl=8.0)
     adoptions: list[str] = []
@@ -223,6 +225,7 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
             await a.create(execution)
     finally:
         resume(own_redis)
+    execution.body = {"seconds": 0.25}  # as the registry keeps it for a start refused so
 
     async def settled() -> Execution | None:
         try:
@@ -231,15 +234,62 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
             return None
         if adopted:
             return found if adoptions else None
-        return found if found is not None and found.is_terminal else None
+        return found if found is not None and found.status is ExecutionStatus.QUEUED else None
 
     found = await eventually(settled, timeout=BOUND)
     assert adoptions == [execution.execution_id]
     if adopted:
         assert found.status is ExecutionStatus.RUNNING and found.replica == "A"
     else:
-        assert found.status is ExecutionStatus.FAILED
-        assert found.error is not None and found.error["type"] == "ExecutionNotStarted"
+        assert (found.replica, found.attempt) == ("", 1)
+        claimed = await b.claim()
+        assert claimed is not None and claimed.execution_id == execution.execution_id
+        assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, {"seconds": 0.25})
+
+
+@pytest.mark.parametrize("body", [{"seconds": 0.25}, None])
+async def test_a_claim_redis_ran_after_its_answer_was_given_up_is_queued_again(
+    own_redis: RedisServer,
+    stores: Callable[..., Awaitable[RedisStore]],
+    body: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Accepted work is never failed unrun: a claim sent while Redis is paused gets no
+    answer (the taker starts nothing), but Redis runs it on resume and marks the queued
+    start `running` under A. A's repair knows the claim by its token: the execution goes
+    back to the queue with its attempt unchanged, and the next claim takes it as attempt 1
+    with its body; never handed to attempt 2 (which a non-resumable reasoner refuses) nor
+    `failed`. (The lease outlasts the pause: past it the claim would be refused when it
+    runs, A's lease having lapsed.)"""
+    a = await stores("A", lease_ttl=8.0)
+    b = await stores("B", lease_ttl=8.0)
+    a.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
+    execution = Execution("sleep", None, "B")
+    execution.body = body
+    execution.enqueue(None)
+    assert await b.create(execution, max_queued=10) is None
+    pause(own_redis)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await a.claim()
+    finally:
+        resume(own_redis)
+
+    async def repaired() -> Execution | None:
+        # A's repair has found it (a line naming it), and written what it decided.
+        if not any(execution.execution_id in line for line in caplog.messages):
+            return None
+        try:
+            found = await b.get(execution.execution_id)
+        except StoreUnavailable:
+            return None
+        return None if found is None or found.status is ExecutionStatus.RUNNING else found
+
+    found = await eventually(repaired, timeout=BOUND)
+    assert (found.status, found.replica, found.attempt) == (ExecutionStatus.QUEUED, "", 1)
+    claimed = await b.claim()
+    assert claimed is not None and claimed.execution_id == execution.execution_id
+    assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, body)
 
 
 async def test_a_create_that_never_reached_redis_stays_absent(
@@ -342,7 +392,7 @@ async def test_a_slow_command_fails_alone_and_the_store_stays_up(
         assert a.up and False not in seen(a).ups
         # The probe's failure is what turns it down: Redis paused.
         pause(own_redis)
-        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
+        await eventually(lambda: asyncio.sleep(0, not a.up), timeout=LEASE + 3 * COMMAND_TIMEOUT)
         resume(own_redis)
         await eventually(lambda: asyncio.sleep(0, a.up), timeout=LEASE + 2 * COMMAND_TIMEOUT)
     finally:

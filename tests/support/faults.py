@@ -165,8 +165,8 @@ class CutProxy:
     thread of this process. `cut("refuse")` resets every connection and stops listening
     (connections are refused); `cut("reset")` resets every connection and resets each new
     one as soon as it is accepted; `restore()` accepts and forwards again. `stall(marker,
-    seconds)` holds every reply from Redis that carries `marker` for `seconds` (one slow
-    command: its connection stalls, the others flow)."""
+    seconds, times)` holds every reply from Redis that carries `marker` (or the first
+    `times`) for `seconds` (one slow command: its connection stalls, the others flow)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -177,6 +177,7 @@ class CutProxy:
         self._server: asyncio.AbstractServer | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._stall: tuple[bytes, float] | None = None
+        self._stalls: int | None = None
         #: How many replies were held (read from the test's thread).
         self.stalled = 0
 
@@ -235,11 +236,17 @@ class CutProxy:
                 stall = self._stall
                 if replies and stall is not None and stall[0] in data:
                     self.stalled += 1
+                    if self._stalls is not None:
+                        self._stalls -= 1
+                        if self._stalls <= 0:
+                            self._stall = None
                     await asyncio.sleep(stall[1])  # the fault itself: a slow reply
                 writer.write(data)
                 await writer.drain()
 
-    def stall(self, marker: bytes, seconds: float) -> None:
+    def stall(self, marker: bytes, seconds: float, times: int | None = None) -> None:
+        """Hold the replies carrying `marker` (the first `times` of them, or all)."""
+        self._stalls = times
         self._stall = (marker, seconds)
 
     def cut(self, mode: str) -> None:

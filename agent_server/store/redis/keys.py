@@ -197,6 +197,21 @@ class Keys:
             self.scheduled,
         )
 
+    def for_cancel(self, execution_id: str) -> tuple[str, str]:
+        """The record, and the prefix: its owner's `cancels:{owner}` and channel are named
+        from it."""
+        return self.record(execution_id), self.prefix
+
+    def for_unclaim(self, execution_id: str, owner: str) -> tuple[str, ...]:
+        """An execution taken here whose body never started, back to the queue."""
+        return (
+            self.record(execution_id),
+            self.running,
+            self.owned(owner),
+            self.queue,
+            self.queued,
+        )
+
     def for_ask(self, execution_id: str, owner: str) -> tuple[str, ...]:
         """The record, the `ends` channel (waiters that return at input_required), what
         parking it changes, and the webhook deliveries."""

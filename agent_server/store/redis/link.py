@@ -31,6 +31,10 @@ logger = logging.getLogger("agent_server.store")
 #: Bounded waits: an unreachable Redis never hangs a request.
 CONNECT_TIMEOUT = 2.0
 COMMAND_TIMEOUT = 2.0
+#: Seconds the probe goes unanswered before the store turns down (a refused or reset
+#: connection turns it down at once): longer than one command timeout, so one slow reply
+#: never does, and a Redis gone is said within two.
+SUSTAINED = 1.5 * COMMAND_TIMEOUT
 #: Connections to Redis per replica; past it, an operation waits (bounded) for one.
 MAX_CONNECTIONS = 64
 #: With Sentinel, how long a write waits for a replica to hold it (`WAIT 1 <ms>`): a quarter
@@ -43,7 +47,8 @@ class Operation:
     every store call. Only the probe's failure, or a connection Redis refused or reset,
     turns the store down: a command that is merely slow (a big read, a full pool) fails
     alone and has the probe ask again now (readiness is reachability, not one request's
-    cost)."""
+    cost), and the probe itself going unanswered turns it down only when the probe asked
+    again at once goes unanswered too (`Link.probe_slow`)."""
 
     __slots__ = ("link", "name", "probe", "started")
 
@@ -62,13 +67,17 @@ class Operation:
         link = self.link
         if error is None:
             link.report(self.name, self.started, True)
+            if self.probe:
+                link.slow_since = None
             link.set_up(True)
             return
         if isinstance(error, Exception):
             link.report(self.name, self.started, False)
         if isinstance(error, UNREACHABLE) or reset(error):
-            if self.probe or not slow(error):
+            if not slow(error):
                 link.set_up(False)
+            elif self.probe:
+                link.probe_slow(self.started)
             else:
                 link.renew_now.set()
             raise StoreUnavailable(f"Redis at {link.where}: {link.scrub(str(error))}") from error
@@ -111,6 +120,9 @@ class Link:
         #: once a replica holds it (`told`), and no other command waits behind its `WAIT`.
         self.acked: RedisLink | None = None
         self.up = False
+        #: When the probe's unbroken run of unanswered renewals began (perf_counter), None
+        #: while it is answered.
+        self.slow_since: float | None = None
 
     @property
     def is_open(self) -> bool:
@@ -197,6 +209,19 @@ class Link:
     def report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:
             self.observer.store_operation(name, time.perf_counter() - started, ok)
+
+    def probe_slow(self, started: float) -> None:
+        """The probe went unanswered past the command timeout: a slow reply (Redis busy
+        with one long command, a connection held up) as well as a Redis gone. The first
+        time, it asks again at once on a fresh connection; the store turns down only when
+        Redis has left the probe unanswered for SUSTAINED seconds (two timeouts in a row):
+        readiness reflects reachability, not one slow operation (section 12, invariant 5)."""
+        if self.slow_since is None:
+            self.slow_since = started
+        if time.perf_counter() - self.slow_since >= SUSTAINED:
+            self.set_up(False)
+        else:
+            self.renew_now.set()
 
     def set_up(self, up: bool) -> None:
         if up == self.up:

@@ -12,13 +12,14 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Collection
 
 from agent_server.execution import Execution, ExecutionStatus, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.keys import Keys
-from agent_server.store.redis.link import Link
+from agent_server.store.redis.link import COMMAND_TIMEOUT, Link
 from agent_server.store.redis.notices import WAKE_BATCH
 from agent_server.store.redis.scripts import Row
 
@@ -28,6 +29,8 @@ logger = logging.getLogger("agent_server.store")
 SWEEP_LIMIT = 100
 #: Owned records looked at per repair; the rest wait for the next one.
 ORPHAN_SCAN = 10_000
+#: Claims without an answer remembered (each a token of 16 characters), the oldest first.
+UNANSWERED_CLAIMS = 10_000
 
 
 class Liveness:
@@ -47,6 +50,8 @@ class Liveness:
         owed: Callable[[], set[str]],
         end: Callable[[Execution], None],
         hand_off: Callable[[Execution], None],
+        unclaim: Callable[[Execution, str], None],
+        cancel: Callable[[str], None],
     ) -> None:
         self._link = link
         self._codec = codec
@@ -59,6 +64,13 @@ class Liveness:
         self._owed = owed
         self._end = end
         self._hand_off = hand_off
+        self._unclaim = unclaim
+        self._cancel = cancel
+        self._running: Callable[[], Collection[str]] = tuple
+        self._vanish: Callable[[str], object] | None = None
+        #: Tokens of claims sent without an answer, with when each was sent (monotonic):
+        #: what such a claim took never started here (`repair`).
+        self._unanswered: OrderedDict[str, float] = OrderedDict()
         #: Creates sent without an answer (Redis may run them yet), settled by `repair`.
         self.in_doubt: dict[str, Execution] = {}
         #: Ids whose create is on its way: not orphans, whatever the store says.
@@ -70,9 +82,24 @@ class Liveness:
         self._runs: Callable[[str], bool] | None = None
         self._adopt: Callable[[str], bool] | None = None
 
+    def unanswered(self, token: str) -> None:
+        """A claim got no answer in time: Redis may run it yet, for this replica, which
+        will never start what it took. The repair looks (for as long as Redis could still
+        run it: its lease check refuses it past this replica's lease)."""
+        self._unanswered[token] = time.monotonic()
+        while len(self._unanswered) > UNANSWERED_CLAIMS:
+            self._unanswered.popitem(last=False)
+        self.repair_due = True
+
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         self._runs = runs
         self._adopt = adopt
+
+    def deliver_vanished(
+        self, running: Callable[[], Collection[str]], vanish: Callable[[str], object]
+    ) -> None:
+        self._running = running
+        self._vanish = vanish
 
     async def keep_alive(self) -> None:
         """Renew every lease_ttl/3, or at once when asked (`renew_now`)."""
@@ -95,46 +122,84 @@ class Liveness:
     async def tick(self) -> None:
         link = self._link
         lease_ms = max(1, round(self._lease_ttl * 1000))
+        running = self._running()
         with link.operation("renew", probe=True):
             reply = await link.script(
-                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, via=link.probe
+                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, len(running), via=link.probe
             )
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
             self._queued.set()
-        for row in reply[2:]:
+        for request in reply[3]:  # cancel requests kept for this replica (cancel.lua)
+            self._cancel(str(request))
+        for row in reply[4:]:
             self._codec.restore(row)
+        if int(reply[2]) and running:
+            await self.vanished(running)
+
+    async def vanished(self, running: Collection[str]) -> None:
+        """This replica's `owned` set holds fewer ids than it runs tasks for: a record may
+        have vanished (Redis restarted without persistence, FLUSHALL). Each task whose
+        record is gone ends `lost` and frees its slot (a waiter in `ctx.ask` would
+        otherwise wait for an answer nobody can give, holding its slot for good)."""
+        ids = list(running)
+        for start in range(0, len(ids), WAKE_BATCH):
+            batch = ids[start : start + WAKE_BATCH]
+            with self._link.operation("exists"):
+                found = await self._link.scripts.pipeline(
+                    [["EXISTS", self._keys.record(execution_id)] for execution_id in batch]
+                )
+            for execution_id, exists in zip(batch, found, strict=True):
+                if exists == 0 and self._vanish is not None:
+                    logger.error(
+                        "execution %s: its record vanished from Redis at %s (Redis lost its "
+                        "data); its task ends lost",
+                        execution_id,
+                        self._link.where,
+                    )
+                    self._vanish(execution_id)
 
     async def repair(self) -> None:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is
         settled: run here if Redis recorded it after all, else voided so it never will be.
-        Then every running record this replica owns with no task here and no write owed
-        is an orphan (a claim that got no answer, a replica id used before): a resumable
-        one is handed back to the queue, any other ends `failed`, visibly, never `running`
-        for good."""
+        A recorded one not run here goes back to the queue for its first run. Then every
+        running record this replica owns with no task here and no write owed is an orphan.
+        One taken by a claim that got no answer (its token kept) never started: it goes
+        back to the queue, its attempt unchanged, resumable or not (accepted work is never
+        failed unrun). Any other (a replica id used before: its body may have run) is
+        handed back to the queue if resumable, else ends `failed`, visibly, never
+        `running` for good."""
         link = self._link
         while self.in_doubt:
             ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
             with link.operation("settle"):
                 rows = await link.script("settle", self._keys.for_settle(ids), *ids)
             for execution_id, row in zip(ids, rows, strict=True):
-                self.in_doubt.pop(execution_id, None)
-                mine = (
+                execution = self.in_doubt.pop(execution_id, None)
+                mine = execution is not None and (
                     bool(row)
                     and row[Row.STATUS] == ExecutionStatus.RUNNING
                     and row[Row.REPLICA] == self._replica_id
                 )
-                if mine and self._adopt is not None and self._adopt(execution_id):
+                if not mine or execution is None:
+                    continue
+                if self._adopt is not None and self._adopt(execution_id):
                     logger.warning(
                         "execution %s: its start got no answer from Redis in time but was "
                         "recorded; it runs now",
                         execution_id,
                     )
-            self.repair_due = True  # what was recorded and not adopted is an orphan
+                else:  # not run here (draining, or forgotten): its first run is anyone's
+                    self._requeue_unstarted(execution, "")
         if not self.repair_due or self.claiming or self.creating or self._runs is None:
             return
         self.repair_due = False
+        # Tokens of claims Redis could still run (unanswered less than a lease ago) keep
+        # the repair due: what such a claim takes late is found at the next renewal.
+        horizon = time.monotonic() - self._lease_ttl - COMMAND_TIMEOUT
+        while self._unanswered and next(iter(self._unanswered.values())) < horizon:
+            self._unanswered.popitem(last=False)
         try:
             with link.operation("owned"):
                 rows = await link.script(
@@ -143,11 +208,16 @@ class Liveness:
         except StoreUnavailable:
             self.repair_due = True
             raise
+        if self._unanswered:
+            self.repair_due = True
         owed = self._owed()
-        for row, max_attempts in rows:
+        for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
             if key in owed or key in self.creating or self._runs(key):
+                continue
+            if token and self._unanswered.pop(token, None) is not None:
+                self._requeue_unstarted(execution, token)
                 continue
             if max_attempts:
                 logger.warning(
@@ -162,6 +232,22 @@ class Liveness:
                 self._hand_off(execution)
                 continue
             self._fail_orphan(execution)
+
+    def _requeue_unstarted(self, execution: Execution, token: str) -> None:
+        """Taken here with its answer lost, so its body never started: back to the queue,
+        its attempt unchanged, for a first run of that attempt on any replica (resumable
+        or not: nothing of it ran)."""
+        logger.warning(
+            "execution %s (%s): replica %s took attempt %d but its %s got no answer from "
+            "Redis in time, so it never started; it goes back to the queue for its first run",
+            execution.execution_id,
+            execution.reasoner,
+            self._replica_id,
+            execution.attempt,
+            "claim" if token else "start",
+            extra={"fields": log_fields(execution)},
+        )
+        self._unclaim(execution, token)
 
     def _fail_orphan(self, execution: Execution) -> None:
         logger.warning(

@@ -81,6 +81,10 @@ class Notices:
         #: An OrderedDict: dropping the oldest is O(1) (a dict's first key, once many were
         #: popped, is found by a scan over the holes they left).
         self._recent_ends: OrderedDict[str, None] = OrderedDict()
+        #: Ids whose cancel request was delivered (the last RECENT_ENDS), and whether the
+        #: renewal delivered it: the renewal's copy of a request (tick.lua) and its
+        #: published one are delivered once between them.
+        self._cancels_seen: OrderedDict[str, bool] = OrderedDict()
         #: Set when work may be queued: the queue taker looks.
         self.queued = asyncio.Event()
         #: Work waits for a slot of its concurrency key: every end wakes the taker too.
@@ -188,18 +192,17 @@ class Notices:
             try:
                 if subscribed is None:
                     subscribed = await self.subscribe()
-                    link.set_up(True)
                     # What may have been missed meanwhile: every waiter re-reads its record,
-                    # the taker looks at the queue.
+                    # the taker looks at the queue, and the renewal returns the cancel
+                    # requests kept for this replica (tick.lua) now.
                     self.wake_all()
                     self.queued.set()
+                    link.renew_now.set()
                 backoff = BACKOFF_FIRST
                 await asyncio.shield(subscribed)  # until the connection is lost
                 logger.debug("pub/sub connection to %s lost", link.where)
-                link.set_up(False)
             except UNREACHABLE as exc:
                 logger.debug("pub/sub connection to %s lost: %s", link.where, exc)
-                link.set_up(False)
             except Exception as exc:  # a bug, not an outage: say so, and reconnect
                 logger.warning(
                     "pub/sub connection to %s lost (%s: %s); reconnecting",
@@ -207,7 +210,9 @@ class Notices:
                     type(exc).__name__,
                     exc,
                 )
-                link.set_up(False)
+            # The probe says whether Redis is reachable: one lost connection is not an
+            # outage, and what was missed meanwhile is read again above.
+            link.renew_now.set()
             subscribed = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
@@ -245,6 +250,10 @@ class Notices:
         if '"request_id"' in data:  # an answer (answer.lua) on the owner's channel
             self._answered(data)
             return
+        self._cancel_request(data)
+
+    def _cancel_request(self, data: str, renewal: bool = False) -> None:
+        """`{"id", "reason", "settle_within"}`: to the registry, once per id."""
         try:
             request = orjson.loads(data)
             reason = CancelReason(request["reason"])
@@ -253,10 +262,37 @@ class Notices:
         except (ValueError, KeyError, TypeError):
             logger.warning("ignored a malformed cancel request: %r", data[:200])
             return
+        # One request comes both ways (published, and kept for the renewal): delivered by
+        # whichever comes first. A later request published again is delivered again.
+        seen = self._cancels_seen
+        earlier = seen.get(execution_id)
+        if renewal and earlier is not None:
+            return  # delivered already (published, or an earlier renewal's)
+        seen[execution_id] = renewal
+        seen.move_to_end(execution_id)
+        if len(seen) > RECENT_ENDS:
+            seen.popitem(last=False)
+        if earlier is True:
+            return  # the publish of the request the renewal delivered
+        if renewal:
+            logger.info(
+                "the cancel request for execution %s reached replica %s through its renewal "
+                "(its subscriber had not delivered it)",
+                execution_id,
+                self._replica_id,
+            )
         try:
             self._cancel(execution_id, reason, settle_within)
         except Exception:
             logger.exception("cancel of execution %s failed", execution_id)
+
+    def missed_cancel(self, data: str) -> None:
+        """A cancel request kept for this replica (cancel.lua), returned by its renewal: one
+        its subscriber missed is delivered now; one delivered already is not again."""
+        try:
+            self._cancel_request(data, renewal=True)
+        except Exception:
+            logger.exception("a kept cancel request could not be handled: %r", data[:200])
 
     def _answered(self, data: str) -> None:
         """`{"id", "request_id", "value"}`: to the `ctx.ask` waiting here. The value is read

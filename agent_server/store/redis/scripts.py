@@ -40,6 +40,8 @@ NAMES = (
     "webhook_claim",
     "webhook_settle",
     "enqueue",
+    "unclaim",
+    "cancel",
 )
 
 

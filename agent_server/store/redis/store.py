@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
 
 import orjson
@@ -151,6 +152,8 @@ class RedisStore(ExecutionStore):
             owed=self._outbox.owed_ids,
             end=self.end,
             hand_off=self.hand_off,
+            unclaim=self.unclaim,
+            cancel=self._notices.missed_cancel,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -234,6 +237,11 @@ class RedisStore(ExecutionStore):
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         self._liveness.deliver_orphans(runs, adopt)
+
+    def deliver_vanished(
+        self, running: Callable[[], Collection[str]], vanish: Callable[[str], object]
+    ) -> None:
+        self._liveness.deliver_vanished(running, vanish)
 
     def _on_up(self) -> None:
         self._outbox.wake_if_owed()
@@ -556,6 +564,18 @@ class RedisStore(ExecutionStore):
         """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
         self._queue_next(execution, "")
 
+    def unclaim(self, execution: Execution, token: str) -> None:
+        """Through the outbox, fenced by owner, attempt and claim: an execution taken here
+        whose answer was lost, so its body never started, goes back to the head of the
+        queue with its attempt unchanged (`unclaim.lua`)."""
+        body = "" if execution.body is None else codec.dumps(execution.body)
+        self._outbox.put(
+            execution,
+            "unclaim",
+            self.keys.for_unclaim(execution.execution_id, execution.replica),
+            [execution.execution_id, execution.replica, str(execution.attempt), token, body],
+        )
+
     def retry(self, execution: Execution, delay: float) -> None:
         """As a hand-off, the next attempt due after `delay` seconds on Redis's clock."""
         self._queue_next(execution, str(max(0, round(delay * 1000))))
@@ -586,13 +606,14 @@ class RedisStore(ExecutionStore):
         nothing is due (`due_in` then says when the next one is)."""
         liveness = self._liveness
         liveness.claiming += 1
+        token = os.urandom(8).hex()  # kept with what it takes: a lost answer is known by it
         try:
             with self._link.operation("claim"):
                 reply = await self._link.script(
-                    "claim", self.keys.for_claim(self.replica_id), self.replica_id
+                    "claim", self.keys.for_claim(self.replica_id), self.replica_id, token
                 )
         except StoreUnavailable:
-            liveness.repair_due = True  # it may have been claimed here all the same
+            liveness.unanswered(token)  # it may have been claimed here all the same
             raise
         finally:
             liveness.claiming -= 1
@@ -805,8 +826,15 @@ class RedisStore(ExecutionStore):
         message = orjson.dumps(
             {"id": execution.execution_id, "reason": reason.value, "settle_within": settle_within}
         )
+        # Kept for the owner as well as published (cancel.lua): its renewals return a
+        # request its subscriber missed.
         with self._link.operation("request_cancel"):
-            await cast(Awaitable[Any], self._link.redis.publish(self.keys.cancel(owner), message))
+            await self._link.script(
+                "cancel",
+                self.keys.for_cancel(execution.execution_id),
+                execution.execution_id,
+                message,
+            )
 
     async def _list(
         self,

@@ -12,14 +12,15 @@
   its oldest a slot while fewer than its limit are held by executions that have not ended;
   a key without a free slot leaves `cready` until a holder ends. `cqueued` counts what the
   keys' queues hold. ARGV[4]: this
-  replica. Returns {record, {body, checkpoint, max_attempts, last event id, the
+  replica; ARGV[5]: this claim's token, kept as the record's `claim` (a claim whose answer
+  is lost is known by it: unclaim.lua). Returns {record, {body, checkpoint, max_attempts, last event id, the
   scheduled_at it waited for ('' if none), the requests asked by its checkpoint, trace
   context ('' for none)}}; else {ms until the next scheduled one is due (-1: none), 1 when
   keyed work waits for a slot (look again when one ends), else 0}; the ms are 0 when keys
   are left to look at (more than one call looks at).
 ]]
 --! include records.lua
-local me = ARGV[4]
+local me, token = ARGV[4], ARGV[5]
 local scheduled, ckeys = KEYS[9], KEYS[10]
 local lease = redis.call('ZSCORE', KEYS[7], me)
 if (not lease) or tonumber(lease) <= NOW then return {-1, 0} end  -- renew first, as create
@@ -36,7 +37,7 @@ local function take(id, v)
     cancel_queued(rec, ev, id, v[3], 'session_released')  -- its session is being released
     return nil
   end
-  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'replica', me)
+  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'replica', me, 'claim', token)
   redis.call('ZADD', RUNNING, v[2], id)
   redis.call('SADD', KEYS[8], id)
   local row = redis.call('HMGET', rec, unpack(F))

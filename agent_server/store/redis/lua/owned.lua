@@ -3,7 +3,7 @@
   are named from the prefix. ARGV[1..3]: the common arguments (header.lua).
   The running executions this replica owns in the store, so it can find those it runs no
   task for (section 12, invariant 3). ARGV[4]: at most this many. Returns {record (read()),
-  max_attempts or ''} per execution.
+  max_attempts or '', the token of the claim that took it ('' for none)} per execution.
 ]]
 --! include judge.lua
 local out = {}
@@ -11,7 +11,8 @@ local owned = KEYS[9]
 for _, id in ipairs(redis.call('SRANDMEMBER', owned, tonumber(ARGV[4]))) do
   local v = read(id)
   if v and OWNED[v[I_STATUS]] and v[I_REPLICA] == ME then
-    out[#out + 1] = {v, redis.call('HGET', P .. 'x:' .. id, 'max_attempts') or ''}
+    local r = redis.call('HMGET', P .. 'x:' .. id, 'max_attempts', 'claim')
+    out[#out + 1] = {v, r[1] or '', r[2] or ''}
   elseif (not v) or v[I_REPLICA] ~= ME then
     redis.call('SREM', owned, id)
   end

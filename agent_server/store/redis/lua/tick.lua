@@ -3,11 +3,16 @@
   ids found there, are named from the prefix. ARGV[1..3]: the common arguments (header.lua).
   Renew this replica's liveness, count the live ones, move the running work of dead
   replicas to lost (bounded, only when judged() allows), prune. ARGV[4..]: lease (ms),
-  sweep limit.
-  Returns {replicas alive, queued executions, records moved...}.
+  sweep limit, how many executions this replica runs a task for.
+  Returns the cancel requests kept for this replica (`cancels:{replica}`, named from the
+  prefix; cancel.lua writes them beside the PUBLISH, so one the subscriber missed still
+  arrives here) while their execution is still its own, and drops the others.
+  Returns {replicas alive, queued executions, 1 when this replica's `owned` set holds
+  fewer ids than it runs tasks for (records may have vanished: Redis lost its data) else
+  0, {cancel requests (JSON text)...}, records moved...}.
 ]]
 --! include judge.lua
-local lease, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, budget, tasks = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 -- Renewals: `renewals` holds "last|since|lease" per replica (Redis ms), `since` the first
 -- renewal of the current unbroken run (no gap over half the lease); judged() reads it.
 local since = NOW
@@ -18,8 +23,23 @@ if r then
 end
 redis.call('HSET', RENEWALS, ME, NOW .. '|' .. since .. '|' .. lease)
 redis.call('ZADD', REPLICAS, NOW + lease, ME)
+-- Kept until the execution leaves this replica (ended, handed off, judged), so a reply
+-- lost on the way (a timeout) loses no request: the replica delivers each once.
+local mine = P .. 'cancels:' .. ME
+local cancels = {}
+local kept = redis.call('HGETALL', mine)
+for i = 1, #kept, 2 do
+  local w = redis.call('HMGET', P .. 'x:' .. kept[i], 'status', 'replica')
+  if OWNED[w[1] or ''] and w[2] == ME then
+    cancels[#cancels + 1] = kept[i + 1]
+  else
+    redis.call('HDEL', mine, kept[i])
+  end
+end
+local vanished = 0
+if redis.call('SCARD', P .. 'owned:' .. ME) < tasks then vanished = 1 end
 local out = {redis.call('ZCOUNT', REPLICAS, '(' .. NOW, '+inf'),
-  redis.call('LLEN', QUEUE)}
+  redis.call('LLEN', QUEUE), vanished, cancels}
 local dead = redis.call('ZRANGEBYSCORE', REPLICAS, '-inf', NOW, 'LIMIT', 0, 10)
 for _, replica in ipairs(dead) do
   local owned = P .. 'owned:' .. replica
@@ -34,6 +54,7 @@ for _, replica in ipairs(dead) do
   if redis.call('SCARD', owned) == 0 then
     redis.call('ZREM', REPLICAS, replica)
     redis.call('HDEL', RENEWALS, replica)
+    redis.call('DEL', P .. 'cancels:' .. replica)
   end
 end
 local parked = KEYS[9]
