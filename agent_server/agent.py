@@ -463,6 +463,7 @@ class _Parts:
             queue_when_full=settings.queue_when_full,
             max_queued=settings.max_queued,
             tracing=tracing,
+            cancel_timeout=settings.cancel_timeout,
         )
         store.deliver_cancels(registry.cancel)
         store.deliver_answers(registry.answer)

@@ -44,7 +44,14 @@ from agent_server.params import (
 )
 from agent_server.reasoner import Reasoner
 from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
-from agent_server.routing import ApiError, Endpoint, Handler, JSONResponse, execution_location
+from agent_server.routing import (
+    ApiError,
+    Endpoint,
+    Handler,
+    JSONResponse,
+    execution_location,
+    in_doubt,
+)
 from agent_server.scheduling import SessionPolicy
 from agent_server.sessions import SessionBusy, SessionReleases
 from agent_server.sse import (
@@ -64,10 +71,17 @@ from agent_server.store.base import (
     IdempotencyForgotten,
     IdempotencyMismatch,
     SessionTaken,
+    StoreInDoubt,
+    StoreUnavailable,
 )
 from agent_server.waiting import Closing
 
 logger = logging.getLogger("agent_server.api")
+
+
+class _ListenerClosed(Exception):
+    """A sync run's wait met the listener's close while its work runs nowhere here."""
+
 
 SESSION_HEADER = b"x-session-id"
 IDEMPOTENCY_HEADER = b"idempotency-key"
@@ -199,8 +213,17 @@ class Api:
         if wants_events(request.scope["headers"]):
             return await self.run_streamed(request)
         execution, started = await self._start(request)
+        location = execution_location(request.scope, execution.execution_id)
         try:
             ended = await self._wait_or_disconnect(execution, request)
+        except _ListenerClosed:
+            # Shutdown, and its work waits in the queue (or runs elsewhere): another replica
+            # may run it, and the client follows it there.
+            return _execution_response(
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
+            )
         except asyncio.CancelledError:
             # The server gave up on this request (plain uvicorn's --timeout-graceful-shutdown
             # cancels what is still open): its client is cut off, as if it had gone away.
@@ -209,7 +232,7 @@ class Api:
             raise
         if ended is None:
             if started:  # a repeat of an idempotent request leaves the first one's work be
-                self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
+                await self._cancel_for_caller(execution)
             return _execution_response(execution, 499)  # nobody is listening any more
         execution = ended
         if execution.is_terminal and not await self._recorded(execution):
@@ -245,9 +268,26 @@ class Api:
             )
         if execution.status_reason is CancelReason.SHUTDOWN:  # ask another replica
             return _execution_response(
-                execution, 503, {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
             )
         return _execution_response(execution, status_code)
+
+    async def _cancel_for_caller(self, execution: Execution) -> None:
+        """The caller of a sync run left: its work is cancelled wherever it is, running here
+        or queued (ended where it waits) or taken by another replica meanwhile."""
+        reason = CancelReason.CLIENT_DISCONNECTED
+        if self.registry.cancel(execution.execution_id, reason):
+            return
+        try:
+            latest = await self.store.get(execution.execution_id)
+            if latest is not None and not latest.is_terminal:
+                await self.store.request_cancel(latest, reason, None)
+        except StoreUnavailable as exc:  # it runs on; said once
+            logger.warning(
+                "execution %s: its caller left, not cancelled: %s", execution.execution_id, exc
+            )
 
     async def _recorded(self, execution: Execution) -> bool:
         """Whether the end is in the store: a copy read from the store, or an end the
@@ -336,6 +376,8 @@ class Api:
                 extra={"execution_id": exc.execution_id},
             ) from None
         except AdmissionError as exc:
+            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
+                raise in_doubt(request.scope, exc.in_doubt) from None
             raise _admission_error(exc.reason) from None
         except IdempotencyMismatch:
             raise ApiError(422, "Idempotency-Key was first used for a different request") from None
@@ -394,10 +436,24 @@ class Api:
         local = self.registry.running(execution.execution_id) is execution
         ended: asyncio.Task[object] = asyncio.create_task(self._until_end(execution, local))
         gone, reader = client_gone(request.scope, request.receive)
+        closing = self.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
         try:
-            watched: set[asyncio.Future[Any]] = {ended, gone}
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            watched: set[asyncio.Future[Any]] = {ended, gone, closed}
+            if closing.is_set():
+                closed.set_result(None)
+            while True:
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if not closed.done() or ended.done() or gone.done():
+                    break
+                # The listener closed. Work this replica runs is settled by the drain (its
+                # end, or a hand-off, answers); work that waits in the queue is not.
+                if self.registry.running(execution.execution_id) is None:
+                    raise _ListenerClosed
+                watched.discard(closed)
         finally:
+            closing.waiters.discard(closed)
             watchers = [ended] if reader is None else [ended, reader]
             for task in watchers:
                 task.cancel()
@@ -564,6 +620,8 @@ class Api:
             )
         except SessionBusy:
             raise ApiError(409, "session has running executions and cancel_running=false") from None
+        except StoreInDoubt as exc:  # one forget not yet on a replica: the release is retried
+            raise StoreUnavailable(str(exc)) from None
         return JSONResponse(release.to_json())
 
     # -- health, metrics, schema ------------------------------------------------------------

@@ -16,6 +16,16 @@ reads `cancelled` like a settled one) and the loop-stall lines (what held the lo
 sources are ones the server keeps anyway, for its clients and its operators; nothing is
 added to the server for the drill but fields on lines it already logs. Scraping `/metrics`
 instead would race the listener's close, and its counters are not per execution.
+
+Every status of `ExecutionStatus` is followed and judged by an exhaustive match (a new
+status is a type error in `follow_by` and `outcome`, never a guess): `queued` and `running`
+are long-polled (the server waits through them); `input_required` is answered by the
+long-poll at once, so its event stream is read instead, which ends with the record as it
+ended; a request that brings no change ends the following, and MAX_FOLLOW_REQUESTS bounds
+it whatever the server answers. Where the last record stood is judged by the store's kind:
+with the memory store queued work ends cancelled unrun at the shutdown and a wait for input
+is running work (drained, then cancelled); with a shared store queued work is left for
+another replica, and a resumable wait is parked.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import json
 import os
 import re
@@ -32,13 +43,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, assert_never
 
 import httpx
 
 from agent_server.exits import ExitCode
 from agent_server.settings import Settings
 from agent_server.shutdown import ShutdownPlan
+from agent_server.status import CancelReason, ExecutionStatus
 
 #: The flags of `run` the drill passes on: the terms of the shutdown budget, derived from
 #: the plan's fields that are settings (all but the fixed margin).
@@ -53,6 +65,10 @@ START_TIMEOUT = 10.0
 EXIT_MARGIN = 3.0
 #: After the exit, unanswered long-polls get this long to see their connection end.
 POLL_SETTLE = 1.0
+#: Requests that follow one execution, at most: each must bring a change (a request that
+#: brings none ends the following), so a drill where nobody answers takes two or three; the
+#: bound holds whatever a server answers.
+MAX_FOLLOW_REQUESTS = 10
 #: A stall over this is a fault (the server's own threshold for its WARNING).
 STALL_FAULT = 1.0
 #: uvicorn's start-up line names the port it bound.
@@ -87,11 +103,13 @@ class DrillArgs:
 
 @dataclass
 class Started:
-    """One execution the drill started, and its record as last seen."""
+    """One execution the drill started, its record as last seen, and how it was followed."""
 
     reasoner: str
     execution_id: str
     record: dict[str, Any]
+    requests: int = 0  # GETs that followed it (the start not counted)
+    waited: bool = False  # seen waiting for input inside its task (`ctx.ask`, not parked)
 
 
 @dataclass(frozen=True)
@@ -152,6 +170,15 @@ class ChildLog:
             for execution_id in record.get("abandoned_executions") or ():
                 found[str(execution_id)] = execution_id in threads
         return found
+
+    def handed_off(self) -> set[str]:
+        """Execution ids whose attempt here was handed off at the drain deadline (a queued
+        record does not say whether it ran before)."""
+        return {
+            str(record["execution_id"])
+            for record in self.records
+            if record.get("handed_off") is True and "execution_id" in record
+        }
 
     def stalls(self, until: float | None = None) -> list[Stall]:
         """Every stall: those that ended (with their length), then any still going when
@@ -385,6 +412,7 @@ class Run:
     ended_at: float  # Unix time the child had exited
     grace_period: float
     refused: dict[str, str] = field(default_factory=dict)  # reasoner -> why a start failed
+    shared: bool = False  # the child's store is shared (Redis), not its memory
 
 
 async def run_drill(args: DrillArgs) -> Run:
@@ -430,7 +458,16 @@ async def run_drill(args: DrillArgs) -> Run:
         args.app or "demo",
     )
     return Run(
-        agent, started, child.log, code, shutdown_seconds, signalled_at, ended_at, grace, refused
+        agent,
+        started,
+        child.log,
+        code,
+        shutdown_seconds,
+        signalled_at,
+        ended_at,
+        grace,
+        refused,
+        shared=args.settings.store_url != "memory",
     )
 
 
@@ -472,29 +509,154 @@ async def _start(http: httpx.AsyncClient, name: str, body: Any) -> Started | str
     return Started(name, str(record["execution_id"]), record)
 
 
-#: Where an execution's attempt here has ended: a terminal status, or queued for another
-#: replica (handed off; shared store only).
-ENDED = frozenset({"succeeded", "failed", "cancelled", "lost", "queued"})
+class Follow(enum.Enum):
+    """How the drill reads an execution on from a status."""
+
+    #: Terminal: nothing more will happen to it.
+    DONE = "done"
+    #: The long-poll (`GET /executions/{id}?wait=`) waits through it, for an end or a wait
+    #: for input, and answers as it is when the listener closes.
+    LONG_POLL = "long-poll"
+    #: The long-poll answers it at once (someone must answer before it can end): its event
+    #: stream waits instead, and ends with `event: end` and the record as it ended.
+    EVENTS = "events"
+
+
+def follow_by(status: ExecutionStatus) -> Follow:
+    """How to read on from `status`; exhaustive over the statuses, so a new one is a type
+    error here (mypy), never a long-poll that spins or a verdict guessed."""
+    match status:
+        case ExecutionStatus.SUCCEEDED | ExecutionStatus.FAILED | ExecutionStatus.CANCELLED:
+            return Follow.DONE
+        case ExecutionStatus.LOST:
+            return Follow.DONE
+        case ExecutionStatus.QUEUED | ExecutionStatus.RUNNING:
+            return Follow.LONG_POLL
+        case ExecutionStatus.INPUT_REQUIRED:
+            return Follow.EVENTS
+        case _:
+            assert_never(status)
+
+
+def status_of(record: Mapping[str, Any]) -> ExecutionStatus | None:
+    """The record's status; None for one this drill does not know (judged unknown)."""
+    try:
+        return ExecutionStatus(str(record.get("status")))
+    except ValueError:
+        return None
 
 
 async def _follow(http: httpx.AsyncClient, execution: Started, wait: float) -> None:
-    """Long-poll the execution until it ends, or its server stops answering: the record as
-    it ended is kept in `execution.record`."""
-    while execution.record.get("status") not in ENDED:
-        try:
-            answer = await http.get(
-                f"/executions/{execution.execution_id}",
-                params={"wait": f"{wait:g}"},
-                timeout=wait + START_TIMEOUT,
-            )
-        except httpx.TransportError:
-            return  # the listener closed, or the process ended
-        if answer.status_code != 200:
+    """Read the execution on until it ends, or its server stops answering: the record as
+    it ended is kept in `execution.record`. Each request must bring a change of status (or
+    attempt); one that brings none (the listener closed, a parked wait) ends the following,
+    and MAX_FOLLOW_REQUESTS bounds them whatever the server answers."""
+    while execution.requests < MAX_FOLLOW_REQUESTS:
+        status = status_of(execution.record)
+        if status is None:
             return
-        execution.record = answer.json()
+        how = follow_by(status)
+        if how is Follow.DONE:
+            return
+        if status is ExecutionStatus.INPUT_REQUIRED and execution.record.get("replica"):
+            execution.waited = True
+        before = (status, execution.record.get("attempt"))
+        execution.requests += 1
+        try:
+            if how is Follow.LONG_POLL:
+                record = await _long_poll(http, execution.execution_id, wait)
+            else:
+                record = await _until_end(http, execution.execution_id, wait)
+        except (httpx.TransportError, ValueError):
+            return  # the listener closed, or the process ended
+        if record is None:
+            return
+        execution.record = record
+        if (status_of(record), record.get("attempt")) == before:
+            return
+
+
+async def _long_poll(
+    http: httpx.AsyncClient, execution_id: str, wait: float
+) -> dict[str, Any] | None:
+    """The record once it ends or waits for input (or as it is when the listener closes)."""
+    answer = await http.get(
+        f"/executions/{execution_id}",
+        params={"wait": f"{wait:g}"},
+        timeout=wait + START_TIMEOUT,
+    )
+    if answer.status_code != 200:
+        return None
+    record = answer.json()
+    return record if isinstance(record, dict) else None
+
+
+async def _until_end(
+    http: httpx.AsyncClient, execution_id: str, wait: float
+) -> dict[str, Any] | None:
+    """The record its event stream ends with (`event: end`); None when the stream ends
+    without one (the listener closed, or the execution left this replica)."""
+    async with http.stream(
+        "GET", f"/executions/{execution_id}/events", timeout=wait + START_TIMEOUT
+    ) as answer:
+        if answer.status_code != 200:
+            return None
+        event, data = "", []
+        async for line in answer.aiter_lines():
+            if line.startswith("event:"):
+                event = line[len("event:") :].strip()
+            elif line.startswith("data:"):
+                data.append(line[len("data:") :].lstrip())
+            elif not line:
+                if event == "end" and data:
+                    record = json.loads("\n".join(data))
+                    return record if isinstance(record, dict) else None
+                event, data = "", []
+    return None
 
 
 # -- the verdict -------------------------------------------------------------------------------
+
+
+class Outcome(enum.Enum):
+    """Where an execution's attempt here stood when the process ended, from its last
+    record (and the store's kind)."""
+
+    ENDED = "ended"  # terminal after running here: finished or cancelled, by its timing
+    UNRUN = "unrun"  # cancelled while queued, never run: the memory store's queue at shutdown
+    LEFT_QUEUED = "left queued"  # queued in a shared store, for another replica to take
+    HANDED_OFF = "handed off"  # ran here, queued at the drain deadline (shared, resumable)
+    PARKED = "parked"  # waiting for input with no task (shared store, resumable)
+    STRANDED = "stranded"  # queued in the memory store as the process ended: a fault
+    LOST = "lost"  # judged lost: its owner stopped renewing (shared store): a fault
+    UNENDED = "unended"  # running, or waiting for input in its task, as the process ended
+
+
+def outcome(
+    status: ExecutionStatus | None, record: Mapping[str, Any], shared: bool, handed_off: bool
+) -> Outcome:
+    """The outcome of a last record: every status judged explicitly (a new one is a type
+    error here), the queue and a wait for input by the store's kind (sections 13, 14)."""
+    if status is None:
+        return Outcome.UNENDED
+    match status:
+        case ExecutionStatus.SUCCEEDED | ExecutionStatus.FAILED:
+            return Outcome.ENDED
+        case ExecutionStatus.CANCELLED:
+            return Outcome.ENDED if record.get("replica") else Outcome.UNRUN
+        case ExecutionStatus.LOST:
+            return Outcome.LOST
+        case ExecutionStatus.QUEUED:
+            if not shared:
+                return Outcome.STRANDED
+            return Outcome.HANDED_OFF if handed_off else Outcome.LEFT_QUEUED
+        case ExecutionStatus.INPUT_REQUIRED:
+            parked = shared and not record.get("replica")
+            return Outcome.PARKED if parked else Outcome.UNENDED
+        case ExecutionStatus.RUNNING:
+            return Outcome.UNENDED
+        case _:
+            assert_never(status)
 
 
 #: What an abandoned execution says of its reasoner, by what ran it.
@@ -518,7 +680,16 @@ class ReasonerVerdict:
     handed_off: int = 0
     #: Parked waiting for input (a resumable reasoner on a shared store): no task held.
     parked: int = 0
+    #: Seen waiting for input inside their task (`ctx.ask`; counted again by how they
+    #: ended: the drain waits for them as running work).
+    waiting: int = 0
+    #: Still queued at the shutdown: cancelled unrun (memory store) or left in the queue
+    #: for another replica (shared store).
+    queued: int = 0
+    stranded: int = 0  # of `queued`: still queued in the memory store as it ended
+    lost: int = 0
     unknown: int = 0  # no end seen before the process ended
+    requests: int = 0  # GETs the drill made to follow its executions
     longest_stall: float = 0.0  # the longest loop lag while any of its executions ran
     stall: Stall | None = None  # the longest stall over 1 s its code caused
     faults: list[str] = field(default_factory=list)
@@ -580,13 +751,15 @@ class Verdict:
 
 def judge(run: Run, executions: int, signal_after: float) -> Verdict:
     """Per execution: finished (before the cancellation), cancelled and settled, abandoned,
-    handed off, or unknown; per reasoner: its faults; and the shutdown's."""
+    queued (cancelled unrun, or left for another replica), handed off, parked, lost or
+    unknown; per reasoner: its faults; and the shutdown's."""
     found = run.log.report()
     report, t0 = (found[0], found[1]) if found else (None, run.signalled_at)
     cancel_at = None
     if report is not None and "cancelling" in report.get("phases", {}):
         cancel_at = t0 + float(report["phases"]["cancelling"])
     abandoned = run.log.abandoned()
+    handed_off = run.log.handed_off()
     stalls = run.log.stalls(run.ended_at)
     lags = [*run.log.lags(), *((s.seconds, s.ended_at) for s in stalls if s.ended_at)]
     verdicts: dict[str, ReasonerVerdict] = {}
@@ -600,27 +773,40 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
         created = _unix(record.get("created_at")) or run.signalled_at
         finished = _unix(record.get("finished_at"))
         windows[one.reasoner].append((created, finished or run.ended_at))
-        status = record.get("status")
-        if one.execution_id in abandoned:
+        verdict.requests += one.requests
+        verdict.waiting += one.waited
+        kind = outcome(status_of(record), record, run.shared, one.execution_id in handed_off)
+        if one.execution_id in abandoned:  # it reads cancelled like a settled one
             verdict.abandoned += 1
-            in_thread = abandoned[one.execution_id]
-            kind = "thread" if in_thread else "task"
-            verdict.abandoned_kinds[kind] = verdict.abandoned_kinds.get(kind, 0) + 1
-        elif status == "queued":
-            verdict.handed_off += 1
-        elif status == "input_required" and not record.get("replica"):
-            verdict.parked += 1  # waiting for input with no task: no drain waited for it
-        elif status in ENDED and finished is not None:
-            by_cancel = status == "cancelled" and record.get("status_reason") == "shutdown"
-            if cancel_at is not None and (by_cancel or finished > cancel_at + 0.001):
-                verdict.cancelled += 1
-                settle = max(0.0, finished - cancel_at)
-                verdict.settle_seconds = max(verdict.settle_seconds or 0.0, settle)
-            else:
-                verdict.finished += 1
-                verdict.failed += status == "failed"
-        else:
-            verdict.unknown += 1
+            ran = "thread" if abandoned[one.execution_id] else "task"
+            verdict.abandoned_kinds[ran] = verdict.abandoned_kinds.get(ran, 0) + 1
+            continue
+        match kind:
+            case Outcome.ENDED if finished is None:
+                verdict.unknown += 1
+            case Outcome.ENDED:
+                assert finished is not None
+                by_cancel = record.get("status_reason") == CancelReason.SHUTDOWN
+                if cancel_at is not None and (by_cancel or finished > cancel_at + 0.001):
+                    verdict.cancelled += 1
+                    settle = max(0.0, finished - cancel_at)
+                    verdict.settle_seconds = max(verdict.settle_seconds or 0.0, settle)
+                else:
+                    verdict.finished += 1
+                    verdict.failed += record.get("status") == ExecutionStatus.FAILED
+            case Outcome.UNRUN | Outcome.LEFT_QUEUED | Outcome.STRANDED:
+                verdict.queued += 1
+                verdict.stranded += kind is Outcome.STRANDED
+            case Outcome.HANDED_OFF:
+                verdict.handed_off += 1
+            case Outcome.PARKED:
+                verdict.parked += 1  # waiting for input with no task: no drain waits for it
+            case Outcome.LOST:
+                verdict.lost += 1
+            case Outcome.UNENDED:
+                verdict.unknown += 1
+            case _:
+                assert_never(kind)
     app_faults: list[str] = []
     for stall in stalls:
         owner = verdicts.get(stall.reasoner or "")
@@ -638,12 +824,22 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
         if verdict.stall is not None:
             verdict.longest_stall = max(verdict.longest_stall, verdict.stall.seconds)
             verdict.faults.insert(0, f"blocks the event loop ({verdict.stall.described})")
-        for kind, count in verdict.abandoned_kinds.items():
-            what = ABANDONED_FAULTS[kind]
+        for ran, count in verdict.abandoned_kinds.items():
+            what = ABANDONED_FAULTS[ran]
             verdict.faults.append(f"{what} ({count} of {verdict.started} abandoned)")
         if verdict.unknown:
             verdict.faults.append(
                 f"{verdict.unknown} of {verdict.started} had not ended when the process did"
+            )
+        if verdict.stranded:
+            verdict.faults.append(
+                f"{verdict.stranded} of {verdict.started} were still queued in the memory "
+                "store when the process ended: nothing will run them"
+            )
+        if verdict.lost:
+            verdict.faults.append(
+                f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
+                "renewing)"
             )
     for name, why in run.refused.items():
         app_faults.append(f"{name}: {why}")
@@ -686,7 +882,7 @@ def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) 
 
 COLUMNS = (
     "reasoner", "started", "finished", "cancelled", "settled in", "abandoned", "handed off",
-    "parked", "longest stall", "verdict",
+    "parked", "waiting", "queued", "longest stall", "verdict",
 )  # fmt: skip
 
 
@@ -707,6 +903,8 @@ def _row(verdict: ReasonerVerdict) -> list[str]:
         str(verdict.abandoned),
         str(verdict.handed_off),
         str(verdict.parked),
+        str(verdict.waiting),
+        str(verdict.queued),
         f"{verdict.longest_stall:.3f} s",
         said,
     ]

@@ -23,8 +23,8 @@ from agent_server.api import ROUTE_STATUSES, Api
 from agent_server.auth import METRICS_PATH, OPEN_PATHS, BearerAuth
 from agent_server.metrics import Metrics
 from agent_server.registry import InFlightRegistry
-from agent_server.routing import ApiError, ApiRouter, JSONResponse
-from agent_server.store.base import StoreUnavailable
+from agent_server.routing import ApiError, ApiRouter, JSONResponse, in_doubt
+from agent_server.store.base import StoreInDoubt, StoreUnavailable
 
 logger = logging.getLogger("agent_server.api")
 
@@ -110,6 +110,10 @@ class HttpApp:
             if send_wrapper.status:  # too late to answer: the server closes the connection
                 raise
             await _error_response(exc)(scope, receive, send_wrapper)
+        except StoreInDoubt as exc:  # an answer, a cancel or a delete no replica holds yet
+            if send_wrapper.status:
+                raise
+            await _error_response(in_doubt(scope, exc.execution_id))(scope, receive, send_wrapper)
         except StoreUnavailable:
             if send_wrapper.status:
                 raise

@@ -9,9 +9,11 @@ import time
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_server import redaction
 from agent_server.execution import Execution, log_fields
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -19,6 +21,13 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "agent_server.access"
 #: The keys every JSON line has; a record's `fields` never replace them.
 BASE_KEYS = frozenset({"timestamp", "level", "logger", "message"})
+#: Loggers of libraries whose lines name the URLs they call (httpx: "HTTP Request: POST
+#: <url>"), given the redaction filter themselves, so their lines are redacted under any
+#: handler, the application's too.
+URL_LOGGERS = ("httpx",)
+#: Loggers of libraries that echo what a client sent, and the characters of it they may
+#: show (quoted): OpenTelemetry's baggage propagator logs a malformed `baggage` header.
+ECHO_LOGGERS = {"opentelemetry.baggage.propagation": 64}
 
 
 #: What the lines logged in the running task are about. Each task runs in a copy of the
@@ -63,24 +72,55 @@ class JsonFormatter(logging.Formatter):
             payload.update((key, value) for key, value in fields.items() if key not in BASE_KEYS)
         if report is not None:
             payload["report"] = report
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            payload["exception"] = record.exc_text
         return json.dumps(payload, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """`TEXT_FORMAT`, each record's line kept to one line: a message's control characters
+    (a CR or LF in a path a client sent, an escape sequence) are escaped, so no text a
+    client chose can start a line that reads as the server's. A traceback follows on lines
+    of its own, as Python prints it."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return redaction.one_line(super().formatMessage(record))
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    """The formatter of `--log-format`."""
+    return JsonFormatter() if log_format == "json" else TextFormatter()
+
+
+def _handler() -> logging.Handler:
+    """The one stderr handler, URLs redacted in every line it writes (redaction.py); the
+    loggers of URL_LOGGERS redact their own lines too, whoever handles them, and those of
+    ECHO_LOGGERS quote and bound what they echo."""
+    handler = logging.StreamHandler(sys.stderr)
+    redaction.install(handler, redaction.RedactUrls())
+    for name in URL_LOGGERS:
+        redaction.install(logging.getLogger(name), redaction.RedactUrls())
+    for name, limit in ECHO_LOGGERS.items():
+        redaction.install(logging.getLogger(name), redaction.QuoteArgs(limit))
+    return handler
 
 
 def format_line(log_format: str, level: str, name: str, message: str) -> str:
     """A log line built without the logging machinery (for the watchdog thread)."""
     record = logging.LogRecord(name, getattr(logging, level.upper()), "", 0, message, None, None)
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    return formatter.format(record)
+    redaction.RedactUrls().filter(record)
+    return formatter(log_format).format(record)
 
 
 def configure_logging(level: str, log_format: str) -> None:
     """Route our loggers and uvicorn's through one stderr handler in the chosen format."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    handler = _handler()
+    handler.setFormatter(formatter(log_format))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -97,10 +137,8 @@ def configure_unless_configured(level: str, log_format: str) -> None:
     logger = logging.getLogger("agent_server")
     if logger.hasHandlers():
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    handler = _handler()
+    handler.setFormatter(formatter(log_format))
     logger.addHandler(handler)
     logger.setLevel(level.upper())
 
@@ -145,7 +183,9 @@ class AccessLog:
         }
         if query:
             fields["query"] = query
-        target = scope["path"] + (f"?{query}" if query else "")
+        # Quoted as uvicorn's own access line quotes it: the path is percent-decoded, and
+        # may hold a CR or LF a client sent as %0D%0A.
+        target = quote(scope["path"]) + (f"?{query}" if query else "")
         self.logger.info(
             '%s - "%s %s HTTP/%s" %d %.6fs',
             address or "-",

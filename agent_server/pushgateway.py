@@ -6,7 +6,9 @@ open responses finished) and must never delay the exit past the budget: it is wa
 most `min(PUSH_TIMEOUT, time left before the watchdog less EXIT_RESERVE)`. The HTTP call
 runs in a daemon thread, because urllib cannot be interrupted: when the bound passes the
 thread is left to its own socket timeout (the same bound), and a daemon thread never holds
-the interpreter's exit. Failures are logged, never raised.
+the interpreter's exit. The gateway's answer is judged by its status alone: no byte of its
+body is read, and a redirect is not followed (urllib's would read the redirect's whole body
+first). Failures are logged, never raised.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from urllib.parse import urlsplit
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import push_to_gateway
 from prometheus_client.registry import Collector
 
+from agent_server.redaction import shown_url
 from agent_server.signals import block_in_this_thread
 
 logger = logging.getLogger("agent_server.pushgateway")
@@ -77,7 +81,9 @@ async def push_metrics(url: str, registry: Collector, key: Mapping[str, str], bo
         block_in_this_thread()
         outcome: BaseException | None = None
         try:
-            push_to_gateway(url, JOB, registry, grouping_key=dict(key), timeout=bound)
+            push_to_gateway(
+                url, JOB, registry, grouping_key=dict(key), timeout=bound, handler=_status_only
+            )
         except Exception as exc:
             outcome = exc
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
@@ -109,11 +115,34 @@ async def push_metrics(url: str, registry: Collector, key: Mapping[str, str], bo
     return True
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error (HTTPError, its body unread), not a second request."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _status_only(
+    url: str, method: str, timeout: float | None, headers: Sequence[tuple[str, str]], data: bytes
+) -> Callable[[], None]:
+    """prometheus_client's push `handler`: the request, its answer's body never read, an
+    answer other than 2xx (a redirect too) closed and raised as OSError."""
+
+    def handle() -> None:
+        request = urllib.request.Request(url, data=data, method=method)
+        for name, value in headers:
+            request.add_header(name, value)
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(request, timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:  # it holds the answer open: close it now
+            exc.close()
+            raise OSError(f"the gateway answered {exc.code} {exc.reason}") from None
+
+    return handle
+
+
 def _display(url: str) -> str:
-    """The URL without credentials, for logs."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    host = parts.hostname or ""
-    with contextlib.suppress(ValueError):  # a malformed port: the push itself reports it
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
+    """The URL as a log line may show it (agent_server/redaction.py)."""
+    return shown_url(url if "://" in url else f"http://{url}")

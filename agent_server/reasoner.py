@@ -108,11 +108,6 @@ class Reasoner:
                 f"reasoner {name!r}: session_policy is one of "
                 + ", ".join(policy.value for policy in SessionPolicy)
             ) from None
-        if self.session_policy is not SessionPolicy.PARALLEL and max_concurrency is not None:
-            raise ReasonerDefinitionError(
-                f"reasoner {name!r}: a session_policy other than parallel queues by session, "
-                "which max_concurrency cannot share"
-            )
         self.description = description if description is not None else _first_line(func)
         self.is_async = inspect.iscoroutinefunction(func)
         if self.timeout is not None and not self.is_async:

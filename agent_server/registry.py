@@ -38,7 +38,7 @@ from agent_server.execution import (
 )
 from agent_server.logs import LOG_EXECUTION, execution_fields
 from agent_server.reasoner import Reasoner
-from agent_server.scheduling import ExecutionTimeout, SessionPolicy
+from agent_server.scheduling import ExecutionTimeout, SessionPolicy, limit_key
 from agent_server.signals import block_in_this_thread
 from agent_server.status import OWNED
 from agent_server.store.base import (
@@ -46,6 +46,7 @@ from agent_server.store.base import (
     Idempotency,
     QueueFull,
     SessionReleasing,
+    StoreInDoubt,
     StoreUnavailable,
 )
 from agent_server.tracing import Tracing
@@ -121,11 +122,13 @@ class RejectReason(enum.StrEnum):
 
 
 class AdmissionError(Exception):
-    """New work was refused; the reason maps to 503, 429 or 409."""
+    """New work was refused; the reason maps to 503, 429 or 409. `in_doubt` names the
+    execution the store may have recorded after all (a replica may lack it): read it later."""
 
-    def __init__(self, reason: RejectReason) -> None:
+    def __init__(self, reason: RejectReason, in_doubt: str | None = None) -> None:
         super().__init__(reason.value)
         self.reason = reason
+        self.in_doubt = in_doubt
 
 
 class RegistryObserver(Protocol):
@@ -176,8 +179,11 @@ class InFlightRegistry:
         queue_when_full: bool = False,
         max_queued: int = 10_000,
         tracing: Tracing | None = None,
+        cancel_timeout: float = 5.0,
     ) -> None:
         self.store = store
+        #: Seconds an interrupted execution (session policy) may take to settle.
+        self.cancel_timeout = cancel_timeout
         #: Traces (agent_server/tracing.py): off unless the OTEL_* variables ask for them.
         self.tracing = tracing if tracing is not None else Tracing()
         self.max_inflight = max_inflight
@@ -271,8 +277,8 @@ class InFlightRegistry:
         atomically across replicas, when a slot of that value is free."""
         reason = self._refusal()
         by_session = session_id is not None and session_policy is not SessionPolicy.PARALLEL
-        limited = reasoner.max_concurrency is not None or by_session
-        queue = (delay is not None and delay > 0) or limited
+        limited = reasoner.max_concurrency is not None
+        queue = (delay is not None and delay > 0) or limited or by_session
         if reason is RejectReason.CAPACITY and (queue or (may_queue and self.queue_when_full)):
             queue, reason = True, None
         if reason is not None:
@@ -286,12 +292,13 @@ class InFlightRegistry:
             execution.body = body  # a later attempt, or this one elsewhere, binds it again
         if self.tracing.enabled:  # the request's span: every attempt joins its trace
             execution.trace = self.tracing.start_context()
-        if by_session:  # one at a time per session, in arrival order
-            execution.concurrency_key = f"session:{session_id}"
-            execution.concurrency_limit = 1
+        # A start may wait for two things, each decided by the store's claim: its session's
+        # turn (a gated policy: after every earlier execution of the session ended), then a
+        # slot of its reasoner's limit. A request's policy never lifts the limit.
+        if by_session:
             execution.session_policy = session_policy.value
-        elif limited:
-            execution.concurrency_key = f"{reasoner.name}:{concurrency_key or ''}"
+        if limited:
+            execution.concurrency_key = limit_key(reasoner.name, concurrency_key or "")
             execution.concurrency_limit = reasoner.max_concurrency or 1
         if queue:
             execution.enqueue(time.time() + delay if delay else None)
@@ -305,13 +312,14 @@ class InFlightRegistry:
             self._reject(RejectReason.CAPACITY)
         except SessionReleasing:
             self._reject(RejectReason.SESSION_RELEASED)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             # The store may have recorded it all the same (its answer was lost): if so it
             # asks, through `adopt`, for it to run here after all.
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
                 self._unanswered.popitem(last=False)
-            self._reject(RejectReason.STORE_UNAVAILABLE)
+            in_doubt = exc.execution_id if isinstance(exc, StoreInDoubt) else None
+            self._reject(RejectReason.STORE_UNAVAILABLE, in_doubt)
         finally:
             if not queue:
                 self._starting -= 1
@@ -334,7 +342,11 @@ class InFlightRegistry:
             try:
                 other = await self.store.get(execution_id)
                 if other is not None and not other.is_terminal:
-                    await self.store.request_cancel(other, CancelReason.INTERRUPTED, None)
+                    # Bounded: what has not settled by the cancel timeout is abandoned
+                    # (counted), its slot freed, and the new one starts.
+                    await self.store.request_cancel(
+                        other, CancelReason.INTERRUPTED, self.cancel_timeout
+                    )
             except StoreUnavailable as exc:  # it was accepted: it starts once they end
                 logger.warning("could not interrupt execution %s: %s", execution_id, exc)
         if execution.session_policy == SessionPolicy.ROLLBACK.value:
@@ -507,11 +519,11 @@ class InFlightRegistry:
             return RejectReason.CAPACITY
         return None
 
-    def _reject(self, reason: RejectReason) -> None:
+    def _reject(self, reason: RejectReason, in_doubt: str | None = None) -> None:
         self.stats.rejected[reason.value] += 1
         if self.observer is not None:
             self.observer.execution_rejected(reason)
-        raise AdmissionError(reason)
+        raise AdmissionError(reason, in_doubt)
 
     def running(self, execution_id: str) -> Execution | None:
         """The live execution when this process runs it."""
@@ -898,7 +910,7 @@ class InFlightRegistry:
             execution.execution_id,
             execution.reasoner,
             execution.attempt,
-            extra={"fields": execution_fields(execution)},
+            extra={"fields": {**execution_fields(execution), "handed_off": True}},
         )
 
     def _parked(self, execution: Execution) -> None:

@@ -113,3 +113,15 @@ def execution_location(scope: Scope, execution_id: str) -> str:
     """The execution's path as the client must ask for it: under the ASGI `root_path`, the
     prefix the agent is mounted under (or a proxy strips, `--root-path`)."""
     return f"{scope.get('root_path', '')}/executions/{execution_id}"
+
+
+def in_doubt(scope: Scope, execution_id: str) -> ApiError:
+    """503 for a write the shared store ran but no replica was seen to hold (Sentinel): not
+    the 202 a failover could take back, not a refusal; the record says later what it became."""
+    return ApiError(
+        503,
+        "the store took this, but no Redis replica holds it yet (a failover could lose it): "
+        "read the execution at Location later",
+        {"Retry-After": "1", "Location": execution_location(scope, execution_id)},
+        extra={"execution_id": execution_id},
+    )

@@ -29,6 +29,30 @@ class SessionPolicy(enum.StrEnum):
     ROLLBACK = "rollback"
 
 
+#: The policies that queue a start behind the session's earlier work (its turn in the
+#: session's queue); `reject` only refuses, `parallel` runs beside it.
+SESSION_GATED = frozenset({SessionPolicy.ENQUEUE, SessionPolicy.INTERRUPT, SessionPolicy.ROLLBACK})
+
+
+def limit_key(reasoner: str, value: str, tenant: str = "") -> str:
+    """The concurrency key of a reasoner's limit: its slots are shared by the starts that
+    carry `value` (a header's, a session id, '' for the whole reasoner), per tenant.
+    Namespaced `limit:` (a reasoner name has no ':'), so no reasoner name or value can name
+    a session's key."""
+    return f"limit:{tenant}:{reasoner}:{value}"
+
+
+def session_key(session_id: str, tenant: str = "") -> str:
+    """The key of a session's turn (one slot): a start under a gated policy takes it after
+    every earlier execution of the session ended. The Redis scripts name it the same way
+    (`SESSION_GATE`, written into codes.lua from here)."""
+    return f"session:{tenant}:{session_id}"
+
+
+def is_session_key(key: str) -> bool:
+    return key.startswith("session:")
+
+
 class ExecutionTimeout(TimeoutError):
     """An attempt ran longer than its reasoner's `timeout=` (time in `input_required` not
     counted): it was cancelled and ends `failed` with this error, or is retried if its

@@ -7,7 +7,10 @@ allow-list (every address the host resolves to), signs the body per Standard Web
 the `standardwebhooks` library, and POSTs it with httpx. 2xx is delivered; 410 and any
 other 4xx but 408 and 429 give up; the rest (5xx, 408, 429, a redirect, a timeout, a
 connection error) is tried again with exponential backoff and full jitter, under the same
-`webhook-id`, until `--webhook-retry-for` has passed since the move. docs/webhooks.md.
+`webhook-id`, until `--webhook-retry-for` has passed since the move. Whatever an attempt
+meets ends in one of OUTCOMES: a URL that can never be delivered (a host no resolver takes)
+gives up at once, anything else unforeseen is retried; the answer's body is read up to
+MAX_RESPONSE_BYTES and no further. docs/webhooks.md.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from agent_server import jsoncodec
+from agent_server.redaction import shown_url
 from agent_server.store.base import Delivery, ExecutionStore
 
 logger = logging.getLogger("agent_server.webhooks")
@@ -47,6 +51,11 @@ CONCURRENCY = 16
 MAX_RETRY_DELAY = 3600.0
 #: The longest URL a start may give.
 MAX_URL_LENGTH = 2048
+#: The longest host name (DNS: 253 characters, a trailing dot aside) and label.
+MAX_HOST_LENGTH, MAX_LABEL_LENGTH = 253, 63
+#: Bytes of a receiver's answer read at most; the rest is never read (the connection is
+#: closed), so an answer without end costs no more than this.
+MAX_RESPONSE_BYTES = 64 * 1024
 #: Secret bytes, as the Standard Webhooks spec recommends them.
 SECRET_BYTES = (24, 64)
 #: The outcomes of an attempt (`webhook_deliveries_total{outcome}`).
@@ -79,7 +88,37 @@ def check_url(url: str, what: str) -> str:
         raise ValueError(rule) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
         raise ValueError(rule)
+    problem = host_problem(parts.hostname)
+    if problem is not None:
+        raise ValueError(f"{what}'s host {problem}")
     return url
+
+
+def host_problem(host: str) -> str | None:
+    """Why a URL's host (brackets removed) can never be resolved, None when it may be: an
+    address, or a name of letters, digits, '-', '_' and '.' (as `--webhook-allow` names
+    hosts) in labels of 1 to 63 characters, at most 253 in all, that the resolver's IDNA
+    codec takes (an `xn--` label must decode)."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return None
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in name):
+        return "has a character no host name has (letters, digits, '-', '_' and '.')"
+    if len(name) > MAX_HOST_LENGTH:
+        return f"is longer than {MAX_HOST_LENGTH} characters"
+    labels = name.split(".")
+    if not all(labels):
+        return "has an empty label"
+    if any(len(label) > MAX_LABEL_LENGTH for label in labels):
+        return f"has a label longer than {MAX_LABEL_LENGTH} characters"
+    try:
+        name.encode("idna").decode("idna")
+    except UnicodeError:
+        return "is not a valid IDNA name"
+    return None
 
 
 def check_secret(secret: str) -> str:
@@ -285,7 +324,7 @@ class WebhookSender:
             "webhook %s %s to %s (attempt %d): %s%s",
             delivery.delivery_id,
             outcome.replace("_", " "),
-            _shown(delivery.url),
+            shown_url(delivery.url),
             delivery.attempts + 1,
             why,
             "" if retry_in is None else f"; next in {retry_in:.2f} s",
@@ -302,7 +341,12 @@ class WebhookSender:
 
     async def send(self, delivery: Delivery, deadline: float | None = None) -> tuple[str, str]:
         """POST the delivery once: its outcome (delivered, retried, gave_up, refused) and
-        why. A refused target is never contacted."""
+        why, whatever the resolver or the connection raises. A refused target is never
+        contacted; a URL that can never be delivered gives up at once."""
+        try:
+            check_url(delivery.url, "the URL")
+        except ValueError as exc:  # kept before this check existed, or by another version
+            return "gave_up", f"it can never be delivered: {exc}"
         parts = urlsplit(delivery.url)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -324,12 +368,13 @@ class WebhookSender:
                         "data": delivery.data,
                     }
                 )
-                answer = await self._post(delivery, host, addresses, body)
+                status = await self._post(delivery, host, addresses, body)
         except TimeoutError:
             return "retried", f"no answer within {timeout:g} s"
-        except (httpx.HTTPError, OSError) as exc:
-            return "retried", f"{type(exc).__name__}: {exc}"[:200]
-        status = answer.status_code
+        except (httpx.InvalidURL, UnicodeError) as exc:  # no resolver or client takes it
+            return "gave_up", f"it can never be delivered: {_reason(exc)}"
+        except Exception as exc:  # a connection, a resolver, anything else: maybe later
+            return "retried", _reason(exc)
         if 200 <= status < 300:
             return "delivered", f"HTTP {status}"
         if 400 <= status < 500 and status not in (408, 429):
@@ -338,10 +383,11 @@ class WebhookSender:
 
     async def _post(
         self, delivery: Delivery, host: str, addresses: list[_Address], body: bytes
-    ) -> httpx.Response:
+    ) -> int:
         """POST to the addresses just checked, in the resolver's order until one connects:
         the connection goes to a checked address (never to what a second lookup might say),
-        while `Host`, TLS's server name and the certificate check keep the URL's host."""
+        while `Host`, TLS's server name and the certificate check keep the URL's host. The
+        answer's status; of its body at most MAX_RESPONSE_BYTES are read."""
         assert self._client is not None, "start() first"
         url = httpx.URL(delivery.url)
         headers = self.headers(delivery, body)
@@ -349,12 +395,15 @@ class WebhookSender:
         failure: httpx.ConnectError | None = None
         for address in dict.fromkeys(addresses):
             try:
-                return await self._client.post(
+                async with self._client.stream(
+                    "POST",
                     url.copy_with(host=str(address)),
                     content=body,
                     headers=headers,
                     extensions={"sni_hostname": host},
-                )
+                ) as answer:
+                    await _drain(answer, MAX_RESPONSE_BYTES)
+                    return answer.status_code
             except httpx.ConnectError as exc:
                 failure = exc
         assert failure is not None
@@ -431,17 +480,25 @@ def _rfc3339(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _shown(url: str) -> str:
-    """The URL without its query and credentials (they may carry a receiver's token)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+async def _drain(answer: httpx.Response, limit: int) -> None:
+    """Read the answer's body (raw: nothing is decompressed) until its end or `limit`
+    bytes; what is left is never read, and closing the answer closes its connection."""
+    read = 0
+    async for chunk in answer.aiter_raw():
+        read += len(chunk)
+        if read >= limit:
+            return
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as a log line's reason: its type and message, bounded."""
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 __all__ = [
     "ATTEMPT_TIMEOUT",
     "CLAIM_LEASE",
+    "MAX_RESPONSE_BYTES",
     "OUTCOMES",
     "AllowList",
     "WebhookObserver",
@@ -449,6 +506,7 @@ __all__ = [
     "check_secret",
     "check_url",
     "first_retry_delay",
+    "host_problem",
     "read_secret_file",
     "retry_delay",
 ]

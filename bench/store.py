@@ -94,10 +94,12 @@ class RedisServer:
     """`redis-server` on a free loopback port, no persistence; every wait bounded (the same
     approach as tests/support/redis_server.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
+        #: More flags (`--replicaof HOST PORT` for a replica).
+        self.extra = extra
 
     @property
     def url(self) -> str:
@@ -119,6 +121,7 @@ class RedisServer:
                 str(self.directory),
                 "--logfile",
                 str(self.directory / "redis.log"),
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

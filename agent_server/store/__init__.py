@@ -9,6 +9,7 @@ from agent_server.store.base import (
     ExecutionStore,
     Page,
     SessionReleasing,
+    StoreInDoubt,
     StoreObserver,
     StoreUnavailable,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "MemoryStore",
     "Page",
     "SessionReleasing",
+    "StoreInDoubt",
     "StoreObserver",
     "StoreUnavailable",
     "open_store",

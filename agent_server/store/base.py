@@ -53,6 +53,16 @@ class StoreUnavailable(Exception):
     """The shared store cannot be reached now: new work and reads get 503."""
 
 
+class StoreInDoubt(StoreUnavailable):
+    """A write Redis ran that no replica was seen to hold in time (Sentinel): a failover may
+    keep it or lose it, so the client is told neither. 503 + `Location` (the execution's
+    record, read it later), never a 202 for a record that can vanish (section 12)."""
+
+    def __init__(self, execution_id: str, what: str) -> None:
+        super().__init__(f"{what} of execution {execution_id} is not yet held by a replica")
+        self.execution_id = execution_id
+
+
 class QueueFull(Exception):
     """`--max-queued` executions are queued already: a start that would queue is refused
     (429, as for capacity)."""

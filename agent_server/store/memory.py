@@ -18,7 +18,7 @@ from typing import Any
 
 from agent_server import jsoncodec
 from agent_server.execution import AskOutcome, CancelReason, Execution, ExecutionStatus
-from agent_server.status import OWNED
+from agent_server.scheduling import SESSION_GATED, is_session_key, session_key
 from agent_server.store.base import (
     FINISHED_EVENT,
     INPUT_REQUIRED_EVENT,
@@ -85,6 +85,8 @@ class MemoryStore(ExecutionStore):
         self._keyed: dict[str, deque[str]] = {}
         self._holders: dict[str, set[str]] = {}
         self._served: dict[str, float] = {}
+        #: Ids in a session's queue that are due (a delayed one keeps its place, not due).
+        self._due: set[str] = set()
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -126,26 +128,42 @@ class MemoryStore(ExecutionStore):
         if session_id is not None:
             self._sessions.setdefault(session_id, set()).add(execution.execution_id)
         self._executions[execution.execution_id] = execution
-        if others and execution.concurrency_key is not None:  # it starts once they ended
-            holders = self._holders.setdefault(execution.concurrency_key, set())
-            holders.update(e.execution_id for e in others if e.status in OWNED)
+        turn = _session_gate(execution)
+        if turn is not None:
+            # Its turn comes once every earlier execution of the session ended: the gated
+            # ones are ahead in the session's queue (or hold its slot), the others hold it.
+            holders = self._holders.setdefault(turn, set())
+            holders.update(e.execution_id for e in others if _session_gate(e) != turn)
             if execution.session_policy in ("interrupt", "rollback"):
                 execution.displaced = tuple(e.execution_id for e in others)
         if queued:
             scheduled = execution.scheduled_at
-            if scheduled is None and execution.concurrency_key is not None:
-                self._queued.add(execution.execution_id)
-                self._wait_for_slot(execution)
+            self._queued.add(execution.execution_id)
+            if turn is not None:  # its place in the session's order is kept from now
+                self._wait_in(turn, execution.execution_id)
+            if scheduled is not None:
+                self._push(execution, scheduled - time.time())
+            elif turn is not None:
+                self._due.add(execution.execution_id)
+            elif execution.concurrency_key is not None:
+                self._wait_in(execution.concurrency_key, execution.execution_id)
             else:
-                self._push(execution, 0.0 if scheduled is None else scheduled - time.time())
+                self._push(execution, 0.0)
         return None
 
-    def _wait_for_slot(self, execution: Execution) -> None:
-        key = execution.concurrency_key
-        assert key is not None
-        self._keyed.setdefault(key, deque()).append(execution.execution_id)
+    def _wait_in(self, key: str, execution_id: str) -> None:
+        """It joins the tail of the key's queue."""
+        self._keyed.setdefault(key, deque()).append(execution_id)
         self._served.setdefault(key, 0.0)
         self._notice().set()
+
+    def _gate(self, execution: Execution) -> str | None:
+        """The first key whose slot it does not hold yet: its session's turn, then its
+        limit; None when it may run."""
+        for key in (_session_gate(execution), execution.concurrency_key):
+            if key is not None and execution.execution_id not in self._holders.get(key, ()):
+                return key
+        return None
 
     # -- the queue -------------------------------------------------------------------------
 
@@ -170,41 +188,61 @@ class MemoryStore(ExecutionStore):
 
     async def claim(self) -> Execution | None:
         """The execution due first, if it is due: this process runs it (the same object).
-        One with a concurrency limit waits in its key's queue for a slot; the keys are
-        tried least recently served first."""
+        One that waits for a key (its session's turn, a slot of its limit) waits in that
+        key's queue; every key with waiting work is tried, least recently served first."""
         now = time.monotonic()
         while self._queue and self._queue[0][0] <= now:
             due, _, execution_id = heapq.heappop(self._queue)
             execution = self._executions.get(execution_id)
             if execution is None or execution.status is not ExecutionStatus.QUEUED:
                 continue
-            if execution.concurrency_key is not None:
-                self._wait_for_slot(execution)
-                continue
-            return self._take(execution, now - due)
+            gate = self._gate(execution)
+            if gate is None:
+                return self._take(execution, now - due)
+            if gate == _session_gate(execution):
+                self._due.add(execution_id)  # it waits in its session's queue already
+            else:
+                self._wait_in(gate, execution_id)
         for key in sorted(self._keyed, key=self._served.__getitem__):
-            waiting = self._keyed[key]
-            holders = self._holders.setdefault(key, set())
-            for holder in list(holders):
-                found = self._executions.get(holder)
-                if found is None or found.status not in OWNED:
-                    holders.discard(holder)
-            while waiting:
-                execution = self._executions.get(waiting[0])
-                if execution is None or execution.status is not ExecutionStatus.QUEUED:
-                    waiting.popleft()
-                    continue
-                if len(holders) >= execution.concurrency_limit:
-                    break
+            claimed = self._claim_key(key, now)
+            if claimed is not None:
+                return claimed
+        return None
+
+    def _claim_key(self, key: str, now: float) -> Execution | None:
+        """The oldest of the key's queue, once a slot of the key is free; it goes on to its
+        next key, or runs. A slot is held until its holder's execution ended (a retry
+        between attempts keeps it)."""
+        waiting = self._keyed[key]
+        holders = self._holders.setdefault(key, set())
+        for holder in list(holders):
+            found = self._executions.get(holder)
+            if found is None or found.is_terminal:
+                holders.discard(holder)
+        turn = is_session_key(key)
+        while waiting:
+            execution = self._executions.get(waiting[0])
+            if execution is None or execution.status is not ExecutionStatus.QUEUED:
                 waiting.popleft()
-                holders.add(execution.execution_id)
-                self._served[key] = now
-                if not waiting:
-                    self._forget_key(key)
-                waited = time.time() - execution.created_at if execution.attempt == 1 else None
-                return self._take(execution, waited)
+                continue
+            if len(holders) >= (1 if turn else execution.concurrency_limit):
+                break
+            if turn and execution.execution_id not in self._due:
+                break  # the session's next one waits for its time: so does the session
+            waiting.popleft()
+            holders.add(execution.execution_id)
+            self._due.discard(execution.execution_id)
+            self._served[key] = now
+            gate = self._gate(execution)
+            if gate is not None:
+                self._wait_in(gate, execution.execution_id)  # its turn came: now its limit
+                continue
             if not waiting:
                 self._forget_key(key)
+            waited = time.time() - execution.created_at if execution.attempt == 1 else None
+            return self._take(execution, waited)
+        if not waiting:
+            self._forget_key(key)
         return None
 
     def _forget_key(self, key: str) -> None:
@@ -277,13 +315,16 @@ class MemoryStore(ExecutionStore):
     def end(self, execution: Execution) -> None:
         if execution.webhook_url is not None:
             self._owe_webhook(execution, f"{execution.execution_id}.finished", FINISHED_EVENT)
-        key = execution.concurrency_key
-        if key is not None:
-            holders = self._holders.get(key)
-            if holders is not None:
+        keys = [execution.concurrency_key]
+        if execution.session_id is not None:  # any execution of a session may hold its turn
+            keys.append(session_key(execution.session_id))
+        for key in keys:
+            holders = None if key is None else self._holders.get(key)
+            if key is not None and holders is not None:
                 holders.discard(execution.execution_id)
                 if not holders and key not in self._keyed:
                     del self._holders[key]
+        self._due.discard(execution.execution_id)
         if self._keyed:
             self._notice().set()  # a slot may be free (its key's, or a session's): look
         size = len(jsoncodec.dumps(execution.result))
@@ -495,6 +536,13 @@ class MemoryStore(ExecutionStore):
                 keys.discard(key)
                 if not keys:
                     del self._sessions[execution.session_id]
+
+
+def _session_gate(execution: Execution) -> str | None:
+    """The key of its session's turn, when its policy waits for one."""
+    if execution.session_id is None or execution.session_policy not in SESSION_GATED:
+        return None
+    return session_key(execution.session_id)
 
 
 def _cursor(text: str) -> tuple[float, str]:

@@ -16,6 +16,11 @@ redis-py keeps what it does well: pub/sub, and the store's less frequent command
 A link given a `Locator` (Sentinel, agent_server/store/sentinel.py) asks it where the primary
 is on every connect, checks with `ROLE` that the node is the primary, and retires a connection
 that answers `READONLY` (a demoted primary), so that the next call asks again.
+
+A link given `ack` commands (`PUBLISH`, then `WAIT 1 <ms>`) acknowledges writes sent with
+`call_acked` once a replica holds them, in groups: one `ack` follows every write sent before
+it on the same connection, at most one is in flight, and the writes sent meanwhile share the
+next one (Redis runs nothing else of a connection while its `WAIT` blocks it).
 """
 
 from __future__ import annotations
@@ -98,11 +103,37 @@ def _pack(command: Command) -> bytes:
     return packed
 
 
+def _observe(future: asyncio.Future[Any]) -> None:
+    """A done callback: an error nobody awaits is not logged as lost."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _settle(futures: Sequence[asyncio.Future[Any]], outcome: Any) -> None:
+    """Give each waiting future `outcome` (an exception is raised to its awaiter)."""
+    for future in futures:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
 class _Protocol(asyncio.Protocol):
     """Replies resolve the oldest waiting future; a lost connection fails them all."""
 
-    def __init__(self, timeout: float, *, follow: bool = False) -> None:
+    def __init__(
+        self, timeout: float, *, follow: bool = False, ack: tuple[bytes, int] | None = None
+    ) -> None:
         self.timeout = timeout
+        #: The packed commands that acknowledge the writes before them, and how many; the
+        #: last one's reply is the acknowledgement (WAIT's count of replicas).
+        self.ack = ack
+        #: The acknowledgement in flight (its reply's future) and whose writes it covers.
+        self._ack_sent: tuple[asyncio.Future[Any], list[asyncio.Future[Any]]] | None = None
+        #: Whose writes wait for the next acknowledgement (sent once the one in flight is in).
+        self._ack_next: list[asyncio.Future[Any]] = []
         #: Set for a located link: a READONLY reply retires the connection.
         self.follow = follow
         #: Takes no new commands; closes once the ones sent are answered.
@@ -140,6 +171,8 @@ class _Protocol(asyncio.Protocol):
                 error = reply_error(str(reply)) if isinstance(reply, hiredis.ReplyError) else None
                 if self.follow and isinstance(error, ReadOnlyError):
                     self.retired = True  # no longer the primary: the next call locates it
+                if self._ack_sent is not None and future is self._ack_sent[0]:
+                    self._acked(reply if error is None else error)
                 if future.done():  # its caller went away
                     continue
                 if error is not None:
@@ -176,7 +209,45 @@ class _Protocol(asyncio.Protocol):
             self._timer = loop.call_at(deadline, self._check)
         return futures
 
+    def send_acked(self, payload: bytes) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
+        """Send one write; the futures of its reply and of the acknowledgement that covers
+        it (the `ack` sent after it on this connection: at the end of this loop turn, or
+        once the acknowledgement in flight is in)."""
+        assert self.ack is not None, "a link without ack commands"
+        (reply,) = self.send(payload, 1)
+        acked = asyncio.get_running_loop().create_future()
+        self._ack_next.append(acked)
+        return reply, acked
+
+    def _send_ack(self) -> None:
+        """The acknowledgement of every write waiting for one, after them on the wire."""
+        assert self.ack is not None
+        payload, count = self.ack
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        futures = [loop.create_future() for _ in range(count)]
+        for future in futures:
+            future.add_done_callback(_observe)  # internal: nobody awaits them
+        self.waiting.extend((future, deadline) for future in futures)
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out.append(payload)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._check)
+        self._ack_sent, self._ack_next = (futures[-1], self._ack_next), []
+
+    def _acked(self, outcome: Any) -> None:
+        """The acknowledgement in flight is in: to the writes it covers; the next one goes."""
+        assert self._ack_sent is not None
+        _, covered = self._ack_sent
+        self._ack_sent = None
+        _settle(covered, outcome)
+        if self._ack_next and self.transport is not None and not self.transport.is_closing():
+            self._send_ack()
+
     def _flush(self) -> None:
+        if self._ack_next and self._ack_sent is None and self.transport is not None:
+            self._send_ack()  # this turn's writes, then their acknowledgement
         out, self._out = self._out, []
         if self.transport is not None:
             self.transport.write(b"".join(out))
@@ -199,18 +270,22 @@ class _Protocol(asyncio.Protocol):
         self._fail(kind(why))
 
     def _fail(self, error: ConnectionError) -> None:
-        """Every command still waiting fails with `error`."""
+        """Every command still waiting fails with `error`, and every acknowledgement."""
         while self.waiting:
             future, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(error)
+        covered = [*(self._ack_sent[1] if self._ack_sent is not None else ()), *self._ack_next]
+        self._ack_sent, self._ack_next = None, []
+        _settle(covered, error)
 
 
 class RedisLink:
     """Connects on first use and again after a loss; `call` and `pipeline` share it.
 
     With `locator`, the host and port come from it on every connect (the rest of `url`,
-    credentials, db and TLS, still applies) and the node must answer `ROLE` as the primary."""
+    credentials, db and TLS, still applies) and the node must answer `ROLE` as the primary.
+    With `ack`, the commands that acknowledge writes sent with `call_acked`."""
 
     def __init__(
         self,
@@ -219,12 +294,14 @@ class RedisLink:
         connect_timeout: float,
         timeout: float,
         locator: Locator | None = None,
+        ack: Sequence[Command] = (),
     ) -> None:
         self.url = url
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.locator = locator
+        self._ack = (b"".join(_pack(command) for command in ack), len(ack)) if ack else None
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
         self._twins: list[RedisLink] = []
@@ -235,6 +312,26 @@ class RedisLink:
             protocol = await self._connect()
         (future,) = protocol.send(_pack(args), 1)
         return await future
+
+    async def call_acked(self, *args: str | bytes | int | float) -> tuple[Any, Any]:
+        """One write and the reply of the acknowledgement that followed it on the same
+        connection (an exception in its place when there was none: the write may have
+        happened all the same). The write's own failure raises, as `call`'s does."""
+        protocol = self._protocol
+        if protocol is None or not protocol.open:
+            protocol = await self._connect()
+        reply, acked = protocol.send_acked(_pack(args))
+        try:
+            answer = await reply
+            try:
+                return answer, await acked
+            except Exception as exc:
+                return answer, exc
+        finally:
+            for future in (reply, acked):  # a caller that went away: the replies are skipped
+                future.cancel()
+                if not future.cancelled():
+                    _observe(future)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """One write for every command; each reply or error reply (as an exception, in
@@ -281,14 +378,16 @@ class RedisLink:
         await _all(protocol.send(_pack(("SUBSCRIBE", *channels)), len(channels)))
         return protocol.closed
 
-    def twin(self) -> RedisLink:
+    def twin(self, ack: Sequence[Command] = ()) -> RedisLink:
         """Another link to the same place (the same locator): a subscriber beside the
-        commands' link. Retiring this link retires its twins too."""
+        commands' link, or one whose writes are acknowledged (`ack`). Retiring this link
+        retires its twins too."""
         twin = RedisLink(
             self.url,
             connect_timeout=self.connect_timeout,
             timeout=self.timeout,
             locator=self.locator,
+            ack=ack,
         )
         self._twins.append(twin)
         return twin
@@ -349,7 +448,7 @@ class RedisLink:
         kind = options.get("connection_class")
         if kind is UnixDomainSocketConnection and address is None:
             _, protocol = await loop.create_unix_connection(
-                lambda: _Protocol(self.timeout), str(options["path"])
+                lambda: _Protocol(self.timeout, ack=self._ack), str(options["path"])
             )
             return protocol
         context: ssl.SSLContext | None = None
@@ -362,7 +461,7 @@ class RedisLink:
         if address is None:
             address = (str(options.get("host", "localhost")), int(options.get("port", 6379)))
         _, protocol = await loop.create_connection(
-            lambda: _Protocol(self.timeout, follow=self.locator is not None),
+            lambda: _Protocol(self.timeout, follow=self.locator is not None, ack=self._ack),
             *address,
             ssl=context,
         )

@@ -2,7 +2,9 @@
 `drill_apps:cooperative` (shutdown-safe), `drill_apps:swallowing` (a reasoner that swallows
 its cancellation), `drill_apps:blocking` (a reasoner that blocks the loop with `time.sleep`),
 `drill_apps:threaded` (a `def` reasoner, whose thread cannot be cancelled),
-`drill_apps:strict` (a required input with neither example nor default)."""
+`drill_apps:strict` (a required input with neither example nor default),
+`drill_apps:asking` (reasoners that wait for input: `ctx.ask`, resumable or not),
+`drill_apps:limited` (a reasoner with `max_concurrency=1`: one runs, the rest wait queued)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ swallowing = Agent("swallowing")
 blocking = Agent("blocking")
 threaded = Agent("threaded")
 strict = Agent("strict")
+asking = Agent("asking")
+limited = Agent("limited")
 
 
 @cooperative.reasoner()
@@ -94,3 +98,42 @@ def sleeper(seconds: float = 30.0) -> str:
 @strict.reasoner()
 async def needs(text: str) -> str:
     return text
+
+
+@asking.reasoner()
+async def ask(ctx: ExecutionContext, question: str = "go on?") -> str:
+    """Waits inside its task for an answer that never comes (until the drain deadline)."""
+    answer = await ctx.ask(question)
+    return f"answered {answer}"
+
+
+@asking.reasoner(resumable=True)
+async def ask_later(ctx: ExecutionContext, question: str = "go on?") -> str:
+    """Resumable: with a shared store its wait is parked (no task); in memory, as `ask`."""
+    answer = await ctx.ask(question)
+    return f"answered {answer}"
+
+
+@asking.reasoner(name="quick")
+async def asking_quick() -> str:
+    return "done"
+
+
+@limited.reasoner(max_concurrency=1)
+async def single(seconds: float = 600.0) -> str:
+    """One at a time: the first runs until the drain deadline cancels it, the rest queue."""
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+@limited.reasoner(max_concurrency=1, resumable=True)
+async def single_later(seconds: float = 600.0) -> str:
+    """Resumable `single`: with a shared store the running one is handed off at the drain
+    deadline, and the queued ones stay queued; in memory, as `single`."""
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+@limited.reasoner(name="quick")
+async def limited_quick() -> str:
+    return "done"

@@ -124,3 +124,40 @@ async def chat(ctx: ExecutionContext, text: str, seconds: float = 0.2) -> str:
     finally:
         mark(ctx, tenant=ctx.session_id or "", event="end", text=text)
     return text
+
+
+@agent.reasoner(max_concurrency=1, concurrency_key="header:X-Tenant")
+async def gate(ctx: ExecutionContext, tenant: str, seconds: float = 0.1) -> str:
+    """One at a time per X-Tenant: marks its start and its end."""
+    mark(ctx, tenant=tenant, event="start")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        mark(ctx, tenant=tenant, event="end")
+    return tenant
+
+
+@agent.reasoner("session", max_concurrency=1, concurrency_key="header:X-Tenant")
+async def session_named(ctx: ExecutionContext, seconds: float = 0.1) -> str:
+    """A reasoner named like the session policy's keys, keyed on a header: its limit is its
+    own, never a session's turn."""
+    mark(ctx, tenant="session-named", event="start")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        mark(ctx, tenant="session-named", event="end")
+    return "mine"
+
+
+@agent.reasoner()
+async def stubborn(ctx: ExecutionContext, seconds: float = 30.0) -> str:
+    """Swallows cancellation and goes on for `seconds` (an interrupt must not wait for it)."""
+    mark(ctx, tenant=ctx.session_id or "", event="start")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(deadline - time.monotonic())
+        except asyncio.CancelledError:
+            continue
+    mark(ctx, tenant=ctx.session_id or "", event="end")
+    return "stubborn"

@@ -3,17 +3,20 @@ is bounded in size and time), no response leaks internals, and the server stays 
 
 from __future__ import annotations
 
+import re
 import select
 import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote, unquote
 
 import httpx
 import pytest
 
 from agent_server.names import is_session_id
+from tests.support.cluster import wait_for
 from tests.support.process import ServerProcess, server_errors
 from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 
@@ -617,3 +620,58 @@ def test_zz_server_is_healthy_and_exits_cleanly_after_all_that(
         holder.close()
     assert code == 0, server.stderr()
     assert elapsed < 5.0, server.stderr()
+
+
+# -- what a client sends cannot write the server's log lines ---------------------------------
+
+#: A text log line: `TEXT_FORMAT`'s time, level and logger, then the message.
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+#: Percent-encoded characters that end or bend a line: CR LF, each alone, VT, FF, FS, ESC,
+#: NEL (U+0085), LINE SEPARATOR (U+2028).
+BREAKS = ("%0D%0A", "%0A", "%0D", "%0B", "%0C", "%1C", "%1B[2J", "%C2%85", "%E2%80%A8")
+
+
+def test_no_request_writes_a_log_line_of_its_own(tmp_path: Path) -> None:
+    """Text format, access lines and traces on: paths that carry a line break and then what
+    reads as a CRITICAL line, a malformed 40 KB `baggage` header, one of 170 malformed
+    entries. Every line of stderr is one whole log line; what was forged appears only
+    inside access lines (one each); the baggage propagator's warning quotes at most 64
+    characters of the header, and its lines are at most 10 a second."""
+    process = ServerProcess(
+        ["tests_app:agent", "--access-log"], {"OTEL_TRACES_EXPORTER": "console"}, tmp_path
+    )
+    try:
+        process.wait_ready()
+        for number, brk in enumerate(BREAKS):
+            forged = f"{brk}2026-12-02%2000:00:00,000%20CRITICAL%20agent_server:%20FORGED-{number}"
+            status, _, _ = exchange(
+                process, f"GET /executions/x{forged}?q={brk} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+            )
+            assert status == 404
+        baggage = b"not-a-pair-" * 3_700  # about 40 KB, over the propagator's 8 KB
+        status, _, _ = exchange(
+            process, b"GET /healthz HTTP/1.1\r\nHost: t\r\nbaggage: " + baggage + b"\r\n\r\n"
+        )
+        assert status == 200
+        with httpx.Client(base_url=process.url, timeout=TIMEOUT) as http:
+            assert http.get("/healthz", headers={"baggage": "a,b=c,,=d"}).status_code == 200
+            entries = ",".join(f"entry-{n}" for n in range(170))  # a line each, unbounded
+            assert http.get("/healthz", headers={"baggage": entries}).status_code == 200
+            wait_for(
+                lambda: process.stderr().count("agent_server.access:") >= len(BREAKS) + 3,
+                TIMEOUT,
+                "every access line",
+            )
+        lines = process.stderr().splitlines()
+        for line in lines:
+            assert LOG_LINE.match(line), line
+            assert len(line) < 1_000, line[:200]
+        for number in range(len(BREAKS)):
+            mine = [line for line in lines if f"FORGED-{number}" in line]
+            assert len(mine) == 1 and " INFO agent_server.access: " in mine[0], mine
+        echoed = [line for line in lines if "not-a-pair-" in line]
+        assert len(echoed) == 1 and f"({len(baggage)} chars)" in echoed[0], echoed
+        # At most 10 a second of the propagator's lines (the requests may span two seconds).
+        assert len([line for line in lines if "opentelemetry.baggage" in line]) <= 20
+    finally:
+        process.close()

@@ -1,21 +1,28 @@
 """`agent-server drill`: real `agent-server run` children of tests/apps/drill_apps.py, judged
-shutdown-safe (exit 0) or not (exit 1, each fault named), bad arguments exit 2; and the
-loop-stall WARNING of a real server naming the reasoner that blocked its loop."""
+shutdown-safe (exit 0) or not (exit 1, each fault named), bad arguments exit 2; reasoners
+that wait for input or queue behind a limit judged by the store's kind, the same way every
+run, in a bounded number of requests; and the loop-stall WARNING of a real server naming the
+reasoner that blocked its loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent_server.drill import DrillArgs, judge, run_drill
+from agent_server.settings import Settings
 from tests.support.process import APPS_DIR, one_line
+from tests.support.redis_server import RedisServer
 from tests.support.shutdown import CLIENT_TIMEOUT, FAST, finish, wait_stderr
 
 #: The line of drill_apps.py where `crunch` blocks the loop, as the stall lines name it.
@@ -29,12 +36,12 @@ CRUNCH_LINE = next(
 DRILL_TIMEOUT = 90.0
 
 
-def drill(*args: str) -> subprocess.CompletedProcess[str]:
+def drill(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`agent-server drill ARGS` from the apps' directory, bounded."""
     return subprocess.run(
         [sys.executable, "-m", "agent_server", "drill", *args],
         cwd=APPS_DIR,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         capture_output=True,
         text=True,
         timeout=DRILL_TIMEOUT,
@@ -42,9 +49,9 @@ def drill(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def drilled(*args: str) -> tuple[int, dict[str, Any]]:
+def drilled(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """The exit code and the JSON verdict of a drill with the fast budget."""
-    done = drill(*args, *FAST, "--json")
+    done = drill(*args, *FAST, "--json", env=env)
     assert done.stdout.strip(), done.stderr
     verdict: dict[str, Any] = json.loads(done.stdout)
     return done.returncode, verdict
@@ -70,6 +77,125 @@ def test_a_cooperative_app_is_shutdown_safe() -> None:
     assert shutdown["exit_code"] == 0 and shutdown["within_grace_period"]
     assert shutdown["report"]["cancelled"] == 2
     assert shutdown["report"]["finished"] == 2  # steps (greet ended before the signal)
+
+
+#: What a verdict says of a reasoner that must not change from run to run (timings aside).
+COUNTS = (
+    "started", "finished", "failed", "cancelled", "abandoned", "handed_off", "parked",
+    "waiting", "queued", "stranded", "lost", "unknown", "faults", "safe",
+)  # fmt: skip
+
+
+def counts(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: {k: r.get(k) for k in COUNTS} for name, r in by_name(verdict).items()}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Callable[[], dict[str, str]]:
+    """The environment of a drill's child for each store: an empty Redis every call (what
+    one drill leaves queued there is for other replicas, not the next drill)."""
+    if request.param == "memory":
+        return lambda: {"AGENT_SERVER_STORE": "memory"}
+    server = request.getfixturevalue("redis_server")
+    assert isinstance(server, RedisServer)
+    request.getfixturevalue("redis_url")  # started (again) if a test stopped it
+
+    def fresh() -> dict[str, str]:
+        assert server.command("FLUSHALL") == b"+OK\r\n"
+        return {"AGENT_SERVER_STORE": server.url}
+
+    return fresh
+
+
+def drilled_twice(app: str, store: Callable[[], dict[str, str]]) -> list[dict[str, Any]]:
+    """Two drills of the same app: the same verdict, exit 0."""
+    verdicts = []
+    for _ in range(2):
+        code, verdict = drilled(app, "--executions", "3", env=store())
+        assert code == 0, verdict
+        verdicts.append(verdict)
+    first, second = verdicts
+    assert counts(first) == counts(second)
+    assert (first["faults"], first["shutdown"]["exit_code"]) == ([], 0)
+    assert (second["faults"], second["shutdown"]["exit_code"]) == ([], 0)
+    return verdicts
+
+
+def assert_few_requests(verdicts: list[dict[str, Any]]) -> None:
+    """Each execution followed in at most 2 requests (a long-poll, then its event stream if
+    it waits for input), never a poll loop."""
+    for verdict in verdicts:
+        for reasoner in verdict["reasoners"]:
+            assert 1 <= reasoner["requests"] <= 2 * reasoner["started"], reasoner
+
+
+def test_a_reasoner_waiting_for_input_is_judged_by_the_store_the_same_every_run(
+    store: Callable[[], dict[str, str]],
+) -> None:
+    """Section 13: a wait inside its task is running work, drained then cancelled at the
+    deadline; a resumable one on a shared store is parked (no task, no drain waits)."""
+    shared = store()["AGENT_SERVER_STORE"] != "memory"
+    verdicts = drilled_twice("drill_apps:asking", store)
+    verdict = verdicts[0]
+    reasoners = by_name(verdict)
+    ask = reasoners["ask"]
+    assert (ask["waiting"], ask["cancelled"], ask["parked"], ask["unknown"]) == (3, 3, 0, 0)
+    assert 0 <= ask["settle_seconds"] < 0.5
+    later = reasoners["ask_later"]
+    if shared:
+        assert (later["waiting"], later["cancelled"], later["parked"]) == (0, 0, 3)
+    else:
+        assert (later["waiting"], later["cancelled"], later["parked"]) == (3, 3, 0)
+    assert reasoners["quick"]["finished"] == 3
+    assert reasoners["quick"]["requests"] <= 3
+    assert verdict["shutdown"]["report"]["cancelled"] == (3 if shared else 6)
+    assert_few_requests(verdicts)
+
+
+def test_a_limited_reasoners_queue_is_judged_by_the_store_the_same_every_run(
+    store: Callable[[], dict[str, str]],
+) -> None:
+    """Section 14: queued work belongs to no replica; with the memory store it ends
+    cancelled unrun at the shutdown, with a shared store it stays queued for another
+    replica. Neither is a hand-off; only the resumable one that ran is handed off."""
+    shared = store()["AGENT_SERVER_STORE"] != "memory"
+    verdicts = drilled_twice("drill_apps:limited", store)
+    verdict = verdicts[0]
+    reasoners = by_name(verdict)
+    single, later = reasoners["single"], reasoners["single_later"]
+    assert (single["handed_off"], later["handed_off"]) == (0, 1 if shared else 0)
+    assert (single["cancelled"], single["queued"], single["handed_off"]) == (1, 2, 0)
+    expected = (0, 2, 1) if shared else (1, 2, 0)
+    assert (later["cancelled"], later["queued"], later["handed_off"]) == expected
+    assert reasoners["quick"]["finished"] == 3
+    report = verdict["shutdown"]["report"]
+    assert report["queued_cancelled"] == (0 if shared else 4)
+    assert report["handed_off"] == (1 if shared else 0)
+    assert_few_requests(verdicts)
+
+
+async def test_the_requests_the_drill_counts_are_those_its_server_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's own access log (`--access-log`) counts the drill's reads: one or two per
+    execution, as the verdict says, where an asking reasoner once drew hundreds of polls."""
+    monkeypatch.chdir(APPS_DIR)
+    monkeypatch.setenv("AGENT_SERVER_ACCESS_LOG", "true")
+    monkeypatch.setenv("AGENT_SERVER_STORE", "memory")
+    budget = dict(zip(FAST[::2], map(float, FAST[1::2]), strict=True))
+    flags = {name.removeprefix("--").replace("-", "_"): value for name, value in budget.items()}
+    args = DrillArgs("drill_apps:asking", (), {}, 3, 1.0, flags, Settings(**flags))
+    run = await asyncio.wait_for(run_drill(args), DRILL_TIMEOUT)
+    verdict = judge(run, 3, 1.0)
+    reads = [
+        line
+        for line in run.log.records
+        if line.get("method") == "GET" and str(line.get("path")).startswith("/executions/")
+    ]
+    counted = sum(reasoner.requests for reasoner in verdict.reasoners)
+    assert len(reads) == counted, reads
+    assert counted <= 2 * 3 * len(verdict.reasoners)
+    assert verdict.faults == []
 
 
 def test_the_demo_agent_is_shutdown_safe_in_the_table() -> None:

@@ -163,6 +163,56 @@ async def test_push_reports_an_error_status() -> None:
         thread.join(timeout=5)
 
 
+@pytest.mark.parametrize("status", [200, 302])
+async def test_no_byte_of_the_gateway_s_answer_is_read(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway whose answer (a success, or a redirect to itself) has a body without end:
+    the push ends by its status, reads none of the body and follows no redirect, so the
+    gateway's writes soon stop on a closed connection (urllib read a redirect's whole body
+    before following it: past the push's bound, until the process ended). Its URL's path
+    and query are not logged."""
+    ended = threading.Event()
+    written: list[int] = []
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", str(2**40))
+            self.end_headers()
+            sent = 0
+            try:
+                while sent < 2**31:
+                    self.wfile.write(b"x" * 65_536)
+                    sent += 65_536
+            except OSError:  # the push closed its connection
+                pass
+            written.append(sent)
+            ended.set()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/gw?token=push-secret"
+        with caplog.at_level(logging.INFO, logger="agent_server.pushgateway"):
+            pushed = await push_metrics(url, Metrics().shutdown_registry, {}, 2.0)
+        assert pushed is (status == 200)
+        assert ended.wait(5.0), "the gateway still writing 5 s after the push"
+        assert written[0] < 64 * 2**20, written
+        assert "push-secret" not in caplog.text and "/gw" not in caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
 async def test_nothing_is_pushed_without_time_or_without_a_shutdown() -> None:
     with PushReceiver() as receiver:
         assert await push_metrics(receiver.url, Metrics().shutdown_registry, {}, 0.0) is False

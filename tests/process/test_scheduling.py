@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -334,6 +335,8 @@ def most_at_once(starts: list[dict[str, Any]]) -> dict[str, int]:
 
 def _marks_of(marks: Path, ids: set[str]) -> list[dict[str, Any]]:
     path = marks / "starts.log"
+    if not path.exists():  # nothing started yet
+        return []
     lines = [json.loads(line) for line in path.read_text().splitlines() if line]
     return [line for line in lines if line["id"] in ids and "event" in line]
 
@@ -520,4 +523,247 @@ def _unix(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-_ = signal  # used by the shutdown tests below
+# -- the key model: limits, sessions and their queues ------------------------------------------
+
+
+def _post(url: str, name: str, body: Any, headers: dict[str, str], **params: Any) -> str:
+    response = httpx.post(
+        f"{url}/reasoners/{name}/async", json=body, headers=headers, params=params, timeout=WAIT
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["execution_id"])
+
+
+def _until(check: Any, what: str, timeout: float = WAIT) -> None:
+    """Wait, bounded, for `check()` to be true."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _redis_keys(served: Served, db: int, pattern: str) -> list[str]:
+    """The keys of `db` matching `pattern`, read with redis-cli."""
+    port = _store_of(served).rsplit(":", 1)[1].split("/")[0]
+    found = subprocess.run(
+        ["redis-cli", "-p", port, "-n", str(db), "--scan", "--pattern", pattern],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    return found.stdout.split()
+
+
+def test_a_session_policy_never_escapes_a_concurrency_limit(served: Served) -> None:
+    """Seven starts of a limit-1 reasoner, each with `X-Session-Policy: enqueue` (five
+    sessions of their own, one session with two): an execution both limited and enqueued
+    waits for both its slot and its session's turn, so they never overlap."""
+    sessions = [f"esc-{time.time_ns()}-{index % 6}" for index in range(7)]
+
+    def start(session: str) -> str:
+        headers = {"X-Session-ID": session, "X-Session-Policy": "enqueue"}
+        return _post(served.url, "single", {"seconds": 0.15}, headers)
+
+    with ThreadPoolExecutor(7) as pool:
+        ids = list(pool.map(start, sessions))
+    for execution_id in ids:
+        assert served.ended(execution_id)["status"] == "succeeded"
+    seen = _marks_of(served.marks, set(ids))
+    assert len([m for m in seen if m["event"] == "start"]) == 7, seen
+    assert most_at_once(seen) == {"*": 1}, seen
+
+
+def test_a_key_behind_150_blocked_keys_is_claimed_promptly(served: Served, tmp_path: Path) -> None:
+    """150 values of a limit-1 key each hold their slot with one more waiting; a new value
+    (last in every order the keys are kept in) still runs at once, while the others stay
+    blocked."""
+    store = "memory" if "memory" in str(served.marks) else _store_of(served)[:-1] + "3"
+    (server,) = _serve(tmp_path, store, "--max-inflight", "1000")
+    with server:
+
+        def start(index: int) -> str:
+            tenant = f"k{index // 2:03d}"
+            headers = {"X-Tenant": tenant}
+            return _post(server.url, "gate", {"tenant": tenant, "seconds": 60}, headers)
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(start, range(300)))
+        _until(
+            lambda: len(_marks_of(server.marks, set(ids))) >= 150,
+            "one of each value started",
+            timeout=30,
+        )
+        waiting = set(ids) - {m["id"] for m in _marks_of(server.marks, set(ids))}
+        assert len(waiting) == 150, "the limit held"
+        sent = time.monotonic()
+        free = _post(server.url, "gate", {"tenant": "zz", "seconds": 0.05}, {"X-Tenant": "zz"})
+        ended = server.ended(free)
+        took = time.monotonic() - sent
+        assert ended["status"] == "succeeded" and took < 3.0, (ended, took)
+        assert _marks_of(server.marks, waiting) == []  # the blocked ones stayed blocked
+
+
+def test_slot_sets_are_deleted_once_the_work_ended(served: Served, tmp_path: Path) -> None:
+    """On Redis nothing of a key outlives its work: no `cslots:`, `cq:` or ready entry."""
+    if "memory" in str(served.marks):
+        pytest.skip("the memory store has no keys to look at (its sets go with the process)")
+    store = _store_of(served)[:-1] + "4"
+    (server,) = _serve(tmp_path, store)
+    with server:
+        ids = []
+        for index in range(4):
+            tenant = f"t{index % 2}"
+            ids.append(_post(server.url, "limited", {"tenant": tenant}, {"X-Tenant": tenant}))
+            ids.append(_post(server.url, "single", {}, {}))
+            headers = {"X-Session-ID": f"s{index % 2}", "X-Session-Policy": "enqueue"}
+            ids.append(_post(server.url, "chat", {"text": "x", "seconds": 0.05}, headers))
+        for execution_id in ids:
+            assert server.ended(execution_id)["status"] == "succeeded"
+        _until(
+            lambda: _redis_keys(server, 4, "*cslots:*") == [],
+            f"slot sets left: {_redis_keys(server, 4, '*cslots:*')}",
+            timeout=5,
+        )
+        assert _redis_keys(server, 4, "*:cq:*") == []
+        assert _redis_keys(server, 4, "*cready") == []
+
+
+def test_a_reasoner_named_session_keeps_its_own_slots(served: Served) -> None:
+    """A reasoner named `session`, limited per header value, never shares a slot with a
+    session whose id is that value."""
+    value = f"shared-{time.time_ns()}"
+    headers = {"X-Session-ID": value, "X-Session-Policy": "enqueue"}
+    busy = _post(served.url, "chat", {"text": "busy", "seconds": 5}, headers)
+    _until(lambda: bool(_marks_of(served.marks, {busy})), "the session's work started")
+    mine = _post(served.url, "session", {"seconds": 0.05}, {"X-Tenant": value})
+    ended = Served.ended_at(served.url, mine)
+    assert ended["status"] == "succeeded", ended
+    assert not [m for m in _marks_of(served.marks, {busy}) if m["event"] == "end"]
+    assert served.ended(busy)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("first_policy", ["enqueue", "parallel"])
+def test_enqueue_waits_for_an_earlier_delayed_start_of_its_session(
+    served: Served, first_policy: str
+) -> None:
+    """`enqueue` runs after every earlier execution of the session that has not ended, a
+    delayed start included."""
+    session = f"delayed-{first_policy}-{time.time_ns()}"
+    first = _post(
+        served.url,
+        "chat",
+        {"text": "first", "seconds": 0.2},
+        {"X-Session-ID": session, "X-Session-Policy": first_policy},
+        delay=0.7,
+    )
+    then = {"X-Session-ID": session, "X-Session-Policy": "enqueue"}
+    second = _post(served.url, "chat", {"text": "second", "seconds": 0.05}, then)
+    for execution_id in (first, second):
+        assert served.ended(execution_id)["status"] == "succeeded"
+    seen = sorted(_marks_of(served.marks, {first, second}), key=lambda m: m["at"])
+    assert [(m["text"], m["event"]) for m in seen] == [
+        ("first", "start"),
+        ("first", "end"),
+        ("second", "start"),
+        ("second", "end"),
+    ], seen
+
+
+def test_enqueue_waits_for_an_earlier_retry_of_its_session(served: Served) -> None:
+    """A retry between attempts is queued but not ended: the next message waits for it."""
+    session = f"retry-{time.time_ns()}"
+    headers = {"X-Session-ID": session, "X-Session-Policy": "enqueue"}
+    first = _post(served.url, "flaky", {"succeed_on": 2}, headers)
+    _until(lambda: bool(served.starts(first)), "the first attempt started")
+    second = _post(served.url, "chat", {"text": "second", "seconds": 0.05}, headers)
+    ended = served.ended(first)
+    assert ended["status"] == "succeeded" and ended["attempt"] == 2, ended
+    assert served.ended(second)["status"] == "succeeded"
+    last_attempt = max(m["at"] for m in served.starts(first))
+    (second_start,) = [m["at"] for m in served.starts(second) if m["event"] == "start"]
+    assert last_attempt < second_start, (served.starts(first), second_start)
+
+
+def _queued_of(url: str, session: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{url}/executions", params={"session_id": session, "status": "queued"}, timeout=WAIT
+    )
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()
+    return found
+
+
+def test_a_sync_caller_that_leaves_cancels_its_queued_execution(served: Served) -> None:
+    session = f"gone-{time.time_ns()}"
+    tenant = f"gone-{time.time_ns()}"
+    blocker = _post(served.url, "gate", {"tenant": tenant, "seconds": 3}, {"X-Tenant": tenant})
+    _until(lambda: bool(_marks_of(served.marks, {blocker})), "the blocker started")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{served.url}/reasoners/gate",
+            json={"tenant": tenant, "seconds": 0.05},
+            headers={"X-Tenant": tenant, "X-Session-ID": session},
+            timeout=httpx.Timeout(WAIT, read=0.5),
+        )
+    listed = httpx.get(f"{served.url}/executions", params={"session_id": session}, timeout=WAIT)
+    (left,) = listed.json()
+    ended = served.ended(left["execution_id"])
+    assert (ended["status"], ended["status_reason"]) == ("cancelled", "client_disconnected")
+    assert served.ended(blocker)["status"] == "succeeded"
+    assert _marks_of(served.marks, {left["execution_id"]}) == []  # it never ran
+
+
+def test_sigterm_answers_a_sync_caller_of_queued_work_503_with_location(
+    served: Served, tmp_path: Path
+) -> None:
+    """The listener closes while a sync caller waits on work queued for a slot: the caller
+    gets 503 JSON with Retry-After and Location (another replica may run it), not a 500."""
+    memory = "memory" in str(served.marks)
+    store = "memory" if memory else _store_of(served)[:-1] + "5"
+    (server,) = _serve(tmp_path, store, *SHORT_DRAIN)
+    with server:
+        session = f"term-{time.time_ns()}"
+        blocker = _post(server.url, "gate", {"tenant": "t", "seconds": 30}, {"X-Tenant": "t"})
+        _until(lambda: bool(_marks_of(server.marks, {blocker})), "the blocker started")
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(
+                httpx.post,
+                f"{server.url}/reasoners/gate",
+                json={"tenant": "t", "seconds": 0.05},
+                headers={"X-Tenant": "t", "X-Session-ID": session},
+                timeout=WAIT,
+            )
+            _until(lambda: len(_queued_of(server.url, session)) == 1, "the sync run queued")
+            server.server.signal(signal.SIGTERM)
+            response = answer.result(timeout=WAIT)
+        assert response.status_code == 503, response.text
+        assert response.headers["content-type"].startswith("application/json"), response.text
+        assert response.headers["Retry-After"] and response.headers["Location"], response.headers
+        assert response.json()["execution_id"] in response.headers["Location"], response.text
+        code, _ = server.server.wait_exit(15)
+        assert code == 0, server.server.stderr()
+
+
+def test_interrupt_abandons_work_that_swallows_cancellation(served: Served) -> None:
+    """`interrupt` waits for the interrupted work at most the cancel timeout (5 s here):
+    past it the work is abandoned and the new message starts."""
+    session = f"stubborn-{time.time_ns()}"
+    first = _post(served.url, "stubborn", {"seconds": 14}, {"X-Session-ID": session})
+    _until(lambda: bool(_marks_of(served.marks, {first})), "the stubborn work started")
+    sent = time.monotonic()
+    then = {"X-Session-ID": session, "X-Session-Policy": "interrupt"}
+    second = _post(served.url, "chat", {"text": "next", "seconds": 0.05}, then)
+    ended = served.ended(second)
+    took = time.monotonic() - sent
+    assert ended["status"] == "succeeded" and took < 9, (ended, took)
+    record = httpx.get(f"{served.url}/executions/{first}", timeout=WAIT).json()
+    assert (record["status"], record["status_reason"]) == ("cancelled", "interrupted"), record
+    metrics = httpx.get(f"{served.url}/metrics", timeout=WAIT).text
+    abandoned = [
+        line
+        for line in metrics.splitlines()
+        if 'reasoner="stubborn"' in line and '"abandoned"' in line and not line.startswith("#")
+    ]
+    assert abandoned and float(abandoned[0].rsplit(" ", 1)[1]) >= 1, abandoned  # counted
+    assert not [m for m in _marks_of(served.marks, {first}) if m["event"] == "end"]

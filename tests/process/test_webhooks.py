@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from agent_server import Settings
 from tests.support.cluster import metric, wait_for
 from tests.support.process import ServerProcess, agent_server_cli
+from tests.support.raw_http import rss_kib
 from tests.support.shutdown import assert_clean_stderr, shutdown_report
 from tests.support.webhooks import HOOKS, SECRET, WAIT, Receiver
 
@@ -176,6 +177,7 @@ def test_bad_webhook_settings_stop_the_start(tmp_path: Path) -> None:
         ({"webhook_secret_file": str(tmp_path / "absent")}, "cannot be read"),
         ({"webhook_secret": SECRET, "webhook_allow": ("a b",)}, "neither a host name"),
         ({"webhook_secret": SECRET, "webhook_url": "ftp://x/"}, "absolute http"),
+        ({"webhook_secret": SECRET, "webhook_url": "http://x..y/"}, "host has an empty label"),
     ):
         with pytest.raises(ValidationError, match=said):
             Settings(**fields)
@@ -306,3 +308,112 @@ def test_a_replica_killed_while_the_receiver_was_down(tmp_path: Path, redis_url:
             receiver.close()
         for replica in replicas:
             replica.close()
+
+
+# -- hostile values, on both stores: secrets in URLs, hosts no resolver takes, endless answers
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def stored(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """One server per store for the hostile cases; `::1` allowed too."""
+    store = "memory"
+    if request.param == "redis":
+        store = request.getfixturevalue("redis_server").url
+    args = ["input_app:agent", "--store", store, *HOOKS, "--webhook-allow", "::1"]
+    process = ServerProcess(args, {}, tmp_path_factory.mktemp(f"hostile-{request.param}"))
+    process.wait_ready()
+    yield process
+    assert_clean_stderr(process)
+    process.close()
+
+
+def finished_at(receiver: Receiver, execution_id: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in receiver.delivered("execution.finished")
+        if r["body"]["data"]["execution_id"] == execution_id
+    ]
+
+
+#: Secrets a receiver's URL carries, each where a service puts it.
+SECRETS = ("hunter2", "XXXXSECRET", "qs-secret", "f3a9c2e1", "IncomingWebhook")
+
+
+def test_no_secret_of_a_webhook_url_reaches_the_log(stored: ServerProcess) -> None:
+    """Userinfo, a query token, a Slack- and a Teams-style token in the path, to an IPv4 and
+    an IPv6 receiver that fail each delivery once: every attempt's lines (the server's, and
+    httpx's own `HTTP Request:` line) show scheme, host (IPv6 in brackets) and port only."""
+    receivers = [
+        Receiver(failures=1, path="/services/T000/B000/XXXXSECRET?token=qs-secret"),
+        Receiver(host="::1", failures=1, path="/webhookb2/f3a9c2e1@ab/IncomingWebhook/f3a9c2e1"),
+    ]
+    try:
+        started = []
+        for receiver in receivers:
+            url = receiver.url.replace("http://", "http://user:hunter2@")
+            started.append((receiver, start(stored, "impatient", url, {"timeout": 0.05})))
+        for receiver, execution_id in started:
+            wait_for(
+                lambda r=receiver, e=execution_id: finished_at(r, e), WAIT, "the end delivered"
+            )
+            assert receiver.unverified == []
+        log = stored.stderr()
+        for secret in SECRETS:
+            assert secret not in log, secret
+        v6 = receivers[1].url.split("/")[2].rpartition("@")[2]  # [::1]:port
+        assert f"to http://{v6}/… (attempt 1): HTTP 503" in log
+        assert f"HTTP Request: POST http://{v6}/… " in log
+        v4 = receivers[0].url.split("/")[2]
+        assert f"HTTP Request: POST http://{v4}/… " in log
+    finally:
+        for receiver in receivers:
+            receiver.close()
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["b" * 64 + ".example.com", "x..y", ".".join(["c" * 60] * 5), "xn--zz.example"],
+    ids=["label-64", "empty-label", "254-chars", "bad-idna"],
+)
+def test_a_host_no_resolver_takes_is_400_and_starts_nothing(
+    stored: ServerProcess, host: str
+) -> None:
+    before = httpx.get(f"{stored.url}/executions", timeout=WAIT).json()
+    response = httpx.post(
+        f"{stored.url}/reasoners/impatient/async",
+        json={"timeout": 0.05},
+        headers={"X-Webhook-URL": f"https://{host}/hook"},
+        timeout=WAIT,
+    )
+    assert response.status_code == 400, response.text
+    assert "X-Webhook-URL's host" in response.json()["detail"]
+    assert httpx.get(f"{stored.url}/executions", timeout=WAIT).json() == before
+
+
+def test_an_endless_answer_does_not_grow_the_server(stored: ServerProcess) -> None:
+    """Eight deliveries to a receiver whose 200 answers never end: each is delivered at once
+    (only the bound is read, then the connection is closed) and the server's resident
+    memory grows by less than 40 MiB in all (unbounded, one answer alone grew it by
+    hundreds of MiB over its 10 s)."""
+    endless = Receiver(endless=True)
+    try:
+        before = metric(stored.url, "agent_server_webhook_deliveries_total", outcome="delivered")
+        rss = rss_kib(stored.proc.pid)
+        for _ in range(4):  # an ask and an end each
+            start(stored, "impatient", endless.url, {"timeout": 0.05})
+        wait_for(
+            lambda: (
+                metric(stored.url, "agent_server_webhook_deliveries_total", outcome="delivered")
+                >= before + 8
+            ),
+            WAIT,
+            "eight deliveries",
+        )
+        grown = rss_kib(stored.proc.pid) - rss
+        assert grown < 40 * 1024, f"grew {grown} KiB"
+        wait_for(lambda: len(endless.sent) == 8, WAIT, "every answer's connection closed")
+        assert max(endless.sent) < 64 * 2**20, endless.sent
+    finally:
+        endless.close()

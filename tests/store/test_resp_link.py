@@ -233,3 +233,71 @@ async def test_a_reset_during_a_multi_reply_command_leaves_no_error_unobserved()
     finally:
         loop.set_exception_handler(None)
     assert unobserved == []
+
+
+#: A primary with no replica: each WAIT blocks its connection this long, then answers 0.
+ACK_MS = 150
+
+
+def acked_link(url: str) -> RedisLink:
+    return RedisLink(
+        url,
+        connect_timeout=2.0,
+        timeout=2.0,
+        ack=(("PUBLISH", "acked", ""), ("WAIT", 1, ACK_MS)),
+    )
+
+
+def waits(server: RedisServer) -> int:
+    """How many WAIT commands the server has run (INFO commandstats)."""
+    stats = server.command("INFO", "commandstats").decode()  # type: ignore[union-attr]
+    for line in stats.splitlines():
+        if line.startswith("cmdstat_wait:"):
+            return int(line.split("calls=", 1)[1].split(",", 1)[0])
+    return 0
+
+
+async def test_acknowledged_writes_share_one_wait_at_a_time(own_redis: RedisServer) -> None:
+    """Each write is answered with the WAIT sent after it on its connection; the writes of
+    one moment share one, and those sent while it blocks share the next: two waves of 100
+    writes cost two WAITs, not 200 (Redis runs nothing of a connection its WAIT blocks)."""
+    redis = acked_link(own_redis.url)
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        async with asyncio.timeout(BOUND):
+            first = [asyncio.ensure_future(redis.call_acked("INCR", "n")) for _ in range(100)]
+            await asyncio.sleep(ACK_MS / 3000)  # the first wave's WAIT blocks meanwhile
+            second = [asyncio.ensure_future(redis.call_acked("INCR", "n")) for _ in range(100)]
+            answers = await asyncio.gather(*first, *second)
+        elapsed = loop.time() - began
+        assert sorted(reply for reply, _ in answers) == list(range(1, 201))
+        assert all(acked == 0 for _, acked in answers), answers  # no replica holds them
+        assert waits(own_redis) == 2
+        assert 2 * ACK_MS / 1000 <= elapsed < 2 * ACK_MS / 1000 + 1.0, elapsed
+        assert await redis.call("GET", "n") == "200"  # the link stays in step
+    finally:
+        await redis.close()
+
+
+async def test_an_acknowledgement_lost_with_its_connection_is_an_error_not_a_yes(
+    own_redis: RedisServer,
+) -> None:
+    """The write's reply came, its WAIT's did not (the connection went): the caller gets the
+    reply and the error, never a count; the next write connects again."""
+    redis = acked_link(own_redis.url)
+    try:
+        await redis.call("CLIENT", "SETNAME", "doomed")
+        pending = asyncio.ensure_future(redis.call_acked("SET", "k", "v"))
+        for _ in range(round(BOUND / 0.01)):  # until its WAIT blocks the connection
+            if waits(own_redis):
+                break
+            await asyncio.sleep(0.01)
+        assert own_redis.command("CLIENT", "KILL", "SKIPME", "yes").startswith(b":")  # type: ignore[union-attr]
+        async with asyncio.timeout(BOUND):
+            reply, acked = await pending
+        assert reply == "OK" and isinstance(acked, ConnectionError), acked
+        async with asyncio.timeout(BOUND):
+            assert await redis.call_acked("GET", "k") == ("v", 0)
+    finally:
+        await redis.close()

@@ -29,8 +29,11 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ReadOnlyError
 
-from agent_server.store import StoreUnavailable
+from agent_server.execution import CancelReason
+from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import COMMAND_TIMEOUT
 from agent_server.store.resp import Address, RedisLink
 from agent_server.store.sentinel import parse_url
 from tests.support.process import ServerProcess, free_port, need
@@ -59,9 +62,13 @@ class Node:
         self.directory = directory
         self.port = free_port()
         self.log_path = directory / "redis.log"
+        self.start(primary)
+
+    def start(self, primary: int | None) -> None:
+        """Start (or start again, on its files and port) and wait until it answers."""
         command = redis_command(
             self.port,
-            directory,
+            self.directory,
             self.log_path,
             *AOF,
             *("--requirepass", PASSWORD, "--masterauth", PASSWORD),
@@ -77,6 +84,15 @@ class Node:
         except BaseException:
             self.kill()
             raise
+
+    def rejoin(self, primary: int) -> None:
+        """A killed node back as a replica of `primary` (a restarted pod), in sync."""
+        self.start(primary)
+        wait_until(
+            lambda: self.info("replication").get("master_link_status") == "up",
+            what=f"node {self.port} in sync with {primary}",
+            log=self.log,
+        )
 
     def answers(self) -> bool:
         if self.proc.poll() is not None:
@@ -391,6 +407,59 @@ async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Red
         await store.close()
 
 
+async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -> None:
+    """With the replica stopped, Redis runs each told write but no replica holds it: a
+    start, a cancel of a queued execution, an answer and a DELETE raise StoreInDoubt naming
+    the execution (503 + Location), a release's end StoreUnavailable, each within the
+    command timeout, never a success a failover could take back. Reads still answer."""
+    from agent_server.execution import Execution, ExecutionStatus
+
+    store = RedisStore(redises.url(), replica_id="A", agent_name="told")
+    await store.open()
+    try:
+        asking, queued, ended = (Execution("sleep", None, "A") for _ in range(3))
+        queued.enqueue(None)
+        for execution in (asking, queued, ended):
+            assert await store.create(execution, max_queued=10) is None
+        ended.finish(ExecutionStatus.SUCCEEDED, result=1)
+        store.end(ended)
+        assert await store.recorded(ended, WAIT)
+        request = {"request_id": 1, "prompt": "go on?", "schema": None, "asked_at": time.time()}
+        await store.ask(asking, {**request, "expires_at": None}, False, None)
+        waiting = await store.get(asking.execution_id)
+        assert waiting is not None and waiting.status is ExecutionStatus.INPUT_REQUIRED
+        assert await store.begin_release("s", 5.0) is None
+        redises.replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            fresh = Execution("sleep", None, "A")
+            writes: list[tuple[str, Any]] = [
+                (fresh.execution_id, store.create(fresh)),
+                (queued.execution_id, store.request_cancel(queued, CancelReason.REQUEST, None)),
+                (asking.execution_id, store.answer(waiting, None, "yes")),
+                (ended.execution_id, store.forget(ended.execution_id)),
+            ]
+            for execution_id, write in writes:
+                began = time.monotonic()
+                with pytest.raises(StoreInDoubt) as caught:
+                    await write
+                assert caught.value.execution_id == execution_id
+                assert time.monotonic() - began < COMMAND_TIMEOUT + 1.0
+            with pytest.raises(StoreUnavailable) as refused:
+                await store.end_release("s", {"cancelled": 0})
+            assert not isinstance(refused.value, StoreInDoubt)
+            # On the primary, running here: the repair adopts it (settled, not voided).
+            found = await store.get(fresh.execution_id)
+            assert found is not None and found.status is ExecutionStatus.RUNNING
+        finally:
+            redises.replica.proc.send_signal(signal.SIGCONT)
+        key = store.keys.record(fresh.execution_id)
+        wait_until(lambda: redises.replica.client.exists(key), what="the replica catching up")
+        again = Execution("sleep", None, "A")
+        assert await store.create(again) is None  # held: acknowledged once more
+    finally:
+        await store.close()
+
+
 async def port_of(link: RedisLink, client: aioredis.Redis) -> tuple[int, int]:
     """The port of the node each of the store's connections reaches."""
     by_link = await link.call("CONFIG", "GET", "port")
@@ -668,6 +737,10 @@ async def failover(
                 asyncio.create_task(ready_again(client, agent.url, killed_at)) for agent in agents
             ]
             announced_at = await announcing
+            # The new primary has no replica to hold what clients are told (starts answer
+            # 503 + Location meanwhile): the killed node comes back as its replica, as a
+            # restarted pod does.
+            await asyncio.to_thread(redises.primary.rejoin, redises.replica.port)
             ready_at = await asyncio.gather(*readiness)
             async with asyncio.timeout(WAIT):  # some more accepted on the new primary
                 await history.accepted_count(len(history.accepted_at) + 40)
@@ -680,3 +753,273 @@ async def failover(
         "announced": announced_at - killed_at,
         "ready": [at - announced_at for at in ready_at],
     }
+
+
+# -- what a client is told survives a failover ------------------------------------------------
+
+
+@dataclass
+class Told:
+    """The answers of async starts: every 202 (when), every 503 naming a Location."""
+
+    accepted: dict[str, float] = field(default_factory=dict)
+    in_doubt: dict[str, float] = field(default_factory=dict)
+    statuses: dict[int, int] = field(default_factory=dict)
+    #: Seconds from each request to its 503 + Location.
+    doubt_seconds: list[float] = field(default_factory=list)
+    grew: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def until(self, done: Any) -> None:
+        """Until `done()` holds, looked at after each answer (the caller bounds it)."""
+        while not done():
+            self.grew.clear()
+            await self.grew.wait()
+
+    def since(self, at: float) -> int:
+        """202s and in-doubt 503s answered after `at`."""
+        return sum(1 for when in (*self.accepted.values(), *self.in_doubt.values()) if when > at)
+
+
+async def told_starter(
+    client: httpx.AsyncClient, bases: list[str], name: str, told: Told, stop: asyncio.Event
+) -> None:
+    """Async starts, each retried under its own Idempotency-Key (on the next agent replica)
+    until a 202; a 503 must say whether it may have been recorded (Location) or not."""
+    number = 0
+    while not stop.is_set():
+        number += 1
+        attempt = 0
+        while not stop.is_set():
+            base = bases[(number + attempt) % len(bases)]
+            attempt += 1
+            sent = time.monotonic()
+            try:
+                response = await client.post(
+                    f"{base}/reasoners/sleep/async",
+                    json={"seconds": 0.05},
+                    headers={"Idempotency-Key": f"{name}-{number}"},
+                )
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+                continue
+            now = time.monotonic()
+            told.statuses[response.status_code] = told.statuses.get(response.status_code, 0) + 1
+            told.grew.set()
+            if response.status_code == 202:
+                told.accepted[response.json()["execution_id"]] = now
+                break
+            assert response.status_code == 503, response.text
+            if "location" in response.headers:
+                body = response.json()
+                assert response.headers["location"] == f"/executions/{body['execution_id']}"
+                assert response.headers["retry-after"] == "1"
+                told.in_doubt[body["execution_id"]] = now
+                told.doubt_seconds.append(now - sent)
+            await asyncio.sleep(0.05)
+
+
+def start_agents(
+    tmp_path: Path, url: str, count: int = 2, app: str = "tests_app:agent"
+) -> list[ServerProcess]:
+    agents: list[ServerProcess] = []
+    try:
+        for index in range(count):
+            marker_dir = tmp_path / f"agent{index}"
+            marker_dir.mkdir()
+            agents.append(
+                ServerProcess(
+                    [app, "--store", url, "--replica-id", f"agent{index}"],
+                    {},
+                    marker_dir,
+                )
+            )
+        for agent in agents:
+            agent.wait_ready()
+    except BaseException:
+        for agent in agents:
+            agent.close()
+        raise
+    return agents
+
+
+def missing_on(node: Node, agents: list[ServerProcess], ids: list[str]) -> list[str]:
+    """The ids the node (the new primary) lacks, or any agent replica reads as 404."""
+    keys = Keys("tests")
+    problems = [i for i in ids if not node.client.exists(keys.record(i))]
+    with httpx.Client(timeout=WAIT) as client:
+        for number, execution_id in enumerate(ids):
+            url = f"{agents[number % len(agents)].url}/executions/{execution_id}"
+            deadline = time.monotonic() + WAIT
+            while (read := client.get(url)).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(POLL)  # the agent replica reconnecting to the new primary
+            if read.status_code != 200:
+                problems.append(f"{execution_id}: {read.status_code} {read.text}")
+    return problems
+
+
+async def told_load(
+    agents: list[ServerProcess], told: Told, fault: Any, *, after: float
+) -> dict[str, float]:
+    """Async starts from 8 clients; `fault()` once 30 are accepted; the load goes on for
+    `after` seconds past the new primary's announcement."""
+    stop = asyncio.Event()
+    bases = [agent.url for agent in agents]
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        load = [
+            asyncio.create_task(told_starter(client, bases, f"t{i}", told, stop))
+            for i in range(STARTERS)
+        ]
+        try:
+            async with asyncio.timeout(WAIT):
+                await told.until(lambda: len(told.accepted) >= 30)
+            measured = await fault(told)
+            await asyncio.sleep(after)  # the load, running past the announcement
+        finally:
+            stop.set()
+            await asyncio.gather(*load)
+    return measured
+
+
+def test_a_planned_failover_loses_no_start_a_client_was_told(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Invariant 1 under `SENTINEL FAILOVER`: the replica is promoted while the old primary
+    stays writable, and the agent replicas write there until they follow the announcement.
+    Every 202 must be on the new primary afterwards: a start is answered 202 only once a
+    replica holds it, else 503 + Location (in doubt)."""
+    agents = start_agents(tmp_path, redises.url())
+    old = ("127.0.0.1", redises.primary.port)
+    told = Told()
+
+    async def fail_over(told: Told) -> dict[str, float]:
+        began = time.monotonic()
+        assert redises.sentinels[0].client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        announced_at = await announced(redises, old)
+        return {"began": began, "announced": announced_at - began}
+
+    try:
+        measured = asyncio.run(told_load(agents, told, fail_over, after=2.0))
+        lost = missing_on(redises.replica, agents, sorted(told.accepted))
+        print(
+            f"\nannounced {measured['announced']:.2f} s after SENTINEL FAILOVER; answers "
+            f"{told.statuses}; accepted {len(told.accepted)}, since the failover began "
+            f"{told.since(measured['began'])}; in doubt {len(told.in_doubt)}; lost {len(lost)}"
+        )
+        assert lost == [], lost
+        assert told.since(measured["began"]) > 0, "no start was answered during the failover"
+        for agent in agents:
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_a_killed_primary_whose_replica_lags_loses_no_start_a_client_was_told(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Invariant 1 under kill -9: the replica is stopped (SIGSTOP) and cut from the primary
+    (`CLIENT KILL TYPE replica`), so nothing written meanwhile reaches it; the primary is
+    then killed and the stale replica promoted. A start answered 202 in that window would
+    be lost: it must be answered 503 + Location instead, within the command timeout."""
+    agents = start_agents(tmp_path, redises.url())
+    old = ("127.0.0.1", redises.primary.port)
+    told = Told()
+    replica, primary = redises.replica, redises.primary
+
+    async def stall_then_kill(told: Told) -> dict[str, float]:
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            primary.client.client_kill_filter(_type="replica")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: primary.info("replication")["connected_slaves"] == 0,
+                what="the replica cut off",
+            )
+            stalled = time.monotonic()
+            async with asyncio.timeout(WAIT):  # starts answered while no replica has them
+                await told.until(lambda: told.since(stalled) >= 8)
+            await asyncio.to_thread(primary.kill)
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        killed = time.monotonic()
+        announced_at = await announced(redises, old)
+        return {"stalled": stalled, "killed": killed, "announced": announced_at - killed}
+
+    try:
+        measured = asyncio.run(told_load(agents, told, stall_then_kill, after=0.5))
+        lost = missing_on(replica, agents, sorted(told.accepted))
+        stalled = {i for i, at in told.in_doubt.items() if at > measured["stalled"]}
+        print(
+            f"\npromoted {measured['announced']:.2f} s after the kill; answers {told.statuses}; "
+            f"accepted {len(told.accepted)}; in doubt {len(told.in_doubt)} (slowest "
+            f"{max(told.doubt_seconds, default=0):.2f} s); lost {len(lost)}"
+        )
+        assert lost == [], lost
+        assert stalled, "no start was answered in doubt while the replica lagged"
+        assert max(told.doubt_seconds) < 2 * COMMAND_TIMEOUT + 1, told.doubt_seconds
+        for agent in agents:
+            assert PASSWORD not in agent.stderr()
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_each_told_route_answers_in_doubt_while_no_replica_holds_its_write(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Over HTTP, with the replica stopped: a start, an answer, a cancel of a queued
+    execution and a DELETE answer 503 + `Retry-After` + `Location` naming the execution, a
+    session release 503 + `Retry-After`; once the replica goes on, each record says what
+    became of the write (the answer was taken, the start runs)."""
+    (agent,) = start_agents(tmp_path, redises.url(), 1, "input_app:agent")
+    try:
+        with httpx.Client(base_url=agent.url, timeout=WAIT) as client:
+
+            def started(path: str) -> str:
+                response = client.post(path, json={})
+                assert response.status_code == 202, response.text
+                return str(response.json()["execution_id"])
+
+            def read(execution_id: str, until: Any) -> dict[str, Any]:
+                deadline = time.monotonic() + WAIT
+                while not until(body := client.get(f"/executions/{execution_id}").json()):
+                    assert time.monotonic() < deadline, body
+                    time.sleep(POLL)
+                return body
+
+            asking = started("/reasoners/twice/async")
+            read(asking, lambda body: body["status"] == "input_required")
+            queued = started("/reasoners/twice/async?delay=600")
+            ended = started("/reasoners/impatient/async")
+            read(ended, lambda body: body["status"] == "succeeded")
+            redises.replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                answers = {
+                    asking: client.post(f"/executions/{asking}/input", json={"value": "a"}),
+                    queued: client.post(f"/executions/{queued}/cancel"),
+                    ended: client.delete(f"/executions/{ended}"),
+                }
+                start = client.post("/reasoners/twice/async", json={})
+                answers[start.json().get("execution_id", "?")] = start
+                release = client.delete("/sessions/s1", params={"timeout": 1})
+            finally:
+                redises.replica.proc.send_signal(signal.SIGCONT)
+            for execution_id, response in answers.items():
+                assert response.status_code == 503, response.text
+                assert response.headers["location"] == f"/executions/{execution_id}"
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["execution_id"] == execution_id
+            assert release.status_code == 503 and "location" not in release.headers
+            # Settled later: the answer was taken (the second request is pending), the
+            # start runs (adopted by the repair), the cancel and the DELETE took place.
+            second = read(asking, lambda body: (body["input_request"] or {}).get("request_id"))
+            assert second["input_request"]["request_id"] == 2, second
+            fresh = start.json()["execution_id"]
+            read(fresh, lambda body: body["status"] == "input_required")
+            assert read(queued, lambda body: True)["status"] == "cancelled"
+            assert client.get(f"/executions/{ended}").status_code == 404
+            assert client.delete("/sessions/s1").status_code == 200
+        assert PASSWORD not in agent.stderr()
+    finally:
+        agent.close()

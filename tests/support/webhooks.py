@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,13 +25,23 @@ HOOKS = (
 
 
 class Receiver:
-    """A real HTTP server on a loopback address: records every request, verifies its
-    signature, and answers 503 to the first `failures` attempts of each webhook-id."""
+    """A real HTTP server on a loopback address (IPv4, or IPv6 for `::1`): records every
+    request, verifies its signature, and answers 503 to the first `failures` attempts of
+    each webhook-id. With `endless`, a 200 answer's body has no end (chunked, written until
+    the connection breaks); `sent` holds the bytes each such answer wrote."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, failures: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        failures: int = 0,
+        path: str = "/hooks?token=t",
+        endless: bool = False,
+    ) -> None:
         self.requests: list[dict[str, Any]] = []
         self.unverified: list[str] = []
         self.failures = failures
+        self.sent: list[int] = []
         self.lock = threading.Lock()
         signer = Webhook(SECRET)
         receiver = self
@@ -55,14 +66,36 @@ class Receiver:
                         }
                     )
                 self.send_response(status)
+                if endless and status == 200:
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    receiver.sent.append(self._endless())
+                    return
                 self.send_header("content-length", "0")
                 self.end_headers()
+
+            def _endless(self) -> int:
+                chunk = b"%x\r\n%s\r\n" % (65_536, b"x" * 65_536)
+                sent = 0
+                try:
+                    while sent < 2**31:  # 2 GiB: far past any bound, and still an end
+                        self.wfile.write(chunk)
+                        sent += 65_536
+                except OSError:  # the client closed the connection
+                    pass
+                self.close_connection = True
+                return sent
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.url = f"http://{host}:{self.server.server_address[1]}/hooks?token=t"
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+        self.server = Server((host, port), Handler)
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.server.server_address[1]}{path}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

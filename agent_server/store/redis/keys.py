@@ -16,6 +16,7 @@ class Keys:
     """Every key and channel of one agent's store is named here."""
 
     __slots__ = (
+        "acked",
         "all",
         "ckeys",
         "ends",
@@ -53,7 +54,8 @@ class Keys:
         #: clock): delayed starts and retries after their backoff.
         self.scheduled = prefix + "scheduled"
         #: Concurrency keys with work waiting for a slot, scored by when each last got one
-        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`.
+        #: (us); each key's queue is `cq:{key}` and its slots' holders `cslots:{key}`; those
+        #: whose work may go on now are `cready` (named from the prefix, records.lua).
         self.ckeys = prefix + "ckeys"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
@@ -65,6 +67,9 @@ class Keys:
         self.ends = prefix + "ends"
         self.events = prefix + "events"
         self.queued = prefix + "queued"
+        #: Published (to nobody) before each `WAIT` of a told write under Sentinel: the
+        #: connection's last write is then the newest, and a replica that has it has all.
+        self.acked = prefix + "acked"
         #: KEYS[1..6] of every script that includes records.lua.
         self.records: tuple[str, ...] = (
             prefix,

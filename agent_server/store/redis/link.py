@@ -23,7 +23,7 @@ from agent_server.store import sentinel
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis import scripts
 from agent_server.store.redis.codec import scrub
-from agent_server.store.redis.failures import UNREACHABLE, reset, slow
+from agent_server.store.redis.failures import UNREACHABLE, on_a_replica, reset, slow
 from agent_server.store.resp import RedisLink
 
 logger = logging.getLogger("agent_server.store")
@@ -33,6 +33,9 @@ CONNECT_TIMEOUT = 2.0
 COMMAND_TIMEOUT = 2.0
 #: Connections to Redis per replica; past it, an operation waits (bounded) for one.
 MAX_CONNECTIONS = 64
+#: With Sentinel, how long a write waits for a replica to hold it (`WAIT 1 <ms>`): a quarter
+#: of COMMAND_TIMEOUT, since what is sent behind a `WAIT` on its connection waits too.
+REPLICA_WAIT_MS = round(COMMAND_TIMEOUT * 1000 / 4)
 
 
 class Operation:
@@ -84,8 +87,11 @@ class Link:
         observer: StoreObserver | None,
         on_up: Callable[[], None],
         renew_now: asyncio.Event,
+        acked_channel: str | None = None,
     ) -> None:
         self.url = url
+        #: With Sentinel: the channel published to before each `WAIT` of a told write.
+        self.acked_channel = acked_channel
         self.where = where
         #: The arguments every script takes first, as bytes: packed as they are.
         self.common = common
@@ -101,6 +107,9 @@ class Link:
         #: The probe's own connection (another twin): the renewal, which decides whether
         #: the store is up, never waits behind other commands' replies.
         self.probe: RedisLink | None = None
+        #: With Sentinel, the told writes' connection (another twin): each write is answered
+        #: once a replica holds it (`told`), and no other command waits behind its `WAIT`.
+        self.acked: RedisLink | None = None
         self.up = False
 
     @property
@@ -154,6 +163,10 @@ class Link:
         self.link = link
         self.subscriber = link.twin()
         self.probe = link.twin()
+        if self.acked_channel is not None:
+            self.acked = link.twin(
+                ack=(("PUBLISH", self.acked_channel, ""), ("WAIT", 1, REPLICA_WAIT_MS))
+            )
 
     async def ping(self) -> None:
         """Reach Redis and load the scripts."""
@@ -169,11 +182,11 @@ class Link:
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
-        for each in (self.link, self.subscriber, self.probe):
+        for each in (self.link, self.subscriber, self.probe, self.acked):
             if each is not None:
                 with contextlib.suppress(Exception):
                     await each.close()
-        self.link = self.subscriber = self.probe = None
+        self.link = self.subscriber = self.probe = self.acked = None
 
     def operation(self, name: str, probe: bool = False) -> Operation:
         """Time and report one operation; an unreachable Redis becomes StoreUnavailable. The
@@ -217,3 +230,18 @@ class Link:
         except NoScriptError:
             await self.load_scripts()
             return await link.call(*self.command(name, keys, args))
+
+    async def told(self, name: str, keys: Sequence[str | bytes], *args: Any) -> tuple[Any, bool]:
+        """A write whose outcome a client is told: the script's reply, and whether a replica
+        holds it. Without Sentinel (no `acked` connection) always True, as there is no
+        replica to promote. With it, False when `WAIT` found none within REPLICA_WAIT_MS
+        (or the connection went before it answered): the write may survive or vanish."""
+        link = self.acked
+        if link is None:
+            return await self.script(name, keys, *args), True
+        try:
+            reply, acked = await link.call_acked(*self.command(name, keys, args))
+        except NoScriptError:
+            await self.load_scripts()
+            reply, acked = await link.call_acked(*self.command(name, keys, args))
+        return reply, on_a_replica(acked)

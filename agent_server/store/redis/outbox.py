@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError
 from agent_server.execution import Execution, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.failures import Refused, on_a_replica, transient_reason
-from agent_server.store.redis.link import Link
+from agent_server.store.redis.link import REPLICA_WAIT_MS, Link
 
 logger = logging.getLogger("agent_server.store")
 
@@ -33,9 +33,6 @@ NOTICE_RECORD_MAX = 4096
 #: Retry pacing of the outbox and the pub/sub reader after an outage.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
-#: With Sentinel, how long a batch of writes waits for a replica to have it (`WAIT`): well
-#: under COMMAND_TIMEOUT, since the replies behind it on the shared connection wait too.
-REPLICA_WAIT_MS = 500
 
 
 def recorded(execution: Execution, written: bool) -> None:

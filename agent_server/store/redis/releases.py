@@ -9,6 +9,7 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from agent_server.execution import new_execution_id
+from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import codec
 from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import Link
@@ -55,12 +56,14 @@ class Releases:
         free the session: one script."""
         release_id = self._ongoing.pop(session_id, "")
         with self._link.operation("end_release"):
-            await self._link.script(
+            _, held = await self._link.told(
                 "end_release",
                 self._keys.for_end_release(session_id, release_id),
                 release_id,
                 codec.dumps(answer) if answer else "",
             )
+        if not held:  # a failover could leave the session held: the client asks again
+            raise StoreUnavailable(f"the release of session {session_id} is not yet on a replica")
 
     async def shared(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """Read the other release's answer every RELEASE_POLL seconds until `timeout`."""

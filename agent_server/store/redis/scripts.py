@@ -15,6 +15,7 @@ import re
 from importlib import resources
 
 from agent_server import record
+from agent_server.scheduling import session_key
 from agent_server.status import ACTIVE, OWNED, ExecutionStatus
 
 #: Every script the store calls, by the name it calls it.
@@ -133,6 +134,7 @@ def _codes() -> str:
     lines.append(f"local ACTIVE = {{{active}}}")
     owned = ", ".join(f"{status.value} = true" for status in sorted(OWNED))
     lines.append(f"local OWNED = {{{owned}}}")
+    lines.append(f"local SESSION_GATE = '{session_key('')}'")  # a session's turn: .. sid
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
     for index in Row:
         lines.append(f"local I_{index.name} = {index + 1}")

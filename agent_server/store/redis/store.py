@@ -40,6 +40,7 @@ from agent_server.store.base import (
     QueueFull,
     SessionReleasing,
     SessionTaken,
+    StoreInDoubt,
     StoreObserver,
     StoreUnavailable,
 )
@@ -111,6 +112,7 @@ class RedisStore(ExecutionStore):
             observer=observer,
             on_up=self._on_up,
             renew_now=renew_now,
+            acked_channel=self.keys.acked if self.replicated_writes else None,
         )
         self._notices = Notices(
             self._link,
@@ -314,7 +316,7 @@ class RedisStore(ExecutionStore):
         liveness.creating.add(execution_id)
         try:
             with self._link.operation("create"):
-                reply = await self._link.script(
+                reply, held = await self._link.told(
                     "create",
                     self.keys.for_create(execution_id, session_id, execution.replica, key),
                     execution_id,
@@ -340,7 +342,15 @@ class RedisStore(ExecutionStore):
         if code is Create.LEASE_LAPSED:
             liveness.renew_now.set()
             raise StoreUnavailable(f"replica {execution.replica}'s lease lapsed: renewing first")
-        return self._existing(code, reply, key, session_id)
+        existing = self._existing(code, reply, key, session_id)
+        if not held:
+            if existing is None:  # recorded here, perhaps for good: the repair settles it
+                if len(liveness.in_doubt) < self._outbox.limit:
+                    liveness.in_doubt[execution_id] = execution
+                liveness.repair_due = True
+                liveness.renew_now.set()
+            raise StoreInDoubt((existing or execution).execution_id, "the start")
+        return existing
 
     def _existing(self, code: Create, reply: Any, key: str, session_id: str) -> Execution | None:
         """The answers create.lua and enqueue.lua share: refused (the session is released,
@@ -369,7 +379,7 @@ class RedisStore(ExecutionStore):
         execution_id, session_id = execution.execution_id, execution.session_id or ""
         delay = 0.0 if execution.scheduled_at is None else execution.scheduled_at - time.time()
         with self._link.operation("enqueue"):
-            reply = await self._link.script(
+            reply, held = await self._link.told(
                 "enqueue",
                 self.keys.for_enqueue(execution_id, session_id, key),
                 execution_id,
@@ -391,6 +401,8 @@ class RedisStore(ExecutionStore):
         if code is Create.BUSY:
             raise SessionTaken(str(reply[1]))
         existing = self._existing(code, reply, key, session_id)
+        if not held:  # queued on the primary: any replica takes it, unless a failover loses it
+            raise StoreInDoubt((existing or execution).execution_id, "the start")
         if existing is not None:
             return existing
         if reply[1]:
@@ -505,7 +517,7 @@ class RedisStore(ExecutionStore):
             if not isinstance(request_id, int):
                 return None
         with self._link.operation("answer"):
-            reply = await self._link.script(
+            reply, held = await self._link.told(
                 "answer",
                 self.keys.for_answer(execution.execution_id),
                 str(request_id),
@@ -513,6 +525,8 @@ class RedisStore(ExecutionStore):
             )
         if not int(reply[0]):
             return None
+        if not held:
+            raise StoreInDoubt(execution.execution_id, "the answer")
         return self._codec.restore([*reply[1], 0])
 
     def _answered(self, execution_id: str, request_id: int, value: Any) -> None:
@@ -630,23 +644,33 @@ class RedisStore(ExecutionStore):
         pending, now = int(reply[0]), int(reply[1]) / 1000
         deliveries = []
         for delivery_id, text in reply[2:]:
-            body = codec.loads(text)
-            at = float(body["at"]) / 1000
-            execution = self._codec.restore([*body["row"], 0])
-            deliveries.append(
-                Delivery(
-                    str(delivery_id),
-                    str(body["type"]),
-                    str(body["url"]),
-                    at,
-                    max(0.0, now - at),
-                    int(body["attempts"]),
-                    execution.to_json(),
-                    str(body.get("trace") or "") or None,
-                    int(body.get("attempt") or execution.attempt),
+            try:
+                deliveries.append(self._delivery(str(delivery_id), text, now))
+            except Exception as exc:  # one body unread must not hold the others back
+                logger.warning(
+                    "webhook %s: its stored body cannot be read here (%s); left claimed for "
+                    "a replica that can",
+                    delivery_id,
+                    type(exc).__name__,
                 )
-            )
         return pending, deliveries
+
+    def _delivery(self, delivery_id: str, text: Any, now: float) -> Delivery:
+        """A delivery as webhooks.lua stored it (`now`: Redis's clock, seconds)."""
+        body = codec.loads(text)
+        at = float(body["at"]) / 1000
+        execution = self._codec.restore([*body["row"], 0])
+        return Delivery(
+            delivery_id,
+            str(body["type"]),
+            str(body["url"]),
+            at,
+            max(0.0, now - at),
+            int(body["attempts"]),
+            execution.to_json(),
+            str(body.get("trace") or "") or None,
+            int(body.get("attempt") or execution.attempt),
+        )
 
     async def settle_webhook(self, delivery: Delivery, retry_in: float | None) -> int:
         """One script: the delivery goes, or is due again `retry_in` seconds from now on
@@ -727,7 +751,7 @@ class RedisStore(ExecutionStore):
     async def forget(self, execution_id: str) -> bool:
         """One script: False when unknown, ExecutionRunning while active, else deleted."""
         with self._link.operation("forget"):
-            reply = await self._link.script(
+            reply, held = await self._link.told(
                 "forget", self.keys.for_forget(execution_id), execution_id
             )
         code = Forget(int(reply[0]))
@@ -736,6 +760,8 @@ class RedisStore(ExecutionStore):
         found = self._codec.restore(reply[1])  # counts a move to lost made on the way
         if code is Forget.ACTIVE:
             raise ExecutionRunning(execution_id, found.status.value)
+        if not held:
+            raise StoreInDoubt(execution_id, "the delete")
         return True
 
     async def request_cancel(
@@ -746,7 +772,7 @@ class RedisStore(ExecutionStore):
         owner = execution.replica
         if execution.owned_by_nobody:  # queued or parked: it ends here
             with self._link.operation("request_cancel"):
-                reply = await self._link.script(
+                reply, held = await self._link.told(
                     "cancel_queued",
                     self.keys.for_cancel_queued(execution.execution_id),
                     execution.execution_id,
@@ -754,6 +780,8 @@ class RedisStore(ExecutionStore):
                 )
             if int(reply[0]) and self.on_unqueued is not None:
                 self.on_unqueued(execution, None)
+            if int(reply[0]) and not held:
+                raise StoreInDoubt(execution.execution_id, "the cancel")
             if int(reply[0]) or not reply[1]:
                 return
             owner = reply[1]  # claimed meanwhile: the request goes to its new owner

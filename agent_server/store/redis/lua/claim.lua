@@ -5,16 +5,18 @@
   prefix.
   ARGV[1..3]: the common arguments (header.lua).
   Take the oldest queued execution, once what fell due in `scheduled` (on Redis's clock)
-  joined the queue's tail. One whose reasoner has a concurrency limit (its record's `ckey`
-  and `climit`) goes to the tail of its key's queue instead; the keys with waiting work
-  (`ckeys`, scored by when each last got a slot) are then tried least recently served
-  first, each taking its oldest while fewer than `climit` of the key's slots are held by
-  running work (a holder that ended, or was lost, is dropped as it is seen); `cqueued`
-  counts what the keys' queues hold. ARGV[4]: this
+  joined the queue's tail. One that waits for a key (records.lua: its session's turn, the
+  record's `skey`, then a slot of its limit, `ckey` and `climit`) goes to the tail of that
+  key's queue instead (a session's queue holds it since its start: it is now due); the keys
+  whose work may go on (`cready`) are then tried least recently served first, each giving
+  its oldest a slot while fewer than its limit are held by executions that have not ended;
+  a key without a free slot leaves `cready` until a holder ends. `cqueued` counts what the
+  keys' queues hold. ARGV[4]: this
   replica. Returns {record, {body, checkpoint, max_attempts, last event id, the
   scheduled_at it waited for ('' if none), the requests asked by its checkpoint, trace
   context ('' for none)}}; else {ms until the next scheduled one is due (-1: none), 1 when
-  keyed work waits for a slot (look again when one ends), else 0}.
+  keyed work waits for a slot (look again when one ends), else 0}; the ms are 0 when keys
+  are left to look at (more than one call looks at).
 ]]
 --! include records.lua
 local me = ARGV[4]
@@ -52,52 +54,82 @@ local function take(id, v)
   return {row, extra}
 end
 
+-- The first key whose slot id does not hold yet: its session's turn (skey), then its
+-- limit's (ckey); '' when it may run.
+local function gate_of(id, skey, ckey)
+  for _, key in ipairs({skey or '', ckey or ''}) do
+    if key ~= '' and redis.call('SISMEMBER', P .. 'cslots:' .. key, id) == 0 then return key end
+  end
+  return ''
+end
+
 while true do
   local id = redis.call('LPOP', QUEUE)
   if not id then break end
-  local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id', 'ckey')
-  if v[1] == STATUS_QUEUED and v[4] and v[4] ~= '' then
-    redis.call('RPUSH', P .. 'cq:' .. v[4], id)  -- it waits for a slot of its key
-    redis.call('INCR', P .. 'cqueued')
-    if not redis.call('ZSCORE', ckeys, v[4]) then redis.call('ZADD', ckeys, 0, v[4]) end
-  elseif v[1] == STATUS_QUEUED then
-    local claimed = take(id, v)
-    if claimed then return claimed end
+  local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id', 'ckey',
+    'skey')
+  if v[1] == STATUS_QUEUED then
+    local gate = gate_of(id, v[5], v[4])
+    if gate == '' then
+      local claimed = take(id, v)
+      if claimed then return claimed end
+    elseif gate == v[5] then
+      ready(gate)  -- it waits in its session's queue since its start: now it is due
+    else
+      wait_in(gate, id)
+    end
   end
 end
 
-local blocked = 0
-for _, key in ipairs(redis.call('ZRANGE', ckeys, 0, 99)) do
+-- The keys whose waiting work may go on, least recently served first: each gives its oldest
+-- a slot while fewer than its limit are held (a holder whose execution ended, or is gone,
+-- is dropped as it is seen); a key with no free slot leaves `cready` until a holder ends
+-- (records.lua release), so no number of blocked keys hides one that may go on.
+local READY = P .. 'cready'
+for _ = 1, 1000 do
+  local key = redis.call('ZRANGE', READY, 0, 0)[1]
+  if not key then break end
   local queue, slots = P .. 'cq:' .. key, P .. 'cslots:' .. key
   for _, holder in ipairs(redis.call('SMEMBERS', slots)) do
-    if not OWNED[redis.call('HGET', P .. 'x:' .. holder, 'status') or ''] then
+    if not ACTIVE[redis.call('HGET', P .. 'x:' .. holder, 'status') or ''] then
       redis.call('SREM', slots, holder)
     end
   end
+  local turn = string.sub(key, 1, #SESSION_GATE) == SESSION_GATE
   while true do
     local id = redis.call('LINDEX', queue, 0)
-    if not id then redis.call('ZREM', ckeys, key); break end
+    if not id then
+      redis.call('ZREM', ckeys, key)
+      redis.call('ZREM', READY, key)
+      break
+    end
     local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id',
-      'climit')
+      'climit', 'ckey', 'skey')
     if v[1] ~= STATUS_QUEUED then
       redis.call('LPOP', queue)  -- ended meanwhile
       redis.call('DECR', P .. 'cqueued')
-    elseif redis.call('SCARD', slots) >= (tonumber(v[4]) or 1) then
-      blocked = 1
+    elseif redis.call('SCARD', slots) >= (turn and 1 or tonumber(v[4]) or 1)
+      or (turn and redis.call('ZSCORE', scheduled, id)) then
+      redis.call('ZREM', READY, key)  -- no free slot, or the session's next waits for its time
       break
     else
       redis.call('LPOP', queue)
       redis.call('DECR', P .. 'cqueued')
-      local claimed = take(id, v)
-      if claimed then
-        redis.call('SADD', slots, id)
-        redis.call('ZADD', ckeys, NOW_US, key)
-        if redis.call('LLEN', queue) == 0 then redis.call('ZREM', ckeys, key) end
-        return claimed
+      redis.call('SADD', slots, id)
+      redis.call('ZADD', ckeys, NOW_US, key)
+      redis.call('ZADD', READY, NOW_US, key)
+      local gate = gate_of(id, v[6], v[5])
+      if gate ~= '' then
+        wait_in(gate, id)  -- its session's turn came: now a slot of its limit
+      else
+        local claimed = take(id, v)
+        if claimed then return claimed end
       end
     end
   end
 end
+local blocked = redis.call('EXISTS', ckeys)  -- keyed work waits: look again when one ends
+if redis.call('EXISTS', READY) == 1 then return {0, blocked} end  -- more to look at now
 local soonest = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
 if soonest[2] then return {math.max(0, tonumber(soonest[2]) - NOW), blocked} end
 return {-1, blocked}

@@ -11,12 +11,16 @@
   parallel), then the record's values in F's order, then any more field/value pairs (its
   body and max_attempts).
   A session policy looks at the session's active executions (at most 1000, newest first):
-  `reject` refuses the start when there is one; `enqueue`, `interrupt` and `rollback` make
-  the running ones hold its key's slot (`cslots:{key}`, the key being the session's, limit
-  1), so it starts once they ended; `interrupt` and `rollback` return them all to cancel.
-  Due now, it joins the tail of `queue`, or of its concurrency key's queue (the key is then
-  in `ckeys`; `cqueued` counts what the keys' queues hold, for the bound); else `scheduled`,
-  scored by its due time on Redis's clock (claim.lua moves it on once due). The id is published on `queued`.
+  `reject` refuses the start when there is one; `enqueue`, `interrupt` and `rollback` wait
+  for the session's turn (the key SESSION_GATE .. sid, one slot, the record's `skey`): the
+  start joins the tail of that key's queue whatever its delay (its place in the session's
+  order is kept from now), and the active executions that are not themselves waiting in
+  that queue hold its slot (`cslots:{key}`), so it starts once they ended; `interrupt` and
+  `rollback` return them all to cancel. Otherwise, due now, it joins the tail of `queue`, or
+  of its limit's queue (records.lua wait_in: `cq:{key}`, `ckeys`, `cready`; `cqueued` counts
+  what the keys' queues hold, for the bound). Delayed, it is in `scheduled` too, scored by
+  its due time on Redis's clock (claim.lua moves it on once due). The id is published on
+  `queued`.
   Returns (codes.py `Create`): {CREATED, scheduled_at ('' when due now), ids to interrupt...};
   {BUSY, the id of an active execution of the session} (reject); {RELEASING};
   {KEY_MISMATCH}; {KEY_FORGOTTEN}; {FULL} as many are queued as may be; {EXISTING,
@@ -31,6 +35,10 @@ local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KE
 local ckeys = KEYS[14]
 local refused = refusal(sid, releasing, key, idem, fingerprint)
 if refused then return refused end
+local skey = ''
+if sid ~= '' and (policy == 'enqueue' or policy == 'interrupt' or policy == 'rollback') then
+  skey = SESSION_GATE .. sid
+end
 local interrupted = {}
 if policy ~= '' and sid ~= '' then
   for _, other in ipairs(redis.call('ZREVRANGE', session, 0, 999)) do
@@ -53,6 +61,7 @@ if ckey ~= '' then
   values[#values + 1] = 'ckey'; values[#values + 1] = ckey
   values[#values + 1] = 'climit'; values[#values + 1] = climit
 end
+if skey ~= '' then values[#values + 1] = 'skey'; values[#values + 1] = skey end
 local at = ''
 if delay > 0 then
   local due = NOW + delay
@@ -60,20 +69,21 @@ if delay > 0 then
   values[#values + 1] = 'scheduled_at'
   values[#values + 1] = at
   redis.call('ZADD', scheduled, due, id)
-elseif ckey ~= '' then
-  redis.call('RPUSH', P .. 'cq:' .. ckey, id)
-  redis.call('INCR', P .. 'cqueued')
-  redis.call('ZADD', ckeys, 'NX', 0, ckey)
-else
+elseif skey == '' and ckey ~= '' then
+  wait_in(ckey, id)
+elseif skey == '' then
   redis.call('RPUSH', QUEUE, id)
 end
 redis.call('HSET', rec, unpack(values))
 redis.call('ZADD', ALL, score, id)
 if sid ~= '' then redis.call('ZADD', session, score, id) end
-for _, other in ipairs(interrupted) do
-  if OWNED[redis.call('HGET', P .. 'x:' .. other, 'status')] then
-    redis.call('SADD', P .. 'cslots:' .. ckey, other)  -- it starts once they ended
+if skey ~= '' then
+  for _, other in ipairs(interrupted) do  -- it starts once they ended
+    if redis.call('HGET', P .. 'x:' .. other, 'skey') ~= skey then
+      redis.call('SADD', P .. 'cslots:' .. skey, other)
+    end
   end
+  wait_in(skey, id)
 end
 redis.call('PUBLISH', P .. 'queued', id)
 local reply = {CREATE_CREATED, at}

@@ -3,6 +3,7 @@
   <agent>}:`, `all`, `running`, `finished`, `sizes`, `queue`. The prefix names the keys of
   ids learned here (walking `finished`, a record's session or owner) and the `ends` channel.
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
+  ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
   finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason). finish()
   publishes the end notice and prunes unless a script that writes many ends at once sets
   NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
@@ -62,11 +63,53 @@ local PRUNE = true
 -- The highest score of `finished`, once read (nothing but finish() raises it).
 local LAST = nil
 
+-- Concurrency keys (claim.lua), named from the prefix: `ckeys`, every key with waiting work,
+-- scored by when it last gave a slot (us); `cready`, those whose waiting work may go on now
+-- (work joined, or a slot was freed), with the same scores; `cq:{key}`, a key's queue;
+-- `cslots:{key}`, the ids holding its slots, each until its execution ended. A session's
+-- turn is the key SESSION_GATE .. sid (one slot); a reasoner's limit, `limit:...`.
+
+-- The key's waiting work may go on: claim.lua looks at it.
+local function ready(key)
+  local served = redis.call('ZSCORE', P .. 'ckeys', key)
+  if served then redis.call('ZADD', P .. 'cready', served, key) end
+end
+
+-- id joins the tail of the key's queue (`cqueued` counts what the keys' queues hold).
+local function wait_in(key, id)
+  redis.call('RPUSH', P .. 'cq:' .. key, id)
+  redis.call('INCR', P .. 'cqueued')
+  redis.call('ZADD', P .. 'ckeys', 'NX', 0, key)
+  ready(key)
+end
+
+-- id holds no slot of the key any more; an empty set is gone with its last member.
+local function release(key, id)
+  if redis.call('SREM', P .. 'cslots:' .. key, id) == 1 then ready(key) end
+end
+
+-- id left the key's queue before its turn (cancelled).
+local function unqueue(key, id)
+  if redis.call('LREM', P .. 'cq:' .. key, 0, id) == 0 then return end
+  redis.call('DECR', P .. 'cqueued')
+  if redis.call('EXISTS', P .. 'cq:' .. key) == 0 then
+    redis.call('ZREM', P .. 'ckeys', key)
+    redis.call('ZREM', P .. 'cready', key)
+  else
+    ready(key)  -- the one behind it may go on
+  end
+end
+
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
 local function finish(rec, ev, id, sid, owned)
   redis.call('ZREM', RUNNING, id)
   if owned then redis.call('SREM', owned, id) end
+  -- Its slots are free: its limit's, and its session's turn (any execution of the session
+  -- may hold it, a gated start's or not).
+  local ckey = redis.call('HGET', rec, 'ckey')
+  if ckey and ckey ~= '' then release(ckey, id) end
+  if sid and sid ~= '' then release(SESSION_GATE .. sid, id) end
   -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
   -- several are written in the same microsecond.
   if LAST == nil then
@@ -99,9 +142,8 @@ local function cancel_queued(rec, ev, id, sid, reason)
     'scheduled_at', '')
   redis.call('LREM', QUEUE, 0, id)
   redis.call('ZREM', P .. 'scheduled', id)
-  local key = redis.call('HGET', rec, 'ckey')
-  if key and key ~= '' and redis.call('LREM', P .. 'cq:' .. key, 0, id) > 0 then
-    redis.call('DECR', P .. 'cqueued')
+  for _, key in ipairs(redis.call('HMGET', rec, 'skey', 'ckey')) do
+    if key and key ~= '' then unqueue(key, id) end
   end
   finish(rec, ev, id, sid, false)
 end
