@@ -34,8 +34,8 @@ from tests.support.faults import (
 from tests.support.process import need
 
 SEED = int(os.environ.get("AGENT_SERVER_FAULT_SEED", "1"))
-#: Seconds of faults: enough for the first round of the schedule (each of the eight kinds
-#: once; a failover's settling counts in its fault).
+#: Seconds of faults; the schedule goes on past them until each of the eight kinds has come
+#: once (a failover's settling counts in its fault).
 SECONDS = float(os.environ.get("AGENT_SERVER_FAULT_SECONDS", "70"))
 #: The reasoners of the load, each of which must have run in the short schedule too.
 LOAD = (

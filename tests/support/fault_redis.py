@@ -226,18 +226,19 @@ class CutProxy:
 
 #: The Sentinel service the nodes are known by.
 SERVICE = "faults"
-#: A primary silent this long (ms) is failed over: a shorter pause stays a pause, a longer
-#: one becomes a failover while the primary is stopped.
-DOWN_AFTER_MS = 2000
+#: A primary silent this long (ms) is failed over: longer than the nemesis pauses it (at
+#: most 4 s), so a pause stays a pause and the failovers are the schedule's own.
+DOWN_AFTER_MS = 5000
 FAILOVER_TIMEOUT_MS = 5000
 #: Bound on the sentinels naming a new primary after a kill or a planned failover (seconds).
 FAILOVER_WAIT = 20.0
 #: Bound on a node and the sentinels agreeing after a start, a restart or a heal (seconds).
-SETTLE_WAIT = 20.0
+SETTLE_WAIT = 30.0
 #: Seconds a settle leaves the sentinels to turn a deposed primary (back from a pause, or
-#: left up by `SENTINEL FAILOVER`) into a replica before doing it itself: they take about
-#: ten, a wait the schedule need not spend once the fault itself is over.
-NUDGE_AFTER = 3.0
+#: left up by `SENTINEL FAILOVER`) into a replica before doing it itself. They take about
+#: ten; doing it sooner races their own reconfiguration, which then undoes the promotion of
+#: the next failover (seen: `-failover-abort-slave-timeout`).
+NUDGE_AFTER = 15.0
 
 
 def _wait(predicate: Callable[[], Any], timeout: float) -> Any:
@@ -382,6 +383,17 @@ class Sentinel:
         reply = self.ask("get-master-addr-by-name", SERVICE)
         return int(reply[1]) if isinstance(reply, list | tuple) and len(reply) == 2 else None
 
+    def sees_replica(self, replica: int, primary: int) -> bool:
+        """It knows `replica` as an up replica of `primary` with its link up."""
+        for found in self.ask("replicas", SERVICE) or []:
+            if int(found["port"]) == replica:
+                return (
+                    int(found.get("master-port") or 0) == primary
+                    and found.get("master-link-status") == "ok"
+                    and not {"s_down", "o_down", "disconnected"} & set(found["flags"].split(","))
+                )
+        return False
+
     def knows(self, replica: int, sentinels: int) -> bool:
         """It sees `replica` up and `sentinels` other sentinels."""
         replicas = self.ask("replicas", SERVICE) or []
@@ -484,7 +496,9 @@ class SentinelRedis:
             role = other.role()
             if role[0] == "master" and time.monotonic() - began > NUDGE_AFTER:
                 other.command("REPLICAOF", "127.0.0.1", str(port))
-            return role == ("slave", port, "connected")
+            return role == ("slave", port, "connected") and all(
+                sentinel.sees_replica(other.port, port) for sentinel in self.sentinels
+            )
 
         if _wait(settled, timeout):
             return None

@@ -847,7 +847,9 @@ def schedule(seed: int, kinds_of_faults: tuple[str, ...] = FAULT_KINDS) -> Itera
 
 class Nemesis:
     """Runs the faults one at a time; each is healed (and every replica ready again, bounded)
-    before the calm that precedes the next."""
+    before the calm that precedes the next. It stops once `seconds` have passed and every
+    kind has come (a round can outlast a short schedule: a failover waits for the sentinels
+    to make the deposed primary a replica again)."""
 
     def __init__(self, cluster: FaultCluster, history: History, log: Callable[[str], None]) -> None:
         self.cluster = cluster
@@ -857,10 +859,10 @@ class Nemesis:
 
     def run(self, seed: int, seconds: float) -> None:
         until = time.monotonic() + seconds
-        for fault in schedule(seed, self.cluster.kinds):
+        for number, fault in enumerate(schedule(seed, self.cluster.kinds)):
             calm_until = time.monotonic() + fault.gap
-            if calm_until >= until:
-                break
+            if calm_until >= until and number >= len(self.cluster.kinds):
+                break  # past its time, once every kind has come
             time.sleep(fault.gap)  # pacing of the schedule, not a synchronisation
             self.apply(fault)
             self.counts[fault.kind] += 1
@@ -938,6 +940,9 @@ class Nemesis:
                 detail = cluster.redis.failover()
             else:
                 detail = cluster.redis.kill_primary()
+            # The fault is over once a replica is in sync again (a told write needs one):
+            # a failover the sentinels aborted can leave its chosen replica a primary alone.
+            detail += f"; {cluster.redis.settle() or 'settled'}"
             event(fault.kind, "redis", "end", detail)
         else:
             raise AssertionError(f"unknown fault {fault.kind}")
