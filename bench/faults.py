@@ -1,8 +1,10 @@
 """Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults.py (three
-replicas behind haproxy on one Redis with AOF, a load of clients keeping a history, a seeded
-schedule of kills, rollouts, pauses, Redis restarts and cuts, then the checker), for longer
-and over several seeds. Prints per seed the counts (calls, executions, each kind of fault,
-violations by invariant) and the violations; the exit code is 1 if any seed broke one.
+replicas behind haproxy on a Redis primary and replica under three sentinels, or with
+`--plain` on one Redis, AOF either way; a load of clients keeping a history; a seeded
+schedule of kills, rollouts, pauses, Redis restarts, failovers and cuts; then the checker),
+for longer and over several seeds. Prints per seed the counts (calls, executions, each kind
+of fault, violations by invariant) and the violations; the exit code is 1 if any seed broke
+one.
 
 A passing seed's directory is removed; a failing one's is kept under bench/out/faults/ (its
 `history.jsonl` holds every exchange, nemesis action and final record, and each replica's
@@ -10,7 +12,7 @@ log is in its own directory). `--source DIR` runs the replicas on the agent_serv
 checkout (put first on their PYTHONPATH).
 
 Usage: python -m bench.faults [--seconds 120] [--seed 1 | --seeds 1-20] [--clients 6]
-       [--source DIR] [--keep]
+       [--plain] [--source DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=6, help="client threads (half raw httpx)")
     parser.add_argument("--source", type=Path, help="a checkout whose agent_server to run")
     parser.add_argument("--keep", action="store_true", help="keep passing seeds' directories")
+    parser.add_argument(
+        "--plain", action="store_true", help="one redis-server, no Sentinel (and no failover)"
+    )
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))  # the tests' package, as `python -m pytest` imports it
@@ -61,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             directory,
             clients=args.clients,
             source=args.source.resolve() if args.source else None,
+            sentinel=not args.plain,
             log=log,
         )
         print(run.report(limit=10), flush=True)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent_server import Agent, ExecutionContext, InputTimeout, Settings
+from agent_server import Agent, ExecutionContext, InputTimeout, RetryPolicy, Settings
 
 
 class Text(BaseModel):
@@ -328,6 +328,7 @@ async def steps(
     after the last step recorded."""
     if marker:
         _mark(marker)
+    _evidence(ctx, "begin", ctx.attempt)
     state = ctx.checkpoint_state or {"done": 0}
     for step in range(int(state["done"]), count):
         await asyncio.sleep(pause)
@@ -443,6 +444,7 @@ async def evidenced_steps(
 ) -> dict[str, int]:
     """Resumable: `count` steps of `pause` seconds, each noted once done (`step ATTEMPT STEP
     COUNT ...`) and then checkpointed; a later attempt resumes after the last checkpoint."""
+    _evidence(ctx, "begin", ctx.attempt)
     state = ctx.checkpoint_state or {"done": 0}
     for step in range(int(state["done"]), count):
         await asyncio.sleep(pause)
@@ -465,6 +467,7 @@ async def evidenced_asking(ctx: ExecutionContext, pause: float = 0.1) -> dict[st
     """Resumable: asks once for input (parked on a shared store: the next attempt takes the
     answer) and returns it. Notes `asked ATTEMPT` before the ask and `answered ATTEMPT`
     after; no answer in time fails it with ValueError."""
+    _evidence(ctx, "begin", ctx.attempt)
     await asyncio.sleep(pause)
     _evidence(ctx, "asked", ctx.attempt)
     try:
@@ -473,6 +476,79 @@ async def evidenced_asking(ctx: ExecutionContext, pause: float = 0.1) -> dict[st
         raise ValueError("no answer in time") from None
     _evidence(ctx, "answered", ctx.attempt)
     return {"answer": str(answer)}
+
+
+def evidenced_reply(question: str, execution_id: str) -> str:
+    """What the fault harness's clients answer `question` of an `evidenced_two_asks`
+    execution: the answer names its question, so a reasoner handed another question's
+    answer shows it."""
+    return f"{question}-{execution_id[:12]}"
+
+
+async def _asked(ctx: ExecutionContext, question: str) -> str:
+    _evidence(ctx, "asked", ctx.attempt, question)
+    try:
+        answer = await ctx.ask({"question": question}, timeout=EVIDENCED_ASK_TIMEOUT)
+    except InputTimeout:
+        raise ValueError("no answer in time") from None
+    text = str(answer).replace(" ", "_") or "-"
+    _evidence(ctx, "got", ctx.attempt, question, text)
+    return str(answer)
+
+
+async def evidenced_two_asks(
+    ctx: ExecutionContext, from_top: bool = False, pause: float = 0.05
+) -> dict[str, str]:
+    """Resumable: asks `first`, checkpoints its answer, asks `second`, and returns both.
+    Notes `asked ATTEMPT QUESTION` before each ask and `got ATTEMPT QUESTION ANSWER` for every
+    answer it is handed. `from_top`: a resumed
+    attempt asks again from the first question rather than skipping what its checkpoint
+    keeps (the re-ask must be handed the first answer again, never the second)."""
+    _evidence(ctx, "begin", ctx.attempt)
+    await asyncio.sleep(pause)
+    state = ctx.checkpoint_state or {}
+    first = state.get("first") if not from_top else None
+    if first is None:
+        first = await _asked(ctx, "first")
+        await ctx.checkpoint({"first": first})
+    second = await _asked(ctx, "second")
+    return {"first": str(first), "second": second}
+
+
+#: `evidenced_limited`: at most this many bodies at once per value of its `X-Tenant` header.
+EVIDENCED_LIMIT = 2
+EVIDENCED_LIMIT_HEADER = "X-Tenant"
+
+
+async def evidenced_limited(
+    ctx: ExecutionContext, tenant: str = "-", seconds: float = 0.2
+) -> dict[str, float]:
+    """Limited to EVIDENCED_LIMIT at once per `X-Tenant` (its clients send the same value
+    as `tenant`): notes `start ATTEMPT TENANT` when its body begins and `end ATTEMPT TENANT`
+    when it leaves, however it leaves, so the checker sees every interval of a slot."""
+    _evidence(ctx, "start", ctx.attempt, tenant)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        _evidence(ctx, "end", ctx.attempt, tenant)
+    return {"slept": seconds}
+
+
+async def evidenced_session(
+    ctx: ExecutionContext, seconds: float = 0.1, fail_first: bool = False
+) -> dict[str, float]:
+    """Started with `X-Session-ID` and `X-Session-Policy: enqueue`: notes `start ATTEMPT
+    SESSION` and `end ATTEMPT SESSION`; `fail_first` fails attempt 1 with ValueError, so a
+    retry (due later) is earlier work of the session the next message must wait for."""
+    session = ctx.session_id or "-"
+    _evidence(ctx, "start", ctx.attempt, session)
+    try:
+        await asyncio.sleep(seconds)
+        if fail_first and ctx.attempt == 1:
+            raise ValueError("failed on purpose, retried")
+    finally:
+        _evidence(ctx, "end", ctx.attempt, session)
+    return {"slept": seconds}
 
 
 REASONERS += [evidenced]
@@ -500,11 +576,14 @@ RESUMABLE_NAMES = {
     "slow_first_attempt",
     "evidenced_steps",
     "evidenced_asking",
+    "evidenced_two_asks",
 }
+#: The ones registered with scheduling options (a limit, a retry policy).
+SCHEDULED_NAMES = {"evidenced_limited", "evidenced_session"}
 
 
 def reasoner_names() -> set[str]:
-    return {func.__name__ for func in REASONERS} | RESUMABLE_NAMES
+    return {func.__name__ for func in REASONERS} | RESUMABLE_NAMES | SCHEDULED_NAMES
 
 
 def make_agent(settings: Settings | None = None) -> Agent:
@@ -517,6 +596,13 @@ def make_agent(settings: Settings | None = None) -> Agent:
     fresh.reasoner(resumable=True, max_attempts=3)(slow_first_attempt)
     fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_steps)
     fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_asking)
+    fresh.reasoner(resumable=True, max_attempts=EVIDENCED_STEPS_MAX_ATTEMPTS)(evidenced_two_asks)
+    fresh.reasoner(
+        max_concurrency=EVIDENCED_LIMIT, concurrency_key=f"header:{EVIDENCED_LIMIT_HEADER}"
+    )(evidenced_limited)
+    fresh.reasoner(retry=RetryPolicy(max_attempts=2, initial_delay=0.3, retry_on=(ValueError,)))(
+        evidenced_session
+    )
     return fresh
 
 

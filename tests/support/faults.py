@@ -1,11 +1,15 @@
 """A seeded fault-injection harness in the spirit of Jepsen (docs/replicas.md).
 
-The parts are real and on loopback: one `redis-server` with AOF on its own directory, a small
-TCP proxy between the replicas and Redis (so the link can be cut), three `agent-server run
+The parts are real and on loopback: Redis with AOF (by default a primary and a replica under
+three real `redis-sentinel`, else one `redis-server`: tests/support/fault_redis.py), small TCP
+proxies between the replicas and Redis (so the link can be cut), three `agent-server run
 tests_app:agent` replicas on one store behind haproxy. Client threads run a load through
-haproxy with the project's `AgentClient` and with raw httpx, and every HTTP exchange goes to a
-`History`. A nemesis, on a schedule drawn from `random.Random(seed)`, kills, rolls and pauses
-replicas, pauses and restarts Redis, and cuts the proxy, logging each action in the history.
+haproxy with the project's `AgentClient` and with raw httpx (runs, starts, cancels, parked
+asks of one and of two questions, delayed starts, starts under a concurrency limit, messages
+enqueued in a session), and every HTTP exchange goes to a `History`. A nemesis, on a schedule
+drawn from `random.Random(seed)`, kills, rolls and pauses replicas, pauses and restarts the
+Redis primary, fails it over (`SENTINEL FAILOVER`, and SIGKILL of the primary), and cuts the
+proxies, logging each action in the history.
 Then everything is healed, the load stops, the system quiesces (bounded), every execution
 ever named is read back through a live replica, and `check` (a pure function of the history,
 the final records, the reasoners' own evidence files and the replicas' logs) returns the
@@ -17,15 +21,12 @@ CI, `python -m bench.faults` long ones.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import random
 import re
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -49,13 +50,35 @@ from agent_server.client import (
 )
 from tests.apps.tests_app import (
     EVIDENCE_DIR_ENV,
+    EVIDENCED_LIMIT_HEADER,
     EVIDENCED_STEPS_MAX_ATTEMPTS,
     REPLICA_ID_ENV,
     evidenced_answer,
+    evidenced_reply,
+)
+from tests.support.fault_checks import (
+    Evidence,
+    Final,
+    Violation,
+    ask_answers,
+    failed_unrun,
+    interval_stops,
+    limits,
+    read_evidence,
+    session_order,
+)
+from tests.support.fault_redis import (
+    AofRedis,
+    CutProxy,
+    PlainRedis,
+    RedisUnderTest,
+    SentinelRedis,
+    stable_port,
 )
 from tests.support.haproxy import Haproxy
 from tests.support.process import APPS_DIR, ServerProcess
-from tests.support.redis_server import AOF, START_TIMEOUT, RedisServer
+
+__all__ = ["AofRedis", "CutProxy", "stable_port"]
 
 #: Seconds a replica's liveness lasts unrenewed: short, so pauses past it stay short.
 LEASE_TTL = 2.0
@@ -85,198 +108,15 @@ LOG_ERRORS = re.compile(
     r"|Exception in ASGI application"
 )
 REPLICAS = 3
+#: The evidenced reasoners that are resumable (EVIDENCED_STEPS_MAX_ATTEMPTS attempts each).
+RESUMABLE = frozenset({"evidenced_steps", "evidenced_asking", "evidenced_two_asks"})
 
 
 def _log_nothing(message: str) -> None:
     del message
 
 
-# -- ports ------------------------------------------------------------------------------------
-
-_handed_out: set[int] = set()
-_ports_lock = threading.Lock()
-
-
-def stable_port() -> int:
-    """A free loopback port below the kernel's ephemeral range, for a part that is restarted
-    on its port: no outgoing connection can take it as its local port while the part is
-    down, as one could with a port 0 bound (those come from the ephemeral range)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    chooser = random.SystemRandom()
-    with _ports_lock:
-        for _ in range(1000):
-            port = chooser.randrange(10000, max(10001, low - 1))
-            if port in _handed_out:
-                continue
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _handed_out.add(port)
-            return port
-    raise AssertionError("no free port below the ephemeral range")
-
-
 # -- the parts --------------------------------------------------------------------------------
-
-
-class AofRedis(RedisServer):
-    """`redis-server --appendonly yes --appendfsync everysec` on its own directory: a restart
-    (SIGTERM, then a start on the same directory and port) reloads the AOF."""
-
-    persistence = AOF
-
-    def send(self, sig: int) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, sig)
-
-    def restart(self) -> int | None:
-        """SIGTERM (Redis fsyncs its AOF and exits), wait for the exit, start again; the exit
-        code, or None if it had to be killed."""
-        assert self.proc is not None
-        self.proc.terminate()
-        code: int | None
-        try:
-            code = self.proc.wait(timeout=START_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            code = None
-        self.proc = None
-        self.start()
-        return code
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with a reset (RST), as a cut network or a dead peer does."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-class CutProxy:
-    """A TCP proxy on loopback between the replicas and Redis, on its own event loop in a
-    thread of this process. `cut("refuse")` resets every connection and stops listening
-    (connections are refused); `cut("reset")` resets every connection and resets each new
-    one as soon as it is accepted; `restore()` accepts and forwards again. `stall(marker,
-    seconds, times)` holds every reply from Redis that carries `marker` (or the first
-    `times`) for `seconds` (one slow command: its connection stalls, the others flow)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = stable_port()
-        self.mode = "open"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy")
-        self._server: asyncio.AbstractServer | None = None
-        self._open: set[asyncio.StreamWriter] = set()
-        self._stall: tuple[bytes, float] | None = None
-        self._stalls: int | None = None
-        #: How many replies were held (read from the test's thread).
-        self.stalled = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _call(self, coroutine: Any, timeout: float = 5.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._call(self._listen())
-
-    async def _listen(self) -> None:
-        if self._server is None:
-            self._server = await asyncio.start_server(
-                self._accept, "127.0.0.1", self.port, reuse_address=True
-            )
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode != "open":
-            _reset(writer)
-            return
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", self.target_port), 2.0
-            )
-        except (OSError, TimeoutError):
-            _reset(writer)
-            return
-        if self.mode != "open":  # cut while connecting
-            _reset(writer)
-            _reset(up_writer)
-            return
-        self._open.update((writer, up_writer))
-        pumps = [
-            asyncio.ensure_future(self._pump(reader, up_writer)),
-            asyncio.ensure_future(self._pump(up_reader, writer, replies=True)),
-        ]
-        try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for pump in pumps:
-                pump.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            for end in (writer, up_writer):
-                self._open.discard(end)
-                end.transport.abort()
-
-    async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool = False
-    ) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                stall = self._stall
-                if replies and stall is not None and stall[0] in data:
-                    self.stalled += 1
-                    if self._stalls is not None:
-                        self._stalls -= 1
-                        if self._stalls <= 0:
-                            self._stall = None
-                    await asyncio.sleep(stall[1])  # the fault itself: a slow reply
-                writer.write(data)
-                await writer.drain()
-
-    def stall(self, marker: bytes, seconds: float, times: int | None = None) -> None:
-        """Hold the replies carrying `marker` (the first `times` of them, or all)."""
-        self._stalls = times
-        self._stall = (marker, seconds)
-
-    def cut(self, mode: str) -> None:
-        self._call(self._cut(mode))
-
-    async def _cut(self, mode: str) -> None:
-        self.mode = mode
-        if mode == "refuse" and self._server is not None:
-            self._server.close()
-            self._server = None
-        for end in list(self._open):
-            _reset(end)
-        self._open.clear()
-
-    def restore(self) -> None:
-        self._call(self._restore())
-
-    async def _restore(self) -> None:
-        self.mode = "open"
-        await self._listen()
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        with contextlib.suppress(Exception):
-            self._call(self._cut("refuse"))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self._loop.close()
 
 
 class FaultReplica(ServerProcess):
@@ -313,11 +153,11 @@ class FaultCluster:
     """Redis (AOF) <- proxy <- three replicas <- haproxy, all on loopback. `close` ends every
     process it started, whatever state the run left them in (paused ones included)."""
 
-    def __init__(self, directory: Path, source: Path | None = None) -> None:
+    def __init__(
+        self, directory: Path, source: Path | None = None, *, sentinel: bool = True
+    ) -> None:
         self.directory = directory
-        (directory / "redis").mkdir()
-        self.redis = AofRedis(directory / "redis", port=stable_port())
-        self.proxy = CutProxy(self.redis.port)
+        self.redis: RedisUnderTest = SentinelRedis(directory) if sentinel else PlainRedis(directory)
         self.evidence_dir = directory / "evidence"
         self.evidence_dir.mkdir()
         self.env = {EVIDENCE_DIR_ENV: str(self.evidence_dir)}
@@ -325,6 +165,7 @@ class FaultCluster:
             path = os.environ.get("PYTHONPATH")
             self.env["PYTHONPATH"] = str(source) + (os.pathsep + path if path else "")
         self.ports = [stable_port() for _ in range(REPLICAS)]
+        self.kinds = fault_kinds(sentinel)
         self.replicas: list[FaultReplica] = []
         #: Every replica ever started, in order (their logs are checked).
         self.started: list[FaultReplica] = []
@@ -344,8 +185,7 @@ class FaultCluster:
         return run.stdout.strip() or run.stderr.strip()
 
     def open(self) -> None:
-        self.redis.start()
-        self.proxy.start()
+        self.redis.open()
         self.replicas = [self.start(index) for index in range(REPLICAS)]
         for replica in self.replicas:
             replica.wait_ready(READY_TIMEOUT)
@@ -364,7 +204,7 @@ class FaultCluster:
         replica_id = f"r{index}-{self.incarnations}"
         marker_dir = self.directory / replica_id
         marker_dir.mkdir()
-        replica = FaultReplica(self.ports[index], replica_id, self.proxy.url, marker_dir, self.env)
+        replica = FaultReplica(self.ports[index], replica_id, self.redis.url, marker_dir, self.env)
         self.started.append(replica)
         return replica
 
@@ -404,11 +244,7 @@ class FaultCluster:
             replica.close()
         if self.haproxy is not None:
             self.haproxy.stop()
-        self.proxy.stop()
-        if self.redis.proc is not None:
-            with contextlib.suppress(OSError):
-                self.redis.send(signal.SIGCONT)
-        self.redis.kill()
+        self.redis.close()
 
 
 # -- the history ------------------------------------------------------------------------------
@@ -435,6 +271,7 @@ class Exchange:
     error_message: str | None = None
     text: str = ""  # the start of a body that is not an execution
     delay: float | None = None  # a start's `?delay=`
+    session: str | None = None  # a start's X-Session-ID
 
     @property
     def is_execution(self) -> bool:
@@ -557,6 +394,7 @@ class RecordingTransport(httpx.BaseTransport):
             "key": request.headers.get("idempotency-key"),
             "invoked": self.history.now(),
             "delay": float(request.url.params["delay"]) if "delay" in request.url.params else None,
+            "session": request.headers.get("x-session-id"),
         }
         try:
             response = self._inner.handle_request(request)
@@ -627,8 +465,13 @@ def _execution(response: httpx.Response) -> dict[str, Any] | None:
 
 #: (operation, reasoner, weight): sync runs, background starts followed with `?wait=`,
 #: background starts cancelled a moment later, starts that wait for input (parked on the
-#: store) and are answered, delayed starts (`?delay=`; raw clients only, the project's
-#: client has no delay: theirs are plain starts).
+#: store) and are answered, by whichever replica haproxy picks, once or twice with a
+#: checkpoint between, delayed starts (`?delay=`; raw clients only, the project's client
+#: has no delay: theirs are plain starts), starts under a concurrency limit per `X-Tenant`
+#: (some also in a session with `X-Session-Policy: enqueue`, which must not lift the limit),
+#: and bursts of messages enqueued in one session (some delayed, some failing once and
+#: retried), which must run one at a time in the order they were accepted. The limited and
+#: session starts go raw from every client (the project's client sends no such headers).
 OPERATIONS = (
     ("run", "evidenced", 3.0),
     ("run", "evidenced_steps", 1.5),
@@ -638,14 +481,29 @@ OPERATIONS = (
     ("cancel", "evidenced_steps", 0.5),
     ("ask", "evidenced_asking", 1.5),
     ("delayed", "evidenced", 1.0),
+    ("ask", "evidenced_two_asks", 1.5),
+    ("limited", "evidenced_limited", 1.5),
+    ("session", "evidenced_session", 1.0),
 )
 #: The delays a delayed start asks for (seconds).
 DELAYS = (0.2, 0.5, 1.0)
+#: The `X-Tenant` values of the limited starts: few, so their limits are contended.
+TENANTS = ("t0", "t1", "t2")
+#: Limited starts a client makes at once for one tenant (the limit is EVIDENCED_LIMIT).
+LIMITED_BURST = 4
+#: How a session op's messages are enqueued.
+ENQUEUE = {"X-Session-Policy": "enqueue"}
 
 
 def _input(rng: random.Random, op: str, reasoner: str) -> dict[str, Any]:
     if reasoner == "evidenced_asking":
         return {"pause": rng.choice((0.05, 0.2, 0.5))}
+    if reasoner == "evidenced_two_asks":
+        return {"from_top": rng.random() < 0.5, "pause": rng.choice((0.05, 0.2))}
+    if reasoner == "evidenced_limited":
+        return {"tenant": rng.choice(TENANTS), "seconds": rng.choice((0.1, 0.3, 0.6))}
+    if reasoner == "evidenced_session":
+        return {"messages": rng.randint(3, 5)}
     if op == "delayed":
         return {"seconds": rng.choice((0.05, 0.2))}
     if reasoner == "evidenced":
@@ -656,6 +514,15 @@ def _input(rng: random.Random, op: str, reasoner: str) -> dict[str, Any]:
             "fail": rng.random() < 0.15,
         }
     return {"count": rng.randint(3, 6), "pause": rng.choice((0.1, 0.2, 0.3))}
+
+
+def _reply(execution: Execution) -> str:
+    """The answer a client gives to the request `execution` waits on: derived from its id
+    and, for `evidenced_two_asks`, from the question asked."""
+    prompt = (execution.input_request or {}).get("prompt")
+    if isinstance(prompt, dict) and prompt.get("question") in ("first", "second"):
+        return evidenced_reply(str(prompt["question"]), execution.execution_id)
+    return evidenced_answer(execution.execution_id)
 
 
 class LoadClient(threading.Thread):
@@ -684,17 +551,24 @@ class LoadClient(threading.Thread):
         self.until = until
         self.max_ops = max_ops
         self.ops = 0
+        #: The execution the last raw read returned.
+        self._last: dict[str, Any] = {}
 
     def run(self) -> None:
         transport = RecordingTransport(self.history, self.name)
         try:
-            if self.kind == "client":
-                with AgentClient(
-                    self.url, timeout=10.0, retry_for=RETRY_FOR, transport=transport
-                ) as client:
-                    self._loop(lambda op, name, body: self._with_client(client, op, name, body))
-            else:
-                with httpx.Client(base_url=self.url, transport=transport) as http:
+            with httpx.Client(base_url=self.url, transport=transport) as http:
+                if self.kind == "client":
+                    with AgentClient(
+                        self.url,
+                        timeout=10.0,
+                        retry_for=RETRY_FOR,
+                        transport=RecordingTransport(self.history, self.name),
+                    ) as client:
+                        self._loop(
+                            lambda op, name, body: self._with_client(client, http, op, name, body)
+                        )
+                else:
                     self._loop(lambda op, name, body: self._raw(http, op, name, body))
         except Exception as exc:  # the loop catches per call: this is the harness failing
             self.history.note("client-crash", f"{self.name}: {exc!r}")
@@ -720,8 +594,10 @@ class LoadClient(threading.Thread):
     # -- with the project's client
 
     def _with_client(
-        self, client: AgentClient, op: str, name: str, body: dict[str, Any]
+        self, client: AgentClient, http: httpx.Client, op: str, name: str, body: dict[str, Any]
     ) -> tuple[str | None, str, bool]:
+        if op in ("limited", "session"):
+            return self._raw(http, op, name, body)
         execution_id: str | None = None
         try:
             if op == "run":
@@ -738,7 +614,8 @@ class LoadClient(threading.Thread):
                     if time.monotonic() > deadline:
                         return execution_id, f"still {execution.status} at the deadline", False
                     with contextlib.suppress(Conflict):  # a retry that found its answer taken
-                        client.respond(execution_id, evidenced_answer(execution_id))
+                        # As a user writes it: the value only; the handle knows the request.
+                        handle.respond(_reply(execution))
             if op == "cancel":
                 time.sleep(self.rng.uniform(0.0, 0.6))
                 client.cancel(execution_id)
@@ -760,8 +637,12 @@ class LoadClient(threading.Thread):
         self, http: httpx.Client, op: str, name: str, body: dict[str, Any]
     ) -> tuple[str | None, str, bool]:
         deadline = time.monotonic() + OP_TIMEOUT
+        if op == "session":
+            return self._raw_session(http, name, int(body["messages"]), deadline)
         sync = op == "run"
         delay = self.rng.choice(DELAYS) if op == "delayed" else None
+        if op == "limited":
+            return self._raw_limited(http, name, body, deadline)
         started = self._raw_start(http, name, body, sync, deadline, delay)
         if started is None:
             return None, "no execution", True
@@ -777,7 +658,44 @@ class LoadClient(threading.Thread):
             execution_id, last, failed = self._raw_wait(http, execution_id, deadline)
             if last != "input_required":
                 return execution_id, last, failed
-            self._raw_answer(http, execution_id, deadline)
+            self._raw_answer(http, execution_id, self._last, deadline)
+
+    def _raw_limited(
+        self, http: httpx.Client, name: str, body: dict[str, Any], deadline: float
+    ) -> tuple[str | None, str, bool]:
+        """A burst of LIMITED_BURST starts for one tenant, more than its limit, so they
+        queue; some also in a session of their own with `X-Session-Policy: enqueue`, which
+        must not lift the limit. Then each is waited for."""
+        ids: list[str] = []
+        for number in range(LIMITED_BURST):
+            headers = {EVIDENCED_LIMIT_HEADER: str(body["tenant"])}
+            if self.rng.random() < 0.3:
+                headers.update(ENQUEUE, **{"X-Session-ID": f"{self.name}-l{self.ops}-{number}"})
+            started = self._raw_start(http, name, body, False, deadline, None, headers)
+            if isinstance(started, str) and started.startswith("400") and len(headers) > 1:
+                continue  # the policy refused on a limited reasoner: nothing started
+            if not isinstance(started, dict):
+                return (ids or [None])[-1], f"start {number + 1}: {started}", True
+            ids.append(str(started["execution_id"]))
+        ends = [self._raw_wait(http, execution_id, deadline)[1] for execution_id in ids]
+        return (ids or [None])[-1], " ".join(ends), False
+
+    def _raw_session(
+        self, http: httpx.Client, name: str, messages: int, deadline: float
+    ) -> tuple[str | None, str, bool]:
+        """`messages` starts in one new session, each enqueued once the one before was
+        accepted (202), some delayed, some failing once (and retried); then each waited for."""
+        headers = {**ENQUEUE, "X-Session-ID": f"{self.name}-s{self.ops}"}
+        ids: list[str] = []
+        for _ in range(messages):
+            body = {"seconds": self.rng.choice((0.05, 0.2)), "fail_first": self.rng.random() < 0.2}
+            delay = self.rng.choice((None, None, 0.3))
+            started = self._raw_start(http, name, body, False, deadline, delay, headers)
+            if not isinstance(started, dict):
+                return (ids or [None])[-1], f"message {len(ids) + 1}: {started}", True
+            ids.append(str(started["execution_id"]))
+        ends = [self._raw_wait(http, execution_id, deadline)[1] for execution_id in ids]
+        return ids[-1], " ".join(ends), False
 
     def _raw_start(
         self,
@@ -787,6 +705,7 @@ class LoadClient(threading.Thread):
         sync: bool,
         deadline: float,
         delay: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any] | str | None:
         """The execution a start answered (a sync run: its end, or the `queued` of a
         hand-off), an unexpected answer as text, or None past the deadline."""
@@ -801,7 +720,7 @@ class LoadClient(threading.Thread):
                 response = http.post(
                     path,
                     json=body,
-                    headers={"Idempotency-Key": key},
+                    headers={**(headers or {}), "Idempotency-Key": key},
                     timeout=httpx.Timeout(10.0, read=read),
                 )
             except httpx.TransportError:
@@ -821,10 +740,16 @@ class LoadClient(threading.Thread):
     def _raw_cancel(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
         self._raw_post(http, f"/executions/{execution_id}/cancel", None, deadline)
 
-    def _raw_answer(self, http: httpx.Client, execution_id: str, deadline: float) -> None:
-        """A 409 (its answer taken by an earlier try, or no request pending) ends the tries:
-        the wait that follows tells."""
-        body = {"value": evidenced_answer(execution_id)}
+    def _raw_answer(
+        self, http: httpx.Client, execution_id: str, waiting: dict[str, Any], deadline: float
+    ) -> None:
+        """Answer the request `waiting` (the execution as last read) names, naming it, so a
+        retry whose first try was taken is 409, never the answer to the next request. A 409
+        ends the tries: the wait that follows tells."""
+        request = waiting.get("input_request") or {}
+        body: dict[str, Any] = {"value": _reply(Execution.from_json(waiting))}
+        if request.get("request_id") is not None:
+            body["request_id"] = request["request_id"]
         self._raw_post(http, f"/executions/{execution_id}/input", body, deadline)
 
     def _raw_post(
@@ -872,6 +797,7 @@ class LoadClient(threading.Thread):
                 continue
             failures = 0
             last = str(execution["status"])
+            self._last = execution
             if last in TERMINAL or last == "input_required":
                 return execution_id, last, False
         return execution_id, f"still {last} at the deadline", False
@@ -879,7 +805,13 @@ class LoadClient(threading.Thread):
 
 # -- the nemesis ------------------------------------------------------------------------------
 
-FAULT_KINDS = ("kill9", "rollout", "pause-replica", "pause-redis", "restart-redis", "cut")
+REPLICA_KINDS = ("kill9", "rollout", "pause-replica")
+#: Every kind of fault, with Sentinel; one Redis has no failover (PlainRedis.kinds).
+FAULT_KINDS = (*REPLICA_KINDS, *SentinelRedis.kinds)
+
+
+def fault_kinds(sentinel: bool) -> tuple[str, ...]:
+    return (*REPLICA_KINDS, *(SentinelRedis if sentinel else PlainRedis).kinds)
 
 
 @dataclass(frozen=True)
@@ -891,12 +823,12 @@ class Fault:
     gap: float  # seconds of calm before it
 
 
-def schedule(seed: int) -> Iterator[Fault]:
-    """The seeded faults, without end: rounds of the six kinds, each round in its own seeded
-    order, so every kind comes once in every six faults."""
+def schedule(seed: int, kinds_of_faults: tuple[str, ...] = FAULT_KINDS) -> Iterator[Fault]:
+    """The seeded faults, without end: rounds of the kinds, each round in its own seeded
+    order, so every kind comes once in every round."""
     rng = random.Random(seed)
     while True:
-        kinds = list(FAULT_KINDS)
+        kinds = list(kinds_of_faults)
         rng.shuffle(kinds)
         for kind in kinds:
             target = rng.randrange(REPLICAS)
@@ -915,7 +847,9 @@ def schedule(seed: int) -> Iterator[Fault]:
 
 class Nemesis:
     """Runs the faults one at a time; each is healed (and every replica ready again, bounded)
-    before the calm that precedes the next."""
+    before the calm that precedes the next. It stops once `seconds` have passed and every
+    kind has come (a round can outlast a short schedule: a failover waits for the sentinels
+    to make the deposed primary a replica again)."""
 
     def __init__(self, cluster: FaultCluster, history: History, log: Callable[[str], None]) -> None:
         self.cluster = cluster
@@ -925,10 +859,10 @@ class Nemesis:
 
     def run(self, seed: int, seconds: float) -> None:
         until = time.monotonic() + seconds
-        for fault in schedule(seed):
+        for number, fault in enumerate(schedule(seed, self.cluster.kinds)):
             calm_until = time.monotonic() + fault.gap
-            if calm_until >= until:
-                break
+            if calm_until >= until and number >= len(self.cluster.kinds):
+                break  # past its time, once every kind has come
             time.sleep(fault.gap)  # pacing of the schedule, not a synchronisation
             self.apply(fault)
             self.counts[fault.kind] += 1
@@ -979,25 +913,37 @@ class Nemesis:
                     os.kill(replica.proc.pid, signal.SIGCONT)
                 event("pause-replica", rid, "end")
         elif fault.kind == "pause-redis":
-            event("pause-redis", "redis", "begin", f"{fault.seconds:.2f}s")
-            cluster.redis.send(signal.SIGSTOP)
+            primary = cluster.redis.primary()
+            event("pause-redis", "redis", "begin", f":{primary.port} {fault.seconds:.2f}s")
+            primary.send(signal.SIGSTOP)
             try:
                 time.sleep(fault.seconds)
             finally:
-                cluster.redis.send(signal.SIGCONT)
+                primary.send(signal.SIGCONT)
             event("pause-redis", "redis", "end")
         elif fault.kind == "restart-redis":
             event("restart-redis", "redis", "begin")
-            code = cluster.redis.restart()
-            event("restart-redis", "redis", "end", f"exit {code}")
+            event("restart-redis", "redis", "end", cluster.redis.restart_primary())
         elif fault.kind == "cut":
             event("cut", "proxy", "begin", f"{fault.mode} {fault.seconds:.2f}s")
-            cluster.proxy.cut(fault.mode)
+            cluster.redis.cut(fault.mode)
             try:
                 time.sleep(fault.seconds)
             finally:
-                cluster.proxy.restore()
+                cluster.redis.restore()
             event("cut", "proxy", "end")
+        elif fault.kind in ("failover", "kill-primary") and isinstance(
+            cluster.redis, SentinelRedis
+        ):
+            event(fault.kind, "redis", "begin")
+            if fault.kind == "failover":
+                detail = cluster.redis.failover()
+            else:
+                detail = cluster.redis.kill_primary()
+            # The fault is over once a replica is in sync again (a told write needs one):
+            # a failover the sentinels aborted can leave its chosen replica a primary alone.
+            detail += f"; {cluster.redis.settle() or 'settled'}"
+            event(fault.kind, "redis", "end", detail)
         else:
             raise AssertionError(f"unknown fault {fault.kind}")
 
@@ -1013,11 +959,9 @@ class Nemesis:
         """Everything back: Redis running and not paused, the proxy open, every replica
         running and not paused, and ready."""
         cluster = self.cluster
-        if cluster.redis.proc is None or cluster.redis.proc.poll() is not None:
-            cluster.redis.start()
-        else:
-            cluster.redis.send(signal.SIGCONT)
-        cluster.proxy.restore()
+        unsettled = cluster.redis.heal()
+        if unsettled:
+            self.history.note("redis-unsettled", f"at the heal: {unsettled}")
         for index, replica in enumerate(cluster.replicas):
             if replica.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -1034,20 +978,6 @@ class Nemesis:
 
 
 # -- the store's final state, the evidence, the logs -----------------------------------------
-
-
-@dataclass(frozen=True)
-class Final:
-    """An execution as a live replica reads it at the end: its HTTP status and body."""
-
-    status: int | None
-    body: dict[str, Any] | None
-
-    @property
-    def state(self) -> str:
-        if self.body is not None:
-            return str(self.body["status"])
-        return "absent (404)" if self.status == 404 else f"unreadable ({self.status})"
 
 
 def read_record(urls: list[str], execution_id: str, timeout: float = 10.0) -> Final:
@@ -1091,43 +1021,6 @@ def quiesce(
     return final
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """One line of an evidenced reasoner's own account: a run of its body, or a step."""
-
-    kind: str  # run, step, asked or answered
-    attempt: int
-    step: int | None
-    count: int | None
-    replica: str
-    pid: int
-    at: float
-
-
-def read_evidence(directory: Path) -> dict[str, list[Evidence]]:
-    found: dict[str, list[Evidence]] = {}
-    for path in sorted(directory.iterdir()):
-        lines: list[Evidence] = []
-        for line in path.read_text().splitlines():
-            words = line.split()
-            if words and words[0] == "run":
-                lines.append(
-                    Evidence(
-                        "run", int(words[1]), None, None, words[2], int(words[3]), float(words[4])
-                    )
-                )
-            elif words and words[0] in ("asked", "answered"):
-                kind, attempt, replica, pid, at = words[:5]
-                lines.append(Evidence(kind, int(attempt), None, None, replica, int(pid), float(at)))
-            elif words and words[0] == "step":
-                attempt, step, count = int(words[1]), int(words[2]), int(words[3])
-                lines.append(
-                    Evidence("step", attempt, step, count, words[4], int(words[5]), float(words[6]))
-                )
-        found[path.name] = lines
-    return found
-
-
 def read_logs(replicas: list[FaultReplica]) -> dict[str, str]:
     logs: dict[str, str] = {}
     for replica in replicas:
@@ -1143,11 +1036,13 @@ def read_logs(replicas: list[FaultReplica]) -> dict[str, str]:
 INVARIANTS = {
     "told-means-final": "1. a terminal status a client was told is the final one",
     "living-judged": "2. no execution lost or retried while its owner lived",
-    "accepted-runs": "3. every accepted execution is terminal at the end, and ran",
+    "accepted-vanished": "3/7. accepted never vanishes: every execution answered (200, 202,"
+    " ...) is readable at the end (no 404 on any read) and ends visibly (terminal)",
+    "accepted-runs": "3. an accepted execution that succeeded ran; a resumable one is lost only"
+    " with no attempt left",
     "one-per-key": "4. one execution per idempotency key",
     "runs-once": "5. a non-resumable body never runs twice",
     "steps": "6. a resumable loses no step, repeats at most one per extra attempt",
-    "no-404": "7. no 404 for an accepted execution",
     "log-errors": "8. no traceback or unobserved task error in a replica's log",
     "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
     " error: a transient refusal that failed it instead of being retried)",
@@ -1155,19 +1050,14 @@ INVARIANTS = {
     "answer-taken": "10. an execution waiting for input returns the answer it was given, and"
     " none times out once an answer was accepted (202)",
     "delayed": "11. a delayed start's body never runs before its delay has passed",
+    "failed-unrun": "12. accepted work is never failed unrun: a failed execution's failing"
+    " attempt began its body",
+    "ask-answer": "13. an ask never returns another question's answer",
+    "limit": "14. a concurrency limit is never exceeded (bodies of one key at once)",
+    "session-order": "15. a session's enqueued messages run one at a time, in the order they"
+    " were accepted",
     "harness": "the harness itself: a replica that would not start or be ready again",
 }
-
-
-@dataclass(frozen=True)
-class Violation:
-    invariant: str
-    execution_id: str | None
-    detail: str
-
-    def __str__(self) -> str:
-        where = f" {self.execution_id}" if self.execution_id else ""
-        return f"[{self.invariant}]{where}: {self.detail}"
 
 
 @dataclass
@@ -1293,6 +1183,20 @@ class _Index:
                     first[e.execution_id] = min(first[e.execution_id], began)
         return cls(exchanges, by_id, by_key, first, reasoner_of, _Faulted.of(history.nemesis))
 
+    def sessions(self) -> dict[str, list[tuple[float, str]]]:
+        """Per session of `evidenced_session`, when each start was answered with its
+        execution, and its id."""
+        found: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        for e in self.exchanges:
+            if (
+                e.session is not None
+                and e.is_execution
+                and e.execution_id is not None
+                and e.path.startswith("/reasoners/evidenced_session")
+            ):
+                found[e.session].append((e.answered, e.execution_id))
+        return found
+
     def accepted(self) -> list[str]:
         """Every execution some answer carried (202, 200, 500, 409, 503 with its body)."""
         return sorted(i for i, seen in self.by_id.items() if any(e.is_execution for e in seen))
@@ -1350,14 +1254,15 @@ def _told_means_final(index: _Index, final: Mapping[str, Final]) -> Iterator[Vio
 def _accepted_runs(
     index: _Index, final: Mapping[str, Final], evidence: Mapping[str, list[Evidence]]
 ) -> Iterator[Violation]:
-    """3. Every accepted execution is terminal after quiescence, readable (7), and ran if it
-    ended by itself; a resumable one is lost only with no attempt left. Also: nothing fails
-    with an error its reasoner never raises (a store error that was not retried)."""
+    """3. Every accepted execution is readable at the end and terminal after quiescence (7:
+    accepted never vanishes), and ran if it succeeded; a resumable one is lost only with no
+    attempt left. Also: nothing fails with an error its reasoner never raises (a store error
+    that was not retried)."""
     for execution_id in index.accepted():
         record = final.get(execution_id)
         if record is None or record.body is None:
             yield Violation(
-                "no-404" if record is not None and record.status == 404 else "accepted-runs",
+                "accepted-vanished",
                 execution_id,
                 f"final read: {record.state if record else 'never read'}"
                 + index.timeline(execution_id),
@@ -1367,12 +1272,12 @@ def _accepted_runs(
         reasoner = body.get("reasoner") or index.reasoner_of.get(execution_id)
         if record.state not in TERMINAL:
             yield Violation(
-                "accepted-runs",
+                "accepted-vanished",
                 execution_id,
                 f"{reasoner} still {record.state}@{_attempt(record)} on "
                 f"{body.get('replica') or '-'} after quiescence" + index.timeline(execution_id),
             )
-        if record.state in ("succeeded", "failed") and not evidence.get(execution_id):
+        if record.state == "succeeded" and not evidence.get(execution_id):
             yield Violation(
                 "accepted-runs",
                 execution_id,
@@ -1387,7 +1292,7 @@ def _accepted_runs(
                 f"{error.get('type')}: {str(error.get('message'))[:200]}",
             )
         if (
-            reasoner == "evidenced_steps"
+            reasoner in RESUMABLE
             and record.state == "lost"
             and _attempt(record) < EVIDENCED_STEPS_MAX_ATTEMPTS
         ):
@@ -1433,6 +1338,8 @@ def _living_judged(
             kinds = {e.kind for e in lines if e.attempt == attempt}
             if "asked" in kinds and "answered" not in kinds:
                 continue  # it parked waiting for input: the answer queued the next attempt
+            if "end" in kinds and record.reasoner == "evidenced_session":
+                continue  # its body failed (on purpose): its retry policy queued the next
             for replica in sorted({e.replica for e in lines if e.attempt == attempt}):
                 if not faulted.may_hand_off(replica, since):
                     yield Violation(
@@ -1461,7 +1368,9 @@ def _evidence(
     one ran every step; steps repeat at most once per extra attempt."""
     for execution_id, lines in sorted(evidence.items()):
         runs = [e for e in lines if e.kind == "run"]
-        if len(runs) > 1:
+        starts = Counter(e.attempt for e in lines if e.kind == "start")
+        if len(runs) > 1 or any(n > 1 for n in starts.values()):
+            runs += [e for e in lines if e.kind == "start"]
             yield Violation(
                 "runs-once",
                 execution_id,
@@ -1491,16 +1400,27 @@ def _evidence(
             )
 
 
+def _refused_policy(exchange: Exchange) -> bool:
+    """A 400 to a limited start that carried a session policy: a server may refuse the
+    policy on a limited reasoner (it starts nothing) rather than keep both."""
+    return (
+        exchange.status == 400
+        and exchange.session is not None
+        and exchange.path.startswith("/reasoners/evidenced_limited")
+    )
+
+
 def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
     """7. No 404 for an execution (the test deletes none). 9. Every answer is one the API
     documents (an execution with 200, 202, 409, 500 or 503; a refusal: 429, 502, 503, 504),
     and no client call gives up or raises."""
+    missing: dict[str, list[Exchange]] = defaultdict(list)
     for exchange in index.exchanges:
         status = exchange.status
         if status is None:  # no answer: the client retried (the history has it)
             continue
         if status == 404 and exchange.execution_id is not None:
-            yield Violation("no-404", exchange.execution_id, exchange.describe())
+            missing[exchange.execution_id].append(exchange)
             continue
         if exchange.is_execution and status in (200, 202, 409, 500, 503):
             continue
@@ -1508,7 +1428,12 @@ def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
             continue
         if exchange.op == "input" and status == 409:  # its answer taken by an earlier try
             continue
+        if _refused_policy(exchange):
+            continue
         yield Violation("answers", exchange.execution_id, exchange.describe())
+    for execution_id, seen in missing.items():
+        more = f" (and {len(seen) - 1} more 404s)" if len(seen) > 1 else ""
+        yield Violation("accepted-vanished", execution_id, seen[0].describe() + more)
     for call in calls:
         if call.failed:
             yield Violation(
@@ -1578,6 +1503,7 @@ def check(
     """The violations of the invariants (INVARIANTS) in one run: a pure function of the
     history, the final records, the reasoners' evidence and the replicas' logs."""
     index = _Index.of(history)
+    stops = interval_stops(history.nemesis, history.wall0)
     violations = [
         *_told_means_final(index, final),
         *_living_judged(index, final, evidence),
@@ -1587,6 +1513,10 @@ def check(
         *_answers(index, history.calls),
         *_answer_taken(index, final),
         *_delayed(index, final, evidence),
+        *failed_unrun(final, evidence),
+        *ask_answers(final, evidence),
+        *limits(final, evidence, stops),
+        *session_order(index.sessions(), final, evidence, stops),
     ]
     for replica, text in logs.items():
         violations.extend(log_errors(replica, text))
@@ -1609,15 +1539,17 @@ class FaultRun:
     exchanges: int
     executions: int
     faults: Counter[str]
+    kinds: tuple[str, ...]
     violations: list[Violation]
     outcomes: Counter[str]
+    reasoners: Counter[str]  # the executions of each reasoner
     elapsed: float
 
     def by_invariant(self) -> Counter[str]:
         return Counter(v.invariant for v in self.violations)
 
     def summary(self) -> str:
-        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in FAULT_KINDS)
+        faults = " ".join(f"{kind}={self.faults.get(kind, 0)}" for kind in self.kinds)
         broken = " ".join(f"{k}={n}" for k, n in sorted(self.by_invariant().items())) or "none"
         return (
             f"seed {self.seed}: {self.seconds:g}s of faults, {self.elapsed:.0f}s in all; "
@@ -1663,13 +1595,15 @@ def run_faults(
     *,
     clients: int = 6,
     source: Path | None = None,
+    sentinel: bool = True,
     log: Callable[[str], None] = _log_nothing,
 ) -> FaultRun:
     """One run: start the parts, load and faults for `seconds`, heal, stop the load,
-    quiesce, read back, check. Every process it started is ended, whatever happens."""
+    quiesce, read back, check. Every process it started is ended, whatever happens.
+    `sentinel`: Redis is a primary and a replica under Sentinel (else one redis-server)."""
     began = time.monotonic()
     history = History()
-    cluster = FaultCluster(directory, source)
+    cluster = FaultCluster(directory, source, sentinel=sentinel)
     stop = threading.Event()
     threads: list[LoadClient] = []
     try:
@@ -1716,8 +1650,10 @@ def run_faults(
             exchanges=len(history.exchanges),
             executions=len(ids),
             faults=nemesis.counts,
+            kinds=cluster.kinds,
             violations=violations,
             outcomes=Counter(f.state for f in final.values()),
+            reasoners=Counter(f.reasoner or "-" for f in final.values()),
             elapsed=time.monotonic() - began,
         )
     except Exception as exc:
