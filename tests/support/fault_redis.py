@@ -111,8 +111,9 @@ class CutProxy:
     (connections are refused); `cut("reset")` resets every connection and resets each new
     one as soon as it is accepted; `restore()` accepts and forwards again. `stall(marker,
     seconds, times)` holds every reply from Redis that carries `marker` (or the first
-    `times`) for `seconds` (one slow command: its connection stalls, the others flow). `rewrite` maps ports to others in the
-    replies (a sentinel's, naming nodes: each port a RESP bulk string of its own)."""
+    `times`) for `seconds` (one slow command: its connection stalls, the others flow).
+    `rewrite` maps ports to others in the replies (a sentinel's, naming nodes: each port a
+    RESP bulk string of its own)."""
 
     def __init__(self, target_port: int, rewrite: Mapping[int, int] | None = None) -> None:
         self.target_port = target_port
