@@ -29,6 +29,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ReadOnlyError
 
+from agent_server.asks import Question
 from agent_server.execution import CancelReason
 from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
@@ -425,7 +426,8 @@ async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -
         store.end(ended)
         assert await store.recorded(ended, WAIT)
         request = {"request_id": 1, "prompt": "go on?", "schema": None, "asked_at": time.time()}
-        await store.ask(asking, {**request, "expires_at": None}, False, None)
+        question = Question({**request, "expires_at": None}, "go-on", "go on?")
+        await store.ask(asking, question, False, None)
         waiting = await store.get(asking.execution_id)
         assert waiting is not None and waiting.status is ExecutionStatus.INPUT_REQUIRED
         assert await store.begin_release("s", 5.0) is None
@@ -447,9 +449,12 @@ async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -
             with pytest.raises(StoreUnavailable) as refused:
                 await store.end_release("s", {"cancelled": 0})
             assert not isinstance(refused.value, StoreInDoubt)
-            # On the primary, running here: the repair adopts it (settled, not voided).
+            # On the primary (settled, never voided): running here until the repair finds no
+            # task here to adopt it, then queued for its first run.
             found = await store.get(fresh.execution_id)
-            assert found is not None and found.status is ExecutionStatus.RUNNING
+            assert found is not None, fresh.execution_id
+            assert found.status in (ExecutionStatus.RUNNING, ExecutionStatus.QUEUED), found.status
+            assert found.attempt == 1
         finally:
             redises.replica.proc.send_signal(signal.SIGCONT)
         key = store.keys.record(fresh.execution_id)
