@@ -529,16 +529,14 @@ class Api:
 
     async def answer_input(self, request: Request) -> Response:
         """`POST /executions/{id}/input`: the answer to its pending request, taken once
-        (the store decides, on every replica): 202 with the execution, `running` again."""
+        (the store decides, on every replica): 202 with the execution, `running` again. The
+        same answer to a request answered already is 202 too (a retry; handed over once)."""
         headers = first_values(request.scope["headers"])
         request_id, value = _answer_body(await self._read_json(request.receive, headers))
         execution = await self._execution(request)
         pending = execution.input_request
-        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
-            raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
-        pending_id = int(pending["request_id"])
-        if request_id is not None and request_id != pending_id:
-            raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
+        waiting = execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None
+        pending_id = int(pending["request_id"]) if waiting and pending is not None else None
         size = len(jsoncodec.dumps(value))
         if size > self.store.max_answer_bytes:
             raise ApiError(
@@ -546,6 +544,16 @@ class Api:
                 f"the answer is {size} bytes as JSON: an execution keeps at most "
                 f"{self.store.max_answer_bytes} (--max-answer-bytes)",
             )
+        if request_id is not None and request_id != pending_id:
+            # Perhaps a retry of an answer taken (its reply lost, or in doubt): the same
+            # value for that request is taken again (202, nothing handed twice).
+            again = await self.store.answer(execution, request_id, value)
+            if again is not None:
+                return _execution_response(again, 202)
+        if pending is None or pending_id is None:
+            raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
+        if request_id is not None and request_id != pending_id:
+            raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
         await self._check_answer(pending, value)
         taken = await self.store.answer(execution, pending_id, value)
         if taken is None:

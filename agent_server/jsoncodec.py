@@ -31,6 +31,19 @@ def dumps(value: Any) -> bytes:
         return _ENCODER.encode(value).encode("ascii")
 
 
+def canonical(value: Any) -> bytes:
+    """`value` as JSON with its objects' keys sorted: two values are the same JSON data
+    exactly when these are equal (an answer retried with its keys in another order is the
+    same answer; `1`, `1.0` and `true` stay three)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        encoder = json.JSONEncoder(
+            ensure_ascii=True, allow_nan=False, separators=(",", ":"), sort_keys=True
+        )
+        return encoder.encode(value).encode("ascii")
+
+
 #: Nesting this codec writes and reads back: orjson writes at most 254 levels, and the
 #: standard library's parser recurses once per level.
 MAX_DEPTH = 200

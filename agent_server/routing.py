@@ -123,5 +123,5 @@ def in_doubt(scope: Scope, execution_id: str) -> ApiError:
         "the store took this, but no Redis replica holds it yet (a failover could lose it): "
         "read the execution at Location later",
         {"Retry-After": "1", "Location": execution_location(scope, execution_id)},
-        extra={"execution_id": execution_id},
+        extra={"execution_id": execution_id, "in_doubt": True},
     )

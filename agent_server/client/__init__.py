@@ -13,6 +13,9 @@ Both ride rollouts (docs/client.md):
 - A synchronous run that a shutdown handed off (503 + `Location`) is followed to its end
   with long-polls (`GET /executions/{id}?wait=`); one whose connection broke is found again
   by its key through the background route and followed the same way.
+- A write answered in doubt (503 + `Location`, `"in_doubt": true`: taken, on no Redis
+  replica yet) is sent again as it was (the same `Idempotency-Key`, the same `request_id`)
+  within the same budget; then `InDoubt` (an `Unavailable`) names the execution to read.
 
 Every call is written once, without I/O, in core.py; sync.py and aio.py only take its steps.
 """
@@ -35,6 +38,7 @@ from agent_server.client.models import (
     ExecutionError,
     ExecutionFailed,
     ExecutionLost,
+    InDoubt,
     InputRequired,
     InvalidInput,
     NotFound,
@@ -67,6 +71,7 @@ __all__ = [
     "ExecutionFailed",
     "ExecutionHandle",
     "ExecutionLost",
+    "InDoubt",
     "InputRequired",
     "InvalidInput",
     "NotFound",

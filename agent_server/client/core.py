@@ -29,6 +29,7 @@ from agent_server.client.models import (
     Event,
     Execution,
     Executions,
+    InDoubt,
     ReasonerInfo,
     Reasoners,
     SessionRelease,
@@ -179,16 +180,37 @@ class Core:
     def _timeout(self, read: float | None) -> httpx.Timeout:
         return httpx.Timeout(self.timeout, read=read)
 
-    def request(self, send: Send, *, resend_after_sending: bool = True) -> Flow[httpx.Response]:
+    def request(
+        self, send: Send, *, resend_after_sending: bool = True, told: bool = False
+    ) -> Flow[httpx.Response]:
         """Send, retrying refusals, gateway errors and transport errors for at most
         `retry_for` seconds of consecutive failures. A transport error after the request
-        may have left is raised as it is when `resend_after_sending` is False."""
+        may have left is raised as it is when `resend_after_sending` is False. See
+        `exchange` for `told`."""
+        response, _ = yield from self.exchange(
+            send, resend_after_sending=resend_after_sending, told=told
+        )
+        return response
+
+    def exchange(
+        self, send: Send, *, resend_after_sending: bool = True, told: bool = False
+    ) -> Flow[tuple[httpx.Response, bool]]:
+        """As `request`, and whether an answer in doubt was seen. `told` is for a write the
+        server may answer in doubt (taken, on no Redis replica yet) and whose retry is safe
+        (its `Idempotency-Key`, its `request_id`, or a write that is the same done twice):
+        such an answer is retried like a refusal, within the same budget, and `InDoubt`
+        (the execution and its Location) is raised when the budget runs out."""
         retries = Retries(self.retry_for)
+        doubted: tuple[str, str] | None = None  # the execution and Location last in doubt
         while True:
             reply = _response((yield send))
             if isinstance(reply, httpx.Response):
-                if not policy.refusal(reply):
-                    return reply
+                doubt = policy.in_doubt(reply) if told else None
+                if doubt is None and not policy.refusal(reply):
+                    return reply, doubted is not None
+                if doubt is not None:
+                    location = reply.headers["location"]
+                    doubted = (doubt, str(reply.request.url.join(location)))
                 wanted = policy.retry_after(reply)
                 if wanted is None:
                     wanted = policy.backoff(retries.failures)
@@ -199,6 +221,18 @@ class Core:
                 wanted = policy.backoff(retries.failures) * random.uniform(0.5, 1.0)
             delay = retries.delay(wanted)
             if delay is None:
+                if doubted is not None:
+                    execution_id, location = doubted
+                    body = response_body(reply) if isinstance(reply, httpx.Response) else None
+                    raise InDoubt(
+                        f"{send.method} {send.path}: in doubt after {retries.spent()}: the "
+                        f"server took it, but no Redis replica held it yet; read execution "
+                        f"{execution_id} at {location} later",
+                        execution_id=execution_id,
+                        location=location,
+                        status=reply.status_code if isinstance(reply, httpx.Response) else None,
+                        body=body,
+                    )
                 if isinstance(reply, httpx.Response):
                     raise error_from_response(reply)
                 raise Unavailable(
@@ -253,7 +287,7 @@ class Core:
             headers=self._start_headers(session, key),
         )
         try:
-            response = yield from self.request(send, resend_after_sending=False)
+            response = yield from self.request(send, resend_after_sending=False, told=True)
         except httpx.TimeoutException:
             if deadline is not None and time.monotonic() >= deadline - 0.05:
                 # The server cancels a synchronous run whose caller left.
@@ -288,7 +322,7 @@ class Core:
             body=NO_BODY if input is None else input,
             headers=self._start_headers(session, key),
         )
-        response = yield from self.request(send)
+        response = yield from self.request(send, told=True)
         return Execution.from_json(_checked(response, 202).json())
 
     # -- executions ---------------------------------------------------------------------------
@@ -335,7 +369,9 @@ class Core:
         retry after a broken connection answers that request or none (409), never the next
         one. `Conflict` (409) when it does not wait for that request, `InvalidInput` (422)
         when the value does not fit the request's schema (413: larger than the server
-        keeps). A retry may find its own answer taken (409): read the execution to tell."""
+        keeps). A retry of an answer taken already (its reply lost, or in doubt) is taken
+        again (202), the same value for the same request; the server kept it until the
+        execution ends."""
         if request_id is None:
             execution = yield from self._get(execution_id, 0)
             request_id = execution.pending_request_id
@@ -352,19 +388,23 @@ class Core:
             self._timeout(self.timeout),
             body=body,
         )
-        response = yield from self.request(send)
+        response = yield from self.request(send, told=True)
         return Execution.from_json(_checked(response, 202).json())
 
     def cancel(self, execution_id: str) -> Flow[Execution]:
         send = Send(
             "POST", f"/executions/{segment(execution_id)}/cancel", self._timeout(self.timeout)
         )
-        response = yield from self.request(send)
+        response = yield from self.request(send, told=True)
         return Execution.from_json(_checked(response, 200, 202).json())
 
     def forget(self, execution_id: str) -> Flow[None]:
+        """A 404 after an answer in doubt is the delete that was in doubt, done."""
         send = Send("DELETE", f"/executions/{segment(execution_id)}", self._timeout(self.timeout))
-        _checked((yield from self.request(send)), 204)
+        response, doubted = yield from self.exchange(send, told=True)
+        if doubted and response.status_code == 404:
+            return
+        _checked(response, 204)
 
     def _list_first(
         self, status: Statuses, reasoner: str | None, session: str | None, limit: int

@@ -199,6 +199,26 @@ class Unavailable(AgentServerError):
     the shared store unavailable."""
 
 
+class InDoubt(Unavailable):
+    """A write (a start, an answer, a cancel, a delete) the server took but could not yet
+    confirm on a Redis replica, still so after `retry_for` seconds of retries with the same
+    `Idempotency-Key` or `request_id`: it may have happened or not. `execution_id` and
+    `location` name the execution to read later (section 12: settled later)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        execution_id: str,
+        location: str,
+        status: int | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message, status=status, body=body)
+        self.execution_id = execution_id
+        self.location = location
+
+
 class Busy(Unavailable):
     """Still 429 (`max_inflight` reached) after `retry_for` seconds of retries."""
 

@@ -49,6 +49,19 @@ def followed(response: httpx.Response) -> str | None:
     return location.rstrip("/").rsplit("/", 1)[-1] or None
 
 
+def in_doubt(response: httpx.Response) -> str | None:
+    """The execution of a write answered in doubt (503 + `Location`, `"in_doubt": true`):
+    taken by the server, on no Redis replica yet. A retry of the same write (its
+    `Idempotency-Key`, its `request_id`) settles it once a replica holds it."""
+    if followed(response) is None:
+        return None
+    body = response_body(response)
+    if not isinstance(body, dict) or body.get("in_doubt") is not True:
+        return None
+    execution_id = body.get("execution_id")
+    return execution_id if isinstance(execution_id, str) and execution_id else None
+
+
 def backoff(failures: int) -> float:
     return min(BACKOFF_MAX, BACKOFF_FIRST * 2.0**failures)
 

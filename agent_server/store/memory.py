@@ -371,13 +371,23 @@ class MemoryStore(ExecutionStore):
         self, execution: Execution, request_id: int | None, value: Any
     ) -> Execution | None:
         """Handed to the waiting `ctx.ask`, and kept in its ledger (bounded in bytes) for
-        a retried attempt's replay."""
+        a retried attempt's replay, and for a retry of the same answer (taken again)."""
         pending = execution.input_request or {}
         number = pending.get("request_id") if request_id is None else request_id
         taken = await super().answer(execution, request_id, value)
         if taken is not None and execution.ledger is not None and isinstance(number, int):
             size = len(jsoncodec.dumps(value))
             execution.ledger.keep(number, value, size, self.max_answer_bytes)
+        elif taken is None and execution.ledger is not None and isinstance(number, int):
+            entry = execution.ledger.entries.get(number)
+            # A retry of the answer taken (its reply lost): the same JSON data is taken
+            # again, handed to nobody; another value stays refused (as answer.lua).
+            if (
+                entry is not None
+                and entry.answered
+                and jsoncodec.canonical(entry.value) == jsoncodec.canonical(value)
+            ):
+                return await self.get(execution.execution_id)
         return taken
 
     # -- webhook deliveries, in this process -----------------------------------------------

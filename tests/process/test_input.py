@@ -107,7 +107,7 @@ def test_the_cli_answers_with_input_and_call_exits_8_without_a_terminal(
     assert answered.returncode == 0, answered.stderr
     assert json.loads(answered.stdout)["execution_id"] == execution_id
     again = verb(
-        "input", execution_id, '{"approved": true}', "--request-id", "1", "--url", server.url
+        "input", execution_id, '{"approved": false}', "--request-id", "1", "--url", server.url
     )
     assert again.returncode == 6
     assert "409" in one_line(again.stderr)
@@ -225,18 +225,17 @@ class LosingTransport(httpx.HTTPTransport):
         return response
 
 
-def test_a_retried_answer_is_409_never_the_answer_to_the_next_request(
+def test_a_retried_answer_is_taken_once_never_the_answer_to_the_next_request(
     server: ServerProcess,
 ) -> None:
     """`twice` asks again at once after its first answer: the retry of the first answer,
-    after its reply was lost, names request 1 and is refused, where without the id it would
-    have answered request 2 with the first answer."""
+    after its reply was lost, names request 1 and is taken again (202, the same value),
+    where without the id it would have answered request 2 with the first answer."""
     losing = LosingTransport()
     with AgentClient(server.url, timeout=WAIT, retry_for=WAIT, transport=losing) as client:
         handle = client.start("twice")
         assert handle.wait(timeout=WAIT).waits_for_input
-        with pytest.raises(Conflict):
-            handle.respond("first")
+        handle.respond("first")
         second = handle.wait(timeout=WAIT)
         assert second.input_request is not None and second.input_request["request_id"] == 2
         assert second.input_request["prompt"] == {"after": "first"}
@@ -244,3 +243,57 @@ def test_a_retried_answer_is_409_never_the_answer_to_the_next_request(
         done = handle.wait(timeout=WAIT)
     assert (done.status, done.result) == ("succeeded", ["first", "second"])
     assert [body.get("request_id") for body in losing.answers] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_the_same_answer_again_is_202_and_handed_over_once_another_is_409(
+    server_factory: Start, request: pytest.FixtureRequest, store: str
+) -> None:
+    """An answer repeated for a request answered already (a retry whose reply was lost, or
+    in doubt) is 202 when it is the same JSON data, keys in any order, and handed to the
+    reasoner once; any other value (`1.0` for `1`, `true` for `1`) stays 409; the request
+    pending meanwhile is untouched."""
+    args = ["input_app:agent"]
+    if store == "redis":
+        args += ["--store", request.getfixturevalue("redis_url")]
+    server = server_factory(*args)
+    first = {"a": 1, "b": [1, {"c": None, "d": "é"}]}
+    with httpx.Client(base_url=server.url, timeout=WAIT) as http:
+        started = http.post("/reasoners/twice/async", json={})
+        assert started.status_code == 202, started.text
+        execution_id = started.json()["execution_id"]
+        path = f"/executions/{execution_id}"
+        deadline = time.monotonic() + WAIT
+        while http.get(path).json()["status"] != "input_required":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        taken = http.post(f"{path}/input", json={"request_id": 1, "value": first})
+        assert taken.status_code == 202, taken.text
+        # The same data, its keys in another order and its text spaced otherwise.
+        same = '{"value": {"b": [1, {"d": "\\u00e9", "c": null}], "a": 1}, "request_id": 1}'
+        for _ in range(2):
+            again = http.post(
+                f"{path}/input", content=same, headers={"Content-Type": "application/json"}
+            )
+            assert again.status_code == 202, again.text
+            assert again.json()["execution_id"] == execution_id
+        for other in ({"a": 1.0, "b": first["b"]}, {"a": True, "b": first["b"]}, "first"):
+            refused = http.post(f"{path}/input", json={"request_id": 1, "value": other})
+            assert refused.status_code == 409, (other, refused.text)
+        deadline = time.monotonic() + WAIT
+        while (pending := http.get(path).json())["status"] != "input_required":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert pending["input_request"]["request_id"] == 2, pending
+        assert pending["input_request"]["prompt"] == {"after": first}
+        unknown = http.post(f"{path}/input", json={"request_id": 7, "value": first})
+        assert unknown.status_code == 409, unknown.text
+        last = http.post(f"{path}/input", json={"request_id": 2, "value": "second"})
+        assert last.status_code == 202, last.text
+        deadline = time.monotonic() + WAIT
+        while (done := http.get(path, params={"wait": "5"}).json())["status"] != "succeeded":
+            assert time.monotonic() < deadline, done
+        assert done["result"] == [first, "second"]
+        # Ended: its answers are gone with it, so a late retry is 409, never a second run.
+        late = http.post(f"{path}/input", json={"request_id": 2, "value": "second"})
+        assert late.status_code == 409, late.text

@@ -76,3 +76,22 @@ def test_check_refuses_what_cannot_be_written_and_read_back(value: object, why: 
 def test_what_check_accepts_reads_back_the_same(value: object) -> None:
     jsoncodec.check(value)
     assert jsoncodec.loads(jsoncodec.dumps(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ({"a": 1, "b": {"c": [1, None]}}, {"b": {"c": [1, None]}, "a": 1}, True),
+        ({"big": 2**200, "z": 1}, {"z": 1, "big": 2**200}, True),  # past orjson's integers
+        ({"a": 1}, {"a": 1.0}, False),
+        ({"a": 1}, {"a": True}, False),
+        ([1, 2], [2, 1], False),
+        ("é", "\u00e9", True),
+    ],
+    ids=["key-order", "big-int", "int-float", "int-bool", "list-order", "escape"],
+)
+def test_canonical_is_equal_exactly_for_the_same_json_data(
+    one: object, other: object, same: bool
+) -> None:
+    """An answer retried is the same answer when its JSON data is (section: input)."""
+    assert (jsoncodec.canonical(one) == jsoncodec.canonical(other)) is same

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import orjson
 
+from agent_server import jsoncodec
 from agent_server.asks import MAX_ANSWER_BYTES, Found, Question, Reply
 from agent_server.events import Event
 from agent_server.execution import (
@@ -530,21 +531,29 @@ class RedisStore(ExecutionStore):
     ) -> Execution | None:
         """One script (`answer.lua`): taken only while the record waits for that request,
         so exactly one answer per request wins across replicas; published to the owner,
-        whose waiting `ctx.ask` returns it."""
+        whose waiting `ctx.ask` returns it. The same answer again (the same JSON data for
+        a request whose answer is kept) is taken again without a second publish: a retry of
+        an answer in doubt or whose reply was lost is not refused."""
         if request_id is None:
             pending = execution.input_request or {}
             request_id = pending.get("request_id")
             if not isinstance(request_id, int):
                 return None
+        keys = self.keys.for_answer(execution.execution_id)
+        text: str | bytes = codec.dumps(value)
         with self._link.operation("answer"):
             reply, held = await self._link.told(
-                "answer",
-                self.keys.for_answer(execution.execution_id),
-                str(request_id),
-                codec.dumps(value),
-                str(self.max_answer_bytes),
+                "answer", keys, str(request_id), text, str(self.max_answer_bytes)
             )
-        if not int(reply[0]):
+            if int(reply[0]) == 3 and jsoncodec.canonical(
+                codec.loads(reply[1])
+            ) == jsoncodec.canonical(value):
+                # A retry of the answer taken, in other JSON text: taken again in the kept text.
+                text = reply[1]
+                reply, held = await self._link.told(
+                    "answer", keys, str(request_id), text, str(self.max_answer_bytes)
+                )
+        if int(reply[0]) not in (1, 2):
             return None
         if not held:
             raise StoreInDoubt(execution.execution_id, "the answer")

@@ -14,14 +14,24 @@
   its owner's task: status running, and the answer is published to the owner:
   {"id", "request_id", "value"}. Parked (nobody owns it): status queued, on the queue for
   whichever replica takes it first, which resumes it from its last checkpoint.
-  Returns {1, record (F's order)} taken; {0, the status found ('' if unknown), the pending
-  request id ('' if none)} refused.
+  A retry of an answer taken already (its reply lost, or in doubt), the same text as the
+  kept answer: taken again, idempotently, nothing written or published (a told write's
+  WAIT, behind its PUBLISH, covers the first one too). The kept answer in other text:
+  returned for the caller to compare as JSON (and send again in the kept text if the same).
+  Returns {1, record (F's order)} taken; {2, record} taken before, the same text; {3, the
+  kept answer's text} taken before, another text; {0, the status found ('' if unknown),
+  the pending request id ('' if none)} refused.
 ]]
 --! include header.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'asking', 'replica', 'execution_id')
 if not v[1] then return {0, '', ''} end
-if v[1] ~= STATUS_INPUT_REQUIRED or v[2] ~= ARGV[4] then return {0, v[1], v[2] or ''} end
+if v[1] ~= STATUS_INPUT_REQUIRED or v[2] ~= ARGV[4] then
+  local kept = redis.call('HGET', rec, 'answer:' .. ARGV[4])
+  if kept == ARGV[5] then return {2, redis.call('HMGET', rec, unpack(F))} end
+  if kept then return {3, kept} end
+  return {0, v[1], v[2] or ''}
+end
 local id, bound = tonumber(ARGV[4]), tonumber(ARGV[6])
 local info = redis.call('HMGET', rec, 'answer_bytes', 'answers_from', 'asked_top')
 local total = tonumber(info[1] or '0') + #ARGV[5]
