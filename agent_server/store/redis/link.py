@@ -236,9 +236,15 @@ class Link:
         if self.observer is not None:
             self.observer.store_up(up)
 
-    async def load_scripts(self) -> None:
+    async def load_scripts(self, via: RedisLink | None = None) -> None:
+        """Load every script on the node `via` is connected to (the pool's client when
+        None). A NOSCRIPT is answered on the node that gave it: after a failover the pool's
+        client may still name the old primary while the link already follows the new one."""
         for text in scripts.SCRIPTS.values():
-            await cast(Awaitable[Any], self.redis.script_load(text))
+            if via is None:
+                await cast(Awaitable[Any], self.redis.script_load(text))
+            else:
+                await via.call(b"SCRIPT", b"LOAD", text)
 
     def command(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> list[Any]:
         """The EVALSHA of script `name` with its keys and arguments (common ones first)."""
@@ -253,7 +259,7 @@ class Link:
         try:
             return await link.call(*self.command(name, keys, args))
         except NoScriptError:
-            await self.load_scripts()
+            await self.load_scripts(link)
             return await link.call(*self.command(name, keys, args))
 
     async def told(self, name: str, keys: Sequence[str | bytes], *args: Any) -> tuple[Any, bool]:
@@ -267,6 +273,6 @@ class Link:
         try:
             reply, acked = await link.call_acked(*self.command(name, keys, args))
         except NoScriptError:
-            await self.load_scripts()
+            await self.load_scripts(link)
             reply, acked = await link.call_acked(*self.command(name, keys, args))
         return reply, on_a_replica(acked)

@@ -252,7 +252,7 @@ class Outbox:
                 self._requeue(retry)
                 if retry:
                     with link.operation("load_scripts"):
-                        await link.load_scripts()
+                        await link.load_scripts(link.scripts)
                 pending = retry
             if later:  # refused for now: back to the front, in their order, and retried
                 self._requeue(later)
