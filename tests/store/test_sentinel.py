@@ -36,6 +36,7 @@ from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import COMMAND_TIMEOUT
 from agent_server.store.resp import Address, RedisLink
 from agent_server.store.sentinel import parse_url
+from tests.apps.tests_app import EVIDENCE_DIR_ENV, REPLICA_ID_ENV
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import AOF, RedisServer, redis_command
 
@@ -819,7 +820,11 @@ async def told_starter(
 
 
 def start_agents(
-    tmp_path: Path, url: str, count: int = 2, app: str = "tests_app:agent"
+    tmp_path: Path,
+    url: str,
+    count: int = 2,
+    app: str = "tests_app:agent",
+    env: dict[str, str] | None = None,
 ) -> list[ServerProcess]:
     agents: list[ServerProcess] = []
     try:
@@ -829,7 +834,7 @@ def start_agents(
             agents.append(
                 ServerProcess(
                     [app, "--store", url, "--replica-id", f"agent{index}"],
-                    {},
+                    {**(env or {}), REPLICA_ID_ENV: f"agent{index}"},
                     marker_dir,
                 )
             )
@@ -1023,3 +1028,76 @@ def test_each_told_route_answers_in_doubt_while_no_replica_holds_its_write(
         assert PASSWORD not in agent.stderr()
     finally:
         agent.close()
+
+
+#: Seconds a delayed start waits before it is due: room to cut the replica off first.
+CLAIM_DELAY = 2.5
+
+
+def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Section 12 (runs once): a non-resumable body never runs twice for one execution. A
+    delayed start is accepted (held by the replica); the replica is then stopped and cut off,
+    so the claim that takes it when it falls due reaches the primary only; the primary is
+    killed and the stale replica, where it is still queued, promoted. Had its body started on
+    that claim, the new primary would have it run again at attempt 1: the claim must wait for
+    a replica like any told write, and one no replica holds starts nothing (the repair puts
+    it back). The execution then runs once, on the new primary, and ends succeeded."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    agents = start_agents(tmp_path, redises.url(), env={EVIDENCE_DIR_ENV: str(evidence)})
+    replica, primary = redises.replica, redises.primary
+    old = ("127.0.0.1", primary.port)
+    try:
+        with httpx.Client(timeout=WAIT) as client:
+            accepted = client.post(
+                f"{agents[0].url}/reasoners/evidenced/async",
+                params={"delay": CLAIM_DELAY},
+                json={"seconds": 0.1},
+            )
+            sent = time.monotonic()
+            assert accepted.status_code == 202, accepted.text
+            execution_id = accepted.json()["execution_id"]
+            runs = evidence / execution_id
+
+            def claimed() -> bool:
+                """Its body ran on that claim, or the claim was put back unstarted."""
+                put_back = "so it never started; it goes back to the queue"
+                return runs.exists() or any(put_back in agent.stderr() for agent in agents)
+
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                primary.client.client_kill_filter(_type="replica")
+                wait_until(
+                    lambda: primary.info("replication")["connected_slaves"] == 0,
+                    what="the replica cut off",
+                )
+                assert time.monotonic() - sent < CLAIM_DELAY, "cut off after it fell due"
+                assert primary.client.hget(Keys("tests").record(execution_id), "status") == (
+                    "queued"
+                )
+                wait_until(claimed, what="a claim of the due execution on the primary")
+                primary.kill()
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+            asyncio.run(announced(redises, old))
+            # The new primary needs a replica of its own for a claim to be held there.
+            primary.rejoin(replica.port)
+
+            deadline = time.monotonic() + WAIT
+            while True:
+                read = client.get(f"{agents[1].url}/executions/{execution_id}")
+                if read.status_code == 200 and read.json()["status"] == "succeeded":
+                    break
+                assert time.monotonic() < deadline, read.text
+                time.sleep(POLL)
+        lines = runs.read_text().splitlines()
+        print(f"\nbody runs: {lines}")
+        assert [line.split()[:2] for line in lines] == [["run", "1"]], lines
+        for agent in agents:
+            assert PASSWORD not in agent.stderr()
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
