@@ -1101,3 +1101,79 @@ def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again
     finally:
         for agent in agents:
             agent.close()
+
+
+def settles(agent: ServerProcess) -> float:
+    """Settle operations (the repair reading creates that were in doubt), from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{agent.url}/metrics", timeout=WAIT).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "agent_server_store_operation_duration_seconds_count"
+        and sample.labels.get("operation") == "settle"
+    )
+
+
+def test_a_start_in_doubt_is_not_adopted_before_a_replica_holds_it(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """A start answered 503 + Location (recorded on the primary, no replica holds it) is
+    not run by the repair that finds it there: with the replica stopped and cut off, then
+    the primary killed and the stale replica promoted, the record is gone, so a body run for
+    it would be a run nobody can read, and the client's retry under the same key runs the
+    request again. Its body never starts; the retry is the one run."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    (agent,) = start_agents(tmp_path, redises.url(), 1, env={EVIDENCE_DIR_ENV: str(evidence)})
+    replica, primary = redises.replica, redises.primary
+    old = ("127.0.0.1", primary.port)
+    key = {"Idempotency-Key": "once"}
+    try:
+        with httpx.Client(base_url=agent.url, timeout=WAIT) as client:
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                primary.client.client_kill_filter(_type="replica")
+                wait_until(
+                    lambda: primary.info("replication")["connected_slaves"] == 0,
+                    what="the replica cut off",
+                )
+                before = settles(agent)
+                doubt = client.post("/reasoners/evidenced/async", json={}, headers=key)
+                assert doubt.status_code == 503, doubt.text
+                vanished = doubt.json()["execution_id"]
+                assert primary.client.exists(Keys("tests").record(vanished))
+                # Two repairs since (the first may have begun before the 503), or its body.
+                wait_until(
+                    lambda: (evidence / vanished).exists() or settles(agent) >= before + 2,
+                    what="a repair after the start in doubt",
+                )
+                primary.kill()
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+            asyncio.run(announced(redises, old))
+            primary.rejoin(replica.port)
+            deadline = time.monotonic() + WAIT
+            while (read := client.get(f"/executions/{vanished}")).status_code != 404:
+                assert time.monotonic() < deadline, read.text  # 503 while reconnecting
+                time.sleep(POLL)
+            while (
+                retry := client.post("/reasoners/evidenced/async", json={}, headers=key)
+            ).status_code != 202:
+                assert retry.status_code == 503 and time.monotonic() < deadline, retry.text
+                time.sleep(POLL)
+            execution_id = retry.json()["execution_id"]
+            while (read := client.get(f"/executions/{execution_id}")).json()["status"] != (
+                "succeeded"
+            ):
+                assert time.monotonic() < deadline, read.text
+                time.sleep(POLL)
+        ran = sorted(path.name for path in evidence.iterdir())
+        print(f"\nbodies run for: {ran}; vanished {vanished}, retried as {execution_id}")
+        assert ran == [execution_id], ran
+        assert (evidence / execution_id).read_text().count("run 1") == 1
+        assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        agent.close()

@@ -162,7 +162,9 @@ class Liveness:
 
     async def repair(self) -> None:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is
-        settled: run here if Redis recorded it after all, else voided so it never will be.
+        settled: run here if Redis recorded it after all (with Sentinel, once a replica
+        holds it: a body never starts on a record a failover can undo), else voided so it
+        never will be.
         A recorded one not run here goes back to the queue for its first run. Then every
         running record this replica owns with no task here and no write owed is an orphan.
         One taken by a claim that got no answer (its token kept) never started: it goes
@@ -174,7 +176,10 @@ class Liveness:
         while self.in_doubt:
             ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
             with link.operation("settle"):
-                rows = await link.script("settle", self._keys.for_settle(ids), *ids)
+                rows, held = await link.told("settle", self._keys.for_settle(ids), *ids)
+            if not held:  # Sentinel: a record read now may not survive a failover (nor run)
+                self.repair_due = True
+                break
             for execution_id, row in zip(ids, rows, strict=True):
                 execution = self.in_doubt.pop(execution_id, None)
                 mine = execution is not None and (
@@ -214,8 +219,8 @@ class Liveness:
         for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
-            if key in owed or key in self.creating or self._runs(key):
-                continue
+            if key in owed or key in self.creating or key in self.in_doubt or self._runs(key):
+                continue  # in doubt still: settled once a replica holds it
             if token and self._unanswered.pop(token, None) is not None:
                 self._requeue_unstarted(execution, token)
                 continue
