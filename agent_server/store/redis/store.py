@@ -622,7 +622,7 @@ class RedisStore(ExecutionStore):
         finally:
             liveness.claiming -= 1
         if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
-            liveness.unanswered(token)
+            liveness.unanswered(token, held=False)
             liveness.renew_now.set()  # the repair puts it back at once if it is still ours
             raise StoreInDoubt(str(reply[0][Row.EXECUTION_ID]), "the claim")
         if not isinstance(reply[0], list):  # nothing taken: when to look again
