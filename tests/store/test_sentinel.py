@@ -37,6 +37,7 @@ from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import COMMAND_TIMEOUT
 from agent_server.store.resp import Address, RedisLink
 from agent_server.store.sentinel import parse_url
+from tests.apps.tests_app import EVIDENCE_DIR_ENV, REPLICA_ID_ENV
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import AOF, RedisServer, redis_command
 
@@ -824,7 +825,11 @@ async def told_starter(
 
 
 def start_agents(
-    tmp_path: Path, url: str, count: int = 2, app: str = "tests_app:agent"
+    tmp_path: Path,
+    url: str,
+    count: int = 2,
+    app: str = "tests_app:agent",
+    env: dict[str, str] | None = None,
 ) -> list[ServerProcess]:
     agents: list[ServerProcess] = []
     try:
@@ -834,7 +839,7 @@ def start_agents(
             agents.append(
                 ServerProcess(
                     [app, "--store", url, "--replica-id", f"agent{index}"],
-                    {},
+                    {**(env or {}), REPLICA_ID_ENV: f"agent{index}"},
                     marker_dir,
                 )
             )
@@ -1026,5 +1031,154 @@ def test_each_told_route_answers_in_doubt_while_no_replica_holds_its_write(
             assert client.get(f"/executions/{ended}").status_code == 404
             assert client.delete("/sessions/s1").status_code == 200
         assert PASSWORD not in agent.stderr()
+    finally:
+        agent.close()
+
+
+#: Seconds a delayed start waits before it is due: room to cut the replica off first.
+CLAIM_DELAY = 2.5
+
+
+def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """Section 12 (runs once): a non-resumable body never runs twice for one execution. A
+    delayed start is accepted (held by the replica); the replica is then stopped and cut off,
+    so the claim that takes it when it falls due reaches the primary only; the primary is
+    killed and the stale replica, where it is still queued, promoted. Had its body started on
+    that claim, the new primary would have it run again at attempt 1: the claim must wait for
+    a replica like any told write, and one no replica holds starts nothing (the repair puts
+    it back). The execution then runs once, on the new primary, and ends succeeded."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    agents = start_agents(tmp_path, redises.url(), env={EVIDENCE_DIR_ENV: str(evidence)})
+    replica, primary = redises.replica, redises.primary
+    old = ("127.0.0.1", primary.port)
+    try:
+        with httpx.Client(timeout=WAIT) as client:
+            accepted = client.post(
+                f"{agents[0].url}/reasoners/evidenced/async",
+                params={"delay": CLAIM_DELAY},
+                json={"seconds": 0.1},
+            )
+            sent = time.monotonic()
+            assert accepted.status_code == 202, accepted.text
+            execution_id = accepted.json()["execution_id"]
+            runs = evidence / execution_id
+
+            def claimed() -> bool:
+                """Its body ran on that claim, or the claim was put back unstarted."""
+                put_back = "so it never started; it goes back to the queue"
+                return runs.exists() or any(put_back in agent.stderr() for agent in agents)
+
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                primary.client.client_kill_filter(_type="replica")
+                wait_until(
+                    lambda: primary.info("replication")["connected_slaves"] == 0,
+                    what="the replica cut off",
+                )
+                assert time.monotonic() - sent < CLAIM_DELAY, "cut off after it fell due"
+                assert primary.client.hget(Keys("tests").record(execution_id), "status") == (
+                    "queued"
+                )
+                wait_until(claimed, what="a claim of the due execution on the primary")
+                primary.kill()
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+            asyncio.run(announced(redises, old))
+            # The new primary needs a replica of its own for a claim to be held there.
+            primary.rejoin(replica.port)
+
+            deadline = time.monotonic() + WAIT
+            while True:
+                read = client.get(f"{agents[1].url}/executions/{execution_id}")
+                if read.status_code == 200 and read.json()["status"] == "succeeded":
+                    break
+                assert time.monotonic() < deadline, read.text
+                time.sleep(POLL)
+        lines = runs.read_text().splitlines()
+        print(f"\nbody runs: {lines}")
+        assert [line.split()[:2] for line in lines] == [["run", "1"]], lines
+        for agent in agents:
+            assert PASSWORD not in agent.stderr()
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def settles(agent: ServerProcess) -> float:
+    """Settle operations (the repair reading creates that were in doubt), from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{agent.url}/metrics", timeout=WAIT).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "agent_server_store_operation_duration_seconds_count"
+        and sample.labels.get("operation") == "settle"
+    )
+
+
+def test_a_start_in_doubt_is_not_adopted_before_a_replica_holds_it(
+    tmp_path: Path, redises: Redises
+) -> None:
+    """A start answered 503 + Location (recorded on the primary, no replica holds it) is
+    not run by the repair that finds it there: with the replica stopped and cut off, then
+    the primary killed and the stale replica promoted, the record is gone, so a body run for
+    it would be a run nobody can read, and the client's retry under the same key runs the
+    request again. Its body never starts; the retry is the one run."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    (agent,) = start_agents(tmp_path, redises.url(), 1, env={EVIDENCE_DIR_ENV: str(evidence)})
+    replica, primary = redises.replica, redises.primary
+    old = ("127.0.0.1", primary.port)
+    key = {"Idempotency-Key": "once"}
+    try:
+        with httpx.Client(base_url=agent.url, timeout=WAIT) as client:
+            replica.proc.send_signal(signal.SIGSTOP)
+            try:
+                primary.client.client_kill_filter(_type="replica")
+                wait_until(
+                    lambda: primary.info("replication")["connected_slaves"] == 0,
+                    what="the replica cut off",
+                )
+                before = settles(agent)
+                doubt = client.post("/reasoners/evidenced/async", json={}, headers=key)
+                assert doubt.status_code == 503, doubt.text
+                vanished = doubt.json()["execution_id"]
+                assert primary.client.exists(Keys("tests").record(vanished))
+                # Two repairs since (the first may have begun before the 503), or its body.
+                wait_until(
+                    lambda: (evidence / vanished).exists() or settles(agent) >= before + 2,
+                    what="a repair after the start in doubt",
+                )
+                primary.kill()
+            finally:
+                replica.proc.send_signal(signal.SIGCONT)
+            asyncio.run(announced(redises, old))
+            primary.rejoin(replica.port)
+            deadline = time.monotonic() + WAIT
+            while (read := client.get(f"/executions/{vanished}")).status_code != 404:
+                assert time.monotonic() < deadline, read.text  # 503 while reconnecting
+                time.sleep(POLL)
+            while (
+                retry := client.post("/reasoners/evidenced/async", json={}, headers=key)
+            ).status_code != 202:
+                assert retry.status_code == 503 and time.monotonic() < deadline, retry.text
+                time.sleep(POLL)
+            execution_id = retry.json()["execution_id"]
+            while (read := client.get(f"/executions/{execution_id}")).json()["status"] != (
+                "succeeded"
+            ):
+                assert time.monotonic() < deadline, read.text
+                time.sleep(POLL)
+        ran = sorted(path.name for path in evidence.iterdir())
+        print(f"\nbodies run for: {ran}; vanished {vanished}, retried as {execution_id}")
+        assert ran == [execution_id], ran
+        assert (evidence / execution_id).read_text().count("run 1") == 1
+        assert "Traceback" not in agent.stderr(), agent.stderr()
     finally:
         agent.close()

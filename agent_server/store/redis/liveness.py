@@ -31,6 +31,11 @@ SWEEP_LIMIT = 100
 ORPHAN_SCAN = 10_000
 #: Claims without an answer remembered (each a token of 16 characters), the oldest first.
 UNANSWERED_CLAIMS = 10_000
+#: Seconds the token of a claim Redis ran but no replica was seen to hold is remembered: a
+#: failover can bring that claim back (a replica got it after the `WAIT`) until the record
+#: is written again, for as long as a Sentinel failover takes (its defaults: a primary down
+#: after 30 s, a failover given 180 s).
+UNHELD_CLAIM_SECONDS = 300.0
 
 
 class Liveness:
@@ -68,8 +73,9 @@ class Liveness:
         self._cancel = cancel
         self._running: Callable[[], Collection[str]] = tuple
         self._vanish: Callable[[str], object] | None = None
-        #: Tokens of claims sent without an answer, with when each was sent (monotonic):
-        #: what such a claim took never started here (`repair`).
+        #: Tokens of claims sent without an answer or not held by a replica, with until
+        #: when each may yet show in a record (monotonic): what such a claim took never
+        #: started here (`repair`).
         self._unanswered: OrderedDict[str, float] = OrderedDict()
         #: Creates sent without an answer (Redis may run them yet), settled by `repair`.
         self.in_doubt: dict[str, Execution] = {}
@@ -82,11 +88,13 @@ class Liveness:
         self._runs: Callable[[str], bool] | None = None
         self._adopt: Callable[[str], bool] | None = None
 
-    def unanswered(self, token: str) -> None:
+    def unanswered(self, token: str, *, held: bool = True) -> None:
         """A claim got no answer in time: Redis may run it yet, for this replica, which
         will never start what it took. The repair looks (for as long as Redis could still
-        run it: its lease check refuses it past this replica's lease)."""
-        self._unanswered[token] = time.monotonic()
+        run it: its lease check refuses it past this replica's lease). One answered but not
+        `held` by a replica (Sentinel) may come back with a failover: looked for longer."""
+        seconds = self._lease_ttl + COMMAND_TIMEOUT if held else UNHELD_CLAIM_SECONDS
+        self._unanswered[token] = time.monotonic() + seconds
         while len(self._unanswered) > UNANSWERED_CLAIMS:
             self._unanswered.popitem(last=False)
         self.repair_due = True
@@ -162,7 +170,9 @@ class Liveness:
 
     async def repair(self) -> None:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is
-        settled: run here if Redis recorded it after all, else voided so it never will be.
+        settled: run here if Redis recorded it after all (with Sentinel, once a replica
+        holds it: a body never starts on a record a failover can undo), else voided so it
+        never will be.
         A recorded one not run here goes back to the queue for its first run. Then every
         running record this replica owns with no task here and no write owed is an orphan.
         One taken by a claim that got no answer (its token kept) never started: it goes
@@ -174,7 +184,10 @@ class Liveness:
         while self.in_doubt:
             ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
             with link.operation("settle"):
-                rows = await link.script("settle", self._keys.for_settle(ids), *ids)
+                rows, held = await link.told("settle", self._keys.for_settle(ids), *ids)
+            if not held:  # Sentinel: a record read now may not survive a failover (nor run)
+                self.repair_due = True
+                break
             for execution_id, row in zip(ids, rows, strict=True):
                 execution = self.in_doubt.pop(execution_id, None)
                 mine = execution is not None and (
@@ -195,11 +208,11 @@ class Liveness:
         if not self.repair_due or self.claiming or self.creating or self._runs is None:
             return
         self.repair_due = False
-        # Tokens of claims Redis could still run (unanswered less than a lease ago) keep
-        # the repair due: what such a claim takes late is found at the next renewal.
-        horizon = time.monotonic() - self._lease_ttl - COMMAND_TIMEOUT
-        while self._unanswered and next(iter(self._unanswered.values())) < horizon:
-            self._unanswered.popitem(last=False)
+        # Tokens of claims that may yet show in a record (Redis could still run them, or a
+        # failover bring them back) keep the repair due: found at a next renewal.
+        now = time.monotonic()
+        for token in [token for token, until in self._unanswered.items() if until < now]:
+            del self._unanswered[token]
         try:
             with link.operation("owned"):
                 rows = await link.script(
@@ -214,9 +227,9 @@ class Liveness:
         for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
-            if key in owed or key in self.creating or self._runs(key):
-                continue
-            if token and self._unanswered.pop(token, None) is not None:
+            if key in owed or key in self.creating or key in self.in_doubt or self._runs(key):
+                continue  # in doubt still: settled once a replica holds it
+            if token and token in self._unanswered:  # kept: a failover may bring it back
                 self._requeue_unstarted(execution, token)
                 continue
             if max_attempts:

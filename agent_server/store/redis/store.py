@@ -612,13 +612,17 @@ class RedisStore(ExecutionStore):
     async def claim(self) -> Execution | None:
         """One script: the oldest queued execution (what fell due in `scheduled` joins the
         queue first), now running here, with its body and last checkpoint; None when
-        nothing is due (`due_in` then says when the next one is)."""
+        nothing is due (`due_in` then says when the next one is). With Sentinel it is a told
+        write: what it took runs only once a replica holds the claim, as a failover that
+        loses the claim would have another replica run it again; one no replica was seen to
+        hold is handled as a claim whose answer was lost (StoreInDoubt: never started
+        here, put back by the repair while the record still says it is ours)."""
         liveness = self._liveness
         liveness.claiming += 1
         token = os.urandom(8).hex()  # kept with what it takes: a lost answer is known by it
         try:
             with self._link.operation("claim"):
-                reply = await self._link.script(
+                reply, held = await self._link.told(
                     "claim", self.keys.for_claim(self.replica_id), self.replica_id, token
                 )
         except StoreUnavailable:
@@ -626,6 +630,10 @@ class RedisStore(ExecutionStore):
             raise
         finally:
             liveness.claiming -= 1
+        if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
+            liveness.unanswered(token, held=False)
+            liveness.renew_now.set()  # the repair puts it back at once if it is still ours
+            raise StoreInDoubt(str(reply[0][Row.EXECUTION_ID]), "the claim")
         if not isinstance(reply[0], list):  # nothing taken: when to look again
             due_ms, blocked = int(reply[0]), int(reply[1])
             loop = asyncio.get_running_loop()
