@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent_server.agent import Agent
-    from agent_server.execution import (
+    from agent_server.app.agent import Agent
+    from agent_server.model.execution import (
         AskMismatch,
         CancelReason,
         CheckpointTooLarge,
@@ -20,24 +20,24 @@ if TYPE_CHECKING:
         InputTimeout,
         StaleAttempt,
     )
-    from agent_server.scheduling import ExecutionTimeout, RetryPolicy
-    from agent_server.settings import Settings
-    from agent_server.status import ExecutionStatus
+    from agent_server.model.scheduling import ExecutionTimeout, RetryPolicy
+    from agent_server.model.status import ExecutionStatus
+    from agent_server.runtime.settings import Settings
 
 #: Each public name and the module that defines it.
 _HOMES = {
-    "Agent": "agent_server.agent",
-    "AskMismatch": "agent_server.execution",
-    "CancelReason": "agent_server.execution",
-    "CheckpointTooLarge": "agent_server.execution",
-    "Execution": "agent_server.execution",
-    "ExecutionContext": "agent_server.execution",
-    "ExecutionStatus": "agent_server.status",
-    "ExecutionTimeout": "agent_server.scheduling",
-    "InputTimeout": "agent_server.execution",
-    "RetryPolicy": "agent_server.scheduling",
-    "Settings": "agent_server.settings",
-    "StaleAttempt": "agent_server.execution",
+    "Agent": "agent_server.app.agent",
+    "AskMismatch": "agent_server.model.execution",
+    "CancelReason": "agent_server.model.execution",
+    "CheckpointTooLarge": "agent_server.model.execution",
+    "Execution": "agent_server.model.execution",
+    "ExecutionContext": "agent_server.model.execution",
+    "ExecutionStatus": "agent_server.model.status",
+    "ExecutionTimeout": "agent_server.model.scheduling",
+    "InputTimeout": "agent_server.model.execution",
+    "RetryPolicy": "agent_server.model.scheduling",
+    "Settings": "agent_server.runtime.settings",
+    "StaleAttempt": "agent_server.model.execution",
 }
 
 __all__ = [

@@ -1,5 +1,5 @@
 """`python -m agent_server run ...` is `agent-server run ...`."""
 
-from agent_server.cli import main
+from agent_server.process.cli import main
 
 main()

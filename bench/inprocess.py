@@ -9,9 +9,9 @@ alternate, and each pass is `--requests` requests; the best pass counts.
 Scenarios: a sync run (`POST /reasoners/echo`) and a status read (`GET /executions/{id}` of a
 finished execution), with the memory store.
 
-`--sampler` compares this tree with itself, the loop-lag sampler (`agent_server.loop_lag`) on
-and off (its `start` and `stop` made no-ops in the child), alternating as trees do: what the
-sampler costs a request.
+`--sampler` compares this tree with itself, the loop-lag sampler
+(`agent_server.runtime.loop_lag`) on and off (its `start` and `stop` made no-ops in the
+child), alternating as trees do: what the sampler costs a request.
 
 `--instructions` counts instructions instead of time (valgrind's callgrind, `PYTHONHASHSEED=0`):
 per scenario, the difference between a child that makes N requests and one that makes 1,000
@@ -48,10 +48,10 @@ from bench.common import ROOT
 
 CHILD = r"""
 import asyncio, json, sys, time
-from agent_server.demo import agent
+from agent_server.app.demo import agent
 
 if len(sys.argv) > 3 and sys.argv[3] == "off":  # --sampler: the same tree without it
-    import agent_server.loop_lag as loop_lag
+    import agent_server.runtime.loop_lag as loop_lag
 
     async def _stopped(self):
         pass

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from agent_server import record
-from agent_server import status as states
+from agent_server.model import record
+from agent_server.model import status as states
 
 #: The statuses an execution does not leave, from the one table (status.py imports nothing
 #: of the server).
@@ -48,7 +48,7 @@ class Execution:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Execution:
-        """Every field the record declares (agent_server/record.py), read by name."""
+        """Every field the record declares (agent_server/model/record.py), read by name."""
         values = {name: body.get(name, default) for name, default in _DEFAULTS.items()}
         values["execution_id"] = str(body["execution_id"])
         values["status"] = str(body["status"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_server.asks import MAX_ANSWER_BYTES
+from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.store.base import (
     BadCursor,
     CancelHandler,

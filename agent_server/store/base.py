@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent_server.asks import MAX_ANSWER_BYTES, Found, Question, Reply
-from agent_server.events import Event
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.asks import MAX_ANSWER_BYTES, Found, Question, Reply
+from agent_server.model.events import Event
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 
 # Re-exported: the stores and the routes import them with the rest of the interface.
 from agent_server.store.cursor import BadCursor as BadCursor

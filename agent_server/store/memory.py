@@ -16,10 +16,10 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from agent_server import jsoncodec
-from agent_server.asks import MAX_ANSWER_BYTES, Found, Ledger, Question, Reply
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
-from agent_server.scheduling import SESSION_GATED, is_session_key, session_key
+from agent_server.model import jsoncodec
+from agent_server.model.asks import MAX_ANSWER_BYTES, Found, Ledger, Question, Reply
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.scheduling import SESSION_GATED, is_session_key, session_key
 from agent_server.store.base import (
     FINISHED_EVENT,
     INPUT_REQUIRED_EVENT,
@@ -539,7 +539,7 @@ class MemoryStore(ExecutionStore):
         return [self._executions[key] for key in self._sessions.get(session_id, ())]
 
     async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
-        """One process: concurrent releases already share one (agent_server.sessions)."""
+        """One process: concurrent releases already share one (agent_server.runtime.sessions)."""
         self._releasing.add(session_id)
         return None
 

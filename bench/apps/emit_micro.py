@@ -19,10 +19,10 @@ import sys
 import time
 from typing import Any
 
-from agent_server.events import EventLog, encode_data
-from agent_server.execution import EVENT_NAME, Execution, ExecutionContext
-from agent_server.metrics import Metrics
-from agent_server.registry import InFlightRegistry
+from agent_server.model.events import EventLog, encode_data
+from agent_server.model.execution import EVENT_NAME, Execution, ExecutionContext
+from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.memory import MemoryStore
 
 DATA = {"n": 1}

@@ -15,7 +15,7 @@ from openapi_spec_validator import validate as validate_openapi
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Agent, Settings
-from agent_server.execution import CancelReason
+from agent_server.model.execution import CancelReason
 from tests.apps.tests_app import make_agent, reasoner_names
 from tests.support.loop_reports import loop_reports
 
@@ -694,8 +694,8 @@ async def test_router_shortcut_answers_as_starlettes_router(
     an agent routed by it and to one routed by Starlette's Router alone."""
     from starlette.routing import Router
 
-    from agent_server.front import HttpApp
-    from agent_server.routing import ApiRouter
+    from agent_server.http.front import HttpApp
+    from agent_server.http.routing import ApiRouter
 
     answers = []
     for router_class in (ApiRouter, Router):

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_server.execution import CancelReason
+from agent_server.model.execution import CancelReason
 from tests.apps.tests_app import make_agent
 
 WAIT = 5.0

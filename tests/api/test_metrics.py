@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Agent, Settings
-from agent_server.api import ROUTE_STATUSES
-from agent_server.execution import CancelReason
-from agent_server.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
+from agent_server.http.api import ROUTE_STATUSES
+from agent_server.model.execution import CancelReason
+from agent_server.runtime.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
 from tests.apps.tests_app import make_agent, reasoner_names
 
 P = "agent_server_"
@@ -118,7 +118,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
         P + "event_loop_lag_seconds": "histogram",
     }
-    # _created series are left out on purpose (see agent_server.metrics)
+    # _created series are left out on purpose (see agent_server.runtime.metrics)
     assert "_created" not in response.text
 
 
@@ -407,7 +407,7 @@ async def test_two_agents_in_one_process_do_not_collide() -> None:
 def test_http_histogram_matches_prometheus_client_on_every_bound() -> None:
     """The HTTP series are plain counts read at scrape time; they must bucket (`le`: value <=
     bound), sum and print exactly as a prometheus_client Histogram fed the same values."""
-    from agent_server.metrics import Metrics
+    from agent_server.runtime.metrics import Metrics
 
     values = [
         *HTTP_BUCKETS,  # exactly on each bound: counted in that bucket
@@ -458,8 +458,8 @@ def test_http_histogram_matches_prometheus_client_on_every_bound() -> None:
 
 def test_inflight_is_started_minus_finished_for_every_reasoner() -> None:
     """`executions_inflight` is computed at scrape time from the two counters."""
-    from agent_server.execution import Execution, ExecutionStatus
-    from agent_server.metrics import Metrics
+    from agent_server.model.execution import Execution, ExecutionStatus
+    from agent_server.runtime.metrics import Metrics
 
     metrics = Metrics()
     metrics.add_reasoner("a")

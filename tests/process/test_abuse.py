@@ -16,7 +16,7 @@ from urllib.parse import quote, unquote
 import httpx
 import pytest
 
-from agent_server.names import is_session_id
+from agent_server.model.names import is_session_id
 from tests.support.cluster import wait_for
 from tests.support.process import ServerProcess, server_errors
 from tests.support.raw_http import Raw, Responses, exchange, rss_kib
@@ -206,7 +206,7 @@ def test_bad_limit_is_422(client: httpx.Client, value: str) -> None:
         ({"status": "bogus"}, 422),
         ({"status": ""}, 422),
         ({"reasoner": "x" * 10_000}, 400),  # no reasoner can have that name
-        ({"session_id": "\u2603" * 100}, 400),  # no request can carry it (agent_server.names)
+        ({"session_id": "\u2603" * 100}, 400),  # no request can carry it (agent_server.model.names)
         ({"limit": "1000"}, 200),
     ],
 )
@@ -383,7 +383,7 @@ def test_unknown_or_malformed_execution_ids_are_404(
 @pytest.mark.parametrize("session_id", WEIRD_IDS)
 def test_unknown_sessions_release_as_empty(server: ServerProcess, session_id: str) -> None:
     """Releasing an unknown session is 200 with nothing done; an id no request could have
-    carried (agent_server.names: a '/', a '%', a space, non-ASCII...) is 400."""
+    carried (agent_server.model.names: a '/', a '%', a space, non-ASCII...) is 400."""
     request = f"DELETE /sessions/{quote(session_id, safe='%')} HTTP/1.1\r\nHost: t\r\n\r\n"
     status, _, body = exchange(server, request.encode())
     decoded = unquote(quote(session_id, safe="%"))

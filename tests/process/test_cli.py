@@ -21,7 +21,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_server import Settings
-from agent_server.cli import run, settings_options
+from agent_server.process.cli import run, settings_options
 from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli
 
 ServerFactory = Callable[..., ServerProcess]

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from agent_server.cli import main
-from agent_server.cli_client import ClientCommand
 from agent_server.client import AgentClient, InvalidInput, NotFound
+from agent_server.process.cli import main
+from agent_server.process.cli_client import ClientCommand
 from tests.support.process import ServerProcess, one_line
 
 WAIT = 20.0

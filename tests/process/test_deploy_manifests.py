@@ -26,8 +26,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from agent_server.metrics import Metrics
-from agent_server.settings import SHUTDOWN_MARGIN, Settings
+from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.settings import SHUTDOWN_MARGIN, Settings
 from tests.support.process import free_port, need, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -358,7 +358,7 @@ async def test_claimed_work_this_replica_cannot_run_ends_failed_and_is_counted(
     """A replica that claims an execution whose reasoner it does not serve (a rollout that
     renamed it) ends it `failed` through its registry: recorded, logged and counted like
     any other end, not written past the metrics."""
-    from agent_server.execution import Execution
+    from agent_server.model.execution import Execution
     from agent_server.store.redis import RedisStore
     from tests.support.stores import eventually
 

@@ -19,8 +19,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from agent_server.http_limits import MAX_PIPELINE
-from agent_server.names import is_session_id
+from agent_server.http.http_limits import MAX_PIPELINE
+from agent_server.model.names import is_session_id
 from tests.support.process import APPS_DIR, ServerProcess, free_port
 from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 

@@ -412,9 +412,9 @@ async def test_a_replay_leaves_in_bounded_writes() -> None:
     """A thousand kept events of 100 kB replayed to a reader: written a chunk at a time
     (each send waits on the connection's flow control), never as one 100 MB write that a
     reader who never reads would pin."""
-    from agent_server.execution import Execution, ExecutionStatus
-    from agent_server.sse import REPLAY_CHUNK, EventStream, LocalEvents, Streams
-    from agent_server.waiting import Closing
+    from agent_server.http.sse import REPLAY_CHUNK, EventStream, LocalEvents, Streams
+    from agent_server.model.execution import Execution, ExecutionStatus
+    from agent_server.model.waiting import Closing
 
     execution = Execution("chatter", None, "here")
     log = execution.event_log(1000)

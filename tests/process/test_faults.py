@@ -190,7 +190,7 @@ def test_the_checker_finds_a_body_run_twice_and_steps_lost_or_repeated() -> None
 
 def test_the_checker_reads_logs_but_leaves_a_reasoners_own_failure_to_its_record() -> None:
     own = (
-        "2026-12-01 20:39:19,257 ERROR agent_server.registry: execution "
+        "2026-12-01 20:39:19,257 ERROR agent_server.runtime.registry: execution "
         f"{ID} (evidenced) failed\nTraceback (most recent call last):\n"
         '  File "tests_app.py", line 1, in evidenced\nValueError: failed on purpose\n'
     )

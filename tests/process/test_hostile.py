@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_server.jsoncodec import MAX_DEPTH
+from agent_server.model.jsoncodec import MAX_DEPTH
 from agent_server.store.redis.keys import Keys
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Settings
-from agent_server.pushgateway import JOB
+from agent_server.runtime.pushgateway import JOB
 from tests.apps.tests_app import make_agent
 from tests.support.pushgateway import PushReceiver
 

@@ -429,7 +429,7 @@ def test_one_unanswered_renewal_leaves_an_idle_replica_ready(
     own connection stalls; Redis answers everything else) neither turns /readyz 503 nor
     says the store is unreachable. The probe asks again at once on a fresh connection, and
     only a probe unanswered that long again would turn the replica unready."""
-    from agent_server.execution import Execution
+    from agent_server.model.execution import Execution
     from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
     from tests.support.faults import CutProxy
 

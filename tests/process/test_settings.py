@@ -16,8 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from agent_server import Settings
-from agent_server.settings import SHUTDOWN_MARGIN
-from agent_server.shutdown import EXIT_RESERVE, ShutdownPlan
+from agent_server.runtime.settings import SHUTDOWN_MARGIN
+from agent_server.runtime.shutdown import EXIT_RESERVE, ShutdownPlan
 from tests.support.process import ROOT, ServerProcess, agent_server_cli
 from tests.support.shutdown import ASYNCIO_COMPLAINTS, finish, shutdown_report
 
@@ -160,7 +160,7 @@ def test_malformed_values_exit_2(args: tuple[str, ...], env: dict[str, str], exp
 
 
 def _durations() -> list[str]:
-    from agent_server.settings import Settings
+    from agent_server.runtime.settings import Settings
 
     return [
         name
@@ -174,7 +174,7 @@ def _durations() -> list[str]:
 def test_every_duration_is_finite_and_within_a_year(name: str, value: str) -> None:
     """Section 12, invariant 7: a duration the clock, the watchdog or Redis TTLs cannot take
     is refused at start, naming the flag, for every duration setting there is."""
-    from agent_server.settings import Settings
+    from agent_server.runtime.settings import Settings
 
     with pytest.raises(ValidationError) as refused:
         Settings(**{name: value})  # type: ignore[arg-type]

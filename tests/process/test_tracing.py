@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agent_server.tracing import attempt_span_id, traceparent
+from agent_server.runtime.tracing import attempt_span_id, traceparent
 from tests.support.cluster import Replica, wait_for
 from tests.support.process import ROOT, ServerProcess, free_port
 from tests.support.redis_server import RedisServer
@@ -219,11 +219,11 @@ def test_the_execution_span_is_a_child_of_the_callers_trace(
     assert span["links"] == []  # a first attempt links to nothing
     assert span["attributes"] == {
         "agent_server.execution_id": execution_id,
-        "agent_server.reasoner": "chatter",
+        "agent_server.model.reasoner": "chatter",
         "agent_server.session_id": "s-1",
         "agent_server.attempt": 1,
         "agent_server.replica": "solo",
-        "agent_server.status": "succeeded",
+        "agent_server.model.status": "succeeded",
     }
     assert span["events"] == ["progress"] * 3
     assert span["resource"]["service.name"] == "tracing-tests"
@@ -320,7 +320,7 @@ def test_with_the_variables_unset_nothing_of_opentelemetry_is_imported() -> None
     """Traces off: the app is built and serves an execution without loading the SDK."""
     program = (
         "import sys, asyncio, httpx\n"
-        "from agent_server.demo import agent\n"
+        "from agent_server.app.demo import agent\n"
         "async def main():\n"
         "    app = agent.asgi()\n"
         "    async with agent.lifespan(app):\n"
@@ -409,11 +409,17 @@ def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
     )
     assert one["name"] == two["name"] == "execution steps"
     assert one["parent_span_id"] == two["parent_span_id"] == start["span_id"]
-    assert (one["resource"]["service.instance.id"], one["attributes"]["agent_server.status"]) == (
+    assert (
+        one["resource"]["service.instance.id"],
+        one["attributes"]["agent_server.model.status"],
+    ) == (
         "r0",
         "queued",
     )
-    assert (two["resource"]["service.instance.id"], two["attributes"]["agent_server.status"]) == (
+    assert (
+        two["resource"]["service.instance.id"],
+        two["attributes"]["agent_server.model.status"],
+    ) == (
         "r1",
         "succeeded",
     )

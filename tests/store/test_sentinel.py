@@ -29,8 +29,8 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ReadOnlyError
 
-from agent_server.asks import Question
-from agent_server.execution import CancelReason
+from agent_server.model.asks import Question
+from agent_server.model.execution import CancelReason
 from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.redis.keys import Keys
@@ -385,7 +385,7 @@ async def test_an_end_counts_as_recorded_only_once_a_replica_has_it(redises: Red
     """Asynchronous replication acknowledges what no replica has yet, and a failover then
     loses it: with Sentinel an end is recorded (and a synchronous caller answered) only
     once `WAIT 1` says a replica has it; until then it stays in the outbox."""
-    from agent_server.execution import Execution, ExecutionStatus
+    from agent_server.model.execution import Execution, ExecutionStatus
 
     store = RedisStore(redises.url(), replica_id="A", agent_name="sentinel-wait")
     await store.open()
@@ -414,7 +414,7 @@ async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -
     start, a cancel of a queued execution, an answer and a DELETE raise StoreInDoubt naming
     the execution (503 + Location), a release's end StoreUnavailable, each within the
     command timeout, never a success a failover could take back. Reads still answer."""
-    from agent_server.execution import Execution, ExecutionStatus
+    from agent_server.model.execution import Execution, ExecutionStatus
 
     store = RedisStore(redises.url(), replica_id="A", agent_name="told")
     await store.open()

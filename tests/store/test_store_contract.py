@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from agent_server.asks import Found, Question, Reply
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.asks import Found, Question, Reply
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import (
     BadCursor,
     ExecutionRunning,
@@ -488,7 +488,7 @@ async def test_max_retained_drops_the_oldest_finished(replicas: Factory) -> None
 
 OWNER = """
 import asyncio, pathlib, sys
-from agent_server.execution import Execution
+from agent_server.model.execution import Execution
 from agent_server.store.redis import RedisStore
 
 async def main():
@@ -780,7 +780,7 @@ async def test_a_hand_off_is_claimed_once_with_its_body_and_checkpoint(redis_url
         assert claimed.body == {"count": 3} and claimed.checkpoint == '{"done": 2}'
         assert await a.claim() is None  # taken once
         # The old attempt can write neither a checkpoint nor an end any more.
-        from agent_server.execution import StaleAttempt
+        from agent_server.model.execution import StaleAttempt
 
         with pytest.raises(StaleAttempt):
             await a.checkpoint(execution, '{"done": 3}')
@@ -873,7 +873,7 @@ async def test_a_key_whose_execution_was_forgotten_starts_nothing(
 async def test_a_burst_of_events_never_stands_in_an_ends_way(redis_url: str) -> None:
     """More events than the outbox keeps for them: the surplus is dropped and counted,
     while every end is written (Redis is up all along)."""
-    from agent_server.events import Event
+    from agent_server.model.events import Event
     from agent_server.store.redis import EVENTS_PENDING
 
     a = open_redis(redis_url, "A", Recorder(), outbox_limit=100)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from agent_server.events import Event
-from agent_server.execution import Execution, ExecutionStatus
+from agent_server.model.events import Event
+from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 from tests.support.faults import CutProxy

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent_server.registry import InFlightRegistry
-from agent_server.sessions import SessionReleases
+from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.sessions import SessionReleases
 from agent_server.store.memory import MemoryStore
 
 

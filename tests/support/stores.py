@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_server.execution import Execution
+from agent_server.model.execution import Execution
 from agent_server.store import ExecutionStore
 from agent_server.store.redis import RedisStore
 

@@ -1,5 +1,5 @@
-"""A request's identity and the memory store's ledger (agent_server/asks.py), and the check
-of an answer against its schema on every replica (agent_server/answers.py)."""
+"""A request's identity and the memory store's ledger (agent_server/model/asks.py), and the check
+of an answer against its schema on every replica (agent_server/http/answers.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent_server import answers
-from agent_server.asks import Found, Ledger, Question, identity, label
+from agent_server.http import answers
+from agent_server.model.asks import Found, Ledger, Question, identity, label
 from tests.apps.input_app import EMAIL_PATTERN
 
 
@@ -42,7 +42,7 @@ def test_the_ledger_matches_asks_by_identity_in_order() -> None:
 
 
 def question_reply(found: Found, number: int, value: Any) -> Any:
-    from agent_server.asks import Reply
+    from agent_server.model.asks import Reply
 
     return Reply(found, number, value)
 

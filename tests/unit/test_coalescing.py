@@ -8,7 +8,7 @@ import asyncio
 import socket
 from typing import Any
 
-from agent_server.coalescing import CoalescingWriter
+from agent_server.http.coalescing import CoalescingWriter
 
 TIMEOUT = 5.0
 

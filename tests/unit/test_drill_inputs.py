@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent_server.drill import SHUTDOWN_FIELDS, DrillError, choose, example_input, parse_input
+from agent_server.process.drill import (
+    SHUTDOWN_FIELDS,
+    DrillError,
+    choose,
+    example_input,
+    parse_input,
+)
 
 
 def test_the_shutdown_flags_are_the_budgets_terms() -> None:

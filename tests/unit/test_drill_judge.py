@@ -1,5 +1,5 @@
 """How `agent-server drill` reads each execution on and judges where it ended: every status
-of the one enum (agent_server/status.py) has a way to be followed and a verdict on either
+of the one enum (agent_server/model/status.py) has a way to be followed and a verdict on either
 store, and following is bounded whatever a server answers."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_server.drill import (
+from agent_server.model.status import TERMINAL, ExecutionStatus
+from agent_server.process.drill import (
     MAX_FOLLOW_REQUESTS,
     Follow,
     Outcome,
@@ -20,7 +21,6 @@ from agent_server.drill import (
     outcome,
     status_of,
 )
-from agent_server.status import TERMINAL, ExecutionStatus
 
 S = ExecutionStatus
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agent_server import jsoncodec
+from agent_server.model import jsoncodec
 
 DOCUMENT = {"text": "h\u00e9llo \u2603", "n": [1, 2.5, None, True]}
 

@@ -12,7 +12,12 @@ from types import CodeType
 
 import pytest
 
-from agent_server.loop_lag import FRAMEWORK_PLACES, LoopLagSampler, name_culprit, reasoner_codes
+from agent_server.runtime.loop_lag import (
+    FRAMEWORK_PLACES,
+    LoopLagSampler,
+    name_culprit,
+    reasoner_codes,
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ def test_the_innermost_frame_outside_the_framework_is_named() -> None:
     top = stack(
         ("run", "/usr/lib/python3.11/asyncio/runners.py", 118),
         ("_run_once", "/usr/lib/python3.11/asyncio/base_events.py", 1922),
-        ("_run", "/srv/agent_server/registry.py", 420),
+        ("_run", "/srv/agent_server/runtime/registry.py", 420),
         ("answer", "/app/bot.py", 30),
         ("fetch", "/app/helpers.py", 12),
     )
@@ -65,7 +70,7 @@ def test_framework_frames_inside_the_users_code_are_skipped() -> None:
     top = stack(
         ("_run_once", "/usr/lib/python3.11/asyncio/base_events.py", 1922),
         ("answer", "/app/bot.py", 30),
-        ("emit", "/srv/agent_server/execution.py", 300),  # called by the reasoner
+        ("emit", "/srv/agent_server/model/execution.py", 300),  # called by the reasoner
         ("select", "/usr/lib/python3.11/selectors.py", 468),
     )
     culprit = name_culprit(top, {}, FRAMEWORK)  # type: ignore[arg-type]
@@ -118,7 +123,7 @@ async def test_a_stall_is_reported_once_naming_the_helper_and_the_reasoner(
         interval=0.05,
         threshold=0.3,
     )
-    caplog.set_level(logging.INFO, logger="agent_server.loop_lag")
+    caplog.set_level(logging.INFO, logger="agent_server.runtime.loop_lag")
     sampler.start()
     try:
         await asyncio.sleep(0.12)  # a few ordinary samples first

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent_server import Agent, ExecutionContext
-from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from tests.apps.tests_app import Text, make_agent
 
 
@@ -362,7 +362,7 @@ async def test_unserialisable_result_is_failed() -> None:
 
 def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
     from agent_server import RetryPolicy
-    from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+    from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 
     async def work() -> None:
         return None
@@ -388,7 +388,7 @@ def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
 
 
 def test_a_concurrency_limit_is_checked_where_the_reasoner_is_defined() -> None:
-    from agent_server.reasoner import Reasoner, ReasonerDefinitionError
+    from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 
     async def work() -> None:
         return None

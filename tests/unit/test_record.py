@@ -1,4 +1,4 @@
-"""The execution record is declared once (agent_server/record.py): its JSON, its schema and
+"""The execution record is declared once (agent_server/model/record.py): its JSON, its schema and
 what a synchronous run answers follow that declaration and the state table."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from agent_server import record
-from agent_server.api import SYNC_ANSWER
-from agent_server.execution import Execution
-from agent_server.openapi import EXECUTION_SCHEMA
-from agent_server.status import TERMINAL, CancelReason, ExecutionStatus
+from agent_server.http.api import SYNC_ANSWER
+from agent_server.http.openapi import EXECUTION_SCHEMA
+from agent_server.model import record
+from agent_server.model.execution import Execution
+from agent_server.model.status import TERMINAL, CancelReason, ExecutionStatus
 
 
 def _executions() -> list[Execution]:
@@ -62,7 +62,7 @@ def test_a_synchronous_run_has_an_answer_for_every_status_it_can_end_in() -> Non
 
 
 def test_the_client_reads_every_declared_field_back() -> None:
-    """The client's model has the record's fields (agent_server/record.py) and reads each."""
+    """The client's model has the record's fields (agent_server/model/record.py) and reads each."""
     from agent_server.client import Execution as ClientExecution
 
     server_side = _executions()[3].to_json()

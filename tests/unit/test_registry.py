@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent_server.execution import CancelReason, ExecutionContext, ExecutionStatus
-from agent_server.reasoner import Reasoner
-from agent_server.registry import (
+from agent_server.model.execution import CancelReason, ExecutionContext, ExecutionStatus
+from agent_server.model.reasoner import Reasoner
+from agent_server.runtime.registry import (
     ABANDONED_LINES,
     AdmissionError,
     InFlightRegistry,

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Agent
-from agent_server.execution import CancelReason, ExecutionStatus
-from agent_server.reasoner import Reasoner
-from agent_server.registry import AdmissionError, InFlightRegistry, RejectReason
-from agent_server.sessions import SessionBusy, SessionRelease
+from agent_server.model.execution import CancelReason, ExecutionStatus
+from agent_server.model.reasoner import Reasoner
+from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.runtime.sessions import SessionBusy, SessionRelease
 from tests.apps.tests_app import (
     deferred_cleanup,
     echo,

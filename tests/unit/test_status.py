@@ -1,4 +1,4 @@
-"""The state machine of agent_server/status.py is the one every part reads: the docs show
+"""The state machine of agent_server/model/status.py is the one every part reads: the docs show
 its diagram, execution objects refuse moves it does not hold, the scripts name its
 statuses, and the client takes its terminal statuses from it without loading the server."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import status
-from agent_server.execution import Execution
-from agent_server.status import ExecutionStatus, IllegalTransition, Transition
+from agent_server.model import status
+from agent_server.model.execution import Execution
+from agent_server.model.status import ExecutionStatus, IllegalTransition, Transition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +63,8 @@ def test_the_scripts_name_statuses_through_the_table() -> None:
 
 
 def test_the_client_reads_the_table_and_loads_none_of_the_server() -> None:
-    """Of agent_server, only the lazy package, the state table and the client's own modules;
-    none of the server's libraries."""
+    """Of agent_server, only the lazy package, the model's package (a docstring), the state
+    table and the client's own modules; none of the server's libraries."""
     code = (
         "import sys, agent_server.client as c; "
         "print(sorted(c.TERMINAL)); "
@@ -78,6 +78,12 @@ def test_the_client_reads_the_table_and_loads_none_of_the_server() -> None:
     assert out[0] == str(sorted(s.value for s in status.TERMINAL))
     assert out[1] == "[]"
     loaded = set(ast.literal_eval(out[2]))
-    light = {"agent_server", "agent_server.status", "agent_server.record", "agent_server.client"}
+    light = {
+        "agent_server",
+        "agent_server.model",
+        "agent_server.model.status",
+        "agent_server.model.record",
+        "agent_server.client",
+    }
     assert light <= loaded
     assert {m for m in loaded - light if not m.startswith("agent_server.client.")} == set()

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from agent_server.execution import Execution
-from agent_server.logs import LOG_EXECUTION, LOG_SPAN, JsonFormatter
-from agent_server.tracing import Tracing, attempt_span_id, traceparent, tracing_from, wanted
+from agent_server.model.execution import Execution
+from agent_server.runtime.logs import LOG_EXECUTION, LOG_SPAN, JsonFormatter
+from agent_server.runtime.tracing import Tracing, attempt_span_id, traceparent, tracing_from, wanted
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_an_exporter_or_protocol_not_packaged_leaves_traces_off(
         {"OTEL_TRACES_EXPORTER": "zipkin"},
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
     ):
-        with caplog.at_level(logging.WARNING, logger="agent_server.tracing"):
+        with caplog.at_level(logging.WARNING, logger="agent_server.runtime.tracing"):
             tracing = tracing_from(environ, "svc", "r1")
         assert type(tracing) is Tracing and not tracing.enabled
     assert len(caplog.records) == 2

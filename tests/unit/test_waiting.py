@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from agent_server.http_limits import Pipeline
-from agent_server.sse import Ticks
-from agent_server.waiting import Flag, Waiters
+from agent_server.http.http_limits import Pipeline
+from agent_server.http.sse import Ticks
+from agent_server.model.waiting import Flag, Waiters
 
 TIMEOUT = 5.0
 

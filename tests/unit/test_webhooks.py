@@ -18,12 +18,11 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from agent_server import logs, redaction
-from agent_server.execution import Execution, ExecutionStatus
-from agent_server.redaction import QuoteArgs, RedactUrls
-from agent_server.store import ExecutionStore, MemoryStore, memory
-from agent_server.store.base import Delivery
-from agent_server.webhooks import (
+from agent_server.model import redaction
+from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.redaction import QuoteArgs, RedactUrls
+from agent_server.runtime import logs
+from agent_server.runtime.webhooks import (
     MAX_RETRY_DELAY,
     AllowList,
     WebhookSender,
@@ -33,6 +32,8 @@ from agent_server.webhooks import (
     host_problem,
     retry_delay,
 )
+from agent_server.store import ExecutionStore, MemoryStore, memory
+from agent_server.store.base import Delivery
 from tests.support.redis_server import RedisServer
 from tests.support.stores import Recorder, closed, eventually, open_redis
 
@@ -451,7 +452,7 @@ async def test_a_kept_url_no_resolver_takes_gives_up_once(
         await sender.close()
     assert seen.outcomes == ["gave_up"]
     assert await one_store.claim_webhooks(10, 0.0, due_only=False) == (0, [])
-    lines = [r for r in caplog.records if r.name == "agent_server.webhooks"]
+    lines = [r for r in caplog.records if r.name == "agent_server.runtime.webhooks"]
     assert [(r.levelname, r.exc_info) for r in lines] == [("WARNING", None)]
     assert "can never be delivered" in lines[0].getMessage()
 

@@ -7,8 +7,8 @@ import logging
 import urllib.parse
 from typing import Any
 
-from agent_server import jsoncodec
-from agent_server.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model import jsoncodec
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store import sentinel
 from agent_server.store.base import ListCursor, StoreObserver
 from agent_server.store.redis.scripts import FIELDS, Moved, Row

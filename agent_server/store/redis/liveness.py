@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 
-from agent_server.execution import Execution, ExecutionStatus, log_fields
+from agent_server.model.execution import Execution, ExecutionStatus, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.keys import Keys

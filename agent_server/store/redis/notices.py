@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from agent_server.execution import CancelReason, Execution
+from agent_server.model.execution import CancelReason, Execution
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis.codec import RowCodec, loads
 from agent_server.store.redis.failures import UNREACHABLE

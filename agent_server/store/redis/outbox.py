@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from agent_server.execution import Execution, log_fields
+from agent_server.model.execution import Execution, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.failures import Refused, on_a_replica, transient_reason
 from agent_server.store.redis.link import REPLICA_WAIT_MS, Link

@@ -14,9 +14,9 @@ import hashlib
 import re
 from importlib import resources
 
-from agent_server import record
-from agent_server.scheduling import session_key
-from agent_server.status import ACTIVE, OWNED, ExecutionStatus
+from agent_server.model import record
+from agent_server.model.scheduling import session_key
+from agent_server.model.status import ACTIVE, OWNED, ExecutionStatus
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -47,7 +47,7 @@ NAMES = (
 
 class Row(enum.IntEnum):
     """A record as a script returns it, by position (from 0; Lua's `I_STATUS` is one more):
-    the record's fields as agent_server/record.py declares them, in its order (the hash,
+    the record's fields as agent_server/model/record.py declares them, in its order (the hash,
     Lua's `F`), then what a read adds: what it did to the record, whether a list matched it,
     and the list cursor past it. Python and Lua both read a row through these names."""
 
@@ -74,7 +74,7 @@ class Row(enum.IntEnum):
 #: The record's hash fields, in the order every script returns them: the declaration's.
 FIELDS = tuple(field.name for field in record.FIELDS)
 if tuple(index.name.lower() for index in Row if index < Row.MOVED) != FIELDS:
-    raise RuntimeError("Row must name agent_server/record.py's fields, in its order")
+    raise RuntimeError("Row must name agent_server/model/record.py's fields, in its order")
 
 
 class Create(enum.IntEnum):
@@ -124,10 +124,10 @@ _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
 
 def _codes() -> str:
     """codes.lua: each reply code as a Lua local (`CREATE_CREATED` for `Create.CREATED`),
-    each status of the state machine (`STATUS_RUNNING`, agent_server/status.py), which
+    each status of the state machine (`STATUS_RUNNING`, agent_server/model/status.py), which
     are active (`ACTIVE[status]`: some move leaves them) and which an owner's task runs in
     (`OWNED[status]`: running, or waiting for input), the record's fields (`F`, from
-    agent_server/record.py) and where each is in a returned record (`I_STATUS`)."""
+    agent_server/model/record.py) and where each is in a returned record (`I_STATUS`)."""
     lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
     for kind in (Create, Forget, Asked, Moved):
         for code in kind:

@@ -21,15 +21,16 @@ from typing import Any, cast
 
 import orjson
 
-from agent_server import jsoncodec
-from agent_server.asks import MAX_ANSWER_BYTES, Found, Question, Reply
-from agent_server.events import Event
-from agent_server.execution import (
+from agent_server.model import jsoncodec
+from agent_server.model.asks import MAX_ANSWER_BYTES, Found, Question, Reply
+from agent_server.model.events import Event
+from agent_server.model.execution import (
     CancelReason,
     Execution,
     ExecutionStatus,
     StaleAttempt,
 )
+from agent_server.model.waiting import Wakeup
 from agent_server.store import sentinel
 from agent_server.store.base import (
     Delivery,
@@ -57,7 +58,6 @@ from agent_server.store.redis.notices import Notices
 from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX, OUTBOX_LIMIT, Outbox
 from agent_server.store.redis.releases import Releases
 from agent_server.store.redis.scripts import Asked, Create, Forget, Row
-from agent_server.waiting import Wakeup
 
 logger = logging.getLogger("agent_server.store")
 

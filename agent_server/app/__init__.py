@@ -1,0 +1,1 @@
+"""The app: `Agent`, the user's object and an ASGI app, and the embedded demo agent."""

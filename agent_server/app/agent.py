@@ -1,0 +1,588 @@
+"""Agent: the user's object. Registers reasoners and is itself an ASGI application."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
+
+from agent_server.http.api import RETRY_AFTER_SECONDS, Api
+from agent_server.http.docs_page import DocsPage
+from agent_server.http.front import build_app
+from agent_server.http.openapi import openapi_document
+from agent_server.model import jsoncodec
+from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
+from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.scheduling import RetryPolicy
+from agent_server.model.waiting import Closing
+from agent_server.runtime.durable import QueueTaker
+from agent_server.runtime.exits import finish_process
+from agent_server.runtime.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
+from agent_server.runtime.loop_errors import install_loop_error_handler
+from agent_server.runtime.loop_lag import LoopLagSampler, reasoner_codes
+from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.pushgateway import push_shutdown
+from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.sessions import SessionReleases
+from agent_server.runtime.settings import Settings
+from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
+from agent_server.runtime.tracing import (
+    TRACE_CONTEXT_HEADERS,
+    Tracing,
+    tracing_from,
+    webhook_headers,
+)
+from agent_server.runtime.webhooks import WebhookSender
+from agent_server.store import ExecutionStore, open_store
+
+logger = logging.getLogger("agent_server.app.agent")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
+#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
+#: request headers are these, a caller's trace context, and each reasoner's concurrency
+#: header (`cors_request_headers`).
+CORS_METHODS = ("GET", "POST", "DELETE")
+CORS_REQUEST_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Accept",
+    "X-Session-ID",
+    "Idempotency-Key",
+    "Last-Event-ID",
+    "X-Webhook-URL",
+    "X-Session-Policy",
+    *TRACE_CONTEXT_HEADERS,
+)
+CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
+#: The answer to a request the server cancels before it is answered (plain uvicorn's
+#: --timeout-graceful-shutdown): another replica can take it.
+CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
+#: What uvicorn's cancellation of a request says when its shutdown stops waiting for open
+#: requests (`Server.shutdown`, read in uvicorn 0.54): only that one ends in `cut_off`.
+UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
+
+
+class Agent:
+    """A named set of reasoners served over HTTP, with its own registry, store and metrics.
+
+    `uvicorn module:agent` serves it directly; `agent-server run module:agent` adds the full
+    signal-driven shutdown sequence around it. The parts that depend on settings (store,
+    registry, session releases, shutdown sequence) are built when the settings are known.
+
+    Beside the reasoners, as in Starlette: `routes`, the user's own (HTTP; they answer what
+    no route of the API matches, behind the same bearer check and error handling);
+    `middleware` around every route; `lifespan(app)`, an async context manager for the
+    user's own clients, entered once the store is open and before the first request, and
+    exited after the shutdown sequence has ended (what it yields is each request's
+    `request.state`). Mounted in another app, that app's lifespan must run this one:
+    `Starlette(routes=[Mount("/agent", agent)], lifespan=agent.lifespan)`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings | None = None,
+        *,
+        routes: Sequence[BaseRoute] = (),
+        middleware: Sequence[Middleware] = (),
+        lifespan: Lifespan[Any] | None = None,
+    ) -> None:
+        for route in routes:
+            if isinstance(route, WebSocketRoute):
+                raise ValueError(
+                    f"route {route.path!r} is a WebSocket route: the agent serves plain HTTP "
+                    "and refuses WebSocket requests"
+                )
+        self.name = name
+        self.reasoners: dict[str, Reasoner] = {}
+        self.metrics = Metrics()
+        self.phase = Phase.SERVING
+        self.user_routes = list(routes)
+        self.user_middleware = list(middleware)
+        self.user_lifespan = lifespan
+        self._settings: Settings | None = None
+        self._parts: _Parts | None = None
+        self._app: ASGIApp | None = None
+        #: Whether `lifespan` has begun; a request before it is told about once (`__call__`).
+        self._lifespan_began = False
+        self._told_no_lifespan = False
+        if settings is not None:
+            self.configure(settings)
+
+    @property
+    def settings(self) -> Settings:
+        """Resolved on first use, so importing a module never fails on the environment:
+        `agent-server run` configures the agent from its flags before anything reads this."""
+        if self._settings is None:
+            self.configure(Settings())
+        assert self._settings is not None
+        return self._settings
+
+    @property
+    def _built(self) -> _Parts:
+        if self._parts is None:
+            self._parts = _Parts.build(
+                self.name, self.reasoners, self.settings, self.metrics, self.set_phase
+            )
+        return self._parts
+
+    @property
+    def store(self) -> ExecutionStore:
+        return self._built.store
+
+    @property
+    def registry(self) -> InFlightRegistry:
+        return self._built.registry
+
+    @property
+    def releases(self) -> SessionReleases:
+        return self._built.releases
+
+    @property
+    def shutdown(self) -> ShutdownSequence:
+        return self._built.shutdown
+
+    def reasoner(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        resumable: bool = False,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
+        session_policy: str = "parallel",
+    ) -> Callable[[F], F]:
+        """Register a function as a reasoner; the function itself is returned unchanged.
+
+        `resumable=True`: the reasoner may `await ctx.checkpoint(state)`; with a shared store
+        its executions are handed off to another replica at shutdown, and retried after
+        their owner's death up to `max_attempts` attempts in all (default 3).
+        `timeout=S`: an attempt running longer (waiting for input not counted) is cancelled
+        and fails with `ExecutionTimeout`. `retry=RetryPolicy(...)`: a failed attempt runs
+        again after a backoff, queued with its `scheduled_at` (docs/scheduling.md).
+        `max_concurrency=N`: at most N attempts at once per value of `concurrency_key`
+        (`"header:NAME"`, `"session"`, or None: the whole reasoner) across the replicas
+        sharing the store; the rest wait queued, first in first out per value.
+        `session_policy=`: what a start in a session does beside the session's other work
+        (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
+        overrides it per request).
+        """
+        attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
+
+        def register(func: F) -> F:
+            reasoner_name = func.__name__ if name is None else name
+            if not is_reasoner_name(reasoner_name):
+                raise ReasonerDefinitionError(
+                    f"reasoner name {reasoner_name!r} cannot be served at /reasoners/{{name}}: "
+                    f"{REASONER_NAME_RULE}"
+                )
+            if reasoner_name in self.reasoners:
+                raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
+            self.reasoners[reasoner_name] = Reasoner(
+                func,
+                reasoner_name,
+                description,
+                resumable=resumable,
+                max_attempts=attempts,
+                timeout=timeout,
+                retry=retry,
+                max_concurrency=max_concurrency,
+                concurrency_key=concurrency_key,
+                session_policy=session_policy,
+            )
+            self.metrics.add_reasoner(reasoner_name)
+            return func
+
+        return register
+
+    def configure(self, settings: Settings) -> None:
+        """Apply settings before serving (the CLI does this with its flags)."""
+        if self._parts is not None and self._parts.registry.stats.started:
+            raise RuntimeError("configure() after executions started")
+        self._settings = settings
+        self._parts = None
+        self._app = None
+
+    async def _exit_user_lifespan(self, own: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        """Exit the user's lifespan, bounded (`ShutdownPlan.lifespan_exit_deadline`); what it
+        raises is logged (the store is closed and the process ends all the same)."""
+        sequence = self.shutdown
+        deadline = sequence.plan.lifespan_exit_deadline(sequence.started, time.monotonic())
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await own.__aexit__(None, None, None)
+        except TimeoutError:
+            logger.warning("the lifespan of agent %r did not exit in time: cut short", self.name)
+        except Exception as exc:
+            logger.error("the lifespan of agent %r raised on exit", self.name, exc_info=exc)
+
+    def _log_start(self) -> None:
+        """One line naming what this process serves: the agent, its reasoners, its store
+        (never a password: the store's own description), this replica."""
+        settings = self.settings
+        store = settings.store_url
+        if store != "memory":
+            from agent_server.store.redis import describe_url  # redis-py is loaded already
+
+            store = describe_url(store)
+        names = sorted(self.reasoners)
+        # The address configured (`agent-server run`'s; port 0: uvicorn's next line names the
+        # port it took), and the shutdown budget every deadline is derived from.
+        address = f"{settings.host}:{settings.port}"
+        plan = self.shutdown.plan
+        budget = {
+            "grace_period": plan.grace_period,
+            "unready_delay": plan.unready_delay,
+            "drain_timeout": plan.drain_timeout,
+            "cancel_timeout": plan.cancel_timeout,
+            "http_timeout": plan.http_timeout,
+        }
+        logger.info(
+            "agent %r serving %d reasoners (%s) with store %s as replica %s on %s; shutdown "
+            "within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
+            self.name,
+            len(names),
+            ", ".join(names) or "none",
+            store,
+            settings.replica_id,
+            address,
+            *budget.values(),
+            extra={
+                "fields": {
+                    "agent": self.name,
+                    "reasoners": names,
+                    "store": store,
+                    "replica": settings.replica_id,
+                    "address": address,
+                    "shutdown": budget,
+                }
+            },
+        )
+
+    async def push_shutdown(self, hard_end: float) -> bool:
+        """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
+        return await push_shutdown(
+            self.settings.pushgateway, self.metrics.shutdown_registry, self.name, hard_end
+        )
+
+    def set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        self.metrics.set_phase(phase.value)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The agent under plain uvicorn, or mounted in another app. A request the server
+        cancels (uvicorn's --timeout-graceful-shutdown) ends here with one line and a 503,
+        not in a traceback of the cancellation."""
+        app = self.asgi()
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if not self._lifespan_began and not self._told_no_lifespan:
+            self._told_no_lifespan = True
+            configure_unless_configured(self.settings.log_level, self.settings.log_format)
+            logger.warning(
+                "agent %r answers requests but its lifespan has not run (mounted in another "
+                "app? give that app lifespan=agent.lifespan): no start, and no shutdown "
+                "sequence or report at the end",
+                self.name,
+            )
+        answer = _Answer(send)
+        try:
+            await app(scope, receive, answer)
+        except asyncio.CancelledError as exc:
+            if not any(UVICORN_GAVE_UP in str(arg) for arg in exc.args):
+                raise  # anyone else's cancellation is theirs to handle
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # this request's task ends here, as if the app had returned
+            await answer.cut_off(scope)
+
+    def asgi(self) -> ASGIApp:
+        """The ASGI app this agent serves, built once. The CLI hands it to uvicorn itself:
+        one coroutine frame less held by every request (and every open stream)."""
+        if self._app is None:
+            settings = self.settings
+            middleware = list(self.user_middleware)
+            if settings.cors_allow_origin:  # outermost: preflights never need the token
+                cors = cors_middleware(settings.cors_allow_origin, self.reasoners.values())
+                middleware.insert(0, cors)
+            app = build_app(
+                self.api(),
+                self.lifespan,
+                settings.bearer_token,
+                self.registry,
+                metrics_open=settings.metrics_open,
+                routes=self.user_routes,
+                middleware=middleware,
+            )
+            if settings.access_log:
+                app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
+            self._app = self._built.tracing.server(app)  # outermost: the access line's span
+        return self._app
+
+    def api(self) -> Api:
+        """The routes, bound to the parts they use."""
+        parts = self._built
+        settings = self.settings
+        secured = settings.bearer_token is not None
+        hooked = parts.webhooks is not None
+        return Api(
+            self.reasoners,
+            parts.registry,
+            parts.store,
+            parts.releases,
+            self.metrics,
+            phase=lambda: self.phase.value,
+            max_body_size=settings.max_body_size,
+            idempotency_ttl=settings.idempotency_ttl,
+            sse_heartbeat=settings.sse_heartbeat,
+            streams_closing=parts.streams_closing,
+            webhooks=hooked,
+            webhook_url=settings.webhook_url,
+            openapi=lambda: openapi_document(
+                self.name, self.reasoners.values(), secured=secured, webhooks=hooked
+            ),
+            docs=DocsPage(self.name, secured=secured) if settings.docs else None,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[Any]:
+        """Open the store, then enter the user's lifespan; at the end, under plain `uvicorn
+        module:agent`, drain (bounded), then exit the user's lifespan and close the store.
+
+        Under `agent-server run` the sequence has already run while the listener was open.
+        """
+        self._lifespan_began = True
+        parts = self._built  # resolve settings now: a bad environment fails startup
+        install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
+        configure_unless_configured(self.settings.log_level, self.settings.log_format)
+        await parts.store.open()
+        parts.taker.start()
+        if parts.webhooks is not None:
+            parts.webhooks.start()
+        # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
+        sampler = LoopLagSampler(
+            self.metrics.loop_lagged,
+            reasoner_codes((name, reasoner.func) for name, reasoner in self.reasoners.items()),
+        )
+        sampler.start()
+        report = None
+        try:
+            own = None if self.user_lifespan is None else self.user_lifespan(app)
+            state = None if own is None else await own.__aenter__()
+            try:
+                self._log_start()
+                yield state
+                # Under `agent-server run` the sequence has run already, or the start failed
+                # (the port was taken): nothing was served, so there is no shutdown to begin
+                # or report.
+                if self.shutdown.started is None and not self.shutdown.driven_by_signals:
+                    began = time.monotonic()
+                    self.shutdown.begin(began, time.time(), None)
+                    report = await self.shutdown.run(skip_unready=True)
+                    await self.push_shutdown(self.shutdown.plan.hard_end(began))
+            finally:
+                if own is not None:
+                    await self._exit_user_lifespan(own)
+        finally:
+            await sampler.stop()
+            await parts.taker.close()
+            if parts.webhooks is not None:
+                await parts.webhooks.close()
+            await parts.releases.close()
+            await parts.store.close()
+            parts.registry.close()  # its idle worker threads end before the check below
+        if report is not None:
+            plan = self.shutdown.plan
+            await finish_process(
+                report.exit_code,
+                abandoned_pending=parts.registry.abandoned_pending,
+                deadline=plan.leftovers_deadline(self.shutdown.started, time.monotonic()),
+                cancel_tasks=False,
+            )
+
+
+class _Parts:
+    """What one configured agent runs with, each part given only what it uses."""
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: InFlightRegistry,
+        releases: SessionReleases,
+        shutdown: ShutdownSequence,
+        taker: QueueTaker,
+        streams_closing: Closing,
+        webhooks: WebhookSender | None,
+        tracing: Tracing,
+    ) -> None:
+        self.store = store
+        self.tracing = tracing
+        self.registry = registry
+        self.releases = releases
+        self.shutdown = shutdown
+        self.taker = taker
+        #: Set when the listener closes: open event streams end with a retry hint.
+        self.streams_closing = streams_closing
+        #: Delivers webhooks, when a secret is set.
+        self.webhooks = webhooks
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        reasoners: dict[str, Reasoner],
+        settings: Settings,
+        metrics: Metrics,
+        set_phase: Callable[[Phase], None],
+    ) -> _Parts:
+        store = open_store(
+            settings.store_url,
+            replica_id=settings.replica_id,
+            agent_name=name,
+            result_ttl=settings.result_ttl,
+            max_retained=settings.max_retained,
+            max_retained_bytes=settings.max_retained_bytes,
+            lease_ttl=settings.lease_ttl,
+            max_events=settings.max_events,
+            observer=metrics,
+            max_answer_bytes=settings.max_answer_bytes,
+        )
+        streams_closing = Closing()
+        tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables
+        registry = InFlightRegistry(
+            store,
+            max_inflight=settings.max_inflight,
+            max_checkpoint_size=settings.max_checkpoint_size,
+            max_events=settings.max_events,
+            observer=metrics,
+            queue_when_full=settings.queue_when_full,
+            max_queued=settings.max_queued,
+            tracing=tracing,
+            cancel_timeout=settings.cancel_timeout,
+        )
+        store.deliver_cancels(registry.cancel)
+        store.deliver_answers(registry.answer)
+        store.deliver_orphans(registry.runs, registry.adopt)
+        store.deliver_vanished(registry.owned_ids, registry.vanish)
+        releases = SessionReleases(store, registry, observer=metrics)
+        secret = settings.signing_secret
+        webhooks = (
+            None
+            if secret is None
+            else WebhookSender(
+                store,
+                secret=secret,
+                allow=settings.webhook_targets,
+                retry_for=settings.webhook_retry_for,
+                observer=metrics,
+                extra_headers=webhook_headers,
+            )
+        )
+        shutdown = ShutdownSequence(
+            registry,
+            metrics,
+            set_phase,
+            ShutdownPlan.from_settings(settings),
+            limit_releases=releases.limit,
+            flush_ends=store.flush,
+            end_streams=streams_closing.set,
+            flush_webhooks=None if webhooks is None else webhooks.flush,
+            cancel_queued=registry.cancel_queued,
+            flush_spans=tracing.flush,
+        )
+        taker = QueueTaker(store, registry, reasoners)
+        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
+
+
+def cors_request_headers(reasoners: Iterable[Reasoner]) -> list[str]:
+    """Every request header the API reads: the fixed ones, a caller's trace context (a page
+    with OpenTelemetry's browser instrumentation sends it with every request), and the
+    header each `concurrency_key="header:NAME"` names."""
+    found = dict.fromkeys(CORS_REQUEST_HEADERS)
+    for reasoner in reasoners:
+        if reasoner.concurrency_header is not None:
+            found.setdefault(reasoner.concurrency_header)
+    return list(found)
+
+
+def cors_middleware(origins: Sequence[str], reasoners: Iterable[Reasoner] = ()) -> Middleware:
+    """Starlette's CORS middleware for `--cors-allow-origin`: a page of one of `origins` may
+    run, read and cancel executions and follow their event streams (a browser
+    `EventSource`), and read the headers clients follow."""
+    return Middleware(
+        CORSMiddleware,
+        allow_origins=list(origins),
+        allow_methods=list(CORS_METHODS),
+        allow_headers=cors_request_headers(reasoners),
+        expose_headers=list(CORS_EXPOSED_HEADERS),
+    )
+
+
+class _Answer:
+    """The `send` of one request under `Agent.__call__`: notes how far the answer got, so a
+    request the server cancels still ends as a whole HTTP answer."""
+
+    __slots__ = ("ended", "send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.ended = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self.send(message)
+
+    async def cut_off(self, scope: Scope) -> None:
+        """End the answer of a request the server cancelled: a 503 (retry elsewhere) if it
+        had not begun, else the end of its body (an event stream ends; its client resumes)."""
+        if self.ended:
+            return
+        method, path = scope["method"], scope["path"]
+        if not self.started:
+            logger.warning(
+                "%s %s cancelled by the server before it was answered (its shutdown stopped "
+                "waiting for open requests): answered 503",
+                method,
+                path,
+            )
+            await self.send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(CUT_OFF_BODY)),
+                        (b"retry-after", RETRY_AFTER_SECONDS.encode()),
+                        (b"connection", b"close"),
+                    ],
+                }
+            )
+            await self.send({"type": "http.response.body", "body": CUT_OFF_BODY})
+            return
+        logger.warning(
+            "%s %s cancelled by the server while answering (its shutdown stopped waiting for "
+            "open requests): answer ended",
+            method,
+            path,
+        )
+        with contextlib.suppress(RuntimeError):  # a body shorter than its Content-Length
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})

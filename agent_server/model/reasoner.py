@@ -1,0 +1,290 @@
+"""Reasoner: one registered function, with the JSON binding of its inputs and output.
+
+The body is validated once against a pydantic model built from the signature, so a bad
+request is a 422 before any task exists, and the result is serialised by its annotation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import (
+    AliasChoices,
+    AliasPath,
+    BaseModel,
+    ConfigDict,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
+
+from agent_server.model import jsoncodec
+from agent_server.model.execution import ExecutionContext
+from agent_server.model.scheduling import RetryPolicy, SessionPolicy, check_timeout
+
+ReasonerFunc = Callable[..., Any]
+#: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+
+
+class ReasonerDefinitionError(TypeError):
+    """The decorated function cannot be served as a reasoner."""
+
+
+class Reasoner:
+    """A function plus how to turn a JSON body into its arguments and its result into JSON."""
+
+    def __init__(
+        self,
+        func: ReasonerFunc,
+        name: str,
+        description: str | None,
+        *,
+        resumable: bool = False,
+        max_attempts: int = 1,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
+        concurrency_key: str | None = None,
+        session_policy: str = "parallel",
+    ) -> None:
+        if max_attempts < 1:
+            raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
+        if max_attempts > 1 and not resumable:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: only a resumable reasoner may have more than one attempt"
+            )
+        self.func = func
+        self.name = name
+        #: A resumable reasoner's executions are handed off at shutdown (with a shared
+        #: store) and retried after their owner's death, up to `max_attempts` attempts.
+        self.resumable = resumable
+        self.max_attempts = max_attempts
+        try:
+            #: Seconds an attempt may run (time waiting for input not counted), or None.
+            self.timeout = check_timeout(name, timeout)
+        except ValueError as exc:
+            raise ReasonerDefinitionError(str(exc)) from None
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: retry must be a RetryPolicy")
+        #: How a failed attempt runs again (queued with its due time), or None.
+        self.retry = retry
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise ReasonerDefinitionError(f"reasoner {name!r}: max_concurrency must be >= 1")
+        if concurrency_key is not None and max_concurrency is None:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key needs max_concurrency"
+            )
+        if concurrency_key is not None and not (
+            concurrency_key == "session"
+            or (
+                concurrency_key.startswith("header:")
+                and HEADER_NAME.fullmatch(concurrency_key[len("header:") :])
+            )
+        ):
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: concurrency_key is 'header:NAME', 'session' or None"
+            )
+        #: At most this many attempts run at once per value of `concurrency_key` ("header:
+        #: NAME", "session", or None: the whole reasoner), across replicas; None: no limit.
+        self.max_concurrency = max_concurrency
+        self.concurrency_key = concurrency_key
+        try:
+            #: What a start in a session does beside the session's other work, by default.
+            self.session_policy = SessionPolicy(session_policy)
+        except ValueError:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: session_policy is one of "
+                + ", ".join(policy.value for policy in SessionPolicy)
+            ) from None
+        self.description = description if description is not None else _first_line(func)
+        self.is_async = inspect.iscoroutinefunction(func)
+        if self.timeout is not None and not self.is_async:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a def reasoner runs in a thread, which cannot be "
+                "cancelled: timeout= needs an async def"
+            )
+        try:
+            hints = typing.get_type_hints(func, include_extras=True)  # keep Annotated[..., Field]
+        except Exception as exc:
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: cannot resolve hints: {exc}"
+            ) from exc
+        signature = inspect.signature(func)
+        self._context_params: list[str] = []
+        fields: dict[str, Any] = {}
+        for param in signature.parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+                raise ReasonerDefinitionError(
+                    f"reasoner {name!r}: parameter {param.name!r} must be a plain keyword parameter"
+                )
+            annotation = hints.get(param.name, Any)
+            if annotation is ExecutionContext:
+                self._context_params.append(param.name)
+                continue
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (annotation, default)
+        self._model_param: str | None = None
+        single = next(iter(fields.values()), None) if len(fields) == 1 else None
+        if single is not None and _is_model(single[0]):
+            self._model_param = next(iter(fields))
+            self.input_model: type[BaseModel] = single[0]
+        else:
+            self.input_model = create_model(
+                f"{_camel(name)}Input", __config__=ConfigDict(extra="forbid"), **fields
+            )
+        return_annotation = hints.get("return", Any)
+        self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
+        self._field_names = tuple(self.input_model.model_fields)
+        #: For a model input without its own rule for extra keys: the keys it declares.
+        self._declared = None if self._model_param is None else _declared_keys(self.input_model)
+
+    def canonical(self, body: Any) -> Any:
+        """The body as the reasoner reads it, as JSON data: what makes two requests the same
+        for an Idempotency-Key (`5` and `5.0` for a float field, a default left out or sent,
+        are one request). Raises pydantic's error as `bind` does."""
+        model = self._validated(body)
+        return self.input_model.__pydantic_serializer__.to_python(model, mode="json")
+
+    def fingerprint(self, session_id: str | None, body: Any) -> str:
+        """What makes two requests the same for an Idempotency-Key: this reasoner, the
+        session and the body as it reads it (`canonical`), as JSON with keys sorted."""
+        text = json.dumps(
+            [self.name, session_id, self.canonical(body)], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _validated(self, body: Any) -> Any:
+        if self._declared is not None and isinstance(body, dict):
+            _refuse_unknown(self.input_model, body, self._declared)
+        return self.input_model.__pydantic_validator__.validate_python({} if body is None else body)
+
+    def bind(self, body: Any) -> dict[str, Any]:
+        """Validate a decoded JSON body into keyword arguments; raises pydantic's error."""
+        # pydantic-core's validator and serializers are called directly: the Python wrappers
+        # around them cost much for a small body or result (bench/RESULTS.md).
+        model = self._validated(body)
+        if self._model_param is not None:
+            return {self._model_param: model}
+        return {name: getattr(model, name) for name in self._field_names}
+
+    @property
+    def concurrency_header(self) -> str | None:
+        """The request header `concurrency_key="header:NAME"` names, else None."""
+        key = self.concurrency_key
+        return key[len("header:") :] if key is not None and key.startswith("header:") else None
+
+    @property
+    def wants_context(self) -> bool:
+        """Whether the function takes an ExecutionContext parameter."""
+        return bool(self._context_params)
+
+    def call(self, arguments: dict[str, Any], context: ExecutionContext | None) -> Any:
+        """Call the function; a coroutine for `async def`, the plain result otherwise."""
+        for param in self._context_params:
+            arguments[param] = context
+        return self.func(**arguments)
+
+    def coroutine(
+        self, arguments: dict[str, Any], context: ExecutionContext | None
+    ) -> Awaitable[Any]:
+        result = self.call(arguments, context)
+        if not inspect.isawaitable(result):
+            raise ReasonerDefinitionError(f"reasoner {self.name!r} did not return an awaitable")
+        return result
+
+    def serialize(self, value: Any) -> Any:
+        """JSON-ready data for the result; raises when the value cannot be represented."""
+        # Validated first: a value that contradicts the annotation (and so the published
+        # output schema) fails the execution instead of passing with a serializer warning.
+        adapter = self.output_adapter
+        data = adapter.serializer.to_python(adapter.validator.validate_python(value), mode="json")
+        # What cannot be written and read back the same (NaN, an infinity, an integer past
+        # the parser's digit limit, nesting too deep) fails the execution here, rather than
+        # every later read of it with a 500.
+        jsoncodec.check(data, "the result")
+        return data
+
+    def input_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
+        schema = self.input_model.model_json_schema(ref_template=ref_template)
+        if self._declared is not None:  # the one rule for unknown keys, published
+            schema["additionalProperties"] = False
+        return schema
+
+    def output_schema(self, ref_template: str = "#/$defs/{model}") -> dict[str, Any]:
+        try:
+            return self.output_adapter.json_schema(ref_template=ref_template)
+        except Exception:  # a type pydantic cannot describe still serves; its schema is open
+            return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+            "output_schema": self.output_schema(),
+        }
+
+
+def _is_model(annotation: Any) -> bool:
+    return inspect.isclass(annotation) and issubclass(annotation, BaseModel)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.replace("-", "_").split("_")) or "Reasoner"
+
+
+def _first_line(func: ReasonerFunc) -> str | None:
+    doc = inspect.getdoc(func)
+    return doc.splitlines()[0] if doc else None
+
+
+def _output_adapter(annotation: Any) -> TypeAdapter[Any]:
+    """The result's adapter. NaN and infinities stay floats in the JSON-ready data (by
+    default pydantic turns them into null in untyped data), so `jsoncodec.check` refuses
+    them instead of recording a null the reasoner never returned. A model brings its own
+    configuration (pydantic refuses another for it)."""
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(ser_json_inf_nan="constants"))
+    except PydanticUserError:
+        return TypeAdapter(annotation)
+
+
+def _declared_keys(model: type[BaseModel]) -> frozenset[str] | None:
+    """One rule for every reasoner: a top-level key the input does not declare is a 422, as
+    for a reasoner of plain parameters (pydantic's default for a model is to drop it). The
+    keys a model declares (names and aliases), or None when the model says itself what to
+    do with extra keys (`model_config = ConfigDict(extra=...)`): its rule holds."""
+    if model.model_config.get("extra") is not None:
+        return None
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        keys.add(name)
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                keys.add(alias)
+            elif isinstance(alias, AliasChoices):
+                keys.update(c for c in alias.choices if isinstance(c, str))
+            elif isinstance(alias, AliasPath) and alias.path and isinstance(alias.path[0], str):
+                keys.add(alias.path[0])
+    return frozenset(keys)
+
+
+def _refuse_unknown(model: type[BaseModel], body: dict[str, Any], declared: frozenset[str]) -> None:
+    unknown = [key for key in body if key not in declared]
+    if unknown:
+        raise ValidationError.from_exception_data(
+            model.__name__,
+            [{"type": "extra_forbidden", "loc": (key,), "input": body[key]} for key in unknown],
+        )

@@ -1,0 +1,460 @@
+"""Settings: every flag of `agent-server run`, with its AGENT_SERVER_* environment twin.
+
+The CLI makes one flag per field (name, type, choices, default and help from the field and
+its `description`), so a setting is declared here once.
+
+The shutdown budget is checked here, at start, so a grace period that cannot hold the
+configured phases is a clear error before any work is accepted, not a surprise at SIGTERM.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import ssl
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from agent_server.model.asks import MAX_ANSWER_BYTES
+from agent_server.model.execution import MAX_SECONDS
+from agent_server.model.tokens import check_token, read_token_file
+from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
+
+#: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
+SHUTDOWN_MARGIN = 1.0
+#: The largest count or size any setting takes.
+MAX_COUNT = 2**31 - 1
+
+#: A duration setting: finite (no inf, no nan) and at most MAX_SECONDS.
+Seconds = Annotated[float, Field(allow_inf_nan=False, le=MAX_SECONDS)]
+#: A count or size setting: at most MAX_COUNT.
+Count = Annotated[int, Field(le=MAX_COUNT)]
+
+
+class Settings(BaseSettings):
+    """Validated configuration; flags win over the environment, which wins over defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_SERVER_", extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on.")
+    grace_period: Seconds = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds the platform allows from SIGTERM to SIGKILL "
+        "(Kubernetes terminationGracePeriodSeconds).",
+    )
+    unready_delay: Seconds = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds readiness is 503 while new work is still accepted.",
+    )
+    drain_timeout: Seconds | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds running work may take to finish before it is cancelled; "
+        "by default what the grace period leaves.",
+    )
+    cancel_timeout: Seconds = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds cancelled work may take to settle.",
+    )
+    http_timeout: Seconds = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds open responses get after the listener closes.",
+    )
+    max_inflight: Count = Field(
+        default=1000, ge=1, description="Running executions at once; beyond it, 429."
+    )
+    queue_when_full: bool = Field(
+        default=False,
+        description="An async start beyond --max-inflight is queued (202 queued) for the "
+        "first replica with room, instead of 429.",
+    )
+    max_queued: Count = Field(
+        default=10_000,
+        ge=0,
+        description="Queued executions at most (delayed, retrying, waiting for room), across "
+        "the replicas sharing the store; a start beyond it is 429.",
+    )
+    max_body_size: Count = Field(
+        default=1_048_576, ge=1, description="Request body bytes; beyond it, 413."
+    )
+    body_timeout: Seconds = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a request body may take to arrive after its head; then 408.",
+    )
+    write_timeout: Seconds = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client may leave its answer unread before the connection is cut.",
+    )
+    result_ttl: Seconds = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds finished executions are kept.",
+    )
+    max_retained: Count = Field(
+        default=10_000, ge=0, description="Finished executions kept at most."
+    )
+    max_retained_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        le=2**50,
+        description="Bytes of results and errors (as JSON) finished executions keep at most, "
+        "across the agent; the oldest go first.",
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Lowest level logged."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text, or json: one JSON object per line."
+    )
+    access_log: bool = Field(default=False, description="Log one line per HTTP request.")
+    store: SecretStr = Field(
+        default=SecretStr("memory"),
+        description="Where execution records live: memory, or a redis:// / rediss:// URL "
+        "shared by every replica (redis+sentinel://host:26379,host2:26379/SERVICE/DB through "
+        "Sentinel).",
+    )
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="This process's name in the store; by default the hostname and a random "
+        "suffix (on Kubernetes, give the pod name).",
+    )
+    lease_ttl: Seconds = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds this replica's liveness lasts unrenewed; renewed every third of it.",
+    )
+    idempotency_ttl: Seconds = Field(
+        default=86_400.0,
+        gt=0,
+        description="Seconds an Idempotency-Key is remembered: a repeat gets the same execution.",
+    )
+    max_answer_bytes: int = Field(
+        default=MAX_ANSWER_BYTES,
+        ge=1,
+        le=2**40,
+        description="Bytes of answers to its requests for input (as JSON) an execution keeps "
+        "until it ends; past it the oldest go first, and one answer larger is refused (413).",
+    )
+    max_checkpoint_size: Count = Field(
+        default=65_536,
+        ge=1,
+        description="Bytes of JSON a resumable reasoner's checkpoint may take.",
+    )
+    max_events: Count = Field(
+        default=1000,
+        ge=1,
+        description="Events kept per execution for replay (the oldest go first).",
+    )
+    sse_heartbeat: Seconds = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds between heartbeat comments on a quiet event stream.",
+    )
+    pushgateway: str | None = Field(
+        default=None,
+        description="Prometheus Pushgateway URL the shutdown metrics are pushed to at exit.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token every route but the health probes requires (/metrics "
+        "too, unless --metrics-open).",
+    )
+    api_token_file: str | None = Field(
+        default=None, description="File holding the bearer token (a mounted secret)."
+    )
+    metrics_open: bool = Field(
+        default=False,
+        description="With a bearer token, serve /metrics without it too (a scraper that "
+        "cannot send one).",
+    )
+    docs: bool = Field(
+        default=True,
+        description="Serve Swagger UI at /docs, from assets shipped with the package.",
+    )
+    # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
+    reload: bool = Field(
+        default=False,
+        description="Restart the server when Python files under the current directory "
+        "change (development only: docs/settings.md says what differs).",
+    )
+    root_path: str = Field(
+        default="",
+        max_length=1024,
+        description="The ASGI root_path: the prefix a proxy strips before the request "
+        "reaches the server (/agent); Location headers and links carry it.",
+    )
+    proxy_headers: bool = Field(
+        default=True,
+        description="Take the client's address and scheme from X-Forwarded-For and "
+        "X-Forwarded-Proto, when the peer is one of --forwarded-allow-ips.",
+    )
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Comma-separated addresses or networks whose proxy headers are "
+        "trusted ('*': any); by default $FORWARDED_ALLOW_IPS, else 127.0.0.1 (uvicorn's).",
+    )
+    ssl_certfile: str | None = Field(
+        default=None, description="TLS certificate file (PEM): serve HTTPS."
+    )
+    ssl_keyfile: str | None = Field(
+        default=None,
+        description="TLS private key file (PEM), when the certificate file does not hold it.",
+    )
+    ssl_keyfile_password: SecretStr | None = Field(
+        default=None, description="Password of an encrypted TLS key file."
+    )
+    app_dir: str = Field(
+        default="",
+        description="Directory put first on the module search path to import APP; by "
+        "default the current directory.",
+    )
+    cors_allow_origin: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="An origin (https://app.example.com, or *) whose browser pages may call "
+        "the API and read its event streams; repeat the flag for more (the environment "
+        "twin takes a comma-separated list).",
+    )
+    # -- webhooks (docs/webhooks.md) -------------------------------------------------------
+    webhook_url: str | None = Field(
+        default=None,
+        description="URL every execution's webhooks are POSTed to (execution.finished, "
+        "execution.input_required) unless its start gives X-Webhook-URL; needs a secret.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Standard Webhooks signing secret (whsec_ and base64 of 24 to 64 bytes); "
+        "webhooks are off without one.",
+    )
+    webhook_secret_file: str | None = Field(
+        default=None, description="File holding the webhook secret (a mounted secret)."
+    )
+    webhook_retry_for: Seconds = Field(
+        default=86_400.0,
+        gt=0,
+        description="Seconds a webhook delivery is retried (exponential backoff, full "
+        "jitter; the first retry within min(1 s, a hundredth of this)) before it is given up.",
+    )
+    webhook_allow: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="A host name or CIDR that webhooks may reach although it is loopback, "
+        "private or link-local (refused otherwise); repeat the flag for more (the "
+        "environment twin takes a comma-separated list).",
+    )
+    _file_token: SecretStr | None = PrivateAttr(default=None)
+    _file_webhook_secret: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value, "webhook-url")
+
+    @field_validator("webhook_allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: object) -> object:
+        """The environment twin is one string: `hooks.internal,10.0.0.0/8`."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _check_allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        AllowList.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> Settings:
+        """One secret source, read and checked here (a bad one fails the start); a URL for
+        every execution needs it."""
+        if self.webhook_secret is not None and self.webhook_secret_file is not None:
+            raise ValueError("give webhook-secret or webhook-secret-file, not both")
+        if self.webhook_secret is not None:
+            check_secret(self.webhook_secret.get_secret_value())
+        if self.webhook_secret_file is not None:
+            self._file_webhook_secret = SecretStr(read_secret_file(self.webhook_secret_file))
+        if self.webhook_url is not None and self.signing_secret is None:
+            raise ValueError("webhook-url needs webhook-secret or webhook-secret-file")
+        return self
+
+    @property
+    def signing_secret(self) -> str | None:
+        """The webhook secret, or None when webhooks are off."""
+        secret = (
+            self.webhook_secret if self.webhook_secret is not None else self._file_webhook_secret
+        )
+        return None if secret is None else secret.get_secret_value()
+
+    @property
+    def webhook_targets(self) -> AllowList:
+        return AllowList.parse(self.webhook_allow)
+
+    @model_validator(mode="after")
+    def _check_api_token(self) -> Settings:
+        """One token source; the file is read once, here, so a bad secret fails the start."""
+        if self.api_token is not None and self.api_token_file is not None:
+            raise ValueError("give api-token or api-token-file, not both")
+        if self.api_token is not None:
+            check_token(self.api_token.get_secret_value())
+        if self.api_token_file is not None:
+            self._file_token = SecretStr(read_token_file(self.api_token_file))
+        return self
+
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url.lower().startswith("redis+sentinel://"):
+            from agent_server.store.sentinel import parse_url  # redis-py only when asked for
+
+            parse_url(url)  # a malformed one fails the start; its message omits the password
+            return value
+        if url == "memory":
+            return value
+        # Parsed here, so a malformed URL stops the start with one line (exit 2) that never
+        # echoes a piece of it: with '#', '?' or '/' in a password, the parsers' own messages
+        # quote what they took for the port, which is the password.
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises for a port that is not a number
+        except ValueError:
+            raise ValueError(
+                "store URL is malformed (a password with '#', '?', '/' or '@' must be "
+                "percent-encoded)"
+            ) from None
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                "store must be memory, or a redis://, rediss:// or redis+sentinel:// URL"
+            )
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("store URL names no host")
+        database = parts.path.lstrip("/")
+        if database and not database.isdigit():
+            raise ValueError("store URL's database must be a number (redis://host:6379/0)")
+        return value
+
+    @field_validator("root_path")
+    @classmethod
+    def _check_root_path(cls, value: str) -> str:
+        """A prefix that joins paths as they are: '/agent' + '/executions/...'."""
+        if value and (not value.startswith("/") or value.endswith("/")):
+            raise ValueError("root-path must start with '/' and not end with one (/agent)")
+        if any(char.isspace() or not char.isprintable() for char in value):
+            raise ValueError("root-path must not hold spaces or control characters")
+        return value
+
+    @field_validator("cors_allow_origin", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        """The environment twin is one string: `https://a.example,https://b.example`."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("cors_allow_origin")
+    @classmethod
+    def _check_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """An origin is what a browser sends in `Origin`: scheme://host[:port], nothing
+        after it. A path or a trailing slash would match no request, silently."""
+        for origin in value:
+            if origin == "*":
+                continue
+            try:
+                parts = urlsplit(origin)
+                parts.port  # noqa: B018 - raises for a port that is not a number
+            except ValueError:
+                raise ValueError(f"cors-allow-origin {origin!r} is not an origin") from None
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path
+                or parts.query
+                or parts.fragment
+                or "@" in parts.netloc
+            ):
+                raise ValueError(
+                    f"cors-allow-origin {origin!r} is not an origin: give "
+                    "scheme://host[:port] with nothing after it (https://app.example.com), or *"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        """The certificate and key are loaded once here, so a missing file, a key that does
+        not match or a wrong password fails the start (exit 2), not the first handshake."""
+        if self.ssl_certfile is None:
+            if self.ssl_keyfile is not None or self.ssl_keyfile_password is not None:
+                raise ValueError("ssl-keyfile and ssl-keyfile-password need ssl-certfile")
+            return self
+        given = self.ssl_keyfile_password
+        # Never None: for an encrypted key OpenSSL would then ask on the terminal.
+        password = "" if given is None else given.get_secret_value()
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, lambda: password)
+        except (OSError, ssl.SSLError) as exc:
+            # The reason only (the file, the library's words): never the password.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            files = f"ssl-certfile {self.ssl_certfile!r}"
+            if self.ssl_keyfile is not None:
+                files += f" with ssl-keyfile {self.ssl_keyfile!r}"
+            raise ValueError(f"{files} cannot be loaded: {reason}") from None
+        return self
+
+    @property
+    def store_url(self) -> str:
+        return self.store.get_secret_value()
+
+    @property
+    def bearer_token(self) -> str | None:
+        """The token requests must carry, or None when authentication is off."""
+        token = self.api_token if self.api_token is not None else self._file_token
+        return None if token is None else token.get_secret_value()
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> Settings:
+        fixed = self.unready_delay + self.cancel_timeout + self.http_timeout + SHUTDOWN_MARGIN
+        if self.drain_timeout is None:
+            if fixed > self.grace_period:
+                raise ValueError(
+                    f"shutdown budget does not fit: unready-delay {self.unready_delay:g} + "
+                    f"cancel-timeout {self.cancel_timeout:g} + http-timeout "
+                    f"{self.http_timeout:g} + margin {SHUTDOWN_MARGIN:g} = {fixed:g} s exceeds "
+                    f"grace-period {self.grace_period:g} s"
+                )
+        elif fixed + self.drain_timeout > self.grace_period:
+            raise ValueError(
+                f"shutdown budget does not fit: unready-delay {self.unready_delay:g} + "
+                f"drain-timeout {self.drain_timeout:g} + cancel-timeout "
+                f"{self.cancel_timeout:g} + http-timeout {self.http_timeout:g} + margin "
+                f"{SHUTDOWN_MARGIN:g} = {fixed + self.drain_timeout:g} s exceeds grace-period "
+                f"{self.grace_period:g} s"
+            )
+        return self
+
+    @property
+    def effective_drain_timeout(self) -> float:
+        """The drain timeout, derived from what the grace period leaves when not given."""
+        if self.drain_timeout is not None:
+            return self.drain_timeout
+        return max(
+            0.0,
+            self.grace_period
+            - self.unready_delay
+            - self.cancel_timeout
+            - self.http_timeout
+            - SHUTDOWN_MARGIN,
+        )
