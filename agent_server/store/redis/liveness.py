@@ -87,7 +87,9 @@ class Liveness:
         self.in_doubt: dict[str, Execution] = {}
         #: Ids whose create is on its way: not orphans, whatever the store says.
         self.creating: set[str] = set()
-        self.claiming = 0
+        #: Tokens of claims on their way: what one took is not an orphan, whatever the
+        #: store says (its answer, read after the repair's, may yet start it here).
+        self.claiming: set[str] = set()
         #: Whether this replica may own running records it runs nothing for: after a create
         #: or claim that got no answer, and at open (a replica id used before).
         self.repair_due = True
@@ -240,8 +242,20 @@ class Liveness:
         for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
-            if key in owed or key in self.creating or key in self.in_doubt or self._runs(key):
-                continue  # in doubt still: settled once a replica holds it
+            if self._runs(key):
+                continue
+            if (
+                key in owed
+                or key in self.creating
+                or key in self.in_doubt
+                or token in self.claiming
+            ):
+                # Its take on its way (a claim or create sent while the scan ran, answered
+                # after it), in doubt still (settled once a replica holds it), or a write
+                # owed (an unclaim Redis may fence, its record taken again meanwhile): the
+                # repair looks again at a next renewal.
+                self.repair_due = True
+                continue
             if token.startswith(self.incarnation):  # taken here: its body never began
                 self._requeue_unstarted(execution, token)
             elif int(max_attempts or 0) > 1:

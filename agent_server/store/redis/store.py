@@ -620,8 +620,8 @@ class RedisStore(ExecutionStore):
         hold is handled as a claim whose answer was lost (StoreInDoubt: never started
         here, put back by the repair while the record still says it is ours)."""
         liveness = self._liveness
-        liveness.claiming += 1
         token = liveness.token()  # kept with what it takes: whose it is, which claim
+        liveness.claiming.add(token)
         try:
             with self._link.operation("claim"):
                 reply, held = await self._link.told(
@@ -631,7 +631,7 @@ class RedisStore(ExecutionStore):
             liveness.unanswered(token)  # it may have been claimed here all the same
             raise
         finally:
-            liveness.claiming -= 1
+            liveness.claiming.discard(token)
         if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
             liveness.unanswered(token, held=False)
             liveness.renew_now.set()  # the repair puts it back at once if it is still ours
