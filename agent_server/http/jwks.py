@@ -121,7 +121,7 @@ class RemoteJwks:
             return
         self.keys = tuple(keys)
         self._fetched_at = time.monotonic()
-        logger.info("JWKS from %s: %d signature keys", shown_url(self.url), len(keys))
+        logger.info("JWKS from %s holds %d signature keys", shown_url(self.url), len(keys))
 
     async def _download(self) -> list[VerifyingKey]:
         client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, follow_redirects=False)

@@ -51,7 +51,7 @@ def parse_tokens(text: str, source: str = "tokens file") -> TokenTable:
     """The table a tokens file's text gives, or TokenError naming the first bad line."""
     found: dict[bytes, Principal] = {}
     first_line: dict[bytes, int] = {}
-    for number, raw in enumerate(text.split("\n"), start=1):
+    for number, raw in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
         line = raw.removesuffix("\r").strip(" \t")
         if not line or line.startswith("#"):
             continue
