@@ -13,20 +13,30 @@ value or the token.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from joserfc import jwt
 from joserfc.errors import ExpiredTokenError, JoseError
-from joserfc.jws import JWSRegistry, extract_compact
+from joserfc.jws import CompactSignature, JWSRegistry, extract_compact, validate_compact
 
 from agent_server.http.jwks import KeySource
 from agent_server.model.principal import Principal, Unauthorized, check_name
+from agent_server.runtime.jwt_keys import VerifyingKey
 
 #: Seconds of clock skew allowed on exp, nbf and iat.
 LEEWAY = 30
 #: Longest token looked at; anything longer is refused unread.
 MAX_TOKEN_BYTES = 16 * 1024
+#: Seconds a verified token's principal is kept (never past its `exp`): a key the provider
+#: withdraws stops opening the server within this, a caller's next requests skip the
+#: signature meanwhile.
+CACHE_SECONDS = 60.0
+#: Verified tokens kept at most; past it the oldest goes.
+MAX_CACHED = 10_000
 
 
 def _scopes(value: object, claim: str) -> list[str]:
@@ -59,6 +69,8 @@ class JwtBearer:
         if issuer is not None:
             options["iss"] = {"essential": True, "value": issuer}
         self.claims_registry = jwt.JWTClaimsRegistry(leeway=LEEWAY, **options)
+        #: Verified tokens by their SHA-256: when their principal stops being good, and it.
+        self._verified: dict[bytes, tuple[float, Principal]] = {}
 
     @staticmethod
     def looks_like_one(token: str) -> bool:
@@ -69,8 +81,15 @@ class JwtBearer:
         """The principal of a verified token, or Unauthorized saying which check failed."""
         if len(token) > MAX_TOKEN_BYTES:
             raise Unauthorized("token too long")
+        digest = hashlib.sha256(token.encode()).digest()
+        cached = self._verified.get(digest)
+        if cached is not None:
+            if time.time() < cached[0]:
+                return cached[1]
+            del self._verified[digest]
         try:
-            header = extract_compact(token.encode("ascii")).headers()
+            compact = extract_compact(token.encode("ascii"))
+            header = compact.headers()
         except (JoseError, ValueError, TypeError, KeyError, UnicodeError):
             raise Unauthorized("malformed JWT") from None
         alg, kid = header.get("alg"), header.get("kid")
@@ -79,33 +98,52 @@ class JwtBearer:
         keys = [key for key in await self.keys.candidates(kid) if alg in key.algorithms]
         if not keys:
             raise Unauthorized("no key for this kid and alg")
-        claims = self._verified(token, keys)
-        return self._principal_of(claims)
+        claims = self._claims(compact, keys)
+        principal = self._principal_of(claims)
+        self._remember(digest, principal, claims["exp"])
+        return principal
 
-    def _verified(self, token: str, keys: list[Any]) -> Mapping[str, Any]:
-        for key in keys:
-            registry = JWSRegistry(algorithms=list(key.algorithms), strict_check_header=False)
-            try:
-                decoded = jwt.decode(
-                    token, key.key, algorithms=list(key.algorithms), registry=registry
-                )
-            except (JoseError, ValueError, TypeError, KeyError):
-                continue
-            claims = decoded.claims
-            if not isinstance(claims, dict):
-                raise Unauthorized("claims are not a JSON object")
-            try:
-                self.claims_registry.validate(claims)
-            except ExpiredTokenError:
-                raise Unauthorized("expired") from None
-            except JoseError as exc:
-                # The error names the claim (aud, iss, nbf...), never its value.
-                claim = getattr(exc, "claim", None) or type(exc).__name__
-                raise Unauthorized(f"claim check failed: {claim}") from None
-            except (ValueError, TypeError):
-                raise Unauthorized("claims malformed") from None
-            return claims
-        raise Unauthorized("bad signature")
+    def _claims(self, compact: CompactSignature, keys: list[VerifyingKey]) -> dict[str, Any]:
+        """The claims of a token one of `keys` signed, checked."""
+        if not any(self._signed_by(compact, key) for key in keys):
+            raise Unauthorized("bad signature")
+        try:
+            claims = json.loads(compact.payload)
+        except ValueError:
+            raise Unauthorized("claims are not JSON") from None
+        if not isinstance(claims, dict):
+            raise Unauthorized("claims are not a JSON object")
+        try:
+            self.claims_registry.validate(claims)
+        except ExpiredTokenError:
+            raise Unauthorized("expired") from None
+        except JoseError as exc:
+            # The error names the claim (aud, iss, nbf...), never its value.
+            claim = getattr(exc, "claim", None) or type(exc).__name__
+            raise Unauthorized(f"claim check failed: {claim}") from None
+        except (ValueError, TypeError):
+            raise Unauthorized("claims malformed") from None
+        return claims
+
+    @staticmethod
+    def _signed_by(compact: CompactSignature, key: VerifyingKey) -> bool:
+        """Whether `key` signed it, under one of the algorithms its type allows only."""
+        allowed = list(key.algorithms)
+        registry = JWSRegistry(algorithms=allowed, strict_check_header=False)
+        try:
+            return validate_compact(compact, key.key, allowed, registry)
+        except (JoseError, ValueError, TypeError, KeyError):
+            return False
+
+    def _remember(self, digest: bytes, principal: Principal, exp: object) -> None:
+        """Keep a verified token's principal until it expires, CACHE_SECONDS at most, so a
+        caller's next requests skip the signature; the oldest entry goes past MAX_CACHED."""
+        if not isinstance(exp, int | float):
+            return
+        until = min(float(exp), time.time() + CACHE_SECONDS)
+        if len(self._verified) >= MAX_CACHED:
+            del self._verified[next(iter(self._verified))]
+        self._verified[digest] = (until, principal)
 
     def _principal_of(self, claims: Mapping[str, Any]) -> Principal:
         try:
