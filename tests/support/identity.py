@@ -89,23 +89,31 @@ class Provider:
 
 class JwksServer:
     """A JWKS endpoint over loopback, served from a thread: `document` is what it answers,
-    `down` makes it answer 503; `fetches` counts the requests."""
+    `down` makes it answer 503, `stall` holds each answer that many seconds, `padding` adds
+    that many bytes to it; `fetches` counts the requests."""
 
     def __init__(self, document: dict[str, Any]) -> None:
         self.document = document
         self.down = False
+        self.stall = 0.0
+        self.padding = 0
         self.fetches = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.fetches += 1
+                if server.stall:
+                    time.sleep(server.stall)
                 if server.down:
                     self.send_response(503)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                body = json.dumps(server.document).encode()
+                document = dict(server.document)
+                if server.padding:
+                    document["padding"] = "x" * server.padding
+                body = json.dumps(document).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
