@@ -273,3 +273,26 @@ def test_agent_authenticate_replaces_the_flags(server_factory: Any) -> None:
     assert "the authenticator raised RuntimeError at" in output
     assert "the authenticator returned str, not a Principal" in output
     assert_nothing_secret(output, ["gw-s3cret", TOKEN_A])
+
+
+# -- settings refused at start -----------------------------------------------------------------
+
+
+def test_unusable_authentication_flags_exit_2_quoting_no_token(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN_A} alice\n{TOKEN_B} bob team extra,scopes field\n")
+    cases = [
+        (("--api-tokens-file", str(tokens)), "line 2: has 5 fields, at most 4"),
+        (("--jwt-jwks-url", "https://idp.example.test/jwks"), "jwt-audience is required"),
+        (("--jwt-audience", "a"), "jwt-audience needs jwt-jwks-url"),
+    ]
+    for args, message in cases:
+        server = server_factory("auth_app:agent", *args, ready=False)
+        code, _ = server.wait_exit(timeout=15)
+        output = server.stderr()
+        assert code == 2, output
+        assert message in output, output
+        assert "Traceback" not in output
+        assert_nothing_secret(output, [TOKEN_A, TOKEN_B])
