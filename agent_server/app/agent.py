@@ -171,9 +171,9 @@ class Agent:
         self._authenticate = func
         return func
 
-    @property
-    def authenticator(self) -> Authenticator | None:
-        """What authenticates requests: `@agent.authenticate`'s function, else the flags'."""
+    def _authenticator(self) -> Authenticator | None:
+        """What authenticates requests: `@agent.authenticate`'s function, else the flags'
+        (built anew: called once, when the app is)."""
         if self._authenticate is not None:
             return self._authenticate
         return authenticator_from(self.settings)
@@ -348,7 +348,7 @@ class Agent:
             app = build_app(
                 self.api(),
                 self.lifespan,
-                self.authenticator,
+                self._authenticator(),
                 self.registry,
                 metrics_open=settings.metrics_open,
                 routes=self.user_routes,
