@@ -46,7 +46,7 @@ from agent_server.runtime.tracing import (
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
 
-logger = logging.getLogger("agent_server.app.agent")
+logger = logging.getLogger("agent_server.agent")
 
 F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A", bound=Authenticator)

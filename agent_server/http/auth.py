@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agent_server.http.authenticators import Authenticator
 from agent_server.model.principal import Principal, Unauthorized
 
-logger = logging.getLogger("agent_server.http.auth")
+logger = logging.getLogger("agent_server.auth")
 
 #: Paths served without a token: liveness and readiness (the kubelet sends none).
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})

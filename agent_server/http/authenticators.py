@@ -20,7 +20,7 @@ from agent_server.model.principal import Principal, Unauthorized
 from agent_server.model.tokens_file import token_digest
 from agent_server.runtime.settings import Settings
 
-logger = logging.getLogger("agent_server.http.auth")
+logger = logging.getLogger("agent_server.auth")
 
 #: What authenticates a request: its headers (case-insensitive) in, a principal out.
 Authenticator = Callable[[Mapping[str, str]], Awaitable[Principal]]

@@ -27,7 +27,7 @@ from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 
-logger = logging.getLogger("agent_server.http.api")
+logger = logging.getLogger("agent_server.api")
 
 #: Methods counted by name; any other method string a client sends is counted as "other".
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

@@ -24,7 +24,7 @@ import httpx
 from agent_server.model.redaction import shown_url
 from agent_server.runtime.jwt_keys import KeyFileError, VerifyingKey, parse_jwks
 
-logger = logging.getLogger("agent_server.http.auth")
+logger = logging.getLogger("agent_server.auth")
 
 #: Seconds one JWKS fetch may take, connection to last byte.
 FETCH_TIMEOUT = 5.0

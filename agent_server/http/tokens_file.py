@@ -20,7 +20,7 @@ from agent_server.model.principal import Principal
 from agent_server.model.tokens import TokenError
 from agent_server.model.tokens_file import TokenTable, read_tokens_file
 
-logger = logging.getLogger("agent_server.http.auth")
+logger = logging.getLogger("agent_server.auth")
 
 #: Seconds between two looks at the file at most.
 CHECK_INTERVAL = 1.0

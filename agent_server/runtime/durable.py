@@ -26,7 +26,7 @@ from agent_server.runtime.logs import execution_fields
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
 
-logger = logging.getLogger("agent_server.runtime.durable")
+logger = logging.getLogger("agent_server.durable")
 
 #: With capacity full, queued work is looked for again this often.
 POLL_SECONDS = 1.0

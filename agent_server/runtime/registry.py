@@ -52,7 +52,7 @@ from agent_server.store.base import (
     StoreUnavailable,
 )
 
-logger = logging.getLogger("agent_server.runtime.registry")
+logger = logging.getLogger("agent_server.registry")
 
 #: Worker threads for `def` reasoners; they cannot be cancelled, only waited for or abandoned.
 THREAD_WORKERS = 32

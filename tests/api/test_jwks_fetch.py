@@ -63,7 +63,7 @@ async def test_a_provider_in_trouble_is_bounded_and_said(
             idp.down = True
         keys = RemoteJwks(idp.url)
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="agent_server.http.auth"):
+        with caplog.at_level(logging.WARNING, logger="agent_server.auth"):
             assert await keys.candidates("rsa-1") == []
         assert time.monotonic() - started < 2.0
         said = [r.getMessage() for r in caplog.records if "could not be fetched" in r.message]
