@@ -15,10 +15,11 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
-from agent_server.http.api import RETRY_AFTER_SECONDS, Api
+from agent_server.http.api import Api
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
+from agent_server.http.routing import RETRY_AFTER_SECONDS
 from agent_server.model import jsoncodec
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
