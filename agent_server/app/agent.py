@@ -277,12 +277,12 @@ class Agent:
     async def push_shutdown(self, hard_end: float) -> bool:
         """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
         return await push_shutdown(
-            self.settings.pushgateway, self.metrics.shutdown_registry, self.name, hard_end
+            self.settings.pushgateway, self.metrics.shutdown.registry, self.name, hard_end
         )
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
-        self.metrics.set_phase(phase.value)
+        self.metrics.shutdown.set_phase(phase.value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The agent under plain uvicorn, or mounted in another app. A request the server
