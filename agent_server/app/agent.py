@@ -31,17 +31,13 @@ from agent_server.runtime.logs import ACCESS_LOGGER, AccessLog, configure_unless
 from agent_server.runtime.loop_errors import install_loop_error_handler
 from agent_server.runtime.loop_lag import LoopLagSampler, reasoner_codes
 from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
-from agent_server.runtime.tracing import (
-    TRACE_CONTEXT_HEADERS,
-    Tracing,
-    tracing_from,
-    webhook_headers,
-)
+from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS, Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
 
