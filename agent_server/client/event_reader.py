@@ -13,12 +13,7 @@ import httpx
 from httpx_sse import SSEError
 
 from agent_server.client import retries as policy
-from agent_server.client.models import (
-    Event,
-    Unavailable,
-    WaitTimeout,
-    error_from_response,
-)
+from agent_server.client.models import Event, Unavailable, WaitTimeout, error_from_response
 from agent_server.client.retries import Retries
 from agent_server.client.sse import Message, Parser
 from agent_server.client.steps import (

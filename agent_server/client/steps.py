@@ -15,9 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from agent_server.client.models import (
-    error_from_response,
-)
+from agent_server.client.models import error_from_response
 
 #: A JSON body that is absent (not the JSON `null`).
 NO_BODY: Any = object()

@@ -17,10 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate
 
-from prometheus_client import (
-    CollectorRegistry,
-    utils,
-)
+from prometheus_client import CollectorRegistry, utils
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,

@@ -4,15 +4,12 @@ attempt: events, the end, hand-offs, retries and unclaims; part of `RedisStore`.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution
 from agent_server.model.waiting import Wakeup
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
-
-logger = logging.getLogger("agent_server.store")
 
 
 class OwnerWrites(StorePart):

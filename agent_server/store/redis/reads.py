@@ -4,7 +4,6 @@ renewing), its events, its end (waited for), and the lists; part of `RedisStore`
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
@@ -14,8 +13,6 @@ from agent_server.store.base import ListCursor, Page
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
 from agent_server.store.redis.scripts import Row
-
-logger = logging.getLogger("agent_server.store")
 
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000

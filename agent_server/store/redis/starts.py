@@ -5,7 +5,6 @@ this replica; part of `RedisStore`."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import os
 import time
@@ -25,8 +24,6 @@ from agent_server.store.base import (
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
 from agent_server.store.redis.scripts import Create, Row
-
-logger = logging.getLogger("agent_server.store")
 
 #: Seconds after which keyed work waiting for a slot is looked at again without a notice.
 BLOCKED_RELOOK = 5.0
