@@ -16,11 +16,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
-from agent_server.http.api import RETRY_AFTER_SECONDS, Api
+from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
+from agent_server.http.routing import RETRY_AFTER_SECONDS
 from agent_server.model import jsoncodec
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
@@ -32,17 +33,13 @@ from agent_server.runtime.logs import ACCESS_LOGGER, AccessLog, configure_unless
 from agent_server.runtime.loop_errors import install_loop_error_handler
 from agent_server.runtime.loop_lag import LoopLagSampler, reasoner_codes
 from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
-from agent_server.runtime.tracing import (
-    TRACE_CONTEXT_HEADERS,
-    Tracing,
-    tracing_from,
-    webhook_headers,
-)
+from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS, Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
 
@@ -301,12 +298,12 @@ class Agent:
     async def push_shutdown(self, hard_end: float) -> bool:
         """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
         return await push_shutdown(
-            self.settings.pushgateway, self.metrics.shutdown_registry, self.name, hard_end
+            self.settings.pushgateway, self.metrics.shutdown.registry, self.name, hard_end
         )
 
     def set_phase(self, phase: Phase) -> None:
         self.phase = phase
-        self.metrics.set_phase(phase.value)
+        self.metrics.shutdown.set_phase(phase.value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The agent under plain uvicorn, or mounted in another app. A request the server

@@ -17,7 +17,8 @@ Both ride rollouts (docs/client.md):
   replica yet) is sent again as it was (the same `Idempotency-Key`, the same `request_id`)
   within the same budget; then `InDoubt` (an `Unavailable`) names the execution to read.
 
-Every call is written once, without I/O, in core.py; sync.py and aio.py only take its steps.
+Every call is written once, without I/O, in core.py (its steps in steps.py, an event
+stream's reader in event_reader.py); sync.py and aio.py only take its steps.
 """
 
 # A name outside `__all__` is imported as itself: importable from here, as when the client
@@ -25,8 +26,8 @@ Every call is written once, without I/O, in core.py; sync.py and aio.py only tak
 from agent_server.client.aio import AsyncAgentClient, AsyncExecutionHandle
 from agent_server.client.core import DEFAULT_URL as DEFAULT_URL
 from agent_server.client.core import MAX_WAIT as MAX_WAIT
-from agent_server.client.core import STREAM_SILENCE as STREAM_SILENCE
-from agent_server.client.core import UNNUMBERED as UNNUMBERED
+from agent_server.client.event_reader import STREAM_SILENCE as STREAM_SILENCE
+from agent_server.client.event_reader import UNNUMBERED as UNNUMBERED
 from agent_server.client.models import TERMINAL as TERMINAL
 from agent_server.client.models import (
     AgentServerError,

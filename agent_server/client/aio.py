@@ -15,20 +15,7 @@ from typing import Any, TypeVar, cast
 import httpx
 
 from agent_server.client import sync
-from agent_server.client.core import (
-    DEFAULT_URL,
-    Chunk,
-    Close,
-    Core,
-    Emit,
-    Flow,
-    Items,
-    Open,
-    Read,
-    Reply,
-    Sleep,
-    Step,
-)
+from agent_server.client.core import DEFAULT_URL, Core
 from agent_server.client.cut import cut_at
 from agent_server.client.models import (
     Event,
@@ -38,6 +25,18 @@ from agent_server.client.models import (
     Reasoners,
     SessionRelease,
     Statuses,
+)
+from agent_server.client.steps import (
+    Chunk,
+    Close,
+    Emit,
+    Flow,
+    Items,
+    Open,
+    Read,
+    Reply,
+    Sleep,
+    Step,
 )
 
 T = TypeVar("T")

@@ -1,28 +1,24 @@
 """Every call of the client, written once and without I/O (as httpx's `_client.py` keeps
 all but the sending in one base).
 
-A call is a generator: it yields the steps to take (`Send` a request, `Sleep`, and for a
-stream `Open`, `Read`, `Chunk`, `Close`) and is sent back what happened (the response, the
-transport error, the text). A call that gives many items (events, the executions of every
-page) yields each as `Emit`. The blocking and the asyncio front only take these steps, so
-what a call means cannot differ between them.
+A call is a generator of the steps of steps.py: it yields what to do (send a request, sleep,
+open and read a stream) and is sent back what happened. A call that gives many items
+(events, the executions of every page) yields each as `Emit`; an event stream's reader is
+event_reader.py's. The blocking and the asyncio front only take these steps, so what a call
+means cannot differ between them.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
-import urllib.parse
 import uuid
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import httpx
-from httpx_sse import SSEError
 
 from agent_server.client import retries as policy
+from agent_server.client.event_reader import EventReader
 from agent_server.client.models import (
     AgentServerError,
     Conflict,
@@ -41,121 +37,23 @@ from agent_server.client.models import (
     response_body,
 )
 from agent_server.client.retries import Retries
-from agent_server.client.sse import Message, Parser
+from agent_server.client.steps import (
+    NO_BODY,
+    Close,
+    Emit,
+    Flow,
+    Items,
+    Open,
+    Send,
+    Sleep,
+    as_response,
+    checked,
+    segment,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The server's bound on one long-poll (`?wait=`).
 MAX_WAIT = 60.0
-#: Seconds an event stream may stay silent (the server sends a heartbeat every 15 s by
-#: default) before it is taken for dead and resumed.
-STREAM_SILENCE = 60.0
-#: Events the stream sends around a reasoner's own: they carry no number.
-UNNUMBERED = frozenset({"start", "missed", "end"})
-#: A JSON body that is absent (not the JSON `null`).
-NO_BODY: Any = object()
-
-T = TypeVar("T")
-
-
-def segment(value: str) -> str:
-    """`value` as one path segment: every character but the unreserved ones percent-encoded
-    (an id or name with '/', '?', '#' or '%' never names another path), and '.' or '..'
-    with their dots encoded too (a URL parser would resolve them away: `release ..` sent
-    `DELETE /`). An empty one names no resource: ValueError."""
-    if not value:
-        raise ValueError("an execution id, reasoner name or session id cannot be empty")
-    quoted = urllib.parse.quote(value, safe="")
-    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
-
-
-# -- the steps --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    """Send this request; the reply is the response or the transport error."""
-
-    method: str
-    #: A path under the client's URL, or an absolute URL (a `Link` the server gave).
-    path: str
-    timeout: httpx.Timeout
-    params: Mapping[str, str | list[str]] = field(default_factory=dict)
-    body: Any = NO_BODY
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def request(self) -> dict[str, Any]:
-        """The arguments of `httpx.Client.request` and `.stream` (and their async twins)."""
-        arguments: dict[str, Any] = {
-            "method": self.method,
-            "url": self.path,
-            "params": self.params,
-            "headers": self.headers,
-            "timeout": self.timeout,
-        }
-        if self.body is not NO_BODY:
-            arguments["json"] = self.body
-        return arguments
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Open:
-    """Open `send` as a stream, its connection shut at the monotonic `deadline` (httpx
-    bounds each read, not a whole stream); the reply is the response, its body unread."""
-
-    send: Send
-    deadline: float | None
-
-
-@dataclass(frozen=True)
-class Read:
-    """Read the open stream's whole body; the reply is the response or the error."""
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """The open stream's next text: the reply is it, None at its end, or the error."""
-
-
-@dataclass(frozen=True)
-class Close:
-    """Close the open stream (and let its connection go back to the pool)."""
-
-
-@dataclass(frozen=True)
-class Emit(Generic[T]):
-    """Give `item` to the caller iterating."""
-
-    item: T
-
-
-Step = Send | Sleep
-StreamStep = Step | Open | Read | Chunk | Close
-Reply = httpx.Response | httpx.TransportError | str | None
-#: A call whose answer is its return value.
-Flow = Generator[Step, Reply, T]
-#: A call that gives the caller its items one by one.
-Items = Generator[StreamStep | Emit[T], Reply, None]
-
-
-def _response(reply: Reply) -> httpx.Response | httpx.TransportError:
-    assert isinstance(reply, httpx.Response | httpx.TransportError), reply
-    return reply
-
-
-def _text(reply: Reply) -> str | httpx.TransportError | None:
-    assert not isinstance(reply, httpx.Response), reply
-    return reply
-
-
-def _checked(response: httpx.Response, *expected: int) -> httpx.Response:
-    if response.status_code not in expected:
-        raise error_from_response(response)
-    return response
 
 
 # -- the calls --------------------------------------------------------------------------------
@@ -203,7 +101,7 @@ class Core:
         retries = Retries(self.retry_for)
         doubted: tuple[str, str] | None = None  # the execution and Location last in doubt
         while True:
-            reply = _response((yield send))
+            reply = as_response((yield send))
             if isinstance(reply, httpx.Response):
                 doubt = policy.in_doubt(reply) if told else None
                 if doubt is None and not policy.refusal(reply):
@@ -323,7 +221,7 @@ class Core:
             headers=self._start_headers(session, key),
         )
         response = yield from self.request(send, told=True)
-        return Execution.from_json(_checked(response, 202).json())
+        return Execution.from_json(checked(response, 202).json())
 
     # -- executions ---------------------------------------------------------------------------
 
@@ -344,7 +242,7 @@ class Core:
             params,
         )
         response = yield from self.request(send)
-        return Execution.from_json(_checked(response, 200).json())
+        return Execution.from_json(checked(response, 200).json())
 
     def wait(self, execution_id: str, timeout: float | None) -> Flow[Execution]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -389,14 +287,14 @@ class Core:
             body=body,
         )
         response = yield from self.request(send, told=True)
-        return Execution.from_json(_checked(response, 202).json())
+        return Execution.from_json(checked(response, 202).json())
 
     def cancel(self, execution_id: str) -> Flow[Execution]:
         send = Send(
             "POST", f"/executions/{segment(execution_id)}/cancel", self._timeout(self.timeout)
         )
         response = yield from self.request(send, told=True)
-        return Execution.from_json(_checked(response, 200, 202).json())
+        return Execution.from_json(checked(response, 200, 202).json())
 
     def forget(self, execution_id: str) -> Flow[None]:
         """A 404 after an answer in doubt is the delete that was in doubt, done."""
@@ -404,7 +302,7 @@ class Core:
         response, doubted = yield from self.exchange(send, told=True)
         if doubted and response.status_code == 404:
             return
-        _checked(response, 204)
+        checked(response, 204)
 
     def _list_first(
         self, status: Statuses, reasoner: str | None, session: str | None, limit: int
@@ -422,7 +320,7 @@ class Core:
         """One page and, to `follow`, the request for the next: the `Link: <...>;
         rel="next"` the server sends while more records match (RFC 8288), None when it
         sends none."""
-        response = _checked((yield from self.request(send)), 200)
+        response = checked((yield from self.request(send)), 200)
         page = [Execution.from_json(item) for item in response.json()]
         link = response.links.get("next", {}).get("url") if follow else None
         if link is None:
@@ -458,7 +356,7 @@ class Core:
 
     def reasoners(self) -> Flow[Reasoners]:
         send = Send("GET", "/reasoners", self._timeout(self.timeout))
-        response = _checked((yield from self.request(send)), 200)
+        response = checked((yield from self.request(send)), 200)
         return [ReasonerInfo.from_json(item) for item in response.json()]
 
     def release_session(
@@ -470,7 +368,7 @@ class Core:
         }
         read = None if timeout is None else timeout + self.timeout
         send = Send("DELETE", f"/sessions/{segment(session_id)}", self._timeout(read), params)
-        response = _checked((yield from self.request(send)), 200)
+        response = checked((yield from self.request(send)), 200)
         return SessionRelease.from_json(response.json())
 
     # -- events -------------------------------------------------------------------------------
@@ -478,138 +376,13 @@ class Core:
     def events(self, execution_id: str, after: int | None, timeout: float | None) -> Items[Event]:
         """The stream through its `end`, resumed after `Last-Event-ID` whenever a connection
         ends before it, for at most `retry_for` seconds without an event."""
-        reader = _EventReader(self, execution_id, after, timeout)
+        reader = EventReader(
+            execution_id, after, timeout, connect=self.timeout, retry_for=self.retry_for
+        )
         while True:
-            opened = _response((yield Open(reader.send(), reader.deadline)))
+            opened = as_response((yield Open(reader.send(), reader.deadline)))
             delay = yield from reader.connection(opened)
             if delay is None:
                 return
             yield Close()
             yield Sleep(delay)
-
-    def _events_send(self, execution_id: str, last_id: int | None, left: float | None) -> Send:
-        """The request for a stream, its timeouts cut to the `left` seconds of the caller's
-        deadline, when there is one."""
-        headers = {"Accept": "text/event-stream"}
-        if last_id is not None:
-            headers["Last-Event-ID"] = str(last_id)
-        connect, silence = self.timeout, STREAM_SILENCE
-        if left is not None:
-            connect, silence = min(connect, left), min(silence, left)
-        return Send(
-            "GET",
-            f"/executions/{segment(execution_id)}/events",
-            httpx.Timeout(connect, read=silence),
-            {},
-            headers=headers,
-        )
-
-
-class _EventReader:
-    """What one reader of an execution's events decides between connections."""
-
-    def __init__(
-        self, core: Core, execution_id: str, after: int | None, timeout: float | None
-    ) -> None:
-        self.core = core
-        self.execution_id = execution_id
-        #: The number of the last event received: where a new connection resumes.
-        self.last_id = after
-        #: The server's `retry:` hint, in seconds.
-        self.retry: float | None = None
-        self.retries = Retries(core.retry_for)
-        #: The caller's bound on the whole stream, every connection and wait included.
-        self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-
-    def left(self) -> float | None:
-        """Seconds left before the caller's deadline (None without one); `WaitTimeout` once
-        it has passed."""
-        if self.deadline is None:
-            return None
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise WaitTimeout(
-                f"execution {self.execution_id} did not end within {self.timeout:g} s"
-            )
-        return left
-
-    def send(self) -> Send:
-        return self.core._events_send(self.execution_id, self.last_id, self.left())
-
-    def take(self, message: Message) -> Event | None:
-        """The event a message carries, or None for a bare `retry:` hint. Its data is JSON;
-        `start`, `missed` and `end` have no number. An event that comes after the deadline
-        comes too late: `WaitTimeout`."""
-        self.left()
-        if message.retry is not None:
-            self.retry = message.retry / 1000
-        if not message.data:
-            return None
-        number = None
-        if message.event not in UNNUMBERED and message.id.isdigit():
-            number = self.last_id = int(message.id)
-        try:
-            data: Any = json.loads(message.data)
-        except ValueError:
-            data = message.data
-        return Event(number, message.event, data)
-
-    def connection(
-        self, opened: httpx.Response | httpx.TransportError
-    ) -> Generator[StreamStep | Emit[Event], Reply, float | None]:
-        """One connection's events; then the seconds to wait before the next, None once
-        the `end` has come."""
-        if isinstance(opened, httpx.TransportError):
-            return self.failed(opened, None)
-        self.left()
-        if opened.status_code != 200:
-            read = _response((yield Read()))
-            if isinstance(read, httpx.TransportError):
-                return self.failed(read, None)
-            if not policy.refusal(opened):
-                raise error_from_response(opened)
-            return self.failed(opened, policy.retry_after(opened))
-        kind = opened.headers.get("content-type", "").partition(";")[0]
-        if "text/event-stream" not in kind:
-            # As httpx-sse refuses it: a failure to retry, like a broken connection.
-            not_a_stream = SSEError(
-                "Expected response header Content-Type to contain 'text/event-stream', "
-                f"got {kind!r}"
-            )
-            return self.failed(not_a_stream, None)
-        parser = Parser()
-        while True:
-            chunk = _text((yield Chunk()))
-            if isinstance(chunk, httpx.TransportError):
-                return self.failed(chunk, None)
-            for message in parser.feed(chunk) if chunk is not None else parser.end():
-                event = self.take(message)
-                if event is not None:
-                    self.received()
-                    yield Emit(event)
-                    if event.event == "end":
-                        return None
-            if chunk is None:  # closed before its end: resume
-                return self.failed(None, None)
-
-    def received(self) -> None:
-        self.retries.received()
-
-    def failed(self, reason: httpx.Response | Exception | None, hint: float | None) -> float:
-        """Seconds to wait before resuming (never past the deadline), or the error when
-        retries are exhausted; `WaitTimeout` once the deadline has passed (the connection
-        cut at it, say)."""
-        left = self.left()
-        wanted = hint if hint is not None else self.retry
-        if wanted is None:
-            wanted = policy.backoff(self.retries.failures)
-        delay = self.retries.delay(wanted)
-        if delay is None:
-            if isinstance(reason, httpx.Response):
-                raise error_from_response(reason)
-            raise Unavailable(
-                f"events of {self.execution_id}: stream lost after {self.retries.spent()}: "
-                f"{reason!r}"
-            )
-        return delay if left is None else min(delay, left)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from agent_server.http.routing import ApiError
+from agent_server.model import jsoncodec
 from agent_server.model.execution import MAX_SECONDS
 from agent_server.model.names import (
     REASONER_NAME_RULE,
@@ -28,6 +29,7 @@ from agent_server.runtime.webhooks import check_url
 from agent_server.store.cursor import CURSOR_RULE, BadCursor, ListCursor
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+JSON_MEDIA_TYPES = ("application/json",)
 
 
 def first_values(raw_headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
@@ -229,3 +231,27 @@ def int_param(request: Request, name: str, *, minimum: int, maximum: int) -> int
     if not minimum <= number <= maximum:
         raise ApiError(422, f"{name} must be between {minimum} and {maximum}")
     return number
+
+
+async def read_json(receive: Receive, headers: dict[bytes, bytes], limit: int) -> Any:
+    """The body as JSON, within the size limit; an empty body is None."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body exceeds {limit} bytes")
+    raw = await read_body(receive, limit)
+    if not raw.strip():
+        return None
+    content_type = headers.get(b"content-type")
+    if content_type is not None:
+        media_type = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
+        if media_type not in JSON_MEDIA_TYPES and not media_type.endswith("+json"):
+            raise ApiError(415, f"unsupported content type {media_type!r}: send JSON")
+    try:
+        body = jsoncodec.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"malformed JSON body: {jsoncodec.short_error(exc)}") from None
+    try:  # what is accepted must be written back the same (idempotency, hand-off)
+        jsoncodec.check(body, "the body")
+    except jsoncodec.Unrecordable as exc:
+        raise ApiError(400, str(exc)) from None
+    return body

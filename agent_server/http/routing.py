@@ -18,6 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from agent_server.http.sse import EventStream
 from agent_server.model import jsoncodec
+from agent_server.model.execution import Execution
+
+#: The `Retry-After` of a refusal a client may send again at once elsewhere (or here soon).
+RETRY_AFTER_SECONDS = "1"
 
 
 class JSONResponse(Response):
@@ -125,3 +129,10 @@ def in_doubt(scope: Scope, execution_id: str) -> ApiError:
         {"Retry-After": "1", "Location": execution_location(scope, execution_id)},
         extra={"execution_id": execution_id, "in_doubt": True},
     )
+
+
+def execution_response(
+    execution: Execution, status_code: int = 200, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The execution's JSON, the one body every route about an execution answers with."""
+    return JSONResponse(execution.to_json(), status_code=status_code, headers=headers)

@@ -5,130 +5,45 @@ reasons, outcomes, phases) are initialised to zero so dashboards and rate() see 
 series from the first scrape. HTTP labels are route templates, never raw paths.
 
 The series that move on every request (executions, HTTP, rejections, session releases) are
-plain ints and floats in dicts keyed by label values, turned into metric families only when
-scraped (`Metrics.collect`). A prometheus_client child takes a lock on every `inc()` and
-`observe()`, about a microsecond each, several times per request. The shutdown metrics move
-a few times per process and are pushed from the shutdown, so they stay prometheus_client
-objects (and `shutdown_registry` holds just them).
-
-No `*_created` series are exposed. In the text format Prometheus scrapes they are plain
-gauges, one more series per counter and histogram child, and
-nothing reads them: rate() and increase() detect counter resets on their own. The switch
-prometheus_client offers (`disable_created_metrics`) is process-wide state, so each Agent's
-registry drops them itself instead.
+plain ints and floats in dicts keyed by label values (`metric_series.py`), turned into
+metric families only when scraped (`Metrics.collect`). The shutdown metrics move a few times
+per process and are pushed from the shutdown: they are `shutdown_metrics.py`'s, with a
+registry of their own (`Metrics.shutdown.registry`).
 """
 
 from __future__ import annotations
 
-import copy
-import time
-from bisect import bisect_left
-from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
-from itertools import accumulate
+from collections.abc import Iterable, Iterator
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Enum,
-    Gauge,
-    generate_latest,
-    utils,
-)
+from prometheus_client import generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from agent_server.model.execution import Execution
+from agent_server.runtime.metric_series import (
+    EXECUTION_BUCKETS,
+    EXECUTION_LE,
+    EXECUTION_OUTCOMES,
+    HTTP_BUCKETS,
+    HTTP_LE,
+    LOOP_LAG_BUCKETS,
+    LOOP_LAG_LE,
+    PREFIX,
+    RETRY_REASONS,
+    SESSION_OUTCOMES,
+    AgentRegistry,
+    HistogramSeries,
+    OutcomeSeries,
+    StoreSeries,
+    counter,
+)
 from agent_server.runtime.registry import RejectReason
+from agent_server.runtime.shutdown_metrics import ShutdownMetrics
 from agent_server.runtime.webhooks import OUTCOMES as WEBHOOK_OUTCOMES
-from agent_server.store.base import WRITE_RETRY_REASONS
-
-PREFIX = "agent_server"
-
-#: Agent work runs from milliseconds to tens of minutes: 10 ms .. 30 min.
-EXECUTION_BUCKETS = (
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
-)  # fmt: skip
-#: Synchronous runs and long-polls last as long as agent work; probes, scrapes and status
-#: reads answer in about a millisecond, so the HTTP histogram starts lower to tell them apart.
-HTTP_BUCKETS = (0.001, 0.0025, 0.005, *EXECUTION_BUCKETS)
-#: A healthy loop turns within a millisecond or two; a stall is seconds: 1 ms .. 30 s.
-LOOP_LAG_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
-
-EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
-SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
-SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned")
-#: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
-TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "reporting", "http")
-SESSION_OUTCOMES = ("settled", "abandoned")
-#: Why a failed attempt was retried (`execution_retries_total{reason}`).
-RETRY_REASONS = ("timeout", "exception")
-
-#: prometheus_client's own float formatting, so `le` reads as its Histogram writes it.
-_go_float: Callable[[float], str] = utils.floatToGoString
-
-
-def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
-    return (*(_go_float(b) for b in bounds), "+Inf")
-
-
-EXECUTION_LE = _le_labels(EXECUTION_BUCKETS)
-HTTP_LE = _le_labels(HTTP_BUCKETS)
-LOOP_LAG_LE = _le_labels(LOOP_LAG_BUCKETS)
-
-
-class AgentRegistry(CollectorRegistry):
-    """A CollectorRegistry that leaves out `*_created` samples (see the module docstring)."""
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in super().collect():
-            if any(sample.name.endswith("_created") for sample in metric.samples):
-                metric = copy.copy(metric)
-                metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            yield metric
-
-
-class HistogramSeries:
-    """One histogram series: a count per bucket (not cumulative, +Inf last) and the sum."""
-
-    __slots__ = ("bounds", "counts", "les", "sum")
-
-    def __init__(self, bounds: tuple[float, ...], les: tuple[str, ...]) -> None:
-        self.bounds = bounds
-        self.les = les
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        # Buckets are `le`: the first bound >= value, which is what bisect_left finds.
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative, by `le` label: what HistogramMetricFamily takes."""
-        return list(zip(self.les, accumulate(self.counts), strict=True))
-
-
-class OutcomeSeries(HistogramSeries):
-    """Executions of one reasoner that ended one way: how many, and how long they took."""
-
-    __slots__ = ("finished",)
-
-    def __init__(self) -> None:
-        super().__init__(EXECUTION_BUCKETS, EXECUTION_LE)
-        self.finished = 0
 
 
 class Metrics:
@@ -139,8 +54,8 @@ class Metrics:
     event loop thread (the in-flight registry's observer calls, the HTTP middleware, the
     /metrics handler), one at a time, so nothing takes a lock.
 
-    `shutdown_registry` holds only the shutdown metrics (the same objects), for the push to
-    a Pushgateway at the end of the shutdown.
+    `shutdown` holds the shutdown metrics, with a registry of just them (the same objects)
+    for the push to a Pushgateway at the end of the shutdown.
     """
 
     def __init__(self) -> None:
@@ -148,7 +63,6 @@ class Metrics:
         self._outcomes: dict[tuple[str, str], OutcomeSeries] = {}
         self._http: dict[tuple[str, str, int], HistogramSeries] = {}
         self._http_expected: dict[tuple[str, str, int], None] = {}
-        self._shutdown_started_at: float | None = None
         self._rejected: dict[str, int] = {reason.value: 0 for reason in RejectReason}
         self._releases: dict[str, int] = dict.fromkeys(SESSION_OUTCOMES, 0)
         self._store = StoreSeries()
@@ -169,64 +83,10 @@ class Metrics:
         self._webhooks_pending = 0
         #: How late the loop-lag sampler woke (`agent_server.runtime.loop_lag`), each sample.
         self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
+        self.shutdown = ShutdownMetrics()
         self.registry = AgentRegistry(auto_describe=True)
         self.registry.register(self)
-        self.shutdown_registry = AgentRegistry(auto_describe=True)
-        self.draining = Gauge(
-            f"{PREFIX}_draining", "1 from the first shutdown signal on.", registry=None
-        )
-        self.shutdown_phase = Enum(
-            f"{PREFIX}_shutdown_phase",
-            "Current phase of the shutdown sequence.",
-            states=list(SHUTDOWN_PHASES),
-            registry=None,
-        )
-        self.shutdown_started = Gauge(
-            f"{PREFIX}_shutdown_started_timestamp_seconds",
-            "Unix time of the first shutdown signal; 0 while serving.",
-            registry=None,
-        )
-        self.shutdown_duration = Gauge(
-            f"{PREFIX}_shutdown_duration_seconds",
-            "Seconds from the first signal to the shutdown report; 0 until then.",
-            registry=None,
-        )
-        self.shutdown_phase_duration = Gauge(
-            f"{PREFIX}_shutdown_phase_duration_seconds",
-            "Seconds each phase of the shutdown took: unready, draining, cancelling (the "
-            "cancellation and the settle), flushing (ends owed to the store), reporting (a line "
-            "per end it could not write), then http (open "
-            "responses after the listener closed); 0 until it ends.",
-            ["phase"],
-            registry=None,
-        )
-        self.shutdown_executions = Counter(
-            f"{PREFIX}_shutdown_executions_total",
-            "Executions that ended during the shutdown: finished before the drain deadline, "
-            "cancelled at it and settled, handed off to another replica, or abandoned.",
-            ["outcome"],
-            registry=None,
-        )
-        for collector in self._shutdown_collectors():
-            self.registry.register(collector)
-            self.shutdown_registry.register(collector)
-        for outcome in SHUTDOWN_OUTCOMES:
-            self.shutdown_executions.labels(outcome)
-        for phase in TIMED_PHASES:
-            self.shutdown_phase_duration.labels(phase)
-        self._phase = SHUTDOWN_PHASES[0]
-        self.shutdown_phase.state(self._phase)
-        self._shutdown_counted: Tally[str] = Tally()
-
-    def _shutdown_collectors(self) -> Iterable[Collector]:
-        return (
-            self.draining,
-            self.shutdown_phase,
-            self.shutdown_started,
-            self.shutdown_duration,
-            self.shutdown_phase_duration,
-            self.shutdown_executions,
-        )
+        self.shutdown.register(self.registry)
 
     def add_reasoner(self, name: str) -> None:
         """Create the reasoner's series at zero, so they exist before its first execution."""
@@ -260,10 +120,7 @@ class Metrics:
         duration = execution.duration_seconds
         if duration is not None:
             ended.observe(duration)
-        if self._phase != "serving":
-            during_shutdown = self._shutdown_outcome(outcome)
-            if during_shutdown is not None:
-                self._count_shutdown(during_shutdown, 1)
+        self.shutdown.execution_finished(outcome)
 
     def execution_rejected(self, reason: RejectReason) -> None:
         self._rejected[reason.value] += 1
@@ -341,7 +198,7 @@ class Metrics:
         retries = self._store.retries
         retries[reason] = retries.get(reason, 0) + 1
 
-    # -- HTTP and shutdown -------------------------------------------------------------------
+    # -- HTTP ---------------------------------------------------------------------------------
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
         key = (method, route, status)
@@ -361,69 +218,23 @@ class Metrics:
         for status in statuses:
             self._http_expected.setdefault((method, route, status))
 
-    def shutdown_began(self, wall_time: float, started: float | None = None) -> None:
-        """`started` is the signal's monotonic time, from which scrapes read the elapsed drain."""
-        self.draining.set(1)
-        self.shutdown_started.set(wall_time)
-        self._shutdown_started_at = time.monotonic() if started is None else started
-
-    def set_phase(self, phase: str) -> None:
-        self._phase = phase
-        self.shutdown_phase.state(phase)
-
-    def shutdown_phase_took(self, phase: str, seconds: float) -> None:
-        self.shutdown_phase_duration.labels(phase).set(seconds)
-
-    def shutdown_ended(
-        self,
-        duration: float,
-        outcomes: Iterable[tuple[str, int]],
-        phase_seconds: dict[str, float] | None = None,
-    ) -> None:
-        """Make the shutdown counters agree with the report, then set the duration.
-
-        The counters already moved as executions ended during the drain (so a scrape shows
-        progress); the report's totals only top them up where they differ.
-        """
-        for outcome, count in outcomes:
-            missing = count - self._shutdown_counted[outcome]
-            if missing > 0:
-                self._count_shutdown(outcome, missing)
-        for phase, seconds in (phase_seconds or {}).items():
-            self.shutdown_phase_took(phase, seconds)
-        self.shutdown_duration.set(duration)
-
-    def _shutdown_outcome(self, outcome: str) -> str | None:
-        """How the shutdown report will count an execution that ends now, if it does."""
-        if outcome == "parked":  # it left this replica waiting for input, in any phase
-            return outcome
-        if self._phase in ("unready", "draining"):
-            return "finished"
-        if self._phase == "cancelling":
-            return outcome if outcome in ("abandoned", "handed_off") else "cancelled"
-        return None
-
-    def _count_shutdown(self, outcome: str, count: int) -> None:
-        self._shutdown_counted[outcome] += count
-        self.shutdown_executions.labels(outcome).inc(count)
-
     # -- exposition ----------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
         """The per-request series as metric families, in the order the registry shows them."""
         yield from self._execution_families()
-        yield _counter(
+        yield counter(
             "requests_rejected_total", "New work refused, by reason.", "reason", self._rejected
         )
         yield from self._http_families()
-        yield _counter(
+        yield counter(
             "session_releases_total",
             "Session releases, by whether all their work settled.",
             "outcome",
             self._releases,
         )
         yield from self._store.families()
-        yield _counter(
+        yield counter(
             "events_emitted_total", "Events emitted by reasoners.", "reasoner", self._emitted
         )
         waiting = GaugeMetricFamily(
@@ -449,7 +260,7 @@ class Metrics:
             "Event streams (Server-Sent Events) open now.",
             value=self.streams_open,
         )
-        yield _counter(
+        yield counter(
             "webhook_deliveries_total",
             "Webhook attempts, by outcome: delivered (2xx), retried, gave_up (a 4xx but 408 "
             "and 429, or retried for --webhook-retry-for), refused (a target not allowed).",
@@ -468,7 +279,7 @@ class Metrics:
         )
         lag.add_metric([], self.loop_lag.buckets(), self.loop_lag.sum)
         yield lag
-        yield self._shutdown_elapsed()
+        yield self.shutdown.elapsed()
 
     def _queue_families(self) -> Iterator[Metric]:
         queued = GaugeMetricFamily(
@@ -499,20 +310,6 @@ class Metrics:
             retries.add_metric([reasoner, reason], count)
         yield retries
 
-    def _shutdown_elapsed(self) -> Metric:
-        """Seconds since the first signal, as of this scrape: what a scrape can see of a
-        shutdown in progress. `shutdown_duration_seconds` is set at the report, a moment
-        before the listener closes, so scrapes almost never see it; the pushed copy has it.
-        Not pushed: frozen in a Pushgateway it would read as a drain that never ends."""
-        started = self._shutdown_started_at
-        elapsed = 0.0 if started is None else max(0.0, time.monotonic() - started)
-        family = GaugeMetricFamily(
-            f"{PREFIX}_shutdown_elapsed_seconds",
-            "Seconds since the first shutdown signal, as of this scrape; 0 while serving.",
-        )
-        family.add_metric([], elapsed)
-        return family
-
     def _execution_families(self) -> tuple[Metric, Metric, Metric, Metric]:
         """`executions_inflight` is derived: every started execution is recorded finished
         exactly once (abandoned included), so started minus finished is what runs now."""
@@ -533,7 +330,7 @@ class Metrics:
             duration.add_metric([reasoner, status], ended.buckets(), ended.sum)
         for reasoner, lost in self._store.lost.items():
             finished.add_metric([reasoner, "lost"], lost)
-        started = _counter(
+        started = counter(
             "executions_started_total", "Executions started.", "reasoner", self._started
         )
         inflight = GaugeMetricFamily(
@@ -567,66 +364,3 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class StoreSeries:
-    """What the execution store did, as plain numbers until scraped."""
-
-    def __init__(self) -> None:
-        self.durations: dict[str, HistogramSeries] = {}
-        self.errors: dict[str, int] = {}
-        self.up = True
-        self.fenced = 0
-        self.replicas = 1
-        self.lost: dict[str, int] = {}
-        #: Outbox writes Redis refused for a transient reason, kept and retried, by reason.
-        self.retries: dict[str, int] = dict.fromkeys(WRITE_RETRY_REASONS, 0)
-
-    def operation(self, operation: str, seconds: float, ok: bool) -> None:
-        series = self.durations.get(operation)
-        if series is None:
-            series = self.durations[operation] = HistogramSeries(HTTP_BUCKETS, HTTP_LE)
-            self.errors.setdefault(operation, 0)
-        series.observe(seconds)
-        if not ok:
-            self.errors[operation] += 1
-
-    def families(self) -> Iterator[Metric]:
-        duration = HistogramMetricFamily(
-            f"{PREFIX}_store_operation_duration_seconds",
-            "Execution store operations (round trips), by operation.",
-            labels=["operation"],
-        )
-        for operation, series in self.durations.items():
-            duration.add_metric([operation], series.buckets(), series.sum)
-        yield duration
-        yield _counter(
-            "store_errors_total", "Store operations that failed.", "operation", self.errors
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_store_up", "1 while the execution store answers.", value=int(self.up)
-        )
-        yield CounterMetricFamily(
-            f"{PREFIX}_store_fenced_writes",
-            "Writes of an attempt (its end, hand-off or checkpoint) refused because this "
-            "replica's attempt no longer owns the execution.",
-            value=self.fenced,
-        )
-        yield _counter(
-            "store_write_retries_total",
-            "Outbox writes Redis refused for a transient reason, kept and retried.",
-            "reason",
-            self.retries,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_replicas_alive",
-            "Replicas whose liveness the store holds (1 with the memory store).",
-            value=self.replicas,
-        )
-
-
-def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
-    family = CounterMetricFamily(f"{PREFIX}_{name}", documentation, labels=[label])
-    for value, count in counts.items():
-        family.add_metric([value], count)
-    return family

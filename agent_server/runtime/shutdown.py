@@ -217,7 +217,7 @@ class ShutdownSequence:
         self._parked_before = self.registry.stats.outcomes["parked"]
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
-        self.metrics.shutdown_began(wall_time, started)
+        self.metrics.shutdown.began(wall_time, started)
         self.set_phase(Phase.UNREADY)
         logger.info(
             "shutdown began (%s): %d executions in flight; admission closes in %gs, "
@@ -324,7 +324,7 @@ class ShutdownSequence:
             exit_code=_exit_code(bool(unrecorded), bool(abandoned or abandoned_earlier)),
             plan=asdict(self.plan),
         )
-        self.metrics.shutdown_ended(
+        self.metrics.shutdown.ended(
             duration,
             [
                 ("finished", report.finished),
@@ -347,7 +347,7 @@ class ShutdownSequence:
     def took(self, phase: str, seconds: float) -> None:
         """A phase after the report (the runner's `http`, then `exit`): in the phase metric
         (pushed, for `http`) and in the last line."""
-        self.metrics.shutdown_phase_took(phase, seconds)
+        self.metrics.shutdown.phase_took(phase, seconds)
         self._after_report[phase] = seconds
 
     def last_line(self, code: int) -> None:

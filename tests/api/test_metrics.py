@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent_server import Agent, Settings
 from agent_server.http.api import ROUTE_STATUSES
 from agent_server.model.execution import CancelReason
-from agent_server.runtime.metrics import EXECUTION_BUCKETS, HTTP_BUCKETS, Metrics
+from agent_server.runtime.metric_series import EXECUTION_BUCKETS, HTTP_BUCKETS
+from agent_server.runtime.metrics import Metrics
 from tests.apps.tests_app import make_agent, reasoner_names
 
 P = "agent_server_"
@@ -177,10 +178,10 @@ def test_every_route_has_its_statuses_known_up_front() -> None:
 
 async def test_elapsed_shutdown_grows_from_the_signal_and_is_not_pushed() -> None:
     metrics = Metrics()
-    metrics.shutdown_began(time.time(), time.monotonic() - 2.0)
+    metrics.shutdown.began(time.time(), time.monotonic() - 2.0)
     elapsed = metrics.registry.get_sample_value(P + "shutdown_elapsed_seconds")
     assert elapsed is not None and 2.0 <= elapsed < 10.0
-    pushed = {s.name for f in metrics.shutdown_registry.collect() for s in f.samples}
+    pushed = {s.name for f in metrics.shutdown.registry.collect() for s in f.samples}
     assert P + "draining" in pushed
     assert P + "shutdown_elapsed_seconds" not in pushed
 

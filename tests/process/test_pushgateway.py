@@ -75,7 +75,7 @@ def pushed_by(agent: Agent) -> tuple[str | None, Any, str, float | None]:
     """What the runner hands `push_shutdown` for this agent."""
     started = agent.shutdown.started
     hard_end = None if started is None else agent.shutdown.plan.hard_end(started)
-    return agent.settings.pushgateway, agent.metrics.shutdown_registry, agent.name, hard_end
+    return agent.settings.pushgateway, agent.metrics.shutdown.registry, agent.name, hard_end
 
 
 async def test_push_after_a_shutdown_sends_only_the_shutdown_metrics() -> None:
@@ -121,7 +121,7 @@ async def test_push_to_a_silent_gateway_returns_by_its_bound(
         caplog.at_level(logging.INFO, "agent_server.pushgateway"),
     ):
         started = time.monotonic()
-        pushed = await push_metrics(gateway.url, metrics.shutdown_registry, {"agent": "a"}, 0.4)
+        pushed = await push_metrics(gateway.url, metrics.shutdown.registry, {"agent": "a"}, 0.4)
         elapsed = time.monotonic() - started
     assert pushed is False
     assert 0.35 <= elapsed < 1.5
@@ -134,7 +134,7 @@ async def test_push_to_a_closed_port_fails_fast_and_is_logged(
     metrics = Metrics()
     with caplog.at_level(logging.INFO, "agent_server.pushgateway"):
         started = time.monotonic()
-        pushed = await push_metrics(closed_port_url(), metrics.shutdown_registry, {}, 1.0)
+        pushed = await push_metrics(closed_port_url(), metrics.shutdown.registry, {}, 1.0)
         elapsed = time.monotonic() - started
     assert pushed is False
     assert elapsed < 0.9
@@ -159,7 +159,7 @@ async def test_push_reports_an_error_status() -> None:
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert await push_metrics(url, Metrics().shutdown_registry, {}, 2.0) is False
+        assert await push_metrics(url, Metrics().shutdown.registry, {}, 2.0) is False
     finally:
         server.shutdown()
         server.server_close()
@@ -205,7 +205,7 @@ async def test_no_byte_of_the_gateway_s_answer_is_read(
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/gw?token=push-secret"
         with caplog.at_level(logging.INFO, logger="agent_server.pushgateway"):
-            pushed = await push_metrics(url, Metrics().shutdown_registry, {}, 2.0)
+            pushed = await push_metrics(url, Metrics().shutdown.registry, {}, 2.0)
         assert pushed is (status == 200)
         assert ended.wait(5.0), "the gateway still writing 5 s after the push"
         assert written[0] < 64 * 2**20, written
@@ -218,7 +218,7 @@ async def test_no_byte_of_the_gateway_s_answer_is_read(
 
 async def test_nothing_is_pushed_without_time_or_without_a_shutdown() -> None:
     with PushReceiver() as receiver:
-        assert await push_metrics(receiver.url, Metrics().shutdown_registry, {}, 0.0) is False
+        assert await push_metrics(receiver.url, Metrics().shutdown.registry, {}, 0.0) is False
         agent = make_agent(Settings(pushgateway=receiver.url))
         assert await push_shutdown(*pushed_by(agent)) is False  # no shutdown has begun
         assert await push_shutdown(*pushed_by(make_agent())) is False  # no gateway configured

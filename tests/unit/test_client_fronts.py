@@ -17,7 +17,7 @@ import pytest
 from httpx_sse import EventSource
 
 import agent_server.client as client
-from agent_server.client import aio, core, sse, sync
+from agent_server.client import aio, core, sse, steps, sync
 
 #: The async front's names, and the names in its annotations and bodies, in the sync one's.
 RENAMED = {
@@ -215,9 +215,9 @@ EXECUTION = {"execution_id": "e-1", "reasoner": "echo", "status": "succeeded", "
 def test_a_refusal_is_retried_after_its_retry_after() -> None:
     flow = core.Core("http://server", token=None, timeout=5, retry_for=30).get("e-1")
     sent = next(flow)
-    assert isinstance(sent, core.Send) and (sent.method, sent.path) == ("GET", "/executions/e-1")
+    assert isinstance(sent, steps.Send) and (sent.method, sent.path) == ("GET", "/executions/e-1")
     wait = flow.send(answer(429, {"detail": "busy"}, **{"retry-after": "2"}))
-    assert isinstance(wait, core.Sleep) and 2.0 <= wait.seconds <= 2.4
+    assert isinstance(wait, steps.Sleep) and 2.0 <= wait.seconds <= 2.4
     assert flow.send(None) == sent
     with pytest.raises(StopIteration) as ended:
         flow.send(answer(200, EXECUTION))
@@ -227,20 +227,20 @@ def test_a_refusal_is_retried_after_its_retry_after() -> None:
 def test_a_stream_closed_before_its_end_resumes_after_the_last_event() -> None:
     flow = core.Core("http://server", token=None, timeout=5, retry_for=30).events("e-1", None, None)
     opened = next(flow)
-    assert isinstance(opened, core.Open) and "Last-Event-ID" not in opened.send.headers
+    assert isinstance(opened, steps.Open) and "Last-Event-ID" not in opened.send.headers
     stream = answer(200, None, **{"content-type": "text/event-stream"})
-    assert isinstance(flow.send(stream), core.Chunk)
+    assert isinstance(flow.send(stream), steps.Chunk)
     emitted = flow.send("id: 4\nevent: step\ndata: {}\n\nretry: 500\n\n")
-    assert isinstance(emitted, core.Emit) and emitted.item == client.Event(4, "step", {})
-    assert isinstance(flow.send(None), core.Chunk)
-    assert isinstance(flow.send(None), core.Close)  # closed before its end
+    assert isinstance(emitted, steps.Emit) and emitted.item == client.Event(4, "step", {})
+    assert isinstance(flow.send(None), steps.Chunk)
+    assert isinstance(flow.send(None), steps.Close)  # closed before its end
     wait = flow.send(None)
-    assert isinstance(wait, core.Sleep) and wait.seconds == 0.5  # the server's retry: hint
+    assert isinstance(wait, steps.Sleep) and wait.seconds == 0.5  # the server's retry: hint
     again = flow.send(None)
-    assert isinstance(again, core.Open) and again.send.headers["Last-Event-ID"] == "4"
-    assert isinstance(flow.send(stream), core.Chunk)
+    assert isinstance(again, steps.Open) and again.send.headers["Last-Event-ID"] == "4"
+    assert isinstance(flow.send(stream), steps.Chunk)
     end = flow.send(f"event: end\ndata: {json.dumps(EXECUTION)}\n\n")
-    assert isinstance(end, core.Emit) and end.item.event == "end"
+    assert isinstance(end, steps.Emit) and end.item.event == "end"
     with pytest.raises(StopIteration):
         flow.send(None)
 
@@ -248,8 +248,8 @@ def test_a_stream_closed_before_its_end_resumes_after_the_last_event() -> None:
 def test_a_refused_stream_is_read_then_an_error_when_not_a_refusal() -> None:
     flow = core.Core("http://server", token=None, timeout=5, retry_for=30).events("e-1", 2, None)
     opened = next(flow)
-    assert isinstance(opened, core.Open) and opened.send.headers["Last-Event-ID"] == "2"
+    assert isinstance(opened, steps.Open) and opened.send.headers["Last-Event-ID"] == "2"
     missing = answer(404, {"detail": "no such execution"})
-    assert isinstance(flow.send(missing), core.Read)
+    assert isinstance(flow.send(missing), steps.Read)
     with pytest.raises(client.NotFound):
         flow.send(missing)

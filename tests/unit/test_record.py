@@ -6,8 +6,8 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from agent_server.http.api import SYNC_ANSWER
 from agent_server.http.openapi import EXECUTION_SCHEMA
+from agent_server.http.runs import SYNC_ANSWER
 from agent_server.model import record
 from agent_server.model.execution import Execution
 from agent_server.model.status import TERMINAL, CancelReason, ExecutionStatus

@@ -10,7 +10,8 @@ import pytest
 
 from agent_server.model.execution import Execution
 from agent_server.runtime.logs import LOG_EXECUTION, LOG_SPAN, JsonFormatter
-from agent_server.runtime.tracing import Tracing, attempt_span_id, traceparent, tracing_from, wanted
+from agent_server.runtime.otel import tracing_from
+from agent_server.runtime.tracing import Tracing, attempt_span_id, traceparent, wanted
 
 
 @pytest.mark.parametrize(

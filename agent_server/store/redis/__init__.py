@@ -1,6 +1,8 @@
 """The execution store shared by every replica through one Redis (section 8 of the design).
 
 One concept per module: `store.py` holds `RedisStore`, the facade that composes the rest;
+its operations are its base classes, one module each (`starts.py`, `owner_writes.py`,
+`inputs.py`, `reads.py`, `webhooks.py`, over the attributes `part.py` declares);
 `keys.py` names every key; `link.py` the connections (the scripts' link, its probe and
 subscriber twins, redis-py's pool) and whether Redis is up; `failures.py` what a failure
 means; `outbox.py` the writes owed to Redis; `notices.py` pub/sub and its waiters;

@@ -1,0 +1,161 @@
+"""One execution and the list of them: read (long-polled with `?wait=`), cancel, delete,
+its events (`/executions/{id}/events`), and `GET /executions`, a page at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent_server.http.params import (
+    checked_session_id,
+    event_cursor,
+    float_param,
+    int_param,
+    list_cursor,
+    next_link,
+    reasoner_filter,
+    statuses,
+)
+from agent_server.http.routing import ApiError, execution_response
+from agent_server.http.sse import EventSource, EventStream, LocalEvents, RemoteEvents, Streams
+from agent_server.model import jsoncodec
+from agent_server.model.execution import CancelReason, Execution
+from agent_server.runtime.registry import InFlightRegistry
+from agent_server.store.base import ExecutionRunning, ExecutionStore
+
+MAX_WAIT_SECONDS = 60.0
+MAX_LIST_LIMIT = 1000
+#: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
+#: the first one. A list of big results would otherwise be built, and pinned by a client
+#: that does not read it, whole: 1000 results of 4 MB are 4 GB.
+MAX_LIST_BYTES = 4 * 1024 * 1024
+
+
+class Executions:
+    """The routes of recorded executions, given the parts they use."""
+
+    def __init__(self, registry: InFlightRegistry, store: ExecutionStore, streams: Streams) -> None:
+        self.registry = registry
+        self.store = store
+        self.streams = streams
+
+    async def execution(self, request: Request) -> Response:
+        """One route for both methods, so a 405 names them both in `Allow`."""
+        if request.method == "DELETE":
+            return await self.delete_execution(request)
+        return await self.get_execution(request)
+
+    async def get_execution(self, request: Request) -> Response:
+        execution = await self.find(request)
+        # Finite, and any size: a wait past MAX_WAIT_SECONDS is capped, as documented.
+        wait = float_param(request, "wait", minimum=0.0, maximum=math.inf)
+        if wait is not None and wait > 0 and not execution.reached_end(asked=True):
+            return await self._long_poll(execution, min(wait, MAX_WAIT_SECONDS))
+        return execution_response(execution)
+
+    async def _long_poll(self, execution: Execution, timeout: float) -> Response:
+        """The execution once terminal or waiting for input (`input_required`: someone must
+        answer before it can end), or after `timeout`; when the listener closes first
+        (shutdown), as it is now, with `Connection: close`, so the client polls again on
+        another replica instead of being cut into a 500 by the http phase's end."""
+        closing = self.streams.closing
+        if closing.is_set():
+            return execution_response(execution, headers={"Connection": "close"})
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        waiting = asyncio.ensure_future(self.store.wait(execution, timeout, asked=True))
+        watched: set[asyncio.Future[Any]] = {waiting, closed}
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+        if waiting.cancelled():
+            return execution_response(execution, headers={"Connection": "close"})
+        return execution_response(waiting.result())
+
+    async def cancel_execution(self, request: Request) -> Response:
+        execution = await self.find(request)
+        if execution.is_terminal:
+            return execution_response(execution)
+        nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
+        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+        if nobody:
+            # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
+            now = await self.store.get(execution.execution_id)
+            if now is not None and now.is_terminal:
+                return execution_response(now)
+            return execution_response(now or execution, 202)
+        return execution_response(execution, 202)
+
+    async def delete_execution(self, request: Request) -> Response:
+        try:
+            known = await self.store.forget(request.path_params["execution_id"])
+        except ExecutionRunning as exc:
+            raise ApiError(409, f"execution is {exc.status}: cancel it first") from None
+        if not known:
+            raise ApiError(404, "unknown execution")
+        return Response(status_code=204)
+
+    async def list_executions(self, request: Request) -> Response:
+        limit = int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
+        page = await self.store.page(
+            statuses=statuses(request),
+            reasoner=reasoner_filter(request),
+            session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
+            limit=100 if limit is None else limit,
+            max_bytes=MAX_LIST_BYTES,
+            after=list_cursor(request),
+        )
+        body, shown = _list_body(page.executions)
+        headers: dict[str, str] = {}
+        following = page.cursors[shown - 1] if shown < len(page.executions) else page.next
+        if shown < len(page.executions):
+            headers["X-Truncated"] = "true"
+        if following is not None:
+            headers["Link"] = next_link(request, following)
+        return Response(body, media_type="application/json", headers=headers)
+
+    async def find(self, request: Request) -> Execution:
+        execution = await self.store.get(request.path_params["execution_id"])
+        if execution is None:
+            raise ApiError(404, "unknown execution")
+        return execution
+
+    async def execution_events(self, request: Request) -> EventStream:
+        cursor = event_cursor(request)
+        execution = await self.find(request)
+        return self.stream(execution, cursor, None)
+
+    def stream(self, execution: Execution, cursor: int, first: bytes | None) -> EventStream:
+        """Events from this process when it runs the execution (or, with the memory store,
+        ran it); else from the shared store."""
+        live = self.registry.running(execution.execution_id)
+        source: EventSource
+        if live is not None:
+            source = LocalEvents(live, self.store if self.store.shared else None)
+        elif not self.store.shared:
+            source = LocalEvents(execution)
+        else:
+            source = RemoteEvents(self.store, execution)
+        return EventStream(self.streams, source, cursor, first)
+
+
+def _list_body(executions: list[Execution]) -> tuple[bytes, int]:
+    """A JSON list of the executions, in order, stopped before `MAX_LIST_BYTES` would be
+    passed (the first always goes in); how many it holds."""
+    parts: list[bytes] = []
+    size = 2
+    for execution in executions:
+        part = jsoncodec.dumps(execution.to_json())
+        size += len(part) + 1
+        if parts and size > MAX_LIST_BYTES:
+            break
+        parts.append(part)
+    return b"[" + b",".join(parts) + b"]", len(parts)

@@ -1,0 +1,56 @@
+"""What a probe, a scraper or a tool reads: `/healthz`, `/readyz`, `/metrics` and
+`/openapi.json`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent_server.http.routing import JSONResponse
+from agent_server.runtime.metrics import Metrics
+from agent_server.runtime.registry import InFlightRegistry
+from agent_server.store.base import ExecutionStore
+
+
+class Health:
+    """The probe, metrics and schema routes, given what they read."""
+
+    def __init__(
+        self,
+        registry: InFlightRegistry,
+        store: ExecutionStore,
+        metrics: Metrics,
+        phase: Callable[[], str],
+        openapi: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.metrics = metrics
+        self.phase = phase
+        self.openapi_document = openapi
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "phase": self.phase()})
+
+    async def readyz(self, request: Request) -> Response:
+        if self.registry.draining:
+            return JSONResponse({"status": "draining", "phase": self.phase()}, 503)
+        if not self.store.up:
+            return JSONResponse({"status": "store unavailable", "phase": self.phase()}, 503)
+        return JSONResponse({"status": "ready", "phase": self.phase()})
+
+    async def scrape(self, request: Request) -> Response:
+        return Response(
+            self.metrics.exposition(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        document = self.openapi_document()
+        root_path = request.scope.get("root_path", "")
+        if root_path:  # mounted or behind a proxy: "Try it out" calls under the prefix too
+            document = {**document, "servers": [{"url": root_path}]}
+        return JSONResponse(document)

@@ -1,0 +1,96 @@
+"""`POST /executions/{id}/input`: the answer to an execution's pending request (`ctx.ask`),
+checked against the request's schema and taken once, whichever replica is asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent_server.http import answers
+from agent_server.http.executions import Executions
+from agent_server.http.params import first_values, read_json
+from agent_server.http.routing import ApiError, execution_response
+from agent_server.model import jsoncodec
+from agent_server.model.execution import ExecutionStatus
+from agent_server.store.base import ExecutionStore
+
+
+class Inputs:
+    """The input route, given the parts it uses."""
+
+    def __init__(self, store: ExecutionStore, executions: Executions, max_body_size: int) -> None:
+        self.store = store
+        self.executions = executions
+        self.max_body_size = max_body_size
+
+    async def answer_input(self, request: Request) -> Response:
+        """`POST /executions/{id}/input`: the answer to its pending request, taken once
+        (the store decides, on every replica): 202 with the execution, `running` again. The
+        same answer to a request answered already is 202 too (a retry; handed over once)."""
+        headers = first_values(request.scope["headers"])
+        request_id, value = _answer_body(
+            await read_json(request.receive, headers, self.max_body_size)
+        )
+        execution = await self.executions.find(request)
+        pending = execution.input_request
+        waiting = execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None
+        pending_id = int(pending["request_id"]) if waiting and pending is not None else None
+        size = len(jsoncodec.dumps(value))
+        if size > self.store.max_answer_bytes:
+            raise ApiError(
+                413,
+                f"the answer is {size} bytes as JSON: an execution keeps at most "
+                f"{self.store.max_answer_bytes} (--max-answer-bytes)",
+            )
+        if request_id is not None and request_id != pending_id:
+            # Perhaps a retry of an answer taken (its reply lost, or in doubt): the same
+            # value for that request is taken again (202, nothing handed twice).
+            again = await self.store.answer(execution, request_id, value)
+            if again is not None:
+                return execution_response(again, 202)
+        if pending is None or pending_id is None:
+            raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
+        if request_id is not None and request_id != pending_id:
+            raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
+        await self._check_answer(pending, value)
+        taken = await self.store.answer(execution, pending_id, value)
+        if taken is None:
+            raise ApiError(409, f"request {pending_id} was answered already (or ended)")
+        return execution_response(taken, 202)
+
+    async def _check_answer(self, pending: dict[str, Any], value: Any) -> None:
+        """422 unless `value` fits the request's JSON schema, checked the same way on every
+        replica (agent_server/http/answers.py: JSON's own types, linear patterns, off the event
+        loop); the owner's type then reads it in `ctx.ask`."""
+        schema = pending.get("schema")
+        if not isinstance(schema, dict):
+            return
+        try:
+            problems = await answers.check(schema, value)
+        except answers.TooSlow as exc:
+            raise ApiError(422, str(exc)) from None
+        if problems:
+            raise ApiError(422, problems)
+
+
+def _answer_body(body: Any) -> tuple[int | None, Any]:
+    """`{"request_id": N, "value": ...}` (request_id optional): the request id and the
+    value; 422 for anything else."""
+    if not isinstance(body, dict):
+        raise ApiError(422, 'the body must be a JSON object: {"request_id": N, "value": ...}')
+    extra = sorted(set(body) - {"request_id", "value"})
+    if extra:
+        raise ApiError(422, f"unknown keys {extra}: the body holds request_id and value")
+    if "value" not in body:
+        missing = {"type": "missing", "loc": ["body", "value"], "msg": "Field required"}
+        raise ApiError(422, [missing])
+    request_id = body.get("request_id")
+    if isinstance(request_id, float) and request_id.is_integer():
+        request_id = int(request_id)  # 2.0 is an integer to JSON Schema
+    if request_id is not None and (
+        not isinstance(request_id, int) or isinstance(request_id, bool) or request_id < 1
+    ):
+        raise ApiError(422, "request_id must be a positive integer (or left out: the pending one)")
+    return request_id, body["value"]

@@ -1,0 +1,386 @@
+"""Runs: `POST /reasoners/{name}` (synchronous, or streamed with `Accept:
+text/event-stream`), `POST /reasoners/{name}/async`, and `GET /reasoners`.
+
+A run starts through the registry (admission, draining, idempotency); a synchronous one
+answers once its execution ends, waits for input, or is handed off, by `SYNC_ANSWER`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent_server.http.executions import Executions
+from agent_server.http.http_limits import client_gone
+from agent_server.http.params import (
+    delay_param,
+    first_values,
+    idempotency_key,
+    query_param,
+    read_json,
+    validation_detail,
+    wants_events,
+    webhook_target,
+)
+from agent_server.http.routing import (
+    RETRY_AFTER_SECONDS,
+    ApiError,
+    JSONResponse,
+    execution_location,
+    execution_response,
+    in_doubt,
+)
+from agent_server.http.sse import RECORD_WAIT, EventStream, Streams, named
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.names import SESSION_ID_RULE, is_session_id_bytes
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.scheduling import SessionPolicy
+from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.store.base import (
+    ExecutionStore,
+    Idempotency,
+    IdempotencyForgotten,
+    IdempotencyMismatch,
+    SessionTaken,
+    StoreUnavailable,
+)
+
+logger = logging.getLogger("agent_server.api")
+
+
+class _ListenerClosed(Exception):
+    """A sync run's wait met the listener's close while its work runs nowhere here."""
+
+
+SESSION_HEADER = b"x-session-id"
+IDEMPOTENCY_HEADER = b"idempotency-key"
+WEBHOOK_HEADER = b"x-webhook-url"
+
+
+#: What a synchronous run answers, by the status its wait returns at: every status of the
+#: state machine (agent_server/model/status.py) but `running`, `queued` included (handed off to
+#: another replica at the drain deadline: 503 with its Location). A status added to the table
+#: without an answer here stops the import, not a request.
+SYNC_ANSWER: dict[ExecutionStatus, int] = {
+    ExecutionStatus.SUCCEEDED: 200,
+    ExecutionStatus.FAILED: 500,
+    ExecutionStatus.CANCELLED: 409,
+    ExecutionStatus.LOST: 409,
+    ExecutionStatus.QUEUED: 503,
+    # Its reasoner waits for input (ctx.ask): 202 with its Location; it goes on once answered.
+    ExecutionStatus.INPUT_REQUIRED: 202,
+}
+if set(SYNC_ANSWER) != set(ExecutionStatus) - {ExecutionStatus.RUNNING}:
+    raise RuntimeError("SYNC_ANSWER must answer every status but running")
+
+
+class Runs:
+    """The routes that start executions, given the parts they use."""
+
+    def __init__(
+        self,
+        reasoners: dict[str, Reasoner],
+        registry: InFlightRegistry,
+        store: ExecutionStore,
+        executions: Executions,
+        streams: Streams,
+        *,
+        max_body_size: int,
+        idempotency_ttl: float,
+        webhooks: bool,
+        webhook_url: str | None,
+    ) -> None:
+        self.reasoners = reasoners
+        self.registry = registry
+        self.store = store
+        self.executions = executions
+        self.streams = streams
+        self.max_body_size = max_body_size
+        self.idempotency_ttl = idempotency_ttl
+        #: Whether webhooks are on (a secret is set), and where they go by default.
+        self.webhooks = webhooks
+        self.webhook_url = webhook_url
+
+    async def list_reasoners(self, request: Request) -> Response:
+        return JSONResponse([r.describe() for r in self.reasoners.values()])
+
+    async def run_sync(self, request: Request) -> Response | EventStream:
+        if wants_events(request.scope["headers"]):
+            return await self.run_streamed(request)
+        execution, started = await self._start(request)
+        location = execution_location(request.scope, execution.execution_id)
+        try:
+            ended = await self._wait_or_disconnect(execution, request)
+        except _ListenerClosed:
+            # Shutdown, and its work waits in the queue (or runs elsewhere): another replica
+            # may run it, and the client follows it there.
+            return execution_response(
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
+            )
+        except asyncio.CancelledError:
+            # The server gave up on this request (plain uvicorn's --timeout-graceful-shutdown
+            # cancels what is still open): its client is cut off, as if it had gone away.
+            if started:
+                self.registry.cancel(execution.execution_id, CancelReason.CLIENT_DISCONNECTED)
+            raise
+        if ended is None:
+            if started:  # a repeat of an idempotent request leaves the first one's work be
+                await self._cancel_for_caller(execution)
+            return execution_response(execution, 499)  # nobody is listening any more
+        execution = ended
+        if execution.is_terminal and not await self._recorded(execution):
+            # No verdict the store may contradict: the client reads the record there.
+            return JSONResponse(
+                {
+                    "detail": "the execution ended, but its end is not recorded in the shared "
+                    "store yet (or this attempt no longer owns it): read it at Location",
+                    "execution_id": execution.execution_id,
+                },
+                503,
+                {
+                    "Retry-After": RETRY_AFTER_SECONDS,
+                    "Location": execution_location(request.scope, execution.execution_id),
+                },
+            )
+        status_code = SYNC_ANSWER[execution.status]
+        if execution.status is ExecutionStatus.INPUT_REQUIRED:  # it goes on once answered
+            return execution_response(
+                execution,
+                status_code,
+                {"Location": execution_location(request.scope, execution.execution_id)},
+            )
+        if execution.status is ExecutionStatus.QUEUED:  # handed off: follow it elsewhere
+            return execution_response(
+                execution,
+                status_code,
+                {
+                    "Retry-After": RETRY_AFTER_SECONDS,
+                    "Location": execution_location(request.scope, execution.execution_id),
+                    "Connection": "close",
+                },
+            )
+        if execution.status_reason is CancelReason.SHUTDOWN:  # ask another replica
+            return execution_response(
+                execution,
+                503,
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
+            )
+        return execution_response(execution, status_code)
+
+    async def _cancel_for_caller(self, execution: Execution) -> None:
+        """The caller of a sync run left: its work is cancelled wherever it is, running here
+        or queued (ended where it waits) or taken by another replica meanwhile."""
+        reason = CancelReason.CLIENT_DISCONNECTED
+        if self.registry.cancel(execution.execution_id, reason):
+            return
+        try:
+            latest = await self.store.get(execution.execution_id)
+            if latest is not None and not latest.is_terminal:
+                await self.store.request_cancel(latest, reason, None)
+        except StoreUnavailable as exc:  # it runs on; said once
+            logger.warning(
+                "execution %s: its caller left, not cancelled: %s", execution.execution_id, exc
+            )
+
+    async def _recorded(self, execution: Execution) -> bool:
+        """Whether the end is in the store: a copy read from the store, or an end the
+        memory store holds, is (no future to wait on); this replica's own end to a shared
+        store is once written, within RECORD_WAIT."""
+        if execution.recorded is None:
+            return True
+        return await self.store.recorded(execution, RECORD_WAIT)
+
+    async def run_streamed(self, request: Request) -> EventStream:
+        """Start and stream the run: `event: start` (the execution JSON, so a client can
+        resume on any replica), its events, then `event: end`. The run does not depend on
+        the stream: a client that goes away reconnects to `/executions/{id}/events`."""
+        execution, _ = await self._start(request)
+        first = named("start", execution.to_json())
+        return self.executions.stream(execution, 0, first)
+
+    async def run_async(self, request: Request) -> Response:
+        delay = delay_param(request)
+        execution, _ = await self._start(request, delay=delay, may_queue=True)
+        location = execution_location(request.scope, execution.execution_id)
+        return execution_response(execution, 202, {"Location": location})
+
+    async def _start(
+        self, request: Request, *, delay: float | None = None, may_queue: bool = False
+    ) -> tuple[Execution, bool]:
+        """Start the execution, or find the one an earlier request with the same
+        Idempotency-Key started; True when this request started it. An async start may be
+        queued (`delay`, or `may_queue` with --queue-when-full)."""
+        if not may_queue and query_param(request, "delay") is not None:
+            raise ApiError(400, "delay is for POST /reasoners/{name}/async (a delayed start)")
+        reasoner = self._reasoner(request.path_params["name"])
+        headers = first_values(request.scope["headers"])
+        session_id = self._session_id(headers.get(SESSION_HEADER))
+        key = idempotency_key(headers.get(IDEMPOTENCY_HEADER))
+        webhook_url = webhook_target(headers.get(WEBHOOK_HEADER), self.webhooks, self.webhook_url)
+        body = await read_json(request.receive, headers, self.max_body_size)
+        try:
+            arguments = reasoner.bind(body)
+        except ValidationError as exc:
+            raise ApiError(422, validation_detail(exc)) from None
+        idempotency = (
+            None
+            if key is None
+            else Idempotency(
+                key,
+                reasoner.fingerprint(session_id, body),
+                self.idempotency_ttl,
+            )
+        )
+        try:
+            return await self.registry.start_once(
+                reasoner,
+                arguments,
+                session_id,
+                body=body,
+                idempotency=idempotency,
+                webhook_url=webhook_url,
+                delay=delay,
+                may_queue=may_queue,
+                concurrency_key=_concurrency_value(reasoner, headers, session_id),
+                session_policy=_session_policy(reasoner, headers),
+            )
+        except SessionTaken as exc:
+            raise ApiError(
+                409,
+                "the session has an execution that is not terminal (session policy reject)",
+                extra={"execution_id": exc.execution_id},
+            ) from None
+        except AdmissionError as exc:
+            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
+                raise in_doubt(request.scope, exc.in_doubt) from None
+            raise _admission_error(exc.reason) from None
+        except IdempotencyMismatch:
+            raise ApiError(422, "Idempotency-Key was first used for a different request") from None
+        except IdempotencyForgotten:
+            raise ApiError(
+                409,
+                "Idempotency-Key's execution was forgotten (deleted, released or expired): "
+                "send a new key to run again",
+            ) from None
+
+    def _reasoner(self, name: str) -> Reasoner:
+        reasoner = self.reasoners.get(name)
+        if reasoner is None:
+            raise ApiError(404, f"unknown reasoner: {name!r}")
+        return reasoner
+
+    @staticmethod
+    def _session_id(raw: bytes | None) -> str | None:
+        if raw is None:
+            return None
+        if not is_session_id_bytes(raw):
+            raise ApiError(400, f"invalid X-Session-ID: {SESSION_ID_RULE}")
+        return raw.decode("ascii")
+
+    async def _wait_or_disconnect(self, execution: Execution, request: Request) -> Execution | None:
+        """The execution once it has ended (or was handed off, or waits for input); None
+        when the client went away first. Work this replica runs is waited for here; other
+        work (a repeat of an idempotent request) through the store."""
+        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
+        if execution.reached(asked=True) and not _retried(execution):  # no watcher tasks
+            return execution
+        local = self.registry.running(execution.execution_id) is execution
+        ended: asyncio.Task[object] = asyncio.create_task(self._until_end(execution, local))
+        gone, reader = client_gone(request.scope, request.receive)
+        closing = self.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        try:
+            watched: set[asyncio.Future[Any]] = {ended, gone, closed}
+            if closing.is_set():
+                closed.set_result(None)
+            while True:
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if not closed.done() or ended.done() or gone.done():
+                    break
+                # The listener closed. Work this replica runs is settled by the drain (its
+                # end, or a hand-off, answers); work that waits in the queue is not.
+                if self.registry.running(execution.execution_id) is None:
+                    raise _ListenerClosed
+                watched.discard(closed)
+        finally:
+            closing.waiters.discard(closed)
+            watchers = [ended] if reader is None else [ended, reader]
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+        if ended.done() and not ended.cancelled() and ended.exception() is None:
+            latest = ended.result()
+            assert isinstance(latest, Execution)
+            return latest
+        return None
+
+    async def _until_end(self, execution: Execution, local: bool) -> Execution:
+        """The live execution this replica runs, until it ends (or waits for input, or is
+        handed off); one retried through a shared store is followed there (whichever
+        replica takes its next attempt)."""
+        if local:
+            await execution.wait(None, asked=True)
+            if not _retried(execution):
+                return execution
+        return await self.store.wait(execution, None, asked=True)
+
+
+def _session_policy(reasoner: Reasoner, headers: dict[bytes, bytes]) -> SessionPolicy:
+    """`X-Session-Policy`, else the reasoner's default; a value not of SessionPolicy is 400."""
+    raw = headers.get(b"x-session-policy")
+    if raw is None:
+        return reasoner.session_policy
+    try:
+        return SessionPolicy(raw.decode("latin-1").strip().lower())
+    except ValueError:
+        raise ApiError(
+            400,
+            "invalid X-Session-Policy: one of " + ", ".join(p.value for p in SessionPolicy),
+        ) from None
+
+
+def _concurrency_value(
+    reasoner: Reasoner, headers: dict[bytes, bytes], session_id: str | None
+) -> str | None:
+    """The value of the reasoner's `concurrency_key` this request carries ('' when absent:
+    those requests share one value); None when it has no limit. A header present but empty
+    (or only spaces and tabs) is a 400 naming it: it would otherwise be a value of its own,
+    or silently the one the requests without it share."""
+    if reasoner.max_concurrency is None:
+        return None
+    spec = reasoner.concurrency_key
+    if spec is None:
+        return ""
+    if spec == "session":
+        return session_id or ""
+    name = spec[len("header:") :]
+    raw = headers.get(name.lower().encode())
+    if raw is None:
+        return ""
+    if not raw.strip(b" \t") or len(raw) > 255 or not all(32 <= byte < 127 for byte in raw):
+        raise ApiError(400, f"invalid {name}: 1 to 255 printable ASCII characters, not only spaces")
+    return raw.decode("ascii")
+
+
+def _retried(execution: Execution) -> bool:
+    """Queued for its next attempt through a shared store: whichever replica takes it runs
+    it, so a caller follows the record there."""
+    return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None
+
+
+def _admission_error(reason: RejectReason) -> ApiError:
+    retry = {"Retry-After": RETRY_AFTER_SECONDS}
+    if reason is RejectReason.CAPACITY:
+        return ApiError(429, "too many executions in flight", retry)
+    if reason is RejectReason.SESSION_RELEASED:
+        return ApiError(409, "session is being released")
+    if reason is RejectReason.STORE_UNAVAILABLE:
+        return ApiError(503, "execution store unavailable", retry)
+    return ApiError(503, "server is shutting down", {**retry, "Connection": "close"})

@@ -1,0 +1,99 @@
+"""The owner's writes that go through the outbox, in order and fenced by owner and
+attempt: events, the end, hand-offs, retries and unclaims; part of `RedisStore`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_server.model.events import Event
+from agent_server.model.execution import Execution
+from agent_server.model.waiting import Wakeup
+from agent_server.store.redis import codec
+from agent_server.store.redis.part import StorePart
+
+
+class OwnerWrites(StorePart):
+    """The outbox writes of `RedisStore`."""
+
+    def emit(self, execution: Execution, event: Event) -> None:
+        """Through the outbox, in order with the end: XADD to the execution's capped stream
+        (fenced by owner and attempt) and a notice to readers on other replicas."""
+        self._outbox.put(
+            execution,
+            "emit",
+            self.keys.for_emit(execution.execution_id),
+            [
+                execution.replica,
+                str(execution.attempt),
+                str(event.id),
+                event.event,
+                event.data,
+                str(self.max_events),
+            ],
+        )
+
+    def end(self, execution: Execution) -> None:
+        """Queue the end for the outbox writer (its arguments taken now); `recorded` tells
+        when it is in Redis."""
+        execution.recorded = asyncio.get_running_loop().create_future()
+        keys = self.keys.for_end(execution.execution_id, execution.replica)
+        self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
+        # Once written, a delivery may be owed (records.lua): the sender looks at once. A
+        # resumed attempt's URL is in the hash only (the sender's next look finds it too).
+        if self.on_webhook is not None and (
+            execution.webhook_url is not None or execution.attempt > 1
+        ):
+            wake = self.on_webhook
+            execution.recorded.add_done_callback(lambda _: wake())
+
+    async def recorded(self, execution: Execution, timeout: float) -> bool:
+        """Whether the end is in Redis within `timeout` seconds: False when it was refused
+        (fenced), could not be kept, or is still owed."""
+        future = execution.recorded
+        if future is None:
+            return False
+        if not future.done():  # one future and one timer, not asyncio.wait's set and task
+            waiter = Wakeup(loop=asyncio.get_running_loop())
+            timer = waiter.get_loop().call_later(timeout, waiter, None)
+            future.add_done_callback(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                future.remove_done_callback(waiter)
+        return future.done() and future.result()
+
+    def hand_off(self, execution: Execution) -> None:
+        """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
+        self._queue_next(execution, "")
+
+    def unclaim(self, execution: Execution, token: str) -> None:
+        """Through the outbox, fenced by owner, attempt and claim: an execution taken here
+        whose answer was lost, so its body never started, goes back to the head of the
+        queue with its attempt unchanged (`unclaim.lua`)."""
+        body = "" if execution.body is None else codec.dumps(execution.body)
+        self._outbox.put(
+            execution,
+            "unclaim",
+            self.keys.for_unclaim(execution.execution_id, execution.replica),
+            [execution.execution_id, execution.replica, str(execution.attempt), token, body],
+        )
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        """As a hand-off, the next attempt due after `delay` seconds on Redis's clock."""
+        self._queue_next(execution, str(max(0, round(delay * 1000))))
+
+    def _queue_next(self, execution: Execution, delay_ms: str) -> None:
+        """`handoff.lua`, through the outbox: one script for both, fenced like an end."""
+        self._outbox.put(
+            execution,
+            "handoff",
+            self.keys.for_handoff(execution.execution_id, execution.replica),
+            [
+                execution.execution_id,
+                execution.replica,
+                str(execution.attempt),
+                self.keys.queued,
+                delay_ms,
+            ],
+        )

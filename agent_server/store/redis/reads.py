@@ -1,0 +1,151 @@
+"""What any replica reads: a record (moved to lost first if its owner stopped
+renewing), its events, its end (waited for), and the lists; part of `RedisStore`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
+
+from agent_server.model.events import Event
+from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.store.base import ListCursor, Page
+from agent_server.store.redis import codec
+from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.scripts import Row
+
+#: Executions read per session (release, listing by session).
+SESSION_LIMIT = 10_000
+
+
+class Reads(StorePart):
+    """The reads of `RedisStore`."""
+
+    async def events_since(
+        self, execution_id: str, cursor: int, limit: int
+    ) -> tuple[int, list[Event]]:
+        """One XRANGE after `cursor` (exclusive). Numbers are contiguous: a gap before the
+        first one read is what the cap trimmed."""
+        with self._link.operation("events"):
+            rows = await cast(
+                Awaitable[Any],
+                self._link.redis.xrange(
+                    self.keys.stream(execution_id), min=f"({cursor}-1", count=limit
+                ),
+            )
+        events = [
+            Event(
+                int(entry_id.split("-", 1)[0]), fields.get("e", "message"), fields.get("d", "null")
+            )
+            for entry_id, fields in rows
+        ]
+        missed = events[0].id - cursor - 1 if events else 0
+        return max(0, missed), events
+
+    def event_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        """`waiter` is completed at the `events` (or `ends`) notice for this execution on
+        this replica's one pub/sub connection."""
+        self._notices.event_notice(execution_id, waiter)
+
+    def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        self._notices.drop_notice(execution_id, waiter)
+
+    async def get(self, execution_id: str) -> Execution | None:
+        """One script: the record, moved to lost first if its owner stopped renewing."""
+        return (await self._read([execution_id]))[0]
+
+    async def _read(self, ids: Sequence[str]) -> list[Execution | None]:
+        """One `get` call for many ids (a waiter's re-read, or those woken together)."""
+        with self._link.operation("get"):
+            rows = await self._link.script("get", self.keys.for_ids(ids), *ids)
+        found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
+        return found or [None] * len(ids)
+
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        """Woken by this replica's one pub/sub connection when the end is written (notices.py)
+        (with `asked`, also when it asks for input)."""
+        return await self._notices.wait(execution, timeout, asked)
+
+    async def page(
+        self,
+        *,
+        statuses: frozenset[ExecutionStatus] = frozenset(),
+        reasoner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 100,
+        max_bytes: int = 0,
+        after: ListCursor | None = None,
+    ) -> Page:
+        """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
+        index (the session's, the running ones, or all, newest first), so a rare filter
+        may return fewer than `limit` while `next` says older ones may match. A cursor is
+        the index score and id of the last record looked at."""
+        if session_id is not None:
+            index = self.keys.session(session_id)
+        elif statuses == {ExecutionStatus.RUNNING}:
+            index = self.keys.running
+        else:
+            index = self.keys.all
+        return await self._list(
+            "list",
+            index,
+            max(limit * 10, 1000),
+            limit,
+            ",".join(sorted(statuses)),
+            reasoner or "",
+            budget=max_bytes,
+            after=after,
+        )
+
+    async def _list(
+        self,
+        operation: str,
+        index: str,
+        scan: int,
+        limit: int,
+        statuses: str,
+        reasoner: str,
+        *,
+        budget: int = 0,
+        bare: bool = False,
+        after: ListCursor | None = None,
+    ) -> Page:
+        since, since_id = codec.cursor(after)
+        with self._link.operation(operation):
+            reply = await self._link.script(
+                "list",
+                self.keys.for_list(index),
+                scan,
+                limit,
+                statuses,
+                reasoner,
+                budget,
+                "1" if bare else "0",
+                since,
+                since_id,
+            )
+        found: list[Execution] = []
+        cursors: list[str] = []
+        for row in reply[:-1]:
+            execution = self._codec.restore(row)
+            if int(row[Row.MATCHED]):
+                found.append(execution)
+                cursors.append(str(row[Row.CURSOR]))
+        return Page(found, cursors, str(reply[-1]) or None)
+
+    async def session(self, session_id: str) -> list[Execution]:
+        """One script: the session's executions (at most SESSION_LIMIT), newest first,
+        without their results (a release reads statuses: 10,000 big results would be a
+        read of gigabytes)."""
+        found = await self._list(
+            "session",
+            self.keys.session(session_id),
+            SESSION_LIMIT,
+            SESSION_LIMIT,
+            "",
+            "",
+            bare=True,
+        )
+        return found.executions

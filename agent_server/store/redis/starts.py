@@ -1,0 +1,227 @@
+"""How a record begins and is taken: `create` (running here at once) and `enqueue`
+(queued), each with its idempotency key, and `claim`, which takes the oldest queued one for
+this replica; part of `RedisStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.store.base import (
+    Idempotency,
+    IdempotencyForgotten,
+    IdempotencyMismatch,
+    QueueFull,
+    SessionReleasing,
+    SessionTaken,
+    StoreInDoubt,
+    StoreUnavailable,
+)
+from agent_server.store.redis import codec
+from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.scripts import Create, Row
+
+#: Seconds after which keyed work waiting for a slot is looked at again without a notice.
+BLOCKED_RELOOK = 5.0
+
+
+class Starts(StorePart):
+    """Creates and claims of `RedisStore`."""
+
+    async def create(
+        self, execution: Execution, idempotency: Idempotency | None = None, max_queued: int = 0
+    ) -> Execution | None:
+        """One script: refused while the session is released; with an idempotency key
+        already used for the same request, the execution it started; else the record, its
+        index entries, and the key (set if absent, atomically: one execution per key).
+        A queued one is `enqueue.lua`'s."""
+        session_id = execution.session_id or ""
+        pairs = self._codec.new_record(execution)  # in FIELDS order: the script names them
+        if execution.resumable or execution.body is not None:
+            pairs.extend(
+                ("body", codec.dumps(execution.body), "max_attempts", str(execution.max_attempts))
+            )
+        if execution.webhook_url is not None:  # kept in the hash, never in the record's JSON
+            pairs.extend(("webhook", execution.webhook_url))
+        if execution.trace is not None:  # traces on: the starting request's span
+            pairs.extend(("trace", execution.trace))
+        key = "" if idempotency is None else idempotency.key
+        fingerprint = "" if idempotency is None else idempotency.fingerprint
+        key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
+        if execution.status is ExecutionStatus.QUEUED:
+            return await self._enqueue(execution, key, fingerprint, key_ttl, max_queued, pairs)
+        execution_id = execution.execution_id
+        liveness = self._liveness
+        # The take's token: this process took it (the repair's evidence that its body
+        # began here or never did).
+        pairs.extend(("claim", liveness.incarnation))
+        liveness.creating.add(execution_id)
+        try:
+            with self._link.operation("create"):
+                reply, held = await self._link.told(
+                    "create",
+                    self.keys.for_create(execution_id, session_id, execution.replica, key),
+                    execution_id,
+                    session_id,
+                    repr(execution.created_at),
+                    execution.replica,
+                    key,
+                    fingerprint,
+                    key_ttl,
+                    *pairs,
+                )
+        except StoreUnavailable:
+            # Sent, perhaps: Redis may run it yet (a pause). The repair settles it.
+            if len(liveness.in_doubt) < self._outbox.limit:
+                liveness.in_doubt[execution_id] = execution
+            liveness.repair_due = True
+            raise
+        finally:
+            liveness.creating.discard(execution_id)
+        code = Create(int(reply[0]))
+        if code is Create.VOIDED:
+            raise StoreUnavailable(f"the create of execution {execution_id} was given up")
+        if code is Create.LEASE_LAPSED:
+            liveness.renew_now.set()
+            raise StoreUnavailable(f"replica {execution.replica}'s lease lapsed: renewing first")
+        existing = self._existing(code, reply, key, session_id)
+        if not held:
+            if existing is None:  # recorded here, perhaps for good: the repair settles it
+                if len(liveness.in_doubt) < self._outbox.limit:
+                    liveness.in_doubt[execution_id] = execution
+                liveness.repair_due = True
+                liveness.renew_now.set()
+            raise StoreInDoubt((existing or execution).execution_id, "the start")
+        return existing
+
+    def _existing(self, code: Create, reply: Any, key: str, session_id: str) -> Execution | None:
+        """The answers create.lua and enqueue.lua share: refused (the session is released,
+        the key was used otherwise or forgotten), the execution the key started, or None
+        when this one was created."""
+        if code is Create.RELEASING:
+            raise SessionReleasing(session_id)
+        if code is Create.KEY_MISMATCH:
+            raise IdempotencyMismatch(key)
+        if code is Create.KEY_FORGOTTEN:
+            raise IdempotencyForgotten(key)
+        if code is Create.EXISTING:
+            return self._codec.restore(reply[1])
+        return None
+
+    async def _enqueue(
+        self,
+        execution: Execution,
+        key: str,
+        fingerprint: str,
+        key_ttl: int,
+        max_queued: int,
+        pairs: list[str | bytes],
+    ) -> Execution | None:
+        """`enqueue.lua`: nobody owns it, so no lease is asked for; due on Redis's clock."""
+        execution_id, session_id = execution.execution_id, execution.session_id or ""
+        delay = 0.0 if execution.scheduled_at is None else execution.scheduled_at - time.time()
+        with self._link.operation("enqueue"):
+            reply, held = await self._link.told(
+                "enqueue",
+                self.keys.for_enqueue(execution_id, session_id, key),
+                execution_id,
+                session_id,
+                repr(execution.created_at),
+                key,
+                fingerprint,
+                key_ttl,
+                max(0, round(delay * 1000)) if execution.scheduled_at is not None else 0,
+                max_queued,
+                execution.concurrency_key or "",
+                str(execution.concurrency_limit),
+                execution.session_policy or "",
+                *pairs,
+            )
+        code = Create(int(reply[0]))
+        if code is Create.FULL:
+            raise QueueFull(max_queued)
+        if code is Create.BUSY:
+            raise SessionTaken(str(reply[1]))
+        existing = self._existing(code, reply, key, session_id)
+        if not held:  # queued on the primary: any replica takes it, unless a failover loses it
+            raise StoreInDoubt((existing or execution).execution_id, "the start")
+        if existing is not None:
+            return existing
+        if reply[1]:
+            execution.scheduled_at = float(reply[1])  # on Redis's clock, as it is due
+        execution.displaced = tuple(str(other) for other in reply[2:])
+        return None
+
+    def due_in(self) -> float | None:
+        if self._due_at is None:
+            return None
+        return max(0.0, self._due_at - asyncio.get_running_loop().time())
+
+    async def claim(self) -> Execution | None:
+        """One script: the oldest queued execution (what fell due in `scheduled` joins the
+        queue first), now running here, with its body and last checkpoint; None when
+        nothing is due (`due_in` then says when the next one is). With Sentinel it is a told
+        write: what it took runs only once a replica holds the claim, as a failover that
+        loses the claim would have another replica run it again; one no replica was seen to
+        hold is handled as a claim whose answer was lost (StoreInDoubt: never started
+        here, put back by the repair while the record still says it is ours)."""
+        liveness = self._liveness
+        token = liveness.token()  # kept with what it takes: whose it is, which claim
+        liveness.claiming.add(token)
+        try:
+            with self._link.operation("claim"):
+                reply, held = await self._link.told(
+                    "claim", self.keys.for_claim(self.replica_id), self.replica_id, token
+                )
+        except StoreUnavailable:
+            liveness.unanswered(token)  # it may have been claimed here all the same
+            raise
+        finally:
+            liveness.claiming.discard(token)
+        if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
+            liveness.unanswered(token, held=False)
+            liveness.renew_now.set()  # the repair puts it back at once if it is still ours
+            raise StoreInDoubt(str(reply[0][Row.EXECUTION_ID]), "the claim")
+        if not isinstance(reply[0], list):  # nothing taken: when to look again
+            due_ms, blocked = int(reply[0]), int(reply[1])
+            loop = asyncio.get_running_loop()
+            self._due_at = None if due_ms < 0 else loop.time() + due_ms / 1000
+            if blocked:  # a missed end notice costs at most this long
+                self._due_at = min(self._due_at or math.inf, loop.time() + BLOCKED_RELOOK)
+            # Keyed work waits for a slot: the next end (on any replica) may free one.
+            self._notices.wake_on_ends = bool(blocked)
+            return None
+        try:
+            return self._claimed(reply)
+        except Exception:  # taken, but it will not start here: the repair puts it back
+            liveness.repair_due = True
+            raise
+
+    def _claimed(self, reply: Any) -> Execution:
+        """The execution a claim took, as this replica runs it."""
+        row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks, trace) = reply
+        execution = self._codec.restore(row)
+        # Its events go on numbering where the last attempt stopped.
+        execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
+        execution.body = codec.loads(body) if body else None
+        execution.checkpoint = checkpoint or None
+        execution.checkpoint_asks = int(asks or 0)
+        execution.max_attempts = int(max_attempts or 1)
+        execution.resumable = True
+        execution.trace = str(trace) if trace else None
+        # Its duration runs from its creation, across attempts.
+        execution.started_monotonic = time.monotonic() - max(
+            0.0, time.time() - execution.created_at
+        )
+        # Counted as queued when it was queued (a start or a retry), not when handed off.
+        if self.on_unqueued is not None and (scheduled_at or execution.attempt == 1):
+            due = float(scheduled_at) if scheduled_at else execution.created_at
+            self.on_unqueued(execution, max(0.0, time.time() - due))
+        return execution
+
+    async def wait_queued(self, timeout: float) -> None:
+        """Woken by the `queued` notice on this replica's pub/sub connection."""
+        await self._notices.wait_queued(timeout)
