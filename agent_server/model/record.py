@@ -122,10 +122,13 @@ class Field:
     empty: str = ""
     #: Part of its requests for input, dropped with them when it ends (records.lua).
     requests: bool = False
-    #: A name pattern, one field per request for input (`answer:{n}` is `answer:1`, ...).
+    #: A name pattern, one field per request for input (`answer:{n}` is `answer:1`, ...);
+    #: part of its requests.
     per_request: bool = False
 
     def __post_init__(self) -> None:
+        if self.per_request:
+            object.__setattr__(self, "requests", True)
         if self.attr == "":
             object.__setattr__(self, "attr", self.name)
         if self.slot == "" and self.attr is not None:
@@ -156,7 +159,7 @@ INPUT_REQUEST_SCHEMA: dict[str, Any] = {
     },
 }
 
-_ROW, _HASH, _VALUE = Kept.ROW, Kept.HASH, Shown.VALUE
+_HASH, _VALUE = Kept.HASH, Shown.VALUE
 _WRITTEN, _CLEARED = AtEnd.WRITTEN, AtEnd.CLEARED
 
 #: Every field a store keeps: first the record (in the order of its JSON and of every
@@ -236,10 +239,10 @@ STORED: tuple[Field, ...] = (
     Field(name="answer_bytes", kind=Kind.COUNT, kept=_HASH, attr=None, requests=True),
     Field(name="answers_from", kind=Kind.COUNT, kept=_HASH, attr=None, requests=True),
     #: ...and per request: its answer (JSON), that it expired, its identity and label.
-    Field(name="answer", requests=True, kind=Kind.JSON, kept=_HASH, attr=None, per_request=True),
-    Field(name="expired", requests=True, kind=Kind.FLAG, kept=_HASH, attr=None, per_request=True),
-    Field(name="ident", requests=True, kind=Kind.TEXT, kept=_HASH, attr=None, per_request=True),
-    Field(name="label", requests=True, kind=Kind.TEXT, kept=_HASH, attr=None, per_request=True),
+    Field(name="answer", kind=Kind.JSON, kept=_HASH, attr=None, per_request=True),
+    Field(name="expired", kind=Kind.FLAG, kept=_HASH, attr=None, per_request=True),
+    Field(name="ident", kind=Kind.TEXT, kept=_HASH, attr=None, per_request=True),
+    Field(name="label", kind=Kind.TEXT, kept=_HASH, attr=None, per_request=True),
 )  # fmt: skip
 
 #: The record: what every script returns, in order.
