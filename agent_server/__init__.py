@@ -11,15 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_server.app.agent import Agent
-    from agent_server.model.execution import (
+    from agent_server.model.context import (
         AskMismatch,
-        CancelReason,
         CheckpointTooLarge,
-        Execution,
         ExecutionContext,
         InputTimeout,
         StaleAttempt,
     )
+    from agent_server.model.execution import CancelReason, Execution
     from agent_server.model.principal import Principal, Unauthorized
     from agent_server.model.scheduling import ExecutionTimeout, RetryPolicy
     from agent_server.model.status import ExecutionStatus
@@ -28,18 +27,18 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "Agent": "agent_server.app.agent",
-    "AskMismatch": "agent_server.model.execution",
+    "AskMismatch": "agent_server.model.context",
     "CancelReason": "agent_server.model.execution",
-    "CheckpointTooLarge": "agent_server.model.execution",
+    "CheckpointTooLarge": "agent_server.model.context",
     "Execution": "agent_server.model.execution",
-    "ExecutionContext": "agent_server.model.execution",
+    "ExecutionContext": "agent_server.model.context",
     "ExecutionStatus": "agent_server.model.status",
     "ExecutionTimeout": "agent_server.model.scheduling",
-    "InputTimeout": "agent_server.model.execution",
+    "InputTimeout": "agent_server.model.context",
     "Principal": "agent_server.model.principal",
     "RetryPolicy": "agent_server.model.scheduling",
     "Settings": "agent_server.runtime.settings",
-    "StaleAttempt": "agent_server.model.execution",
+    "StaleAttempt": "agent_server.model.context",
     "Unauthorized": "agent_server.model.principal",
 }
 

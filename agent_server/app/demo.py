@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from agent_server.app.agent import Agent
-from agent_server.model.execution import ExecutionContext
+from agent_server.model.context import ExecutionContext
 
 agent = Agent("demo")
 

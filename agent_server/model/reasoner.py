@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from agent_server.model import jsoncodec
-from agent_server.model.execution import ExecutionContext
+from agent_server.model.context import ExecutionContext
 from agent_server.model.scheduling import RetryPolicy, SessionPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]

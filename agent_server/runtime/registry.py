@@ -26,14 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent_server.model.asks import Question, Reply
+from agent_server.model.context import AskMismatch, ExecutionContext, Parked
 from agent_server.model.events import Event
 from agent_server.model.execution import (
-    AskMismatch,
     CancelReason,
     Execution,
-    ExecutionContext,
     ExecutionStatus,
-    Parked,
     error_of,
     exception_text,
 )

@@ -19,8 +19,9 @@ import sys
 import time
 from typing import Any
 
+from agent_server.model.context import EVENT_NAME, ExecutionContext
 from agent_server.model.events import EventLog, encode_data
-from agent_server.model.execution import EVENT_NAME, Execution, ExecutionContext
+from agent_server.model.execution import Execution
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.memory import MemoryStore

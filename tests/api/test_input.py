@@ -234,7 +234,7 @@ async def test_the_event_stream_carries_the_request(client: httpx.AsyncClient) -
 
 
 async def test_a_reasoner_cannot_emit_the_reserved_event_name() -> None:
-    from agent_server.model.execution import RESERVED_EVENTS
+    from agent_server.model.context import RESERVED_EVENTS
 
     assert "input_required" in RESERVED_EVENTS
 

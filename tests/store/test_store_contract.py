@@ -780,7 +780,7 @@ async def test_a_hand_off_is_claimed_once_with_its_body_and_checkpoint(redis_url
         assert claimed.body == {"count": 3} and claimed.checkpoint == '{"done": 2}'
         assert await a.claim() is None  # taken once
         # The old attempt can write neither a checkpoint nor an end any more.
-        from agent_server.model.execution import StaleAttempt
+        from agent_server.model.context import StaleAttempt
 
         with pytest.raises(StaleAttempt):
             await a.checkpoint(execution, '{"done": 3}')

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from agent_server.model.execution import RandomIds, new_execution_id
+from agent_server.model.ids import RandomIds, new_execution_id
 
 
 def test_ids_are_uuid4_hex_and_unique_across_refills() -> None:

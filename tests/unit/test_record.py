@@ -24,8 +24,8 @@ def _executions() -> list[Execution]:
     queued = Execution("echo", None, replica="r-1", attempt=2)
     queued.mark_queued()
     lost = Execution.restore(
-        "f" * 32, "echo", None, replica="r-2", attempt=1, status=ExecutionStatus.LOST,
-        created_at=1.5, finished_at=2.25, duration_seconds=0.75,
+        execution_id="f" * 32, reasoner="echo", session_id=None, replica="r-2", attempt=1,
+        status=ExecutionStatus.LOST, created_at=1.5, finished_at=2.25, duration_seconds=0.75,
     )  # fmt: skip
     return [running, succeeded, failed, cancelled, queued, lost]
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent_server.model.execution import CancelReason, ExecutionContext, ExecutionStatus
+from agent_server.model.context import ExecutionContext
+from agent_server.model.execution import CancelReason, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.registry import (
     ABANDONED_LINES,

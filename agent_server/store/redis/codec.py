@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
-from agent_server.model import jsoncodec
+from agent_server.model import jsoncodec, record
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.record import Kind
 from agent_server.store import sentinel
 from agent_server.store.base import ListCursor, StoreObserver
-from agent_server.store.redis.scripts import FIELDS, Moved, Row
+from agent_server.store.redis.scripts import Moved, Row
 
 logger = logging.getLogger("agent_server.store")
 
@@ -57,16 +59,110 @@ def loads(text: str) -> Any:
     return jsoncodec.loads(text.encode())
 
 
-def _input_request(text: str | None) -> dict[str, Any] | None:
-    """The record's `input_request` (JSON text; absent from records written before it)."""
+def _object_or_none(text: str | None) -> dict[str, Any] | None:
+    """A JSON object, or None (`input_request`: absent from records written before it)."""
     if not text:
         return None
     value = loads(text)
     return value if isinstance(value, dict) else None
 
 
-def _number(text: str) -> float | None:
-    return float(text) if text else None
+#: How each kind of field is written in the hash (`{v}`: the value) and read back (`{t}`:
+#: the text; `{default}`: the field's default).
+_ENCODE = {
+    Kind.TEXT: "{v}",
+    Kind.TEXT_OR_NONE: '{v} or ""',
+    Kind.STATUS: "{v}.value",
+    Kind.REASON: '"" if {v} is None else {v}.value',
+    Kind.JSON: 'b"null" if {v} is None else dumps({v})',
+    Kind.OBJECT_OR_NONE: 'b"null" if {v} is None else dumps({v})',
+    Kind.TIME: "repr({v})",
+    Kind.NUMBER_OR_NONE: '"" if {v} is None else repr({v})',
+    Kind.COUNT: "str({v})",
+    Kind.FLAG: '"1" if {v} else "0"',
+}
+_DECODE = {
+    Kind.TEXT: "{t}",
+    Kind.TEXT_OR_NONE: "{t} or None",
+    Kind.STATUS: "STATUS({t})",
+    Kind.REASON: "REASON({t}) if {t} else None",
+    Kind.JSON: "loads({t}) if {t} else None",
+    Kind.OBJECT_OR_NONE: "object_or_none({t})",
+    Kind.TIME: "float({t})",
+    Kind.NUMBER_OR_NONE: "float({t}) if {t} else None",
+    Kind.COUNT: "int({t}) if {t} else {default!r}",
+    Kind.FLAG: '{t} == "1"',
+}
+_NAMESPACE: dict[str, Any] = {
+    "dumps": jsoncodec.dumps,
+    "loads": loads,
+    "object_or_none": _object_or_none,
+    "STATUS": ExecutionStatus,
+    "REASON": CancelReason,
+    "restore": Execution.restore,
+}
+
+
+def _encode(f: record.Field) -> str:
+    return _ENCODE[f.kind].format(v=f"e.{f.attr}")
+
+
+def _decode(f: record.Field, text: str) -> str:
+    if f.kind is Kind.COUNT and f.default is record.REQUIRED:
+        return f"int({text})"
+    return _DECODE[f.kind].format(t=text, default=f.default)
+
+
+def _codec_functions() -> dict[str, Any]:
+    """The record's encoding, made from its declaration once at import: the values a new
+    record is created with (the row's, in order, then the hash-only fields written with
+    it, as pairs), an end's arguments, the record from a row, and each held field's reader."""
+    row = ", ".join(_encode(f) for f in record.FIELDS)
+    extra = []
+    with_body = [f for f in record.HASH_FIELDS if f.written is record.Written.WITH_BODY]
+    if with_body:
+        pairs = ", ".join(f"{f.name!r}, {_encode(f)}" for f in with_body)
+        extra.append(f"    if e.resumable or e.body is not None:\n        values.extend(({pairs}))")
+    for f in record.HASH_FIELDS:
+        if f.written is record.Written.WITH_RECORD:
+            extra.append(
+                f"    if e.{f.attr} is not None:\n        values.extend(({f.name!r}, {_encode(f)}))"
+            )
+    ends = ", ".join(_encode(f) for f in record.END_WRITES)
+    fields = ", ".join(f"{f.name}={_decode(f, f'row[{i}]')}" for i, f in enumerate(record.FIELDS))
+    source = (
+        f"def new_record(e):\n    values = [{row}]\n"
+        + "".join(line + "\n" for line in extra)
+        + "    return values\n"
+        + f"def end_args(e):\n    return [e.execution_id, e.replica, str(e.attempt), {ends}]\n"
+        + f"def from_row(row):\n    return restore({fields})\n"
+    )
+    for f in record.HASH_FIELDS:
+        if f.attr is not None:
+            source += f"def read_{f.name}(text):\n    return {_decode(f, 'text')}\n"
+    namespace = dict(_NAMESPACE)
+    exec(compile(source, "<agent_server.store.redis.codec>", "exec"), namespace)
+    return namespace
+
+
+_MADE = _codec_functions()
+#: The hash's values for a record being created (on the path of every start).
+new_record: Callable[[Execution], list[str | bytes]] = _MADE["new_record"]
+#: An end's arguments of the `end` script: who writes it, then what it records
+#: (record.END_WRITES, in order).
+end_args: Callable[[Execution], list[str | bytes]] = _MADE["end_args"]
+#: The record as a script returned it (record.FIELDS, in order).
+from_row: Callable[[list[Any]], Execution] = _MADE["from_row"]
+#: Each hash-only field `Execution` holds, read from the hash's text.
+READERS: dict[str, Callable[[Any], Any]] = {
+    f.name: _MADE[f"read_{f.name}"] for f in record.HASH_FIELDS if f.attr is not None
+}
+
+
+def read_into(execution: Execution, values: dict[str, Any]) -> None:
+    """Set the hash-only fields a script returned (by name) on `execution`."""
+    for name, text in values.items():
+        setattr(execution, record.BY_NAME[name].slot, READERS[name](text))
 
 
 def cursor(after: ListCursor | None) -> tuple[str, str]:
@@ -88,24 +184,7 @@ class RowCodec:
 
     def restore(self, row: list[Any]) -> Execution:
         """The record as a script returned it; a move to lost it made is counted here."""
-        status_reason, result, error = row[Row.STATUS_REASON], row[Row.RESULT], row[Row.ERROR]
-        execution = Execution.restore(
-            row[Row.EXECUTION_ID],
-            row[Row.REASONER],
-            row[Row.SESSION_ID] or None,
-            replica=row[Row.REPLICA],
-            attempt=int(row[Row.ATTEMPT]),
-            status=ExecutionStatus(row[Row.STATUS]),
-            created_at=float(row[Row.CREATED_AT]),
-            status_reason=CancelReason(status_reason) if status_reason else None,
-            result=loads(result) if result else None,
-            error=loads(error) if error else None,
-            finished_at=_number(row[Row.FINISHED_AT]),
-            duration_seconds=_number(row[Row.DURATION_SECONDS]),
-            abandoned=row[Row.ABANDONED] == "1",
-            input_request=_input_request(row[Row.INPUT_REQUEST]),
-            scheduled_at=_number(row[Row.SCHEDULED_AT]),
-        )
+        execution = from_row(row)
         moved = Moved(int(row[Row.MOVED]))
         if moved is Moved.LOST and self.observer is not None:
             self.observer.execution_lost(execution)
@@ -126,42 +205,8 @@ class RowCodec:
             logger.warning("an end notice's record did not parse (%s): it is read instead", exc)
             return None
 
-    @staticmethod
-    def new_record(execution: Execution) -> list[str | bytes]:
-        """The hash values in FIELDS order, for a record being created: nothing ended yet,
-        so no result, error or end to encode (on the path of every start)."""
-        values: dict[str, str | bytes] = {
-            "execution_id": execution.execution_id,
-            "reasoner": execution.reasoner,
-            "session_id": execution.session_id or "",
-            "status": execution.status.value,
-            "status_reason": "",
-            "result": b"null",
-            "error": b"null",
-            "created_at": repr(execution.created_at),
-            "finished_at": "",
-            "duration_seconds": "",
-            "replica": execution.replica,
-            "attempt": str(execution.attempt),
-            "input_request": b"null",
-            "scheduled_at": "" if execution.scheduled_at is None else repr(execution.scheduled_at),
-            "abandoned": "0",
-        }
-        return [values[name] for name in FIELDS]
-
-    @staticmethod
-    def end_args(execution: Execution) -> list[str | bytes]:
-        """An end's arguments of the `end` script: who writes it, then what it records."""
-        duration = execution.duration_seconds
-        return [
-            execution.execution_id,
-            execution.replica,
-            str(execution.attempt),
-            execution.status.value,
-            execution.status_reason.value if execution.status_reason else "",
-            dumps(execution.result),
-            b"null" if execution.error is None else dumps(execution.error),
-            "" if execution.finished_at is None else repr(execution.finished_at),
-            "" if duration is None else repr(duration),
-            "1" if execution.abandoned else "0",
-        ]
+    #: The hash's values for a record being created: the row's in FIELDS order, then the
+    #: hash-only fields written with it, as pairs (on the path of every start).
+    new_record = staticmethod(new_record)
+    #: An end's arguments of the `end` script.
+    end_args = staticmethod(end_args)

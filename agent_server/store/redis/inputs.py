@@ -10,7 +10,8 @@ from typing import Any
 
 from agent_server.model import jsoncodec
 from agent_server.model.asks import Found, Question, Reply
-from agent_server.model.execution import Execution, StaleAttempt
+from agent_server.model.context import StaleAttempt
+from agent_server.model.execution import Execution
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import codec
 from agent_server.store.redis.failures import transient_reason

@@ -8,7 +8,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from agent_server.model.execution import new_execution_id
+from agent_server.model.ids import new_execution_id
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import codec
 from agent_server.store.redis.keys import Keys

@@ -4,7 +4,7 @@ Each file opens with its contract (KEYS, ARGV, replies) and names the files it b
 with `--! include NAME.lua` lines; `load` inlines each included file once, before the first
 file that includes it, so a script carries exactly the code it uses. `codes.lua` is made
 here from the reply codes below and the statuses of the state machine, so Lua and Python
-read the same names.
+read the same names; `record.lua` is made from the record's declaration.
 """
 
 from __future__ import annotations
@@ -145,9 +145,32 @@ def _codes() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _record() -> str:
+    """record.lua: what agent_server/model/record.py declares that scripts apply by name: the
+    fields an end writes from its arguments, in their order (`END_WRITES`), those it clears
+    with their empty values (`END_CLEARS`, name then value), and what a record drops with
+    its requests for input (`PER_REQUEST` name prefixes, `REQUESTS_KEPT`)."""
+
+    def names(fields: tuple[record.Field, ...]) -> str:
+        return "{" + ", ".join(f"'{f.hash_name}'" for f in fields) + "}"
+
+    clears = ", ".join(f"'{f.name}', '{f.empty}'" for f in record.END_CLEARS)
+    return (
+        "-- Made from agent_server/model/record.py by agent_server/store/redis/scripts.py.\n"
+        f"local END_WRITES = {names(record.END_WRITES)}\n"
+        f"local END_CLEARS = {{{clears}}}\n"
+        f"local PER_REQUEST = {names(record.PER_REQUEST)}\n"
+        f"local REQUESTS_KEPT = {names(record.REQUESTS_KEPT)}\n"
+    )
+
+
+#: The files made here rather than read from `lua/`.
+_MADE = {"codes.lua": _codes, "record.lua": _record}
+
+
 def _read(name: str) -> str:
-    if name == "codes.lua":
-        return _codes()
+    if name in _MADE:
+        return _MADE[name]()
     return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
 
 

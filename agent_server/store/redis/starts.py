@@ -39,15 +39,8 @@ class Starts(StorePart):
         index entries, and the key (set if absent, atomically: one execution per key).
         A queued one is `enqueue.lua`'s."""
         session_id = execution.session_id or ""
-        pairs = self._codec.new_record(execution)  # in FIELDS order: the script names them
-        if execution.resumable or execution.body is not None:
-            pairs.extend(
-                ("body", codec.dumps(execution.body), "max_attempts", str(execution.max_attempts))
-            )
-        if execution.webhook_url is not None:  # kept in the hash, never in the record's JSON
-            pairs.extend(("webhook", execution.webhook_url))
-        if execution.trace is not None:  # traces on: the starting request's span
-            pairs.extend(("trace", execution.trace))
+        # In FIELDS order (the script names them), then the hash-only fields made with it.
+        pairs = self._codec.new_record(execution)
         key = "" if idempotency is None else idempotency.key
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
@@ -206,12 +199,17 @@ class Starts(StorePart):
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
-        execution.body = codec.loads(body) if body else None
-        execution.checkpoint = checkpoint or None
-        execution.checkpoint_asks = int(asks or 0)
-        execution.max_attempts = int(max_attempts or 1)
+        codec.read_into(
+            execution,
+            {
+                "body": body,
+                "checkpoint": checkpoint,
+                "checkpoint_asks": asks,
+                "max_attempts": max_attempts,
+                "trace": trace,
+            },
+        )
         execution.resumable = True
-        execution.trace = str(trace) if trace else None
         # Its duration runs from its creation, across attempts.
         execution.started_monotonic = time.monotonic() - max(
             0.0, time.time() - execution.created_at

@@ -12,6 +12,7 @@
   `webhook_bodies`, named from the prefix.
 ]]
 --! include header.lua
+--! include record.lua
 --! include webhooks.lua
 local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
@@ -105,10 +106,12 @@ end
 -- no answer outlives its execution.
 local function drop_requests(rec)
   local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
+  local names = {}
   for i = 1, top do
-    redis.call('HDEL', rec, 'answer:' .. i, 'expired:' .. i, 'ident:' .. i, 'label:' .. i)
+    for j, prefix in ipairs(PER_REQUEST) do names[j] = prefix .. i end
+    redis.call('HDEL', rec, unpack(names))
   end
-  if top > 0 then redis.call('HDEL', rec, 'asked_top', 'answer_bytes', 'answers_from') end
+  if top > 0 then redis.call('HDEL', rec, unpack(REQUESTS_KEPT)) end
 end
 
 -- The record has just become terminal: move it between indexes, start its TTL, notify.

@@ -1,0 +1,66 @@
+"""The Redis hash of a record is what agent_server/model/record.py declares: a create writes
+the row and the hash-only fields made with it, an end writes END_WRITES and clears
+END_CLEARS, and the requests for input go with the end, on a real redis-server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_server.model import record
+from agent_server.model.asks import Found, Question
+from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.store.redis import RedisStore
+from agent_server.store.redis.codec import end_args
+from tests.support.stores import BOUND, Recorder, closed, open_redis
+
+pytestmark = pytest.mark.redis
+
+
+async def _hash(store: RedisStore, execution: Execution) -> dict[str, str]:
+    found: dict[Any, Any] = await store._link.redis.hgetall(
+        store.keys.record(execution.execution_id)
+    )
+    return {_text(k): _text(v) for k, v in found.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def test_an_end_writes_and_clears_the_declared_fields_and_drops_the_requests(
+    redis_url: str,
+) -> None:
+    store = open_redis(redis_url, "A", Recorder())
+    await store.open()
+    try:
+        execution = Execution("ask", "s-9", "A")
+        execution.webhook_url = "https://example.test/hook?token=t"
+        execution.trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+        await store.create(execution)
+        made = await _hash(store, execution)
+        assert set(made) == {f.name for f in record.FIELDS} | {"webhook", "trace"}
+        asked = Question({"request_id": 1, "prompt": "why?", "schema": None}, "i-1", "why", 0)
+        assert (await store.ask(execution, asked, False, None)).found is Found.WAIT
+        execution.ask(asked.request)
+        waiting = await _hash(store, execution)
+        assert waiting["asking"] == "1" and waiting["status"] == "input_required"
+        assert {"ident:1", "label:1", "asked_top"} <= set(waiting)
+
+        execution.finish(ExecutionStatus.SUCCEEDED, result={"because": "é" * 3})
+        store.end(execution)
+        assert await store.recorded(execution, BOUND)
+        ended = await _hash(store, execution)
+        written = [_text(v) for v in end_args(execution)[3:]]
+        assert [ended[f.name] for f in record.END_WRITES] == written
+        assert {f.name: ended[f.name] for f in record.END_CLEARS} == {
+            f.name: f.empty for f in record.END_CLEARS
+        }
+        gone = [f.hash_name for f in record.PER_REQUEST] + [f.name for f in record.REQUESTS_KEPT]
+        assert [name for name in ended if name.startswith(tuple(gone))] == []
+        assert (ended["webhook"], ended["trace"]) == (execution.webhook_url, execution.trace)
+        read = await store.get(execution.execution_id)
+        assert read is not None and read.to_json() == execution.to_json()
+    finally:
+        await closed(store)
