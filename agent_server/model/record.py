@@ -225,7 +225,8 @@ STORED: tuple[Field, ...] = (
     Field(name="climit", kind=Kind.COUNT, kept=_HASH, attr="concurrency_limit", default=0),
     #: Its session's turn (SESSION_GATE .. sid) when its start waits for it (enqueue.lua).
     Field(name="skey", kind=Kind.TEXT, kept=_HASH, attr=None),
-    #: The token of the claim that took it (claim.lua; unclaim.lua and owned.lua read it).
+    #: The token of the take that holds it: its claim's (claim.lua) or its create's (the
+    #: Redis store's create writes it); unclaim.lua and owned.lua read it.
     Field(name="claim", kind=Kind.TEXT, kept=_HASH, attr=None),
     #: Attempts queued after an owner's death (judge.lua), against `max_attempts`.
     Field(name="retries", kind=Kind.COUNT, kept=_HASH, attr=None, default=0),

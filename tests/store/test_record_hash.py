@@ -40,7 +40,8 @@ async def test_an_end_writes_and_clears_the_declared_fields_and_drops_the_reques
         execution.trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
         await store.create(execution)
         made = await _hash(store, execution)
-        assert set(made) == {f.name for f in record.FIELDS} | {"webhook", "trace"}
+        # `claim`: the create's take token (its store writes it with the record).
+        assert set(made) == {f.name for f in record.FIELDS} | {"webhook", "trace", "claim"}
         asked = Question({"request_id": 1, "prompt": "why?", "schema": None}, "i-1", "why", 0)
         assert (await store.ask(execution, asked, False, None)).found is Found.WAIT
         execution.ask(asked.request)
