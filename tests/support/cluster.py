@@ -4,7 +4,6 @@ metric reads the multi-replica tests make of them."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ class Replica(ServerProcess):
         env: dict[str, str] | None = None,
         app: str = "tests_app:agent",
     ) -> None:
-        self.fixed_port = port
         self.replica_id = replica_id
         args = [
             app,
@@ -46,10 +44,7 @@ class Replica(ServerProcess):
             str(LEASE),
             *extra,
         ]
-        super().__init__(args, env or {}, marker_dir)
-
-    def command(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
+        super().__init__(args, env or {}, marker_dir, port=port)
 
 
 class Cluster:

@@ -125,7 +125,6 @@ class FaultReplica(ServerProcess):
     def __init__(
         self, port: int, replica_id: str, store: str, marker_dir: Path, env: dict[str, str]
     ) -> None:
-        self.fixed_port = port
         self.replica_id = replica_id
         args = [
             "tests_app:agent",
@@ -137,10 +136,7 @@ class FaultReplica(ServerProcess):
             str(LEASE_TTL),
             *REPLICA_FLAGS,
         ]
-        super().__init__(args, {**env, REPLICA_ID_ENV: replica_id}, marker_dir)
-
-    def command(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
+        super().__init__(args, {**env, REPLICA_ID_ENV: replica_id}, marker_dir, port=port)
 
     def ready(self) -> bool:
         try:
