@@ -72,16 +72,20 @@ class Launched:
         )
         full_env = {**os.environ, **(env or {})}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(
-            self.command,
-            cwd=cwd,
-            env=full_env,
-            stdin=stdin,
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-            start_new_session=new_session,
-            preexec_fn=preexec_fn,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                cwd=cwd,
+                env=full_env,
+                stdin=stdin,
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+                start_new_session=new_session,
+                preexec_fn=preexec_fn,  # the benchmarks' CPU mask only: it takes no lock
+            )
+        except BaseException:
+            self._log.close()
+            raise
         #: Monotonic time of the first signal sent (None: never signalled).
         self.signalled_at: float | None = None
 

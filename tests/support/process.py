@@ -4,12 +4,14 @@ under AGENT_SERVER_TESTS_REQUIRE_ALL=1), and the one-shot CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -173,6 +175,23 @@ class ServerProcess:
 
     def close(self) -> None:
         self.launched.close()
+
+
+@contextlib.contextmanager
+def serving(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """One ready `agent-server run ARGS` for a module's tests (its marker directory named
+    after `name`), closed at the end whatever happened: the body of every module fixture."""
+    process = ServerProcess(list(args), env or {}, tmp_path_factory.mktemp(name))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.close()
 
 
 def server_errors(exposition: str) -> dict[str, float]:
