@@ -10,10 +10,8 @@ import asyncio
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +23,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from agent_server.process.launcher import Launched, LaunchError, run_command
+from agent_server.process.launcher import free_port as free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "out"
@@ -58,12 +59,6 @@ def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, chosen)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def log(message: str) -> None:
     """Progress goes to stderr so stdout stays the results."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -74,8 +69,7 @@ def log(message: str) -> None:
 
 def agent_server_argv(port: int, app: str | None = None, *flags: str) -> list[str]:
     """`agent-server run [APP]` exactly as a user starts it."""
-    target = [app] if app else []
-    return [sys.executable, "-m", "agent_server", "run", *target, "--port", str(port), *flags]
+    return run_command(app or None, "--port", str(port), *flags, port=None)
 
 
 def baseline_argv(port: int, *flags: str) -> list[str]:
@@ -101,7 +95,8 @@ def peer_version(python: Path, distribution: str) -> str | None:
 
 
 class ServerProcess:
-    """One real server process on a loopback port; stopped (bounded) when the block ends."""
+    """One real server process on a loopback port (the package's launcher); stopped (bounded)
+    when the block ends."""
 
     def __init__(
         self,
@@ -118,17 +113,13 @@ class ServerProcess:
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.ready_path = ready_path
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
+        self.launched = Launched(
             argv,
             cwd=cwd,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
+            env={**(env or {}), "PYTHONUNBUFFERED": "1"},
             preexec_fn=_pin(cpus),  # sets only the CPU mask: no lock is taken
         )
-        self.signalled_at: float | None = None
+        self.proc = self.launched.proc
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -136,19 +127,23 @@ class ServerProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def signalled_at(self) -> float | None:
+        return self.launched.signalled_at
+
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{self.stderr()[-4000:]}")
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(self.url + self.ready_path, timeout=1.0) as reply:
-                    if reply.status == 200:
-                        return
+                    return bool(reply.status == 200)
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready in {timeout}s:\n{self.stderr()[-4000:]}")
+                return False
+
+        try:
+            self.launched.wait_until(ready, timeout, interval=0.05)
+        except LaunchError as exc:
+            said = "exited early" if exc.code is not None else f"not ready in {timeout}s"
+            raise RuntimeError(f"{self.name} {said}:\n{self.stderr()[-4000:]}") from None
 
     def rss_bytes(self) -> int:
         """Resident set size from /proc (VmRSS)."""
@@ -165,44 +160,19 @@ class ServerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
-        if self.signalled_at is None:
-            self.signalled_at = time.monotonic()
-        self.proc.send_signal(sig)
+        self.launched.signal(sig)
 
     def wait_exit(self, timeout: float) -> tuple[int, float]:
-        """Exit code and seconds from the first signal to the exit, to the millisecond.
-
-        A pidfd turns readable the moment the process ends (no polling interval in the figure).
-        """
+        """Exit code and seconds from the first signal to the exit, to the millisecond;
+        `timeout` counts from the signal."""
         started = self.signalled_at if self.signalled_at is not None else time.monotonic()
-        deadline = started + timeout
         try:
-            fd = os.pidfd_open(self.proc.pid)
-        except (AttributeError, OSError):
-            fd = None
-        try:
-            if fd is not None:
-                remaining = max(0.0, deadline - time.monotonic())
-                readable, _, _ = select.select([fd], [], [], remaining)
-                ended = time.monotonic()
-                if not readable:
-                    raise TimeoutError(f"{self.name} did not exit within {timeout}s")
-                code = self.proc.wait(timeout=5)
-                return code, ended - started
-            code = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            return code, time.monotonic() - started
-        except (TimeoutError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            return self.launched.wait_exit(max(0.0, started + timeout - time.monotonic()))
+        except TimeoutError:
             raise TimeoutError(f"{self.name} did not exit within {timeout}s") from None
-        finally:
-            if fd is not None:
-                os.close(fd)
 
     def stderr(self) -> str:
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")
+        return self.launched.log_text()
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM, then SIGKILL if it does not end in time."""
@@ -213,8 +183,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        with contextlib.suppress(OSError):
-            self._stderr.close()
+        self.launched.close()
 
 
 def shutdown_report(stderr: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults.py (three
+"""Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults/ (three
 replicas behind haproxy on a Redis primary and replica under three sentinels, or with
 `--plain` on one Redis, AOF either way; a load of clients keeping a history; a seeded
 schedule of kills, rollouts, pauses, Redis restarts, failovers and cuts; then the checker),

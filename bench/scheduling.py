@@ -10,51 +10,32 @@ running, p50/p99. On the memory store and on a real Redis (`redis-server` on a f
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.common import ServerProcess, agent_server_argv, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} not ready")
-
-
-def serve(store: str, marks: Path) -> tuple[subprocess.Popen[bytes], str]:
+def serve(store: str, marks: Path) -> ServerProcess:
     port = free_port()
-    env = {**os.environ, "SCHEDULING_BENCH_MARKS": str(marks), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent_server", "run", "bench.apps.scheduling_bench_app:agent",
-         "--store", store, "--port", str(port), "--log-level", "warning",
-         "--max-inflight", "10000"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url)
-    return proc, url
+    env = {"SCHEDULING_BENCH_MARKS": str(marks), "PYTHONPATH": str(ROOT)}
+    flags = ("--store", store, "--log-level", "warning", "--max-inflight", "10000")
+    app = "bench.apps.scheduling_bench_app:agent"
+    server = ServerProcess("agent-server", agent_server_argv(port, app, *flags), port, env=env)
+    try:
+        server.wait_ready(TIMEOUT)
+    except RuntimeError:
+        server.stop()
+        raise SystemExit(f"{server.url} not ready") from None
+    return server
 
 
 def latencies(client: httpx.Client, path: str, runs: int, headers: dict[str, str]) -> list[float]:
@@ -122,13 +103,9 @@ def main() -> None:
             time.sleep(0.3)
             for store in ("memory", f"redis://127.0.0.1:{redis_port}/0"):
                 marks = Path(tmp) / "marks"
-                proc, url = serve(store, marks)
-                try:
-                    costs = start_costs(url, args.rounds, args.runs)
-                    p50, p99 = slot_handover(url, marks, args.queued)
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=TIMEOUT)
+                with serve(store, marks) as server:
+                    costs = start_costs(server.url, args.rounds, args.runs)
+                    p50, p99 = slot_handover(server.url, marks, args.queued)
                 name = "memory" if store == "memory" else "redis"
                 base = costs["no limit"]
                 print(f"\n{name}: sync run p50, {args.rounds} rounds x {args.runs}")

@@ -399,7 +399,7 @@ async def counted(key: str, seconds: float = 0.0) -> dict[str, Any]:
 REASONERS += [counted]
 
 
-# -- reasoners that leave evidence: the fault harness's own account (tests/support/faults.py) --
+# -- reasoners that leave evidence: the fault harness's own account (tests/support/faults/) ---
 
 #: The directory, shared by every replica of one test, where the evidenced reasoners note each
 #: run of their body: one file per execution, one line per run (or step).

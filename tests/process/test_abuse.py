@@ -18,7 +18,7 @@ import pytest
 
 from agent_server.model.names import is_session_id
 from tests.support.cluster import wait_for
-from tests.support.process import ServerProcess, server_errors
+from tests.support.process import ServerProcess, server_errors, serving
 from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 
 #: A small body limit keeps the oversized cases quick.
@@ -32,14 +32,9 @@ ZERO_RELEASE = {"cancelled": 0, "abandoned": 0, "forgotten": 0}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    folder = tmp_path_factory.mktemp("abuse")
     args = ["tests_app:agent", "--max-body-size", str(BODY_LIMIT), "--http-timeout", "1"]
-    process = ServerProcess(args, {}, folder)
-    try:
-        process.wait_ready()
+    with serving(tmp_path_factory, "abuse", *args) as process:
         yield process
-    finally:
-        process.close()
 
 
 @pytest.fixture(scope="module")

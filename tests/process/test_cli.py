@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_server import Settings
 from agent_server.process.cli import run, settings_options
+from agent_server.process.launcher import run_command
 from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli
 
 ServerFactory = Callable[..., ServerProcess]
@@ -174,7 +174,7 @@ def test_a_store_unreachable_at_start_exits_1_in_one_line() -> None:
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     result = subprocess.run(
-        [sys.executable, "-m", "agent_server", "run", "--store", url, "--port", "0"],
+        run_command(None, "--store", url),
         capture_output=True,
         text=True,
         timeout=60,

@@ -39,7 +39,7 @@ from agent_server.client import (
     Unavailable,
     WaitTimeout,
 )
-from tests.support.cluster import Cluster, metric
+from tests.support.cluster import Cluster, metric, started_cluster
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 
@@ -384,14 +384,13 @@ CALLERS = 8
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
-    running = Cluster(
+    with started_cluster(
         tmp_path,
         redis_server,
-        ["--grace-period", "8", "--cancel-timeout", "1"],
+        *("--grace-period", "8", "--cancel-timeout", "1"),
         env={"TESTS_REDIS_URL": redis_server.url},
-    )
-    yield running
-    running.close()
+    ) as running:
+        yield running
 
 
 def test_runs_ride_a_rolling_restart(cluster: Cluster, redis_server: RedisServer) -> None:

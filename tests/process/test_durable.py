@@ -24,7 +24,7 @@ import pytest
 
 from agent_server import Settings
 from tests.apps.tests_app import make_agent
-from tests.support.cluster import Cluster, metric, wait_for
+from tests.support.cluster import Cluster, metric, started_cluster, wait_for
 from tests.support.redis_server import RedisServer
 
 WAIT = 10.0
@@ -33,14 +33,13 @@ STEPS = 20
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
-    running = Cluster(
+    with started_cluster(
         tmp_path,
         redis_server,
-        ["--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"],
+        *("--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"),
         env={"TESTS_REDIS_URL": redis_server.url},
-    )
-    yield running
-    running.close()
+    ) as running:
+        yield running
 
 
 def steps_done(redis: RedisServer, execution_id: str) -> list[tuple[int, int, int, float]]:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, serving
 
 UNOBSERVED = ("Task exception was never retrieved", "Task was destroyed but it is pending")
 #: Bound for every wait in this file.
@@ -36,9 +36,7 @@ ROUND_TRIP = 2.0
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # A full collection now, not in the middle of a timed request (seen: 0.5 s after a run).
     gc.collect()
-    process = ServerProcess(["tests_app:agent"], {}, tmp_path_factory.mktemp("e2e"))
-    try:
-        process.wait_ready()
+    with serving(tmp_path_factory, "e2e", "tests_app:agent") as process:
         yield process
         process.signal(signal.SIGTERM)
         code, elapsed = process.wait_exit(timeout=10)
@@ -50,8 +48,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         assert elapsed < 5, log
         for message in UNOBSERVED:
             assert message not in log
-    finally:
-        process.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,8 @@ import pytest
 
 from agent_server.http.http_limits import MAX_PIPELINE
 from agent_server.model.names import is_session_id
-from tests.support.process import APPS_DIR, ServerProcess, free_port
+from agent_server.process.launcher import run_command
+from tests.support.process import APPS_DIR, ServerProcess, free_port, serving
 from tests.support.raw_http import Raw, Responses, exchange, rss_kib
 
 #: Bound on every single exchange (seconds).
@@ -34,14 +34,9 @@ ServerFactory = Callable[..., ServerProcess]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    folder = tmp_path_factory.mktemp("edge")
     args = ["tests_app:agent", "--body-timeout", str(DEADLINE), "--write-timeout", str(DEADLINE)]
-    process = ServerProcess(args, {}, folder)
-    try:
-        process.wait_ready()
+    with serving(tmp_path_factory, "edge", *args) as process:
         yield process
-    finally:
-        process.close()
 
 
 @pytest.fixture(scope="module")
@@ -455,9 +450,11 @@ def test_watchdog_exits_even_when_stderr_is_a_full_pipe(tmp_path: Path) -> None:
     unwritten."""
     port = free_port()
     read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "agent_server", "run", "tests_app:agent", "--port",
-               str(port), "--grace-period", "3", "--cancel-timeout", "0.5",
-               "--http-timeout", "0.5"]  # fmt: skip
+    command = run_command(
+        "tests_app:agent",
+        *("--grace-period", "3", "--cancel-timeout", "0.5", "--http-timeout", "0.5"),
+        port=port,
+    )
     env = {**os.environ, "TESTS_MARKER_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         command, cwd=APPS_DIR, env=env, stdout=subprocess.DEVNULL, stderr=write_end
@@ -505,7 +502,7 @@ class _OnPort(ServerProcess):
     """A server on the port its arguments name (the usual one takes port 0)."""
 
     def command(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "agent_server", "run", *args]
+        return run_command(None, *args, port=None)
 
 
 def test_a_failed_start_exits_1_without_a_shutdown(tmp_path: Path) -> None:

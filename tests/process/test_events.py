@@ -18,7 +18,7 @@ import httpx
 import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
-from tests.support.cluster import Cluster, metric, wait_for
+from tests.support.cluster import Cluster, metric, started_cluster, wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.shutdown import shutdown_report
 
@@ -316,13 +316,12 @@ def test_a_quiet_stream_gets_a_heartbeat_each_period_and_events_between(
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
-    running = Cluster(
+    with started_cluster(
         tmp_path,
         redis_server,
-        ["--grace-period", "8", "--drain-timeout", "2", "--cancel-timeout", "1"],
-    )
-    yield running
-    running.close()
+        *("--grace-period", "8", "--drain-timeout", "2", "--cancel-timeout", "1"),
+    ) as running:
+        yield running
 
 
 def test_a_reader_resumes_on_another_replica_missing_nothing(cluster: Cluster) -> None:

@@ -3,7 +3,7 @@ primary and replica (AOF) under three real sentinels, a load of clients keeping 
 (runs, starts, cancels, parked asks of one and two questions, delayed starts, limited starts,
 session-enqueued messages), a short seeded schedule of faults (kill -9, rollouts, replicas
 paused past their lease, the Redis primary paused and restarted, a planned failover and a
-kill -9 of the primary, the links to Redis cut), then the checker of tests/support/faults.py.
+kill -9 of the primary, the links to Redis cut), then the checker of tests/support/faults/.
 A failure prints the seed and every violation.
 
 `AGENT_SERVER_FAULT_SEED` runs another seed's schedule, `AGENT_SERVER_FAULT_SECONDS` a longer

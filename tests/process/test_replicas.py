@@ -15,7 +15,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.cluster import LEASE, Cluster, metric, wait_for
+from agent_server.process.launcher import run_command
+from tests.support.cluster import LEASE, Cluster, metric, started_cluster, wait_for
 from tests.support.process import APPS_DIR, free_port
 from tests.support.redis_server import RedisServer
 
@@ -34,9 +34,10 @@ WAIT = 10.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
-    running = Cluster(tmp_path, redis_server, ["--grace-period", "8", "--cancel-timeout", "1"])
-    yield running
-    running.close()
+    with started_cluster(
+        tmp_path, redis_server, "--grace-period", "8", "--cancel-timeout", "1"
+    ) as running:
+        yield running
 
 
 def terminal(body: dict[str, Any]) -> bool:
@@ -346,17 +347,7 @@ def test_an_unreachable_store_at_start_exits_1_naming_the_host(tmp_path: Path) -
     port = free_port()
     began = time.monotonic()
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent_server",
-            "run",
-            "tests_app:agent",
-            "--port",
-            "0",
-            "--store",
-            f"redis://:s3cret-password@127.0.0.1:{port}/0",
-        ],
+        run_command("tests_app:agent", "--store", f"redis://:s3cret-password@127.0.0.1:{port}/0"),
         cwd=APPS_DIR,
         capture_output=True,
         timeout=30,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, started_cluster
 from tests.support.process import ServerProcess
 from tests.support.raw_http import exchange
 from tests.support.redis_server import RedisServer
@@ -413,11 +413,13 @@ def cluster(
     marks = tmp / "marks"
     marks.mkdir()
     redis = _Database(redis_for_module, 2)
-    three = Cluster(tmp, redis, [], {"SCHEDULING_MARKS": str(marks)}, app=APP)  # type: ignore[arg-type]
-    try:
+    with started_cluster(
+        tmp,
+        redis,  # type: ignore[arg-type]
+        env={"SCHEDULING_MARKS": str(marks)},
+        app=APP,
+    ) as three:
         yield three, marks
-    finally:
-        three.close()
 
 
 class _Database:

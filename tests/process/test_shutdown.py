@@ -13,7 +13,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent_server.process.launcher import run_command
 from tests.support.process import APPS_DIR, ServerProcess
 from tests.support.shutdown import (
     ASYNCIO_COMPLAINTS,
@@ -554,7 +554,7 @@ def test_startup_failure_exits_1_not_3(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "agent_server", "run", "tests_app:agent", "--port", str(port)],
+            run_command("tests_app:agent", port=port),
             cwd=APPS_DIR,
             capture_output=True,
             text=True,

@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from agent_server.runtime.tracing import attempt_span_id, traceparent
 from tests.support.cluster import Replica, wait_for
-from tests.support.process import ROOT, ServerProcess, free_port
+from tests.support.process import ROOT, ServerProcess, free_port, serving
 from tests.support.redis_server import RedisServer
 from tests.support.webhooks import HOOKS
 from tests.support.webhooks import Receiver as WebhookReceiver
@@ -174,18 +174,15 @@ def _finished_traceparent(hooks: WebhookReceiver, execution_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = ServerProcess(
-        [
-            "tracing_app:agent",
-            *("--log-format", "json", "--access-log", "--replica-id", "solo"),
-            *HOOKS,
-        ],
-        _otel_env(receiver),
-        tmp_path_factory.mktemp("traced"),
-    )
-    process.wait_ready()
-    yield process
-    process.close()
+    with serving(
+        tmp_path_factory,
+        "traced",
+        "tracing_app:agent",
+        *("--log-format", "json", "--access-log", "--replica-id", "solo"),
+        *HOOKS,
+        env=_otel_env(receiver),
+    ) as process:
+        yield process
 
 
 def test_the_execution_span_is_a_child_of_the_callers_trace(

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from agent_server import Settings
 from tests.support.cluster import metric, wait_for
-from tests.support.process import ServerProcess, agent_server_cli
+from tests.support.process import ServerProcess, agent_server_cli, serving
 from tests.support.raw_http import rss_kib
 from tests.support.shutdown import assert_clean_stderr, shutdown_report
 from tests.support.webhooks import HOOKS, SECRET, WAIT, Receiver
@@ -36,11 +36,9 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One memory-store server for the module's tests."""
-    process = ServerProcess(["input_app:agent", *HOOKS], {}, tmp_path_factory.mktemp("hooks"))
-    process.wait_ready()
-    yield process
-    assert_clean_stderr(process)
-    process.close()
+    with serving(tmp_path_factory, "hooks", "input_app:agent", *HOOKS) as process:
+        yield process
+        assert_clean_stderr(process)
 
 
 def start(server: ServerProcess, name: str, url: str, body: Any = None) -> str:

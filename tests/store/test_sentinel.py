@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from redis.exceptions import ConnectionError, ReadOnlyError
 
 from agent_server.model.asks import Question
 from agent_server.model.execution import CancelReason
+from agent_server.process.launcher import run_command
 from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.redis.keys import Keys
@@ -302,17 +302,11 @@ def test_the_url_parses_as_redis_py_and_celery_write_it() -> None:
 
 def test_a_malformed_url_exits_2_at_start_without_the_password(tmp_path: Path) -> None:
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent_server",
-            "run",
+        run_command(
             "tests_app:agent",
             "--store",
             f"redis+sentinel://:{PASSWORD}@127.0.0.1:26379,127.0.0.1:x/{SERVICE}/0",
-            "--port",
-            "0",
-        ],
+        ),
         cwd=Path(__file__).parent,
         capture_output=True,
         text=True,

@@ -4,8 +4,9 @@ metric reads the multi-replica tests make of them."""
 
 from __future__ import annotations
 
-import sys
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,6 @@ class Replica(ServerProcess):
         env: dict[str, str] | None = None,
         app: str = "tests_app:agent",
     ) -> None:
-        self.fixed_port = port
         self.replica_id = replica_id
         args = [
             app,
@@ -46,10 +46,7 @@ class Replica(ServerProcess):
             str(LEASE),
             *extra,
         ]
-        super().__init__(args, env or {}, marker_dir)
-
-    def command(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "agent_server", "run", *args, "--port", str(self.fixed_port)]
+        super().__init__(args, env or {}, marker_dir, port=port)
 
 
 class Cluster:
@@ -72,10 +69,19 @@ class Cluster:
         self.ports = [free_port() for _ in range(3)]
         self.incarnations = 0
         self.replicas = [self.start(index) for index in range(3)]
-        for replica in self.replicas:
-            replica.wait_ready()
-        self.proxy = Haproxy(tmp_path, self.ports)
-        self.proxy.start()
+        proxy: Haproxy | None = None
+        try:
+            for replica in self.replicas:
+                replica.wait_ready()
+            proxy = Haproxy(tmp_path, self.ports)
+            proxy.start()
+        except BaseException:  # no process outlives a cluster that never came up
+            if proxy is not None:
+                proxy.stop()
+            for replica in self.replicas:
+                replica.close()
+            raise
+        self.proxy = proxy
 
     def start(self, index: int) -> Replica:
         self.incarnations += 1
@@ -98,6 +104,23 @@ class Cluster:
         self.proxy.stop()
         for replica in self.replicas:
             replica.close()
+
+
+@contextlib.contextmanager
+def started_cluster(
+    tmp_path: Path,
+    redis: RedisServer,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    app: str = "tests_app:agent",
+) -> Iterator[Cluster]:
+    """Three replicas of `app` with `flags` on `redis` behind haproxy, closed at the end
+    whatever happened: the body of every cluster fixture."""
+    cluster = Cluster(tmp_path, redis, list(flags), env, app)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
 
 
 def wait_for(predicate: Any, timeout: float = WAIT, what: str = "condition") -> Any:

@@ -4,19 +4,22 @@ under AGENT_SERVER_TESTS_REQUIRE_ALL=1), and the one-shot CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import httpx
 import pytest
+
+from agent_server.process.launcher import Launched, LaunchError, run_command
+from agent_server.process.launcher import free_port as free_port
 
 #: The repository's root.
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,10 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 APPS_DIR = ROOT / "tests" / "apps"
 #: Every wait in the end-to-end tests is bounded by this (seconds) unless it says otherwise.
 STARTUP_TIMEOUT = 15.0
-
-
-#: uvicorn's start-up line names the port it bound (over HTTP or HTTPS).
-LISTENING = re.compile(r"running on https?://127\.0\.0\.1:(\d+)")
 
 
 #: Set by `.ci/run`, which installs every program the tests need: there a missing one fails the
@@ -51,12 +50,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get(REQUIRE_ALL) == "1":
         pytest.fail(f"{reason}; {REQUIRE_ALL}=1 makes this an error", pytrace=False)
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def agent_server_cli(
@@ -84,43 +77,54 @@ def one_line(stderr: str) -> str:
 
 
 class ServerProcess:
-    """A real `agent-server run` child process on a free loopback port."""
+    """A real `agent-server run` child process on a free loopback port (the package's launcher,
+    with the tests' marker directory, stderr file and assertions)."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str], marker_dir: Path, cwd: Path = APPS_DIR
+        self,
+        args: list[str],
+        env: dict[str, str],
+        marker_dir: Path,
+        cwd: Path = APPS_DIR,
+        *,
+        port: int = 0,
+        new_session: bool = False,
     ) -> None:
         self._port: int | None = None
+        #: The port it is told (0: it binds a free one and says which in its log).
+        self.fixed_port = port
         self.marker_dir = marker_dir
         self.stderr_path = marker_dir / "stderr.log"
-        self._stderr = self.stderr_path.open("wb")
-        full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
-        full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(
+        self.launched = Launched(
             self.command(args),
             cwd=cwd,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
+            env={**env, "TESTS_MARKER_DIR": str(marker_dir)},
+            log=self.stderr_path,
+            new_session=new_session,
         )
-        self.signalled_at: float | None = None
+        self.proc = self.launched.proc
 
     def command(self, args: list[str]) -> list[str]:
         """The command line; subclasses run the server another way (PID 1, plain uvicorn)."""
-        return [sys.executable, "-m", "agent_server", "run", *args, "--port", "0"]
+        return run_command(None, *args, port=self.fixed_port)
+
+    @property
+    def signalled_at(self) -> float | None:
+        """Monotonic time of the first signal (None: not signalled yet)."""
+        return self.launched.signalled_at
+
+    @signalled_at.setter
+    def signalled_at(self, value: float | None) -> None:
+        self.launched.signalled_at = value
 
     @property
     def port(self) -> int:
         """The port the server bound (it is given port 0, so no other process can race it)."""
         if self._port is None:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while self._port is None:
-                found = LISTENING.search(self.stderr())
-                if found is not None:
-                    self._port = int(found.group(1))
-                elif self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server never listened:\n{self.stderr()}")
-                else:
-                    time.sleep(0.01)
+            try:
+                self._port = self.launched.listening_port(STARTUP_TIMEOUT)
+            except LaunchError:
+                raise AssertionError(f"server never listened:\n{self.stderr()}") from None
         return self._port
 
     @property
@@ -132,18 +136,20 @@ class ServerProcess:
         return httpx.Client(base_url=self.url)
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
         with self.client() as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"server exited early:\n{self.stderr()}")
+
+            def ready() -> bool:
                 try:
-                    if client.get("/readyz", timeout=1.0).status_code == 200:
-                        return
+                    return client.get("/readyz", timeout=1.0).status_code == 200
                 except httpx.TransportError:
-                    pass
-                time.sleep(0.02)
-        raise AssertionError(f"server not ready in {timeout}s:\n{self.stderr()}")
+                    return False
+
+            try:
+                self.launched.wait_until(ready, timeout, interval=0.02)
+            except LaunchError as exc:
+                if exc.code is not None:
+                    raise AssertionError(f"server exited early:\n{self.stderr()}") from None
+                raise AssertionError(f"server not ready in {timeout}s:\n{self.stderr()}") from None
 
     def wait_marker(self, name: str, timeout: float = 10.0) -> None:
         """Wait until a reasoner touched its marker file (it has really started)."""
@@ -155,30 +161,37 @@ class ServerProcess:
             time.sleep(0.01)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
-        if self.signalled_at is None:
-            self.signalled_at = time.monotonic()
-        self.proc.send_signal(sig)
+        self.launched.signal(sig)
 
     def wait_exit(self, timeout: float) -> tuple[int, float]:
         """Exit code and seconds from the first signal to exit; fails fast on a hang."""
         try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            return self.launched.wait_exit(timeout)
+        except TimeoutError:
             raise AssertionError(f"server did not exit in {timeout}s:\n{self.stderr()}") from None
-        elapsed = time.monotonic() - (self.signalled_at or time.monotonic())
-        return code, elapsed
 
     def stderr(self) -> str:
-        self._stderr.flush()
-        return self.stderr_path.read_text(errors="replace")
+        return self.launched.log_text()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._stderr.close()
+        self.launched.close()
+
+
+@contextlib.contextmanager
+def serving(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """One ready `agent-server run ARGS` for a module's tests (its marker directory named
+    after `name`), closed at the end whatever happened: the body of every module fixture."""
+    process = ServerProcess(list(args), env or {}, tmp_path_factory.mktemp(name))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.close()
 
 
 def server_errors(exposition: str) -> dict[str, float]:

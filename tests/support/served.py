@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from agent_server.process.launcher import run_command as launcher_command
 from tests.support.process import APPS_DIR, ServerProcess
 
 #: Every client call is bounded (as in test_shutdown).
@@ -36,22 +35,12 @@ class Served(ServerProcess):
         cwd: Path = APPS_DIR,
         verify: ssl.SSLContext | None = None,
     ) -> None:
-        self._port: int | None = None
-        self.marker_dir = marker_dir
-        self.stderr_path = marker_dir / "stderr.log"
-        self._stderr = self.stderr_path.open("wb")
         self.verify = verify
-        full_env = {**os.environ, **env, "TESTS_MARKER_DIR": str(marker_dir)}
-        full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-            start_new_session=True,
-        )
-        self.signalled_at: float | None = None
+        super().__init__(command, env, marker_dir, cwd, new_session=True)
+
+    def command(self, args: list[str]) -> list[str]:
+        """The command line as given (`agent-server run`, `python -m uvicorn`, ...)."""
+        return args
 
     @property
     def url(self) -> str:
@@ -80,7 +69,7 @@ Start = Callable[..., Served]
 
 
 def run_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent_server", "run", *args]
+    return launcher_command(None, *args, port=None)
 
 
 def launcher(tmp_path: Path) -> Iterator[Start]:

@@ -1,5 +1,5 @@
 """What the fault harness's reasoners leave behind, and the checks of the invariants that
-read it (tests/support/faults.py runs them with the others).
+read it (the checker runs them with the others).
 
 The evidenced reasoners of tests/apps/tests_app.py append one line per event to a file per
 execution: `KIND ATTEMPT [DETAIL...] REPLICA PID TIME` (TIME: the wall clock). The kinds:

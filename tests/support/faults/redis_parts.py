@@ -1,4 +1,4 @@
-"""The Redis under the fault harness's replicas (tests/support/faults.py), and its faults.
+"""The Redis under the fault harness's replicas (tests/support/faults/), and its faults.
 
 Either one `redis-server` with AOF (`PlainRedis`), or a primary and a replica, both with AOF,
 watched by three real `redis-sentinel` processes (`SentinelRedis`), which the replicas reach
