@@ -27,7 +27,7 @@
   {ASKED_ANSWERED, the kept answer (JSON), id}; {ASKED_TIMED_OUT, '', id}; {ASKED_FENCED,
   the status found ('' if unknown)} when this attempt no longer owns it.
 ]]
---! include header.lua
+--! include moves.lua
 --! include webhooks.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'execution_id')
@@ -52,8 +52,7 @@ end
 local kept = kept_for(n)
 if kept then return kept end
 local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
-redis.call('HSET', rec, 'status', STATUS_INPUT_REQUIRED, 'input_request', ARGV[7],
-  'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
+move(rec, MOVE_ASK, v[1], STATUS_INPUT_REQUIRED, 'input_request', ARGV[7], 'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
   'asked_top', tostring(math.max(top, n)))
 local code = ASKED_RECORDED
 if ARGV[8] == '1' then

@@ -25,10 +25,9 @@ for i = 5, #ARGV, 10 do
   local ok = 0
   if v[1] and v[2] == owner and v[3] == attempt then
     if OWNED[v[1]] then
-      redis.call('HSET', rec, 'status', status, 'status_reason', ARGV[i + 4],
+      move(rec, END_OF[status], v[1], status, 'status_reason', ARGV[i + 4],
         'result', ARGV[i + 5], 'error', ARGV[i + 6], 'finished_at', fin,
-        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9], 'input_request', 'null',
-        'asking', '')
+        'duration_seconds', ARGV[i + 8], 'abandoned', ARGV[i + 9])
       finish(rec, ev, id, v[4], owned)
       ok = 1
       if #ARGV[i + 5] + #ARGV[i + 6] <= largest then
