@@ -40,8 +40,8 @@ local function kept_for(id)
   if kept[2] then return {ASKED_TIMED_OUT, '', id} end
   return nil
 end
-local held = redis.call('HGET', rec, 'ident:' .. n)
-if held and held ~= identity then
+local identity_held = redis.call('HGET', rec, 'ident:' .. n)
+if identity_held and identity_held ~= identity then
   for id = tonumber(ARGV[12]) + 1, n - 1 do
     if redis.call('HGET', rec, 'ident:' .. id) == identity then
       return kept_for(id) or {ASKED_AGAIN, '', id}

@@ -57,9 +57,9 @@ for _, replica in ipairs(dead) do
     redis.call('DEL', P .. 'cancels:' .. replica)
   end
 end
-local parked = KEYS[9]
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', parked, '-inf', NOW, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', parked, id)
+local waiting = KEYS[9]  -- `parked`
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', waiting, '-inf', NOW, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', waiting, id)
   local rec = P .. 'x:' .. id
   local w = redis.call('HMGET', rec, 'status', 'replica', 'asking')
   if parked(w[1], w[2]) and w[3] and w[3] ~= '' then
