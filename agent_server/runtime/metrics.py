@@ -44,6 +44,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from agent_server.model.execution import Execution
+from agent_server.model.status import ExecutionStatus
 from agent_server.runtime.registry import RejectReason
 from agent_server.runtime.webhooks import OUTCOMES as WEBHOOK_OUTCOMES
 from agent_server.store.base import WRITE_RETRY_REASONS
@@ -63,7 +64,13 @@ LOOP_LAG_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 
-EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
+#: The `status` label of `executions_finished_total`: how an attempt here ended.
+EXECUTION_OUTCOMES = (
+    ExecutionStatus.SUCCEEDED.value,
+    ExecutionStatus.FAILED.value,
+    ExecutionStatus.CANCELLED.value,
+    "abandoned",
+)
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
 SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned")
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
@@ -532,7 +539,7 @@ class Metrics:
             finished.add_metric([reasoner, status], ended.finished)
             duration.add_metric([reasoner, status], ended.buckets(), ended.sum)
         for reasoner, lost in self._store.lost.items():
-            finished.add_metric([reasoner, "lost"], lost)
+            finished.add_metric([reasoner, ExecutionStatus.LOST.value], lost)
         started = _counter(
             "executions_started_total", "Executions started.", "reasoner", self._started
         )

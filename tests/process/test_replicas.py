@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server.model.status import TERMINAL
 from tests.support.cluster import LEASE, Cluster, metric, wait_for
 from tests.support.process import APPS_DIR, free_port
 from tests.support.redis_server import RedisServer
@@ -40,7 +41,7 @@ def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterat
 
 
 def terminal(body: dict[str, Any]) -> bool:
-    return body["status"] not in ("queued", "running")
+    return body["status"] in TERMINAL
 
 
 # -- any replica answers --------------------------------------------------------------------
