@@ -188,17 +188,22 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
 
 
-def load(name: str) -> str:
-    """The script `name` with its includes inlined, each once, in the order first named."""
+def expand(text: str) -> str:
+    """`text` with its includes inlined, each once, in the order first named."""
     seen: set[str] = set()
 
-    def expand(file: str) -> str:
+    def include(file: str) -> str:
         if file in seen:
             return ""
         seen.add(file)
-        return _INCLUDE.sub(lambda m: expand(m.group(1)), _read(file))
+        return _INCLUDE.sub(lambda m: include(m.group(1)), _read(file))
 
-    return expand(f"{name}.lua")
+    return _INCLUDE.sub(lambda m: include(m.group(1)), text)
+
+
+def load(name: str) -> str:
+    """The script `name` with its includes inlined, each once, in the order first named."""
+    return expand(f"--! include {name}.lua")
 
 
 #: The text of every script, by name.
