@@ -47,7 +47,7 @@ from typing import Any, assert_never
 
 import httpx
 
-from agent_server.model.status import CancelReason, ExecutionStatus
+from agent_server.model.status import CancelReason, ExecutionStatus, parked
 from agent_server.runtime.exits import ExitCode
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import ShutdownPlan
@@ -558,8 +558,9 @@ async def _follow(http: httpx.AsyncClient, execution: Started, wait: float) -> N
         how = follow_by(status)
         if how is Follow.DONE:
             return
-        if status is ExecutionStatus.INPUT_REQUIRED and execution.record.get("replica"):
-            execution.waited = True
+        owner = str(execution.record.get("replica") or "")
+        if status is ExecutionStatus.INPUT_REQUIRED and not parked(status, owner):
+            execution.waited = True  # in its task
         before = (status, execution.record.get("attempt"))
         execution.requests += 1
         try:
@@ -651,8 +652,8 @@ def outcome(
                 return Outcome.STRANDED
             return Outcome.HANDED_OFF if handed_off else Outcome.LEFT_QUEUED
         case ExecutionStatus.INPUT_REQUIRED:
-            parked = shared and not record.get("replica")
-            return Outcome.PARKED if parked else Outcome.UNENDED
+            left = shared and parked(status, str(record.get("replica") or ""))
+            return Outcome.PARKED if left else Outcome.UNENDED
         case ExecutionStatus.RUNNING:
             return Outcome.UNENDED
         case _:
