@@ -209,13 +209,20 @@ def step(status: ExecutionStatus | None, transition: Transition, target: Executi
         raise IllegalTransition(f"{transition.value}: {status} -> {target.value} is not a move")
 
 
-def clears(transition: Transition, target: ExecutionStatus) -> tuple[str, ...]:
-    """The record's fields `transition` to `target` clears: its row's, and QUEUED_CLEARS for
-    every move to `queued` (Lua's `MOVES[transition].to[target]`, codes.lua)."""
-    row = _BY_NAME[transition].clears
+def _cleared_by(row: Step, target: ExecutionStatus) -> tuple[str, ...]:
     if target is not ExecutionStatus.QUEUED:
-        return row
-    return row + tuple(name for name in QUEUED_CLEARS if name not in row)
+        return row.clears
+    return row.clears + tuple(name for name in QUEUED_CLEARS if name not in row.clears)
+
+
+_CLEARS = {(row.transition, t): _cleared_by(row, t) for row in TABLE for t in row.targets}
+
+
+def clears(transition: Transition, target: ExecutionStatus) -> tuple[str, ...]:
+    """The record's fields `transition` to `target` (one of its row's targets) clears: its
+    row's, and QUEUED_CLEARS for every move to `queued` (Lua's `MOVES[transition].to[target]`,
+    codes.lua)."""
+    return _CLEARS[transition, target]
 
 
 class Movable(Protocol):
@@ -231,10 +238,11 @@ def move(subject: Movable, transition: Transition, target: ExecutionStatus) -> N
     subject's status; a creation's row from nothing), set `target`, and clear the fields
     the move declares. IllegalTransition, changing nothing, for a move the table lacks."""
     row = _BY_NAME[transition]
-    step(subject.status if row.sources else None, transition, target)
+    if target not in row.targets or (row.sources and subject.status not in row.sources):
+        step(subject.status if row.sources else None, transition, target)  # raises
     subject.status = target
     cleared = subject.CLEARED
-    for name in clears(transition, target):
+    for name in _CLEARS[transition, target]:
         if name in cleared:
             setattr(subject, name, cleared[name])
 
