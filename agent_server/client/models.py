@@ -19,6 +19,7 @@ from agent_server.model import status as states
 TERMINAL = frozenset(status.value for status in states.TERMINAL)
 #: The status of an execution whose reasoner waits for input (docs/input.md).
 INPUT_REQUIRED = states.ExecutionStatus.INPUT_REQUIRED.value
+_S = states.ExecutionStatus
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,13 @@ class Execution:
 
     def outcome(self) -> Any:
         """The result of a succeeded execution; the typed error of any other end."""
-        if self.status == "succeeded":
+        if self.status == _S.SUCCEEDED:
             return self.result
-        if self.status == "failed":
+        if self.status == _S.FAILED:
             raise ExecutionFailed(self)
-        if self.status == "cancelled":
+        if self.status == _S.CANCELLED:
             raise ExecutionCancelled(self)
-        if self.status == "lost":
+        if self.status == _S.LOST:
             raise ExecutionLost(self)
         if self.status == INPUT_REQUIRED:
             raise InputRequired(self)
@@ -311,7 +312,7 @@ def error_from_response(response: httpx.Response) -> AgentServerError:
     body = response_body(response)
     if is_execution(body):
         execution = Execution.from_json(body)
-        if execution.status in TERMINAL and execution.status != "succeeded":
+        if execution.status in TERMINAL and execution.status != _S.SUCCEEDED:
             try:
                 execution.outcome()
             except ExecutionError as exc:

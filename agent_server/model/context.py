@@ -40,7 +40,7 @@ EmitObserver = Callable[["Execution", Event], None]
 EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: Names the stream itself uses around a reasoner's events (`input_required` is sent by
 #: `ctx.ask`).
-RESERVED_EVENTS = frozenset({"start", "missed", "end", "input_required"})
+RESERVED_EVENTS = frozenset({"start", "missed", "end", ExecutionStatus.INPUT_REQUIRED.value})
 
 
 class InputTimeout(TimeoutError):
@@ -263,12 +263,12 @@ class ExecutionContext:
         request = question.request
         if reply.found is Found.PARKED:  # its task ends; the answer resumes it anywhere
             execution.ask(request)
-            self._publish("input_required", request)  # as this attempt's, still its owner's
+            self._publish(ExecutionStatus.INPUT_REQUIRED.value, request)  # as this attempt's
             execution.leave()
             raise Parked
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
             execution.ask(request)
-        self._publish("input_required", request)
+        self._publish(ExecutionStatus.INPUT_REQUIRED.value, request)
         self._inputs.ask_ended(execution, True, 0.0)
         started = time.monotonic()
         try:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_server.model import record
 from agent_server.model.events import EventLog
 from agent_server.model.ids import new_execution_id
 from agent_server.model.live import INITIAL, LiveState
-from agent_server.model.status import END_OF, TERMINAL, Transition, step
+from agent_server.model.status import END_OF, TERMINAL, Transition, move, unowned
 from agent_server.model.status import CancelReason as CancelReason  # its home is status.py
 from agent_server.model.status import ExecutionStatus as ExecutionStatus  # its home is status.py
 
@@ -44,6 +44,15 @@ class Execution(LiveState):
     """
 
     __slots__ = tuple(f.slot for f in record.HELD)
+
+    #: The record's fields a move clears (status.py `move`), as this object holds them empty.
+    #: Not `replica`: this object stays its attempt's view, whose owner fences the writes it
+    #: still owes (a hand-off, a late end); its JSON shows '' while queued (record.py).
+    CLEARED: ClassVar[Mapping[str, object]] = {
+        "input_request": None,
+        "asking": 0,
+        "scheduled_at": None,
+    }
 
     execution_id: str
     reasoner: str
@@ -157,9 +166,7 @@ class Execution(LiveState):
         """Handed off: the next attempt runs on another replica; this object stays this
         attempt's view (its end, if it comes, is fenced). Wakes local waiters: a
         synchronous caller answers 503 with the execution's Location."""
-        step(self.status, Transition.HAND_OFF, ExecutionStatus.QUEUED)
-        self.status = ExecutionStatus.QUEUED
-        self.input_request = None
+        move(self, Transition.HAND_OFF, ExecutionStatus.QUEUED)
         self.moved_away = True
         if self._done is not None:
             self._done.set()
@@ -169,18 +176,15 @@ class Execution(LiveState):
     def enqueue(self, scheduled_at: float | None) -> None:
         """Created queued rather than running (a delayed start, or a full server that
         queues): due at `scheduled_at` (None: as soon as a replica has room)."""
-        step(None, Transition.ENQUEUE, ExecutionStatus.QUEUED)
-        self.status = ExecutionStatus.QUEUED
-        self.replica = ""
+        move(self, Transition.ENQUEUE, ExecutionStatus.QUEUED)
+        self.replica = ""  # created queued: nobody owns it
         self.scheduled_at = scheduled_at
 
     def retry(self, scheduled_at: float, moved_away: bool) -> None:
         """The attempt failed and its policy runs it again: queued, due at `scheduled_at`,
         as the next attempt. `moved_away` (a shared store): whichever replica takes it runs
         it, so this object's waiters are woken to follow the store."""
-        step(self.status, Transition.RETRY, ExecutionStatus.QUEUED)
-        self.status = ExecutionStatus.QUEUED
-        self.input_request = None
+        move(self, Transition.RETRY, ExecutionStatus.QUEUED)
         self.attempt += 1
         self.scheduled_at = scheduled_at
         self.moved_away = moved_away
@@ -191,18 +195,14 @@ class Execution(LiveState):
 
     def claim(self, replica: str) -> None:
         """Taken from the queue (the memory store's, where the record is this object)."""
-        step(self.status, Transition.CLAIM, ExecutionStatus.RUNNING)
-        self.status = ExecutionStatus.RUNNING
+        move(self, Transition.CLAIM, ExecutionStatus.RUNNING)
         self.replica = replica
-        self.scheduled_at = None
 
     def cancel_queued(self, reason: CancelReason) -> None:
         """Cancelled while queued: nobody runs it, so it ends where it waited."""
-        step(self.status, Transition.CANCEL_QUEUED, ExecutionStatus.CANCELLED)
-        self.status = ExecutionStatus.CANCELLED
+        move(self, Transition.CANCEL_QUEUED, ExecutionStatus.CANCELLED)
         self.status_reason = reason
         self.cancel_reason = reason
-        self.scheduled_at = None
         self.finished_at = time.time()
         self.finished_monotonic = time.monotonic()
         if self._done is not None:
@@ -221,12 +221,8 @@ class Execution(LiveState):
         """Record the terminal state once and wake every waiter: from `running` (its
         attempt's end), or from `queued` for an attempt handed off that ended after all
         (LATE_END; the store fences its end)."""
-        if self.status is ExecutionStatus.QUEUED:
-            step(self.status, Transition.LATE_END, status)
-        else:
-            step(self.status, END_OF[status], status)
-        self.status = status
-        self.input_request = None
+        late = self.status is ExecutionStatus.QUEUED
+        move(self, Transition.LATE_END if late else END_OF[status], status)
         self.result = result
         self.error = error
         self.status_reason = reason
@@ -244,19 +240,15 @@ class Execution(LiveState):
 
     @property
     def owned_by_nobody(self) -> bool:
-        """Queued, or parked (waiting for input with no owner): a cancel ends it where it
-        waits, since no task runs it."""
-        status = self.status
-        return status is ExecutionStatus.QUEUED or (
-            status is ExecutionStatus.INPUT_REQUIRED and not self.replica
-        )
+        """Queued, or parked (status.py): a cancel ends it where it waits, since no task runs
+        it."""
+        return unowned(self.status, self.replica)
 
     def ask(self, request: dict[str, Any]) -> None:
         """Its reasoner waits for input (`request` is the record's `input_request`, already
         in the store): wakes local waiters that return at `input_required` (a synchronous
         caller answers 202, a long-poll returns)."""
-        step(self.status, Transition.ASK, ExecutionStatus.INPUT_REQUIRED)
-        self.status = ExecutionStatus.INPUT_REQUIRED
+        move(self, Transition.ASK, ExecutionStatus.INPUT_REQUIRED)
         self.input_request = request
         self._wake()
 
@@ -270,12 +262,12 @@ class Execution(LiveState):
         if request_id is not None and request_id != self.asking:
             return False
         if self.status is ExecutionStatus.INPUT_REQUIRED:
-            step(self.status, Transition.ANSWER, ExecutionStatus.RUNNING)
-            self.status = ExecutionStatus.RUNNING
+            move(self, Transition.ANSWER, ExecutionStatus.RUNNING)
         elif self.status is not ExecutionStatus.RUNNING:
             return False
-        self.input_request = None
-        self.asking = 0
+        else:  # running: its answer came in before ask() (the store's reply) did
+            self.input_request = None
+            self.asking = 0
         waiter.set_result(value)
         return True
 
@@ -287,9 +279,7 @@ class Execution(LiveState):
 
     def resume(self) -> None:
         """The ask ended unanswered (its timeout, or its task cancelled): running again."""
-        step(self.status, Transition.RESUME, ExecutionStatus.RUNNING)
-        self.status = ExecutionStatus.RUNNING
-        self.input_request = None
+        move(self, Transition.RESUME, ExecutionStatus.RUNNING)
 
     def _wake(self) -> None:
         """Wake the waiters of now without keeping the flag set: the execution goes on."""
@@ -335,7 +325,7 @@ class Execution(LiveState):
     to_json: ClassVar[Callable[[Execution], dict[str, Any]]] = record.json_maker()
 
 
-_typed = set(Execution.__annotations__) - {"to_json"}
+_typed = set(Execution.__annotations__) - {"to_json", "CLEARED"}
 if _typed != {f.slot for f in record.HELD}:
     raise RuntimeError(
         "Execution must type each field of agent_server/model/record.py: "

@@ -1,18 +1,22 @@
 """The execution's state machine, declared once: its statuses and every transition between
 them, with who makes each one.
 
-Everything else reads this table: `Execution` moves through it by name (a move it does not
-hold is a bug, `IllegalTransition`), the terminal statuses are derived from it (a status no
-transition leaves), the Redis scripts get the statuses' names from it (`codes.lua`), the
-client imports it (it imports nothing else of the server), and docs/architecture.md shows
-the diagram `diagram()` draws from it (a test compares them). A new status or transition is
-one row here.
+Everything else reads this table: Python moves through `move` (a move it does not hold is
+a bug, `IllegalTransition`), which sets the status and clears what the move declares; the
+Redis scripts move through lua/moves.lua, whose checks and clears `codes.lua` generates from
+the same rows; the terminal statuses are derived from it (a status no transition leaves);
+`parked` is the one named state finer than a status; the client imports it (it imports
+nothing else of the server), and docs/architecture.md shows the diagram `diagram()` draws
+from it (a test compares them). A new status or transition is one row here; status names
+are literals nowhere else (tests/unit/test_status.py).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -64,12 +68,14 @@ class Transition(enum.StrEnum):
 @dataclass(frozen=True)
 class Step:
     """One row of the table: `transition` moves an execution from any of `sources` (empty:
-    from nothing, its creation) to one of `targets`, made by `by`."""
+    from nothing, its creation) to one of `targets`, made by `by`, clearing the record's
+    fields `clears` (a move to `queued` clears QUEUED_CLEARS too)."""
 
     transition: Transition
     sources: frozenset[ExecutionStatus]
     targets: frozenset[ExecutionStatus]
     by: str
+    clears: tuple[str, ...] = ()
 
 
 _S = ExecutionStatus
@@ -78,6 +84,13 @@ _ENDS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED})
 #: whatever ends a running execution ends a waiting one, and its owner may die either way).
 #: The scripts read it as `OWNED` (codes.lua).
 OWNED: frozenset[ExecutionStatus] = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
+#: What a record stops holding when nobody waits in a task for it any more: the request it
+#: asked and the id of the one an ask waits for.
+_ASKED = ("input_request", "asking")
+#: What every move to `queued` clears, whichever move it is: a queued record is nobody's (no
+#: owner, no claim), asks nothing, and is parked by nobody. Written once (moves.lua
+#: `to_queued`).
+QUEUED_CLEARS: tuple[str, ...] = ("replica", *_ASKED, "parked_by", "claim")
 
 #: The state machine. Local objects and records follow the same table; LATE_END is the one
 #: move only a local object makes (an attempt handed off at the drain deadline that ended
@@ -85,15 +98,16 @@ OWNED: frozenset[ExecutionStatus] = frozenset({_S.RUNNING, _S.INPUT_REQUIRED})
 #: has it).
 TABLE: tuple[Step, ...] = (
     Step(Transition.START, frozenset(), frozenset({_S.RUNNING}), "registry; create.lua"),
-    Step(Transition.SUCCEED, OWNED, frozenset({_S.SUCCEEDED}), "registry; end.lua"),
-    Step(Transition.FAIL, OWNED, frozenset({_S.FAILED}), "registry; end.lua"),
-    Step(Transition.CANCEL, OWNED, frozenset({_S.CANCELLED}), "registry; end.lua"),
+    Step(Transition.SUCCEED, OWNED, frozenset({_S.SUCCEEDED}), "registry; end.lua", _ASKED),
+    Step(Transition.FAIL, OWNED, frozenset({_S.FAILED}), "registry; end.lua", _ASKED),
+    Step(Transition.CANCEL, OWNED, frozenset({_S.CANCELLED}), "registry; end.lua", _ASKED),
     Step(
         Transition.LOSE,
         OWNED,
         frozenset({_S.LOST}),
         "judge.lua read(): its owner stopped renewing; registry: its record vanished from "
         "the store; the repair: an earlier process of its replica id took it and is gone",
+        _ASKED,
     ),
     Step(
         Transition.HAND_OFF,
@@ -113,6 +127,7 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.QUEUED}),
         frozenset({_S.RUNNING}),
         "QueueTaker, once due: claim.lua; the memory store's queue",
+        ("scheduled_at",),
     ),
     Step(
         Transition.CANCEL_QUEUED,
@@ -120,8 +135,11 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.CANCELLED}),
         "cancel_queued.lua (queued, or parked: owned by nobody); claim.lua (session "
         "released); the memory store (and its shutdown)",
+        ("scheduled_at",),
     ),
-    Step(Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)"),
+    Step(
+        Transition.LATE_END, frozenset({_S.QUEUED}), _ENDS, "registry (a local object only)", _ASKED
+    ),
     Step(
         Transition.ASK,
         frozenset({_S.RUNNING}),
@@ -134,12 +152,14 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.RUNNING, _S.QUEUED}),
         "POST /executions/{id}/input; answer.lua (exactly one answer per request; a parked "
         "one is queued, for any replica to resume)",
+        _ASKED,
     ),
     Step(
         Transition.RESUME,
         frozenset({_S.INPUT_REQUIRED}),
         frozenset({_S.RUNNING}),
         "ctx.ask left unanswered: its timeout (expire.lua), or its task cancelled",
+        _ASKED,
     ),
     Step(
         Transition.EXPIRE,
@@ -189,6 +209,62 @@ def step(status: ExecutionStatus | None, transition: Transition, target: Executi
         raise IllegalTransition(f"{transition.value}: {status} -> {target.value} is not a move")
 
 
+def _cleared_by(row: Step, target: ExecutionStatus) -> tuple[str, ...]:
+    if target is not ExecutionStatus.QUEUED:
+        return row.clears
+    return row.clears + tuple(name for name in QUEUED_CLEARS if name not in row.clears)
+
+
+_CLEARS = {(row.transition, t): _cleared_by(row, t) for row in TABLE for t in row.targets}
+
+
+def clears(transition: Transition, target: ExecutionStatus) -> tuple[str, ...]:
+    """The record's fields `transition` to `target` (one of its row's targets) clears: its
+    row's, and QUEUED_CLEARS for every move to `queued` (Lua's `MOVES[transition].to[target]`,
+    codes.lua)."""
+    return _CLEARS[transition, target]
+
+
+class Movable(Protocol):
+    """What `move` moves: an object with a status, and the record's fields it holds with
+    the value each has once a move clears it (`CLEARED`; a field it lacks is the store's)."""
+
+    CLEARED: ClassVar[Mapping[str, object]]
+    status: ExecutionStatus
+
+
+def move(subject: Movable, transition: Transition, target: ExecutionStatus) -> None:
+    """The one way Python changes a status: check the move against the table (from the
+    subject's status; a creation's row from nothing), set `target`, and clear the fields
+    the move declares. IllegalTransition, changing nothing, for a move the table lacks."""
+    row = _BY_NAME[transition]
+    if target not in row.targets or (row.sources and subject.status not in row.sources):
+        step(subject.status if row.sources else None, transition, target)  # raises
+    subject.status = target
+    cleared = subject.CLEARED
+    for name in _CLEARS[transition, target]:
+        if name in cleared:
+            setattr(subject, name, cleared[name])
+
+
+#: The one state finer than a status: an `input_required` record that nobody owns (ask.lua
+#: parks a resumable execution on a shared store: its task ends, its `replica` is ''). Not a
+#: status: clients see `input_required` (section 13). Nobody's task runs it, so nobody
+#: judges it, a cancel ends it where it waits (`cancel_queued`), and only its answer or
+#: its request's expiry move it (to `queued`). Lua: `parked(status, owner)` (moves.lua).
+PARKED = "parked"
+
+
+def parked(status: ExecutionStatus, owner: str) -> bool:
+    """Whether a record with `status` and owner (`replica`) `owner` is parked."""
+    return status is ExecutionStatus.INPUT_REQUIRED and not owner
+
+
+def unowned(status: ExecutionStatus, owner: str) -> bool:
+    """Queued or parked: no task runs it, so it ends where it waits."""
+    return status is ExecutionStatus.QUEUED or parked(status, owner)
+
+
 def diagram() -> str:
     """The table as a Mermaid state diagram (docs/architecture.md holds it)."""
     lines = ["stateDiagram-v2"]
@@ -198,4 +274,6 @@ def diagram() -> str:
                 lines.append(f"    {source} --> {target.value}: {row.transition.value}")
     for status in sorted(TERMINAL):
         lines.append(f"    {status.value} --> [*]")
+    waiting = ExecutionStatus.INPUT_REQUIRED.value
+    lines.append(f"    note right of {waiting}: {PARKED} when nobody owns it")
     return "\n".join(lines)

@@ -30,6 +30,7 @@ from agent_server.client import (
     WaitTimeout,
 )
 from agent_server.model import jsoncodec
+from agent_server.model.status import ExecutionStatus
 from agent_server.model.tokens import TokenError, check_token, read_token_file
 
 ENV = "AGENT_SERVER_"
@@ -56,11 +57,11 @@ class CallExit(enum.IntEnum):
     INPUT_REQUIRED = 8  # call: it waits for input and stdin is not a terminal to answer from
 
 
-END_CODES = {
-    "succeeded": CallExit.SUCCEEDED,
-    "failed": CallExit.FAILED,
-    "cancelled": CallExit.CANCELLED,
-    "lost": CallExit.LOST,
+END_CODES: dict[str, CallExit] = {
+    ExecutionStatus.SUCCEEDED: CallExit.SUCCEEDED,
+    ExecutionStatus.FAILED: CallExit.FAILED,
+    ExecutionStatus.CANCELLED: CallExit.CANCELLED,
+    ExecutionStatus.LOST: CallExit.LOST,
 }
 
 #: Every verb's help ends with this table (docs/client.md has the same).
@@ -219,7 +220,7 @@ def _end_code(execution: Execution) -> int:
     for any other end than `succeeded`."""
     if not execution.is_terminal:
         return CallExit.SUCCEEDED
-    if execution.status != "succeeded":
+    if execution.status != ExecutionStatus.SUCCEEDED:
         try:
             execution.outcome()
         except AgentServerError as exc:

@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from agent_server.model.status import ExecutionStatus
 from agent_server.store.base import WRITE_RETRY_REASONS
 
 PREFIX = "agent_server"
@@ -42,7 +43,8 @@ LOOP_LAG_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 
-EXECUTION_OUTCOMES = ("succeeded", "failed", "cancelled", "abandoned")
+_ENDS = (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+EXECUTION_OUTCOMES = (*(status.value for status in _ENDS), "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
 SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned")
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import (
 )
 
 from agent_server.model.execution import Execution
+from agent_server.model.status import ExecutionStatus
 from agent_server.runtime.metric_series import (
     EXECUTION_BUCKETS,
     EXECUTION_LE,
@@ -329,7 +330,7 @@ class Metrics:
             finished.add_metric([reasoner, status], ended.finished)
             duration.add_metric([reasoner, status], ended.buckets(), ended.sum)
         for reasoner, lost in self._store.lost.items():
-            finished.add_metric([reasoner, "lost"], lost)
+            finished.add_metric([reasoner, ExecutionStatus.LOST.value], lost)
         started = counter(
             "executions_started_total", "Executions started.", "reasoner", self._started
         )

@@ -130,7 +130,7 @@ INPUT_REQUIRED_EVENT = "execution.input_required"
 class ExecutionRunning(Exception):
     """An execution that is not terminal (running or queued) cannot be forgotten."""
 
-    def __init__(self, execution_id: str, status: str = "running") -> None:
+    def __init__(self, execution_id: str, status: str = ExecutionStatus.RUNNING.value) -> None:
         super().__init__(execution_id)
         self.status = status
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from agent_server import Settings
+from agent_server.model.status import TERMINAL
 from tests.apps.tests_app import make_agent
 from tests.support.cluster import Cluster, metric, started_cluster, wait_for
 from tests.support.redis_server import RedisServer
@@ -70,7 +71,7 @@ def final(url: str, execution_id: str, timeout: float = 60.0) -> dict[str, Any]:
         if response.status_code != 200:
             return None
         body: dict[str, Any] = response.json()
-        return body if body["status"] not in ("queued", "running") else None
+        return body if body["status"] in TERMINAL else None
 
     result: dict[str, Any] = wait_for(ended, timeout=timeout, what=f"the end of {execution_id}")
     return result
@@ -376,7 +377,7 @@ async def test_claimed_work_this_replica_cannot_run_ends_failed_and_is_counted(
 
             async def ended() -> dict[str, Any] | None:
                 body: dict[str, Any] = (await client.get(path)).json()
-                return body if body["status"] not in ("queued", "running") else None
+                return body if body["status"] in TERMINAL else None
 
             body = await eventually(ended, timeout=10)
             assert body["status"] == "failed"

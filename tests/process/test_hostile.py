@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agent_server.model.jsoncodec import MAX_DEPTH
+from agent_server.model.status import TERMINAL
 from agent_server.store.redis.keys import Keys
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
@@ -41,7 +42,7 @@ def ended(client: httpx.Client, response: httpx.Response) -> dict[str, Any]:
     read = client.get(location, params={"wait": WAIT})
     assert read.status_code == 200, read.text
     record: dict[str, Any] = read.json()
-    assert record["status"] not in ("queued", "running"), record
+    assert record["status"] in TERMINAL, record
     listed = client.get("/executions", params={"limit": 1000})
     assert listed.status_code == 200, listed.text
     assert record["execution_id"] in {e["execution_id"] for e in listed.json()}

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server.model.status import TERMINAL
 from agent_server.process.launcher import run_command
 from tests.support.cluster import LEASE, Cluster, metric, started_cluster, wait_for
 from tests.support.process import APPS_DIR, free_port
@@ -41,7 +42,7 @@ def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterat
 
 
 def terminal(body: dict[str, Any]) -> bool:
-    return body["status"] not in ("queued", "running")
+    return body["status"] in TERMINAL
 
 
 # -- any replica answers --------------------------------------------------------------------

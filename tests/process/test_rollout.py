@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from agent_server.model.status import TERMINAL, ExecutionStatus
 from tests.support.process import ServerProcess
 
 #: The old process's budget: 0.5 unready + 2 drain + 1 cancel + 1 http + 1 margin <= 6.
@@ -32,7 +33,8 @@ MAX_REQUESTS = 6000
 #: Bound on any single request (seconds); long-polls ask for less than this.
 REQUEST_TIMEOUT = 10.0
 POLL_WAIT = 5.0
-TERMINAL = {"succeeded", "failed", "cancelled"}
+#: Ended, and not lost: a lost execution is a fault here, never an end.
+ENDED = TERMINAL - {ExecutionStatus.LOST}
 START_ROUTES = ("/reasoners/sleep", "/reasoners/sleep/async")
 
 
@@ -119,7 +121,7 @@ class Load:
     def remember(self, server: str, body: dict[str, Any]) -> None:
         """Keep the latest state; a read answered late never hides an end already read."""
         known = self.tally.executions.get(body["execution_id"])
-        if known is None or known.body["status"] not in TERMINAL:
+        if known is None or known.body["status"] not in ENDED:
             self.tally.executions[body["execution_id"]] = Seen(server, body["execution_id"], body)
 
     async def sync_run(self) -> None:
@@ -153,7 +155,7 @@ class Load:
                 return  # counted above; the execution stays non-terminal and fails the test
             body = polled.json()
             self.remember(server, body)
-            if body["status"] in TERMINAL:
+            if body["status"] in ENDED:
                 return
 
     def _short(self) -> float:
@@ -243,7 +245,7 @@ def test_rolling_restart_under_load_loses_nothing(server_factory: Any) -> None:
     assert set(tally.refusals) <= {f"old {route} 503" for route in START_ROUTES}, summary
 
     # Every execution a client was handed reached a terminal status the client read.
-    unfinished = [s for s in tally.executions.values() if s.body["status"] not in TERMINAL]
+    unfinished = [s for s in tally.executions.values() if s.body["status"] not in ENDED]
     assert unfinished == [], f"{[(s.server, s.body) for s in unfinished[:10]]}\n{summary}"
     on_old = [s.body for s in tally.executions.values() if s.server == "old"]
     assert any(b["status_reason"] == "shutdown" for b in on_old), summary

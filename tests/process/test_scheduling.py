@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server.model.status import TERMINAL
 from tests.support.cluster import Cluster, started_cluster
 from tests.support.process import ServerProcess
 from tests.support.raw_http import exchange
@@ -68,7 +69,7 @@ class Served:
             response = httpx.get(f"{url}/executions/{execution_id}", params={"wait": 5}, timeout=10)
             assert response.status_code == 200, response.text
             body: dict[str, Any] = response.json()
-            if body["status"] in ("succeeded", "failed", "cancelled", "lost"):
+            if body["status"] in TERMINAL:
                 return body
             assert time.monotonic() < deadline, body
             time.sleep(0.02)

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from agent_server.model.status import TERMINAL
 from agent_server.runtime.tracing import attempt_span_id, traceparent
 from tests.support.cluster import Replica, wait_for
 from tests.support.process import ROOT, ServerProcess, free_port, serving
@@ -431,7 +432,7 @@ def _final(url: str, execution_id: str) -> dict[str, Any]:
         body: dict[str, Any] = httpx.get(
             f"{url}/executions/{execution_id}", params={"wait": 2}, timeout=5
         ).json()
-        if body["status"] not in ("queued", "running") or time.monotonic() > deadline:
+        if body["status"] in TERMINAL or time.monotonic() > deadline:
             return body
 
 

@@ -30,6 +30,7 @@ from redis.exceptions import ConnectionError, ReadOnlyError
 
 from agent_server.model.asks import Question
 from agent_server.model.execution import CancelReason
+from agent_server.model.status import TERMINAL
 from agent_server.process.launcher import run_command
 from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
@@ -529,7 +530,7 @@ class History:
 
 
 def terminal(status: str) -> bool:
-    return status not in ("queued", "running")
+    return status in TERMINAL
 
 
 async def starter(

@@ -12,7 +12,7 @@ from typing import Any, assert_never
 
 import httpx
 
-from agent_server.model.status import ExecutionStatus
+from agent_server.model.status import ExecutionStatus, parked
 from agent_server.process.drill.plan import DrillError
 
 #: Seconds a start (`POST /reasoners/{name}/async`) may take: a blocked loop answers late.
@@ -121,8 +121,9 @@ async def _follow(http: httpx.AsyncClient, execution: Started, wait: float) -> N
         how = follow_by(status)
         if how is Follow.DONE:
             return
-        if status is ExecutionStatus.INPUT_REQUIRED and execution.record.get("replica"):
-            execution.waited = True
+        owner = str(execution.record.get("replica") or "")
+        if status is ExecutionStatus.INPUT_REQUIRED and not parked(status, owner):
+            execution.waited = True  # in its task
         before = (status, execution.record.get("attempt"))
         execution.requests += 1
         try:

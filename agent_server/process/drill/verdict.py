@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from agent_server.model.status import CancelReason, ExecutionStatus
+from agent_server.model.status import CancelReason, ExecutionStatus, parked
 from agent_server.process.drill.follow import status_of
 from agent_server.process.drill.log import Stall, unix_time
 from agent_server.process.drill.run import EXIT_MARGIN, Run
@@ -61,8 +61,8 @@ def outcome(
                 return Outcome.STRANDED
             return Outcome.HANDED_OFF if handed_off else Outcome.LEFT_QUEUED
         case ExecutionStatus.INPUT_REQUIRED:
-            parked = shared and not record.get("replica")
-            return Outcome.PARKED if parked else Outcome.UNENDED
+            left = shared and parked(status, str(record.get("replica") or ""))
+            return Outcome.PARKED if left else Outcome.UNENDED
         case ExecutionStatus.RUNNING:
             return Outcome.UNENDED
         case _:

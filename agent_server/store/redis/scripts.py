@@ -16,7 +16,15 @@ from importlib import resources
 
 from agent_server.model import record
 from agent_server.model.scheduling import session_key
-from agent_server.model.status import ACTIVE, OWNED, ExecutionStatus
+from agent_server.model.status import (
+    ACTIVE,
+    END_OF,
+    OWNED,
+    PARKED,
+    TABLE,
+    ExecutionStatus,
+    clears,
+)
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -120,6 +128,34 @@ class Moved(enum.IntEnum):
 
 
 _INCLUDE = re.compile(r"^--! include (\S+)$", re.MULTILINE)
+#: A cleared hash field's value: '' but for the JSON ones the codec writes, JSON `null`.
+_CLEARED_JSON = frozenset({"input_request"})
+
+
+def _moves() -> list[str]:
+    """codes.lua's part of the state machine, for lua/moves.lua: each transition's name
+    (`MOVE_HAND_OFF`); `MOVES[transition]`, its sources (`from[status]`) and, per target,
+    the hash fields it clears with their cleared values (`to[status]`), every row of
+    status.py's table; `END_OF[status]`, the transition an end to it is; and the status a
+    parked record shows (`PARKED_STATUS`)."""
+    lines = [f"local MOVE_{row.transition.name} = '{row.transition.value}'" for row in TABLE]
+    lines.append("local MOVES = {")
+    for row in TABLE:
+        sources = ", ".join(f"{status.value} = true" for status in sorted(row.sources))
+        targets = []
+        for target in sorted(row.targets):
+            pairs = ", ".join(
+                f"'{name}', '{'null' if name in _CLEARED_JSON else ''}'"
+                for name in clears(row.transition, target)
+            )
+            targets.append(f"{target.value} = {{{pairs}}}")
+        to = ", ".join(targets)
+        lines.append(f"  ['{row.transition.value}'] = {{from = {{{sources}}}, to = {{{to}}}}},")
+    lines.append("}")
+    ends = ", ".join(f"{status.value} = '{move.value}'" for status, move in END_OF.items())
+    lines.append(f"local END_OF = {{{ends}}}")
+    lines.append(f"local PARKED_STATUS = '{ExecutionStatus.INPUT_REQUIRED.value}'  -- {PARKED}")
+    return lines
 
 
 def _codes() -> str:
@@ -138,6 +174,7 @@ def _codes() -> str:
     lines.append(f"local ACTIVE = {{{active}}}")
     owned = ", ".join(f"{status.value} = true" for status in sorted(OWNED))
     lines.append(f"local OWNED = {{{owned}}}")
+    lines.extend(_moves())
     lines.append(f"local SESSION_GATE = '{session_key('')}'")  # a session's turn: .. sid
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
     for index in Row:
@@ -174,17 +211,22 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
 
 
-def load(name: str) -> str:
-    """The script `name` with its includes inlined, each once, in the order first named."""
+def expand(text: str) -> str:
+    """`text` with its includes inlined, each once, in the order first named."""
     seen: set[str] = set()
 
-    def expand(file: str) -> str:
+    def include(file: str) -> str:
         if file in seen:
             return ""
         seen.add(file)
-        return _INCLUDE.sub(lambda m: expand(m.group(1)), _read(file))
+        return _INCLUDE.sub(lambda m: include(m.group(1)), _read(file))
 
-    return expand(f"{name}.lua")
+    return _INCLUDE.sub(lambda m: include(m.group(1)), text)
+
+
+def load(name: str) -> str:
+    """The script `name` with its includes inlined, each once, in the order first named."""
+    return expand(f"--! include {name}.lua")
 
 
 #: The text of every script, by name.

@@ -22,7 +22,7 @@
   kept answer's text} taken before, another text; {0, the status found ('' if unknown),
   the pending request id ('' if none)} refused.
 ]]
---! include header.lua
+--! include moves.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'asking', 'replica', 'execution_id')
 if not v[1] then return {0, '', ''} end
@@ -51,15 +51,13 @@ if total > bound then
   end
   if id >= from and id < k then from = id else from = k end
 end
-redis.call('HSET', rec, 'input_request', 'null', 'asking', '', 'answer:' .. ARGV[4], ARGV[5],
-  'answer_bytes', tostring(total), 'answers_from', tostring(from))
-if v[3] == '' then
-  redis.call('HSET', rec, 'status', STATUS_QUEUED, 'parked_by', '')
+local answered = {'answer:' .. ARGV[4], ARGV[5], 'answer_bytes', tostring(total), 'answers_from',
+  tostring(from)}
+if parked(v[1], v[3]) then
   redis.call('ZREM', KEYS[4], v[4])
-  redis.call('RPUSH', KEYS[3], v[4])
-  redis.call('PUBLISH', KEYS[5], v[4])
+  to_queued(rec, v[4], MOVE_ANSWER, v[1], KEYS[3], false, KEYS[5], unpack(answered))
 else
-  redis.call('HSET', rec, 'status', STATUS_RUNNING)
+  move(rec, MOVE_ANSWER, v[1], STATUS_RUNNING, unpack(answered))
   redis.call('PUBLISH', KEYS[2] .. 'cancel:' .. v[3],
     '{"id":"' .. v[4] .. '","request_id":' .. ARGV[4] .. ',"value":' .. ARGV[5] .. '}')
 end

@@ -27,7 +27,7 @@
   {ASKED_ANSWERED, the kept answer (JSON), id}; {ASKED_TIMED_OUT, '', id}; {ASKED_FENCED,
   the status found ('' if unknown)} when this attempt no longer owns it.
 ]]
---! include header.lua
+--! include moves.lua
 --! include webhooks.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'execution_id')
@@ -40,8 +40,8 @@ local function kept_for(id)
   if kept[2] then return {ASKED_TIMED_OUT, '', id} end
   return nil
 end
-local held = redis.call('HGET', rec, 'ident:' .. n)
-if held and held ~= identity then
+local identity_held = redis.call('HGET', rec, 'ident:' .. n)
+if identity_held and identity_held ~= identity then
   for id = tonumber(ARGV[12]) + 1, n - 1 do
     if redis.call('HGET', rec, 'ident:' .. id) == identity then
       return kept_for(id) or {ASKED_AGAIN, '', id}
@@ -52,8 +52,7 @@ end
 local kept = kept_for(n)
 if kept then return kept end
 local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
-redis.call('HSET', rec, 'status', STATUS_INPUT_REQUIRED, 'input_request', ARGV[7],
-  'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
+move(rec, MOVE_ASK, v[1], STATUS_INPUT_REQUIRED, 'input_request', ARGV[7], 'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
   'asked_top', tostring(math.max(top, n)))
 local code = ASKED_RECORDED
 if ARGV[8] == '1' then

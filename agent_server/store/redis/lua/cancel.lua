@@ -10,11 +10,11 @@
   a day after its last request (a dead owner's goes with its liveness entry sooner).
   Returns {1, owner} sent; {0, the status found ('' if unknown)} when nobody owns it.
 ]]
---! include header.lua
+--! include moves.lua
 local rec, prefix, id, request = KEYS[1], KEYS[2], ARGV[4], ARGV[5]
 local v = redis.call('HMGET', rec, 'status', 'replica')
 if not v[1] then return {0, ''} end
-if not OWNED[v[1]] or (v[2] or '') == '' then return {0, v[1]} end
+if not held(v[1], v[2]) then return {0, v[1]} end
 local pending = prefix .. 'cancels:' .. v[2]
 redis.call('HSET', pending, id, request)
 redis.call('PEXPIRE', pending, 86400000)

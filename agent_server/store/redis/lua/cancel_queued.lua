@@ -9,9 +9,9 @@
 --! include records.lua
 local rec = KEYS[7]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'session_id')
-if v[1] == STATUS_QUEUED or (v[1] == STATUS_INPUT_REQUIRED and v[2] == '') then
+if unowned(v[1], v[2]) then
   redis.call('ZREM', KEYS[9], ARGV[4])
-  cancel_queued(rec, KEYS[8], ARGV[4], v[3], ARGV[5])
+  cancel_queued(rec, KEYS[8], ARGV[4], v[3], ARGV[5], v[1])
   return {1, ''}
 end
 if OWNED[v[1]] then return {0, v[2]} end

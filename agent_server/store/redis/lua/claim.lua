@@ -34,24 +34,20 @@ end
 local function take(id, v)
   local rec, ev = P .. 'x:' .. id, P .. 'ev:' .. id
   if v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
-    cancel_queued(rec, ev, id, v[3], 'session_released')  -- its session is being released
+    cancel_queued(rec, ev, id, v[3], 'session_released', v[1])  -- its session is released
     return nil
   end
-  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'replica', me, 'claim', token)
+  local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts', 'scheduled_at')
+  local last = redis.call('XREVRANGE', ev, '+', '-', 'COUNT', 1)
+  extra[5] = extra[4] or ''  -- read before the move clears it
+  extra[4] = last[1] and last[1][1] or '0-0'
+  extra[6] = redis.call('HGET', rec, 'checkpoint_asks') or '0'
+  extra[7] = redis.call('HGET', rec, 'trace') or ''
+  move(rec, MOVE_CLAIM, v[1], STATUS_RUNNING, 'replica', me, 'claim', token)
   redis.call('ZADD', RUNNING, v[2], id)
   redis.call('SADD', KEYS[8], id)
   local row = redis.call('HMGET', rec, unpack(F))
   row[I_MOVED] = MOVED_NOT
-  local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts', 'scheduled_at')
-  local last = redis.call('XREVRANGE', ev, '+', '-', 'COUNT', 1)
-  extra[5] = extra[4] or ''
-  extra[4] = last[1] and last[1][1] or '0-0'
-  extra[6] = redis.call('HGET', rec, 'checkpoint_asks') or '0'
-  extra[7] = redis.call('HGET', rec, 'trace') or ''
-  if extra[5] ~= '' then
-    redis.call('HSET', rec, 'scheduled_at', '')
-    row[I_SCHEDULED_AT] = ''
-  end
   return {row, extra}
 end
 

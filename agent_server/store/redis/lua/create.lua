@@ -18,6 +18,7 @@ local id, sid, score, owner = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local key, fingerprint, key_ttl = ARGV[8], ARGV[9], ARGV[10]
 local rec, void, idem, session, owned, releasing = KEYS[9], KEYS[10], KEYS[11], KEYS[12],
   KEYS[13], KEYS[14]
+created(MOVE_START, ARGV[10 + I_STATUS])
 -- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
 if redis.call('EXISTS', void) == 1 then return {CREATE_VOIDED} end
 -- An owner whose lease lapsed (paused past it: its work is being judged) takes no new work

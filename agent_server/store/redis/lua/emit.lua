@@ -9,8 +9,8 @@
 --! include header.lua
 local v = redis.call('HMGET', KEYS[1], 'status', 'replica', 'attempt', 'parked_by')
 -- Or parked by this attempt (ask.lua): the events it emitted before it parked.
-local parked = v[1] == STATUS_INPUT_REQUIRED and v[4] == ARGV[4] .. '|' .. ARGV[5]
-if not parked and (not OWNED[v[1]] or v[2] ~= ARGV[4] or v[3] ~= ARGV[5]) then
+local parked_here = v[1] == STATUS_INPUT_REQUIRED and v[4] == ARGV[4] .. '|' .. ARGV[5]
+if not parked_here and (not OWNED[v[1]] or v[2] ~= ARGV[4] or v[3] ~= ARGV[5]) then
   return {1, 'dropped'}
 end
 local key = KEYS[2]

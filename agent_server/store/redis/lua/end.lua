@@ -25,8 +25,10 @@ for i = 5, #ARGV, 3 + #END_WRITES do
   local written, args = {}, {}
   for j, f in ipairs(END_WRITES) do
     written[f] = ARGV[i + 2 + j]
-    args[#args + 1] = f
-    args[#args + 1] = ARGV[i + 2 + j]
+    if f ~= 'status' then  -- the move writes it
+      args[#args + 1] = f
+      args[#args + 1] = ARGV[i + 2 + j]
+    end
   end
   for j = 1, #END_CLEARS, 2 do
     written[END_CLEARS[j]] = END_CLEARS[j + 1]
@@ -38,7 +40,7 @@ for i = 5, #ARGV, 3 + #END_WRITES do
   local ok = 0
   if status and v[I_REPLICA] == owner and v[I_ATTEMPT] == attempt then
     if OWNED[status] then
-      redis.call('HSET', rec, unpack(args))
+      move(rec, END_OF[written.status], status, written.status, unpack(args))
       finish(rec, ev, id, v[I_SESSION_ID], owned)
       ok = 1
       if #written.result + #written.error <= largest then

@@ -33,6 +33,7 @@ local delay, most = tonumber(ARGV[10]), tonumber(ARGV[11])
 local ckey, climit, policy = ARGV[12], ARGV[13], ARGV[14]
 local rec, idem, session, releasing, scheduled = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local ckeys = KEYS[14]
+created(MOVE_ENQUEUE, ARGV[14 + I_STATUS])
 local refused = refusal(sid, releasing, key, idem, fingerprint)
 if refused then return refused end
 local skey = ''

@@ -9,7 +9,7 @@
   first; {0, the status found ('' if unknown)} still waiting (looking only), or this attempt
   no longer owns it.
 ]]
---! include header.lua
+--! include moves.lua
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'asking',
   'answer:' .. ARGV[6])
@@ -17,8 +17,7 @@ if not v[1] then return {0, ''} end
 if v[2] ~= ARGV[4] or v[3] ~= ARGV[5] then return {0, v[1]} end
 if v[5] then return {2, v[5]} end
 if v[1] == STATUS_INPUT_REQUIRED and v[4] == ARGV[6] and ARGV[7] == '1' then
-  redis.call('HSET', rec, 'status', STATUS_RUNNING, 'input_request', 'null', 'asking', '',
-    'expired:' .. ARGV[6], '1')
+  move(rec, MOVE_RESUME, v[1], STATUS_RUNNING, 'expired:' .. ARGV[6], '1')
   return {1}
 end
 return {0, v[1]}

@@ -8,7 +8,7 @@
   Redis's clock (claim.lua moves it to the queue once due), `scheduled_at` saying when.
   Returns {1|0, the status found}.
 ]]
---! include header.lua
+--! include moves.lua
 local id, owner, attempt, channel = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local delay = tonumber(ARGV[8])
 local rec = KEYS[1]
@@ -19,16 +19,15 @@ if not OWNED[v[1]] or v[2] ~= owner or v[3] ~= attempt then
   if v[1] == STATUS_QUEUED and v[3] == tostring(tonumber(attempt) + 1) then return {1, v[1]} end
   return {0, v[1]}
 end
-redis.call('HSET', rec, 'status', STATUS_QUEUED, 'attempt', tostring(tonumber(attempt) + 1),
-  'replica', '', 'input_request', 'null', 'asking', '')
 redis.call('ZREM', KEYS[2], id)
 redis.call('SREM', KEYS[3], id)
-if delay then
+local next_attempt = tostring(tonumber(attempt) + 1)
+if delay then  -- a retry, due later: claim.lua moves it to the queue then
   local due = NOW + delay
-  redis.call('HSET', rec, 'scheduled_at', string.format('%.6f', due / 1000))
   redis.call('ZADD', KEYS[5], due, id)
+  to_queued(rec, id, MOVE_RETRY, v[1], nil, false, channel, 'attempt', next_attempt,
+    'scheduled_at', string.format('%.6f', due / 1000))
 else
-  redis.call('RPUSH', KEYS[4], id)
+  to_queued(rec, id, MOVE_HAND_OFF, v[1], KEYS[4], false, channel, 'attempt', next_attempt)
 end
-redis.call('PUBLISH', channel, id)
 return {1, STATUS_RUNNING}

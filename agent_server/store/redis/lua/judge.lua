@@ -40,28 +40,26 @@ local function read(id, rec, ev)
   if not v[I_EXECUTION_ID] then return false end
   local moved = MOVED_NOT
   -- An owner waiting for input (its task in ctx.ask) is judged like a running one; a
-  -- parked execution (input_required, replica '') has no owner to judge.
-  if OWNED[v[I_STATUS]] and v[I_REPLICA] ~= '' and judged(v[I_REPLICA]) then
+  -- parked execution has no owner to judge.
+  if held(v[I_STATUS], v[I_REPLICA]) and judged(v[I_REPLICA]) then
     local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
     local retries = tonumber(r[2] or '0') or 0
     if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
       -- A resumable execution whose owner died: its next attempt is queued.
       local attempt = tostring(tonumber(v[I_ATTEMPT]) + 1)
-      redis.call('HSET', rec, 'status', STATUS_QUEUED, 'attempt', attempt, 'replica', '',
-        'retries', retries + 1, 'input_request', 'null', 'asking', '')
+      to_queued(rec, id, MOVE_REQUEUE, v[I_STATUS], QUEUE, false, P .. 'queued',
+        'attempt', attempt, 'retries', retries + 1)
       v[I_INPUT_REQUEST] = 'null'
       redis.call('ZREM', RUNNING, id)
       redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
-      redis.call('RPUSH', QUEUE, id)
-      redis.call('PUBLISH', P .. 'queued', id)
       v[I_REPLICA] = ''; v[I_ATTEMPT] = attempt; v[I_STATUS] = STATUS_QUEUED
       moved = MOVED_QUEUED
     else
       local err = cjson.encode({type = 'ExecutionLost',
         message = 'replica ' .. v[I_REPLICA] .. ' stopped renewing its liveness'})
       local fin = string.format('%.6f', NOW / 1000)
-      redis.call('HSET', rec, 'status', STATUS_LOST, 'status_reason', '', 'error', err,
-        'finished_at', fin, 'duration_seconds', '', 'input_request', 'null', 'asking', '')
+      move(rec, MOVE_LOSE, v[I_STATUS], STATUS_LOST, 'status_reason', '', 'error', err,
+        'finished_at', fin, 'duration_seconds', '')
       v[I_INPUT_REQUEST] = 'null'
       v[I_STATUS] = STATUS_LOST; v[I_STATUS_REASON] = ''; v[I_ERROR] = err; v[I_FINISHED_AT] = fin; v[I_DURATION_SECONDS] = ''
       finish(rec, ev or (P .. 'ev:' .. id), id, v[I_SESSION_ID],

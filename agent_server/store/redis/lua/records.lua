@@ -4,7 +4,7 @@
   ids learned here (walking `finished`, a record's session or owner) and the `ends` channel.
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
-  finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason). finish()
+  finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason, found). finish()
   deletes the requests for input the record kept (their answers among them), and
   publishes the end notice and prunes unless a script that writes many ends at once sets
   NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
@@ -13,6 +13,7 @@
 ]]
 --! include header.lua
 --! include record.lua
+--! include moves.lua
 --! include webhooks.lua
 local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
@@ -146,15 +147,14 @@ local function finish(rec, ev, id, sid, owned)
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end
 
--- End a queued execution (nobody runs it) as cancelled: out of the queue, or out of
--- `scheduled` (named from the prefix) if it waited for a time.
-local function cancel_queued(rec, ev, id, sid, reason)
+-- End a queued or parked execution (nobody runs it; `found`, its status) as cancelled: out
+-- of the queue, or out of `scheduled` (named from the prefix) if it waited for a time.
+local function cancel_queued(rec, ev, id, sid, reason, found)
   -- Its duration runs from its creation, across attempts, as a finished attempt's does.
-  local created = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
-  redis.call('HSET', rec, 'status', STATUS_CANCELLED, 'status_reason', reason,
+  local since = tonumber(redis.call('HGET', rec, 'created_at')) or NOW / 1000
+  move(rec, MOVE_CANCEL_QUEUED, found, STATUS_CANCELLED, 'status_reason', reason,
     'finished_at', string.format('%.6f', NOW / 1000),
-    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - created)),
-    'scheduled_at', '')
+    'duration_seconds', string.format('%.6f', math.max(0, NOW / 1000 - since)))
   redis.call('LREM', QUEUE, 0, id)
   redis.call('ZREM', P .. 'scheduled', id)
   for _, key in ipairs(redis.call('HMGET', rec, 'skey', 'ckey')) do

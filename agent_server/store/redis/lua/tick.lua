@@ -57,16 +57,13 @@ for _, replica in ipairs(dead) do
     redis.call('DEL', P .. 'cancels:' .. replica)
   end
 end
-local parked = KEYS[9]
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', parked, '-inf', NOW, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', parked, id)
+local waiting = KEYS[9]  -- `parked`
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', waiting, '-inf', NOW, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', waiting, id)
   local rec = P .. 'x:' .. id
   local w = redis.call('HMGET', rec, 'status', 'replica', 'asking')
-  if w[1] == STATUS_INPUT_REQUIRED and w[2] == '' and w[3] and w[3] ~= '' then
-    redis.call('HSET', rec, 'status', STATUS_QUEUED, 'input_request', 'null', 'asking', '',
-      'parked_by', '', 'expired:' .. w[3], '1')
-    redis.call('RPUSH', QUEUE, id)
-    redis.call('PUBLISH', P .. 'queued', id)
+  if parked(w[1], w[2]) and w[3] and w[3] ~= '' then
+    to_queued(rec, id, MOVE_EXPIRE, w[1], QUEUE, false, P .. 'queued', 'expired:' .. w[3], '1')
   end
 end
 prune()

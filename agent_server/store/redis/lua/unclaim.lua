@@ -12,7 +12,7 @@
   Returns {1|0, the status found ('' if unknown)}; 1 too when written already (the outbox
   writes again what it is not sure reached Redis).
 ]]
---! include header.lua
+--! include moves.lua
 local id, owner, attempt, token, body = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local rec = KEYS[1]
 local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'claim')
@@ -21,10 +21,8 @@ if v[1] ~= STATUS_RUNNING or v[2] ~= owner or v[3] ~= attempt or (v[4] or '') ~=
   if v[1] == STATUS_QUEUED and v[3] == attempt and v[2] == '' then return {1, v[1]} end
   return {0, v[1]}
 end
-redis.call('HSET', rec, 'status', STATUS_QUEUED, 'replica', '', 'claim', '')
 if body ~= '' then redis.call('HSET', rec, 'body', body) end
 redis.call('ZREM', KEYS[2], id)
 redis.call('SREM', KEYS[3], id)
-redis.call('LPUSH', KEYS[4], id)
-redis.call('PUBLISH', KEYS[5], id)
+to_queued(rec, id, MOVE_REQUEUE, v[1], KEYS[4], true, KEYS[5])  -- at the head: never run
 return {1, STATUS_RUNNING}

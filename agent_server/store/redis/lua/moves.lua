@@ -1,0 +1,61 @@
+--[[ moves: every write of a record's `status`, checked against the state machine
+  (agent_server/model/status.py's table, generated into codes.lua as MOVES and END_OF).
+  KEYS, ARGV: none of its own (the callers pass the record's key).
+  Defines: move(rec, transition, found, target, ...), to_queued(rec, id, transition, found,
+  queue, head, channel, ...), created(transition, status), parked(status, owner),
+  unowned(status, owner), held(status, owner).
+  A move the table lacks (a bug, as IllegalTransition is in Python) is an error reply,
+  raised before the move writes anything.
+]]
+--! include header.lua
+
+-- `transition` from `found` (the status the caller read) to `target`: the status, the fields
+-- the move clears (MOVES[transition].to[target]) and the caller's own field/value pairs
+-- (...), in one HSET.
+local function move(rec, transition, found, target, ...)
+  local row = MOVES[transition]
+  local cleared = row and row.to[target]
+  if not (cleared and row.from[found or '']) then
+    error({err = 'not a move: ' .. tostring(transition) .. ' from ' .. tostring(found) ..
+      ' to ' .. tostring(target)})
+  end
+  local args = {'status', target}
+  for _, value in ipairs(cleared) do args[#args + 1] = value end
+  for i = 1, select('#', ...) do args[#args + 1] = select(i, ...) end
+  redis.call('HSET', rec, unpack(args))
+end
+
+-- The one move to queued (hand-off, retry, requeue, an answer or an expiry of a parked
+-- record): the move, clearing what a queued record holds of nobody (status.py
+-- QUEUED_CLEARS), with the caller's fields (...); then the id joins `queue` at its tail (at
+-- its head with `head`; not at all when `queue` is nil: the caller scheduled it for later)
+-- and is announced on `channel`, where takers look.
+local function to_queued(rec, id, transition, found, queue, head, channel, ...)
+  move(rec, transition, found, STATUS_QUEUED, ...)
+  if queue then redis.call(head and 'LPUSH' or 'RPUSH', queue, id) end
+  redis.call('PUBLISH', channel, id)
+end
+
+-- A new record (create.lua, enqueue.lua write every field at once): `status` must be what
+-- `transition`, a creation (no source), makes.
+local function created(transition, status)
+  local row = MOVES[transition]
+  if not (row and next(row.from) == nil and row.to[status]) then
+    error({err = 'not a creation: ' .. tostring(transition) .. ' to ' .. tostring(status)})
+  end
+end
+
+-- Parked (status.py PARKED): waiting for input, and nobody owns it (its task ended).
+local function parked(status, owner)
+  return status == PARKED_STATUS and (owner or '') == ''
+end
+
+-- Queued or parked: no task runs it, so it ends where it waits.
+local function unowned(status, owner)
+  return status == STATUS_QUEUED or parked(status, owner)
+end
+
+-- An owner's task runs it (running, or waiting for input in its task): not parked.
+local function held(status, owner)
+  return OWNED[status or ''] == true and (owner or '') ~= ''
+end
