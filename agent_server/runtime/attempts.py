@@ -19,6 +19,7 @@ from typing import Any
 
 from agent_server.model.events import Event
 from agent_server.model.execution import (
+    CancelReason,
     Execution,
     ExecutionContext,
     ExecutionStatus,
@@ -367,7 +368,7 @@ class Attempts:
         *,
         result: Any = None,
         error: dict[str, str] | None = None,
-        reason: Any = None,
+        reason: CancelReason | None = None,
     ) -> None:
         """Record the end in the row's status, count its outcome, and measure the cost."""
         assert ending.status is not None
