@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         InputTimeout,
         StaleAttempt,
     )
+    from agent_server.model.principal import Principal, Unauthorized
     from agent_server.model.scheduling import ExecutionTimeout, RetryPolicy
     from agent_server.model.status import ExecutionStatus
     from agent_server.runtime.settings import Settings
@@ -35,9 +36,11 @@ _HOMES = {
     "ExecutionStatus": "agent_server.model.status",
     "ExecutionTimeout": "agent_server.model.scheduling",
     "InputTimeout": "agent_server.model.execution",
+    "Principal": "agent_server.model.principal",
     "RetryPolicy": "agent_server.model.scheduling",
     "Settings": "agent_server.runtime.settings",
     "StaleAttempt": "agent_server.model.execution",
+    "Unauthorized": "agent_server.model.principal",
 }
 
 __all__ = [
@@ -50,9 +53,11 @@ __all__ = [
     "ExecutionStatus",
     "ExecutionTimeout",
     "InputTimeout",
+    "Principal",
     "RetryPolicy",
     "Settings",
     "StaleAttempt",
+    "Unauthorized",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server.http.api import RETRY_AFTER_SECONDS, Api
+from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
@@ -44,9 +46,10 @@ from agent_server.runtime.tracing import (
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
 
-logger = logging.getLogger("agent_server.app.agent")
+logger = logging.getLogger("agent_server.agent")
 
 F = TypeVar("F", bound=Callable[..., Any])
+A = TypeVar("A", bound=Authenticator)
 
 #: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
 #: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
@@ -113,6 +116,8 @@ class Agent:
         self.user_lifespan = lifespan
         self._settings: Settings | None = None
         self._parts: _Parts | None = None
+        #: `@agent.authenticate`'s function: it replaces the flags' authentication.
+        self._authenticate: Authenticator | None = None
         self._app: ASGIApp | None = None
         #: Whether `lifespan` has begun; a request before it is told about once (`__call__`).
         self._lifespan_began = False
@@ -152,6 +157,26 @@ class Agent:
     @property
     def shutdown(self) -> ShutdownSequence:
         return self._built.shutdown
+
+    def authenticate(self, func: A) -> A:
+        """Authenticate every request but the open ones with `func`, an async function of
+        the request's headers (a case-insensitive `Mapping[str, str]`) that returns a
+        `Principal` or raises `Unauthorized`; it replaces the authentication flags
+        (docs/security.md). The function itself is returned unchanged."""
+        given: object = func  # checked apart: the check would narrow `func`'s type
+        if not inspect.iscoroutinefunction(given):
+            raise TypeError("@agent.authenticate takes an async def function of the headers")
+        if self._app is not None:
+            raise RuntimeError("@agent.authenticate must come before the agent serves")
+        self._authenticate = func
+        return func
+
+    def _authenticator(self) -> Authenticator | None:
+        """What authenticates requests: `@agent.authenticate`'s function, else the flags'
+        (built anew: called once, when the app is)."""
+        if self._authenticate is not None:
+            return self._authenticate
+        return authenticator_from(self.settings)
 
     def reasoner(
         self,
@@ -323,7 +348,7 @@ class Agent:
             app = build_app(
                 self.api(),
                 self.lifespan,
-                settings.bearer_token,
+                self._authenticator(),
                 self.registry,
                 metrics_open=settings.metrics_open,
                 routes=self.user_routes,
@@ -338,7 +363,7 @@ class Agent:
         """The routes, bound to the parts they use."""
         parts = self._built
         settings = self.settings
-        secured = settings.bearer_token is not None
+        secured = self._authenticate is not None or settings.authenticates
         hooked = parts.webhooks is not None
         return Api(
             self.reasoners,

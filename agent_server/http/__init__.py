@@ -2,6 +2,7 @@
 
 The fast path in front of Starlette (`front`), the routes (`api`, `routing`), answers to
 input requests (`answers`), query parameters (`params`), live events (`sse`), OpenAPI
-(`openapi`), the docs page (`docs_page`), the bearer token (`auth`), request bounds
-(`http_limits`) and coalesced reads (`coalescing`). Knows nothing of signals.
+(`openapi`), the docs page (`docs_page`), authentication (`auth`; `authenticators`,
+`tokens_file`, `jwt_bearer`, `jwks`), request bounds (`http_limits`) and coalesced reads
+(`coalescing`). Knows nothing of signals.
 """

@@ -77,7 +77,7 @@ from agent_server.store.base import (
     StoreUnavailable,
 )
 
-logger = logging.getLogger("agent_server.http.api")
+logger = logging.getLogger("agent_server.api")
 
 
 class _ListenerClosed(Exception):

@@ -1,20 +1,29 @@
-"""Bearer-token authentication: one shared secret guards the work routes.
+"""Authentication: every request but the open ones is turned into a principal, or a 401.
 
 The probes (`/healthz`, `/readyz`) stay open, since the kubelet carries no token; `/metrics`
-needs it too unless `--metrics-open` (Prometheus sends it with its `authorization` scrape
+needs one too unless `--metrics-open` (Prometheus sends it with its `authorization` scrape
 setting). Everything else, `/openapi.json` and unknown paths included, answers the same 401
-without the token, so an unauthenticated client learns nothing about which routes,
-reasoners or executions exist.
+without a good token, so an unauthenticated client learns nothing about which routes,
+reasoners or executions exist, nor why its token was refused.
+
+The principal rides in the request's scope, `scope["state"]["principal"]` (Starlette's
+`request.state.principal`), for the routes and the reasoner's context (`principal_of`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
+import logging
+import traceback
 
 from starlette._utils import get_route_path
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agent_server.http.authenticators import Authenticator
+from agent_server.model.principal import Principal, Unauthorized
+
+logger = logging.getLogger("agent_server.auth")
 
 #: Paths served without a token: liveness and readiness (the kubelet sends none).
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -22,6 +31,8 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 #: client without the token must not be able to probe (Prometheus sends one with its
 #: `authorization` scrape setting, a ServiceMonitor with `bearerTokenSecret`).
 METRICS_PATH = "/metrics"
+#: The key of the request's `scope["state"]` that holds its principal.
+PRINCIPAL_KEY = "principal"
 
 UNAUTHORIZED_BODY = json.dumps({"detail": "unauthorized"}, separators=(",", ":")).encode()
 UNAUTHORIZED_HEADERS = [
@@ -31,37 +42,67 @@ UNAUTHORIZED_HEADERS = [
 ]
 
 
-def _digest(value: bytes) -> bytes:
-    """Compare fixed-length digests, so the comparison time does not reveal the length."""
-    return hashlib.sha256(value).digest()
+def principal_of(scope: Scope) -> Principal | None:
+    """The principal a request was authenticated as; None on an open path, or when no
+    authentication is configured."""
+    found = scope.get("state", {}).get(PRINCIPAL_KEY)
+    return found if isinstance(found, Principal) else None
 
 
-class BearerAuth:
-    """ASGI middleware: 401 for any non-open HTTP request without `Authorization: Bearer`."""
+def _where(exc: BaseException) -> str:
+    """Where an exception was raised (file:line), for a line that must not quote its
+    message: it may hold the header it was reading."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
-    def __init__(self, app: ASGIApp, token: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+
+class Authentication:
+    """ASGI middleware: runs the authenticator on every HTTP request but the open paths and
+    puts its principal in the scope; any failure is the one 401, never a 500."""
+
+    def __init__(
+        self, app: ASGIApp, authenticate: Authenticator, open_paths: frozenset[str] = OPEN_PATHS
+    ) -> None:
         self.app = app
+        self.authenticate = authenticate
         self.open_paths = open_paths
-        self._expected = _digest(token.encode("ascii"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The route's path: under a mount or --root-path, `path` carries the prefix too.
-        if (
-            scope["type"] != "http"
-            or get_route_path(scope) in self.open_paths
-            or self._allowed(scope)
-        ):
+        if scope["type"] != "http" or get_route_path(scope) in self.open_paths:
             await self.app(scope, receive, send)
             return
-        # The body is never read: the server closes the connection if it is left unread.
-        await send({"type": "http.response.start", "status": 401, "headers": UNAUTHORIZED_HEADERS})
-        await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
+        principal = await self._principal(scope)
+        if principal is None:
+            # The body is never read: the server closes the connection if it is left unread.
+            await send(
+                {"type": "http.response.start", "status": 401, "headers": UNAUTHORIZED_HEADERS}
+            )
+            await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
+            return
+        state = scope.get("state")
+        if state is None:
+            scope["state"] = state = {}
+        state[PRINCIPAL_KEY] = principal
+        await self.app(scope, receive, send)
 
-    def _allowed(self, scope: Scope) -> bool:
-        values = [value for name, value in scope["headers"] if name == b"authorization"]
-        if len(values) != 1:
-            return False
-        scheme, _, credentials = values[0].strip().partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
-        return hmac.compare_digest(_digest(credentials.strip()), self._expected)
+    async def _principal(self, scope: Scope) -> Principal | None:
+        try:
+            principal = await self.authenticate(Headers(scope=scope))
+        except Unauthorized:  # its message is the authenticator's to log: it may quote
+            return None  # what it was given
+        except Exception as exc:
+            # A bug of the authenticator: said with its type and place, not its message.
+            logger.error(
+                "the authenticator raised %s at %s; answered 401",
+                type(exc).__name__,
+                _where(exc),
+            )
+            return None
+        if not isinstance(principal, Principal):
+            logger.error(
+                "the authenticator returned %s, not a Principal; answered 401",
+                type(principal).__name__,
+            )
+            return None
+        return principal

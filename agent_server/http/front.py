@@ -19,14 +19,15 @@ from starlette.routing import BaseRoute, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server.http.api import ROUTE_STATUSES, Api
-from agent_server.http.auth import METRICS_PATH, OPEN_PATHS, BearerAuth
+from agent_server.http.auth import METRICS_PATH, OPEN_PATHS, Authentication
+from agent_server.http.authenticators import Authenticator
 from agent_server.http.routing import ApiError, ApiRouter, JSONResponse, in_doubt
 from agent_server.model import jsoncodec
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 
-logger = logging.getLogger("agent_server.http.api")
+logger = logging.getLogger("agent_server.api")
 
 #: Methods counted by name; any other method string a client sends is counted as "other".
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -159,16 +160,16 @@ class _Answer:
 def build_app(
     api: Api,
     lifespan: Lifespan[Any],
-    token: str | None,
+    authenticator: Authenticator | None,
     registry: InFlightRegistry,
     *,
     metrics_open: bool = False,
     routes: Sequence[BaseRoute] = (),
     middleware: Sequence[Middleware] = (),
 ) -> ASGIApp:
-    """The routes of `api`, behind the bearer check when a token is set (the probes always
-    open, `/metrics` with `metrics_open`), inside `HttpApp` (so 401s are counted and get
-    `Connection: close` while draining too).
+    """The routes of `api`, behind authentication when an authenticator is given (the probes
+    always open, `/metrics` with `metrics_open`), inside `HttpApp` (so 401s are counted and
+    get `Connection: close` while draining too).
 
     `routes`, the user's own, answer what no route of the API matches; `middleware` wraps the
     bearer check and every route, inside `HttpApp` (so an error in either is a JSON 500,
@@ -178,11 +179,11 @@ def build_app(
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
     own = Router(routes=list(routes)).app if routes else None
     app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan, default=own).app
-    if token is not None:
+    if authenticator is not None:
         open_paths = OPEN_PATHS | (api.docs.open_paths if api.docs is not None else frozenset())
         if metrics_open:
             open_paths |= {METRICS_PATH}
-        app = BearerAuth(app, token, open_paths)
+        app = Authentication(app, authenticator, open_paths)
     for cls, args, kwargs in reversed(middleware):
         app = cls(app, *args, **kwargs)
     return HttpApp(app, registry, api.metrics)

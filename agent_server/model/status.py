@@ -93,7 +93,7 @@ TABLE: tuple[Step, ...] = (
         OWNED,
         frozenset({_S.LOST}),
         "judge.lua read(): its owner stopped renewing; registry: its record vanished from "
-        "the store",
+        "the store; the repair: an earlier process of its replica id took it and is gone",
     ),
     Step(
         Transition.HAND_OFF,

@@ -32,7 +32,7 @@ from agent_server.runtime.logs import format_line
 from agent_server.runtime.shutdown import ShutdownSequence
 from agent_server.runtime.signals import block_in_this_thread, blocked_while_starting_threads
 
-logger = logging.getLogger("agent_server.process.runner")
+logger = logging.getLogger("agent_server.runner")
 
 #: After the listening socket closes, requests already accepted on open connections are
 #: still read and answered (503 + Connection: close) for this long, so none is reset.

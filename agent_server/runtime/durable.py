@@ -26,7 +26,7 @@ from agent_server.runtime.logs import execution_fields
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
 
-logger = logging.getLogger("agent_server.runtime.durable")
+logger = logging.getLogger("agent_server.durable")
 
 #: With capacity full, queued work is looked for again this often.
 POLL_SECONDS = 1.0
@@ -92,6 +92,10 @@ class QueueTaker:
                     f"reasoner {execution.reasoner!r} is not resumable here: this replica "
                     "does not serve it"
                 )
+            # A later attempt follows a body that began (or may have, in a process now
+            # gone): a hand-off or retry of one that ran, a dead owner judged, an earlier
+            # process's take repaired. A take whose body never began keeps its attempt
+            # (unclaim.lua), so its first run is never refused here.
             if execution.attempt > 1 and not (reasoner.resumable or reasoner.retry):
                 raise LookupError(f"reasoner {execution.reasoner!r} is not resumable here")
             execution.resumable = reasoner.resumable

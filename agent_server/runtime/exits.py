@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from agent_server.runtime.signals import block_in_this_thread
 
-logger = logging.getLogger("agent_server.runtime.shutdown")
+logger = logging.getLogger("agent_server.shutdown")
 
 #: How often the end of the remaining non-daemon threads is checked.
 THREAD_POLL = 0.01

@@ -35,7 +35,7 @@ from types import CodeType, FrameType
 
 from agent_server.runtime.signals import block_in_this_thread
 
-logger = logging.getLogger("agent_server.runtime.loop_lag")
+logger = logging.getLogger("agent_server.loop_lag")
 
 #: Seconds between the sampler's wake-ups: 4 a second.
 INTERVAL = 0.25

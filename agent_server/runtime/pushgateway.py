@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from agent_server.model.redaction import shown_url
 from agent_server.runtime.signals import block_in_this_thread
 
-logger = logging.getLogger("agent_server.runtime.pushgateway")
+logger = logging.getLogger("agent_server.pushgateway")
 
 #: The longest a push may take, when the budget leaves more.
 PUSH_TIMEOUT = 1.0

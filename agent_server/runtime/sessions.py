@@ -21,7 +21,7 @@ from agent_server.model.execution import CancelReason, Execution
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
 
-logger = logging.getLogger("agent_server.runtime.sessions")
+logger = logging.getLogger("agent_server.sessions")
 
 #: A release that joined another replica's looks at the shutdown's limit this often.
 JOIN_SLICE = 1.0

@@ -21,6 +21,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import MAX_SECONDS
 from agent_server.model.tokens import check_token, read_token_file
+from agent_server.model.tokens_file import read_tokens_file
+from agent_server.runtime.jwt_keys import (
+    KeyFileError,
+    VerifyingKey,
+    load_public_key_file,
+    load_secret_file,
+)
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
@@ -177,8 +184,49 @@ class Settings(BaseSettings):
     )
     metrics_open: bool = Field(
         default=False,
-        description="With a bearer token, serve /metrics without it too (a scraper that "
-        "cannot send one).",
+        description="With authentication on, serve /metrics without a token too (a scraper "
+        "that cannot send one).",
+    )
+    # -- authentication (docs/security.md) -------------------------------------------------
+    api_tokens_file: str | None = Field(
+        default=None,
+        description="File of bearer tokens, a line each: token identity [tenant] "
+        "[scope,...]; re-read when it changes (a mounted secret rotates without a restart).",
+    )
+    jwt_jwks_url: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="URL of the identity provider's JWKS: JWT bearer tokens are verified "
+        "with its keys (cached; fetched again at once for an unknown kid, at most every 10 s).",
+    )
+    jwt_public_key_file: str | None = Field(
+        default=None,
+        description="File holding the public key JWT bearer tokens are verified with (PEM, "
+        "a JWK or a JWKS).",
+    )
+    jwt_secret_file: str | None = Field(
+        default=None,
+        description="File holding the HS256/384/512 secret JWT bearer tokens are verified "
+        "with (at least 32 bytes).",
+    )
+    jwt_audience: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="The audience (aud) a JWT must name; required with a JWT key.",
+    )
+    jwt_issuer: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="The issuer (iss) a JWT must name; any when not given.",
+    )
+    jwt_tenant_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The JWT claim naming the caller's tenant (org_id, tid); without it, or "
+        "when a token lacks it, the caller is its own tenant.",
     )
     docs: bool = Field(
         default=True,
@@ -255,6 +303,7 @@ class Settings(BaseSettings):
         "environment twin takes a comma-separated list).",
     )
     _file_token: SecretStr | None = PrivateAttr(default=None)
+    _jwt_keys: tuple[VerifyingKey, ...] = PrivateAttr(default=())
     _file_webhook_secret: SecretStr | None = PrivateAttr(default=None)
 
     @field_validator("webhook_url")
@@ -312,6 +361,76 @@ class Settings(BaseSettings):
         if self.api_token_file is not None:
             self._file_token = SecretStr(read_token_file(self.api_token_file))
         return self
+
+    @field_validator("jwt_jwks_url")
+    @classmethod
+    def _check_jwks_url(cls, value: str | None) -> str | None:
+        """http:// is taken (loopback, tests); https:// is advised. The message never
+        quotes the URL, which may carry a credential in its query."""
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises for a port that is not a number
+        except ValueError:
+            raise ValueError("jwt-jwks-url is malformed") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("jwt-jwks-url must be an http:// or https:// URL with a host")
+        return value
+
+    @model_validator(mode="after")
+    def _check_authentication(self) -> Settings:
+        """The tokens file and the JWT key are read here, so a bad one fails the start; the
+        JWT's own settings need a key, and a key needs the audience it is for."""
+        if self.api_tokens_file is not None:
+            read_tokens_file(self.api_tokens_file)  # refused whole, naming the line
+        sources = [
+            name
+            for name in ("jwt_jwks_url", "jwt_public_key_file", "jwt_secret_file")
+            if getattr(self, name) is not None
+        ]
+        if len(sources) > 1:
+            raise ValueError(
+                "give one of jwt-jwks-url, jwt-public-key-file and jwt-secret-file, not "
+                + " and ".join(name.replace("_", "-") for name in sources)
+            )
+        if not sources:
+            for name in ("jwt_audience", "jwt_issuer", "jwt_tenant_claim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name.replace('_', '-')} needs jwt-jwks-url, jwt-public-key-file "
+                        "or jwt-secret-file"
+                    )
+            return self
+        if self.jwt_audience is None:
+            raise ValueError(
+                "jwt-audience is required with a JWT key: a token issued for another "
+                "service must not open this one"
+            )
+        try:
+            if self.jwt_public_key_file is not None:
+                self._jwt_keys = tuple(load_public_key_file(self.jwt_public_key_file))
+            elif self.jwt_secret_file is not None:
+                self._jwt_keys = (load_secret_file(self.jwt_secret_file),)
+        except KeyFileError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def jwt_keys(self) -> tuple[VerifyingKey, ...]:
+        """The keys of --jwt-public-key-file or --jwt-secret-file, read at start."""
+        return self._jwt_keys
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether any authentication flag is given: then every route but the open ones
+        needs a bearer token."""
+        return (
+            self.bearer_token is not None
+            or self.api_tokens_file is not None
+            or self.jwt_jwks_url is not None
+            or bool(self._jwt_keys)
+        )
 
     @field_validator("store")
     @classmethod

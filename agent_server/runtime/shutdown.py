@@ -22,7 +22,7 @@ from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry, RejectReason
 from agent_server.runtime.settings import SHUTDOWN_MARGIN, Settings
 
-logger = logging.getLogger("agent_server.runtime.shutdown")
+logger = logging.getLogger("agent_server.shutdown")
 
 #: Kept free before the watchdog deadline for what follows the planned phases: uvicorn's
 #: lifespan shutdown and the interpreter's exit.

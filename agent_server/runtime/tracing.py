@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.id_generator import IdGenerator
     from opentelemetry.trace import Span
 
-logger = logging.getLogger("agent_server.runtime.tracing")
+logger = logging.getLogger("agent_server.tracing")
 
 #: An attempt's task body.
 Run = Coroutine[Any, Any, None]
@@ -273,7 +273,7 @@ class OtelTracing(Tracing):
 
     def _end(self, span: Span, execution: Execution, dropped: int) -> None:
         status = execution.status
-        span.set_attribute("agent_server.model.status", status.value)
+        span.set_attribute("agent_server.status", status.value)
         if execution.status_reason is not None:
             span.set_attribute("agent_server.status_reason", execution.status_reason.value)
         if dropped:

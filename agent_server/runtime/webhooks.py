@@ -36,7 +36,7 @@ from agent_server.model import jsoncodec
 from agent_server.model.redaction import shown_url
 from agent_server.store.base import Delivery, ExecutionStore
 
-logger = logging.getLogger("agent_server.runtime.webhooks")
+logger = logging.getLogger("agent_server.webhooks")
 
 #: Seconds one attempt may take, connection included.
 ATTEMPT_TIMEOUT = 10.0

@@ -277,7 +277,7 @@ def test_a_served_agent_names_the_reasoner_blocking_its_loop(server_factory: Any
     wait_stderr(server, "event loop stall ended")
     lines = [json.loads(line) for line in server.stderr().splitlines() if line.startswith("{")]
     (warning,) = [line for line in lines if line["level"] == "warning"]
-    assert warning["logger"] == "agent_server.runtime.loop_lag"
+    assert warning["logger"] == "agent_server.loop_lag"
     assert warning["reasoner"] == "hog" and warning["function"] == "crunch"
     assert warning["file"] == str(APPS_DIR / "drill_apps.py") and warning["line"] == CRUNCH_LINE
     assert f"by reasoner 'hog' in crunch at drill_apps.py:{CRUNCH_LINE}" in warning["message"]

@@ -439,3 +439,47 @@ def test_a_claim_whose_answer_was_lost_runs_its_first_run(
         assert "so it never started; it goes back to the queue" in server.stderr()
     finally:
         proxy.stop()
+
+
+def test_a_claim_unanswered_past_its_token_memory_still_runs_its_first_run(
+    server_factory: Any, redis_server: RedisServer, redis_url: str
+) -> None:
+    """Section 12, accepted work is never failed unrun, however long the repair takes to
+    see it. Redis runs the claim of a delayed non-resumable start but its answer is lost;
+    then the replica's repair cannot read what it owns for longer than it used to remember
+    the claim (its lease plus the command timeout: every reply carrying the record is held
+    past the command timeout, twice more). When the repair finally reads it, the record is
+    still running under the replica, attempt 1, its body never begun: it must go back for
+    its first run (`succeeded`, run once), not to attempt 2, which the claimer refuses
+    ("not resumable here": `failed`, its body never run)."""
+    from agent_server.store.redis import COMMAND_TIMEOUT
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        args = ["--store", proxy.url, "--replica-id", "A", "--lease-ttl", "1"]
+        server = server_factory("tests_app:agent", *args, env={"TESTS_REDIS_URL": redis_server.url})
+        key = f"forgotten-claim-{os.urandom(4).hex()}"
+        session = f"s-{key}"
+        # Only the rows of this record carry its session id: the claim's reply, then the
+        # repair's reads of what the replica owns (the queued notice names the id only).
+        proxy.stall(session.encode(), COMMAND_TIMEOUT + 1.0, times=3)
+        started = httpx.post(
+            f"{server.url}/reasoners/counted/async",
+            params={"delay": "0.3"},
+            json={"key": key},
+            headers={"X-Session-ID": session},
+        )
+        assert started.status_code == 202, started.text
+        execution_id = started.json()["execution_id"]
+        wait_for(lambda: proxy.stalled >= 3, timeout=30, what="the claim and two repairs held")
+        body = final(server.url, execution_id, timeout=30)
+        assert body["status"] == "succeeded", body
+        assert body["attempt"] == 1
+        assert body["result"] == {"key": key, "runs": 1}
+        assert redis_server.command("GET", f"tests:runs:{key}") == b"$1\r\n1\r\n"
+        assert "so it never started; it goes back to the queue" in server.stderr()
+        assert "not resumable here" not in server.stderr()
+    finally:
+        proxy.stop()

@@ -118,7 +118,7 @@ async def test_push_to_a_silent_gateway_returns_by_its_bound(
     metrics = Metrics()
     with (
         SilentGateway() as gateway,
-        caplog.at_level(logging.INFO, "agent_server.runtime.pushgateway"),
+        caplog.at_level(logging.INFO, "agent_server.pushgateway"),
     ):
         started = time.monotonic()
         pushed = await push_metrics(gateway.url, metrics.shutdown_registry, {"agent": "a"}, 0.4)
@@ -132,7 +132,7 @@ async def test_push_to_a_closed_port_fails_fast_and_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = Metrics()
-    with caplog.at_level(logging.INFO, "agent_server.runtime.pushgateway"):
+    with caplog.at_level(logging.INFO, "agent_server.pushgateway"):
         started = time.monotonic()
         pushed = await push_metrics(closed_port_url(), metrics.shutdown_registry, {}, 1.0)
         elapsed = time.monotonic() - started
@@ -204,7 +204,7 @@ async def test_no_byte_of_the_gateway_s_answer_is_read(
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/gw?token=push-secret"
-        with caplog.at_level(logging.INFO, logger="agent_server.runtime.pushgateway"):
+        with caplog.at_level(logging.INFO, logger="agent_server.pushgateway"):
             pushed = await push_metrics(url, Metrics().shutdown_registry, {}, 2.0)
         assert pushed is (status == 200)
         assert ended.wait(5.0), "the gateway still writing 5 s after the push"

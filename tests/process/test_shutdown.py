@@ -350,7 +350,7 @@ def test_json_report(server_factory: ServerFactory) -> None:
     reports = [line for line in lines if line["message"] == "shutdown report"]
     assert len(reports) == 1
     report = reports[0]["report"]
-    assert reports[0]["logger"] == "agent_server.runtime.shutdown" and reports[0]["level"] == "info"
+    assert reports[0]["logger"] == "agent_server.shutdown" and reports[0]["level"] == "info"
     assert report["signal"] == "SIGTERM"
     assert (report["finished"], report["cancelled"], report["abandoned"]) == (0, 0, 1)
     assert report["exit_code"] == 3

@@ -219,11 +219,11 @@ def test_the_execution_span_is_a_child_of_the_callers_trace(
     assert span["links"] == []  # a first attempt links to nothing
     assert span["attributes"] == {
         "agent_server.execution_id": execution_id,
-        "agent_server.model.reasoner": "chatter",
+        "agent_server.reasoner": "chatter",
         "agent_server.session_id": "s-1",
         "agent_server.attempt": 1,
         "agent_server.replica": "solo",
-        "agent_server.model.status": "succeeded",
+        "agent_server.status": "succeeded",
     }
     assert span["events"] == ["progress"] * 3
     assert span["resource"]["service.name"] == "tracing-tests"
@@ -411,14 +411,14 @@ def test_a_handed_off_attempt_joins_the_trace_with_a_link_to_the_first(
     assert one["parent_span_id"] == two["parent_span_id"] == start["span_id"]
     assert (
         one["resource"]["service.instance.id"],
-        one["attributes"]["agent_server.model.status"],
+        one["attributes"]["agent_server.status"],
     ) == (
         "r0",
         "queued",
     )
     assert (
         two["resource"]["service.instance.id"],
-        two["attributes"]["agent_server.model.status"],
+        two["attributes"]["agent_server.status"],
     ) == (
         "r1",
         "succeeded",

@@ -123,7 +123,7 @@ async def test_a_stall_is_reported_once_naming_the_helper_and_the_reasoner(
         interval=0.05,
         threshold=0.3,
     )
-    caplog.set_level(logging.INFO, logger="agent_server.runtime.loop_lag")
+    caplog.set_level(logging.INFO, logger="agent_server.loop_lag")
     sampler.start()
     try:
         await asyncio.sleep(0.12)  # a few ordinary samples first

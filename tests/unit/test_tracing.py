@@ -36,7 +36,7 @@ def test_an_exporter_or_protocol_not_packaged_leaves_traces_off(
         {"OTEL_TRACES_EXPORTER": "zipkin"},
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
     ):
-        with caplog.at_level(logging.WARNING, logger="agent_server.runtime.tracing"):
+        with caplog.at_level(logging.WARNING, logger="agent_server.tracing"):
             tracing = tracing_from(environ, "svc", "r1")
         assert type(tracing) is Tracing and not tracing.enabled
     assert len(caplog.records) == 2

@@ -452,7 +452,7 @@ async def test_a_kept_url_no_resolver_takes_gives_up_once(
         await sender.close()
     assert seen.outcomes == ["gave_up"]
     assert await one_store.claim_webhooks(10, 0.0, due_only=False) == (0, [])
-    lines = [r for r in caplog.records if r.name == "agent_server.runtime.webhooks"]
+    lines = [r for r in caplog.records if r.name == "agent_server.webhooks"]
     assert [(r.levelname, r.exc_info) for r in lines] == [("WARNING", None)]
     assert "can never be delivered" in lines[0].getMessage()
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
@@ -29,7 +30,9 @@ logger = logging.getLogger("agent_server.store")
 SWEEP_LIMIT = 100
 #: Owned records looked at per repair; the rest wait for the next one.
 ORPHAN_SCAN = 10_000
-#: Claims without an answer remembered (each a token of 16 characters), the oldest first.
+#: Claims without an answer remembered (each a token of 16 characters), the oldest first:
+#: they keep the repair due while Redis may yet run them (what the repair decides rests on
+#: the record, not on this memory).
 UNANSWERED_CLAIMS = 10_000
 #: Seconds the token of a claim Redis ran but no replica was seen to hold is remembered: a
 #: failover can bring that claim back (a replica got it after the `WAIT`) until the record
@@ -71,22 +74,32 @@ class Liveness:
         self._hand_off = hand_off
         self._unclaim = unclaim
         self._cancel = cancel
+        #: This process among those that used its replica id: every take (a create, a
+        #: claim) writes a token opening with it into the record (`claim`), so the repair
+        #: knows what this process took, hence whether it began the body (`repair`).
+        self.incarnation = os.urandom(4).hex()
         self._running: Callable[[], Collection[str]] = tuple
         self._vanish: Callable[[str], object] | None = None
         #: Tokens of claims sent without an answer or not held by a replica, with until
-        #: when each may yet show in a record (monotonic): what such a claim took never
-        #: started here (`repair`).
+        #: when each may yet show in a record (monotonic): the repair stays due meanwhile.
         self._unanswered: OrderedDict[str, float] = OrderedDict()
         #: Creates sent without an answer (Redis may run them yet), settled by `repair`.
         self.in_doubt: dict[str, Execution] = {}
         #: Ids whose create is on its way: not orphans, whatever the store says.
         self.creating: set[str] = set()
-        self.claiming = 0
+        #: Tokens of claims on their way: what one took is not an orphan, whatever the
+        #: store says (its answer, read after the repair's, may yet start it here).
+        self.claiming: set[str] = set()
         #: Whether this replica may own running records it runs nothing for: after a create
         #: or claim that got no answer, and at open (a replica id used before).
         self.repair_due = True
         self._runs: Callable[[str], bool] | None = None
         self._adopt: Callable[[str], bool] | None = None
+
+    def token(self) -> str:
+        """A claim's token (16 characters): this process's, and this claim's own (a late
+        `unclaim` of an earlier claim of the same attempt is fenced)."""
+        return self.incarnation + os.urandom(4).hex()
 
     def unanswered(self, token: str, *, held: bool = True) -> None:
         """A claim got no answer in time: Redis may run it yet, for this replica, which
@@ -172,14 +185,16 @@ class Liveness:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is
         settled: run here if Redis recorded it after all (with Sentinel, once a replica
         holds it: a body never starts on a record a failover can undo), else voided so it
-        never will be.
-        A recorded one not run here goes back to the queue for its first run. Then every
-        running record this replica owns with no task here and no write owed is an orphan.
-        One taken by a claim that got no answer (its token kept) never started: it goes
-        back to the queue, its attempt unchanged, resumable or not (accepted work is never
-        failed unrun). Any other (a replica id used before: its body may have run) is
-        handed back to the queue if resumable, else ends `failed`, visibly, never
-        `running` for good."""
+        never will be; a recorded one not run here goes back to the queue for its first run.
+        Then every running record this replica owns with no task here and no write owed is
+        an orphan, judged by whether its body began, which the record says: its take's
+        token (`claim`) names the process that took it. One this process took never began
+        (a body this process began has its task here, or its end or hand-off owed or
+        written): it goes back to the queue, its attempt unchanged, for its first run,
+        resumable or not, however long Redis took to answer (accepted work is never failed
+        unrun). One an earlier process of this replica id took may have begun, and that
+        process is gone: judged as a dead owner's, its next attempt queued if it has
+        attempts left (resumable), else `lost`; never `running` for good."""
         link = self._link
         while self.in_doubt:
             ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
@@ -204,12 +219,12 @@ class Liveness:
                         execution_id,
                     )
                 else:  # not run here (draining, or forgotten): its first run is anyone's
-                    self._requeue_unstarted(execution, "")
+                    self._requeue_unstarted(execution, self.incarnation)
         if not self.repair_due or self.claiming or self.creating or self._runs is None:
             return
         self.repair_due = False
-        # Tokens of claims that may yet show in a record (Redis could still run them, or a
-        # failover bring them back) keep the repair due: found at a next renewal.
+        # Claims that may yet show in a record (Redis could still run them, or a failover
+        # bring them back) keep the repair due: found at a next renewal.
         now = time.monotonic()
         for token in [token for token, until in self._unanswered.items() if until < now]:
             del self._unanswered[token]
@@ -227,15 +242,27 @@ class Liveness:
         for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
-            if key in owed or key in self.creating or key in self.in_doubt or self._runs(key):
-                continue  # in doubt still: settled once a replica holds it
-            if token and token in self._unanswered:  # kept: a failover may bring it back
-                self._requeue_unstarted(execution, token)
+            if self._runs(key):
                 continue
-            if max_attempts:
+            if (
+                key in owed
+                or key in self.creating
+                or key in self.in_doubt
+                or token in self.claiming
+            ):
+                # Its take on its way (a claim or create sent while the scan ran, answered
+                # after it), in doubt still (settled once a replica holds it), or a write
+                # owed (an unclaim Redis may fence, its record taken again meanwhile): the
+                # repair looks again at a next renewal.
+                self.repair_due = True
+                continue
+            if token.startswith(self.incarnation):  # taken here: its body never began
+                self._requeue_unstarted(execution, token)
+            elif int(max_attempts or 0) > 1:
                 logger.warning(
-                    "execution %s (%s): replica %s owns attempt %d but runs no task for it; "
-                    "its next attempt is queued",
+                    "execution %s (%s): replica %s owns attempt %d, taken by an earlier "
+                    "process of this replica id, and runs no task for it; its next attempt "
+                    "is queued",
                     key,
                     execution.reasoner,
                     self._replica_id,
@@ -243,29 +270,32 @@ class Liveness:
                     extra={"fields": log_fields(execution)},
                 )
                 self._hand_off(execution)
-                continue
-            self._fail_orphan(execution)
+            else:
+                self._lose_orphan(execution)
 
     def _requeue_unstarted(self, execution: Execution, token: str) -> None:
-        """Taken here with its answer lost, so its body never started: back to the queue,
-        its attempt unchanged, for a first run of that attempt on any replica (resumable
-        or not: nothing of it ran)."""
+        """Taken by this process, which never began its body: back to the queue, its
+        attempt unchanged, for a first run of that attempt on any replica (resumable or
+        not: nothing of it ran)."""
         logger.warning(
-            "execution %s (%s): replica %s took attempt %d but its %s got no answer from "
-            "Redis in time, so it never started; it goes back to the queue for its first run",
+            "execution %s (%s): replica %s took attempt %d but never began it (its %s got "
+            "no answer from Redis in time), so it never started; it goes back to the queue "
+            "for its first run",
             execution.execution_id,
             execution.reasoner,
             self._replica_id,
             execution.attempt,
-            "claim" if token else "start",
+            "start" if token == self.incarnation else "claim",
             extra={"fields": log_fields(execution)},
         )
         self._unclaim(execution, token)
 
-    def _fail_orphan(self, execution: Execution) -> None:
+    def _lose_orphan(self, execution: Execution) -> None:
+        """Taken by an earlier process of this replica id, which is gone: its body may have
+        begun there, so it is not run again; `lost`, as the judge has a dead owner's."""
         logger.warning(
-            "execution %s (%s): replica %s owns it but runs no task for it (its start got "
-            "no answer in time); it ends failed",
+            "execution %s (%s): replica %s owns it but runs no task for it (an earlier "
+            "process of this replica id took it and is gone); it ends lost",
             execution.execution_id,
             execution.reasoner,
             self._replica_id,
@@ -275,11 +305,10 @@ class Liveness:
             0.0, time.time() - execution.created_at
         )
         execution.finish(
-            ExecutionStatus.FAILED,
+            ExecutionStatus.LOST,
             error={
-                "type": "ExecutionNotStarted",
-                "message": f"replica {self._replica_id} accepted it while Redis did not "
-                "answer, and could not start it",
+                "type": "ExecutionLost",
+                "message": f"an earlier process of replica {self._replica_id} took it and is gone",
             },
         )
         self._end(execution)

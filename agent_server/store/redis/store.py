@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
@@ -325,6 +324,9 @@ class RedisStore(ExecutionStore):
             return await self._enqueue(execution, key, fingerprint, key_ttl, max_queued, pairs)
         execution_id = execution.execution_id
         liveness = self._liveness
+        # The take's token: this process took it (the repair's evidence that its body
+        # began here or never did).
+        pairs.extend(("claim", liveness.incarnation))
         liveness.creating.add(execution_id)
         try:
             with self._link.operation("create"):
@@ -618,8 +620,8 @@ class RedisStore(ExecutionStore):
         hold is handled as a claim whose answer was lost (StoreInDoubt: never started
         here, put back by the repair while the record still says it is ours)."""
         liveness = self._liveness
-        liveness.claiming += 1
-        token = os.urandom(8).hex()  # kept with what it takes: a lost answer is known by it
+        token = liveness.token()  # kept with what it takes: whose it is, which claim
+        liveness.claiming.add(token)
         try:
             with self._link.operation("claim"):
                 reply, held = await self._link.told(
@@ -629,7 +631,7 @@ class RedisStore(ExecutionStore):
             liveness.unanswered(token)  # it may have been claimed here all the same
             raise
         finally:
-            liveness.claiming -= 1
+            liveness.claiming.discard(token)
         if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
             liveness.unanswered(token, held=False)
             liveness.renew_now.set()  # the repair puts it back at once if it is still ours
@@ -643,6 +645,14 @@ class RedisStore(ExecutionStore):
             # Keyed work waits for a slot: the next end (on any replica) may free one.
             self._notices.wake_on_ends = bool(blocked)
             return None
+        try:
+            return self._claimed(reply)
+        except Exception:  # taken, but it will not start here: the repair puts it back
+            liveness.repair_due = True
+            raise
+
+    def _claimed(self, reply: Any) -> Execution:
+        """The execution a claim took, as this replica runs it."""
         row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks, trace) = reply
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.

@@ -3,7 +3,8 @@
   are named from the prefix. ARGV[1..3]: the common arguments (header.lua).
   The running executions this replica owns in the store, so it can find those it runs no
   task for (section 12, invariant 3). ARGV[4]: at most this many. Returns {record (read()),
-  max_attempts or '', the token of the claim that took it ('' for none)} per execution.
+  max_attempts or '', the token of the take (create or claim) that took it ('' for
+  none)} per execution.
 ]]
 --! include judge.lua
 local out = {}
