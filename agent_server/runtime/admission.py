@@ -28,7 +28,8 @@ from agent_server.store.base import (
     StoreUnavailable,
 )
 
-logger = logging.getLogger("agent_server.runtime.registry")
+#: The registry's lines keep the logger name users know, whichever part writes them.
+logger = logging.getLogger("agent_server.registry")
 
 #: Starts kept after the store did not answer them, for `adopt` (the oldest go first).
 UNANSWERED_LIMIT = 10_000

@@ -37,7 +37,8 @@ from agent_server.runtime.signals import block_in_this_thread
 from agent_server.runtime.tracing import Tracing
 from agent_server.store.base import ExecutionStore
 
-logger = logging.getLogger("agent_server.runtime.registry")
+#: The registry's lines keep the logger name users know, whichever part writes them.
+logger = logging.getLogger("agent_server.registry")
 
 #: Worker threads for `def` reasoners; they cannot be cancelled, only waited for or abandoned.
 THREAD_WORKERS = 32

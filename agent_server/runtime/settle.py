@@ -17,7 +17,8 @@ from agent_server.runtime.attempt import Attempt
 from agent_server.runtime.attempts import Attempts
 from agent_server.store.base import ExecutionStore
 
-logger = logging.getLogger("agent_server.runtime.registry")
+#: The registry's lines keep the logger name users know, whichever part writes them.
+logger = logging.getLogger("agent_server.registry")
 
 #: Executions a settle abandons that each get a log line of their own; the rest are counted
 #: in one line, by reasoner (a drain that abandons 10,000 would otherwise write 10,000 lines
