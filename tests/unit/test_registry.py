@@ -18,6 +18,7 @@ import pytest
 from agent_server.model.context import ExecutionContext
 from agent_server.model.execution import CancelReason, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.scheduling import RetryPolicy
 from agent_server.runtime.registry import (
     ABANDONED_LINES,
     AdmissionError,
@@ -415,6 +416,31 @@ async def test_settle_with_a_passed_deadline_abandons_at_once(observed: object) 
     assert time.monotonic() - began < 0.1
     assert abandoned == [execution]
     await registry.wait_abandoned(time.monotonic() + WAIT)
+    assert registry.abandoned_pending == 0
+
+
+async def test_abandoning_an_attempt_that_ended_in_the_same_turn_keeps_its_end(
+    observed: object,
+) -> None:
+    """A release's deadline may abandon an execution whose task ended in the same loop turn
+    (its end not yet observed): what that attempt came to stands. Here it failed with what
+    its policy retries: the record stays queued for the next attempt, not abandoned."""
+    registry = await local_registry()
+    failed = asyncio.Event()
+
+    async def flaky() -> None:
+        failed.set()  # wakes this test before the task's end is observed
+        raise ValueError("try again")
+
+    policy = RetryPolicy(initial_delay=60.0)
+    execution = await registry.start(Reasoner(flaky, "flaky", None, retry=policy), {})
+    await failed.wait()
+    assert registry.abandon(execution.execution_id) is None
+    assert registry.stats.outcomes["abandoned"] == 0
+    stored = await registry.store.get(execution.execution_id)
+    assert stored is not None and stored.status is ExecutionStatus.QUEUED
+    assert not stored.abandoned
+    assert await registry.wait_idle(time.monotonic() + WAIT)
     assert registry.abandoned_pending == 0
 
 
