@@ -8,16 +8,16 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
+from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
@@ -39,7 +39,7 @@ from agent_server.runtime.registry import InFlightRegistry
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
-from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS, Tracing, webhook_headers
+from agent_server.runtime.tracing import Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
 
@@ -48,23 +48,6 @@ logger = logging.getLogger("agent_server.agent")
 F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A", bound=Authenticator)
 
-#: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
-#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
-#: request headers are these, a caller's trace context, and each reasoner's concurrency
-#: header (`cors_request_headers`).
-CORS_METHODS = ("GET", "POST", "DELETE")
-CORS_REQUEST_HEADERS = (
-    "Authorization",
-    "Content-Type",
-    "Accept",
-    "X-Session-ID",
-    "Idempotency-Key",
-    "Last-Event-ID",
-    "X-Webhook-URL",
-    "X-Session-Policy",
-    *TRACE_CONTEXT_HEADERS,
-)
-CORS_EXPOSED_HEADERS = ("Location", "Retry-After", "Link", "X-Truncated")
 #: The answer to a request the server cancels before it is answered (plain uvicorn's
 #: --timeout-graceful-shutdown): another replica can take it.
 CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
@@ -529,30 +512,6 @@ class _Parts:
         )
         taker = QueueTaker(store, registry, reasoners)
         return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
-
-
-def cors_request_headers(reasoners: Iterable[Reasoner]) -> list[str]:
-    """Every request header the API reads: the fixed ones, a caller's trace context (a page
-    with OpenTelemetry's browser instrumentation sends it with every request), and the
-    header each `concurrency_key="header:NAME"` names."""
-    found = dict.fromkeys(CORS_REQUEST_HEADERS)
-    for reasoner in reasoners:
-        if reasoner.concurrency_header is not None:
-            found.setdefault(reasoner.concurrency_header)
-    return list(found)
-
-
-def cors_middleware(origins: Sequence[str], reasoners: Iterable[Reasoner] = ()) -> Middleware:
-    """Starlette's CORS middleware for `--cors-allow-origin`: a page of one of `origins` may
-    run, read and cancel executions and follow their event streams (a browser
-    `EventSource`), and read the headers clients follow."""
-    return Middleware(
-        CORSMiddleware,
-        allow_origins=list(origins),
-        allow_methods=list(CORS_METHODS),
-        allow_headers=cors_request_headers(reasoners),
-        expose_headers=list(CORS_EXPOSED_HEADERS),
-    )
 
 
 class _Answer:
