@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, assert_never
 
 from agent_server.model.context import ExecutionContext, InputChannel
 from agent_server.model.events import Event
@@ -348,6 +348,8 @@ class Attempts:
                 self._finish(execution, ending, result=result)
             case Ending.CANCELLED | Ending.CANCELLED_AT_SHUTDOWN | Ending.LOST:
                 self._finish(execution, ending, error=self._error(verdict), reason=verdict.reason)
+            case _:  # a new Ending row without its case here stops type checking
+                assert_never(ending)
 
     @staticmethod
     def _error(verdict: Verdict) -> dict[str, str] | None:
