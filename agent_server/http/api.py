@@ -49,13 +49,13 @@ from agent_server.http.routing import (
     in_doubt,
 )
 from agent_server.http.sse import (
-    RECORD_WAIT,
     EventSource,
     EventStream,
     LocalEvents,
     RemoteEvents,
     Streams,
     named,
+    recorded_before_close,
 )
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
@@ -293,10 +293,8 @@ class Api:
     async def _recorded(self, execution: Execution) -> bool:
         """Whether the end is in the store: a copy read from the store, or an end the
         memory store holds, is (no future to wait on); this replica's own end to a shared
-        store is once written, within RECORD_WAIT."""
-        if execution.recorded is None:
-            return True
-        return await self.store.recorded(execution, RECORD_WAIT)
+        store is once written, within RECORD_WAIT and before the listener closes."""
+        return await recorded_before_close(self.store, execution, self.streams.closing)
 
     async def run_streamed(self, request: Request) -> EventStream:
         """Start and stream the run: `event: start` (the execution JSON, so a client can
@@ -444,15 +442,13 @@ class Api:
             watched: set[asyncio.Future[Any]] = {ended, gone, closed}
             if closing.is_set():
                 closed.set_result(None)
-            while True:
-                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if not closed.done() or ended.done() or gone.done():
-                    break
-                # The listener closed. Work this replica runs is settled by the drain (its
-                # end, or a hand-off, answers); work that waits in the queue is not.
-                if self.registry.running(execution.execution_id) is None:
-                    raise _ListenerClosed
-                watched.discard(closed)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if not (ended.done() or gone.done()):
+                # The listener closed: the shutdown's point for answering. Work this replica
+                # ran was settled before it (its end, or a hand-off, answered); what is still
+                # awaited is the store (queued work, a retry followed there, a paused
+                # Redis), and uvicorn's timeout would cut the caller off with a plain 500.
+                raise _ListenerClosed
         finally:
             closing.waiters.discard(closed)
             watchers = [ended] if reader is None else [ended, reader]
