@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from agent_server.http import answers
 from agent_server.http.docs_page import DocsPage
@@ -355,8 +355,9 @@ class Api:
                 self.idempotency_ttl,
             )
         )
+        announced: list[Execution] = []
         try:
-            return await self.registry.start_once(
+            start = self.registry.start_once(
                 reasoner,
                 arguments,
                 session_id,
@@ -367,7 +368,9 @@ class Api:
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=_session_policy(reasoner, headers),
+                announce=announced.append,
             )
+            return await self._started_before_close(start, announced, request.scope)
         except SessionTaken as exc:
             raise ApiError(
                 409,
@@ -386,6 +389,47 @@ class Api:
                 "Idempotency-Key's execution was forgotten (deleted, released or expired): "
                 "send a new key to run again",
             ) from None
+
+    async def _started_before_close(
+        self,
+        start: Coroutine[Any, Any, tuple[Execution, bool]],
+        announced: list[Execution],
+        scope: Scope,
+    ) -> tuple[Execution, bool]:
+        """The start, unless the listener closes (the shutdown's point for answering) while
+        its record is still being written to a shared store (a paused Redis): then the
+        caller is sent to read it (503 + Location), not cut off by uvicorn's plain 500; the
+        record says later what became of it (404: never written). A store in this process
+        writes at once: no task."""
+        if not self.store.shared:
+            return await start
+        task = asyncio.ensure_future(start)
+        closing = self.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        if closing.is_set():
+            closed.set_result(None)
+        try:
+            await asyncio.wait((task, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled():
+            return task.result()
+        retry = {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
+        if not announced:  # pragma: no cover - announced before the first await
+            raise ApiError(503, "server is shutting down", retry)
+        execution_id = announced[0].execution_id
+        raise ApiError(
+            503,
+            "the server shut down before the store confirmed this start: read the execution "
+            "at Location (404: it was never recorded; a retry with the same Idempotency-Key "
+            "is safe)",
+            {**retry, "Location": execution_location(scope, execution_id)},
+            extra={"execution_id": execution_id, "in_doubt": True},
+        )
 
     def _reasoner(self, name: str) -> Reasoner:
         reasoner = self.reasoners.get(name)

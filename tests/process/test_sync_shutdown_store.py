@@ -174,8 +174,52 @@ def test_a_sync_caller_of_queued_work_is_answered_at_shutdown_while_redis_is_pau
         assert code in (0, 6), (code, server.stderr())
         paused.proc.send_signal(signal.SIGCONT)
         other = serve(paused, tmp_path, "b", "scheduling_app:agent")
+        # The blocker's end (cancelled at the drain deadline) was owed to the paused Redis:
+        # it reads an end (its write landed after all, or its owner is judged gone) ...
+        assert ended_on(other.url, blocker)["status"] in ("cancelled", "lost")
+        # ... and the queued run then takes the slot and runs on the replica left.
         assert ended_on(other.url, execution_id)["status"] == "succeeded"
     finally:
+        server.close()
+        if other is not None:
+            other.close()
+
+
+def test_starts_whose_records_wait_on_a_paused_redis_at_shutdown_are_sent_to_read_them(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Starts admitted in the unready window, their creates held by a paused Redis when
+    the listener closes (the drain does not wait for them): each caller, sync and async,
+    gets 503 + Location, and the id there reads 404 or an end once Redis answers again."""
+    marker_dir = tmp_path / "a"
+    marker_dir.mkdir()
+    unready = [*BUDGET, "--unready-delay", "1", "--drain-timeout", "0.5"]
+    args = ["tests_app:agent", "--store", own_redis.url, "--replica-id", "a", *unready]
+    server = ServerProcess(args, {}, marker_dir)
+    other: ServerProcess | None = None
+    assert own_redis.proc is not None
+    try:
+        server.wait_ready()
+        own_redis.proc.send_signal(signal.SIGSTOP)
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{server.url}/readyz").status_code == 503, what="unready")
+        calls = [
+            Call(f"{server.url}/reasoners/sleep", {"seconds": 0.05}, {}),
+            Call(f"{server.url}/reasoners/sleep/async", {"seconds": 0.05}, {}),
+        ]
+        responses = [call.answer() for call in calls]
+        code, elapsed = server.wait_exit(GRACE + 2)
+        ids = [assert_sent_elsewhere(response, server) for response in responses]
+        assert elapsed < GRACE - 0.5, (elapsed, server.stderr())
+        assert code == 0, (code, server.stderr())
+        own_redis.proc.send_signal(signal.SIGCONT)
+        other = serve(own_redis, tmp_path, "b")
+        for execution_id in ids:
+            read = httpx.get(f"{other.url}/executions/{execution_id}", timeout=5)
+            if read.status_code != 404:
+                assert ended_on(other.url, execution_id)["status"] == "lost", read.text
+    finally:
+        own_redis.proc.send_signal(signal.SIGCONT)
         server.close()
         if other is not None:
             other.close()
