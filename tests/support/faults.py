@@ -1103,7 +1103,9 @@ class _Faulted:
 #: The head of a log record (the text format): time, level, logger.
 _LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
 #: A reasoner's own failure, logged with its traceback by design: its record is judged.
-_REASONER_FAILED = re.compile(r" agent_server\.registry: execution [0-9a-f]{32} \(\S+\) failed$")
+_REASONER_FAILED = re.compile(
+    r" agent_server\.(?:runtime\.)?registry: execution [0-9a-f]{32} \(\S+\) failed$"
+)
 #: The line of a traceback that names the exception.
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Group)\b")
 
