@@ -405,11 +405,7 @@ class Agent:
                     await self._exit_user_lifespan(own)
         finally:
             await sampler.stop()
-            await parts.taker.close()
-            if parts.webhooks is not None:
-                await parts.webhooks.close()
-            await parts.releases.close()
-            await parts.store.close()
+            await self._close_parts(parts)
             parts.registry.close()  # its idle worker threads end before the check below
         if report is not None:
             plan = self.shutdown.plan
@@ -418,6 +414,35 @@ class Agent:
                 abandoned_pending=parts.registry.abandoned_pending,
                 deadline=plan.leftovers_deadline(self.shutdown.started, time.monotonic()),
                 cancel_tasks=False,
+            )
+
+    async def _close_parts(self, parts: _Parts) -> None:
+        """Stop taking work, then close webhooks, releases and the store; after a shutdown,
+        by the exit deadline (`lifespan_exit_deadline`): a Redis that does not answer (paused)
+        must not hold the exit past the watchdog. Left unclosed, the replica's liveness
+        lapses within its lease instead of ending at once."""
+        started = self.shutdown.started
+        limit = (
+            None
+            if started is None
+            else max(
+                0.0,
+                self.shutdown.plan.lifespan_exit_deadline(started, time.monotonic())
+                - time.monotonic(),
+            )
+        )
+        try:
+            async with asyncio.timeout(limit):
+                await parts.taker.close()
+                if parts.webhooks is not None:
+                    await parts.webhooks.close()
+                await parts.releases.close()
+                await parts.store.close()
+        except TimeoutError:
+            logger.warning(
+                "store not closed within the exit deadline (%.3fs): this replica's liveness "
+                "lapses within its lease",
+                limit,
             )
 
 

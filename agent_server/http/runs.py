@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from agent_server.http.executions import Executions
 from agent_server.http.http_limits import client_gone
@@ -34,7 +36,7 @@ from agent_server.http.routing import (
     execution_response,
     in_doubt,
 )
-from agent_server.http.sse import RECORD_WAIT, EventStream, Streams, named
+from agent_server.http.sse import EventStream, Streams, named, recorded_before_close
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id_bytes
 from agent_server.model.reasoner import Reasoner
@@ -191,10 +193,8 @@ class Runs:
     async def _recorded(self, execution: Execution) -> bool:
         """Whether the end is in the store: a copy read from the store, or an end the
         memory store holds, is (no future to wait on); this replica's own end to a shared
-        store is once written, within RECORD_WAIT."""
-        if execution.recorded is None:
-            return True
-        return await self.store.recorded(execution, RECORD_WAIT)
+        store is once written, within RECORD_WAIT and before the listener closes."""
+        return await recorded_before_close(self.store, execution, self.streams.closing)
 
     async def run_streamed(self, request: Request) -> EventStream:
         """Start and stream the run: `event: start` (the execution JSON, so a client can
@@ -237,8 +237,9 @@ class Runs:
                 self.idempotency_ttl,
             )
         )
+        announced: list[Execution] = []
         try:
-            return await self.registry.start_once(
+            start = self.registry.start_once(
                 reasoner,
                 arguments,
                 session_id,
@@ -249,7 +250,9 @@ class Runs:
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=_session_policy(reasoner, headers),
+                announce=announced.append,
             )
+            return await self._started_before_close(start, announced, request.scope)
         except SessionTaken as exc:
             raise ApiError(
                 409,
@@ -268,6 +271,47 @@ class Runs:
                 "Idempotency-Key's execution was forgotten (deleted, released or expired): "
                 "send a new key to run again",
             ) from None
+
+    async def _started_before_close(
+        self,
+        start: Coroutine[Any, Any, tuple[Execution, bool]],
+        announced: list[Execution],
+        scope: Scope,
+    ) -> tuple[Execution, bool]:
+        """The start, unless the listener closes (the shutdown's point for answering) while
+        its record is still being written to a shared store (a paused Redis): then the
+        caller is sent to read it (503 + Location), not cut off by uvicorn's plain 500; the
+        record says later what became of it (404: never written). A store in this process
+        writes at once: no task."""
+        if not self.store.shared:
+            return await start
+        task = asyncio.ensure_future(start)
+        closing = self.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        if closing.is_set():
+            closed.set_result(None)
+        try:
+            await asyncio.wait((task, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled():
+            return task.result()
+        retry = {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
+        if not announced:  # pragma: no cover - announced before the first await
+            raise ApiError(503, "server is shutting down", retry)
+        execution_id = announced[0].execution_id
+        raise ApiError(
+            503,
+            "the server shut down before the store confirmed this start: read the execution "
+            "at Location (404: it was never recorded; a retry with the same Idempotency-Key "
+            "is safe)",
+            {**retry, "Location": execution_location(scope, execution_id)},
+            extra={"execution_id": execution_id, "in_doubt": True},
+        )
 
     def _reasoner(self, name: str) -> Reasoner:
         reasoner = self.reasoners.get(name)
@@ -300,15 +344,13 @@ class Runs:
             watched: set[asyncio.Future[Any]] = {ended, gone, closed}
             if closing.is_set():
                 closed.set_result(None)
-            while True:
-                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if not closed.done() or ended.done() or gone.done():
-                    break
-                # The listener closed. Work this replica runs is settled by the drain (its
-                # end, or a hand-off, answers); work that waits in the queue is not.
-                if self.registry.running(execution.execution_id) is None:
-                    raise _ListenerClosed
-                watched.discard(closed)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if not (ended.done() or gone.done()):
+                # The listener closed: the shutdown's point for answering. Work this replica
+                # ran was settled before it (its end, or a hand-off, answered); what is still
+                # awaited is the store (queued work, a retry followed there, a paused
+                # Redis), and uvicorn's timeout would cut the caller off with a plain 500.
+                raise _ListenerClosed
         finally:
             closing.waiters.discard(closed)
             watchers = [ended] if reader is None else [ended, reader]

@@ -44,6 +44,30 @@ RECORD_WAIT = 5.0
 TICK = 0.1
 
 
+async def recorded_before_close(
+    store: ExecutionStore, execution: Execution, closing: Closing
+) -> bool:
+    """Whether this replica's end of `execution` is in the store, waited for within
+    RECORD_WAIT and no later than the listener's close: the shutdown's point for answering
+    every open response, before uvicorn's graceful-shutdown timeout cancels it. Past it,
+    an end still owed (a paused Redis) is not told: the caller is sent to read it."""
+    future = execution.recorded
+    if future is None or future.done():
+        return future is None or await store.recorded(execution, 0.0)
+    if closing.is_set():
+        return False
+    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    closing.waiters.add(closed)
+    check = asyncio.ensure_future(store.recorded(execution, RECORD_WAIT))
+    try:
+        await asyncio.wait((check, closed), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        closing.waiters.discard(closed)
+        check.cancel()
+        await asyncio.gather(check, return_exceptions=True)
+    return check.done() and not check.cancelled() and check.result()
+
+
 def comment(text: str) -> bytes:
     return b": %s\n\n" % text.encode()
 
@@ -123,8 +147,9 @@ class EventSource:
         """The stream no longer waits on `waiter`."""
         raise NotImplementedError
 
-    async def recorded(self, execution: Execution) -> bool:
-        """Whether its end may be told: it is in the store every replica reads."""
+    async def recorded(self, execution: Execution, closing: Closing) -> bool:
+        """Whether its end may be told: it is in the store every replica reads (False
+        once the listener closes first)."""
         return True
 
     @property
@@ -144,10 +169,10 @@ class LocalEvents(EventSource):
         #: The shared store this process writes the execution's end to, if any.
         self.store = store
 
-    async def recorded(self, execution: Execution) -> bool:
-        if self.store is None or execution.recorded is None:
+    async def recorded(self, execution: Execution, closing: Closing) -> bool:
+        if self.store is None:
             return True
-        return await self.store.recorded(execution, RECORD_WAIT)
+        return await recorded_before_close(self.store, execution, closing)
 
     async def read(self, cursor: int) -> tuple[int, list[Event]]:
         return self.log.since(cursor)
@@ -270,7 +295,7 @@ class EventStream:
                     sent = loop.time()
                     continue
                 if ended is not None:
-                    if await source.recorded(ended):
+                    if await source.recorded(ended, streams.closing):
                         await send(_body(named("end", ended.to_json())))
                     else:  # not a verdict the store may contradict: read it there
                         await send(_body(b"retry: %d\n\n" % RETRY_MS))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from agent_server.model.execution import CancelReason, Execution
@@ -99,10 +100,12 @@ class Admission:
         may_queue: bool = False,
         concurrency_key: str | None = None,
         session_policy: SessionPolicy = SessionPolicy.PARALLEL,
+        announce: Callable[[Execution], object] | None = None,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution (its webhooks to `webhook_url`); or, for a
         repeated idempotency key, the execution it started first. True when this call
-        started it.
+        started it. `announce` is given the execution before its record is written (a
+        caller answered before the store is, at shutdown, is sent to it).
 
         With `delay` (seconds) it is queued, due then, whatever the capacity now; with
         `may_queue` (an async start) and `queue_when_full`, one past capacity is queued,
@@ -139,6 +142,8 @@ class Admission:
             execution.enqueue(time.time() + delay if delay else None)
         else:
             self._starting += 1  # counts against capacity while its record is written
+        if announce is not None:
+            announce(execution)
         try:
             earlier = await self.store.create(
                 execution, idempotency, max_queued=self.max_queued if queue else 0

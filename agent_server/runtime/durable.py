@@ -63,7 +63,9 @@ class QueueTaker:
             logger.exception("taking queued work failed")
 
     async def _run(self) -> None:
-        wait = IDLE_SECONDS
+        # The first look is at once: work queued before this replica started (a slot freed
+        # while it was down) sends no notice it could have heard.
+        wait = 0.0
         full = False
         while True:
             due = None if full else self.store.due_in()  # full: what is due waits anyway

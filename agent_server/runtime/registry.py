@@ -14,7 +14,7 @@ ends: `attempt.classify`), `settle` (cancel, settle, abandon) and `inputs` (`ctx
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from agent_server.model.asks import Question, Reply
@@ -158,6 +158,7 @@ class InFlightRegistry:
         may_queue: bool = False,
         concurrency_key: str | None = None,
         session_policy: SessionPolicy = SessionPolicy.PARALLEL,
+        announce: Callable[[Execution], object] | None = None,
     ) -> tuple[Execution, bool]:
         """`Admission.start_once`: the execution, and True when this call started it."""
         return await self._admission.start_once(
@@ -171,6 +172,7 @@ class InFlightRegistry:
             may_queue=may_queue,
             concurrency_key=concurrency_key,
             session_policy=session_policy,
+            announce=announce,
         )
 
     def cancel_queued(self) -> int:
