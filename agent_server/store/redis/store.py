@@ -45,6 +45,12 @@ from agent_server.store.redis.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
 
+#: Seconds the close gives the takes this process never began to go back to the queue: a
+#: command timeout for a connection a slow command holds to be dropped, and one more.
+RELEASE_SECONDS = 2 * COMMAND_TIMEOUT
+#: Seconds between tries of that final repair.
+RELEASE_RETRY = 0.05
+
 
 class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
     """Records in Redis, shared by every replica of the agent; see the module docstring.
@@ -219,20 +225,30 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
     async def _release_takes(self) -> None:
         """Before the liveness ends: the takes of this process whose body never began go
         back to the queue (`Liveness.release_takes`), their unclaims written, all within
-        COMMAND_TIMEOUT; what Redis could not settle by then is named (the judge ends it)."""
-        deadline = time.monotonic() + COMMAND_TIMEOUT
+        RELEASE_SECONDS: tried again once the connection a slow command held is dropped.
+        What Redis could not settle by then is named (the judge ends it)."""
+        deadline = time.monotonic() + RELEASE_SECONDS
         liveness = self._liveness
-        try:
-            async with asyncio.timeout(COMMAND_TIMEOUT):
-                await liveness.release_takes()
-        except (StoreUnavailable, TimeoutError) as exc:
+        failure: Exception | None = None
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await liveness.release_takes()
+                failure = None
+                break
+            except (StoreUnavailable, TimeoutError) as exc:
+                failure = exc
+                if deadline - time.monotonic() <= RELEASE_RETRY:
+                    break
+                await asyncio.sleep(RELEASE_RETRY)
+        if failure is not None:
             logger.warning(
                 "replica %s closes with takes it never began unsettled (%s): Redis at %s "
                 "did not answer in time (%s); whatever it recorded of them the judge ends",
                 self.replica_id,
                 liveness.unsettled(),
                 self.where,
-                type(exc).__name__,
+                type(failure).__name__,
             )
         await self._outbox.flush(deadline)
         unwritten = self._outbox.unwritten("unclaim")
