@@ -533,3 +533,47 @@ def test_a_claim_unanswered_when_its_replica_shuts_down_runs_its_first_run_elsew
         assert "so it never started; it goes back to the queue" in a.stderr(), a.stderr()
     finally:
         proxy.stop()
+
+
+def test_a_claim_that_lands_while_draining_never_starts_there(
+    server_factory: Any, redis_server: RedisServer, redis_url: str
+) -> None:
+    """A claim sent while A admitted work, answered once A's admission had closed (SIGTERM,
+    its drain waiting for other work): A must not start it (its drain would cancel it at the
+    deadline, a body begun only to be stopped). It goes back to the queue, and replica B,
+    started after, runs its first run."""
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        env = {"TESTS_REDIS_URL": redis_server.url}
+        args = ["--lease-ttl", "30", "--unready-delay", "0"]
+        a = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", *args, env=env
+        )
+        busy = httpx.post(f"{a.url}/reasoners/sleep/async", json={"seconds": 3})
+        assert busy.status_code == 202, busy.text
+        key = f"drained-claim-{os.urandom(4).hex()}"
+        # The claim's reply carries the body (this key): held less than the command timeout.
+        proxy.stall(key.encode(), 1.5, times=1)
+        started = httpx.post(
+            f"{a.url}/reasoners/counted/async", params={"delay": "0.3"}, json={"key": key}
+        )
+        assert started.status_code == 202, started.text
+        execution_id = started.json()["execution_id"]
+        wait_for(lambda: proxy.stalled >= 1, timeout=30, what="the claim's answer held")
+        a.signal(signal.SIGTERM)
+        code, _ = a.wait_exit(WAIT)
+        assert code == 0, a.stderr()
+        assert redis_server.command("GET", f"tests:runs:{key}") == b"$-1\r\n", a.stderr()
+        b = server_factory(
+            "tests_app:agent", "--store", redis_url, "--replica-id", "B", *args, env=env
+        )
+        body = final(b.url, execution_id, timeout=30)
+        assert body["status"] == "succeeded", body
+        assert (body["attempt"], body["replica"]) == (1, "B"), body
+        assert body["result"] == {"key": key, "runs": 1}
+        assert "taken from the queue as admission closed" in a.stderr(), a.stderr()
+    finally:
+        proxy.stop()
