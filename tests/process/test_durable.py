@@ -535,6 +535,47 @@ def test_a_claim_unanswered_when_its_replica_shuts_down_runs_its_first_run_elsew
         proxy.stop()
 
 
+def test_takes_never_begun_that_redis_cannot_settle_at_close_are_named_and_the_exit_bounded(
+    server_factory: Any, redis_server: RedisServer
+) -> None:
+    """As above (a claim unanswered, then a repair's read held), but Redis is cut off from
+    the replica when it is rolled: its close cannot put the take back. It says so in a
+    WARNING naming what it could not settle, and still exits 0 within its bound (two
+    command timeouts for the takes, one for the liveness), never hanging on Redis."""
+    from agent_server.store.redis import COMMAND_TIMEOUT
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        env = {"TESTS_REDIS_URL": redis_server.url}
+        args = ["--lease-ttl", "30", "--unready-delay", "0"]
+        a = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", *args, env=env
+        )
+        key = f"cut-claim-{os.urandom(4).hex()}"
+        session = f"s-{key}"
+        proxy.stall(session.encode(), COMMAND_TIMEOUT + 1.0, times=2)
+        started = httpx.post(
+            f"{a.url}/reasoners/counted/async",
+            params={"delay": "0.3"},
+            json={"key": key},
+            headers={"X-Session-ID": session},
+        )
+        assert started.status_code == 202, started.text
+        wait_for(lambda: proxy.stalled >= 2, timeout=30, what="the claim and a repair held")
+        proxy.cut("refuse")
+        a.signal(signal.SIGTERM)
+        code, took = a.wait_exit(WAIT)
+        assert code == 0, a.stderr()
+        assert took < 4 * COMMAND_TIMEOUT + 2, took
+        assert "closes with takes it never began unsettled" in a.stderr(), a.stderr()
+        assert "claims unanswered 1" in a.stderr(), a.stderr()
+        assert "Traceback" not in a.stderr(), a.stderr()
+    finally:
+        proxy.stop()
+
+
 def test_a_claim_that_lands_while_draining_never_starts_there(
     server_factory: Any, redis_server: RedisServer, redis_url: str
 ) -> None:
