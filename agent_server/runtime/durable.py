@@ -79,6 +79,9 @@ class QueueTaker:
                     execution = await self.store.claim()
                     if execution is None:
                         break
+                    if not self.registry.admitting:  # admission closed while it was on its way
+                        self.store.give_back(execution)
+                        break
                     self._resume(execution)
             except StoreUnavailable:
                 wait = POLL_SECONDS  # readiness says so; try again soon

@@ -302,6 +302,13 @@ class ExecutionStore(abc.ABC):
         with its body and last checkpoint; None when nothing is due."""
         return None
 
+    def give_back(self, execution: Execution) -> None:
+        """A take this replica will not start: its claim's answer came once admission had
+        closed (draining). A shared store puts it back on the queue for its first run
+        elsewhere. A store in this process claims without waiting, so admission never
+        closes while one of its claims is on its way: nothing to give back."""
+        return None
+
     def due_in(self) -> float | None:
         """Seconds until the next queued execution is due, as the last claim saw it; None
         when nothing waits for a time."""

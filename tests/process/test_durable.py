@@ -483,3 +483,139 @@ def test_a_claim_unanswered_past_its_token_memory_still_runs_its_first_run(
         assert "not resumable here" not in server.stderr()
     finally:
         proxy.stop()
+
+
+def test_a_claim_unanswered_when_its_replica_shuts_down_runs_its_first_run_elsewhere(
+    server_factory: Any, redis_server: RedisServer, redis_url: str
+) -> None:
+    """Section 12, accepted work is never failed unrun, at a rollout too. Redis runs the
+    claim of a delayed non-resumable start for replica A, but the claim's answer, then the
+    repair's first read of what A owns, are held past the command timeout: the record is
+    running under A, attempt 1, its body never begun. A is then rolled (SIGTERM, exit 0)
+    before a repair reads it: its close must put it back on the queue before A's liveness
+    ends, so replica B, started after, runs its first run (`succeeded`, run once), rather
+    than reading it `lost` because A stopped renewing."""
+    from agent_server.store.redis import COMMAND_TIMEOUT
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        env = {"TESTS_REDIS_URL": redis_server.url}
+        args = ["--lease-ttl", "30", "--unready-delay", "0"]
+        a = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", *args, env=env
+        )
+        key = f"rolled-claim-{os.urandom(4).hex()}"
+        session = f"s-{key}"
+        # Only the rows of this record carry its session id: the claim's reply, then the
+        # repair's read of what A owns.
+        proxy.stall(session.encode(), COMMAND_TIMEOUT + 1.0, times=2)
+        started = httpx.post(
+            f"{a.url}/reasoners/counted/async",
+            params={"delay": "0.3"},
+            json={"key": key},
+            headers={"X-Session-ID": session},
+        )
+        assert started.status_code == 202, started.text
+        execution_id = started.json()["execution_id"]
+        wait_for(lambda: proxy.stalled >= 2, timeout=30, what="the claim and a repair held")
+        a.signal(signal.SIGTERM)
+        code, _ = a.wait_exit(WAIT)
+        assert code == 0, a.stderr()
+        assert redis_server.command("GET", f"tests:runs:{key}") == b"$-1\r\n"  # never ran
+        b = server_factory(
+            "tests_app:agent", "--store", redis_url, "--replica-id", "B", *args, env=env
+        )
+        body = final(b.url, execution_id, timeout=30)
+        assert body["status"] == "succeeded", body
+        assert (body["attempt"], body["replica"]) == (1, "B"), body
+        assert body["result"] == {"key": key, "runs": 1}
+        assert "so it never started; it goes back to the queue" in a.stderr(), a.stderr()
+    finally:
+        proxy.stop()
+
+
+def test_takes_never_begun_that_redis_cannot_settle_at_close_are_named_and_the_exit_bounded(
+    server_factory: Any, redis_server: RedisServer
+) -> None:
+    """As above (a claim unanswered, then a repair's read held), but Redis is cut off from
+    the replica when it is rolled: its close cannot put the take back. It says so in a
+    WARNING naming what it could not settle, and still exits 0 within its bound (two
+    command timeouts for the takes, one for the liveness), never hanging on Redis."""
+    from agent_server.store.redis import COMMAND_TIMEOUT
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        env = {"TESTS_REDIS_URL": redis_server.url}
+        args = ["--lease-ttl", "30", "--unready-delay", "0"]
+        a = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", *args, env=env
+        )
+        key = f"cut-claim-{os.urandom(4).hex()}"
+        session = f"s-{key}"
+        proxy.stall(session.encode(), COMMAND_TIMEOUT + 1.0, times=2)
+        started = httpx.post(
+            f"{a.url}/reasoners/counted/async",
+            params={"delay": "0.3"},
+            json={"key": key},
+            headers={"X-Session-ID": session},
+        )
+        assert started.status_code == 202, started.text
+        wait_for(lambda: proxy.stalled >= 2, timeout=30, what="the claim and a repair held")
+        proxy.cut("refuse")
+        a.signal(signal.SIGTERM)
+        code, took = a.wait_exit(WAIT)
+        assert code == 0, a.stderr()
+        assert took < 4 * COMMAND_TIMEOUT + 2, took
+        assert "closes with takes it never began unsettled" in a.stderr(), a.stderr()
+        assert "claims unanswered 1" in a.stderr(), a.stderr()
+        assert "Traceback" not in a.stderr(), a.stderr()
+    finally:
+        proxy.stop()
+
+
+def test_a_claim_that_lands_while_draining_never_starts_there(
+    server_factory: Any, redis_server: RedisServer, redis_url: str
+) -> None:
+    """A claim sent while A admitted work, answered once A's admission had closed (SIGTERM,
+    its drain waiting for other work): A must not start it (its drain would cancel it at the
+    deadline, a body begun only to be stopped). It goes back to the queue, and replica B,
+    started after, runs its first run."""
+    from tests.support.faults import CutProxy
+
+    proxy = CutProxy(redis_server.port)
+    proxy.start()
+    try:
+        env = {"TESTS_REDIS_URL": redis_server.url}
+        args = ["--lease-ttl", "30", "--unready-delay", "0"]
+        a = server_factory(
+            "tests_app:agent", "--store", proxy.url, "--replica-id", "A", *args, env=env
+        )
+        busy = httpx.post(f"{a.url}/reasoners/sleep/async", json={"seconds": 3})
+        assert busy.status_code == 202, busy.text
+        key = f"drained-claim-{os.urandom(4).hex()}"
+        # The claim's reply carries the body (this key): held less than the command timeout.
+        proxy.stall(key.encode(), 1.5, times=1)
+        started = httpx.post(
+            f"{a.url}/reasoners/counted/async", params={"delay": "0.3"}, json={"key": key}
+        )
+        assert started.status_code == 202, started.text
+        execution_id = started.json()["execution_id"]
+        wait_for(lambda: proxy.stalled >= 1, timeout=30, what="the claim's answer held")
+        a.signal(signal.SIGTERM)
+        code, _ = a.wait_exit(WAIT)
+        assert code == 0, a.stderr()
+        assert redis_server.command("GET", f"tests:runs:{key}") == b"$-1\r\n", a.stderr()
+        b = server_factory(
+            "tests_app:agent", "--store", redis_url, "--replica-id", "B", *args, env=env
+        )
+        body = final(b.url, execution_id, timeout=30)
+        assert body["status"] == "succeeded", body
+        assert (body["attempt"], body["replica"]) == (1, "B"), body
+        assert body["result"] == {"key": key, "runs": 1}
+        assert "taken from the queue as admission closed" in a.stderr(), a.stderr()
+    finally:
+        proxy.stop()

@@ -1177,3 +1177,81 @@ def test_a_start_in_doubt_is_not_adopted_before_a_replica_holds_it(
         assert "Traceback" not in agent.stderr(), agent.stderr()
     finally:
         agent.close()
+
+
+@pytest.mark.parametrize("route", ["/reasoners/evidenced/async", "/reasoners/evidenced"])
+def test_a_start_in_doubt_when_its_replica_shuts_down_runs_its_first_run_elsewhere(
+    tmp_path: Path, redises: Redises, route: str
+) -> None:
+    """Section 12, accepted work is never failed unrun. A start (async, or sync) answered
+    503 + Location because no Redis replica held its create is recorded on the primary,
+    running under the agent replica that will never begin it (its repair has not settled
+    it: the next renewal is a long lease's third away). That agent replica is then rolled
+    (SIGTERM, exit 0) with the Redis replica back: its close must put the start back on
+    the queue before its liveness ends, so a replica started after runs it as its first
+    run and it succeeds, rather than reading `lost` ("stopped renewing"), its body never
+    run anywhere."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    replica, primary = redises.replica, redises.primary
+    env = {EVIDENCE_DIR_ENV: str(evidence)}
+
+    def agent(name: str) -> ServerProcess:
+        marker_dir = tmp_path / name
+        marker_dir.mkdir()
+        args = ["tests_app:agent", "--store", redises.url(), "--replica-id", name]
+        args += ["--lease-ttl", "30", "--unready-delay", "0"]
+        return ServerProcess(args, {**env, REPLICA_ID_ENV: name}, marker_dir)
+
+    first = agent("rolled")
+    second: ServerProcess | None = None
+    try:
+        first.wait_ready()
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            primary.client.client_kill_filter(_type="replica")
+            wait_until(
+                lambda: primary.info("replication")["connected_slaves"] == 0,
+                what="the replica cut off",
+            )
+            before = settles(first)
+            doubt = httpx.post(f"{first.url}{route}", json={"seconds": 0.1}, timeout=WAIT)
+            # The repair the answer asked for has read it, unheld: the next is ten
+            # seconds away (a third of the lease).
+            wait_until(lambda: settles(first) >= before + 1, what="the repair after the 503")
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        assert doubt.status_code == 503, doubt.text
+        execution_id = doubt.json()["execution_id"]
+        assert doubt.headers["location"] == f"/executions/{execution_id}"
+        wait_until(
+            lambda: primary.info("replication")["connected_slaves"] == 1,
+            what="the replica back",
+        )
+        record = Keys("tests").record(execution_id)
+        # Held by the rolled replica, never begun: its repair has not settled it yet.
+        assert primary.client.hmget(record, "status", "replica") == ["running", "rolled"]
+        assert not (evidence / execution_id).exists()
+        first.signal(signal.SIGTERM)
+        code, _ = first.wait_exit(WAIT)
+        assert code == 0, first.stderr()
+        second = agent("after")
+        second.wait_ready()
+        deadline = time.monotonic() + WAIT
+        while True:
+            body = httpx.get(f"{second.url}/executions/{execution_id}", timeout=WAIT).json()
+            if body["status"] not in ("queued", "running"):
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(POLL)
+        assert (body["status"], body["attempt"]) == ("succeeded", 1), body
+        lines = (evidence / execution_id).read_text().splitlines()
+        assert [line.split()[:3] for line in lines] == [["run", "1", "after"]], lines
+        assert "goes back to the queue for its first run" in first.stderr(), first.stderr()
+        for process in (first, second):
+            assert PASSWORD not in process.stderr()
+            assert "Traceback" not in process.stderr(), process.stderr()
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

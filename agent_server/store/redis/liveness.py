@@ -273,6 +273,49 @@ class Liveness:
             else:
                 self._lose_orphan(execution)
 
+    async def release_takes(self) -> None:
+        """At close, before this replica's liveness ends: every take of this process whose
+        body never began (a create in doubt, a claim unanswered, one that landed while
+        draining) goes back to the queue for its first run elsewhere; left owned by a
+        replica that stops renewing, it would be judged `lost`, its body never run
+        (section 12: accepted work is never failed unrun). A create in doubt is put back
+        whether or not a replica holds the settle: nothing starts here, and the claim that
+        takes it elsewhere waits for a replica like any. Its unclaims go to the outbox,
+        which the caller writes. Raises StoreUnavailable when Redis cannot say. A store no
+        registry runs (`deliver_orphans` never called) knows of no task: it leaves all."""
+        link = self._link
+        if self._runs is None:
+            return
+        while self.in_doubt:
+            ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
+            with link.operation("settle"):
+                rows, _ = await link.told("settle", self._keys.for_settle(ids), *ids)
+            for execution_id, row in zip(ids, rows, strict=True):
+                execution = self.in_doubt.pop(execution_id, None)
+                if (
+                    execution is not None
+                    and row
+                    and row[Row.STATUS] == ExecutionStatus.RUNNING
+                    and row[Row.REPLICA] == self._replica_id
+                    and not self._runs(execution_id)
+                ):
+                    self._requeue_unstarted(execution, self.incarnation)
+        with link.operation("owned"):
+            rows = await link.script("owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN)
+        owed = self._owed()
+        for row, _, token in rows:
+            execution = self._codec.restore(row)
+            key = execution.execution_id
+            if not self._runs(key) and key not in owed and token.startswith(self.incarnation):
+                self._requeue_unstarted(execution, token)
+        self._unanswered.clear()
+        self.repair_due = False
+
+    def unsettled(self) -> str:
+        """What `release_takes` could not settle, for the line that names it."""
+        unanswered = len(self._unanswered)
+        return f"starts in doubt {sorted(self.in_doubt) or 'none'}; claims unanswered {unanswered}"
+
     def _requeue_unstarted(self, execution: Execution, token: str) -> None:
         """Taken by this process, which never began its body: back to the queue, its
         attempt unchanged, for a first run of that attempt on any replica (resumable or

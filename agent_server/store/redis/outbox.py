@@ -98,6 +98,10 @@ class Outbox:
         queued = [write.execution for write in self._writes if write.script != "emit"]
         return [*queued, *self.overflow, *self.failed]
 
+    def unwritten(self, script: str) -> list[str]:
+        """The ids of the writes of `script` still queued."""
+        return [write.execution.execution_id for write in self._writes if write.script == script]
+
     def owed_ids(self) -> set[str]:
         """Every execution with a write queued or kept aside."""
         owed = {write.execution.execution_id for write in self._writes}

@@ -5,6 +5,7 @@ this replica; part of `RedisStore`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import Any
@@ -23,6 +24,8 @@ from agent_server.store.base import (
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
 from agent_server.store.redis.scripts import Create, Row
+
+logger = logging.getLogger("agent_server.store")
 
 #: Seconds after which keyed work waiting for a slot is looked at again without a notice.
 BLOCKED_RELOOK = 5.0
@@ -192,6 +195,17 @@ class Starts(StorePart):
         except Exception:  # taken, but it will not start here: the repair puts it back
             liveness.repair_due = True
             raise
+
+    def give_back(self, execution: Execution) -> None:
+        """Taken while draining, never begun: the repair puts it back on the queue (its
+        record names this process's take), at once, or at close at the latest."""
+        logger.info(
+            "execution %s (%s): taken from the queue as admission closed; it does not start here",
+            execution.execution_id,
+            execution.reasoner,
+        )
+        self._liveness.repair_due = True
+        self._liveness.renew_now.set()
 
     def _claimed(self, reply: Any) -> Execution:
         """The execution a claim took, as this replica runs it."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -43,6 +44,12 @@ from agent_server.store.redis.starts import Starts
 from agent_server.store.redis.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
+
+#: Seconds the close gives the takes this process never began to go back to the queue: a
+#: command timeout for a connection a slow command holds to be dropped, and one more.
+RELEASE_SECONDS = 2 * COMMAND_TIMEOUT
+#: Seconds between tries of that final repair.
+RELEASE_RETRY = 0.05
 
 
 class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
@@ -181,8 +188,9 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
         self._outbox.wake_if_owed()
 
     async def close(self) -> None:
-        """Stop the background tasks (observing them), end this replica's liveness so its
-        remaining running records read lost at once, and disconnect."""
+        """Stop the background tasks (observing them), put back on the queue what this
+        process took but never began, end this replica's liveness so its remaining running
+        records read lost at once, and disconnect."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -194,6 +202,8 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
             outcome = task.exception() if task.done() and not task.cancelled() else None
             if outcome is not None:
                 logger.error("store task %s failed", task.get_name(), exc_info=outcome)
+        if self._link.is_open:
+            await self._release_takes()
         client = self._link.detach()
         if client is None:
             return
@@ -211,6 +221,46 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
             )
         await self._link.disconnect(client)
         self._notices.wake_all()
+
+    async def _release_takes(self) -> None:
+        """Before the liveness ends: the takes of this process whose body never began go
+        back to the queue (`Liveness.release_takes`), their unclaims written, all within
+        RELEASE_SECONDS: tried again once the connection a slow command held is dropped.
+        What Redis could not settle by then is named (the judge ends it)."""
+        deadline = time.monotonic() + RELEASE_SECONDS
+        liveness = self._liveness
+        failure: Exception | None = None
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await liveness.release_takes()
+                failure = None
+                break
+            except (StoreUnavailable, TimeoutError) as exc:
+                failure = exc
+                if deadline - time.monotonic() <= RELEASE_RETRY:
+                    break
+                await asyncio.sleep(RELEASE_RETRY)
+        if failure is not None:
+            logger.warning(
+                "replica %s closes with takes it never began unsettled (%s): Redis at %s "
+                "did not answer in time (%s); whatever it recorded of them the judge ends",
+                self.replica_id,
+                liveness.unsettled(),
+                self.where,
+                type(failure).__name__,
+            )
+        await self._outbox.flush(deadline)
+        unwritten = self._outbox.unwritten("unclaim")
+        if unwritten:
+            logger.warning(
+                "replica %s closes with executions it never began still owned (their "
+                "return to the queue not written to Redis at %s in time): %s; the judge "
+                "ends them",
+                self.replica_id,
+                self.where,
+                ", ".join(unwritten),
+            )
 
     async def flush(self, deadline: float) -> list[Execution]:
         """Write the outbox until `deadline` (monotonic); what is left is unrecorded."""
