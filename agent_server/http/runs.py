@@ -206,12 +206,20 @@ class Runs:
 
     async def run_async(self, request: Request) -> Response:
         delay = delay_param(request)
-        execution, _ = await self._start(request, delay=delay, may_queue=True)
+        accepted: list[dict[str, Any]] = []
+        execution, _ = await self._start(request, delay=delay, may_queue=True, shown=accepted)
         location = execution_location(request.scope, execution.execution_id)
-        return execution_response(execution, 202, {"Location": location})
+        # The execution as it was accepted: an end it reached since (a quick reasoner, while
+        # this handler waited its turn) may not be in the store yet, and a 202 is no verdict.
+        return JSONResponse(accepted[0], 202, {"Location": location})
 
     async def _start(
-        self, request: Request, *, delay: float | None = None, may_queue: bool = False
+        self,
+        request: Request,
+        *,
+        delay: float | None = None,
+        may_queue: bool = False,
+        shown: list[dict[str, Any]] | None = None,
     ) -> tuple[Execution, bool]:
         """Start the execution, or find the one an earlier request with the same
         Idempotency-Key started; True when this request started it. An async start may be
@@ -252,7 +260,9 @@ class Runs:
                 session_policy=_session_policy(reasoner, headers),
                 announce=announced.append,
             )
-            return await self._started_before_close(start, announced, request.scope)
+            return await self._started_before_close(
+                self._shown(start, shown), announced, request.scope
+            )
         except SessionTaken as exc:
             raise ApiError(
                 409,
@@ -271,6 +281,16 @@ class Runs:
                 "Idempotency-Key's execution was forgotten (deleted, released or expired): "
                 "send a new key to run again",
             ) from None
+
+    @staticmethod
+    async def _shown(
+        start: Coroutine[Any, Any, tuple[Execution, bool]], shown: list[dict[str, Any]] | None
+    ) -> tuple[Execution, bool]:
+        """The start, its JSON kept in `shown` as the store accepted it (before its task ran)."""
+        execution, started = await start
+        if shown is not None:
+            shown.append(execution.to_json())
+        return execution, started
 
     async def _started_before_close(
         self,

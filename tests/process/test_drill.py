@@ -126,7 +126,7 @@ def assert_few_requests(verdicts: list[dict[str, Any]]) -> None:
     it waits for input), never a poll loop."""
     for verdict in verdicts:
         for reasoner in verdict["reasoners"]:
-            assert 1 <= reasoner["requests"] <= 2 * reasoner["started"], reasoner
+            assert 1 <= reasoner["requests"] <= 2 * reasoner["started"], json.dumps(reasoner)
 
 
 def test_a_reasoner_waiting_for_input_is_judged_by_the_store_the_same_every_run(
