@@ -1,5 +1,5 @@
 """Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults/ (three
-replicas behind haproxy on a Redis primary and replica under three sentinels, or with
+replicas behind haproxy on a Redis primary and two replicas under three sentinels, or with
 `--plain` on one Redis, AOF either way; a load of clients keeping a history; a seeded
 schedule of kills, rollouts, pauses, Redis restarts, failovers and cuts; then the checker),
 for longer and over several seeds. Prints per seed the counts (calls, executions, each kind
@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plain", action="store_true", help="one redis-server, no Sentinel (and no failover)"
     )
+    parser.add_argument(
+        "--redis-replicas",
+        type=int,
+        default=2,
+        help="Redis replicas under Sentinel (a primary and two, as in production, by default)",
+    )
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))  # the tests' package, as `python -m pytest` imports it
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             clients=args.clients,
             source=args.source.resolve() if args.source else None,
             sentinel=not args.plain,
+            redis_replicas=args.redis_replicas,
             log=log,
         )
         print(run.report(limit=10), flush=True)

@@ -4,7 +4,7 @@ Its modules: `cluster` (the replicas and haproxy), `redis_parts` (the Redis unde
 its proxies), `load` (the client threads), `history` (what they saw), `nemesis` (the faults),
 `evidence` and `checker` (the invariants) and `run` (one run, end to end).
 
-The parts are real and on loopback: Redis with AOF (by default a primary and a replica under
+The parts are real and on loopback: Redis with AOF (by default a primary and two replicas under
 three real `redis-sentinel`, else one `redis-server`: `redis_parts`), small TCP
 proxies between the replicas and Redis (so the link can be cut), three `agent-server run
 tests_app:agent` replicas on one store behind haproxy. Client threads run a load through

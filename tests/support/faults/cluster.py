@@ -19,6 +19,7 @@ from tests.apps.tests_app import (
     REPLICA_ID_ENV,
 )
 from tests.support.faults.redis_parts import (
+    REDIS_REPLICAS,
     PlainRedis,
     RedisUnderTest,
     SentinelRedis,
@@ -86,10 +87,17 @@ class FaultCluster:
     process it started, whatever state the run left them in (paused ones included)."""
 
     def __init__(
-        self, directory: Path, source: Path | None = None, *, sentinel: bool = True
+        self,
+        directory: Path,
+        source: Path | None = None,
+        *,
+        sentinel: bool = True,
+        redis_replicas: int = REDIS_REPLICAS,
     ) -> None:
         self.directory = directory
-        self.redis: RedisUnderTest = SentinelRedis(directory) if sentinel else PlainRedis(directory)
+        self.redis: RedisUnderTest = (
+            SentinelRedis(directory, redis_replicas) if sentinel else PlainRedis(directory)
+        )
         self.evidence_dir = directory / "evidence"
         self.evidence_dir.mkdir()
         self.env = {EVIDENCE_DIR_ENV: str(self.evidence_dir)}

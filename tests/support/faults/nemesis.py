@@ -32,7 +32,7 @@ from tests.support.faults.redis_parts import (
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    target: int  # the replica's index, for the replica faults
+    target: int  # the replica's index (the Redis node's, for pause-redis and restart-redis)
     seconds: float  # how long a pause or a cut lasts
     mode: str  # a cut's: refuse or reset
     gap: float  # seconds of calm before it
@@ -128,17 +128,18 @@ class Nemesis:
                     os.kill(replica.proc.pid, signal.SIGCONT)
                 event("pause-replica", rid, "end")
         elif fault.kind == "pause-redis":
-            primary = cluster.redis.primary()
-            event("pause-redis", "redis", "begin", f":{primary.port} {fault.seconds:.2f}s")
-            primary.send(signal.SIGSTOP)
+            # Any one node, by the schedule's index: the primary or (under Sentinel) a replica.
+            node, name = cluster.redis.pick(fault.target)
+            event("pause-redis", "redis", "begin", f"{name} {fault.seconds:.2f}s")
+            node.send(signal.SIGSTOP)
             try:
                 time.sleep(fault.seconds)
             finally:
-                primary.send(signal.SIGCONT)
+                node.send(signal.SIGCONT)
             event("pause-redis", "redis", "end")
         elif fault.kind == "restart-redis":
             event("restart-redis", "redis", "begin")
-            event("restart-redis", "redis", "end", cluster.redis.restart_primary())
+            event("restart-redis", "redis", "end", cluster.redis.restart(fault.target))
         elif fault.kind == "cut":
             event("cut", "proxy", "begin", f"{fault.mode} {fault.seconds:.2f}s")
             cluster.redis.cut(fault.mode)

@@ -1,17 +1,19 @@
 """The Redis under the fault harness's replicas (tests/support/faults/), and its faults.
 
-Either one `redis-server` with AOF (`PlainRedis`), or a primary and a replica, both with AOF,
-watched by three real `redis-sentinel` processes (`SentinelRedis`), which the replicas reach
-with `--store redis+sentinel://...`. Either way every connection of the replicas goes
-through a `CutProxy` of this process, so a cut parts the replicas from Redis (the sentinels
-and the nodes) while Redis's own links (replication, the sentinels' pings) go on, as a
-partition between pods and Redis does. The sentinels name the nodes by their real ports; the
-proxies in front of the sentinels rewrite those ports in their replies to the ports of the
-nodes' proxies, so the replicas follow a failover through the proxies too.
+Either one `redis-server` with AOF (`PlainRedis`), or a primary and two replicas, each with
+AOF, watched by three real `redis-sentinel` processes (`SentinelRedis`), which the replicas
+reach with `--store redis+sentinel://...`: with one node down, a replica still holds each
+told write (`WAIT 1`), as in a production Sentinel deployment. Either way every connection
+of the replicas goes through a `CutProxy` of this process, so a cut parts the replicas from
+Redis (the sentinels and the nodes) while Redis's own links (replication, the sentinels'
+pings) go on, as a partition between pods and Redis does. The sentinels name the nodes by
+their real ports; the proxies in front of the sentinels rewrite those ports in their replies
+to the ports of the nodes' proxies, so the replicas follow a failover through the proxies too.
 
-The nemesis acts on the current primary (whichever node the sentinels name): pauses it,
-restarts it, kills it with SIGKILL (the sentinels promote the replica; the killed node comes
-back as a replica of the new primary), or asks for a planned failover (`SENTINEL FAILOVER`).
+The nemesis pauses or restarts any one node (the primary or a replica, by the schedule's
+seeded index), kills the current primary (whichever node the sentinels name) with SIGKILL
+(the sentinels promote a replica; the killed node comes back as a replica of the new
+primary), or asks for a planned failover (`SENTINEL FAILOVER`).
 """
 
 from __future__ import annotations
@@ -308,13 +310,19 @@ class PlainRedis:
     def primary(self) -> Node:
         return self.node
 
+    def pick(self, index: int) -> tuple[Node, str]:
+        """The node a pause or a restart hits (the one there is), and how to name it."""
+        del index
+        return self.node, f":{self.node.port}"
+
     def cut(self, mode: str) -> None:
         self.proxy.cut(mode)
 
     def restore(self) -> None:
         self.proxy.restore()
 
-    def restart_primary(self) -> str:
+    def restart(self, index: int) -> str:
+        del index
         return f"exit {self.node.restart()}"
 
     def settle(self, timeout: float = SETTLE_WAIT) -> str | None:
@@ -402,12 +410,12 @@ class Sentinel:
                 )
         return False
 
-    def knows(self, replica: int, sentinels: int) -> bool:
-        """It sees `replica` up and `sentinels` other sentinels."""
-        replicas = self.ask("replicas", SERVICE) or []
+    def knows(self, replicas: list[int], sentinels: int) -> bool:
+        """It sees every one of `replicas` up and `sentinels` other sentinels."""
+        found = self.ask("replicas", SERVICE) or []
         others = self.ask("sentinels", SERVICE) or []
-        up = [r for r in replicas if int(r["port"]) == replica and "s_down" not in r["flags"]]
-        return bool(up) and len(others) == sentinels
+        up = {int(r["port"]) for r in found if "s_down" not in r["flags"]}
+        return set(replicas) <= up and len(others) == sentinels
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -416,18 +424,27 @@ class Sentinel:
         self.client.close()
 
 
+#: Redis replicas under Sentinel by default: two, as in production, so that with any one node
+#: down (killed, paused, restarting, resyncing) a replica still acknowledges `WAIT 1`.
+REDIS_REPLICAS = 2
+
+
 class SentinelRedis:
-    """A primary and a replica (AOF each), three sentinels (quorum 2), a proxy in front of
-    each: `--store redis+sentinel://<the sentinels' proxies>/faults/0`."""
+    """A primary and `replicas` replicas (AOF each; two by default), three sentinels (quorum
+    2), a proxy in front of each: `--store redis+sentinel://<the sentinels' proxies>/faults/0`."""
 
     kinds: tuple[str, ...] = ("pause-redis", "restart-redis", "cut", "failover", "kill-primary")
 
-    def __init__(self, directory: Path) -> None:
-        for index in range(2):
+    def __init__(self, directory: Path, replicas: int = REDIS_REPLICAS) -> None:
+        assert replicas >= 1, "Sentinel needs a replica to promote"
+        for index in range(1 + replicas):
             (directory / f"redis{index}").mkdir()
         self.directory = directory
-        self.nodes = [Node(directory / f"redis{i}", port=stable_port()) for i in range(2)]
-        self.nodes[1].replica_of = self.nodes[0].port
+        self.nodes = [
+            Node(directory / f"redis{i}", port=stable_port()) for i in range(1 + replicas)
+        ]
+        for replica in self.nodes[1:]:
+            replica.replica_of = self.nodes[0].port
         self.node_proxies = [CutProxy(node.port) for node in self.nodes]
         self.sentinels: list[Sentinel] = []
         self.sentinel_proxies: list[CutProxy] = []
@@ -439,13 +456,15 @@ class SentinelRedis:
     def open(self) -> None:
         for node in self.nodes:
             node.start()
-        in_sync = _wait(lambda: self.nodes[1].role()[2] == "connected", SETTLE_WAIT)
-        assert in_sync, f"the replica never synced:\n{self.nodes[1].log()}"
+        for replica in self.nodes[1:]:
+            in_sync = _wait(lambda r=replica: r.role()[2] == "connected", SETTLE_WAIT)
+            assert in_sync, f"the replica :{replica.port} never synced:\n{replica.log()}"
         for index in range(3):
             self.sentinels.append(Sentinel(self.directory / f"sentinel{index}", self.nodes[0].port))
+        replicas = [node.port for node in self.nodes[1:]]
         for sentinel in self.sentinels:
-            known = _wait(lambda s=sentinel: s.knows(self.nodes[1].port, 2), SETTLE_WAIT)
-            assert known, f"sentinel :{sentinel.port} never saw the replica and the others"
+            known = _wait(lambda s=sentinel: s.knows(replicas, 2), SETTLE_WAIT)
+            assert known, f"sentinel :{sentinel.port} never saw the replicas and the others"
         rewrite = {
             node.port: proxy.port for node, proxy in zip(self.nodes, self.node_proxies, strict=True)
         }
@@ -470,8 +489,15 @@ class SentinelRedis:
         port = self.named()
         return next((node for node in self.nodes if node.port == port), self.nodes[0])
 
-    def other(self, node: Node) -> Node:
-        return self.nodes[1] if node is self.nodes[0] else self.nodes[0]
+    def others(self, node: Node) -> list[Node]:
+        return [other for other in self.nodes if other is not node]
+
+    def pick(self, index: int) -> tuple[Node, str]:
+        """The node a pause or a restart hits (the schedule's index, whatever its role), and
+        how to name it: its port and whether the sentinels name it the primary."""
+        node = self.nodes[index % len(self.nodes)]
+        role = "primary" if node.port == self.named() else "replica"
+        return node, f":{node.port} {role}"
 
     def cut(self, mode: str) -> None:
         for proxy in self.proxies:
@@ -491,36 +517,40 @@ class SentinelRedis:
         return port if node is not None and node.role()[0] == "master" else None
 
     def settle(self, timeout: float = SETTLE_WAIT) -> str | None:
-        """Wait (bounded) until the sentinels agree on a primary that answers as one, and the
-        other node is its replica, in sync; what is not so after `timeout`, or None."""
+        """Wait (bounded) until the sentinels agree on a primary that answers as one, and
+        every other node is its replica, in sync; what is not so after `timeout`, or None."""
 
         began = time.monotonic()
+
+        def in_sync(node: Node, port: int) -> bool:
+            role = node.role()
+            stray = role[0] == "master" or (role[0] == "slave" and role[1] != port)
+            if stray and time.monotonic() - began > NUDGE_AFTER:
+                node.command("REPLICAOF", "127.0.0.1", str(port))
+            return role == ("slave", port, "connected") and all(
+                sentinel.sees_replica(node.port, port) for sentinel in self.sentinels
+            )
 
         def settled() -> bool:
             port = self.agreed()
             if port is None:
                 return False
-            other = next(node for node in self.nodes if node.port != port)
-            role = other.role()
-            if role[0] == "master" and time.monotonic() - began > NUDGE_AFTER:
-                other.command("REPLICAOF", "127.0.0.1", str(port))
-            return role == ("slave", port, "connected") and all(
-                sentinel.sees_replica(other.port, port) for sentinel in self.sentinels
-            )
+            return all([in_sync(node, port) for node in self.nodes if node.port != port])
 
         if _wait(settled, timeout):
             return None
         return f"not settled after {timeout:g}s: {self.describe()}"
 
-    def restart_primary(self) -> str:
-        """SIGTERM to the current primary (it fsyncs its AOF), and a start on its directory
-        as the primary it was."""
-        node = self.primary()
-        node.replica_of = None
-        return f":{node.port} exit {node.restart()}"
+    def restart(self, index: int) -> str:
+        """SIGTERM to one node, the primary or a replica (it fsyncs its AOF), and a start on
+        its directory as what it was: the primary, or a replica of the named primary."""
+        node, name = self.pick(index)
+        primary = self.named()
+        node.replica_of = primary if primary != node.port else None
+        return f"{name} exit {node.restart()}"
 
     def failover(self) -> str:
-        """`SENTINEL FAILOVER` (the replica in sync first), and the announcement."""
+        """`SENTINEL FAILOVER` (the replicas in sync first), and the announcement."""
         unsettled = self.settle()
         old = self.named()
         reply = self.sentinels[0].ask("failover", SERVICE)
@@ -530,21 +560,22 @@ class SentinelRedis:
         return f":{old} -> :{new or '?'}" + (f"; {unsettled}" if unsettled else "")
 
     def kill_primary(self) -> str:
-        """SIGKILL to the current primary (the replica in sync first); once the sentinels name
-        the other node, the killed one starts again on its AOF as that one's replica."""
+        """SIGKILL to the current primary (the replicas in sync first); once the sentinels
+        name one of the others, the killed one starts again on its AOF as that one's replica."""
         unsettled = self.settle()
         node = self.primary()
         assert node.proc is not None
         node.proc.kill()
         node.proc.wait(timeout=START_TIMEOUT)
         node.proc = None
-        other = self.other(node)
-        promoted = _wait(lambda: self.named() == other.port, FAILOVER_WAIT)
-        node.replica_of = other.port if promoted else None
+        others = {other.port for other in self.others(node)}
+        promoted = _wait(lambda: (port := self.named()) in others and port, FAILOVER_WAIT)
+        node.replica_of = promoted or None
         node.start()
         return (
-            f":{node.port} killed, :{other.port} "
-            + ("promoted" if promoted else f"not promoted in {FAILOVER_WAIT:g}s; restarted")
+            f":{node.port} killed, "
+            + (f":{promoted} promoted" if promoted else f"none promoted in {FAILOVER_WAIT:g}s")
+            + "; restarted"
             + (f"; {unsettled}" if unsettled else "")
         )
 

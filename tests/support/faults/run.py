@@ -27,6 +27,7 @@ from tests.support.faults.history import (
 )
 from tests.support.faults.load import OP_TIMEOUT, RETRY_FOR, LoadClient
 from tests.support.faults.nemesis import Nemesis
+from tests.support.faults.redis_parts import REDIS_REPLICAS
 
 
 def _log_nothing(message: str) -> None:
@@ -150,14 +151,16 @@ def run_faults(
     clients: int = 6,
     source: Path | None = None,
     sentinel: bool = True,
+    redis_replicas: int = REDIS_REPLICAS,
     log: Callable[[str], None] = _log_nothing,
 ) -> FaultRun:
     """One run: start the parts, load and faults for `seconds`, heal, stop the load,
     quiesce, read back, check. Every process it started is ended, whatever happens.
-    `sentinel`: Redis is a primary and a replica under Sentinel (else one redis-server)."""
+    `sentinel`: Redis is a primary and `redis_replicas` replicas under Sentinel (else one
+    redis-server)."""
     began = time.monotonic()
     history = History()
-    cluster = FaultCluster(directory, source, sentinel=sentinel)
+    cluster = FaultCluster(directory, source, sentinel=sentinel, redis_replicas=redis_replicas)
     stop = threading.Event()
     threads: list[LoadClient] = []
     try:
