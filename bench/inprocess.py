@@ -48,7 +48,10 @@ from bench.common import ROOT
 
 CHILD = r"""
 import asyncio, json, sys, time
-from agent_server.app.demo import agent
+try:
+    from agent_server.app.demo import agent
+except ImportError:  # a tree from before the layers were folders (--compare)
+    from agent_server.demo import agent
 
 if len(sys.argv) > 3 and sys.argv[3] == "off":  # --sampler: the same tree without it
     import agent_server.runtime.loop_lag as loop_lag
