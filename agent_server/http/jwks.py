@@ -30,7 +30,7 @@ logger = logging.getLogger("agent_server.auth")
 FETCH_TIMEOUT = 5.0
 #: Largest JWKS document read; a larger one is a failed fetch.
 MAX_JWKS_BYTES = 1024 * 1024
-#: Seconds between two fetches at least, whatever the tokens ask for (DESIGN.md section 19).
+#: Seconds between two fetches at least, whatever the tokens ask for (docs/security.md).
 MIN_REFRESH_INTERVAL = 10.0
 #: Seconds a fetched key set is used before it is fetched again in the background.
 MAX_AGE = 300.0

@@ -4,7 +4,7 @@ Kubernetes updates a mounted Secret by swapping a symlink, so the file's identit
 inode), size and times change; a `stat` at most every `CHECK_INTERVAL` seconds, taken by the
 request that finds the interval over, notices it, and the file is read and parsed again then.
 A request after the change therefore meets the new tokens within that interval, well inside
-the 10 s of DESIGN.md section 19, and no request waits on anything but one `stat` a second.
+the 10 s docs/security.md promises, and no request waits on anything but one `stat` a second.
 
 A file that cannot be read or parsed keeps the tokens read last and logs one WARNING line
 naming the line and the reason (never a line's text: it holds a token), once per change.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-#: The scopes that reach every tenant's work (DESIGN.md section 19).
+#: The scopes that reach every tenant's work (docs/security.md).
 ADMIN_SCOPES = frozenset({"admin", "agent-server:admin"})
 #: Longest identity or tenant taken: they go into records, logs and traces.
 MAX_NAME_LENGTH = 256
