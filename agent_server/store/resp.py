@@ -17,10 +17,12 @@ A link given a `Locator` (Sentinel, agent_server/store/sentinel.py) asks it wher
 is on every connect, checks with `ROLE` that the node is the primary, and retires a connection
 that answers `READONLY` (a demoted primary), so that the next call asks again.
 
-A link given `ack` commands (`PUBLISH`, then `WAIT 1 <ms>`) acknowledges writes sent with
-`call_acked` once a replica holds them, in groups: one `ack` follows every write sent before
-it on the same connection, at most one is in flight, and the writes sent meanwhile share the
-next one (Redis runs nothing else of a connection while its `WAIT` blocks it).
+A link given an `Acknowledgement` (`PUBLISH`, then `WAIT n <ms>`) acknowledges writes sent
+with `call_acked` once replicas hold them, in groups: one acknowledgement follows every write
+sent before it on the same connection, at most one is in flight, and the writes sent
+meanwhile share the next one (Redis runs nothing else of a connection while its `WAIT` blocks
+it). Its commands may change (how many replicas to wait for); the next group takes the new
+ones.
 """
 
 from __future__ import annotations
@@ -120,15 +122,31 @@ def _settle(futures: Sequence[asyncio.Future[Any]], outcome: Any) -> None:
             future.set_result(outcome)
 
 
+class Acknowledgement:
+    """The commands sent after a group of writes to acknowledge them; the last one's reply
+    is the acknowledgement. Shared by a link and its connections, and changed in place."""
+
+    __slots__ = ("count", "packed")
+
+    def __init__(self, commands: Sequence[Command]) -> None:
+        self.packed = b""
+        self.count = 0
+        self.set(commands)
+
+    def set(self, commands: Sequence[Command]) -> None:
+        self.packed = b"".join(_pack(command) for command in commands)
+        self.count = len(commands)
+
+
 class _Protocol(asyncio.Protocol):
     """Replies resolve the oldest waiting future; a lost connection fails them all."""
 
     def __init__(
-        self, timeout: float, *, follow: bool = False, ack: tuple[bytes, int] | None = None
+        self, timeout: float, *, follow: bool = False, ack: Acknowledgement | None = None
     ) -> None:
         self.timeout = timeout
-        #: The packed commands that acknowledge the writes before them, and how many; the
-        #: last one's reply is the acknowledgement (WAIT's count of replicas).
+        #: The commands that acknowledge the writes before them; the last one's reply is the
+        #: acknowledgement (WAIT's count of replicas).
         self.ack = ack
         #: The acknowledgement in flight (its reply's future) and whose writes it covers.
         self._ack_sent: tuple[asyncio.Future[Any], list[asyncio.Future[Any]]] | None = None
@@ -222,7 +240,7 @@ class _Protocol(asyncio.Protocol):
     def _send_ack(self) -> None:
         """The acknowledgement of every write waiting for one, after them on the wire."""
         assert self.ack is not None
-        payload, count = self.ack
+        payload, count = self.ack.packed, self.ack.count
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         futures = [loop.create_future() for _ in range(count)]
@@ -294,14 +312,14 @@ class RedisLink:
         connect_timeout: float,
         timeout: float,
         locator: Locator | None = None,
-        ack: Sequence[Command] = (),
+        ack: Acknowledgement | None = None,
     ) -> None:
         self.url = url
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.locator = locator
-        self._ack = (b"".join(_pack(command) for command in ack), len(ack)) if ack else None
+        self._ack = ack
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
         self._twins: list[RedisLink] = []
@@ -378,7 +396,7 @@ class RedisLink:
         await _all(protocol.send(_pack(("SUBSCRIBE", *channels)), len(channels)))
         return protocol.closed
 
-    def twin(self, ack: Sequence[Command] = ()) -> RedisLink:
+    def twin(self, ack: Acknowledgement | None = None) -> RedisLink:
         """Another link to the same place (the same locator): a subscriber beside the
         commands' link, or one whose writes are acknowledged (`ack`). Retiring this link
         retires its twins too."""

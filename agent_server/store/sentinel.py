@@ -15,6 +15,10 @@ readiness is 503); the first connect after the new primary is announced reaches 
 failover that leaves the old primary up and still writable for a while (`SENTINEL FAILOVER`,
 a healed partition) drops no connection, so a watch asks the sentinels every WATCH_INTERVAL
 and moves both connections off a node they no longer name.
+
+The same watch counts the replicas the sentinels could promote (`promotable`): a told write
+is acknowledged once every one of them holds it (`WAIT n`), since a failover may promote any
+of them, the one that is behind included (bench/RESULTS.md, "the hole in `WAIT 1`").
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import ipaddress
 import logging
 import re
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -45,6 +50,11 @@ DEFAULT_PORT = 26379
 FORM = f"{_PREFIX}[[user]:password@]host:port[,host:port...]/SERVICE[/DB]"
 #: Seconds between two looks at where the sentinels say the primary is.
 WATCH_INTERVAL = 0.5
+#: A replica's link to its primary down longer than this many `down-after-milliseconds`
+#: makes Sentinel pass it over when it picks one to promote (sentinel.c, `sentinelSelectSlave`).
+LINK_DOWN_FACTOR = 10
+#: Sentinel flags that keep a replica from being promoted.
+NOT_PROMOTED = frozenset({"s_down", "o_down", "disconnected"})
 #: A host name or IPv4 address; an IPv6 address goes in brackets.
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -189,6 +199,54 @@ class SentinelLocator:
         if len(self.sentinels) > 1:
             self.sentinels.append(self.sentinels.pop(0))
 
+    async def promotable(self) -> int:
+        """How many replicas of the primary the sentinel asked first (the one that last
+        named the primary) could promote now; ConnectionError when it cannot say."""
+        sentinel = self.sentinels[0]
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                replicas, primary = await _ask_all(
+                    sentinel,
+                    self.connect_timeout,
+                    ("SENTINEL", "replicas", self.service),
+                    ("SENTINEL", "master", self.service),
+                )
+        except (TimeoutError, ResponseError, OSError) as exc:
+            raise ConnectionError(f"{host_port(sentinel)}: {exc}") from None
+        if isinstance(replicas, Exception) or isinstance(primary, Exception):
+            raise ConnectionError(f"{host_port(sentinel)}: no replicas known for {self.service!r}")
+        down_after = int(_fields(primary).get("down-after-milliseconds", "0") or 0)
+        return sum(promotable(_fields(replica), down_after) for replica in replicas)
+
+
+def _fields(reply: Any) -> dict[str, str]:
+    """A Sentinel reply of alternating names and values, as a mapping."""
+    items = [str(item) for item in reply] if isinstance(reply, list) else []
+    return dict(zip(items[::2], items[1::2], strict=False))
+
+
+def promotable(replica: Mapping[str, str], down_after_ms: int) -> bool:
+    """Whether Sentinel could pick this replica (one entry of `SENTINEL REPLICAS`) to
+    promote: seen up, not given priority 0, and its link to the primary not down for long."""
+    if NOT_PROMOTED & set(replica.get("flags", "").split(",")):
+        return False
+    if replica.get("slave-priority", replica.get("replica-priority", "1")) == "0":
+        return False
+    if replica.get("master-link-status", "ok") == "ok":
+        return True
+    down_ms = replica.get("master-link-down-time", "0")
+    return not down_ms.isdigit() or int(down_ms) <= LINK_DOWN_FACTOR * down_after_ms
+
+
+async def _ask_all(sentinel: Address, budget: float, *commands: tuple[str, ...]) -> list[Any]:
+    """Several commands in one write on a connection of their own, bounded by `budget`."""
+    link = RedisLink(f"redis://{host_port(sentinel)}/0", connect_timeout=budget, timeout=budget)
+    try:
+        async with asyncio.timeout(budget):
+            return await link.pipeline(commands)
+    finally:
+        await link.close()
+
 
 async def _ask(sentinel: Address, budget: float, *command: str) -> Any:
     """One SENTINEL command on a connection of its own, bounded by `budget`."""
@@ -247,18 +305,26 @@ class _SentinelRedis(aioredis.Redis):
                 await pool.sentinel_manager.aclose()
 
 
-async def _watch(locator: SentinelLocator, link: RedisLink, pool: SentinelConnectionPool) -> None:
-    """Every WATCH_INTERVAL, where the sentinels say the primary is; a connection to another
+async def _watch(
+    locator: SentinelLocator,
+    link: RedisLink,
+    pool: SentinelConnectionPool,
+    on_replicas: Callable[[int], None] | None,
+) -> None:
+    """Every WATCH_INTERVAL (the first time at once), where the sentinels say the primary
+    is, and how many replicas they could promote (to `on_replicas`); a connection to another
     node is dropped (the link's once its replies are in), so the next use reaches the new
     primary. A kill needs none of this (the connections break); a planned failover does."""
     while True:
-        await asyncio.sleep(WATCH_INTERVAL)
         try:
             await _follow(locator, link, pool)
+            if on_replicas is not None:
+                on_replicas(await locator.promotable())
         except ConnectionError:
             pass  # nobody can say: the connections fail or stay as they are
         except Exception:  # a bug, not an outage: say so, keep watching
             logger.exception("watching the sentinels failed")
+        await asyncio.sleep(WATCH_INTERVAL)
 
 
 async def _follow(locator: SentinelLocator, link: RedisLink, pool: SentinelConnectionPool) -> None:
@@ -278,11 +344,17 @@ async def _follow(locator: SentinelLocator, link: RedisLink, pool: SentinelConne
 
 
 def connect(
-    url: str, *, max_connections: int, timeout: float, connect_timeout: float
+    url: str,
+    *,
+    max_connections: int,
+    timeout: float,
+    connect_timeout: float,
+    on_replicas: Callable[[int], None] | None = None,
 ) -> tuple[aioredis.Redis, RedisLink]:
     """The store's two connections for a sentinel URL (neither connects yet): redis-py's
     client of the primary, and the scripts' link; in the event loop, as it starts the watch
-    that closing the client stops. ValueError for a malformed URL."""
+    that closing the client stops (and that tells `on_replicas` how many replicas could be
+    promoted). ValueError for a malformed URL."""
     target = parse_url(url)
     socket_options: dict[str, Any] = {
         "socket_connect_timeout": connect_timeout,
@@ -312,6 +384,7 @@ def connect(
     )
     if isinstance(client, _SentinelRedis) and isinstance(client.connection_pool, _SentinelPool):
         client.watcher = asyncio.create_task(
-            _watch(locator, link, client.connection_pool), name="store-sentinel-watch"
+            _watch(locator, link, client.connection_pool, on_replicas),
+            name="store-sentinel-watch",
         )
     return client, link

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.exceptions import AuthenticationError, ConnectionError, NoScriptError, ResponseError
 
-from agent_server.store.resp import RedisLink
+from agent_server.store.resp import Acknowledgement, RedisLink
 from tests.support.redis_server import RedisServer
 
 #: Every wait in these tests is bounded by this.
@@ -244,7 +244,7 @@ def acked_link(url: str) -> RedisLink:
         url,
         connect_timeout=2.0,
         timeout=2.0,
-        ack=(("PUBLISH", "acked", ""), ("WAIT", 1, ACK_MS)),
+        ack=Acknowledgement((("PUBLISH", "acked", ""), ("WAIT", 1, ACK_MS))),
     )
 
 

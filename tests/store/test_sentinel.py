@@ -37,7 +37,7 @@ from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import COMMAND_TIMEOUT
 from agent_server.store.resp import Address, RedisLink
-from agent_server.store.sentinel import parse_url
+from agent_server.store.sentinel import parse_url, promotable
 from tests.apps.tests_app import EVIDENCE_DIR_ENV, REPLICA_ID_ENV
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import AOF, RedisServer, redis_command
@@ -202,46 +202,67 @@ def wait_until(predicate: Any, *, what: str, timeout: float = WAIT, log: Any = N
 @dataclass
 class Redises:
     primary: Node
-    replica: Node
+    replicas: list[Node]
     sentinels: list[SentinelProcess]
+
+    @property
+    def replica(self) -> Node:
+        return self.replicas[0]
 
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://:{PASSWORD}@{hosts}/{SERVICE}/0"
 
 
-@pytest.fixture
-def redises(tmp_path: Path) -> Iterator[Redises]:
+@contextlib.contextmanager
+def started_redises(directory: Path, replicas: int) -> Iterator[Redises]:
+    """A primary, `replicas` replicas in sync, and three sentinels that know them all."""
     need("redis-server", package="redis-server")
     need("redis-sentinel", package="redis-sentinel")
     started: list[Node | SentinelProcess] = []
     try:
-        primary = Node(tmp_path / "primary")
+        primary = Node(directory / "primary")
         started.append(primary)
-        replica = Node(tmp_path / "replica", primary=primary.port)
-        started.append(replica)
-        wait_until(
-            lambda: replica.info("replication").get("master_link_status") == "up",
-            what="the replica in sync",
-            log=replica.log,
-        )
+        nodes: list[Node] = []
+        for index in range(replicas):
+            nodes.append(Node(directory / f"replica{index or ''}", primary=primary.port))
+            started.append(nodes[-1])
+        for node in nodes:
+            wait_until(
+                lambda node=node: node.info("replication").get("master_link_status") == "up",
+                what=f"replica {node.port} in sync",
+                log=node.log,
+            )
         sentinels: list[SentinelProcess] = []
         for index in range(3):
-            sentinels.append(SentinelProcess(tmp_path / f"sentinel{index}", primary.port))
+            sentinels.append(SentinelProcess(directory / f"sentinel{index}", primary.port))
             started.append(sentinels[-1])
         for sentinel in sentinels:
-            wait_until(
-                lambda sentinel=sentinel: sentinel.knows(replica.port, 2),
-                what=f"sentinel {sentinel.port} knowing the replica and the others",
-                log=sentinel.log,
-            )
-        yield Redises(primary, replica, sentinels)
+            for node in nodes:
+                wait_until(
+                    lambda sentinel=sentinel, node=node: sentinel.knows(node.port, 2),
+                    what=f"sentinel {sentinel.port} knowing replica {node.port} and the others",
+                    log=sentinel.log,
+                )
+        yield Redises(primary, nodes, sentinels)
     finally:
         for process in reversed(started):
             if isinstance(process, SentinelProcess):
                 process.stop()
             else:
                 process.kill()
+
+
+@pytest.fixture
+def redises(tmp_path: Path) -> Iterator[Redises]:
+    with started_redises(tmp_path, 1) as started:
+        yield started
+
+
+@pytest.fixture
+def two_replicas(tmp_path: Path) -> Iterator[Redises]:
+    with started_redises(tmp_path, 2) as started:
+        yield started
 
 
 # -- the URL never shows its password ---------------------------------------------------------
@@ -457,6 +478,69 @@ async def test_every_told_write_no_replica_holds_is_in_doubt(redises: Redises) -
         wait_until(lambda: redises.replica.client.exists(key), what="the replica catching up")
         again = Execution("sleep", None, "A")
         assert await store.create(again) is None  # held: acknowledged once more
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("replica", "counted"),
+    [
+        ({"flags": "slave", "master-link-status": "ok"}, True),
+        ({"flags": "s_down,slave", "master-link-status": "ok"}, False),
+        ({"flags": "slave,disconnected"}, False),
+        ({"flags": "o_down,slave"}, False),
+        ({"flags": "slave", "slave-priority": "0"}, False),
+        ({"flags": "slave", "replica-priority": "0"}, False),
+        ({"flags": "slave", "master-link-status": "err", "master-link-down-time": "9000"}, True),
+        ({"flags": "slave", "master-link-status": "err", "master-link-down-time": "10001"}, False),
+    ],
+)
+def test_a_replica_counts_while_sentinel_could_promote_it(
+    replica: dict[str, str], counted: bool
+) -> None:
+    """Sentinel's own choice (`down-after-milliseconds` 1000 here): not down, not priority
+    0, its link to the primary down at most ten times `down-after`."""
+    assert promotable(replica, 1000) is counted
+
+
+async def test_a_told_write_waits_for_every_replica_the_sentinels_could_promote(
+    two_replicas: Redises,
+) -> None:
+    """A failover may promote any replica the sentinels see up, the one that is behind
+    included: a told write held by one of two replicas is in doubt, never told, until the
+    sentinels stop counting the other (down past `down-after-milliseconds`); then one is
+    enough, and once it is back both are needed again."""
+    from agent_server.model.execution import Execution
+
+    store = RedisStore(two_replicas.url(), replica_id="A", agent_name="every-replica")
+    await store.open()
+    link = store._link
+    try:
+        await asyncio.to_thread(
+            wait_until, lambda: link.replicas_needed == 2, what="the store counting two replicas"
+        )
+        assert await store.create(Execution("sleep", None, "A")) is None
+        behind = two_replicas.replicas[1]
+        assert behind.proc is not None
+        behind.proc.send_signal(signal.SIGSTOP)  # behind, still counted by the sentinels
+        try:
+            lagging = Execution("sleep", None, "A")
+            with pytest.raises(StoreInDoubt) as caught:
+                await store.create(lagging)
+            assert caught.value.execution_id == lagging.execution_id
+            assert link.replicas_needed == 2
+            await asyncio.to_thread(
+                wait_until,
+                lambda: link.replicas_needed == 1,
+                what="the sentinels no longer counting the stopped replica",
+            )
+            assert await store.create(Execution("sleep", None, "A")) is None
+        finally:
+            behind.proc.send_signal(signal.SIGCONT)
+        await asyncio.to_thread(
+            wait_until, lambda: link.replicas_needed == 2, what="the replica counted again"
+        )
+        assert await store.create(Execution("sleep", None, "A")) is None
     finally:
         await store.close()
 

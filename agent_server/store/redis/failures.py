@@ -82,6 +82,6 @@ def reset(error: BaseException | None) -> bool:
     return isinstance(error, RuntimeError) and "closed" in str(error)
 
 
-def on_a_replica(reply: Any) -> bool:
-    """A `WAIT 1` reply: at least one replica has the writes before it."""
-    return isinstance(reply, int) and reply >= 1
+def on_a_replica(reply: Any, needed: int) -> bool:
+    """A `WAIT n` reply: at least `needed` replicas have the writes before it."""
+    return isinstance(reply, int) and reply >= needed

@@ -24,7 +24,7 @@ from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis import scripts
 from agent_server.store.redis.codec import scrub
 from agent_server.store.redis.failures import UNREACHABLE, on_a_replica, reset, slow
-from agent_server.store.resp import RedisLink
+from agent_server.store.resp import Acknowledgement, RedisLink
 
 logger = logging.getLogger("agent_server.store")
 
@@ -37,8 +37,8 @@ COMMAND_TIMEOUT = 2.0
 SUSTAINED = 1.5 * COMMAND_TIMEOUT
 #: Connections to Redis per replica; past it, an operation waits (bounded) for one.
 MAX_CONNECTIONS = 64
-#: With Sentinel, how long a write waits for a replica to hold it (`WAIT 1 <ms>`): a quarter
-#: of COMMAND_TIMEOUT, since what is sent behind a `WAIT` on its connection waits too.
+#: With Sentinel, how long a write waits for the replicas to hold it (`WAIT n <ms>`): a
+#: quarter of COMMAND_TIMEOUT, since what is sent behind a `WAIT` on its connection waits too.
 REPLICA_WAIT_MS = round(COMMAND_TIMEOUT * 1000 / 4)
 
 
@@ -117,8 +117,12 @@ class Link:
         #: the store is up, never waits behind other commands' replies.
         self.probe: RedisLink | None = None
         #: With Sentinel, the told writes' connection (another twin): each write is answered
-        #: once a replica holds it (`told`), and no other command waits behind its `WAIT`.
+        #: once the replicas hold it (`told`), and no other command waits behind its `WAIT`.
         self.acked: RedisLink | None = None
+        #: With Sentinel, how many replicas hold a write before it is told: every one the
+        #: sentinels could promote (at least one), as their watch last counted.
+        self.replicas_needed = 1
+        self.acknowledgement = Acknowledgement(self.acknowledging(1))
         self.up = False
         #: When the probe's unbroken run of unanswered renewals began (perf_counter), None
         #: while it is answered.
@@ -152,6 +156,7 @@ class Link:
                     max_connections=MAX_CONNECTIONS,
                     timeout=COMMAND_TIMEOUT,
                     connect_timeout=CONNECT_TIMEOUT,
+                    on_replicas=self.need_replicas,
                 )
             else:
                 # A bounded pool that makes an operation wait (at most COMMAND_TIMEOUT) for a
@@ -176,9 +181,23 @@ class Link:
         self.subscriber = link.twin()
         self.probe = link.twin()
         if self.acked_channel is not None:
-            self.acked = link.twin(
-                ack=(("PUBLISH", self.acked_channel, ""), ("WAIT", 1, REPLICA_WAIT_MS))
-            )
+            self.acked = link.twin(ack=self.acknowledgement)
+
+    def acknowledging(self, replicas: int) -> list[list[str | int]]:
+        """The commands after a group of told writes: a publish (so a write-free `WAIT`
+        still has an offset to wait for) and `WAIT replicas <ms>`."""
+        return [["PUBLISH", self.acked_channel or "", ""], ["WAIT", replicas, REPLICA_WAIT_MS]]
+
+    def need_replicas(self, promotable: int) -> None:
+        """The sentinels' count of replicas they could promote: told writes wait for each."""
+        needed = max(1, promotable)
+        if needed == self.replicas_needed:
+            return
+        logger.info(
+            "told writes wait for %d replica%s of %s", needed, "s"[: needed - 1], self.where
+        )
+        self.replicas_needed = needed
+        self.acknowledgement.set(self.acknowledging(needed))
 
     async def ping(self) -> None:
         """Reach Redis and load the scripts."""
@@ -263,16 +282,19 @@ class Link:
             return await link.call(*self.command(name, keys, args))
 
     async def told(self, name: str, keys: Sequence[str | bytes], *args: Any) -> tuple[Any, bool]:
-        """A write whose outcome a client is told: the script's reply, and whether a replica
-        holds it. Without Sentinel (no `acked` connection) always True, as there is no
-        replica to promote. With it, False when `WAIT` found none within REPLICA_WAIT_MS
-        (or the connection went before it answered): the write may survive or vanish."""
+        """A write whose outcome a client is told: the script's reply, and whether the
+        replicas hold it. Without Sentinel (no `acked` connection) always True, as there is
+        no replica to promote. With it, False when `WAIT` found fewer than every replica the
+        sentinels could promote within REPLICA_WAIT_MS (or the connection went before it
+        answered): the write may survive or vanish. A count that changed meanwhile is met
+        only at its larger value."""
         link = self.acked
         if link is None:
             return await self.script(name, keys, *args), True
+        needed = self.replicas_needed
         try:
             reply, acked = await link.call_acked(*self.command(name, keys, args))
         except NoScriptError:
             await self.load_scripts(link)
             reply, acked = await link.call_acked(*self.command(name, keys, args))
-        return reply, on_a_replica(acked)
+        return reply, on_a_replica(acked, max(needed, self.replicas_needed))

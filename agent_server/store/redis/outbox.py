@@ -214,8 +214,8 @@ class Outbox:
         # One notice per batch for every replica, not one per event.
         if emitted:
             commands.append(["PUBLISH", self._events_channel, " ".join(emitted)])
-        if self._replicated:  # acknowledged only once a replica has them
-            commands.append(["WAIT", 1, REPLICA_WAIT_MS])
+        if self._replicated:  # acknowledged only once the replicas have them
+            commands.append(["WAIT", self._link.replicas_needed, REPLICA_WAIT_MS])
         return commands, spans
 
     async def write(self) -> None:
@@ -231,14 +231,16 @@ class Outbox:
                 if not pending:
                     break
                 with link.operation("end"):
+                    needed = link.replicas_needed
                     commands, spans = self._commands(pending)
                     answers = await link.scripts.pipeline(commands)
-                if self._replicated and not on_a_replica(answers[-1]):
+                needed = max(needed, link.replicas_needed)
+                if self._replicated and not on_a_replica(answers[-1], needed):
                     # A failover could lose them: they stay in the outbox (every script is
                     # idempotent for the same attempt) and are written again.
                     self.count_retry("noreplicas")
                     link.set_up(False)
-                    raise Refused(f"no replica of {link.where} acknowledged the writes")
+                    raise Refused(f"not every replica of {link.where} acknowledged the writes")
                 replies: list[Any] = []
                 for (start, stop), answer in zip(spans, answers, strict=False):
                     if isinstance(answer, Exception):
