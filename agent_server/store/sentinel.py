@@ -55,6 +55,12 @@ WATCH_INTERVAL = 0.5
 LINK_DOWN_FACTOR = 10
 #: Sentinel flags that keep a replica from being promoted.
 NOT_PROMOTED = frozenset({"s_down", "o_down", "disconnected"})
+#: Flags of a failover under way (on the primary as its leader sees it, or on a replica
+#: being promoted or moved): while one shows, a replica may vanish from the count only
+#: because it stopped following the old primary, not because it cannot be promoted.
+FAILING_OVER = frozenset(
+    {"failover_in_progress", "promoted", "reconf_sent", "reconf_inprog", "reconf_done"}
+)
 #: A host name or IPv4 address; an IPv6 address goes in brackets.
 _HOST = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -199,9 +205,10 @@ class SentinelLocator:
         if len(self.sentinels) > 1:
             self.sentinels.append(self.sentinels.pop(0))
 
-    async def promotable(self) -> int:
+    async def promotable(self) -> tuple[int, bool]:
         """How many replicas of the primary the sentinel asked first (the one that last
-        named the primary) could promote now; ConnectionError when it cannot say."""
+        named the primary) could promote now, and whether it sees a failover under way;
+        ConnectionError when it cannot say."""
         sentinel = self.sentinels[0]
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -215,8 +222,11 @@ class SentinelLocator:
             raise ConnectionError(f"{host_port(sentinel)}: {exc}") from None
         if isinstance(replicas, Exception) or isinstance(primary, Exception):
             raise ConnectionError(f"{host_port(sentinel)}: no replicas known for {self.service!r}")
-        down_after = int(_fields(primary).get("down-after-milliseconds", "0") or 0)
-        return sum(promotable(_fields(replica), down_after) for replica in replicas)
+        state = _fields(primary)
+        down_after = int(state.get("down-after-milliseconds", "0") or 0)
+        seen = [_fields(replica) for replica in replicas]
+        flags = {flag for each in (state, *seen) for flag in each.get("flags", "").split(",")}
+        return sum(promotable(each, down_after) for each in seen), bool(FAILING_OVER & flags)
 
 
 def _fields(reply: Any) -> dict[str, str]:
@@ -309,7 +319,7 @@ async def _watch(
     locator: SentinelLocator,
     link: RedisLink,
     pool: SentinelConnectionPool,
-    on_replicas: Callable[[int], None] | None,
+    on_replicas: Callable[[int, bool], None] | None,
 ) -> None:
     """Every WATCH_INTERVAL (the first time at once), where the sentinels say the primary
     is, and how many replicas they could promote (to `on_replicas`); a connection to another
@@ -319,7 +329,7 @@ async def _watch(
         try:
             await _follow(locator, link, pool)
             if on_replicas is not None:
-                on_replicas(await locator.promotable())
+                on_replicas(*await locator.promotable())
         except ConnectionError:
             pass  # nobody can say: the connections fail or stay as they are
         except Exception:  # a bug, not an outage: say so, keep watching
@@ -349,12 +359,12 @@ def connect(
     max_connections: int,
     timeout: float,
     connect_timeout: float,
-    on_replicas: Callable[[int], None] | None = None,
+    on_replicas: Callable[[int, bool], None] | None = None,
 ) -> tuple[aioredis.Redis, RedisLink]:
     """The store's two connections for a sentinel URL (neither connects yet): redis-py's
     client of the primary, and the scripts' link; in the event loop, as it starts the watch
     that closing the client stops (and that tells `on_replicas` how many replicas could be
-    promoted). ValueError for a malformed URL."""
+    promoted, and whether a failover is under way). ValueError for a malformed URL."""
     target = parse_url(url)
     socket_options: dict[str, Any] = {
         "socket_connect_timeout": connect_timeout,

@@ -503,6 +503,45 @@ def test_a_replica_counts_while_sentinel_could_promote_it(
     assert promotable(replica, 1000) is counted
 
 
+async def test_told_writes_wait_for_fewer_replicas_only_once_the_lower_count_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A promoted replica leaves the old primary's count before the sentinels announce the
+    new primary: a lower count applies only after COUNT_HOLD seconds, never while a
+    failover shows; a higher one at once."""
+    from agent_server.store.redis import link as link_module
+
+    now = [100.0]
+    monkeypatch.setattr(link_module.time, "monotonic", lambda: now[0])
+    link = link_module.Link(
+        "redis://127.0.0.1:1/0",
+        where="here",
+        common=(),
+        observer=None,
+        on_up=lambda: None,
+        renew_now=asyncio.Event(),
+        acked_channel="acked",
+    )
+    link.need_replicas(2)
+    assert link.replicas_needed == 2 and b"WAIT" in link.acknowledgement.packed
+    link.need_replicas(1)
+    now[0] += link_module.COUNT_HOLD - 0.1
+    link.need_replicas(1)
+    assert link.replicas_needed == 2
+    link.need_replicas(1, failing_over=True)
+    now[0] += 10
+    link.need_replicas(1, failing_over=True)
+    assert link.replicas_needed == 2, "a failover under way never lowers the count"
+    link.need_replicas(1)
+    now[0] += link_module.COUNT_HOLD
+    link.need_replicas(1)
+    assert link.replicas_needed == 1
+    link.need_replicas(0)
+    assert link.replicas_needed == 1, "at least one replica"
+    link.need_replicas(3)
+    assert link.replicas_needed == 3
+
+
 async def test_a_told_write_waits_for_every_replica_the_sentinels_could_promote(
     two_replicas: Redises,
 ) -> None:
@@ -993,6 +1032,43 @@ def test_a_planned_failover_loses_no_start_a_client_was_told(
             f"\nannounced {measured['announced']:.2f} s after SENTINEL FAILOVER; answers "
             f"{told.statuses}; accepted {len(told.accepted)}, since the failover began "
             f"{told.since(measured['began'])}; in doubt {len(told.in_doubt)}; lost {len(lost)}"
+        )
+        assert lost == [], lost
+        assert told.since(measured["began"]) > 0, "no start was answered during the failover"
+        for agent in agents:
+            assert "Traceback" not in agent.stderr(), agent.stderr()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_a_planned_failover_with_two_replicas_loses_no_start_a_client_was_told(
+    tmp_path: Path, two_replicas: Redises
+) -> None:
+    """Invariant 1 with a primary and two replicas under `SENTINEL FAILOVER`: one replica
+    holding a start is not enough, since the sentinels may promote the other, and the one
+    not promoted drops what the new primary lacks when it resyncs. Every 202 must be on the
+    node the sentinels name the primary afterwards."""
+    agents = start_agents(tmp_path, two_replicas.url())
+    old = ("127.0.0.1", two_replicas.primary.port)
+    told = Told()
+
+    async def fail_over(told: Told) -> dict[str, float]:
+        began = time.monotonic()
+        sentinel = two_replicas.sentinels[0]
+        assert sentinel.client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        announced_at = await announced(two_replicas, old)
+        return {"began": began, "announced": announced_at - began}
+
+    try:
+        measured = asyncio.run(told_load(agents, told, fail_over, after=2.0))
+        _, port = two_replicas.sentinels[0].primary()
+        (primary,) = [node for node in two_replicas.replicas if node.port == port]
+        lost = missing_on(primary, agents, sorted(told.accepted))
+        print(
+            f"\nannounced {measured['announced']:.2f} s after SENTINEL FAILOVER; answers "
+            f"{told.statuses}; accepted {len(told.accepted)}, in doubt {len(told.in_doubt)}; "
+            f"lost {len(lost)}"
         )
         assert lost == [], lost
         assert told.since(measured["began"]) > 0, "no start was answered during the failover"

@@ -40,6 +40,11 @@ MAX_CONNECTIONS = 64
 #: With Sentinel, how long a write waits for the replicas to hold it (`WAIT n <ms>`): a
 #: quarter of COMMAND_TIMEOUT, since what is sent behind a `WAIT` on its connection waits too.
 REPLICA_WAIT_MS = round(COMMAND_TIMEOUT * 1000 / 4)
+#: Seconds a lower count of replicas to wait for must hold before told writes wait for
+#: fewer: a replica the sentinels just promoted drops out of the old primary's count before
+#: they announce it (about 1 s, ../notes) and the store follows; writes the old primary
+#: takes meanwhile, held only by the others, would be lost in their resync.
+COUNT_HOLD = 2.0
 
 
 class Operation:
@@ -123,6 +128,8 @@ class Link:
         #: sentinels could promote (at least one), as their watch last counted.
         self.replicas_needed = 1
         self.acknowledgement = Acknowledgement(self.acknowledging(1))
+        #: Since when (monotonic) the sentinels have counted fewer replicas than needed.
+        self._fewer_since: float | None = None
         self.up = False
         #: When the probe's unbroken run of unanswered renewals began (perf_counter), None
         #: while it is answered.
@@ -188,11 +195,22 @@ class Link:
         still has an offset to wait for) and `WAIT replicas <ms>`."""
         return [["PUBLISH", self.acked_channel or "", ""], ["WAIT", replicas, REPLICA_WAIT_MS]]
 
-    def need_replicas(self, promotable: int) -> None:
-        """The sentinels' count of replicas they could promote: told writes wait for each."""
+    def need_replicas(self, promotable: int, failing_over: bool = False) -> None:
+        """The sentinels' count of replicas they could promote: told writes wait for each.
+        A higher count applies at once; a lower one only once it has held COUNT_HOLD
+        seconds with no failover under way."""
         needed = max(1, promotable)
-        if needed == self.replicas_needed:
+        if needed >= self.replicas_needed or failing_over:
+            self._fewer_since = None
+        if needed == self.replicas_needed or (needed < self.replicas_needed and failing_over):
             return
+        if needed < self.replicas_needed:
+            now = time.monotonic()
+            if self._fewer_since is None:
+                self._fewer_since = now
+            if now - self._fewer_since < COUNT_HOLD:
+                return
+            self._fewer_since = None
         logger.info(
             "told writes wait for %d replica%s of %s", needed, "s"[: needed - 1], self.where
         )
