@@ -1,9 +1,10 @@
 """What Sentinel's `WAIT` costs a start (docs/replicas.md, Sentinel).
 
 Under `--store redis+sentinel://...` a start is answered 202 only once a Redis replica holds
-its record (`WAIT 1` on the told writes' own connection, shared by the writes sent while one
-is in flight). This measures that against the same start on plain `redis://`, in one run on
-one Redis: a primary and its replica (`--replicaof`), one `redis-sentinel` naming the
+its record (`WAIT n` on the told writes' own connection, n every replica the sentinels
+could promote, shared by the writes sent while one is in flight). This measures that
+against the same start on plain `redis://`, in one run on one Redis: a primary and its
+replicas (`--replicaof`, two by default: `--replicas`), one `redis-sentinel` naming the
 primary, and two `agent-server run` (the demo agent) side by side, one with
 `--store redis://primary/0`, the other with `--store redis+sentinel://sentinel/SERVICE/1`.
 Each round drives N async starts (`POST /reasoners/echo/async`, C keep-alive clients) on each
@@ -13,6 +14,7 @@ run; the ratios (sentinel / plain) are per round. With one client each start wai
 primary's `INFO commandstats` gives the WAITs run per start (a start's and its end's).
 
 Usage: python -m bench.sentinel [--starts 2000] [--clients 32,1] [--rounds 3] [--quick]
+       [--replicas 2]
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ RUN_TIMEOUT = 120.0
 class SentinelProcess:
     """One `redis-sentinel` (quorum 1) naming the primary; every wait bounded."""
 
-    def __init__(self, primary: int) -> None:
+    def __init__(self, primary: int, replicas: int = 1) -> None:
+        self.replicas = replicas
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="bench-sentinel-"))
         config = self.directory / "sentinel.conf"
@@ -74,11 +77,11 @@ class SentinelProcess:
                     timeout=2,
                     check=False,
                 ).stdout
-                if b"slave" in reply:  # it knows the primary and has found the replica
+                if reply.count(b"master-link-status") >= self.replicas:  # it found them all
                     return self
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise RuntimeError("redis-sentinel did not find the replica in 10 s")
+                raise RuntimeError("redis-sentinel did not find the replicas in 10 s")
             time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
@@ -128,51 +131,62 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="300 starts, one round")
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="Redis replicas (told writes wait for each)"
+    )
     args = parser.parse_args()
     count, rounds = (300, 1) if args.quick else (args.starts, args.rounds)
     clients = [int(each) for each in args.clients.split(",")]
-    with RedisServer() as primary, RedisServer("--replicaof", HOST, str(primary.port)) as replica:
+    with contextlib.ExitStack() as stack:
+        primary = stack.enter_context(RedisServer())
+        replicas = [
+            stack.enter_context(RedisServer("--replicaof", HOST, str(primary.port)))
+            for _ in range(args.replicas)
+        ]
         deadline = time.monotonic() + 10
-        while replica.info("replication").get("master_link_status") != "up":
+        while any(r.info("replication").get("master_link_status") != "up" for r in replicas):
             if time.monotonic() > deadline:
-                raise RuntimeError("the replica did not sync in 10 s")
+                raise RuntimeError("the replicas did not sync in 10 s")
             time.sleep(0.05)
-        with SentinelProcess(primary.port) as sentinel:
-            servers = {
-                "plain": ServerProcess(
-                    "plain",
-                    agent_server_argv(
-                        port := free_port(), None, "--log-level", "warning",
-                        "--store", primary.url, "--replica-id", "plain",
-                    ),
-                    port,
+        sentinel = stack.enter_context(SentinelProcess(primary.port, args.replicas))
+        servers = {
+            "plain": ServerProcess(
+                "plain",
+                agent_server_argv(
+                    port := free_port(), None, "--log-level", "warning",
+                    "--store", primary.url, "--replica-id", "plain",
                 ),
-                "sentinel": ServerProcess(
-                    "sentinel",
-                    agent_server_argv(
-                        port := free_port(), None, "--log-level", "warning", "--store",
-                        f"redis+sentinel://{HOST}:{sentinel.port}/{SERVICE}/1",
-                        "--replica-id", "sentinel",
-                    ),
-                    port,
+                port,
+            ),
+            "sentinel": ServerProcess(
+                "sentinel",
+                agent_server_argv(
+                    port := free_port(), None, "--log-level", "warning", "--store",
+                    f"redis+sentinel://{HOST}:{sentinel.port}/{SERVICE}/1",
+                    "--replica-id", "sentinel",
                 ),
-            }  # fmt: skip
-            try:
-                for server in servers.values():
-                    server.wait_ready()
-                    one_run(server, primary, min(count, 300), clients[0])  # warm-up, unkept
-                runs: list[dict[str, Any]] = []
-                for many in clients:
-                    for number in range(1, rounds + 1):
-                        for mode in ("plain", "sentinel", "sentinel", "plain"):
-                            figures = one_run(servers[mode], primary, count, many)
-                            log(f"{many} clients, round {number} {mode}: {figures}")
-                            runs.append({"clients": many, "round": number, "store": mode,
-                                         **figures})  # fmt: skip
-            finally:
-                for server in servers.values():
-                    server.stop()
-    print(f"{count} async starts per run; median [range] over rounds; load {machine_load()}")
+                port,
+            ),
+        }  # fmt: skip
+        try:
+            for server in servers.values():
+                server.wait_ready()
+                one_run(server, primary, min(count, 300), clients[0])  # warm-up, unkept
+            runs: list[dict[str, Any]] = []
+            for many in clients:
+                for number in range(1, rounds + 1):
+                    for mode in ("plain", "sentinel", "sentinel", "plain"):
+                        figures = one_run(servers[mode], primary, count, many)
+                        log(f"{many} clients, round {number} {mode}: {figures}")
+                        runs.append({"clients": many, "round": number, "store": mode,
+                                     **figures})  # fmt: skip
+        finally:
+            for server in servers.values():
+                server.stop()
+    print(
+        f"{count} async starts per run, {args.replicas} replicas; median [range] over rounds; "
+        f"load {machine_load()}"
+    )
     for many in clients:
         report([r for r in runs if r["clients"] == many], many)
     write_json("sentinel", {"starts": count, "runs": runs})
