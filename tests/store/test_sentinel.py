@@ -41,6 +41,7 @@ from agent_server.store.sentinel import parse_url, promotable
 from tests.apps.tests_app import EVIDENCE_DIR_ENV, REPLICA_ID_ENV
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import AOF, RedisServer, redis_command
+from tests.support.sentinel import SentinelProcess
 
 pytestmark = pytest.mark.redis
 
@@ -119,73 +120,17 @@ class Node:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
 
 
-SENTINEL_CONFIG = """\
-port {port}
-bind 127.0.0.1
-dir {dir}
-logfile {log}
-sentinel monitor {service} 127.0.0.1 {primary} 2
-sentinel auth-pass {service} {password}
-sentinel down-after-milliseconds {service} 1000
-sentinel failover-timeout {service} 5000
-"""
-
-
-class SentinelProcess:
-    """A real `redis-sentinel` with a configuration file of its own (it rewrites it)."""
-
-    def __init__(self, directory: Path, primary: int) -> None:
-        directory.mkdir()
-        self.port = free_port()
-        self.log_path = directory / "sentinel.log"
-        config = directory / "sentinel.conf"
-        config.write_text(
-            SENTINEL_CONFIG.format(
-                port=self.port,
-                dir=directory,
-                log=self.log_path,
-                service=SERVICE,
-                primary=primary,
-                password=PASSWORD,
-            )
-        )
-        self.proc = subprocess.Popen(
-            ["redis-sentinel", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.client = redis.Redis(port=self.port, socket_timeout=1.0, decode_responses=True)
-        try:
-            wait_until(self.answers, what=f"redis-sentinel on {self.port}", log=self.log)
-        except BaseException:
-            self.stop()
-            raise
-
-    def answers(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"redis-sentinel exited:\n{self.log()}")
-        try:
-            return bool(self.client.ping())
-        except redis.RedisError:
-            return False
-
-    def primary(self) -> Address:
-        host, port = self.client.execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)
-        return str(host), int(port)
-
-    def knows(self, replica: int, sentinels: int) -> bool:
-        """This sentinel sees `replica` up and `sentinels` other sentinels."""
-        replicas = self.client.execute_command("SENTINEL", "replicas", SERVICE)
-        others = self.client.execute_command("SENTINEL", "sentinels", SERVICE)
-        seen = [r for r in replicas if int(r["port"]) == replica and "s_down" not in r["flags"]]
-        return bool(seen) and len(others) == sentinels
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=WAIT)
-        self.client.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+def start_sentinel(directory: Path, primary: int) -> SentinelProcess:
+    """A sentinel of this file (quorum 2, `down-after-milliseconds` 1000), answering."""
+    started = SentinelProcess(
+        directory, primary, service=SERVICE, port=free_port(), password=PASSWORD
+    )
+    try:
+        wait_until(started.answers, what=f"redis-sentinel on {started.port}", log=started.log)
+    except BaseException:
+        started.stop()
+        raise
+    return started
 
 
 def wait_until(predicate: Any, *, what: str, timeout: float = WAIT, log: Any = None) -> Any:
@@ -235,12 +180,12 @@ def started_redises(directory: Path, replicas: int) -> Iterator[Redises]:
             )
         sentinels: list[SentinelProcess] = []
         for index in range(3):
-            sentinels.append(SentinelProcess(directory / f"sentinel{index}", primary.port))
+            sentinels.append(start_sentinel(directory / f"sentinel{index}", primary.port))
             started.append(sentinels[-1])
         for sentinel in sentinels:
             for node in nodes:
                 wait_until(
-                    lambda sentinel=sentinel, node=node: sentinel.knows(node.port, 2),
+                    lambda sentinel=sentinel, node=node: sentinel.knows([node.port], 2),
                     what=f"sentinel {sentinel.port} knowing replica {node.port} and the others",
                     log=sentinel.log,
                 )
@@ -1062,7 +1007,9 @@ def test_a_planned_failover_with_two_replicas_loses_no_start_a_client_was_told(
 
     try:
         measured = asyncio.run(told_load(agents, told, fail_over, after=2.0))
-        _, port = two_replicas.sentinels[0].primary()
+        named = two_replicas.sentinels[0].primary()
+        assert named is not None
+        _, port = named
         (primary,) = [node for node in two_replicas.replicas if node.port == port]
         lost = missing_on(primary, agents, sorted(told.accepted))
         print(

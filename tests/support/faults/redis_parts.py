@@ -3,7 +3,7 @@
 Either one `redis-server` with AOF (`PlainRedis`), or a primary and two replicas, each with
 AOF, watched by three real `redis-sentinel` processes (`SentinelRedis`), which the replicas
 reach with `--store redis+sentinel://...`: with one node down, a replica still holds each
-told write (`WAIT 1`), as in a production Sentinel deployment. Either way every connection
+told write, as in a production Sentinel deployment. Either way every connection
 of the replicas goes through a `CutProxy` of this process, so a cut parts the replicas from
 Redis (the sentinels and the nodes) while Redis's own links (replication, the sentinels'
 pings) go on, as a partition between pods and Redis does. The sentinels name the nodes by
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.redis_server import AOF, START_TIMEOUT, RedisServer
+from tests.support.sentinel import SentinelProcess
 
 # -- ports ------------------------------------------------------------------------------------
 
@@ -348,84 +349,24 @@ class PlainRedis:
         self.node.kill()
 
 
-SENTINEL_CONFIG = """\
-port {port}
-bind 127.0.0.1
-dir {dir}
-logfile {log}
-sentinel monitor {service} 127.0.0.1 {primary} 2
-sentinel down-after-milliseconds {service} {down_after}
-sentinel failover-timeout {service} {failover_timeout}
-sentinel parallel-syncs {service} 1
-"""
+def start_sentinel(directory: Path, primary: int) -> SentinelProcess:
+    """A sentinel of the harness: on a port kept for it, quorum 2, its own timings."""
+    return SentinelProcess(
+        directory,
+        primary,
+        service=SERVICE,
+        port=stable_port(),
+        down_after_ms=DOWN_AFTER_MS,
+        failover_timeout_ms=FAILOVER_TIMEOUT_MS,
+    )
 
 
-class Sentinel:
-    """A real `redis-sentinel` with a configuration file of its own (it rewrites it)."""
-
-    def __init__(self, directory: Path, primary: int) -> None:
-        import redis
-
-        directory.mkdir()
-        self.port = stable_port()
-        self.log_path = directory / "sentinel.log"
-        config = directory / "sentinel.conf"
-        config.write_text(
-            SENTINEL_CONFIG.format(
-                port=self.port,
-                dir=directory,
-                log=self.log_path,
-                service=SERVICE,
-                primary=primary,
-                down_after=DOWN_AFTER_MS,
-                failover_timeout=FAILOVER_TIMEOUT_MS,
-            )
-        )
-        self.proc = subprocess.Popen(
-            ["redis-sentinel", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.client = redis.Redis(port=self.port, socket_timeout=1.0, decode_responses=True)
-
-    def ask(self, *command: str) -> Any:
-        """One SENTINEL command; None when this sentinel does not answer."""
-        import redis
-
-        try:
-            return self.client.execute_command("SENTINEL", *command)
-        except (redis.RedisError, OSError):
-            return None
-
-    def primary(self) -> int | None:
-        reply = self.ask("get-master-addr-by-name", SERVICE)
-        return int(reply[1]) if isinstance(reply, list | tuple) and len(reply) == 2 else None
-
-    def sees_replica(self, replica: int, primary: int) -> bool:
-        """It knows `replica` as an up replica of `primary` with its link up."""
-        for found in self.ask("replicas", SERVICE) or []:
-            if int(found["port"]) == replica:
-                return (
-                    int(found.get("master-port") or 0) == primary
-                    and found.get("master-link-status") == "ok"
-                    and not {"s_down", "o_down", "disconnected"} & set(found["flags"].split(","))
-                )
-        return False
-
-    def knows(self, replicas: list[int], sentinels: int) -> bool:
-        """It sees every one of `replicas` up and `sentinels` other sentinels."""
-        found = self.ask("replicas", SERVICE) or []
-        others = self.ask("sentinels", SERVICE) or []
-        up = {int(r["port"]) for r in found if "s_down" not in r["flags"]}
-        return set(replicas) <= up and len(others) == sentinels
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=START_TIMEOUT)
-        self.client.close()
+def port_of(address: tuple[str, int] | None) -> int | None:
+    return None if address is None else address[1]
 
 
 #: Redis replicas under Sentinel by default: two, as in production, so that with any one node
-#: down (killed, paused, restarting, resyncing) a replica still acknowledges `WAIT 1`.
+#: down (killed, paused, restarting, resyncing) a replica still acknowledges told writes.
 REDIS_REPLICAS = 2
 
 
@@ -446,7 +387,7 @@ class SentinelRedis:
         for replica in self.nodes[1:]:
             replica.replica_of = self.nodes[0].port
         self.node_proxies = [CutProxy(node.port) for node in self.nodes]
-        self.sentinels: list[Sentinel] = []
+        self.sentinels: list[SentinelProcess] = []
         self.sentinel_proxies: list[CutProxy] = []
 
     @property
@@ -460,7 +401,9 @@ class SentinelRedis:
             in_sync = _wait(lambda r=replica: r.role()[2] == "connected", SETTLE_WAIT)
             assert in_sync, f"the replica :{replica.port} never synced:\n{replica.log()}"
         for index in range(3):
-            self.sentinels.append(Sentinel(self.directory / f"sentinel{index}", self.nodes[0].port))
+            self.sentinels.append(
+                start_sentinel(self.directory / f"sentinel{index}", self.nodes[0].port)
+            )
         replicas = [node.port for node in self.nodes[1:]]
         for sentinel in self.sentinels:
             known = _wait(lambda s=sentinel: s.knows(replicas, 2), SETTLE_WAIT)
@@ -480,7 +423,7 @@ class SentinelRedis:
     def named(self) -> int | None:
         """The primary's port as the sentinels name it (the first that answers)."""
         for sentinel in self.sentinels:
-            port = sentinel.primary()
+            port = port_of(sentinel.primary())
             if port is not None:
                 return port
         return None
@@ -509,7 +452,7 @@ class SentinelRedis:
 
     def agreed(self) -> int | None:
         """The primary every sentinel names, once they agree and it answers as one."""
-        named = {sentinel.primary() for sentinel in self.sentinels}
+        named = {port_of(sentinel.primary()) for sentinel in self.sentinels}
         if len(named) != 1:
             return None
         port = named.pop()
@@ -596,7 +539,7 @@ class SentinelRedis:
 
     def describe(self) -> str:
         roles = ", ".join(f":{node.port} {node.role()}" for node in self.nodes)
-        named = [sentinel.primary() for sentinel in self.sentinels]
+        named = [port_of(sentinel.primary()) for sentinel in self.sentinels]
         return f"sentinels name {named}; {roles}"
 
     def close(self) -> None:
