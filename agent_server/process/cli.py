@@ -224,8 +224,20 @@ def main(ctx: click.Context) -> None:
         ctx.exit(0)
 
 
+def _no_workers(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """uvicorn's and gunicorn's `--workers`: here each process is a replica of its own,
+    with its own drain and in-flight work, so the answer is more replicas."""
+    if value is not None:
+        raise click.UsageError(
+            "--workers: agent-server serves one process per replica; run more replicas "
+            "instead (Kubernetes `replicas:` on a shared --store redis://, docs/replicas.md)",
+            ctx,
+        )
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("app", required=False, envvar=ENV + "APP")
+@click.option("--workers", hidden=True, expose_value=False, is_eager=True, callback=_no_workers)
 @settings_options(Settings)
 def run(app: str | None, **flags: Any) -> None:
     """Serve APP (module:attribute, an Agent); without APP, the embedded demo agent.

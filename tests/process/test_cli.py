@@ -53,6 +53,19 @@ def test_version_and_short_help() -> None:
         assert "Usage:" in result.stdout
 
 
+@pytest.mark.parametrize("form", [("--workers", "4"), ("--workers=2",)])
+def test_workers_exits_2_pointing_to_replicas(form: tuple[str, ...]) -> None:
+    """uvicorn's habit: one line saying why not and what instead, never click's "Did you
+    mean '--store'?", and no server started."""
+    result = cli("run", *form)
+    assert result.returncode == 2, result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, result.stderr
+    assert "replicas" in error[0] and "docs/replicas.md" in error[0]
+    assert "Did you mean" not in result.stderr
+    assert "--workers" not in cli("run", "--help").stdout
+
+
 def test_run_has_a_flag_and_a_named_twin_for_every_setting() -> None:
     result = cli("run", "--help")
     assert result.returncode == 0
