@@ -232,6 +232,11 @@ class Settings(BaseSettings):
         default=True,
         description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
+    a2a: bool = Field(
+        default=False,
+        description="Serve A2A (the Agent2Agent protocol): the agent card at "
+        "/.well-known/agent-card.json and JSON-RPC at /a2a; needs the a2a extra.",
+    )
     # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
     reload: bool = Field(
         default=False,

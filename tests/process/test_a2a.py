@@ -1,0 +1,422 @@
+"""A2A end to end: a real `agent-server run --a2a` serving tests/apps/a2a_app.py, on the
+memory store and on a real Redis, driven by the official SDK's client (`a2a-sdk`) as another
+agent would: the card, blocking and streamed sends, get, list, cancel and subscribe, a task
+that waits for input answered by messages, v0.3's method names, and bad JSON-RPC input."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    AgentInterface,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from google.protobuf import struct_pb2
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from tests.support.process import ServerProcess, server_errors
+
+WAIT = 20.0
+REASONERS = {"echo", "add", "listing", "slow", "approve", "broken", "steps"}
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    args = ["a2a_app:agent", "--a2a"]
+    if request.param == "redis":
+        redis = request.getfixturevalue("redis_server")
+        args += ["--store", redis.url]
+    process = ServerProcess(args, {}, tmp_path_factory.mktemp(f"a2a-{request.param}"))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.close()
+
+
+@pytest.fixture
+async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=WAIT, headers={"A2A-Version": "1.0"}
+    ) as client:
+        yield client
+
+
+async def card_of(http: httpx.AsyncClient, url: str) -> AgentCard:
+    return await A2ACardResolver(http, url).get_agent_card()
+
+
+@pytest.fixture
+async def client(server: ServerProcess, http: httpx.AsyncClient) -> AsyncIterator[Client]:
+    """The SDK's client, made from the served card (v1.0), without streaming."""
+    card = await card_of(http, server.url)
+    factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+    async with factory.create(card) as made:
+        yield made
+
+
+@pytest.fixture
+async def streaming(server: ServerProcess, http: httpx.AsyncClient) -> AsyncIterator[Client]:
+    card = await card_of(http, server.url)
+    factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+    async with factory.create(card) as made:
+        yield made
+
+
+@pytest.fixture
+async def legacy(server: ServerProcess, http: httpx.AsyncClient) -> AsyncIterator[Client]:
+    """The SDK's v0.3 client (its compatibility transport): the card's 0.3 interface only."""
+    card = await card_of(http, server.url)
+    old = [i for i in card.supported_interfaces if i.protocol_version == "0.3"]
+    assert len(old) == 1
+    keep = AgentInterface()
+    keep.CopyFrom(old[0])
+    del card.supported_interfaces[:]
+    card.supported_interfaces.append(keep)
+    factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+    async with factory.create(card) as made:
+        yield made
+
+
+def message(
+    *,
+    text: str | None = None,
+    data: Any = None,
+    skill: str | None = None,
+    task_id: str = "",
+    context_id: str = "",
+) -> Message:
+    parts = []
+    if text is not None:
+        parts.append(Part(text=text))
+    if data is not None:
+        parts.append(Part(data=ParseDict(data, struct_pb2.Value())))
+    made = Message(
+        message_id=uuid.uuid4().hex,
+        role=Role.ROLE_USER,
+        parts=parts,
+        task_id=task_id,
+        context_id=context_id,
+    )
+    if skill is not None:
+        made.metadata.update({"skill": skill})
+    return made
+
+
+async def send(client: Client, sent: Message, *, immediately: bool = False) -> Task:
+    """The task a non-streaming send answers with."""
+    request = SendMessageRequest(
+        message=sent, configuration=SendMessageConfiguration(return_immediately=immediately)
+    )
+    answers = [answer async for answer in client.send_message(request)]
+    assert len(answers) == 1 and answers[0].HasField("task")
+    return answers[0].task
+
+
+def result_of(task: Task) -> Any:
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+    (artifact,) = task.artifacts
+    (part,) = artifact.parts
+    return MessageToDict(part.data)
+
+
+async def until(client: Client, task_id: str, *states: int) -> Task:
+    """The task once in one of `states`, read again and again (bounded)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            task = await client.get_task(GetTaskRequest(id=task_id))
+            if task.status.state in states:
+                return task
+            await asyncio.sleep(0.05)
+
+
+# -- the card -----------------------------------------------------------------------------------
+
+
+async def test_the_card_has_a_skill_per_reasoner_with_their_schemas(
+    server: ServerProcess, http: httpx.AsyncClient
+) -> None:
+    card = await card_of(http, server.url)
+    assert {skill.id for skill in card.skills} == REASONERS
+    assert card.capabilities.streaming is True
+    assert card.capabilities.push_notifications is False  # no webhook secret
+    assert not card.security_schemes  # no authentication
+    interfaces = {(i.protocol_version, i.url) for i in card.supported_interfaces}
+    assert interfaces == {("1.0", f"{server.url}/a2a"), ("0.3", f"{server.url}/a2a")}
+    (extension,) = card.capabilities.extensions
+    schemas = MessageToDict(extension.params)["skills"]
+    assert schemas["add"]["input_schema"]["required"] == ["a", "b"]
+    assert schemas["listing"]["output_schema"]["type"] == "array"
+    echo = next(skill for skill in card.skills if skill.id == "echo")
+    assert "text/plain" in echo.input_modes  # one string: a text part is its input
+
+
+async def test_the_card_url_follows_the_host_the_client_reached(http: httpx.AsyncClient) -> None:
+    answer = await http.get(
+        "/.well-known/agent-card.json", headers={"Host": "agents.example.test:8443"}
+    )
+    assert answer.status_code == 200
+    urls = {i["url"] for i in answer.json()["supportedInterfaces"]}
+    assert urls == {"http://agents.example.test:8443/a2a"}
+    assert answer.json()["url"] == "http://agents.example.test:8443/a2a"  # v0.3's field
+
+
+# -- sends --------------------------------------------------------------------------------------
+
+
+async def test_a_blocking_send_answers_the_ended_task(client: Client) -> None:
+    # A text part reaches the default reasoner (echo, one string).
+    task = await send(client, message(text="hello"))
+    assert result_of(task) == {"result": "HELLO"}
+    assert task.context_id  # every task has a context: a new session here
+    # A data part is the input of the skill named in metadata.skill; an object result is
+    # the data part itself, any other value {"result": value}.
+    added = await send(client, message(data={"a": 2, "b": 40}, skill="add"))
+    assert result_of(added) == {"sum": 42}
+    listed = await send(client, message(data={"n": 2}, skill="listing"))
+    assert result_of(listed) == {"result": [0, 1]}
+    failed = await send(client, message(skill="broken"))
+    assert failed.status.state == TaskState.TASK_STATE_FAILED
+    assert "broken on purpose" in failed.status.message.parts[0].text
+
+
+async def test_a_send_in_a_context_runs_in_that_session(
+    client: Client, http: httpx.AsyncClient
+) -> None:
+    context = f"ctx-{uuid.uuid4().hex}"
+    task = await send(client, message(text="a", context_id=context))
+    assert task.context_id == context
+    execution = (await http.get(f"/executions/{task.id}")).json()
+    assert (execution["session_id"], execution["reasoner"]) == (context, "echo")
+
+
+async def test_bad_messages_are_invalid_params_and_start_nothing(
+    client: Client, http: httpx.AsyncClient
+) -> None:
+    before = len((await http.get("/executions", params={"limit": 1000})).json())
+    bad = [
+        message(data={"a": "x", "b": 1}, skill="add"),  # fails the input schema
+        message(data={"a": 1}, skill="nope"),  # unknown skill
+        message(text="words", skill="add"),  # text for a skill that takes an object
+        message(text="a", data={"text": "b"}),  # two parts
+        message(text="a", context_id="bad id with spaces"),
+    ]
+    for sent in bad:
+        with pytest.raises(InvalidParamsError):
+            await send(client, sent)
+    after = len((await http.get("/executions", params={"limit": 1000})).json())
+    assert after == before
+
+
+async def test_a_streamed_send_follows_the_task_to_its_end(streaming: Client) -> None:
+    request = SendMessageRequest(message=message(data={"seconds": 0.4}, skill="slow"))
+    events: list[StreamResponse] = []
+    async with asyncio.timeout(WAIT):
+        async for event in streaming.send_message(request):
+            events.append(event)
+    assert events[0].HasField("task")
+    first = events[0].task
+    assert first.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+    kinds = [event.WhichOneof("payload") for event in events]
+    assert kinds[-2:] == ["artifact_update", "status_update"]
+    assert MessageToDict(events[-2].artifact_update.artifact.parts[0].data) == {"slept": 0.4}
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert {event.status_update.task_id for event in events[1:] if kinds} <= {first.id, ""}
+
+
+# -- get, list, cancel, subscribe ---------------------------------------------------------------
+
+
+async def test_get_cancel_and_subscribe(client: Client, streaming: Client) -> None:
+    task = await send(client, message(data={"seconds": 30}, skill="slow"), immediately=True)
+    assert task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+    await until(client, task.id, TaskState.TASK_STATE_WORKING)
+    seen: list[StreamResponse] = []
+
+    async def subscribe() -> None:
+        async for event in streaming.subscribe(SubscribeToTaskRequest(id=task.id)):
+            seen.append(event)
+
+    following = asyncio.create_task(subscribe())
+    async with asyncio.timeout(WAIT):
+        while not seen:  # noqa: ASYNC110 - the SDK's stream has no event to wait on
+            await asyncio.sleep(0.02)
+    assert seen[0].task.id == task.id
+    cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
+    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    async with asyncio.timeout(WAIT):
+        await following  # the stream ends at the terminal state
+    assert seen[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
+    read = await client.get_task(GetTaskRequest(id=task.id))
+    assert read.status.state == TaskState.TASK_STATE_CANCELED
+    # A terminal task cannot be cancelled again, nor subscribed to; an unknown one is not found.
+    with pytest.raises(TaskNotCancelableError):
+        await client.cancel_task(CancelTaskRequest(id=task.id))
+    with pytest.raises(UnsupportedOperationError):
+        async for _ in streaming.subscribe(SubscribeToTaskRequest(id=task.id)):
+            pass
+    with pytest.raises(TaskNotFoundError):
+        await client.get_task(GetTaskRequest(id="no-such-task"))
+
+
+async def test_list_pages_through_a_context(client: Client) -> None:
+    context = f"list-{uuid.uuid4().hex}"
+    ids = set()
+    for word in ("a", "b", "c"):
+        ids.add((await send(client, message(text=word, context_id=context))).id)
+    other = await send(client, message(text="elsewhere"))
+    found: list[str] = []
+    token = ""
+    async with asyncio.timeout(WAIT):
+        while True:
+            page = await client.list_tasks(
+                ListTasksRequest(context_id=context, page_size=1, page_token=token)
+            )
+            found += [task.id for task in page.tasks]
+            token = page.next_page_token
+            if not token:
+                break
+    assert set(found) == ids and len(found) == 3 and other.id not in found
+    completed = await client.list_tasks(
+        ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_COMPLETED)
+    )
+    assert {task.id for task in completed.tasks} == ids
+    failed = await client.list_tasks(
+        ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_FAILED)
+    )
+    assert list(failed.tasks) == []
+
+
+# -- input --------------------------------------------------------------------------------------
+
+
+async def test_input_required_is_answered_by_messages_on_the_task(client: Client) -> None:
+    task = await send(client, message(data={"amount": 7}, skill="approve"))
+    assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    asked = task.status.message
+    assert asked.parts[0].text == "approve 7?"
+    schema = MessageToDict(asked.metadata)["schema"]
+    assert schema["required"] == ["approved"]
+    # An answer that does not fit the schema is refused; the task still waits.
+    with pytest.raises(InvalidParamsError):
+        await send(client, message(data={"approved": "maybe"}, task_id=task.id))
+    still = await client.get_task(GetTaskRequest(id=task.id))
+    assert still.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    # The answer as a data part: the task goes on to its next request (a string: text).
+    second = await send(client, message(data={"approved": True}, task_id=task.id))
+    assert second.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert second.status.message.parts[0].text == "a note?"
+    done = await send(client, message(text="fine", task_id=task.id))
+    assert result_of(done) == {"approved": True, "amount": 7, "note": "fine"}
+    # A terminal task takes no more messages.
+    with pytest.raises(UnsupportedOperationError):
+        await send(client, message(text="again", task_id=task.id))
+
+
+# -- v0.3 ---------------------------------------------------------------------------------------
+
+
+async def test_v03_clients_use_v03_method_names(legacy: Client) -> None:
+    task = await send(legacy, message(data={"a": 1, "b": 2}, skill="add"))
+    assert result_of(task) == {"sum": 3}
+    read = await legacy.get_task(GetTaskRequest(id=task.id))
+    assert read.status.state == TaskState.TASK_STATE_COMPLETED
+    slow = await send(legacy, message(data={"seconds": 30}, skill="slow"), immediately=True)
+    cancelled = await legacy.cancel_task(CancelTaskRequest(id=slow.id))
+    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+
+
+async def test_a_missing_version_means_v03(server: ServerProcess) -> None:
+    plain = httpx.AsyncClient(base_url=server.url, timeout=WAIT)  # no A2A-Version
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "kind": "message",
+                "messageId": "m-1",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "old"}],
+            }
+        },
+    }
+    async with plain:
+        old = (await plain.post("/a2a", json=body)).json()
+        assert old["result"]["kind"] == "task"
+        assert old["result"]["status"]["state"] == "completed"
+        new = {**body, "method": "SendMessage"}  # v1.0's name without A2A-Version: 0.3
+        refused = (await plain.post("/a2a", json=new)).json()
+        assert refused["error"]["code"] == -32009  # version not supported
+
+
+# -- bad JSON-RPC input -------------------------------------------------------------------------
+
+
+BAD_BODIES: list[bytes] = [
+    b"",
+    b"{",
+    b"[]",
+    b"[1,2]",
+    b'"text"',
+    b"null",
+    b'{"jsonrpc":"1.0","id":1,"method":"GetTask"}',
+    b'{"jsonrpc":"2.0","id":1}',
+    b'{"jsonrpc":"2.0","id":1,"method":"NoSuchMethod","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":5}}',
+    b'{"jsonrpc":"2.0","id":{"a":1},"method":"GetTask","params":{"id":"x"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[]}}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER",'
+    b'"messageId":"m","parts":[{"raw":"aGk="}]}}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"pageSize":100000}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"pageToken":"zzz"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"contextId":"a b"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"no-such-task"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":5}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"' + b"x" * 5000 + b'"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER",'
+    b'"messageId":"m","parts":[{"data":' + b"[" * 5000 + b"]" * 5000 + b"}]}}}",
+    b'{"jsonrpc":"2.0","id":1e999,"method":"GetTask","params":{"id":"x"}}',
+]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_bad_jsonrpc_input_gets_a_jsonrpc_error(server: ServerProcess, body: bytes) -> None:
+    with httpx.Client(base_url=server.url, timeout=WAIT) as plain:
+        for version in ("1.0", None):
+            headers = {"Content-Type": "application/json"}
+            if version is not None:
+                headers["A2A-Version"] = version
+            answer = plain.post("/a2a", content=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            assert "error" in answer.json(), answer.text
+        errors = server_errors(plain.get("/metrics").text)
+    assert errors == {}, errors
