@@ -17,6 +17,7 @@ from a2a.types.a2a_pb2 import (
     AgentCard,
     AgentInterface,
     CancelTaskRequest,
+    GetExtendedAgentCardRequest,
     GetTaskRequest,
     ListTasksRequest,
     Message,
@@ -420,3 +421,38 @@ def test_bad_jsonrpc_input_gets_a_jsonrpc_error(server: ServerProcess, body: byt
             assert "error" in answer.json(), answer.text
         errors = server_errors(plain.get("/metrics").text)
     assert errors == {}, errors
+
+
+# -- off unless enabled; behind authentication ---------------------------------------------------
+
+
+def test_a2a_is_off_unless_enabled(server_factory: Any) -> None:
+    plain = server_factory("a2a_app:agent")
+    with httpx.Client(base_url=plain.url, timeout=WAIT) as client:
+        assert client.get("/.well-known/agent-card.json").status_code == 404
+        refused = client.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask"})
+        assert refused.status_code == 404
+
+
+async def test_with_a_token_the_card_stays_public_and_names_the_scheme(
+    server_factory: Any,
+) -> None:
+    token = "a2a-test-token-" + uuid.uuid4().hex
+    secured = server_factory("a2a_app:agent", "--a2a", "--api-token", token)
+    async with httpx.AsyncClient(
+        base_url=secured.url, timeout=WAIT, headers={"A2A-Version": "1.0"}
+    ) as anonymous:
+        card = await card_of(anonymous, secured.url)  # discovery needs no token
+        assert set(card.security_schemes) == {"bearer"}
+        assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+        assert [set(r.schemes) for r in card.security_requirements] == [{"bearer"}]
+        body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+        assert (await anonymous.post("/a2a", json=body)).status_code == 401
+    headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=WAIT, headers=headers) as http:
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+        async with factory.create(card) as client:
+            task = await send(client, message(text="secret"))
+            assert result_of(task) == {"result": "SECRET"}
+            extended = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+            assert {skill.id for skill in extended.skills} == REASONERS

@@ -55,9 +55,11 @@ STATUSES_OF[TaskState.TASK_STATE_WORKING] |= {ExecutionStatus.QUEUED}
 
 
 def task_state(execution: Execution) -> int:
-    """The task state of the execution: a handed-off one (queued after an attempt ran)
-    stays working; `submitted` is only before its first attempt."""
-    if execution.status is ExecutionStatus.QUEUED and execution.attempt > 1:
+    """The task state of the execution: a handed-off one (queued after an attempt ran: the
+    record's next attempt, or this replica's view of the attempt it handed off) stays
+    working; `submitted` is only before its first attempt."""
+    queued = execution.status is ExecutionStatus.QUEUED
+    if queued and (execution.attempt > 1 or execution.moved_away):
         return TaskState.TASK_STATE_WORKING
     return STATE[execution.status]
 
