@@ -18,6 +18,7 @@ from a2a.types.a2a_pb2 import (
     AgentInterface,
     CancelTaskRequest,
     GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
     ListTasksRequest,
     Message,
@@ -28,10 +29,12 @@ from a2a.types.a2a_pb2 import (
     StreamResponse,
     SubscribeToTaskRequest,
     Task,
+    TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import (
     InvalidParamsError,
+    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -40,6 +43,7 @@ from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from tests.support.process import ServerProcess, server_errors
+from tests.support.webhooks import HOOKS, Receiver
 
 WAIT = 20.0
 REASONERS = {"echo", "add", "listing", "slow", "approve", "broken", "steps"}
@@ -135,6 +139,10 @@ async def send(client: Client, sent: Message, *, immediately: bool = False) -> T
     request = SendMessageRequest(
         message=sent, configuration=SendMessageConfiguration(return_immediately=immediately)
     )
+    return await send_request(client, request)
+
+
+async def send_request(client: Client, request: SendMessageRequest) -> Task:
     answers = [answer async for answer in client.send_message(request)]
     assert len(answers) == 1 and answers[0].HasField("task")
     return answers[0].task
@@ -456,3 +464,67 @@ async def test_with_a_token_the_card_stays_public_and_names_the_scheme(
             assert result_of(task) == {"result": "SECRET"}
             extended = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
             assert {skill.id for skill in extended.skills} == REASONERS
+
+
+# -- push notifications: the execution's signed, durable webhooks --------------------------------
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_push_notifications_are_the_signed_webhooks(
+    server_factory: Any, request: pytest.FixtureRequest, store: str
+) -> None:
+    stores = [] if store == "memory" else ["--store", request.getfixturevalue("redis_url")]
+    hooked = server_factory("a2a_app:agent", "--a2a", *HOOKS, *stores)
+    receiver = Receiver()
+    try:
+        async with httpx.AsyncClient(
+            base_url=hooked.url, timeout=WAIT, headers={"A2A-Version": "1.0"}
+        ) as http:
+            card = await card_of(http, hooked.url)
+            assert card.capabilities.push_notifications is True
+            factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+            async with factory.create(card) as client:
+                sent = SendMessageRequest(
+                    message=message(data={"amount": 3}, skill="approve"),
+                    configuration=SendMessageConfiguration(
+                        task_push_notification_config=TaskPushNotificationConfig(url=receiver.url)
+                    ),
+                )
+                task = await send_request(client, sent)
+                assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+                with pytest.raises(UnsupportedOperationError):  # the URL is never shown
+                    await client.get_task_push_notification_config(
+                        GetTaskPushNotificationConfigRequest(task_id=task.id, id="webhook")
+                    )
+                await send(client, message(data={"approved": True}, task_id=task.id))
+                await send(client, message(text="ok", task_id=task.id))
+
+        def delivered(kind: str) -> list[dict[str, Any]]:
+            return [
+                r for r in receiver.delivered(kind) if r["body"]["data"]["execution_id"] == task.id
+            ]
+
+        async with asyncio.timeout(WAIT):  # the receiver is a thread: polled
+            while len(delivered("execution.input_required")) < 2 or not delivered(  # noqa: ASYNC110
+                "execution.finished"
+            ):
+                await asyncio.sleep(0.05)
+        assert delivered("execution.finished")[0]["body"]["data"]["result"] == {
+            "approved": True,
+            "amount": 3,
+            "note": "ok",
+        }
+        assert receiver.unverified == []
+    finally:
+        receiver.close()
+
+
+async def test_push_configs_need_webhooks(client: Client) -> None:
+    sent = SendMessageRequest(
+        message=message(text="x"),
+        configuration=SendMessageConfiguration(
+            task_push_notification_config=TaskPushNotificationConfig(url="http://127.0.0.1:9/x")
+        ),
+    )
+    with pytest.raises(PushNotificationNotSupportedError):
+        await send_request(client, sent)

@@ -63,8 +63,11 @@ from agent_server.store.cursor import BadCursor, ListCursor
 #: A page of `ListTasks` when the request names no size, and the most it may name.
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
-#: The one push config a task can have: the webhook URL its start gave.
-PUSH_CONFIG_ID = "webhook"
+#: Why a task's push config is not read back: the store keeps its webhook URL unshown.
+WEBHOOK_URL_UNSHOWN = (
+    "a task's webhook URL is kept but never shown (it may carry the receiver's token): "
+    "its deliveries say what they are about"
+)
 
 
 def _request(context: ServerCallContext) -> Request:
@@ -336,17 +339,6 @@ class ExecutionsHandler(RequestHandler):
                 message="push notifications need webhooks on this server (--webhook-secret)"
             )
 
-    async def _push_config(
-        self, context: ServerCallContext, task_id: str
-    ) -> TaskPushNotificationConfig | None:
-        self._push_on()
-        execution = await self._guarded(lambda: self._find(context, task_id))
-        if not execution.webhook_url:
-            return None
-        return TaskPushNotificationConfig(
-            id=PUSH_CONFIG_ID, task_id=execution.execution_id, url=execution.webhook_url
-        )
-
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
@@ -359,16 +351,14 @@ class ExecutionsHandler(RequestHandler):
     async def on_get_task_push_notification_config(
         self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        config = await self._push_config(context, params.task_id)
-        if config is None or (params.id and params.id != config.id):
-            raise TaskNotFoundError(message=f"no push config {params.id!r} on that task")
-        return config
+        self._push_on()
+        raise UnsupportedOperationError(message=WEBHOOK_URL_UNSHOWN)
 
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> ListTaskPushNotificationConfigsResponse:
-        config = await self._push_config(context, params.task_id)
-        return ListTaskPushNotificationConfigsResponse(configs=[] if config is None else [config])
+        self._push_on()
+        raise UnsupportedOperationError(message=WEBHOOK_URL_UNSHOWN)
 
     async def on_delete_task_push_notification_config(
         self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
