@@ -528,3 +528,19 @@ async def test_push_configs_need_webhooks(client: Client) -> None:
     )
     with pytest.raises(PushNotificationNotSupportedError):
         await send_request(client, sent)
+
+
+async def test_a_message_sent_again_gets_the_task_it_started(client: Client) -> None:
+    """The message id is the start's idempotency key: a retry (the first answer lost) runs
+    nothing twice; the same id for another message is refused."""
+    first = message(data={"seconds": 30}, skill="slow")
+    task = await send(client, first, immediately=True)
+    again = await send(client, first, immediately=True)
+    assert again.id == task.id
+    in_context = message(text="x", context_id=f"ctx-{uuid.uuid4().hex}")
+    assert (await send(client, in_context)).id == (await send(client, in_context)).id
+    other = message(data={"seconds": 29}, skill="slow")
+    other.message_id = first.message_id
+    with pytest.raises(InvalidParamsError):
+        await send(client, other, immediately=True)
+    await client.cancel_task(CancelTaskRequest(id=task.id))

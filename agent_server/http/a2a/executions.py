@@ -12,6 +12,7 @@ principal is carried but not used.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +27,13 @@ from agent_server.model.execution import CancelReason, Execution, ExecutionStatu
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.registry import AdmissionError
-from agent_server.store.base import Page, SessionTaken
+from agent_server.store.base import (
+    Idempotency,
+    IdempotencyForgotten,
+    IdempotencyMismatch,
+    Page,
+    SessionTaken,
+)
 from agent_server.store.cursor import ListCursor
 
 #: Seconds a cancel waits for the task to end before answering it as it is then.
@@ -36,6 +43,17 @@ CANCEL_WAIT = 5.0
 FOLLOW_POLL = 0.25
 #: Seconds a stream waits on the store before reading the task again (a claim, a retry).
 FOLLOW_WAIT = 1.0
+#: The longest message id kept as it is in its idempotency key (a key is 255 at most).
+MAX_KEPT_ID = 200
+
+
+def message_key(message_id: str) -> str:
+    """The idempotency key of a message id: kept as it is when it is a key's printable
+    ASCII, else its digest (any string is a message id)."""
+    if 0 < len(message_id) <= MAX_KEPT_ID and all(" " <= c <= "~" for c in message_id):
+        return f"a2a:{message_id}"
+    digest = hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"a2a-sha256:{digest}"
 
 
 class Bad(Exception):
@@ -65,12 +83,16 @@ class A2AExecutions:
         body: Any,
         session_id: str,
         *,
+        named_session: bool,
+        message_id: str,
         may_queue: bool,
         webhook_url: str | None,
     ) -> Execution:
         """Start the reasoner as `POST /reasoners/{name}` does (admission, draining, the
-        session policy and concurrency key of the request's headers). Principal check
-        (issue 39): the `start` action; the execution is the principal's tenant's."""
+        session policy and concurrency key of the request's headers), the message id its
+        idempotency key: a message sent again (a retry) gets the task the first one started.
+        Principal check (issue 39): the `start` action; the execution (and the key) is the
+        principal's tenant's."""
         try:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
@@ -85,7 +107,13 @@ class A2AExecutions:
                 arguments,
                 session_id,
                 body=body,
-                idempotency=None,
+                idempotency=None
+                if not message_id
+                else Idempotency(
+                    message_key(message_id),
+                    reasoner.fingerprint(session_id if named_session else None, body),
+                    self.api.idempotency_ttl,
+                ),
                 webhook_url=webhook_target(
                     None if webhook_url is None else webhook_url.encode("latin-1"),
                     self.api.webhooks,
@@ -98,6 +126,13 @@ class A2AExecutions:
                 announce=announced.append,
             )
             execution, _ = await runs._started_before_close(start, announced, scope)
+        except IdempotencyMismatch:
+            raise Bad("messageId was first used for a different message") from None
+        except IdempotencyForgotten:
+            raise Bad(
+                "messageId's task was forgotten (deleted, released or expired): send the "
+                "message with a new messageId to run it again"
+            ) from None
         except SessionTaken as exc:
             raise Bad(
                 f"the context has a task that is not terminal ({exc.execution_id}) and skill "

@@ -187,6 +187,8 @@ class ExecutionsHandler(RequestHandler):
             reasoner,
             body,
             self._context_id(message),
+            named_session=bool(message.context_id),
+            message_id=message.message_id,
             may_queue=may_queue,
             webhook_url=webhook_url,
         )
