@@ -544,3 +544,52 @@ async def test_a_message_sent_again_gets_the_task_it_started(client: Client) -> 
     with pytest.raises(InvalidParamsError):
         await send(client, other, immediately=True)
     await client.cancel_task(CancelTaskRequest(id=task.id))
+
+
+async def test_a_stream_stops_at_input_and_a_streamed_answer_goes_on(
+    streaming: Client, client: Client
+) -> None:
+    async def streamed(sent: Message) -> list[StreamResponse]:
+        async with asyncio.timeout(WAIT):
+            return [
+                event async for event in streaming.send_message(SendMessageRequest(message=sent))
+            ]
+
+    asked = await streamed(message(data={"amount": 5}, skill="approve"))
+    last = asked[-1].status_update.status if len(asked) > 1 else asked[-1].task.status
+    assert last.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert last.message.parts[0].text == "approve 5?"
+    task_id = asked[0].task.id
+    # A subscriber follows the task through the answers to its end.
+    seen: list[StreamResponse] = []
+
+    async def subscribe() -> None:
+        async for event in streaming.subscribe(SubscribeToTaskRequest(id=task_id)):
+            seen.append(event)
+
+    following = asyncio.create_task(subscribe())
+    second = await streamed(message(data={"approved": False}, task_id=task_id))
+    assert second[0].task.id == task_id
+    assert second[-1].status_update.status.message.parts[0].text == "a note?"
+    done = await send(client, message(text="no", task_id=task_id))
+    assert result_of(done) == {"approved": False, "amount": 5, "note": "no"}
+    async with asyncio.timeout(WAIT):
+        await following
+    assert seen[0].task.id == task_id
+    assert seen[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_v03_streams(server: ServerProcess, http: httpx.AsyncClient) -> None:
+    card = await card_of(http, server.url)
+    old = next(i for i in card.supported_interfaces if i.protocol_version == "0.3")
+    keep = AgentInterface()
+    keep.CopyFrom(old)
+    del card.supported_interfaces[:]
+    card.supported_interfaces.append(keep)
+    factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+    async with factory.create(card) as legacy:
+        sent = SendMessageRequest(message=message(data={"seconds": 0.3}, skill="slow"))
+        async with asyncio.timeout(WAIT):
+            events = [event async for event in legacy.send_message(sent)]
+    assert events[0].task.id
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED

@@ -26,6 +26,7 @@ from agent_server.http.runs import _admission_error, _concurrency_value, _retrie
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.status import TERMINAL
 from agent_server.runtime.registry import AdmissionError
 from agent_server.store.base import (
     Idempotency,
@@ -60,7 +61,7 @@ class Bad(Exception):
     """A request A2A answers with invalid params: the message says what to send."""
 
 
-def _mark(execution: Execution) -> tuple[str, Any, int]:
+def mark(execution: Execution) -> tuple[str, Any, int]:
     """What a stream reports a change of: the status, the pending request, the attempt."""
     pending = execution.input_request
     request_id = None if pending is None else pending.get("request_id")
@@ -236,16 +237,23 @@ class A2AExecutions:
         return execution
 
     async def follow(
-        self, principal: Principal | None, execution: Execution, *, stop_at_input: bool
+        self,
+        principal: Principal | None,
+        execution: Execution,
+        seen: tuple[str, Any, int],
+        *,
+        stop_at_input: bool,
     ) -> AsyncIterator[Execution]:
-        """The execution each time its status (or pending request, or attempt) changes,
-        until it ends (or waits for input, with `stop_at_input`), is forgotten, or the
-        listener closes (a shutdown: the client subscribes again elsewhere). Principal check
-        (issue 39): `read`."""
-        seen = _mark(execution)
+        """The execution each time its status (or pending request, or attempt) changes from
+        `seen` (the `mark` of what the client was last sent), until it ends (or waits for
+        input, with `stop_at_input`), is forgotten, or the listener closes (a shutdown: the
+        client subscribes again elsewhere). Principal check (issue 39): `read`."""
         closing = self.api.streams.closing
-        while not execution.is_terminal and not closing.is_set():
-            if stop_at_input and execution.status is ExecutionStatus.INPUT_REQUIRED:
+        while not closing.is_set():
+            status = ExecutionStatus(seen[0])
+            if status in TERMINAL:
+                return
+            if stop_at_input and status is ExecutionStatus.INPUT_REQUIRED:
                 return
             moving = execution.status is ExecutionStatus.RUNNING
             wait = self.store.wait(execution, FOLLOW_WAIT, asked=True) if moving else None
@@ -255,9 +263,9 @@ class A2AExecutions:
                 return
             if latest.is_terminal and not await self.api.runs._recorded(latest):
                 continue
-            if _mark(latest) != seen:
-                seen = _mark(latest)
-                yield latest
+            if mark(latest) != seen:
+                seen = mark(latest)
+                yield latest  # the caller sends it before this resumes: `seen` is what it sent
             execution = latest
 
     async def _pause(self, wait: Any) -> None:

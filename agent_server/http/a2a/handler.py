@@ -42,7 +42,7 @@ from a2a.utils.errors import (
 from starlette.requests import Request
 
 from agent_server.http.a2a.card import CardMaker
-from agent_server.http.a2a.executions import A2AExecutions, Bad
+from agent_server.http.a2a.executions import A2AExecutions, Bad, mark
 from agent_server.http.a2a.tasks import (
     STATUSES_OF,
     answer_of,
@@ -231,8 +231,9 @@ class ExecutionsHandler(RequestHandler):
     ) -> AsyncGenerator[Event]:
         """The task, then an event at each change, until it ends or waits for input."""
         execution, _ = await self._guarded(lambda: self._begin(params, context, may_queue=False))
-        yield task_of(execution)
-        async for event in self._updates(context, execution, stop_at_input=True):
+        first, seen = task_of(execution), mark(execution)
+        yield first
+        async for event in self._updates(context, execution, seen, stop_at_input=True):
             yield event
 
     async def on_subscribe_to_task(
@@ -245,15 +246,22 @@ class ExecutionsHandler(RequestHandler):
                 message=f"task {execution.execution_id} is {execution.status.value}: nothing "
                 "more will happen to it (GetTask reads it)"
             )
-        yield task_of(execution)
-        async for event in self._updates(context, execution, stop_at_input=False):
+        first, seen = task_of(execution), mark(execution)
+        yield first
+        async for event in self._updates(context, execution, seen, stop_at_input=False):
             yield event
 
     async def _updates(
-        self, context: ServerCallContext, execution: Execution, *, stop_at_input: bool
+        self,
+        context: ServerCallContext,
+        execution: Execution,
+        seen: tuple[str, Any, int],
+        *,
+        stop_at_input: bool,
     ) -> AsyncGenerator[Event]:
+        """An event for each change after the one `seen` (what the client was sent)."""
         following = self.executions.follow(
-            _principal(context), execution, stop_at_input=stop_at_input
+            _principal(context), execution, seen, stop_at_input=stop_at_input
         )
         try:
             async for latest in following:
