@@ -8,7 +8,7 @@ fixed body: `POST /reasoners/echo` with `{"text": "hello"}`, and `POST /a2a` wit
 scenario: req/s, p50/p99 latency and the server's CPU per request, and the ratio of each to
 the sync route's in the same round (docs/protocols.md; bench/RESULTS.md).
 
-Usage: python -m bench.protocols [--rounds 2] [--duration 5] [--connections 16]
+Usage: python -m bench.protocols [--rounds 2] [--duration 5] [--connections 16] [--quick]
 """
 
 from __future__ import annotations
@@ -91,7 +91,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="one round of 1 s, 2 connections")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.duration, args.connections = 1, 1.0, 2
     if not have_wrk():
         sys.exit("needs wrk (apt-get install -y wrk)")
     port = free_port()
@@ -130,7 +133,7 @@ def main() -> None:
             f"{median(r['cpu_us'] for r in mine):.0f} | {median(r[0] for r in ratios):.2f} | "
             f"{median(r[1] for r in ratios):.2f} |"
         )
-    write_json("protocols", {"runs": runs})
+    print(f"raw: {write_json('protocols', {'runs': runs})}")
 
 
 if __name__ == "__main__":
