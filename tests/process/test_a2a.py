@@ -6,6 +6,7 @@ that waits for input answered by messages, v0.3's method names, and bad JSON-RPC
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -446,11 +447,18 @@ async def test_with_a_token_the_card_stays_public_and_names_the_scheme(
     server_factory: Any,
 ) -> None:
     token = "a2a-test-token-" + uuid.uuid4().hex
-    secured = server_factory("a2a_app:agent", "--a2a", "--api-token", token)
+    # Behind a proxy that strips /agent: the card's URL names the path the client uses.
+    secured = server_factory(
+        "a2a_app:agent", "--a2a", "--api-token", token, "--root-path", "/agent"
+    )
     async with httpx.AsyncClient(
         base_url=secured.url, timeout=WAIT, headers={"A2A-Version": "1.0"}
     ) as anonymous:
         card = await card_of(anonymous, secured.url)  # discovery needs no token
+        assert {i.url for i in card.supported_interfaces} == {f"{secured.url}/agent/a2a"}
+        # The client reaches the server as the proxy would: the card's path, prefix stripped.
+        for interface in card.supported_interfaces:
+            interface.url = f"{secured.url}/a2a"
         assert set(card.security_schemes) == {"bearer"}
         assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
         assert [set(r.schemes) for r in card.security_requirements] == [{"bearer"}]
@@ -593,3 +601,39 @@ async def test_v03_streams(server: ServerProcess, http: httpx.AsyncClient) -> No
             events = [event async for event in legacy.send_message(sent)]
     assert events[0].task.id
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+def test_an_open_stream_ends_at_shutdown_and_the_server_exits_clean(
+    server_factory: Any,
+) -> None:
+    """SIGTERM while a subscriber follows a task: the stream ends (its task cancelled by the
+    drain, or cut when the listener closes) and the server exits 0 within its budget."""
+    served = server_factory(
+        "a2a_app:agent",
+        "--a2a",
+        *("--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"),
+    )
+
+    async def scenario() -> list[StreamResponse]:
+        async with httpx.AsyncClient(timeout=WAIT, headers={"A2A-Version": "1.0"}) as http:
+            card = await card_of(http, served.url)
+            factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+            async with factory.create(card) as streaming:
+                factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+                async with factory.create(card) as plain:
+                    started = message(data={"seconds": 60, "marker": "slow-began"}, skill="slow")
+                    task = await send(plain, started, immediately=True)
+                await asyncio.to_thread(served.wait_marker, "slow-began", WAIT)
+                seen: list[StreamResponse] = []
+                async with asyncio.timeout(WAIT):
+                    async for event in streaming.subscribe(SubscribeToTaskRequest(id=task.id)):
+                        seen.append(event)
+                        if len(seen) == 1:
+                            served.signal(signal.SIGTERM)
+                return seen
+
+    seen = asyncio.run(scenario())
+    assert seen[0].HasField("task")
+    code, took = served.wait_exit(WAIT)
+    assert code == 0, served.stderr()
+    assert took < 8, took  # within its grace period: the stream held nothing up
