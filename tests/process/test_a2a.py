@@ -408,6 +408,7 @@ BAD_BODIES: list[bytes] = [
     b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"pageSize":100000}}',
     b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"pageToken":"zzz"}}',
     b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"contextId":"a b"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"pageSize":-5}}',
     b'{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"no-such-task"}}',
     b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":5}}',
     b'{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{}}',
@@ -637,3 +638,39 @@ def test_an_open_stream_ends_at_shutdown_and_the_server_exits_clean(
     code, took = served.wait_exit(WAIT)
     assert code == 0, served.stderr()
     assert took < 8, took  # within its grace period: the stream held nothing up
+
+
+async def test_a_blocking_send_whose_client_leaves_lets_its_task_run(
+    server: ServerProcess, client: Client
+) -> None:
+    """Unlike a synchronous run (cancelled when its caller leaves), an A2A task is durable:
+    the client that gave up waiting finds it by ListTasks and reads its end."""
+    context = f"left-{uuid.uuid4().hex}"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {
+                "messageId": uuid.uuid4().hex,
+                "role": "ROLE_USER",
+                "contextId": context,
+                "parts": [{"data": {"seconds": 1.0}}],
+                "metadata": {"skill": "slow"},
+            }
+        },
+    }
+    async with httpx.AsyncClient(base_url=server.url, headers={"A2A-Version": "1.0"}) as quick:
+        with pytest.raises(httpx.ReadTimeout):
+            await quick.post("/a2a", json=body, timeout=0.3)
+    async with asyncio.timeout(WAIT):
+        while True:
+            listed = await client.list_tasks(
+                ListTasksRequest(context_id=context, include_artifacts=True)
+            )
+            if listed.tasks and listed.tasks[0].status.state == TaskState.TASK_STATE_COMPLETED:
+                break
+            assert all(t.status.state != TaskState.TASK_STATE_CANCELED for t in listed.tasks)
+            await asyncio.sleep(0.1)
+    assert len(listed.tasks) == 1
+    assert result_of(listed.tasks[0]) == {"slept": 1.0}
