@@ -482,7 +482,8 @@ async def test_with_a_token_the_card_stays_public_and_names_the_scheme(
 async def test_push_notifications_are_the_signed_webhooks(
     server_factory: Any, request: pytest.FixtureRequest, store: str
 ) -> None:
-    stores = [] if store == "memory" else ["--store", request.getfixturevalue("redis_url")]
+    # A Redis of its own: the module's is in use by its server (no FLUSHALL under it).
+    stores = [] if store == "memory" else ["--store", request.getfixturevalue("own_redis").url]
     hooked = server_factory("a2a_app:agent", "--a2a", *HOOKS, *stores)
     receiver = Receiver()
     try:
