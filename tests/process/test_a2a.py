@@ -419,6 +419,18 @@ BAD_BODIES: list[bytes] = [
 ]
 
 
+def test_bad_input_leaves_no_line_in_the_log(server: ServerProcess) -> None:
+    """Each bad request is answered to its client; none is written to the server's log
+    (a client could fill it), nor the body of any request."""
+    with httpx.Client(base_url=server.url, timeout=WAIT) as plain:
+        for body in BAD_BODIES:
+            for headers in ({"A2A-Version": "1.0"}, {}):
+                plain.post("/a2a", content=body, headers=headers)
+    logged = server.stderr()
+    for line in ("Request Error", "Failed to", "Request body", "Version mismatch", "Traceback"):
+        assert line not in logged, logged[-3000:]
+
+
 @pytest.mark.parametrize("body", BAD_BODIES, ids=range(len(BAD_BODIES)))
 def test_bad_jsonrpc_input_gets_a_jsonrpc_error(server: ServerProcess, body: bytes) -> None:
     with httpx.Client(base_url=server.url, timeout=WAIT) as plain:

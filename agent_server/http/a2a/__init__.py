@@ -21,6 +21,7 @@ from starlette.types import Message, Receive
 from agent_server.http.a2a.card import CARD_PATH, RPC_PATH, CardMaker
 from agent_server.http.a2a.executions import A2AExecutions
 from agent_server.http.a2a.handler import ExecutionsHandler, card_json
+from agent_server.http.a2a.sdk_logs import quiet_sdk_logs
 from agent_server.http.api import Api
 from agent_server.http.params import first_values, read_body
 from agent_server.http.routing import ApiError, Endpoint, JSONResponse
@@ -70,6 +71,7 @@ class A2AProtocol:
         self.dispatcher = JsonRpcDispatcher(
             self.handler, context_builder=_Context(), enable_v0_3_compat=True
         )
+        quiet_sdk_logs()
         #: Served without a token: the card is for discovery.
         self.public_paths = frozenset({CARD_PATH})
 
