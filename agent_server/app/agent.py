@@ -362,7 +362,13 @@ class Agent:
                 "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
             ) from None
         secured = self._authenticate is not None or self.settings.authenticates
-        a2a = A2AProtocol(api, self.name, default_reasoner=self.default_reasoner, secured=secured)
+        a2a = A2AProtocol(
+            api,
+            self.name,
+            default_reasoner=self.default_reasoner,
+            secured=secured,
+            public_url=self.settings.public_url,
+        )
         return a2a.routes(), a2a.public_paths
 
     def api(self) -> Api:

@@ -44,7 +44,7 @@ from a2a.utils.errors import (
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from tests.support.process import ServerProcess, server_errors
+from tests.support.process import ServerProcess, agent_server_cli, server_errors
 from tests.support.webhooks import HOOKS, Receiver
 
 WAIT = 20.0
@@ -448,6 +448,23 @@ def test_bad_jsonrpc_input_gets_a_jsonrpc_error(server: ServerProcess, body: byt
 
 
 # -- off unless enabled; behind authentication ---------------------------------------------------
+
+
+def test_public_url_names_where_clients_reach_the_server(server_factory: Any) -> None:
+    public = "https://agents.example.test/trips"
+    served = server_factory("a2a_app:agent", "--a2a", "--public-url", public + "/")
+    with httpx.Client(base_url=served.url, timeout=WAIT) as client:
+        card = client.get("/.well-known/agent-card.json").json()
+    assert {i["url"] for i in card["supportedInterfaces"]} == {f"{public}/a2a"}
+
+
+@pytest.mark.parametrize(
+    "bad", ["ftp://x/", "agents.example.test", "https://x/?token=1", "https://x/#a", "https:// x"]
+)
+def test_a_public_url_that_is_not_one_stops_the_start(bad: str) -> None:
+    done = agent_server_cli("run", "a2a_app:agent", "--a2a", "--public-url", bad)
+    assert done.returncode == 2, done.stderr
+    assert "public-url" in done.stderr
 
 
 def test_a2a_is_off_unless_enabled(server_factory: Any) -> None:

@@ -60,10 +60,22 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 class A2AProtocol:
     """The A2A routes of an agent: given the API's parts, its name and default reasoner."""
 
-    def __init__(self, api: Api, name: str, *, default_reasoner: str | None, secured: bool):
+    def __init__(
+        self,
+        api: Api,
+        name: str,
+        *,
+        default_reasoner: str | None,
+        secured: bool,
+        public_url: str | None = None,
+    ):
         self.api = api
         self.card = CardMaker(
-            name, api.reasoners.values(), push_notifications=api.webhooks, secured=secured
+            name,
+            api.reasoners.values(),
+            push_notifications=api.webhooks,
+            secured=secured,
+            public_url=public_url,
         )
         self.handler = ExecutionsHandler(
             A2AExecutions(api), api.reasoners, default_reasoner, self.card, api.webhooks

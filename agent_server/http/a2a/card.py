@@ -1,6 +1,7 @@
 """The agent card: one skill per reasoner, its schemas in a card extension, the interfaces
-at the request's own URL (its host and root path), and what the server offers (streaming,
-push notifications when webhooks are on, the bearer scheme when authentication is on)."""
+at the request's own URL (its host and root path, or `--public-url`), and what the server
+offers (streaming, push notifications when webhooks are on, the bearer scheme when
+authentication is on)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ class CardMaker:
         *,
         push_notifications: bool,
         secured: bool,
+        public_url: str | None = None,
     ) -> None:
         self.name = name
+        #: `--public-url`: where clients reach the server, whatever a request's host says.
+        self.public_url = public_url
         self.reasoners = list(reasoners)
         self.push_notifications = push_notifications
         self.secured = secured
@@ -73,7 +77,7 @@ class CardMaker:
         )
 
     def card(self, request: Request) -> AgentCard:
-        url = base_url(request) + RPC_PATH
+        url = (self.public_url or base_url(request)) + RPC_PATH
         extension = AgentExtension(
             uri=SCHEMAS_EXTENSION,
             description="each skill's input and output JSON schemas, by skill id",
