@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,9 +39,11 @@ from agent_server.store.cursor import ListCursor
 
 #: Seconds a cancel waits for the task to end before answering it as it is then.
 CANCEL_WAIT = 5.0
-#: Seconds between reads of a task a stream follows while it waits for input or is queued:
-#: the store wakes waiters at an end or an ask, not when an answer or a claim moves it on.
-FOLLOW_POLL = 0.25
+#: Seconds between reads of a task a stream follows while it waits for input or is queued
+#: (the store wakes waiters at an end or an ask, not when an answer or a claim moves it on):
+#: the first, doubled while nothing changes up to the last (an idle subscriber costs the
+#: store about one read a second), and the first again after a change.
+FOLLOW_POLL = (0.1, 1.0)
 #: Seconds a stream waits on the store before reading the task again (a claim, a retry).
 FOLLOW_WAIT = 1.0
 #: The longest message id kept as it is in its idempotency key (a key is 255 at most).
@@ -249,6 +251,7 @@ class A2AExecutions:
         input, with `stop_at_input`), is forgotten, or the listener closes (a shutdown: the
         client subscribes again elsewhere). Principal check (issue 39): `read`."""
         closing = self.api.streams.closing
+        poll = FOLLOW_POLL[0]
         while not closing.is_set():
             status = ExecutionStatus(seen[0])
             if status in TERMINAL:
@@ -257,25 +260,26 @@ class A2AExecutions:
                 return
             moving = execution.status is ExecutionStatus.RUNNING
             wait = self.store.wait(execution, FOLLOW_WAIT, asked=True) if moving else None
-            await self._pause(wait)
+            await self._pause(wait if wait is not None else asyncio.sleep(poll))
+            poll = min(poll * 2, FOLLOW_POLL[1])
             latest = await self.store.get(execution.execution_id)
             if latest is None:
                 return
             if latest.is_terminal and not await self.api.runs._recorded(latest):
                 continue
             if mark(latest) != seen:
-                seen = mark(latest)
+                seen, poll = mark(latest), FOLLOW_POLL[0]
                 yield latest  # the caller sends it before this resumes: `seen` is what it sent
             execution = latest
 
-    async def _pause(self, wait: Any) -> None:
-        """The store's wait (or FOLLOW_POLL), cut short when the listener closes."""
+    async def _pause(self, wait: Coroutine[Any, Any, Any]) -> None:
+        """The store's wait (or a poll's sleep), cut short when the listener closes."""
         closing = self.api.streams.closing
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         closing.waiters.add(closed)
         if closing.is_set():
             closed.set_result(None)
-        step = asyncio.ensure_future(wait if wait is not None else asyncio.sleep(FOLLOW_POLL))
+        step = asyncio.ensure_future(wait)
         try:
             await asyncio.wait({step, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
