@@ -56,6 +56,11 @@ CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
 UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
 
 
+class AgentSetupError(ValueError):
+    """The agent cannot be served as configured (a protocol's extra missing, a default
+    reasoner that is none): said in one line at start."""
+
+
 class Agent:
     """A named set of reasoners served over HTTP, with its own registry, store and metrics.
 
@@ -352,13 +357,16 @@ class Agent:
         if not self.settings.a2a:
             return [], frozenset()
         if self.default_reasoner is not None and self.default_reasoner not in self.reasoners:
-            raise ValueError(f"default_reasoner {self.default_reasoner!r} is not a reasoner")
+            raise AgentSetupError(
+                f"default_reasoner {self.default_reasoner!r} is not a reasoner of agent "
+                f"{self.name!r}"
+            )
         try:
             from agent_server.http.a2a import A2AProtocol
         except ImportError as exc:
             if not (exc.name or "").startswith("a2a"):
                 raise
-            raise RuntimeError(
+            raise AgentSetupError(
                 "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
             ) from None
         secured = self._authenticate is not None or self.settings.authenticates

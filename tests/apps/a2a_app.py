@@ -79,3 +79,8 @@ async def steps(ctx: ExecutionContext, count: int = 10, pause: float = 0.3) -> d
         await asyncio.sleep(pause)
         await ctx.checkpoint({"done": step + 1})
     return {"steps": count, "attempt": ctx.attempt}
+
+
+#: An agent whose default reasoner is none of its reasoners: `--a2a` refuses to start it.
+misnamed = Agent("a2a-misnamed", default_reasoner="nope")
+misnamed.reasoner()(echo)

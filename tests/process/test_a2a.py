@@ -6,10 +6,12 @@ that waits for input answered by messages, v0.3's method names, and bad JSON-RPC
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,7 +46,7 @@ from a2a.utils.errors import (
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from tests.support.process import ServerProcess, agent_server_cli, server_errors
+from tests.support.process import ServerProcess, agent_server_cli, one_line, server_errors
 from tests.support.webhooks import HOOKS, Receiver
 
 WAIT = 20.0
@@ -465,6 +467,34 @@ def test_a_public_url_that_is_not_one_stops_the_start(bad: str) -> None:
     done = agent_server_cli("run", "a2a_app:agent", "--a2a", "--public-url", bad)
     assert done.returncode == 2, done.stderr
     assert "public-url" in done.stderr
+
+
+def test_a_default_reasoner_that_is_none_stops_the_start() -> None:
+    done = agent_server_cli("run", "a2a_app:misnamed", "--a2a")
+    assert done.returncode == 2, done.stderr
+    assert one_line(done.stderr) == (
+        "agent-server: default_reasoner 'nope' is not a reasoner of agent 'a2a-misnamed'"
+    )
+
+
+def test_without_the_extra_a2a_stops_the_start_naming_it(
+    tmp_path: Path, server_factory: Any
+) -> None:
+    """Where the SDK cannot be imported (a package named `a2a` that raises as an absent one
+    does), `--a2a` stops the start in one line naming the extra."""
+    (tmp_path / "a2a").mkdir()
+    (tmp_path / "a2a" / "__init__.py").write_text(
+        'raise ImportError("No module named \'a2a\'", name="a2a")\n'
+    )
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    done = agent_server_cli("run", "a2a_app:agent", "--a2a", env={"PYTHONPATH": path})
+    assert done.returncode == 2, done.stderr
+    assert one_line(done.stderr) == (
+        "agent-server: --a2a needs the a2a extra: pip install 'agent-server[a2a]'"
+    )
+    # Without --a2a the same agent serves as ever: the SDK is imported only for it.
+    plain = server_factory("a2a_app:agent", env={"PYTHONPATH": path})
+    assert httpx.get(f"{plain.url}/reasoners", timeout=WAIT).status_code == 200
 
 
 def test_a2a_is_off_unless_enabled(server_factory: Any) -> None:
