@@ -108,3 +108,38 @@ async def test_a_task_is_handed_off_at_sigterm_and_completed_elsewhere(
     assert MessageToDict(done.metadata)["attempt"] >= 2
     for made in (on_first, on_second, through_proxy):
         await made.close()
+
+
+async def test_a_task_asks_on_one_replica_and_is_answered_on_the_others(
+    cluster: Cluster, http: httpx.AsyncClient
+) -> None:
+    """Each message of the conversation goes to another replica: the answer is taken once,
+    wherever it lands, and the blocking send on the third replica sees the end."""
+    clients = [await client_of(http, cluster.url(i), streaming=False) for i in range(3)]
+
+    async def send(client: Client, sent: Message) -> Task:
+        answers = [answer async for answer in client.send_message(SendMessageRequest(message=sent))]
+        return answers[-1].task
+
+    def say(data: object, task_id: str = "", skill: str | None = None) -> Message:
+        made = Message(
+            message_id=uuid.uuid4().hex,
+            role=Role.ROLE_USER,
+            task_id=task_id,
+            parts=[Part(data=ParseDict(data, struct_pb2.Value()))],
+        )
+        if skill:
+            made.metadata.update({"skill": skill})
+        return made
+
+    asked = await send(clients[0], say({"amount": 11}, skill="approve"))
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    second = await send(clients[1], say({"approved": True}, task_id=asked.id))
+    assert second.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert second.status.message.parts[0].text == "a note?"
+    done = await send(clients[2], say("from the third", task_id=asked.id))
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    result = MessageToDict(done.artifacts[0].parts[0].data)
+    assert result == {"approved": True, "amount": 11, "note": "from the third"}
+    for made in clients:
+        await made.close()
