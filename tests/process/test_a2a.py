@@ -214,7 +214,7 @@ async def test_a_blocking_send_answers_the_ended_task(client: Client) -> None:
     assert result_of(added) == {"sum": 42}
     listed = await send(client, message(data={"n": 2}, skill="listing"))
     assert result_of(listed) == {"result": [0, 1]}
-    failed = await send(client, message(skill="broken"))
+    failed = await send(client, message(data={}, skill="broken"))
     assert failed.status.state == TaskState.TASK_STATE_FAILED
     assert "broken on purpose" in failed.status.message.parts[0].text
 
@@ -239,6 +239,8 @@ async def test_bad_messages_are_invalid_params_and_start_nothing(
         message(text="words", skill="add"),  # text for a skill that takes an object
         message(text="a", data={"text": "b"}),  # two parts
         message(text="a", context_id="bad id with spaces"),
+        message(skill="broken"),  # no part: A2A requires one ({} for no input)
+        Message(role=Role.ROLE_USER, parts=[Part(text="a")]),  # no messageId
     ]
     for sent in bad:
         with pytest.raises(InvalidParamsError):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event
-from a2a.server.request_handlers.request_handler import RequestHandler
+from a2a.server.request_handlers.request_handler import RequestHandler, validate_request_params
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types.a2a_pb2 import (
     AgentCard,
@@ -68,6 +68,15 @@ WEBHOOK_URL_UNSHOWN = (
     "a task's webhook URL is kept but never shown (it may carry the receiver's token): "
     "its deliveries say what they are about"
 )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _required(method: F) -> F:
+    """The SDK's own check of the fields A2A requires (a message's id, role and parts, a
+    task's id): invalid params naming each missing one, before the method runs."""
+    return cast(F, validate_request_params(method))
 
 
 def _request(context: ServerCallContext) -> Request:
@@ -202,6 +211,7 @@ class ExecutionsHandler(RequestHandler):
 
     # -- messages --------------------------------------------------------------------------
 
+    @_required
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
@@ -226,6 +236,7 @@ class ExecutionsHandler(RequestHandler):
         task: Task = await self._guarded(send)
         return task
 
+    @_required
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
@@ -236,6 +247,7 @@ class ExecutionsHandler(RequestHandler):
         async for event in self._updates(context, execution, seen, stop_at_input=True):
             yield event
 
+    @_required
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
@@ -281,10 +293,12 @@ class ExecutionsHandler(RequestHandler):
 
     # -- tasks -----------------------------------------------------------------------------
 
+    @_required
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         execution = await self._guarded(lambda: self._find(context, params.id))
         return task_of(execution)
 
+    @_required
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
@@ -327,6 +341,7 @@ class ExecutionsHandler(RequestHandler):
             total_size=len(tasks),
         )
 
+    @_required
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:

@@ -182,7 +182,8 @@ def string_field(reasoner: Reasoner) -> str | None:
 
 def input_of(message: Message, reasoner: Reasoner) -> Any:
     """The reasoner's input (the JSON body `POST /reasoners/{name}` would take): a data part
-    is the input; a text part the string of a reasoner taking one; no part, no input."""
+    is the input; a text part the string of a reasoner taking one (the SDK's check has
+    refused a message without a part)."""
     data, texts = _parts(message)
     if len(data) + len(texts) > 1:
         raise InvalidParamsError(message="send one part: a data part (the input) or a text part")
