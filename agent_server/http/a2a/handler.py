@@ -25,6 +25,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -77,6 +78,27 @@ def _required(method: F) -> F:
     """The SDK's own check of the fields A2A requires (a message's id, role and parts, a
     task's id): invalid params naming each missing one, before the method runs."""
     return cast(F, validate_request_params(method))
+
+
+def _check_message(params: SendMessageRequest) -> None:
+    """What A2A requires of a message, checked as the SDK's check would answer (its errors
+    as `data.errors`): the SDK's own walks every field of the request, the input's values
+    included: 155 us for a small SendMessage, a sync run's whole cost (bench/RESULTS.md)."""
+    message = params.message
+    errors = []
+    if not params.HasField("message"):
+        errors.append({"field": "message", "message": "Field is required."})
+    else:
+        if not message.message_id:
+            errors.append({"field": "message.message_id", "message": "Field is required."})
+        if message.role == Role.ROLE_UNSPECIFIED:
+            errors.append({"field": "message.role", "message": "Field is required."})
+        if not message.parts:
+            errors.append(
+                {"field": "message.parts", "message": "Field must contain at least one element."}
+            )
+    if errors:
+        raise InvalidParamsError(message="Validation failed", data={"errors": errors})
 
 
 def _request(context: ServerCallContext) -> Request:
@@ -161,6 +183,7 @@ class ExecutionsHandler(RequestHandler):
     ) -> tuple[Execution, bool]:
         """Start the message's task, or answer the task it continues: the execution, and
         whether it was started here."""
+        _check_message(params)
         message = params.message
         principal = _principal(context)
         if message.task_id:
@@ -211,7 +234,6 @@ class ExecutionsHandler(RequestHandler):
 
     # -- messages --------------------------------------------------------------------------
 
-    @_required
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
@@ -236,7 +258,6 @@ class ExecutionsHandler(RequestHandler):
         task: Task = await self._guarded(send)
         return task
 
-    @_required
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
