@@ -326,9 +326,11 @@ def run_wrk(
     connections: int = 16,
     threads: int = 1,
     cpus: set[int] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
     """One wrk run (bounded by `duration`); non-2xx/3xx answers and socket errors are errors."""
     script = [f'wrk.method = "{method}"']
+    script += [f'wrk.headers["{name}"] = "{value}"' for name, value in (headers or {}).items()]
     if body is not None:
         escaped = body.decode().replace("\\", "\\\\").replace('"', '\\"')
         script.append(f'wrk.body = "{escaped}"')

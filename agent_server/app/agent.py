@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server.http.api import Api
@@ -56,6 +56,11 @@ CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
 UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
 
 
+class AgentSetupError(ValueError):
+    """The agent cannot be served as configured (a protocol's extra missing, a default
+    reasoner that is none): said in one line at start."""
+
+
 class Agent:
     """A named set of reasoners served over HTTP, with its own registry, store and metrics.
 
@@ -80,6 +85,7 @@ class Agent:
         routes: Sequence[BaseRoute] = (),
         middleware: Sequence[Middleware] = (),
         lifespan: Lifespan[Any] | None = None,
+        default_reasoner: str | None = None,
     ) -> None:
         for route in routes:
             if isinstance(route, WebSocketRoute):
@@ -94,6 +100,8 @@ class Agent:
         self.user_routes = list(routes)
         self.user_middleware = list(middleware)
         self.user_lifespan = lifespan
+        #: The reasoner a protocol message that names none reaches (A2A, docs/protocols.md).
+        self.default_reasoner = default_reasoner
         self._settings: Settings | None = None
         self._parts: _Parts | None = None
         #: `@agent.authenticate`'s function: it replaces the flags' authentication.
@@ -325,19 +333,51 @@ class Agent:
             if settings.cors_allow_origin:  # outermost: preflights never need the token
                 cors = cors_middleware(settings.cors_allow_origin, self.reasoners.values())
                 middleware.insert(0, cors)
+            api = self.api()
+            protocol_routes, public_paths = self._protocols(api)
             app = build_app(
-                self.api(),
+                api,
                 self.lifespan,
                 self._authenticator(),
                 self.registry,
                 metrics_open=settings.metrics_open,
                 routes=self.user_routes,
                 middleware=middleware,
+                protocol_routes=protocol_routes,
+                public_paths=public_paths,
             )
             if settings.access_log:
                 app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
             self._app = self._built.tracing.server(app)  # outermost: the access line's span
         return self._app
+
+    def _protocols(self, api: Api) -> tuple[list[Route], frozenset[str]]:
+        """The routes of the protocols turned on (`--a2a`) and the paths they serve without
+        a token; the protocol's package is imported only then (an extra)."""
+        if not self.settings.a2a:
+            return [], frozenset()
+        if self.default_reasoner is not None and self.default_reasoner not in self.reasoners:
+            raise AgentSetupError(
+                f"default_reasoner {self.default_reasoner!r} is not a reasoner of agent "
+                f"{self.name!r}"
+            )
+        try:
+            from agent_server.http.a2a import A2AProtocol
+        except ImportError as exc:
+            if not (exc.name or "").startswith("a2a"):
+                raise
+            raise AgentSetupError(
+                "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
+            ) from None
+        secured = self._authenticate is not None or self.settings.authenticates
+        a2a = A2AProtocol(
+            api,
+            self.name,
+            default_reasoner=self.default_reasoner,
+            secured=secured,
+            public_url=self.settings.public_url,
+        )
+        return a2a.routes(), a2a.public_paths
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""

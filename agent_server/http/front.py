@@ -15,7 +15,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Router
+from starlette.routing import BaseRoute, Route, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from agent_server.http.api import ROUTE_STATUSES, Api
@@ -166,6 +166,8 @@ def build_app(
     metrics_open: bool = False,
     routes: Sequence[BaseRoute] = (),
     middleware: Sequence[Middleware] = (),
+    protocol_routes: Sequence[Route] = (),
+    public_paths: frozenset[str] = frozenset(),
 ) -> ASGIApp:
     """The routes of `api`, behind authentication when an authenticator is given (the probes
     always open, `/metrics` with `metrics_open`), inside `HttpApp` (so 401s are counted and
@@ -173,14 +175,17 @@ def build_app(
 
     `routes`, the user's own, answer what no route of the API matches; `middleware` wraps the
     bearer check and every route, inside `HttpApp` (so an error in either is a JSON 500,
-    counted), the first outermost, as in Starlette."""
+    counted), the first outermost, as in Starlette. `protocol_routes` (A2A's) follow the API's
+    own, `public_paths` (a discovery document) are served without a token too."""
     for (method, route), statuses in ROUTE_STATUSES.items():
         api.metrics.expect_http(method, route, statuses)
     # The router's `app`, not the router: its `__call__` only passes requests on to it.
     own = Router(routes=list(routes)).app if routes else None
-    app: ASGIApp = ApiRouter(routes=api.routes(), lifespan=lifespan, default=own).app
+    table = [*api.routes(), *protocol_routes]
+    app: ASGIApp = ApiRouter(routes=table, lifespan=lifespan, default=own).app
     if authenticator is not None:
-        open_paths = OPEN_PATHS | (api.docs.open_paths if api.docs is not None else frozenset())
+        open_paths = OPEN_PATHS | public_paths
+        open_paths |= api.docs.open_paths if api.docs is not None else frozenset()
         if metrics_open:
             open_paths |= {METRICS_PATH}
         app = Authentication(app, authenticator, open_paths)

@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 from starlette.types import ASGIApp
 
-from agent_server.app.agent import Agent
+from agent_server.app.agent import Agent, AgentSetupError
 from agent_server.http.http_limits import BoundedHttpToolsProtocol
 from agent_server.model.execution import exception_text
 from agent_server.process.cli_client import COMMANDS, CONTEXT, ENV, Seconds
@@ -366,8 +366,13 @@ def serve(
     """Serve `agent` until its shutdown sequence has run; its exit code. `sockets`: the
     listener a reload supervisor bound, whose SIGINT the worker leaves to it."""
     agent.configure(settings)
+    try:
+        app = agent.asgi()
+    except AgentSetupError as exc:
+        click.echo(f"agent-server: {exc}", err=True)
+        sys.exit(ExitCode.INVALID_SETTINGS)
     runner = Runner(
-        uvicorn_config(agent.asgi(), settings),
+        uvicorn_config(app, settings),
         agent.shutdown,
         log_format=settings.log_format,
         push=agent.push_shutdown,

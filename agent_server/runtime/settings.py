@@ -232,6 +232,17 @@ class Settings(BaseSettings):
         default=True,
         description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
+    a2a: bool = Field(
+        default=False,
+        description="Serve A2A (the Agent2Agent protocol): the agent card at "
+        "/.well-known/agent-card.json and JSON-RPC at /a2a; needs the a2a extra.",
+    )
+    public_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="The URL clients reach the server at (https://agents.example.com/agent), "
+        "for the A2A card; by default the URL each request reached (its host and root path).",
+    )
     # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
     reload: bool = Field(
         default=False,
@@ -464,6 +475,19 @@ class Settings(BaseSettings):
         if database and not database.isdigit():
             raise ValueError("store URL's database must be a number (redis://host:6379/0)")
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, value: str | None) -> str | None:
+        """An absolute http(s) URL without a query or fragment, kept without a final '/'."""
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("public-url must be an absolute http:// or https:// URL")
+        if parts.query or parts.fragment or any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError("public-url must have no query, fragment, spaces or controls")
+        return value.rstrip("/")
 
     @field_validator("root_path")
     @classmethod

@@ -237,3 +237,14 @@ def test_durable_smoke() -> None:
     scenarios = raw["items"]["2"]["scenarios"]
     assert all(entry["ok"] == entry["lives"] for entry in scenarios.values())
     assert raw["items"]["2"]["added"]["per checkpoint"]["round_trips"] > 0
+
+
+def test_protocols_smoke() -> None:
+    """bench.protocols --quick: the sync route and A2A SendMessage on one server, each run
+    twice, every request answered; structure only."""
+    need("wrk", package="wrk")
+    out, raw = run_quick("protocols")
+    assert "| a2a |" in out and "| sync |" in out
+    scenarios = [run["scenario"] for run in raw["runs"]]
+    assert sorted(scenarios) == ["a2a", "a2a", "sync", "sync"]
+    assert all(run["rps"] > 0 for run in raw["runs"])

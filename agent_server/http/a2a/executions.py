@@ -1,0 +1,289 @@
+"""The runtime and store calls A2A makes, each given the caller's principal: the same calls
+the HTTP routes make (a start through the admission path of `http/runs.py`, reads and waits
+as `http/executions.py`, cancels as it, answers as `http/inputs.py`).
+
+Every method takes the principal, so the ownership rules of DESIGN.md section 19 apply here
+in one place: a start records the principal's tenant, a read or a wait of another tenant's
+execution is "not found", a list is filtered in the store, a cancel or an answer is checked
+for its action. Until those checks land in the store and registry calls below, the
+principal is carried but not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.types import Scope
+
+from agent_server.http.api import Api
+from agent_server.http.params import first_values, validation_detail, webhook_target
+from agent_server.http.routing import ApiError, in_doubt
+from agent_server.http.runs import _admission_error, _concurrency_value, _retried
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.principal import Principal
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.status import TERMINAL
+from agent_server.runtime.registry import AdmissionError
+from agent_server.store.base import (
+    Idempotency,
+    IdempotencyForgotten,
+    IdempotencyMismatch,
+    Page,
+    SessionTaken,
+)
+from agent_server.store.cursor import ListCursor
+
+#: Seconds a cancel waits for the task to end before answering it as it is then.
+CANCEL_WAIT = 5.0
+#: Seconds between reads of a task a stream follows while it waits for input or is queued
+#: (the store wakes waiters at an end or an ask, not when an answer or a claim moves it on):
+#: the first, doubled while nothing changes up to the last (an idle subscriber costs the
+#: store about one read a second), and the first again after a change.
+FOLLOW_POLL = (0.1, 1.0)
+#: Seconds a stream waits on the store before reading the task again (a claim, a retry).
+FOLLOW_WAIT = 1.0
+#: The longest message id kept as it is in its idempotency key (a key is 255 at most).
+MAX_KEPT_ID = 200
+
+
+def message_key(message_id: str) -> str:
+    """The idempotency key of a message id: kept as it is when it is a key's printable
+    ASCII, else its digest (any string is a message id)."""
+    if 0 < len(message_id) <= MAX_KEPT_ID and all(" " <= c <= "~" for c in message_id):
+        return f"a2a:{message_id}"
+    digest = hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"a2a-sha256:{digest}"
+
+
+class Bad(Exception):
+    """A request A2A answers with invalid params: the message says what to send."""
+
+
+def mark(execution: Execution) -> tuple[str, Any, int]:
+    """What a stream reports a change of: the status, the pending request, the attempt."""
+    pending = execution.input_request
+    request_id = None if pending is None else pending.get("request_id")
+    return execution.status.value, request_id, execution.attempt
+
+
+class A2AExecutions:
+    """The executions as A2A reaches them, through the API's own parts."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.store = api.store
+        self.registry = api.registry
+
+    async def start(
+        self,
+        principal: Principal | None,
+        scope: Scope,
+        reasoner: Reasoner,
+        body: Any,
+        session_id: str,
+        *,
+        named_session: bool,
+        message_id: str,
+        may_queue: bool,
+        webhook_url: str | None,
+    ) -> Execution:
+        """Start the reasoner as `POST /reasoners/{name}` does (admission, draining, the
+        session policy and concurrency key of the request's headers), the message id its
+        idempotency key: a message sent again (a retry) gets the task the first one started.
+        Principal check (issue 39): the `start` action; the execution (and the key) is the
+        principal's tenant's."""
+        try:
+            arguments = reasoner.bind(body)
+        except ValidationError as exc:
+            detail = validation_detail(exc)
+            raise Bad(f"invalid input for skill {reasoner.name!r}: {detail}") from None
+        headers = first_values(scope["headers"])
+        runs = self.api.runs
+        announced: list[Execution] = []
+        try:
+            start = self.registry.start_once(
+                reasoner,
+                arguments,
+                session_id,
+                body=body,
+                idempotency=None
+                if not message_id
+                else Idempotency(
+                    message_key(message_id),
+                    reasoner.fingerprint(session_id if named_session else None, body),
+                    self.api.idempotency_ttl,
+                ),
+                webhook_url=webhook_target(
+                    None if webhook_url is None else webhook_url.encode("latin-1"),
+                    self.api.webhooks,
+                    self.api.webhook_url,
+                ),
+                delay=None,
+                may_queue=may_queue,
+                concurrency_key=_concurrency_value(reasoner, headers, session_id),
+                session_policy=reasoner.session_policy,
+                announce=announced.append,
+            )
+            execution, _ = await runs._started_before_close(start, announced, scope)
+        except IdempotencyMismatch:
+            raise Bad("messageId was first used for a different message") from None
+        except IdempotencyForgotten:
+            raise Bad(
+                "messageId's task was forgotten (deleted, released or expired): send the "
+                "message with a new messageId to run it again"
+            ) from None
+        except SessionTaken as exc:
+            raise Bad(
+                f"the context has a task that is not terminal ({exc.execution_id}) and skill "
+                f"{reasoner.name!r} takes one at a time (session policy reject)"
+            ) from None
+        except AdmissionError as exc:
+            if exc.in_doubt is not None:
+                raise in_doubt(scope, exc.in_doubt) from None
+            raise _admission_error(exc.reason) from None
+        return execution
+
+    async def find(self, principal: Principal | None, execution_id: str) -> Execution | None:
+        """The execution, or None when unknown. Principal check (issue 39): `read`; another
+        tenant's execution is None, as an unknown one."""
+        return await self.store.get(execution_id)
+
+    async def page(
+        self,
+        principal: Principal | None,
+        *,
+        statuses: frozenset[ExecutionStatus],
+        session_id: str | None,
+        limit: int,
+        after: ListCursor | None,
+    ) -> Page:
+        """A page of executions, newest first. Principal check (issue 39): `list`, filtered
+        in the store by the principal's tenant (a page full, a cursor within it)."""
+        return await self.store.page(
+            statuses=statuses, session_id=session_id, limit=limit, after=after, max_bytes=0
+        )
+
+    async def cancel(self, principal: Principal | None, execution: Execution) -> Execution:
+        """Cancel it as `POST /executions/{id}/cancel` does (`request`), wherever it runs,
+        and wait a little for its end. Principal check (issue 39): `cancel`."""
+        nobody = execution.owned_by_nobody
+        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+        latest = await self.store.get(execution.execution_id) if nobody else execution
+        latest = latest or execution
+        if latest.is_terminal:
+            return latest
+        try:
+            async with asyncio.timeout(CANCEL_WAIT):
+                latest = await self.store.wait(latest, None)
+        except TimeoutError:
+            pass
+        return await self.store.get(execution.execution_id) or latest
+
+    async def answer(
+        self, principal: Principal | None, execution: Execution, value: Any
+    ) -> Execution:
+        """Answer its pending request as `POST /executions/{id}/input` does: checked against
+        the request's schema, taken once. Principal check (issue 39): `answer`."""
+        pending = execution.input_request
+        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
+            raise Bad(f"the task is {execution.status.value}: it waits for no input")
+        request_id = int(pending["request_id"])
+        try:
+            await self.api.inputs._check_answer(pending, value)
+        except ApiError as exc:
+            raise Bad(f"the answer does not fit the request's schema: {exc.detail}") from None
+        taken = await self.store.answer(execution, request_id, value)
+        if taken is None:
+            raise Bad(f"request {request_id} was answered already (or the task ended)")
+        return taken
+
+    async def settle(
+        self, principal: Principal | None, execution: Execution, gone: asyncio.Future[None]
+    ) -> Execution:
+        """The execution once terminal, waiting for input or handed off, as a synchronous
+        run waits for it; as it is when the listener closes (shutdown) or the client goes
+        away first. Principal check (issue 39): `read`."""
+        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
+        if execution.reached(asked=True) and not _retried(execution):
+            return await self._recorded(execution)
+        runs = self.api.runs
+        local = self.registry.running(execution.execution_id) is execution
+        ended = asyncio.ensure_future(runs._until_end(execution, local))
+        closing = self.api.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        if closing.is_set():
+            closed.set_result(None)
+        try:
+            watched: set[asyncio.Future[Any]] = {ended, closed, gone}
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not ended.done():
+                ended.cancel()
+            await asyncio.gather(ended, return_exceptions=True)
+        if ended.cancelled() or ended.exception() is not None:
+            return await self.store.get(execution.execution_id) or execution
+        latest = ended.result()
+        return await self._recorded(latest)
+
+    async def _recorded(self, execution: Execution) -> Execution:
+        """An end this replica reached is told once the store holds it; until then the task
+        is as the store says (the client reads it again)."""
+        if execution.is_terminal and not await self.api.runs._recorded(execution):
+            return await self.store.get(execution.execution_id) or execution
+        return execution
+
+    async def follow(
+        self,
+        principal: Principal | None,
+        execution: Execution,
+        seen: tuple[str, Any, int],
+        *,
+        stop_at_input: bool,
+    ) -> AsyncIterator[Execution]:
+        """The execution each time its status (or pending request, or attempt) changes from
+        `seen` (the `mark` of what the client was last sent), until it ends (or waits for
+        input, with `stop_at_input`), is forgotten, or the listener closes (a shutdown: the
+        client subscribes again elsewhere). Principal check (issue 39): `read`."""
+        closing = self.api.streams.closing
+        poll = FOLLOW_POLL[0]
+        while not closing.is_set():
+            status = ExecutionStatus(seen[0])
+            if status in TERMINAL:
+                return
+            if stop_at_input and status is ExecutionStatus.INPUT_REQUIRED:
+                return
+            moving = execution.status is ExecutionStatus.RUNNING
+            wait = self.store.wait(execution, FOLLOW_WAIT, asked=True) if moving else None
+            await self._pause(wait if wait is not None else asyncio.sleep(poll))
+            poll = min(poll * 2, FOLLOW_POLL[1])
+            latest = await self.store.get(execution.execution_id)
+            if latest is None:
+                return
+            if latest.is_terminal and not await self.api.runs._recorded(latest):
+                continue
+            if mark(latest) != seen:
+                seen, poll = mark(latest), FOLLOW_POLL[0]
+                yield latest  # the caller sends it before this resumes: `seen` is what it sent
+            execution = latest
+
+    async def _pause(self, wait: Coroutine[Any, Any, Any]) -> None:
+        """The store's wait (or a poll's sleep), cut short when the listener closes."""
+        closing = self.api.streams.closing
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing.waiters.add(closed)
+        if closing.is_set():
+            closed.set_result(None)
+        step = asyncio.ensure_future(wait)
+        try:
+            await asyncio.wait({step, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.waiters.discard(closed)
+            if not step.done():
+                step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
