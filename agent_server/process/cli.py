@@ -237,7 +237,9 @@ def _no_workers(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 @main.command(context_settings=CONTEXT)
 @click.argument("app", required=False, envvar=ENV + "APP")
-@click.option("--workers", hidden=True, expose_value=False, is_eager=True, callback=_no_workers)
+@click.option(
+    "--workers", default=None, hidden=True, expose_value=False, is_eager=True, callback=_no_workers
+)
 @settings_options(Settings)
 def run(app: str | None, **flags: Any) -> None:
     """Serve APP (module:attribute, an Agent); without APP, the embedded demo agent.
