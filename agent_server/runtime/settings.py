@@ -232,6 +232,11 @@ class Settings(BaseSettings):
         default=True,
         description="Serve Swagger UI at /docs, from assets shipped with the package.",
     )
+    mcp: bool = Field(
+        default=False,
+        description="Serve MCP (Streamable HTTP) at /mcp: each reasoner a tool, calls and "
+        "tasks as executions (needs the mcp extra; docs/protocols.md).",
+    )
     # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
     reload: bool = Field(
         default=False,
