@@ -14,6 +14,7 @@ from typing import Any, Literal
 import httpx
 import mcp_types as types
 import pytest
+from mcp.client.extension import ClaimContext, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -37,13 +38,13 @@ class TaskParams(types.RequestParams):
 class GetTask(types.Request[TaskParams, Literal["tasks/get"]]):
     method: Literal["tasks/get"] = "tasks/get"
     params: TaskParams
-    name_param = "task_id"
+    name_param = "taskId"
 
 
 class CancelTask(types.Request[TaskParams, Literal["tasks/cancel"]]):
     method: Literal["tasks/cancel"] = "tasks/cancel"
     params: TaskParams
-    name_param = "task_id"
+    name_param = "taskId"
 
 
 class UpdateParams(TaskParams):
@@ -53,7 +54,7 @@ class UpdateParams(TaskParams):
 class UpdateTask(types.Request[UpdateParams, Literal["tasks/update"]]):
     method: Literal["tasks/update"] = "tasks/update"
     params: UpdateParams
-    name_param = "task_id"
+    name_param = "taskId"
 
 
 class Task(types.Result):
@@ -64,8 +65,22 @@ class Task(types.Result):
     status: str
 
 
+class Ack(types.Result):
+    """`tasks/update` and `tasks/cancel` answer an empty acknowledgement."""
+
+    result_type: Literal["complete"]
+
+
 class CreatedTask(Task):
-    result_type: Literal["task"] = "task"  # type: ignore[assignment]
+    result_type: Literal["task"] = "task"
+
+
+async def _unresolved(created: CreatedTask, ctx: ClaimContext) -> types.CallToolResult:
+    raise AssertionError("the tests follow their tasks themselves (allow_claimed=True)")
+
+
+#: A `CreateTaskResult` answers a `tools/call` (the extension's claimed result shape).
+TASK_CLAIM = ResultClaim(result_type="task", model=CreatedTask, resolve=_unresolved)
 
 
 @asynccontextmanager
@@ -81,6 +96,7 @@ async def session(
             write,
             read_timeout_seconds=WAIT,
             extensions={e: {} for e in extensions} if extensions else None,
+            result_claims={TASKS: [TASK_CLAIM]} if tasks else None,
         ) as opened,
     ):
         if legacy:
@@ -214,11 +230,170 @@ def test_bad_input_is_a_json_rpc_error_never_a_500(server: ServerProcess, body: 
     assert "error" in response.json()
 
 
-async def _wait_status(server: ServerProcess, reasoner: str, status: str) -> dict[str, Any]:
+async def call_as_task(client: ClientSession, name: str, arguments: dict[str, Any]) -> CreatedTask:
+    created = await client.call_tool(name, arguments, allow_claimed=True)
+    assert isinstance(created, CreatedTask), created
+    return created
+
+
+async def get_task(client: ClientSession, task_id: str) -> Task:
+    return await client.send_request(GetTask(params=TaskParams(task_id=task_id)), Task)
+
+
+async def follow(client: ClientSession, task_id: str, *statuses: str) -> Task:
+    """`tasks/get` until the task is in one of `statuses`."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = await get_task(client, task_id)
+        if got.status in statuses:
+            return got
+        assert time.monotonic() < deadline, f"task {task_id} still {got.status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_task_augmented_call_answers_at_once_and_is_followed_to_completion(
+    server: ServerProcess,
+) -> None:
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "nap", {"seconds": 0.5})
+        assert created.status == "working"
+        # Task id = execution id: the record exists before the answer, running.
+        assert record(server, created.task_id)["status"] in ("queued", "running")
+        done = await follow(client, created.task_id, "completed", "failed", "cancelled")
+        summed = await call_as_task(client, "add", {"a": 1, "b": 2})
+        summed_done = await follow(client, summed.task_id, "completed")
+        failed = await call_as_task(client, "broken", {})
+        failed_done = await follow(client, failed.task_id, "completed")
+    assert done.status == "completed"
+    extra = done.model_extra or {}
+    assert extra["result"]["structuredContent"] == {"result": "rested"}
+    assert extra["result"]["isError"] is False
+    assert isinstance(extra["ttlMs"], int) and extra["ttlMs"] > 0
+    assert (summed_done.model_extra or {})["result"]["structuredContent"] == {"sum": 3}
+    # A reasoner's failure is a tool error: completed, isError (the extension's rule).
+    failed_result = (failed_done.model_extra or {})["result"]
+    assert failed_result["isError"] is True and "it broke" in failed_result["content"][0]["text"]
+    assert record(server, failed.task_id)["status"] == "failed"
+
+
+async def test_tasks_cancel_cancels_the_execution(server: ServerProcess) -> None:
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "nap", {"seconds": 60})
+        await client.send_request(CancelTask(params=TaskParams(task_id=created.task_id)), Ack)
+        ended = await follow(client, created.task_id, "cancelled", "completed", "failed")
+    assert ended.status == "cancelled"
+    recorded = record(server, created.task_id)
+    assert (recorded["status"], recorded["status_reason"]) == ("cancelled", "request")
+
+
+async def update(client: ClientSession, task_id: str, responses: dict[str, Any]) -> Ack:
+    request = UpdateTask(params=UpdateParams(task_id=task_id, input_responses=responses))
+    return await client.send_request(request, Ack)
+
+
+async def test_an_ask_is_input_required_with_an_elicitation_answered_by_tasks_update(
+    server: ServerProcess,
+) -> None:
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "approve", {"amount": 5})
+        asked = await follow(client, created.task_id, "input_required")
+        requests = (asked.model_extra or {})["inputRequests"]
+        assert list(requests) == ["1"]
+        elicit = requests["1"]
+        assert elicit["method"] == "elicitation/create"
+        assert elicit["params"]["message"] == '{"question":"approve 5?"}'
+        schema = elicit["params"]["requestedSchema"]
+        assert schema["type"] == "object" and set(schema["properties"]) == {"approved", "note"}
+        # An answer that does not fit the schema is refused and changes nothing.
+        with pytest.raises(MCPError) as wrong:
+            await update(
+                client, created.task_id, {"1": {"action": "accept", "content": {"approved": "x"}}}
+            )
+        assert wrong.value.code == types.INVALID_PARAMS
+        assert (await get_task(client, created.task_id)).status == "input_required"
+        # A key that is not outstanding is ignored (the extension's rule).
+        await update(client, created.task_id, {"7": {"action": "accept", "content": {}}})
+        await update(
+            client,
+            created.task_id,
+            {"1": {"action": "accept", "content": {"approved": True, "note": "ok"}}},
+        )
+        done = await follow(client, created.task_id, "completed", "failed", "cancelled")
+        # A schema that is not a flat object is asked wrapped as {"value": ...}.
+        listed = await call_as_task(client, "pick", {})
+        picking = await follow(client, listed.task_id, "input_required")
+        wrapped = (picking.model_extra or {})["inputRequests"]["1"]["params"]["requestedSchema"]
+        await update(
+            client, listed.task_id, {"1": {"action": "accept", "content": {"value": [3, 1]}}}
+        )
+        picked = await follow(client, listed.task_id, "completed", "failed", "cancelled")
+    result = (done.model_extra or {})["result"]
+    assert result["structuredContent"] == {"approved": True, "note": "ok", "amount": 5}
+    assert wrapped["required"] == ["value"]
+    assert wrapped["properties"]["value"]["type"] == "array"
+    assert (picked.model_extra or {})["result"]["structuredContent"] == {"result": [3, 1]}
+    assert record(server, created.task_id)["result"]["note"] == "ok"
+
+
+async def test_a_declined_elicitation_cancels_the_task(server: ServerProcess) -> None:
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "approve", {})
+        await follow(client, created.task_id, "input_required")
+        await update(client, created.task_id, {"1": {"action": "decline"}})
+        ended = await follow(client, created.task_id, "cancelled", "completed", "failed")
+    assert ended.status == "cancelled"
+
+
+async def test_tasks_need_the_extension_declared_and_a_known_id(server: ServerProcess) -> None:
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "add", {"a": 1, "b": 1})
+        with pytest.raises(MCPError) as unknown:
+            await get_task(client, "no-such-task")
+    async with session(server) as plain:
+        with pytest.raises(MCPError) as undeclared:
+            await get_task(plain, created.task_id)
+        # Without the extension a call is plain: its result, not a task.
+        result = await plain.call_tool("add", {"a": 1, "b": 1})
+    assert unknown.value.code == types.INVALID_PARAMS
+    assert undeclared.value.code == types.MISSING_REQUIRED_CLIENT_CAPABILITY
+    assert result.structured_content == {"sum": 2}
+
+
+async def test_an_ask_in_a_plain_call_is_a_tool_error_naming_the_tasks_extension(
+    server: ServerProcess,
+) -> None:
+    async with session(server) as client:
+        result = await client.call_tool("approve", {"amount": 3})
+    assert result.is_error
+    assert isinstance(result.content[0], types.TextContent)
+    assert TASKS in result.content[0].text
+    # Nobody could answer it: it ended.
+    ended = [r for r in executions_of(server, "approve") if r["status"] == "cancelled"]
+    assert ended
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["2026-07-28", "2025-11-25"])
+async def test_a_plain_call_whose_stream_closes_is_cancelled(
+    server: ServerProcess, legacy: bool
+) -> None:
+    before = {r["execution_id"] for r in executions_of(server, "nap")}
+    async with session(server, legacy=legacy) as client:
+        call = asyncio.ensure_future(client.call_tool("nap", {"seconds": 60}))
+        running = await _wait_new(server, "nap", before)
+        call.cancel()  # the client gives up: its POST's stream closes
+        await asyncio.gather(call, return_exceptions=True)
+    deadline = time.monotonic() + WAIT
+    while (now := record(server, running["execution_id"]))["status"] == "running":
+        assert time.monotonic() < deadline, "the execution ran on after its stream closed"
+        await asyncio.sleep(0.05)
+    assert (now["status"], now["status_reason"]) == ("cancelled", "client_disconnected")
+
+
+async def _wait_new(server: ServerProcess, reasoner: str, before: set[str]) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        found = [r for r in executions_of(server, reasoner) if r["status"] == status]
-        if found:
-            return found[0]
+        for found in executions_of(server, reasoner):
+            if found["execution_id"] not in before and found["status"] == "running":
+                return found
         await asyncio.sleep(0.05)
-    raise AssertionError(f"no {reasoner} execution {status} in {WAIT}s")
+    raise AssertionError(f"no new running {reasoner} execution in {WAIT}s")
