@@ -85,12 +85,14 @@ TASK_CLAIM = ResultClaim(result_type="task", model=CreatedTask, resolve=_unresol
 
 @asynccontextmanager
 async def session(
-    server: ServerProcess, *, legacy: bool = False, tasks: bool = False
+    server: ServerProcess | str, *, legacy: bool = False, tasks: bool = False
 ) -> AsyncIterator[ClientSession]:
-    """A connected client session: discovered (2026-07-28) or initialized (2025-11-25)."""
+    """A connected client session to a server (or a base URL): discovered (2026-07-28) or
+    initialized (2025-11-25); with `tasks`, declaring the tasks extension."""
+    base = server if isinstance(server, str) else server.url
     extensions = {TASKS} if tasks else None
     async with (
-        streamable_http_client(f"{server.url}/mcp") as (read, write),
+        streamable_http_client(f"{base}/mcp") as (read, write),
         ClientSession(
             read,
             write,
@@ -397,3 +399,26 @@ async def _wait_new(server: ServerProcess, reasoner: str, before: set[str]) -> d
                 return found
         await asyncio.sleep(0.05)
     raise AssertionError(f"no new running {reasoner} execution in {WAIT}s")
+
+
+async def test_a_plain_call_open_at_sigterm_does_not_hold_the_drain(
+    server_factory: Any,
+) -> None:
+    """An MCP call waiting at SIGTERM answers by the drain's deadline (its execution is
+    stopped there, `shutdown`), and the server exits well inside its grace period."""
+    stopping = server_factory(
+        "mcp_app:agent",
+        "--mcp",
+        *("--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"),
+    )
+    async with session(stopping) as client:
+        call = asyncio.ensure_future(client.call_tool("nap", {"seconds": 60}))
+        running = await _wait_new(stopping, "nap", set())
+        stopping.signal()
+        answered = await asyncio.wait_for(call, WAIT)
+    code, took = await asyncio.to_thread(stopping.wait_exit, WAIT)
+    assert answered.is_error
+    assert isinstance(answered.content[0], types.TextContent)
+    assert "shutting down" in answered.content[0].text
+    assert running["execution_id"] in answered.content[0].text
+    assert code == 0 and took < 6.0, (code, took)
