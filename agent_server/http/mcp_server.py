@@ -46,6 +46,7 @@ from agent_server.http.auth import principal_of
 from agent_server.http.mcp_tools import (
     TASKS_EXTENSION,
     answer_value,
+    elicitation,
     task,
     tool,
     tool_error,
@@ -165,6 +166,8 @@ class McpEndpoint:
         reasoner = self.reasoners.get(params.name)
         if reasoner is None:
             raise MCPError(INVALID_PARAMS, f"unknown tool: {params.name!r}")
+        if params.request_state is not None:
+            return await self._resume_call(ctx, params)
         body: dict[str, Any] = dict(params.arguments or {})
         try:
             arguments = reasoner.bind(body)
@@ -176,6 +179,14 @@ class McpEndpoint:
             view = task(execution, self.result_ttl)
             return {"resultType": "task", **{k: view[k] for k in _TASK_FIELDS if k in view}}
         execution = await self._start(principal, reasoner, arguments, body, may_queue=False)
+        return await self._answer_call(ctx, execution)
+
+    async def _answer_call(
+        self, ctx: ServerRequestContext[Any], execution: Execution
+    ) -> dict[str, Any]:
+        """A plain call's answer: the execution's end as a tool result; its ask as an
+        elicitation the client answers by calling again (2026-07-28's multi round-trip
+        requests) when it declared elicitation, else a tool error."""
         ended = await self._follow(execution)
         if ended is None:
             return tool_error(
@@ -183,6 +194,8 @@ class McpEndpoint:
                 "here (call again)"
             )
         if ended.status is ExecutionStatus.INPUT_REQUIRED:
+            if _elicits(ctx) and ended.input_request is not None:
+                return _input_required(ended.execution_id, ended.input_request)
             # No way to answer on this call's stream: nobody could, so it ends here.
             await self._cancel(ended, CancelReason.REQUEST)
             return tool_error(
@@ -195,6 +208,52 @@ class McpEndpoint:
                 "off or stopped (call again)"
             )
         return tool_result(ended)
+
+    async def _resume_call(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> dict[str, Any]:
+        """A call again with the answer to its elicitation (`requestState` names the
+        execution and its request): the answer is taken as `POST /executions/{id}/input`
+        takes it, and the call follows the execution on. Ownership (issue 39): the caller
+        must own the execution `requestState` names."""
+        execution_id, _, number = (params.request_state or "").rpartition(":")
+        if not execution_id or not number.isdigit():
+            raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
+        principal = _principal(ctx)
+        del principal  # the owner check of issue 39 applies here
+        execution = await self._read(execution_id)
+        if execution is None or execution.reasoner != params.name:
+            raise MCPError(INVALID_PARAMS, "requestState names no call of this tool")
+        request_id = int(number)
+        pending = execution.input_request
+        if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
+            if int(pending["request_id"]) != request_id:  # answered; it asks anew
+                return await self._answer_call(ctx, execution)
+            response = (params.input_responses or {}).get(number)
+            if response is None:
+                return _input_required(execution.execution_id, pending)
+            action = getattr(response, "action", None)
+            if action != "accept":
+                await self._cancel(execution, CancelReason.REQUEST)
+                return tool_error(f"the input was not given ({action}): the call ended")
+            schema = pending.get("schema")
+            try:
+                value = answer_value(schema, getattr(response, "content", None))
+            except ValueError as exc:
+                raise MCPError(INVALID_PARAMS, str(exc)) from None
+            await self._check(schema, value)
+            try:
+                taken = await self.store.answer(execution, request_id, value)
+            except StoreUnavailable:
+                raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+            execution = taken or execution
+        return await self._answer_call(ctx, execution)
+
+    async def _read(self, execution_id: str) -> Execution | None:
+        try:
+            return await self.store.get(execution_id)
+        except StoreUnavailable:
+            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
 
     async def _start(
         self,
@@ -296,10 +355,7 @@ class McpEndpoint:
             )
         principal = _principal(ctx)
         del principal  # the owner check of issue 39 applies here
-        try:
-            execution = await self.store.get(task_id)
-        except StoreUnavailable:
-            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+        execution = await self._read(task_id)
         if execution is None:
             raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
         return execution
@@ -398,6 +454,26 @@ def _principal(ctx: ServerRequestContext[Any]) -> Principal | None:
     """Who sent the request (auth.py put it in the scope)."""
     request = ctx.request
     return principal_of(request.scope) if isinstance(request, Request) else None
+
+
+def _elicits(ctx: ServerRequestContext[Any]) -> bool:
+    """The request is of 2026-07-28 and its client declared elicitation: an ask is put to
+    it as an `InputRequiredResult` (a stateless server has no stream back on 2025-11-25)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and capabilities.elicitation is not None
+
+
+def _input_required(execution_id: str, asked: dict[str, Any]) -> dict[str, Any]:
+    """The ask as an `InputRequiredResult`: its elicitation, keyed by its request's number,
+    and the state the client sends back with its answer."""
+    number = str(asked["request_id"])
+    return {
+        "resultType": "input_required",
+        "inputRequests": {number: elicitation(asked)},
+        "requestState": f"{execution_id}:{number}",
+    }
 
 
 def _declares_tasks(ctx: ServerRequestContext[Any]) -> bool:

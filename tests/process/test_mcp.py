@@ -83,9 +83,17 @@ async def _unresolved(created: CreatedTask, ctx: ClaimContext) -> types.CallTool
 TASK_CLAIM = ResultClaim(result_type="task", model=CreatedTask, resolve=_unresolved)
 
 
+async def _never_called(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("a stateless server sends no request back: it asks in its answer")
+
+
 @asynccontextmanager
 async def session(
-    server: ServerProcess | str, *, legacy: bool = False, tasks: bool = False
+    server: ServerProcess | str,
+    *,
+    legacy: bool = False,
+    tasks: bool = False,
+    elicits: bool = False,
 ) -> AsyncIterator[ClientSession]:
     """A connected client session to a server (or a base URL): discovered (2026-07-28) or
     initialized (2025-11-25); with `tasks`, declaring the tasks extension."""
@@ -99,6 +107,7 @@ async def session(
             read_timeout_seconds=WAIT,
             extensions={e: {} for e in extensions} if extensions else None,
             result_claims={TASKS: [TASK_CLAIM]} if tasks else None,
+            elicitation_callback=_never_called if elicits else None,
         ) as opened,
     ):
         if legacy:
@@ -422,3 +431,45 @@ async def test_a_plain_call_open_at_sigterm_does_not_hold_the_drain(
     assert "shutting down" in answered.content[0].text
     assert running["execution_id"] in answered.content[0].text
     assert code == 0 and took < 6.0, (code, took)
+
+
+async def test_an_ask_in_a_plain_call_is_elicited_when_the_client_declared_elicitation(
+    server: ServerProcess,
+) -> None:
+    """2026-07-28: the answer is an `InputRequiredResult` with the elicitation; the call
+    again with the response (and the state it was given) answers the ask and ends."""
+    async with session(server, elicits=True) as client:
+        await client.list_tools()
+        asked = await client.call_tool("approve", {"amount": 4}, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult)
+        assert asked.input_requests is not None and list(asked.input_requests) == ["1"]
+        elicit = asked.input_requests["1"]
+        assert isinstance(elicit, types.ElicitRequest)
+        assert elicit.params.message == '{"question":"approve 4?"}'
+        execution_id = (asked.request_state or "").split(":")[0]
+        assert record(server, execution_id)["status"] == "input_required"
+        answer = types.ElicitResult(action="accept", content={"approved": True, "note": "fine"})
+        done = await client.call_tool(
+            "approve",
+            {"amount": 4},
+            input_responses={"1": answer},
+            request_state=asked.request_state,
+            allow_input_required=True,
+        )
+        declined = await client.call_tool("approve", {}, allow_input_required=True)
+        assert isinstance(declined, types.InputRequiredResult)
+        refused = await client.call_tool(
+            "approve",
+            {},
+            input_responses={"1": types.ElicitResult(action="decline")},
+            request_state=declined.request_state,
+            allow_input_required=True,
+        )
+        with pytest.raises(MCPError) as forged:
+            await client.call_tool("approve", {}, request_state="nothing-here:1")
+    assert isinstance(done, types.CallToolResult) and not done.is_error
+    assert done.structured_content == {"approved": True, "note": "fine", "amount": 4}
+    assert isinstance(refused, types.CallToolResult) and refused.is_error
+    refused_id = (declined.request_state or "").split(":")[0]
+    assert record(server, refused_id)["status"] == "cancelled"
+    assert forged.value.code == types.INVALID_PARAMS
