@@ -3,8 +3,9 @@
 The fenced blocks of each page are extracted and, by language:
 
 - `python`: a block that defines `agent = Agent(...)` is written to a module (named by its
-  `# name.py` first line) and served by a real `agent-server run module:agent`: the page's
-  server. Any other block runs as a script, `127.0.0.1:8000` pointed at the page's server (the
+  `# name.py` first line) and served by a real `agent-server run module:agent` (with the
+  flags of a `# served by: agent-server run module:agent FLAGS` line): the page's server.
+  Any other block runs as a script, `127.0.0.1:8000` pointed at the page's server (the
   embedded demo agent when the page defines none); a comment `... prints X` states a line of
   its output, which must appear (in order). Every reasoner a page's agent defines must have
   succeeded once the page's examples have run.
@@ -105,6 +106,13 @@ class Block:
             return None
         named = re.match(r"# (\w+)\.py\n", self.text)
         return named.group(1) if named else f"{self.page.stem.lower()}_example"
+
+    @property
+    def serve_flags(self) -> list[str]:
+        """The flags an agent's block says it is served with: a comment line `# served by:
+        agent-server run MODULE:agent FLAGS` (the page's server gets them too)."""
+        said = re.search(r"^# served by: agent-server run \S+(.*)$", self.text, re.M)
+        return shlex.split(said.group(1)) if said else []
 
 
 def blocks(page: Path) -> list[Block]:
@@ -325,7 +333,7 @@ class PageRun:
     def page_server(self) -> ServerProcess:
         """The page's agent (else the embedded demo agent), logging JSON for its report."""
         if self.server is None:
-            app = [f"{self.agent.module}:agent"] if self.agent else []
+            app = [f"{self.agent.module}:agent", *self.agent.serve_flags] if self.agent else []
             self.server = self.start(ServerProcess, [*app, "--log-format", "json"])
         return self.server
 
