@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from mcp.server.context import ServerRequestContext
@@ -28,15 +28,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CallToolRequestParams,
     ListToolsResult,
     PaginatedRequestParams,
     RequestParams,
+    SubscriptionsListenRequestParams,
     Tool,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -67,6 +69,14 @@ logger = logging.getLogger("agent_server.mcp")
 #: Seconds a cancel for a caller that left may take to reach the store (shielded from the
 #: cancellation that told of the leaving).
 CANCEL_WITHIN = 5.0
+
+#: Task ids one `subscriptions/listen` may follow.
+MAX_LISTENED_TASKS = 100
+#: Seconds between reads of a task that waits for input (an answer moves it on from any
+#: replica); a task that works is followed by the store's own wait, in pieces this long.
+LISTEN_POLL = 0.5
+LISTEN_WAIT = 30.0
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 #: Why a start was refused, as a JSON-RPC error's message (runs.py answers the same in HTTP).
 REFUSALS: dict[RejectReason, str] = {
@@ -116,6 +126,9 @@ class McpEndpoint:
         self.server.add_request_handler("tasks/get", TaskParams, self._get_task)
         self.server.add_request_handler("tasks/update", TaskUpdateParams, self._update_task)
         self.server.add_request_handler("tasks/cancel", TaskParams, self._cancel_task)
+        self.server.add_request_handler(
+            "subscriptions/listen", SubscriptionsListenRequestParams, self._listen
+        )
         self.server.extensions = {TASKS_EXTENSION: {}}
         # Origin is checked here (`allowed`), before the SDK: its own check also pins Host.
         self.manager = StreamableHTTPSessionManager(
@@ -410,6 +423,68 @@ class McpEndpoint:
             raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
         return {}
 
+    async def _listen(
+        self, ctx: ServerRequestContext[Any], params: SubscriptionsListenRequestParams
+    ) -> dict[str, Any]:
+        """`subscriptions/listen` with `taskIds`: `notifications/tasks` on this stream each
+        time one of those tasks changes status (read from the store: whichever replica runs
+        it), until the client closes the stream or the listener closes (shutdown). No other
+        kind of notification is offered (the tools never change)."""
+        if ctx.request_id is None:  # pragma: no cover - the transport always gives one
+            raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
+        wanted = (params.notifications.model_extra or {}).get("taskIds")
+        if wanted is not None and not _declares_tasks(ctx):
+            raise MCPError(
+                MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+            )
+        ids = _task_ids(wanted)
+        principal = _principal(ctx)
+        del principal  # the owner check of issue 39 applies to each task here
+        found = [e for e in [await self._read(i) for i in ids] if e is not None]
+        meta = {SUBSCRIPTION_ID: ctx.request_id}
+        honored = {"taskIds": [e.execution_id for e in found]}
+        await _notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closing.waiters.add(closed)
+        if self.closing.is_set():
+            closed.set_result(None)
+        try:
+            async with anyio.create_task_group() as watchers:
+                for execution in found:
+                    watchers.start_soon(self._watch, ctx, execution, meta)
+                await closed
+                watchers.cancel_scope.cancel()
+        finally:
+            self.closing.waiters.discard(closed)
+        return {"_meta": meta, "resultType": "complete"}
+
+    async def _watch(
+        self, ctx: ServerRequestContext[Any], execution: Execution, meta: dict[str, Any]
+    ) -> None:
+        """One task's changes as `notifications/tasks`, each the whole `DetailedTask`."""
+        said: tuple[str, object] | None = None
+        current: Execution | None = execution
+        while current is not None:
+            view = task(current, self.result_ttl)
+            asked = current.input_request
+            now = (view["status"], None if asked is None else asked.get("request_id"))
+            if now != said:
+                await _notify(ctx, "notifications/tasks", {**view, "_meta": meta})
+                said = now
+            if current.is_terminal:
+                return
+            try:
+                if current.status is ExecutionStatus.INPUT_REQUIRED:
+                    await self.store.wait(current, LISTEN_POLL)
+                    current = await self.store.get(current.execution_id)
+                else:
+                    current = await self.store.wait(current, LISTEN_WAIT, asked=True)
+                    current = await self.store.get(current.execution_id)
+            except StoreUnavailable:
+                await asyncio.sleep(LISTEN_POLL)
+
     async def _check(self, schema: Any, value: Any) -> None:
         """The answer against the request's schema, as inputs.py checks it."""
         size = len(jsoncodec.dumps(value))
@@ -440,6 +515,14 @@ _TASK_FIELDS = (
 )
 
 
+class _Notification(BaseModel):
+    """A notification of the tasks extension, its params as they are (the SDK's
+    `Notification` would read them as the core's `NotificationParams`)."""
+
+    method: str
+    params: dict[str, Any]
+
+
 class _Delegated(Response):
     """The SDK's ASGI app as the route's response."""
 
@@ -448,6 +531,27 @@ class _Delegated(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+
+async def _notify(ctx: ServerRequestContext[Any], method: str, params: dict[str, Any]) -> None:
+    """A notification on this request's stream (the SDK types only the core ones)."""
+    if ctx.request_id is not None and "_meta" not in params:
+        params = {**params, "_meta": {SUBSCRIPTION_ID: ctx.request_id}}
+    note = _Notification(method=method, params=params)
+    await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
+
+
+def _task_ids(wanted: Any) -> list[str]:
+    """`taskIds` of a listen: a list of strings, at most MAX_LISTENED_TASKS."""
+    if wanted is None:
+        return []
+    if (
+        not isinstance(wanted, list)
+        or len(wanted) > MAX_LISTENED_TASKS
+        or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in wanted)
+    ):
+        raise MCPError(INVALID_PARAMS, f"taskIds: a list of at most {MAX_LISTENED_TASKS} task ids")
+    return list(dict.fromkeys(wanted))
 
 
 def _principal(ctx: ServerRequestContext[Any]) -> Principal | None:

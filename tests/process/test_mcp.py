@@ -14,7 +14,7 @@ from typing import Any, Literal
 import httpx
 import mcp_types as types
 import pytest
-from mcp.client.extension import ClaimContext, ResultClaim
+from mcp.client.extension import ClaimContext, NotificationBinding, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -94,6 +94,7 @@ async def session(
     legacy: bool = False,
     tasks: bool = False,
     elicits: bool = False,
+    bindings: list[NotificationBinding[Any]] | None = None,
 ) -> AsyncIterator[ClientSession]:
     """A connected client session to a server (or a base URL): discovered (2026-07-28) or
     initialized (2025-11-25); with `tasks`, declaring the tasks extension."""
@@ -108,6 +109,7 @@ async def session(
             extensions={e: {} for e in extensions} if extensions else None,
             result_claims={TASKS: [TASK_CLAIM]} if tasks else None,
             elicitation_callback=_never_called if elicits else None,
+            notification_bindings=bindings,
         ) as opened,
     ):
         if legacy:
@@ -414,18 +416,29 @@ async def test_a_plain_call_open_at_sigterm_does_not_hold_the_drain(
     server_factory: Any,
 ) -> None:
     """An MCP call waiting at SIGTERM answers by the drain's deadline (its execution is
-    stopped there, `shutdown`), and the server exits well inside its grace period."""
+    stopped there, `shutdown`), a listen stream open then ends with the listener, and the
+    server exits well inside its grace period."""
     stopping = server_factory(
         "mcp_app:agent",
         "--mcp",
         *("--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"),
     )
-    async with session(stopping) as client:
+    async with session(stopping) as client, session(stopping, tasks=True) as tasks:
+        created = await call_as_task(tasks, "approve", {})
+        wanted = types.SubscriptionFilter.model_validate({"taskIds": [created.task_id]})
+        listen = types.SubscriptionsListenRequest(
+            params=types.SubscriptionsListenRequestParams(notifications=wanted)
+        )
+        listening = asyncio.ensure_future(
+            tasks.send_request(listen, types.SubscriptionsListenResult)
+        )
         call = asyncio.ensure_future(client.call_tool("nap", {"seconds": 60}))
         running = await _wait_new(stopping, "nap", set())
         stopping.signal()
         answered = await asyncio.wait_for(call, WAIT)
+        ended = await asyncio.wait_for(listening, WAIT)
     code, took = await asyncio.to_thread(stopping.wait_exit, WAIT)
+    assert isinstance(ended, types.SubscriptionsListenResult)
     assert answered.is_error
     assert isinstance(answered.content[0], types.TextContent)
     assert "shutting down" in answered.content[0].text
@@ -473,3 +486,51 @@ async def test_an_ask_in_a_plain_call_is_elicited_when_the_client_declared_elici
     refused_id = (declined.request_state or "").split(":")[0]
     assert record(server, refused_id)["status"] == "cancelled"
     assert forged.value.code == types.INVALID_PARAMS
+
+
+class TaskNote(types.NotificationParams):
+    """`notifications/tasks`: the whole task."""
+
+    model_config = types.NotificationParams.model_config | {"extra": "allow"}
+    task_id: str
+    status: str
+
+
+async def test_a_listen_stream_tells_each_change_of_a_task(server: ServerProcess) -> None:
+    """`subscriptions/listen` with `taskIds`: `notifications/tasks` as the task works, waits
+    for input, works again and completes, each carrying the whole task."""
+    seen: list[TaskNote] = []
+    completed = asyncio.Event()
+
+    async def on_task(note: TaskNote) -> None:
+        seen.append(note)
+        if note.status == "completed":
+            completed.set()
+
+    binding = NotificationBinding(
+        method="notifications/tasks", params_type=TaskNote, handler=on_task
+    )
+    async with session(server, tasks=True, bindings=[binding]) as client:
+        created = await call_as_task(client, "approve", {"amount": 6})
+        wanted = types.SubscriptionFilter.model_validate({"taskIds": [created.task_id, "nope"]})
+        listen = types.SubscriptionsListenRequest(
+            params=types.SubscriptionsListenRequestParams(notifications=wanted)
+        )
+        stream = asyncio.ensure_future(client.send_request(listen, types.SubscriptionsListenResult))
+        await follow(client, created.task_id, "input_required")
+        deadline = time.monotonic() + WAIT
+        while not any(n.status == "input_required" for n in seen):
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.05)
+        answer = {"1": {"action": "accept", "content": {"approved": False}}}
+        await update(client, created.task_id, answer)
+        await asyncio.wait_for(completed.wait(), WAIT)
+        stream.cancel()
+        await asyncio.gather(stream, return_exceptions=True)
+    statuses = [n.status for n in seen]
+    assert statuses[-1] == "completed" and "input_required" in statuses, statuses
+    assert all(n.task_id == created.task_id for n in seen)
+    last = seen[-1].model_extra or {}
+    assert last["result"]["structuredContent"] == {"approved": False, "note": "", "amount": 6}
+    asked = next(n for n in seen if n.status == "input_required").model_extra or {}
+    assert "1" in asked["inputRequests"]
