@@ -121,7 +121,11 @@ class McpEndpoint:
         self.closing = closing
         self.result_ttl = result_ttl
         self.allowed_origins = frozenset(allowed_origins)
-        self.server: Server[Any] = Server(name, on_list_tools=self._list_tools)
+        #: The tools, built once (a reasoner's schemas do not change while it serves).
+        self._tools: list[Tool] | None = None
+        self.server: Server[Any] = Server(
+            name, on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema
+        )
         self.server.add_request_handler("tools/call", CallToolRequestParams, self._call_tool)
         self.server.add_request_handler("tasks/get", TaskParams, self._get_task)
         self.server.add_request_handler("tasks/update", TaskUpdateParams, self._update_task)
@@ -164,12 +168,22 @@ class McpEndpoint:
 
     # -- tools -------------------------------------------------------------------------------
 
+    @property
+    def tools(self) -> list[Tool]:
+        if self._tools is None:
+            self._tools = [Tool.model_validate(tool(r)) for r in self.reasoners.values()]
+        return self._tools
+
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        return ListToolsResult(
-            tools=[Tool.model_validate(tool(r)) for r in self.reasoners.values()]
-        )
+        return ListToolsResult(tools=self.tools)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        """For the SDK's `Mcp-Param-*` header check, instead of listing the tools again
+        for every call."""
+        found = next((t for t in self.tools if t.name == name), None)
+        return None if found is None else found.input_schema
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
