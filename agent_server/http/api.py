@@ -126,8 +126,8 @@ class Api:
             ("/metrics", self.health.scrape, ["GET"]),
             ("/openapi.json", self.health.openapi, ["GET"]),
         ]
-        if self.mcp is not None:
-            table.append(("/mcp", self.mcp, ["GET", "POST", "DELETE"]))
+        if self.mcp is not None:  # POST only: a stateless server has no stream to GET
+            table.append(("/mcp", self.mcp, ["POST"]))
         if self.docs is not None:  # last: people, not programs, read it
             table += [(path, handler, ["GET"]) for path, handler in self.docs.routes()]
         routes = [

@@ -41,7 +41,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http import answers
 from agent_server.http.auth import principal_of
@@ -538,13 +538,26 @@ class _Notification(BaseModel):
 
 
 class _Delegated(Response):
-    """The SDK's ASGI app as the route's response."""
+    """The SDK's ASGI app as the route's response. When it answered nothing (the client
+    closed the stream first, and the call was cancelled), the answer is a 499, as a sync run
+    whose caller left: counted as the client's doing, not the server's 500."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, receive, sending)
+        if not started:
+            await JSONResponse({"detail": "the client closed the request"}, 499)(
+                scope, receive, send
+            )
 
 
 async def _notify(ctx: ServerRequestContext[Any], method: str, params: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ would, on both revisions it speaks (2026-07-28 through `server/discover`, 2025-1
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -19,15 +20,23 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.support.process import ServerProcess, serving
+from tests.support.process import ServerProcess, server_errors, serving
+from tests.support.redis_server import RedisServer
 
 WAIT = 20.0
 TASKS = "io.modelcontextprotocol/tasks"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(tmp_path_factory, "mcp", "mcp_app:agent", "--mcp") as process:
+@pytest.fixture(scope="module", params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The module's server, on each store: a task is the record, wherever it is kept."""
+    store = []
+    if request.param == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        store = ["--store", redis.url]
+    with serving(tmp_path_factory, "mcp", "mcp_app:agent", "--mcp", *store) as process:
         yield process
 
 
@@ -534,3 +543,82 @@ async def test_a_listen_stream_tells_each_change_of_a_task(server: ServerProcess
     assert last["result"]["structuredContent"] == {"approved": False, "note": "", "amount": 6}
     asked = next(n for n in seen if n.status == "input_required").model_extra or {}
     assert "1" in asked["inputRequests"]
+
+
+def _modern(method: str, params: Any, *, name: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """A 2026-07-28 request as the SDK's client sends it, with `params` as given."""
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}},
+    }
+    if isinstance(params, dict):
+        params = {**params, "_meta": envelope}
+    body = {"jsonrpc": "2.0", "id": 9, "method": method, "params": params}
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": method,
+    }
+    if name is not None:
+        headers["mcp-name"] = name
+    return json.dumps(body).encode(), headers
+
+
+HOSTILE: list[tuple[str, Any, str | None]] = [
+    ("tools/call", {"name": "add", "arguments": [1, 2]}, "add"),
+    ("tools/call", {"name": 5, "arguments": {}}, "5"),
+    ("tools/call", {"name": "add", "arguments": {"a": "1", "b": [1]}}, "add"),
+    ("tools/call", {"name": "add", "arguments": {}, "requestState": "x" * 5000}, "add"),
+    ("tools/call", {"name": "approve", "requestState": ":1"}, "approve"),
+    ("tasks/get", {"taskId": 5}, "5"),
+    ("tasks/get", {"taskId": "t" * 5000}, "t"),
+    ("tasks/get", {}, None),
+    ("tasks/update", {"taskId": "x", "inputResponses": []}, "x"),
+    ("tasks/update", {"taskId": "x", "inputResponses": {"1": "accept"}}, "x"),
+    ("tasks/cancel", {"taskId": None}, None),
+    ("subscriptions/listen", {"notifications": {"taskIds": "x"}}, None),
+    ("subscriptions/listen", {"notifications": {"taskIds": ["t"] * 1000}}, None),
+    ("no/such/method", {}, None),
+    ("tools/call", 7, "add"),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "name"), HOSTILE)
+def test_hostile_requests_are_json_rpc_errors_never_a_500(
+    server: ServerProcess, method: str, params: Any, name: str | None
+) -> None:
+    body, headers = _modern(method, params, name=name)
+    response = httpx.post(f"{server.url}/mcp", content=body, headers=headers, timeout=WAIT)
+    assert response.status_code < 500, response.text
+    answered = response.json()
+    assert "error" in answered or answered["result"].get("isError"), answered
+
+
+def test_the_protocol_edges_answer_4xx_and_no_answer_was_a_500(server: ServerProcess) -> None:
+    url = f"{server.url}/mcp"
+    json_headers = {"content-type": "application/json", "accept": "application/json"}
+    answers = [
+        httpx.get(url, timeout=WAIT),
+        httpx.delete(url, timeout=WAIT),
+        httpx.post(url, content=b"{", headers=json_headers, timeout=WAIT),
+        httpx.post(url, content=b"[]", headers=json_headers, timeout=WAIT),
+        httpx.post(
+            url,
+            content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+            headers={**json_headers, "mcp-protocol-version": "1999-01-01"},
+            timeout=WAIT,
+        ),
+        httpx.post(
+            url,
+            content=b"x" * (2 * 1024 * 1024),
+            headers={**json_headers, "mcp-protocol-version": "2026-07-28"},
+            timeout=WAIT,
+        ),
+    ]
+    for answer in answers:
+        assert 400 <= answer.status_code < 500, (answer.request.method, answer.text)
+    # No standalone stream: nothing would ever be sent on it, and it would hold a connection.
+    assert answers[0].status_code == 405 and answers[0].headers["allow"] == "POST"
+    metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    assert server_errors(metrics) == {}, server_errors(metrics)
