@@ -18,6 +18,7 @@ import pytest
 from mcp.client.extension import ClaimContext, NotificationBinding, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.support.process import ServerProcess, server_errors, serving
@@ -104,13 +105,19 @@ async def session(
     tasks: bool = False,
     elicits: bool = False,
     bindings: list[NotificationBinding[Any]] | None = None,
+    token: str | None = None,
 ) -> AsyncIterator[ClientSession]:
     """A connected client session to a server (or a base URL): discovered (2026-07-28) or
     initialized (2025-11-25); with `tasks`, declaring the tasks extension."""
     base = server if isinstance(server, str) else server.url
     extensions = {TASKS} if tasks else None
     async with (
-        streamable_http_client(f"{base}/mcp") as (read, write),
+        streamable_http_client(
+            f"{base}/mcp",
+            http_client=None
+            if token is None
+            else create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}),
+        ) as (read, write),
         ClientSession(
             read,
             write,
@@ -622,3 +629,21 @@ def test_the_protocol_edges_answer_4xx_and_no_answer_was_a_500(server: ServerPro
     assert answers[0].status_code == 405 and answers[0].headers["allow"] == "POST"
     metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
     assert server_errors(metrics) == {}, server_errors(metrics)
+
+
+async def test_mcp_needs_the_servers_token_like_every_route(server_factory: Any) -> None:
+    token = "mcp-test-token-0123456789abcdef"
+    secured = server_factory("mcp_app:agent", "--mcp", "--api-token", token)
+    body, headers = _modern("tools/list", {})
+    async with httpx.AsyncClient(base_url=secured.url, timeout=WAIT) as http:
+        refused = await http.post("/mcp", content=body, headers=headers)
+        wrong = await http.post(
+            "/mcp", content=body, headers={**headers, "authorization": "Bearer nope"}
+        )
+    assert (refused.status_code, wrong.status_code) == (401, 401)
+    async with session(secured, token=token, tasks=True) as client:
+        listed = await client.list_tools()
+        created = await call_as_task(client, "add", {"a": 20, "b": 22})
+        done = await follow(client, created.task_id, "completed")
+    assert "add" in {t.name for t in listed.tools}
+    assert (done.model_extra or {})["result"]["structuredContent"] == {"sum": 42}
