@@ -226,6 +226,7 @@ class Agent:
         self._settings = settings
         self._parts = None
         self._app = None
+        self._mcp = None
 
     async def _exit_user_lifespan(self, own: contextlib.AbstractAsyncContextManager[Any]) -> None:
         """Exit the user's lifespan, bounded (`ShutdownPlan.lifespan_exit_deadline`); what it
@@ -386,6 +387,7 @@ class Agent:
                 result_ttl=settings.result_ttl,
                 allowed_origins=settings.cors_allow_origin,
                 max_body_size=settings.max_body_size,
+                webhook_url=settings.webhook_url,
             )
         return self._mcp
 

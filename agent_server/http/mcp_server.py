@@ -54,8 +54,9 @@ from agent_server.http.mcp_tools import (
     tool_error,
     tool_result,
 )
-from agent_server.http.params import validation_detail
-from agent_server.http.routing import JSONResponse
+from agent_server.http.params import first_values, validation_detail
+from agent_server.http.routing import ApiError, JSONResponse
+from agent_server.http.runs import _concurrency_value as concurrency_value
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
@@ -113,6 +114,7 @@ class McpEndpoint:
         result_ttl: float,
         allowed_origins: tuple[str, ...],
         max_body_size: int,
+        webhook_url: str | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -120,6 +122,8 @@ class McpEndpoint:
         #: Set when the listener closes (shutdown): a plain call still waiting then answers.
         self.closing = closing
         self.result_ttl = result_ttl
+        #: Where every execution's webhooks go (`--webhook-url`), as for the API's starts.
+        self.webhook_url = webhook_url
         self.allowed_origins = frozenset(allowed_origins)
         #: The tools, built once (a reasoner's schemas do not change while it serves).
         self._tools: list[Tool] | None = None
@@ -201,11 +205,16 @@ class McpEndpoint:
         except ValidationError as exc:
             return tool_error(f"invalid arguments: {jsoncodec.dumps(validation_detail(exc))!s}")
         principal = _principal(ctx)
+        concurrency = _concurrency(reasoner, ctx)
         if _declares_tasks(ctx):
-            execution = await self._start(principal, reasoner, arguments, body, may_queue=True)
+            execution = await self._start(
+                principal, reasoner, arguments, body, concurrency, may_queue=True
+            )
             view = task(execution, self.result_ttl)
             return {"resultType": "task", **{k: view[k] for k in _TASK_FIELDS if k in view}}
-        execution = await self._start(principal, reasoner, arguments, body, may_queue=False)
+        execution = await self._start(
+            principal, reasoner, arguments, body, concurrency, may_queue=False
+        )
         return await self._answer_call(ctx, execution)
 
     async def _answer_call(
@@ -288,6 +297,7 @@ class McpEndpoint:
         reasoner: Reasoner,
         arguments: dict[str, Any],
         body: dict[str, Any],
+        concurrency: str | None,
         *,
         may_queue: bool,
     ) -> Execution:
@@ -297,7 +307,13 @@ class McpEndpoint:
         del principal  # the owner the store records, once executions have one
         try:
             execution, _ = await self.registry.start_once(
-                reasoner, arguments, None, body=body, may_queue=may_queue
+                reasoner,
+                arguments,
+                None,
+                body=body,
+                webhook_url=self.webhook_url,
+                may_queue=may_queue,
+                concurrency_key=concurrency,
             )
         except SessionTaken:  # pragma: no cover - no session here
             raise MCPError(INTERNAL_ERROR, "session taken") from None
@@ -579,6 +595,18 @@ def _task_ids(wanted: Any) -> list[str]:
     ):
         raise MCPError(INVALID_PARAMS, f"taskIds: a list of at most {MAX_LISTENED_TASKS} task ids")
     return list(dict.fromkeys(wanted))
+
+
+def _concurrency(reasoner: Reasoner, ctx: ServerRequestContext[Any]) -> str | None:
+    """The reasoner's concurrency key value for this call, by runs.py's rule (a
+    `header:NAME` key read from the POST's headers; no session on MCP); a bad header is
+    invalid params."""
+    request = ctx.request
+    raw_headers = request.scope["headers"] if isinstance(request, Request) else []
+    try:
+        return concurrency_value(reasoner, first_values(raw_headers), None)
+    except ApiError as exc:
+        raise MCPError(INVALID_PARAMS, str(exc.detail)) from None
 
 
 def _principal(ctx: ServerRequestContext[Any]) -> Principal | None:

@@ -53,3 +53,10 @@ async def approve(ctx: ExecutionContext, amount: int = 100) -> dict[str, Any]:
 async def pick(ctx: ExecutionContext) -> list[int]:
     """Asks for a list (not a flat object: the elicitation wraps it as value)."""
     return list(await ctx.ask("which numbers?", schema=list[int]))
+
+
+@agent.reasoner(max_concurrency=1, concurrency_key="header:X-Tenant")
+async def per_tenant(seconds: float = 60.0) -> str:
+    """One at a time per X-Tenant (the POST's header, as on the API's routes)."""
+    await asyncio.sleep(seconds)
+    return "done"

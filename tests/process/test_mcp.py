@@ -106,17 +106,19 @@ async def session(
     elicits: bool = False,
     bindings: list[NotificationBinding[Any]] | None = None,
     token: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[ClientSession]:
     """A connected client session to a server (or a base URL): discovered (2026-07-28) or
     initialized (2025-11-25); with `tasks`, declaring the tasks extension."""
     base = server if isinstance(server, str) else server.url
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
     extensions = {TASKS} if tasks else None
     async with (
         streamable_http_client(
             f"{base}/mcp",
-            http_client=None
-            if token is None
-            else create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}),
+            http_client=create_mcp_http_client(headers=sent) if sent else None,
         ) as (read, write),
         ClientSession(
             read,
@@ -158,7 +160,7 @@ async def test_each_reasoner_is_a_tool_with_its_schemas(
         expected = "2025-11-25" if legacy else "2026-07-28"
         assert client.protocol_version == expected
     tools = {t.name: t for t in listed.tools}
-    assert set(tools) == {"add", "shout", "nap", "broken", "approve", "pick"}
+    assert set(tools) == {"add", "shout", "nap", "broken", "approve", "pick", "per_tenant"}
     add = tools["add"]
     assert add.description == "Adds two integers."
     assert add.input_schema["type"] == "object"
@@ -647,3 +649,25 @@ async def test_mcp_needs_the_servers_token_like_every_route(server_factory: Any)
         done = await follow(client, created.task_id, "completed")
     assert "add" in {t.name for t in listed.tools}
     assert (done.model_extra or {})["result"]["structuredContent"] == {"sum": 42}
+
+
+async def test_a_concurrency_key_header_limits_mcp_calls_as_it_limits_the_apis(
+    server: ServerProcess,
+) -> None:
+    """`concurrency_key="header:X-Tenant"`: read from the MCP POST's headers, so one
+    tenant's second task waits for the first while another tenant's runs."""
+    ids: dict[str, list[str]] = {}
+    for tenant in ("a", "a", "b"):
+        async with session(server, tasks=True, headers={"X-Tenant": tenant}) as client:
+            created = await call_as_task(client, "per_tenant", {"seconds": 60})
+            ids.setdefault(tenant, []).append(created.task_id)
+    first, second = ids["a"]
+    (other,) = ids["b"]
+    deadline = time.monotonic() + WAIT
+    while not (record(server, first)["status"] == record(server, other)["status"] == "running"):
+        assert time.monotonic() < deadline, "each tenant's first task should run"
+        await asyncio.sleep(0.05)
+    assert record(server, second)["status"] == "queued"
+    async with session(server, tasks=True) as client:
+        for task_id in (first, second, other):
+            await client.send_request(CancelTask(params=TaskParams(task_id=task_id)), Ack)
