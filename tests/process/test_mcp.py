@@ -159,6 +159,11 @@ async def test_each_reasoner_is_a_tool_with_its_schemas(
         listed = await client.list_tools()
         expected = "2025-11-25" if legacy else "2026-07-28"
         assert client.protocol_version == expected
+        capabilities = client.server_capabilities
+    # The tasks extension is offered on 2026-07-28 only; tools on both.
+    assert capabilities is not None and capabilities.tools is not None
+    offered = capabilities.extensions or {}
+    assert (TASKS in offered) is (not legacy)
     tools = {t.name: t for t in listed.tools}
     assert set(tools) == {"add", "shout", "nap", "broken", "approve", "pick", "per_tenant"}
     add = tools["add"]
