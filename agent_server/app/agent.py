@@ -20,6 +20,7 @@ from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
+from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
 from agent_server.http.routing import RETRY_AFTER_SECONDS
 from agent_server.model import jsoncodec
@@ -329,7 +330,11 @@ class Agent:
             settings = self.settings
             middleware = list(self.user_middleware)
             if settings.cors_allow_origin:  # outermost: preflights never need the token
-                cors = cors_middleware(settings.cors_allow_origin, self.reasoners.values())
+                cors = cors_middleware(
+                    settings.cors_allow_origin,
+                    self.reasoners.values(),
+                    MCP_REQUEST_HEADERS if settings.mcp else (),
+                )
                 middleware.insert(0, cors)
             app = build_app(
                 self.api(),

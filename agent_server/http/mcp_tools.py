@@ -13,6 +13,9 @@ from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 
+#: The request headers of MCP's Streamable HTTP transport, which a browser page of a
+#: `--cors-allow-origin` origin must be allowed to send.
+MCP_REQUEST_HEADERS = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
 #: The tasks extension's identifier (modelcontextprotocol/ext-tasks).
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 #: How often a client should poll `tasks/get`, in milliseconds (a hint; notifications and

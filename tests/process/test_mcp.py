@@ -676,3 +676,30 @@ async def test_a_concurrency_key_header_limits_mcp_calls_as_it_limits_the_apis(
     async with session(server, tasks=True) as client:
         for task_id in (first, second, other):
             await client.send_request(CancelTask(params=TaskParams(task_id=task_id)), Ack)
+
+
+async def test_a_page_of_an_allowed_origin_may_call_mcp(server_factory: Any) -> None:
+    """`--cors-allow-origin`: its pages pass the Origin check and the preflight allows MCP's
+    headers; another origin is 403."""
+    page = "https://app.example"
+    cors = server_factory("mcp_app:agent", "--mcp", "--cors-allow-origin", page)
+    body, headers = _modern("tools/list", {})
+    async with httpx.AsyncClient(base_url=cors.url, timeout=WAIT) as http:
+        preflight = await http.options(
+            "/mcp",
+            headers={
+                "origin": page,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type,mcp-protocol-version,mcp-method",
+            },
+        )
+        listed = await http.post("/mcp", content=body, headers={**headers, "origin": page})
+        foreign = await http.post(
+            "/mcp", content=body, headers={**headers, "origin": "https://other.example"}
+        )
+    assert preflight.status_code == 200, preflight.text
+    allowed = preflight.headers["access-control-allow-headers"].lower()
+    assert "mcp-protocol-version" in allowed and "mcp-method" in allowed
+    assert listed.status_code == 200 and listed.headers["access-control-allow-origin"] == page
+    assert "add" in {t["name"] for t in listed.json()["result"]["tools"]}
+    assert foreign.status_code == 403
