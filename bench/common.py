@@ -328,13 +328,16 @@ def run_wrk(
     cpus: set[int] | None = None,
     headers: dict[str, str] | None = None,
 ) -> LoadResult:
-    """One wrk run (bounded by `duration`); non-2xx/3xx answers and socket errors are errors."""
+    """One wrk run (bounded by `duration`); non-2xx/3xx answers and socket errors are errors.
+    `headers` are sent with every request, beside the body's Content-Type."""
     script = [f'wrk.method = "{method}"']
     script += [f'wrk.headers["{name}"] = "{value}"' for name, value in (headers or {}).items()]
     if body is not None:
         escaped = body.decode().replace("\\", "\\\\").replace('"', '\\"')
         script.append(f'wrk.body = "{escaped}"')
         script.append('wrk.headers["Content-Type"] = "application/json"')
+    for name, value in (headers or {}).items():
+        script.append(f'wrk.headers["{name}"] = "{value}"')
     script.append(_WRK_DONE)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write("\n".join(script))

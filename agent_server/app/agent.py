@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -20,6 +20,7 @@ from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
+from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
 from agent_server.http.routing import RETRY_AFTER_SECONDS
 from agent_server.model import jsoncodec
@@ -42,6 +43,9 @@ from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.runtime.tracing import Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
 from agent_server.store import ExecutionStore, open_store
+
+if TYPE_CHECKING:
+    from agent_server.http.mcp_server import McpEndpoint
 
 logger = logging.getLogger("agent_server.agent")
 
@@ -107,6 +111,8 @@ class Agent:
         #: `@agent.authenticate`'s function: it replaces the flags' authentication.
         self._authenticate: Authenticator | None = None
         self._app: ASGIApp | None = None
+        #: `/mcp` with `--mcp` (agent_server/http/mcp_server.py), built with the routes.
+        self._mcp: McpEndpoint | None = None
         #: Whether `lifespan` has begun; a request before it is told about once (`__call__`).
         self._lifespan_began = False
         self._told_no_lifespan = False
@@ -229,6 +235,7 @@ class Agent:
         self._settings = settings
         self._parts = None
         self._app = None
+        self._mcp = None
 
     async def _exit_user_lifespan(self, own: contextlib.AbstractAsyncContextManager[Any]) -> None:
         """Exit the user's lifespan, bounded (`ShutdownPlan.lifespan_exit_deadline`); what it
@@ -331,7 +338,11 @@ class Agent:
             settings = self.settings
             middleware = list(self.user_middleware)
             if settings.cors_allow_origin:  # outermost: preflights never need the token
-                cors = cors_middleware(settings.cors_allow_origin, self.reasoners.values())
+                cors = cors_middleware(
+                    settings.cors_allow_origin,
+                    self.reasoners.values(),
+                    MCP_REQUEST_HEADERS if settings.mcp else (),
+                )
                 middleware.insert(0, cors)
             api = self.api()
             protocol_routes, public_paths = self._protocols(api)
@@ -385,6 +396,7 @@ class Agent:
         settings = self.settings
         secured = self._authenticate is not None or settings.authenticates
         hooked = parts.webhooks is not None
+        mcp = self._mcp_endpoint()
         return Api(
             self.reasoners,
             parts.registry,
@@ -402,7 +414,27 @@ class Agent:
                 self.name, self.reasoners.values(), secured=secured, webhooks=hooked
             ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
+            mcp=None if mcp is None else mcp.endpoint,
         )
+
+    def _mcp_endpoint(self) -> McpEndpoint | None:
+        """`/mcp` with `--mcp`: imported only then, the `mcp` extra being optional."""
+        if self._mcp is None and self.settings.mcp:
+            from agent_server.http.mcp_server import McpEndpoint
+
+            parts, settings = self._built, self.settings
+            self._mcp = McpEndpoint(
+                self.name,
+                self.reasoners,
+                parts.registry,
+                parts.store,
+                parts.streams_closing,
+                result_ttl=settings.result_ttl,
+                allowed_origins=settings.cors_allow_origin,
+                max_body_size=settings.max_body_size,
+                webhook_url=settings.webhook_url,
+            )
+        return self._mcp
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[Any]:
@@ -426,7 +458,11 @@ class Agent:
         )
         sampler.start()
         report = None
+        mcp = self._mcp_endpoint()
+        mcp_running = None if mcp is None else mcp.run()
         try:
+            if mcp_running is not None:
+                await mcp_running.__aenter__()
             own = None if self.user_lifespan is None else self.user_lifespan(app)
             state = None if own is None else await own.__aenter__()
             try:
@@ -444,6 +480,8 @@ class Agent:
                 if own is not None:
                     await self._exit_user_lifespan(own)
         finally:
+            if mcp_running is not None:
+                await mcp_running.__aexit__(None, None, None)
             await sampler.stop()
             await self._close_parts(parts)
             parts.registry.close()  # its idle worker threads end before the check below

@@ -74,6 +74,7 @@ class Api:
         docs: DocsPage | None = None,
         webhooks: bool = False,
         webhook_url: str | None = None,
+        mcp: Handler | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -86,6 +87,8 @@ class Api:
         #: `closing` is set when the listener closes at shutdown: open streams end with a retry.
         self.streams = Streams(sse_heartbeat, streams_closing or Closing(), metrics.stream_opened)
         self.docs = docs
+        #: `/mcp`'s handler with `--mcp` (agent_server/http/mcp_server.py).
+        self.mcp = mcp
         self.openapi_document = openapi
         #: Whether webhooks are on (a secret is set), and where they go by default.
         self.webhooks = webhooks
@@ -123,6 +126,8 @@ class Api:
             ("/metrics", self.health.scrape, ["GET"]),
             ("/openapi.json", self.health.openapi, ["GET"]),
         ]
+        if self.mcp is not None:  # POST only: a stateless server has no stream to GET
+            table.append(("/mcp", self.mcp, ["POST"]))
         if self.docs is not None:  # last: people, not programs, read it
             table += [(path, handler, ["GET"]) for path, handler in self.docs.routes()]
         routes = [

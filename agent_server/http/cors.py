@@ -41,14 +41,17 @@ def cors_request_headers(reasoners: Iterable[Reasoner]) -> list[str]:
     return list(found)
 
 
-def cors_middleware(origins: Sequence[str], reasoners: Iterable[Reasoner] = ()) -> Middleware:
+def cors_middleware(
+    origins: Sequence[str], reasoners: Iterable[Reasoner] = (), extra: Iterable[str] = ()
+) -> Middleware:
     """Starlette's CORS middleware for `--cors-allow-origin`: a page of one of `origins` may
     run, read and cancel executions and follow their event streams (a browser
-    `EventSource`), and read the headers clients follow."""
+    `EventSource`), and read the headers clients follow; `extra` request headers too (a
+    protocol's, when it is served)."""
     return Middleware(
         CORSMiddleware,
         allow_origins=list(origins),
         allow_methods=list(CORS_METHODS),
-        allow_headers=cors_request_headers(reasoners),
+        allow_headers=[*cors_request_headers(reasoners), *extra],
         expose_headers=list(CORS_EXPOSED_HEADERS),
     )

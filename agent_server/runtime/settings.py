@@ -243,6 +243,11 @@ class Settings(BaseSettings):
         description="The URL clients reach the server at (https://agents.example.com/agent), "
         "for the A2A card; by default the URL each request reached (its host and root path).",
     )
+    mcp: bool = Field(
+        default=False,
+        description="Serve MCP (Streamable HTTP) at /mcp: each reasoner a tool, calls and "
+        "tasks as executions (needs the mcp extra; docs/protocols.md).",
+    )
     # -- uvicorn's own flags, with uvicorn's meaning and default (docs/settings.md) ---------
     reload: bool = Field(
         default=False,

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import http_overhead, scale, session_release  # noqa: E402
+from bench import http_overhead, mcp_call, scale, session_release  # noqa: E402
 from bench.common import (  # noqa: E402
     AGENTFIELD_PYTHON,
     MAF_PYTHON,
@@ -248,3 +248,14 @@ def test_protocols_smoke() -> None:
     scenarios = [run["scenario"] for run in raw["runs"]]
     assert sorted(scenarios) == ["a2a", "a2a", "sync", "sync"]
     assert all(run["rps"] > 0 for run in raw["runs"])
+
+
+def test_mcp_call_smoke() -> None:
+    """bench.mcp_call at a tiny size: both requests answered (it checks each once before
+    the load), counted without errors, and their ratio taken; structure only."""
+    need("wrk", package="wrk")
+    report = mcp_call.run(rounds=1, duration=2, connections=2)
+    for which in ("sync", "mcp"):
+        assert report[which]["rps"]["n"] == 2 and report[which]["rps"]["median"] > 0
+        assert report[which]["server_cpu_us"]["median"] > 0
+    assert report["mcp_over_sync_rps"]["n"] == 1 and report["mcp_over_sync_rps"]["median"] > 0

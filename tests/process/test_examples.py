@@ -3,10 +3,10 @@
 The fenced blocks of each page are extracted and, by language:
 
 - `python`: a block that defines `agent = Agent(...)` is written to a module (named by its
-  `# name.py` first line) and served by a real `agent-server run module:agent`: the page's
-  server (with the flags of a `<!-- served with: FLAGS -->` line of the page). Any other
-  block runs as a script, `127.0.0.1:8000` pointed at the page's server (the embedded demo
-  agent when the page defines none); a comment `... prints X` states a line of
+  `# name.py` first line) and served by a real `agent-server run module:agent` (with the
+  flags of a `# served by: agent-server run module:agent FLAGS` line): the page's server.
+  Any other block runs as a script, `127.0.0.1:8000` pointed at the page's server (the
+  embedded demo agent when the page defines none); a comment `... prints X` states a line of
   its output, which must appear (in order). Every reasoner a page's agent defines must have
   succeeded once the page's examples have run.
 - `sh`, `bash`: each command runs in bash in the page's directory, `localhost:8000` pointed at
@@ -61,7 +61,6 @@ FENCE = re.compile(r"^( *)(`{3,})([\w+-]*)\s*$")
 NOT_RUN = re.compile(r"^\s*<!-- not run: (.+?) -->\s*$")
 OUTPUT_OF = re.compile(r"^\s*<!-- output of: (.+?) -->\s*$")
 #: The flags a page's server runs with beside its app (a protocol the page shows: `--a2a`).
-SERVED_WITH = re.compile(r"^<!-- served with: (.+?) -->$", re.M)
 ADDRESS = re.compile(r"\b(localhost|127\.0\.0\.1):(\d+)\b")
 EXECUTION_ID = re.compile(
     r'"execution_id": ?"([0-9a-f]{32})"|location: /executions/([0-9a-f]{32})', re.I
@@ -108,6 +107,13 @@ class Block:
             return None
         named = re.match(r"# (\w+)\.py\n", self.text)
         return named.group(1) if named else f"{self.page.stem.lower()}_example"
+
+    @property
+    def serve_flags(self) -> list[str]:
+        """The flags an agent's block says it is served with: a comment line `# served by:
+        agent-server run MODULE:agent FLAGS` (the page's server gets them too)."""
+        said = re.search(r"^# served by: agent-server run \S+(.*)$", self.text, re.M)
+        return shlex.split(said.group(1)) if said else []
 
 
 def blocks(page: Path) -> list[Block]:
@@ -328,10 +334,8 @@ class PageRun:
     def page_server(self) -> ServerProcess:
         """The page's agent (else the embedded demo agent), logging JSON for its report."""
         if self.server is None:
-            app = [f"{self.agent.module}:agent"] if self.agent else []
-            served_with = SERVED_WITH.findall(self.page.read_text())
-            flags = [flag for found in served_with for flag in found.split()]
-            self.server = self.start(ServerProcess, [*app, *flags, "--log-format", "json"])
+            app = [f"{self.agent.module}:agent", *self.agent.serve_flags] if self.agent else []
+            self.server = self.start(ServerProcess, [*app, "--log-format", "json"])
         return self.server
 
     def stop(self, server: ServerProcess, what: str) -> str:

@@ -193,6 +193,10 @@ NOT_STATUSES = {
     ("agent_server/process/drill/report.py", "cancelled"): "a column of the drill's table",
     ("agent_server/process/drill/report.py", "queued"): "a column of the drill's table",
     ("agent_server/process/drill/verdict.py", "lost"): "the drill's outcome of that name",
+    ("agent_server/http/mcp_tools.py", "input_required"): "an MCP task's status",
+    ("agent_server/http/mcp_tools.py", "failed"): "an MCP task's status",
+    ("agent_server/http/mcp_tools.py", "cancelled"): "an MCP task's status",
+    ("agent_server/http/mcp_server.py", "input_required"): "an MCP result's resultType",
 }
 
 

@@ -1,0 +1,649 @@
+"""MCP over Streamable HTTP at `/mcp` (`--mcp`; docs/protocols.md): the official SDK's
+low-level `Server` and its session manager (stateless: any replica answers any request)
+speak the protocol, revisions 2026-07-28 and 2025-11-25; the handlers here reach executions
+through the same registry and store calls as the HTTP routes (runs.py, executions.py,
+inputs.py), so an MCP call or task is an execution like any other.
+
+A plain `tools/call` runs its tool as an execution and answers when it ends; a client that
+closes the stream first cancels it (`client_disconnected`). With the tasks extension
+(2026-07-28, declared in the request's capabilities) a call answers at once with the task
+(task id = execution id), which `tasks/get`, `tasks/update` and `tasks/cancel` follow on
+any replica. Needs the `mcp` extra (`pip install agent-server[mcp]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+import anyio
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CallToolRequestParams,
+    ListToolsResult,
+    PaginatedRequestParams,
+    RequestParams,
+    SubscriptionsListenRequestParams,
+    Tool,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from agent_server.http import answers
+from agent_server.http.auth import principal_of
+from agent_server.http.mcp_tools import (
+    TASKS_EXTENSION,
+    answer_value,
+    elicitation,
+    task,
+    tool,
+    tool_error,
+    tool_result,
+)
+from agent_server.http.params import first_values, validation_detail
+from agent_server.http.routing import ApiError, JSONResponse
+from agent_server.http.runs import _concurrency_value as concurrency_value
+from agent_server.model import jsoncodec
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.principal import Principal
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.waiting import Closing
+from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
+from agent_server.store.base import ExecutionStore, SessionTaken, StoreUnavailable
+
+logger = logging.getLogger("agent_server.mcp")
+
+#: Seconds a cancel for a caller that left may take to reach the store (shielded from the
+#: cancellation that told of the leaving).
+CANCEL_WITHIN = 5.0
+
+#: Task ids one `subscriptions/listen` may follow.
+MAX_LISTENED_TASKS = 100
+#: Seconds between reads of a task that waits for input (an answer moves it on from any
+#: replica); a task that works is followed by the store's own wait, in pieces this long.
+LISTEN_POLL = 0.5
+LISTEN_WAIT = 30.0
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+
+#: Why a start was refused, as a JSON-RPC error's message (runs.py answers the same in HTTP).
+REFUSALS: dict[RejectReason, str] = {
+    RejectReason.CAPACITY: "too many executions in flight: retry later",
+    RejectReason.SESSION_RELEASED: "session is being released",
+    RejectReason.STORE_UNAVAILABLE: "execution store unavailable: retry later",
+}
+
+
+class TaskParams(RequestParams):
+    """`tasks/get` and `tasks/cancel`: the task's id."""
+
+    task_id: str = Field(alias="taskId", min_length=1, max_length=200)
+
+
+class TaskUpdateParams(TaskParams):
+    """`tasks/update`: answers to the task's outstanding input requests, by key."""
+
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class McpEndpoint:
+    """The `/mcp` route: the SDK's server and session manager, and the handlers that reach
+    executions. `run()` is entered for the app's lifespan."""
+
+    def __init__(
+        self,
+        name: str,
+        reasoners: Mapping[str, Reasoner],
+        registry: InFlightRegistry,
+        store: ExecutionStore,
+        closing: Closing,
+        *,
+        result_ttl: float,
+        allowed_origins: tuple[str, ...],
+        max_body_size: int,
+        webhook_url: str | None = None,
+    ) -> None:
+        self.reasoners = reasoners
+        self.registry = registry
+        self.store = store
+        #: Set when the listener closes (shutdown): a plain call still waiting then answers.
+        self.closing = closing
+        self.result_ttl = result_ttl
+        #: Where every execution's webhooks go (`--webhook-url`), as for the API's starts.
+        self.webhook_url = webhook_url
+        self.allowed_origins = frozenset(allowed_origins)
+        #: The tools, built once (a reasoner's schemas do not change while it serves).
+        self._tools: list[Tool] | None = None
+        self.server: Server[Any] = Server(
+            name, on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema
+        )
+        self.server.add_request_handler("tools/call", CallToolRequestParams, self._call_tool)
+        self.server.add_request_handler("tasks/get", TaskParams, self._get_task)
+        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._update_task)
+        self.server.add_request_handler("tasks/cancel", TaskParams, self._cancel_task)
+        self.server.add_request_handler(
+            "subscriptions/listen", SubscriptionsListenRequestParams, self._listen
+        )
+        self.server.extensions = {TASKS_EXTENSION: {}}
+        # Origin is checked here (`allowed`), before the SDK: its own check also pins Host.
+        self.manager = StreamableHTTPSessionManager(
+            self.server,
+            stateless=True,
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_request_body_size=max_body_size,
+        )
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The session manager's task group, for the app's lifespan."""
+        async with self.manager.run():
+            yield
+
+    async def endpoint(self, request: Request) -> Response:
+        """The route's handler: a foreign `Origin` is 403; the rest is the SDK's."""
+        origin = request.headers.get("origin")
+        if origin is not None and not self.allowed(origin, request.scope):
+            return JSONResponse(
+                {"detail": "Origin not allowed (the server's own, or a --cors-allow-origin)"},
+                403,
+            )
+        return _Delegated(self.manager.handle_request)
+
+    def allowed(self, origin: str, scope: Scope) -> bool:
+        """The server's own origin (the request's scheme and Host), or one of
+        `--cors-allow-origin` (`*`: any)."""
+        if "*" in self.allowed_origins or origin in self.allowed_origins:
+            return True
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+        return host is not None and origin == f"{scope.get('scheme', 'http')}://{host}"
+
+    # -- tools -------------------------------------------------------------------------------
+
+    @property
+    def tools(self) -> list[Tool]:
+        if self._tools is None:
+            self._tools = [Tool.model_validate(tool(r)) for r in self.reasoners.values()]
+        return self._tools
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        return ListToolsResult(tools=self.tools)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        """For the SDK's `Mcp-Param-*` header check, instead of listing the tools again
+        for every call."""
+        found = next((t for t in self.tools if t.name == name), None)
+        return None if found is None else found.input_schema
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> dict[str, Any]:
+        """Run the tool as an execution: a task at once with the tasks extension, else its
+        result once it ends (a tool error for bad arguments or a failed run)."""
+        reasoner = self.reasoners.get(params.name)
+        if reasoner is None:
+            raise MCPError(INVALID_PARAMS, f"unknown tool: {params.name!r}")
+        if params.request_state is not None:
+            return await self._resume_call(ctx, params)
+        body: dict[str, Any] = dict(params.arguments or {})
+        try:
+            arguments = reasoner.bind(body)
+        except ValidationError as exc:
+            return tool_error(f"invalid arguments: {jsoncodec.dumps(validation_detail(exc))!s}")
+        principal = _principal(ctx)
+        concurrency = _concurrency(reasoner, ctx)
+        if _declares_tasks(ctx):
+            execution = await self._start(
+                principal, reasoner, arguments, body, concurrency, may_queue=True
+            )
+            view = task(execution, self.result_ttl)
+            return {"resultType": "task", **{k: view[k] for k in _TASK_FIELDS if k in view}}
+        execution = await self._start(
+            principal, reasoner, arguments, body, concurrency, may_queue=False
+        )
+        return await self._answer_call(ctx, execution)
+
+    async def _answer_call(
+        self, ctx: ServerRequestContext[Any], execution: Execution
+    ) -> dict[str, Any]:
+        """A plain call's answer: the execution's end as a tool result; its ask as an
+        elicitation the client answers by calling again (2026-07-28's multi round-trip
+        requests) when it declared elicitation, else a tool error."""
+        ended = await self._follow(execution)
+        if ended is None:
+            return tool_error(
+                f"the server is shutting down: execution {execution.execution_id} did not end "
+                "here (call again)"
+            )
+        if ended.status is ExecutionStatus.INPUT_REQUIRED:
+            if _elicits(ctx) and ended.input_request is not None:
+                return _input_required(ended.execution_id, ended.input_request)
+            # No way to answer on this call's stream: nobody could, so it ends here.
+            await self._cancel(ended, CancelReason.REQUEST)
+            return tool_error(
+                f"the tool asks for input; call it with the tasks extension ({TASKS_EXTENSION}) "
+                "to answer through tasks/update"
+            )
+        if not ended.is_terminal or ended.status_reason is CancelReason.SHUTDOWN:
+            return tool_error(
+                f"the server is shutting down: execution {ended.execution_id} was handed "
+                "off or stopped (call again)"
+            )
+        return tool_result(ended)
+
+    async def _resume_call(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> dict[str, Any]:
+        """A call again with the answer to its elicitation (`requestState` names the
+        execution and its request): the answer is taken as `POST /executions/{id}/input`
+        takes it, and the call follows the execution on. Ownership (issue 39): the caller
+        must own the execution `requestState` names."""
+        execution_id, _, number = (params.request_state or "").rpartition(":")
+        if not execution_id or not number.isdigit():
+            raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
+        principal = _principal(ctx)
+        del principal  # the owner check of issue 39 applies here
+        execution = await self._read(execution_id)
+        if execution is None or execution.reasoner != params.name:
+            raise MCPError(INVALID_PARAMS, "requestState names no call of this tool")
+        request_id = int(number)
+        pending = execution.input_request
+        if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
+            if int(pending["request_id"]) != request_id:  # answered; it asks anew
+                return await self._answer_call(ctx, execution)
+            response = (params.input_responses or {}).get(number)
+            if response is None:
+                return _input_required(execution.execution_id, pending)
+            action = getattr(response, "action", None)
+            if action != "accept":
+                await self._cancel(execution, CancelReason.REQUEST)
+                return tool_error(f"the input was not given ({action}): the call ended")
+            schema = pending.get("schema")
+            try:
+                value = answer_value(schema, getattr(response, "content", None))
+            except ValueError as exc:
+                raise MCPError(INVALID_PARAMS, str(exc)) from None
+            await self._check(schema, value)
+            try:
+                taken = await self.store.answer(execution, request_id, value)
+            except StoreUnavailable:
+                raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+            execution = taken or execution
+        return await self._answer_call(ctx, execution)
+
+    async def _read(self, execution_id: str) -> Execution | None:
+        try:
+            return await self.store.get(execution_id)
+        except StoreUnavailable:
+            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+
+    async def _start(
+        self,
+        principal: Principal | None,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        body: dict[str, Any],
+        concurrency: str | None,
+        *,
+        may_queue: bool,
+    ) -> Execution:
+        """Start through the registry's admission, as `POST /reasoners/{name}` does (its
+        `_start`); a refusal is a JSON-RPC error. Ownership (issue 39): the execution is
+        `principal`'s."""
+        del principal  # the owner the store records, once executions have one
+        try:
+            execution, _ = await self.registry.start_once(
+                reasoner,
+                arguments,
+                None,
+                body=body,
+                webhook_url=self.webhook_url,
+                may_queue=may_queue,
+                concurrency_key=concurrency,
+            )
+        except SessionTaken:  # pragma: no cover - no session here
+            raise MCPError(INTERNAL_ERROR, "session taken") from None
+        except AdmissionError as exc:
+            if exc.in_doubt is not None:
+                raise MCPError(
+                    INTERNAL_ERROR,
+                    "the store did not confirm the start: it may run (read it as a task)",
+                    {"taskId": exc.in_doubt},
+                ) from None
+            message = REFUSALS.get(exc.reason, "server is shutting down: retry elsewhere")
+            raise MCPError(INTERNAL_ERROR, message) from None
+        return execution
+
+    async def _follow(self, execution: Execution) -> Execution | None:
+        """The execution once it ends, waits for input, or is handed off; None when the
+        listener closes first. The caller leaving (its stream closed) cancels it."""
+        try:
+            return await self._until_end_or_close(execution)
+        except BaseException:  # the stream closed (anyio's cancellation), or worse
+            with anyio.CancelScope(shield=True):
+                await self._cancel(execution, CancelReason.CLIENT_DISCONNECTED)
+            raise
+
+    async def _until_end_or_close(self, execution: Execution) -> Execution | None:
+        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
+        if execution.reached(asked=True) and not _retried(execution):
+            return execution
+        local = self.registry.running(execution.execution_id) is execution
+        ended = asyncio.ensure_future(self._until_end(execution, local))
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closing.waiters.add(closed)
+        if self.closing.is_set():
+            closed.set_result(None)
+        try:
+            await asyncio.wait((ended, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.closing.waiters.discard(closed)
+            if not ended.done():
+                ended.cancel()
+                await asyncio.gather(ended, return_exceptions=True)
+        if ended.cancelled() or ended.exception() is not None:
+            return None
+        return ended.result()
+
+    async def _until_end(self, execution: Execution, local: bool) -> Execution:
+        """As runs.py's `_until_end`: the live execution here, else (or once retried
+        through a shared store) its record."""
+        if local:
+            await execution.wait(None, asked=True)
+            if not _retried(execution):
+                return execution
+        return await self.store.wait(execution, None, asked=True)
+
+    async def _cancel(self, execution: Execution, reason: CancelReason) -> None:
+        """Cancel it wherever it is, as runs.py's `_cancel_for_caller`, within CANCEL_WITHIN."""
+        if self.registry.cancel(execution.execution_id, reason):
+            return
+        try:
+            with anyio.fail_after(CANCEL_WITHIN):
+                latest = await self.store.get(execution.execution_id)
+                if latest is not None and not latest.is_terminal:
+                    await self.store.request_cancel(latest, reason, None)
+        except (StoreUnavailable, TimeoutError) as exc:
+            logger.warning(
+                "execution %s: its MCP caller left, not cancelled: %s",
+                execution.execution_id,
+                type(exc).__name__,
+            )
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    async def _find(self, ctx: ServerRequestContext[Any], task_id: str) -> Execution:
+        """The task's execution, read from the store as `GET /executions/{id}` does; unknown
+        is invalid params (the extension's rule). The caller must have declared the tasks
+        extension. Ownership (issue 39): `principal` must own it, else it is unknown too."""
+        if not _declares_tasks(ctx):
+            raise MCPError(
+                MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+            )
+        principal = _principal(ctx)
+        del principal  # the owner check of issue 39 applies here
+        execution = await self._read(task_id)
+        if execution is None:
+            raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+        return execution
+
+    async def _get_task(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
+        return task(await self._find(ctx, params.task_id), self.result_ttl)
+
+    async def _cancel_task(
+        self, ctx: ServerRequestContext[Any], params: TaskParams
+    ) -> dict[str, Any]:
+        """As `POST /executions/{id}/cancel`: a cancel request (`request`) to wherever it is."""
+        execution = await self._find(ctx, params.task_id)
+        if not execution.is_terminal:
+            try:
+                await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+            except StoreUnavailable:
+                raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+        return {}
+
+    async def _update_task(
+        self, ctx: ServerRequestContext[Any], params: TaskUpdateParams
+    ) -> dict[str, Any]:
+        """As `POST /executions/{id}/input`: the answer to the pending request (its key),
+        checked against its schema and taken once; a declined or cancelled elicitation
+        cancels the task. Keys not outstanding are ignored, as the extension says."""
+        execution = await self._find(ctx, params.task_id)
+        pending = execution.input_request
+        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
+            return {}
+        request_id = int(pending["request_id"])
+        response = params.input_responses.get(str(request_id))
+        if not isinstance(response, dict):
+            return {}
+        action = response.get("action")
+        try:
+            if action in ("decline", "cancel"):
+                await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+                return {}
+            if action != "accept":
+                raise MCPError(
+                    INVALID_PARAMS,
+                    'an elicitation result\'s action: "accept", "decline" or "cancel"',
+                )
+            schema = pending.get("schema")
+            try:
+                value = answer_value(schema, response.get("content"))
+            except ValueError as exc:
+                raise MCPError(INVALID_PARAMS, str(exc)) from None
+            await self._check(schema, value)
+            await self.store.answer(execution, request_id, value)
+        except StoreUnavailable:
+            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+        return {}
+
+    async def _listen(
+        self, ctx: ServerRequestContext[Any], params: SubscriptionsListenRequestParams
+    ) -> dict[str, Any]:
+        """`subscriptions/listen` with `taskIds`: `notifications/tasks` on this stream each
+        time one of those tasks changes status (read from the store: whichever replica runs
+        it), until the client closes the stream or the listener closes (shutdown). No other
+        kind of notification is offered (the tools never change)."""
+        if ctx.request_id is None:  # pragma: no cover - the transport always gives one
+            raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
+        wanted = (params.notifications.model_extra or {}).get("taskIds")
+        if wanted is not None and not _declares_tasks(ctx):
+            raise MCPError(
+                MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+            )
+        ids = _task_ids(wanted)
+        principal = _principal(ctx)
+        del principal  # the owner check of issue 39 applies to each task here
+        found = [e for e in [await self._read(i) for i in ids] if e is not None]
+        meta = {SUBSCRIPTION_ID: ctx.request_id}
+        honored = {"taskIds": [e.execution_id for e in found]}
+        await _notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closing.waiters.add(closed)
+        if self.closing.is_set():
+            closed.set_result(None)
+        try:
+            async with anyio.create_task_group() as watchers:
+                for execution in found:
+                    watchers.start_soon(self._watch, ctx, execution, meta)
+                await closed
+                watchers.cancel_scope.cancel()
+        finally:
+            self.closing.waiters.discard(closed)
+        return {"_meta": meta, "resultType": "complete"}
+
+    async def _watch(
+        self, ctx: ServerRequestContext[Any], execution: Execution, meta: dict[str, Any]
+    ) -> None:
+        """One task's changes as `notifications/tasks`, each the whole `DetailedTask`."""
+        said: tuple[str, object] | None = None
+        current: Execution | None = execution
+        while current is not None:
+            view = task(current, self.result_ttl)
+            asked = current.input_request
+            now = (view["status"], None if asked is None else asked.get("request_id"))
+            if now != said:
+                await _notify(ctx, "notifications/tasks", {**view, "_meta": meta})
+                said = now
+            if current.is_terminal:
+                return
+            try:
+                if current.status is ExecutionStatus.INPUT_REQUIRED:
+                    await self.store.wait(current, LISTEN_POLL)
+                    current = await self.store.get(current.execution_id)
+                else:
+                    current = await self.store.wait(current, LISTEN_WAIT, asked=True)
+                    current = await self.store.get(current.execution_id)
+            except StoreUnavailable:
+                await asyncio.sleep(LISTEN_POLL)
+
+    async def _check(self, schema: Any, value: Any) -> None:
+        """The answer against the request's schema, as inputs.py checks it."""
+        size = len(jsoncodec.dumps(value))
+        if size > self.store.max_answer_bytes:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"the answer is {size} bytes as JSON: at most {self.store.max_answer_bytes}",
+            )
+        if not isinstance(schema, dict):
+            return
+        try:
+            problems = await answers.check(schema, value)
+        except answers.TooSlow as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
+        if problems:
+            raise MCPError(INVALID_PARAMS, "the answer does not fit the request's schema", problems)
+
+
+#: The fields of a `CreateTaskResult` (a `Task`).
+_TASK_FIELDS = (
+    "taskId",
+    "status",
+    "statusMessage",
+    "createdAt",
+    "lastUpdatedAt",
+    "ttlMs",
+    "pollIntervalMs",
+)
+
+
+class _Notification(BaseModel):
+    """A notification of the tasks extension, its params as they are (the SDK's
+    `Notification` would read them as the core's `NotificationParams`)."""
+
+    method: str
+    params: dict[str, Any]
+
+
+class _Delegated(Response):
+    """The SDK's ASGI app as the route's response. When it answered nothing (the client
+    closed the stream first, and the call was cancelled), the answer is a 499, as a sync run
+    whose caller left: counted as the client's doing, not the server's 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, receive, sending)
+        if not started:
+            await JSONResponse({"detail": "the client closed the request"}, 499)(
+                scope, receive, send
+            )
+
+
+async def _notify(ctx: ServerRequestContext[Any], method: str, params: dict[str, Any]) -> None:
+    """A notification on this request's stream (the SDK types only the core ones)."""
+    if ctx.request_id is not None and "_meta" not in params:
+        params = {**params, "_meta": {SUBSCRIPTION_ID: ctx.request_id}}
+    note = _Notification(method=method, params=params)
+    await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
+
+
+def _task_ids(wanted: Any) -> list[str]:
+    """`taskIds` of a listen: a list of strings, at most MAX_LISTENED_TASKS."""
+    if wanted is None:
+        return []
+    if (
+        not isinstance(wanted, list)
+        or len(wanted) > MAX_LISTENED_TASKS
+        or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in wanted)
+    ):
+        raise MCPError(INVALID_PARAMS, f"taskIds: a list of at most {MAX_LISTENED_TASKS} task ids")
+    return list(dict.fromkeys(wanted))
+
+
+def _concurrency(reasoner: Reasoner, ctx: ServerRequestContext[Any]) -> str | None:
+    """The reasoner's concurrency key value for this call, by runs.py's rule (a
+    `header:NAME` key read from the POST's headers; no session on MCP); a bad header is
+    invalid params."""
+    request = ctx.request
+    raw_headers = request.scope["headers"] if isinstance(request, Request) else []
+    try:
+        return concurrency_value(reasoner, first_values(raw_headers), None)
+    except ApiError as exc:
+        raise MCPError(INVALID_PARAMS, str(exc.detail)) from None
+
+
+def _principal(ctx: ServerRequestContext[Any]) -> Principal | None:
+    """Who sent the request (auth.py put it in the scope)."""
+    request = ctx.request
+    return principal_of(request.scope) if isinstance(request, Request) else None
+
+
+def _elicits(ctx: ServerRequestContext[Any]) -> bool:
+    """The request is of 2026-07-28 and its client declared elicitation: an ask is put to
+    it as an `InputRequiredResult` (a stateless server has no stream back on 2025-11-25)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and capabilities.elicitation is not None
+
+
+def _input_required(execution_id: str, asked: dict[str, Any]) -> dict[str, Any]:
+    """The ask as an `InputRequiredResult`: its elicitation, keyed by its request's number,
+    and the state the client sends back with its answer."""
+    number = str(asked["request_id"])
+    return {
+        "resultType": "input_required",
+        "inputRequests": {number: elicitation(asked)},
+        "requestState": f"{execution_id}:{number}",
+    }
+
+
+def _declares_tasks(ctx: ServerRequestContext[Any]) -> bool:
+    """The request is of 2026-07-28 and declares the tasks extension in its capabilities."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    extensions = None if capabilities is None else capabilities.extensions
+    return bool(extensions) and TASKS_EXTENSION in (extensions or {})
+
+
+def _retried(execution: Execution) -> bool:
+    """Queued for its next attempt through a shared store (runs.py's rule)."""
+    return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None
