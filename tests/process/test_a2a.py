@@ -635,12 +635,22 @@ async def test_a_stream_stops_at_input_and_a_streamed_answer_goes_on(
     task_id = asked[0].task.id
     # A subscriber follows the task through the answers to its end.
     seen: list[StreamResponse] = []
+    subscribed = asyncio.Event()
 
     async def subscribe() -> None:
         async for event in streaming.subscribe(SubscribeToTaskRequest(id=task_id)):
             seen.append(event)
+            subscribed.set()
 
     following = asyncio.create_task(subscribe())
+    # Subscribed before the answers: a task that has ended takes no subscriber (A2A).
+    first = asyncio.ensure_future(subscribed.wait())
+    try:
+        async with asyncio.timeout(WAIT):
+            await asyncio.wait({following, first}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        first.cancel()
+    assert subscribed.is_set(), following
     second = await streamed(message(data={"approved": False}, task_id=task_id))
     assert second[0].task.id == task_id
     assert second[-1].status_update.status.message.parts[0].text == "a note?"
