@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import started_cluster
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, agent_server_cli
 from tests.support.redis_server import RedisServer
 
 WAIT = 15.0
@@ -314,3 +314,30 @@ def test_an_open_server_keeps_no_owner(server_factory: Any) -> None:
     assert (started["owner"], started["tenant"]) == (None, None)
     server.signal(signal.SIGTERM)
     assert server.wait_exit(timeout=15)[0] == 0
+
+
+def test_the_cli_is_each_callers_own(tmp_path: Path, server_factory: Any) -> None:
+    """Every verb of the CLI sends the token it is given (a file or the environment): the
+    caller's tenant is what it reaches."""
+    server = server_factory(APP, "--api-tokens-file", str(tokens_file(tmp_path)))
+    alice_token, bob_token = tmp_path / "alice", tmp_path / "bob"
+    alice_token.write_text(ALICE + "\n")
+    bob_token.write_text(BOB + "\n")
+    base = ["--url", server.url]
+    started = agent_server_cli(
+        "call", "echo", '{"text": "a"}', *base, "--token-file", str(alice_token)
+    )
+    assert started.returncode == 0, started.stderr
+    execution_id = json.loads(started.stdout.splitlines()[-1])["execution_id"]
+    as_bob = {"AGENT_SERVER_API_TOKEN": BOB}
+    for verb in (["get", execution_id], ["cancel", execution_id], ["events", execution_id]):
+        theirs = agent_server_cli(*verb, *base, env=as_bob)
+        assert theirs.returncode != 0 and "404" in theirs.stderr, (verb, theirs.stderr)
+    listed = agent_server_cli("list", *base, "--token-file", str(bob_token))
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    mine = agent_server_cli("get", execution_id, *base, env={"AGENT_SERVER_API_TOKEN": ALICE})
+    assert json.loads(mine.stdout)["owner"] == "alice", mine.stderr
+    released = agent_server_cli("release", "s-9", *base, env=as_bob)
+    assert released.returncode == 0, released.stderr
+    no_token = agent_server_cli("list", *base)
+    assert no_token.returncode != 0 and "401" in no_token.stderr
