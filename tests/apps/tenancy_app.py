@@ -61,3 +61,10 @@ async def whoami(ctx: ExecutionContext) -> dict[str, Any]:
     if principal is None:
         return {"identity": None}
     return {"identity": principal.identity, "tenant": principal.tenant}
+
+
+@agent.reasoner(session_policy="enqueue")
+async def in_line(seconds: float = 60.0) -> str:
+    """Runs once every earlier execution of its session ended."""
+    await asyncio.sleep(seconds)
+    return "done"

@@ -296,6 +296,18 @@ def test_names_are_per_tenant(deployment: Deployment) -> None:
     bob.until(bobs["execution_id"], "running")
     assert alice.status(waiting["execution_id"]) == "queued"
 
+    # The same session under a policy that queues: each tenant's session has its own turn.
+    line = {"X-Session-ID": "line-1"}
+    first = alice.start("in_line", {"seconds": 60}, headers=line)
+    alice.until(first["execution_id"], "running")
+    behind = ann.start("in_line", {"seconds": 60}, headers=line)
+    apart = bob.start("in_line", {"seconds": 60}, headers=line)
+    bob.until(apart["execution_id"], "running")
+    assert alice.status(behind["execution_id"]) == "queued"
+    # Its turn comes when the tenant's own earlier one ends, not bob's.
+    alice.request("POST", f"/executions/{first['execution_id']}/cancel")
+    alice.until(behind["execution_id"], "running")
+
     # ctx.principal: the reasoner is told whom it runs for.
     ran = bob.request("POST", "/reasoners/whoami", json={})
     assert ran.json()["result"] == {"identity": "bob", "tenant": "globex"}
@@ -304,6 +316,8 @@ def test_names_are_per_tenant(deployment: Deployment) -> None:
         (alice, holding["execution_id"]),
         (alice, waiting["execution_id"]),
         (bob, bobs["execution_id"]),
+        (alice, behind["execution_id"]),
+        (bob, apart["execution_id"]),
     ):
         caller.request("POST", f"/executions/{execution_id}/cancel")
 
