@@ -92,7 +92,8 @@ class Access:
     async def allowed(self, scope: Scope, action: str, execution: Execution) -> Execution:
         """The execution, found visible, once the action on it is allowed."""
         self.visible(scope, execution)
-        await self.check(scope, action, execution.to_json())
+        if self.authorize is not None and principal_of(scope) is not None:
+            await self.check(scope, action, execution.to_json())  # its JSON: made only then
         return execution
 
     async def list_scope(self, scope: Scope, resource: dict[str, Any]) -> ListScope:
