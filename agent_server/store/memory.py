@@ -36,6 +36,7 @@ from agent_server.store.base import (
     SessionReleasing,
     SessionTaken,
 )
+from agent_server.store.memory_index import Indexes
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
@@ -67,7 +68,7 @@ class MemoryStore(ExecutionStore):
         #: Finished ids, oldest first, with the bytes of their result and error as JSON.
         self._finished: OrderedDict[str, int] = OrderedDict()
         self._finished_bytes = 0
-        self._sessions: dict[str, set[str]] = {}
+        self._index = Indexes()
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
@@ -113,7 +114,7 @@ class MemoryStore(ExecutionStore):
                 return earlier
         others: list[Execution] = []
         if execution.session_policy is not None and session_id is not None:
-            ids = self._sessions.get(session_id, ())
+            ids = self._index.sessions.get(session_id, ())
             others = [e for e in map(self._executions.__getitem__, ids) if not e.is_terminal]
             others.sort(key=lambda e: e.created_at)
             if others and execution.session_policy == "reject":
@@ -128,8 +129,7 @@ class MemoryStore(ExecutionStore):
             )
             while len(self._keys) > MAX_IDEMPOTENCY_KEYS:
                 self._keys.popitem(last=False)
-        if session_id is not None:
-            self._sessions.setdefault(session_id, set()).add(execution.execution_id)
+        self._index.add(execution)
         self._executions[execution.execution_id] = execution
         turn = _session_gate(execution)
         if turn is not None:
@@ -486,16 +486,18 @@ class MemoryStore(ExecutionStore):
         owner: str | None = None,
     ) -> Page:
         """A cursor is the creation time and id of the last execution looked at: the next
-        page starts past that id, or past that time when the id is gone meanwhile. Another
-        tenant's records are passed over as if absent (only the tenant's are counted)."""
+        page starts past that id, or past that time when the id is gone meanwhile. A
+        tenant's list walks that tenant's records only (its session's are its own too)."""
         self._expire()
         only = None if every_tenant else tenant
         if session_id is not None:
             keys: Iterable[str] = sorted(
-                self._sessions.get(scoped(tenant, session_id), ()),
+                self._index.sessions.get(scoped(tenant, session_id), ()),
                 key=lambda k: self._executions[k].created_at,
                 reverse=True,
             )
+        elif only is not None:
+            keys = reversed(self._index.tenants.get(only, {}))
         else:
             keys = reversed(self._executions)
         since = None if after is None else (after.created_at, after.execution_id)
@@ -504,8 +506,6 @@ class MemoryStore(ExecutionStore):
         last: str | None = None
         for key in keys:
             execution = self._executions[key]
-            if only is not None and execution.tenant != only:
-                continue
             if since is not None:
                 if key == since[1]:
                     since = None  # the next one is past it
@@ -547,7 +547,7 @@ class MemoryStore(ExecutionStore):
             self.on_cancel(execution.execution_id, reason, settle_within)
 
     async def session(self, session_id: str, tenant: str | None = None) -> list[Execution]:
-        keys = self._sessions.get(scoped(tenant, session_id), ())
+        keys = self._index.sessions.get(scoped(tenant, session_id), ())
         return [self._executions[key] for key in keys]
 
     async def begin_release(
@@ -584,13 +584,8 @@ class MemoryStore(ExecutionStore):
     def _forget(self, key: str) -> None:
         execution = self._executions.pop(key, None)
         self._finished_bytes -= self._finished.pop(key, 0)
-        name = None if execution is None else execution.session_name
-        if name is not None:
-            keys = self._sessions.get(name)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._sessions[name]
+        if execution is not None:
+            self._index.drop(execution)
 
 
 def _session_gate(execution: Execution) -> str | None:
