@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server.client import AgentClient, Forbidden, NotFound
 from tests.support.cluster import started_cluster
 from tests.support.process import ServerProcess, agent_server_cli
 from tests.support.redis_server import RedisServer
@@ -355,3 +356,10 @@ def test_the_cli_is_each_callers_own(tmp_path: Path, server_factory: Any) -> Non
     assert released.returncode == 0, released.stderr
     no_token = agent_server_cli("list", *base)
     assert no_token.returncode != 0 and "401" in no_token.stderr
+    # The Python client: another tenant's is NotFound, a refused action Forbidden.
+    with AgentClient(server.url, token=BOB, retry_for=0) as client, pytest.raises(NotFound):
+        client.get(execution_id)
+    with AgentClient(server.url, token=READER, retry_for=0) as client:
+        assert client.get(execution_id).owner == "alice"
+        with pytest.raises(Forbidden):
+            client.cancel(execution_id)
