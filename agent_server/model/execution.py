@@ -218,6 +218,7 @@ class Execution(LiveState):
         self.cancel_reason = reason
         self.finished_at = time.time()
         self.finished_monotonic = time.monotonic()
+        self.principal = None  # its claims are not kept with a retained record
         if self._done is not None:
             self._done.set()
         if self.events is not None:
@@ -241,6 +242,7 @@ class Execution(LiveState):
         self.status_reason = reason
         self.finished_at = time.time()
         self.finished_monotonic = time.monotonic()
+        self.principal = None  # its claims are not kept with a retained record
         if self._done is not None:
             self._done.set()
         if self.events is not None:
