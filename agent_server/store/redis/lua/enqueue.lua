@@ -3,8 +3,9 @@
   KEYS[1..8]: judge.lua's; KEYS[9..12]: the record (`x:{id}`), `idem:{idempotency key}`,
   `session:{sid}`, `releasing:{sid}` (the last three untouched when there is no key, no
   session); KEYS[13..15]: `scheduled`, `ckeys`, `tenant:{tenant}` (untouched when it has
-  none). The session and the key are its tenant's names (names.py `scoped`). The keys of the execution a key was first
-  used for, and its concurrency key's queue (`cq:{key}`), are named from the prefix.
+  none). The session and the key are its tenant's names (names.py `scoped`). The keys of
+  the execution a key was first used for, and its concurrency key's queue (`cq:{key}`),
+  are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, idempotency key ('' for none), its
   fingerprint, its TTL (ms), the delay (ms; 0: due now), the most executions that may be

@@ -1,17 +1,16 @@
 --[[ list
   KEYS[1..8]: judge.lua's; KEYS[9]: the index (`all`, `running`, `tenant:{tenant}` or
-  `session:{scoped sid}`). The
-  keys of the ids found there are named from the prefix. ARGV[1..3]: the common arguments
-  (header.lua).
+  `session:{scoped sid}`). The keys of the ids found there are named from the prefix.
+  ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: ids to scan at most, limit, statuses (comma list,
   '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
   results out (a session's release reads statuses, not results), and a cursor: the score
   and id of the last record looked at before ('' '' from the newest), and the owner
-  (identity) the records must have ('' any). Returns the records
-  that match (I_MATCHED is 1) or that this call moved to lost (0 when they do not match),
-  newest first, each with its own cursor (I_CURSOR), then the cursor past the last id
-  looked at ('' when the index holds nothing older). Ids whose record expired are dropped
-  from the index as they are met.
+  (identity) the records must have ('' any). Returns the records that match (I_MATCHED
+  is 1) or that this call moved to lost (0 when they do not match), newest first, each with
+  its own cursor (I_CURSOR), then the cursor past the last id looked at ('' when the index
+  holds nothing older). Ids whose record expired are dropped from the index as they are
+  met.
 ]]
 --! include judge.lua
 local index = KEYS[9]

@@ -3,7 +3,7 @@
   <agent>}:`, `all`, `running`, `finished`, `sizes`, `queue`. The prefix names the keys of
   ids learned here (walking `finished`, a record's session or owner) and the `ends` channel.
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, scoped(tenant, name), member(id,
-  tenant, sid), drop(member, rec, ev), prune(),
+  tenant, sid), drop(entry, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
   finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason, found). finish()
   deletes the requests for input the record kept (their answers among them), and
@@ -35,7 +35,7 @@ local function member(id, tenant, sid)
   return id .. '|' .. tenant .. SEP .. sid
 end
 
--- Delete a finished record and its index entries; `member` is its entry in `finished`.
+-- Delete a finished record and its index entries; `entry` is its entry in `finished`.
 -- rec and ev, its hash and stream, are named from the prefix when not given.
 local function drop(entry, rec, ev)
   local bar = string.find(entry, '|', 1, true)
