@@ -228,6 +228,11 @@ def test_two_tenants_and_an_admin_through_every_route(deployment: Deployment) ->
     assert ann.request("DELETE", f"/executions/{did}").status_code == 204
     assert alice.request("GET", f"/executions/{did}").status_code == 404
 
+    # Metrics never take an identity or a tenant as a label.
+    exposition = root.request("GET", "/metrics").text
+    assert "agent_server_" in exposition
+    assert not [name for name in ("alice", "ann", "bob", "acme", "globex") if name in exposition]
+
     output = deployment.outputs()
     leaked = [token[:10] for token in TOKENS if token in output]
     assert not leaked, f"tokens in the log: {leaked}"
