@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
+from agent_server.app.cut_off import Answer
+from agent_server.http.access import Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.cors import cors_middleware
@@ -22,8 +24,6 @@ from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
-from agent_server.http.routing import RETRY_AFTER_SECONDS
-from agent_server.model import jsoncodec
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.scheduling import RetryPolicy
@@ -51,10 +51,8 @@ logger = logging.getLogger("agent_server.agent")
 
 F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A", bound=Authenticator)
+Z = TypeVar("Z", bound=Authorize)
 
-#: The answer to a request the server cancels before it is answered (plain uvicorn's
-#: --timeout-graceful-shutdown): another replica can take it.
-CUT_OFF_BODY = jsoncodec.dumps({"detail": "server is shutting down"})
 #: What uvicorn's cancellation of a request says when its shutdown stops waiting for open
 #: requests (`Server.shutdown`, read in uvicorn 0.54): only that one ends in `cut_off`.
 UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
@@ -110,6 +108,8 @@ class Agent:
         self._parts: _Parts | None = None
         #: `@agent.authenticate`'s function: it replaces the flags' authentication.
         self._authenticate: Authenticator | None = None
+        #: `@agent.authorize`'s function: it narrows what a principal may do.
+        self._authorize: Authorize | None = None
         self._app: ASGIApp | None = None
         #: `/mcp` with `--mcp` (agent_server/http/mcp_server.py), built with the routes.
         self._mcp: McpEndpoint | None = None
@@ -163,6 +163,16 @@ class Agent:
         if self._app is not None:
             raise RuntimeError("@agent.authenticate must come before the agent serves")
         self._authenticate = func
+        return func
+
+    def authorize(self, func: Z) -> Z:
+        """Decide with `func`, an async function of `(principal, action, resource)` that
+        returns True or False (for `list`, optionally a filter `{"owner": identity}`), what
+        a principal may do within its tenant (docs/security.md#authorization)."""
+        given: object = func
+        if not inspect.iscoroutinefunction(given) or self._app is not None:
+            raise TypeError("@agent.authorize takes an async def function, before serving")
+        self._authorize = func
         return func
 
     def _authenticator(self) -> Authenticator | None:
@@ -320,7 +330,7 @@ class Agent:
                 "sequence or report at the end",
                 self.name,
             )
-        answer = _Answer(send)
+        answer = Answer(send)
         try:
             await app(scope, receive, answer)
         except asyncio.CancelledError as exc:
@@ -415,6 +425,7 @@ class Agent:
             ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
             mcp=None if mcp is None else mcp.endpoint,
+            authorize=self._authorize,
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:
@@ -615,58 +626,3 @@ class _Parts:
         )
         taker = QueueTaker(store, registry, reasoners)
         return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
-
-
-class _Answer:
-    """The `send` of one request under `Agent.__call__`: notes how far the answer got, so a
-    request the server cancels still ends as a whole HTTP answer."""
-
-    __slots__ = ("ended", "send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.started = False
-        self.ended = False
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.ended = True
-        await self.send(message)
-
-    async def cut_off(self, scope: Scope) -> None:
-        """End the answer of a request the server cancelled: a 503 (retry elsewhere) if it
-        had not begun, else the end of its body (an event stream ends; its client resumes)."""
-        if self.ended:
-            return
-        method, path = scope["method"], scope["path"]
-        if not self.started:
-            logger.warning(
-                "%s %s cancelled by the server before it was answered (its shutdown stopped "
-                "waiting for open requests): answered 503",
-                method,
-                path,
-            )
-            await self.send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(CUT_OFF_BODY)),
-                        (b"retry-after", RETRY_AFTER_SECONDS.encode()),
-                        (b"connection", b"close"),
-                    ],
-                }
-            )
-            await self.send({"type": "http.response.body", "body": CUT_OFF_BODY})
-            return
-        logger.warning(
-            "%s %s cancelled by the server while answering (its shutdown stopped waiting for "
-            "open requests): answer ended",
-            method,
-            path,
-        )
-        with contextlib.suppress(RuntimeError):  # a body shorter than its Content-Length
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -44,6 +44,10 @@ class Execution:
     #: While `queued` for a time (a delayed start, or a retry after its backoff): when it
     #: is due to start (RFC 3339); None otherwise.
     scheduled_at: str | None = None
+    #: Who started it (the caller's identity) and whose it is (its tenant); None on a
+    #: server without authentication.
+    owner: str | None = None
+    tenant: str | None = None
     #: The JSON object exactly as received (fields this client does not know included).
     json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -176,8 +180,12 @@ class Unauthorized(AgentServerError):
     """401: no token, or the wrong one."""
 
 
+class Forbidden(AgentServerError):
+    """403: the server's `@agent.authorize` refused this action to the caller."""
+
+
 class NotFound(AgentServerError):
-    """404: unknown reasoner or execution (forgotten, or never there)."""
+    """404: unknown reasoner or execution (forgotten, or never there, or another tenant's)."""
 
 
 class InvalidInput(AgentServerError):
@@ -326,6 +334,8 @@ def error_from_response(response: httpx.Response) -> AgentServerError:
     kind: type[AgentServerError] = AgentServerError
     if status == 401:
         kind = Unauthorized
+    elif status == 403:
+        kind = Forbidden
     elif status == 404:
         kind = NotFound
     elif status in (400, 413, 415, 422):

@@ -15,6 +15,7 @@ from typing import Any
 
 from starlette.routing import Route
 
+from agent_server.http.access import Access, Authorize
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.executions import Executions
 from agent_server.http.health import Health
@@ -75,6 +76,7 @@ class Api:
         webhooks: bool = False,
         webhook_url: str | None = None,
         mcp: Handler | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -93,7 +95,9 @@ class Api:
         #: Whether webhooks are on (a secret is set), and where they go by default.
         self.webhooks = webhooks
         self.webhook_url = webhook_url
-        self.executions = Executions(registry, store, self.streams)
+        #: Who reaches what: the tenant rule and `@agent.authorize` (access.py).
+        self.access = Access(authorize)
+        self.executions = Executions(registry, store, self.streams, self.access)
         self.runs = Runs(
             reasoners,
             registry,
@@ -104,9 +108,10 @@ class Api:
             idempotency_ttl=idempotency_ttl,
             webhooks=webhooks,
             webhook_url=webhook_url,
+            access=self.access,
         )
         self.inputs = Inputs(store, self.executions, max_body_size)
-        self.sessions = Sessions(releases)
+        self.sessions = Sessions(releases, self.access)
         self.health = Health(registry, store, metrics, phase, openapi)
 
     def routes(self) -> list[Route]:

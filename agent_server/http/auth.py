@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.http.authenticators import Authenticator
 from agent_server.model.principal import Principal, Unauthorized
+from agent_server.runtime.logs import LOG_PRINCIPAL
 
 logger = logging.getLogger("agent_server.auth")
 
@@ -84,6 +85,8 @@ class Authentication:
         if state is None:
             scope["state"] = state = {}
         state[PRINCIPAL_KEY] = principal
+        # This request's lines (and its span) say who it is from: this task's context.
+        LOG_PRINCIPAL.set((principal.identity, principal.tenant))
         await self.app(scope, receive, send)
 
     async def _principal(self, scope: Scope) -> Principal | None:

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agent_server.http.access import Access
 from agent_server.http.params import (
     checked_session_id,
     event_cursor,
@@ -38,10 +39,17 @@ MAX_LIST_BYTES = 4 * 1024 * 1024
 class Executions:
     """The routes of recorded executions, given the parts they use."""
 
-    def __init__(self, registry: InFlightRegistry, store: ExecutionStore, streams: Streams) -> None:
+    def __init__(
+        self,
+        registry: InFlightRegistry,
+        store: ExecutionStore,
+        streams: Streams,
+        access: Access | None = None,
+    ) -> None:
         self.registry = registry
         self.store = store
         self.streams = streams
+        self.access = access or Access()
 
     async def execution(self, request: Request) -> Response:
         """One route for both methods, so a 405 names them both in `Allow`."""
@@ -50,7 +58,7 @@ class Executions:
         return await self.get_execution(request)
 
     async def get_execution(self, request: Request) -> Response:
-        execution = await self.find(request)
+        execution = await self.find(request, "read")
         # Finite, and any size: a wait past MAX_WAIT_SECONDS is capped, as documented.
         wait = float_param(request, "wait", minimum=0.0, maximum=math.inf)
         if wait is not None and wait > 0 and not execution.reached_end(asked=True):
@@ -81,7 +89,7 @@ class Executions:
         return execution_response(waiting.result())
 
     async def cancel_execution(self, request: Request) -> Response:
-        execution = await self.find(request)
+        execution = await self.find(request, "cancel")
         if execution.is_terminal:
             return execution_response(execution)
         nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
@@ -95,8 +103,9 @@ class Executions:
         return execution_response(execution, 202)
 
     async def delete_execution(self, request: Request) -> Response:
+        execution = await self.find(request, "delete")
         try:
-            known = await self.store.forget(request.path_params["execution_id"])
+            known = await self.store.forget(execution.execution_id)
         except ExecutionRunning as exc:
             raise ApiError(409, f"execution is {exc.status}: cancel it first") from None
         if not known:
@@ -105,13 +114,24 @@ class Executions:
 
     async def list_executions(self, request: Request) -> Response:
         limit = int_param(request, "limit", minimum=1, maximum=MAX_LIST_LIMIT)
+        wanted = statuses(request)
+        reasoner = reasoner_filter(request)
+        session_id = checked_session_id(request.query_params.get("session_id"), "session_id")
+        after = list_cursor(request)
+        reach = await self.access.list_scope(
+            request.scope,
+            {"reasoner": reasoner, "session_id": session_id, "statuses": sorted(wanted)},
+        )
         page = await self.store.page(
-            statuses=statuses(request),
-            reasoner=reasoner_filter(request),
-            session_id=checked_session_id(request.query_params.get("session_id"), "session_id"),
+            statuses=wanted,
+            reasoner=reasoner,
+            session_id=session_id,
             limit=100 if limit is None else limit,
             max_bytes=MAX_LIST_BYTES,
-            after=list_cursor(request),
+            after=after,
+            tenant=reach.tenant,
+            every_tenant=reach.every_tenant,
+            owner=reach.owner,
         )
         body, shown = _list_body(page.executions)
         headers: dict[str, str] = {}
@@ -122,15 +142,17 @@ class Executions:
             headers["Link"] = next_link(request, following)
         return Response(body, media_type="application/json", headers=headers)
 
-    async def find(self, request: Request) -> Execution:
+    async def find(self, request: Request, action: str) -> Execution:
+        """The execution the path names, when the request's principal may see it (else the
+        404 of an unknown id, whoever's it is) and do `action` to it (else 403)."""
         execution = await self.store.get(request.path_params["execution_id"])
-        if execution is None:
-            raise ApiError(404, "unknown execution")
-        return execution
+        return await self.access.allowed(
+            request.scope, action, self.access.visible(request.scope, execution)
+        )
 
     async def execution_events(self, request: Request) -> EventStream:
         cursor = event_cursor(request)
-        execution = await self.find(request)
+        execution = await self.find(request, "read")
         return self.stream(execution, cursor, None)
 
     def stream(self, execution: Execution, cursor: int, first: bytes | None) -> EventStream:

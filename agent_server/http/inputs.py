@@ -33,7 +33,7 @@ class Inputs:
         request_id, value = _answer_body(
             await read_json(request.receive, headers, self.max_body_size)
         )
-        execution = await self.executions.find(request)
+        execution = await self.executions.find(request, "answer")
         pending = execution.input_request
         waiting = execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None
         pending_id = int(pending["request_id"]) if waiting and pending is not None else None

@@ -248,6 +248,10 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
     }
 
 
+#: The paths of the actions `@agent.authorize` decides (docs/security.md#authorization).
+GUARDED_PREFIXES = ("/reasoners/", "/executions", "/sessions/")
+
+
 def _secure(document: dict[str, Any]) -> None:
     """Bearer auth on every operation but the probes and the scrape, which stay open."""
     document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -256,8 +260,10 @@ def _secure(document: dict[str, Any]) -> None:
         for operation in operations.values():
             if path in OPEN_PATHS:
                 operation["security"] = []
-            else:
-                operation["responses"]["401"] = _error("Missing or wrong bearer token")
+                continue
+            operation["responses"]["401"] = _error("Missing or wrong bearer token")
+            if path.startswith(GUARDED_PREFIXES):  # the actions @agent.authorize is asked
+                operation["responses"]["403"] = _error("Not allowed (@agent.authorize)")
 
 
 def _webhooks(document: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
+from agent_server.http.access import Access
 from agent_server.http.executions import Executions
 from agent_server.http.http_limits import client_gone
 from agent_server.http.params import (
@@ -95,7 +96,9 @@ class Runs:
         idempotency_ttl: float,
         webhooks: bool,
         webhook_url: str | None,
+        access: Access | None = None,
     ) -> None:
+        self.access = access or Access()
         self.reasoners = reasoners
         self.registry = registry
         self.store = store
@@ -229,6 +232,9 @@ class Runs:
         reasoner = self._reasoner(request.path_params["name"])
         headers = first_values(request.scope["headers"])
         session_id = self._session_id(headers.get(SESSION_HEADER))
+        await self.access.check(
+            request.scope, "start", {"reasoner": reasoner.name, "session_id": session_id}
+        )
         key = idempotency_key(headers.get(IDEMPOTENCY_HEADER))
         webhook_url = webhook_target(headers.get(WEBHOOK_HEADER), self.webhooks, self.webhook_url)
         body = await read_json(request.receive, headers, self.max_body_size)
@@ -259,6 +265,7 @@ class Runs:
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=_session_policy(reasoner, headers),
                 announce=announced.append,
+                principal=self.access.principal(request.scope),
             )
             return await self._started_before_close(
                 self._shown(start, shown), announced, request.scope

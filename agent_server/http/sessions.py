@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agent_server.http.access import Access
 from agent_server.http.params import checked_session_id, float_param
 from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.runtime.sessions import SessionBusy, SessionReleases
@@ -14,8 +15,9 @@ from agent_server.store.base import StoreInDoubt, StoreUnavailable
 class Sessions:
     """The session route, given the releases it starts."""
 
-    def __init__(self, releases: SessionReleases) -> None:
+    def __init__(self, releases: SessionReleases, access: Access | None = None) -> None:
         self.releases = releases
+        self.access = access or Access()
 
     async def release_session(self, request: Request) -> Response:
         session_id = checked_session_id(request.path_params["session_id"], "session id")
@@ -29,9 +31,15 @@ class Sessions:
         cancel_value = request.query_params.get("cancel_running", "true").lower()
         if cancel_value not in ("true", "false", "1", "0"):
             raise ApiError(422, "cancel_running must be true or false")
+        # The session of the caller's tenant (an admin's too): names are per tenant.
+        await self.access.check(request.scope, "release", {"session_id": session_id})
+        principal = self.access.principal(request.scope)
         try:
             release = await self.releases.release(
-                session_id, timeout=timeout, cancel_running=cancel_value in ("true", "1")
+                session_id,
+                timeout=timeout,
+                cancel_running=cancel_value in ("true", "1"),
+                tenant=None if principal is None else principal.tenant,
             )
         except SessionBusy:
             raise ApiError(409, "session has running executions and cancel_running=false") from None

@@ -16,6 +16,7 @@ from agent_server.model import asks, jsoncodec
 from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.events import Event, encode_data
 from agent_server.model.execution import MAX_SECONDS
+from agent_server.model.principal import Principal
 from agent_server.model.record import isoformat
 from agent_server.model.status import ExecutionStatus
 
@@ -164,6 +165,19 @@ class ExecutionContext:
     @property
     def session_id(self) -> str | None:
         return self._execution.session_id
+
+    @property
+    def principal(self) -> Principal | None:
+        """Whom it runs for: the caller that started it (None on a server without
+        authentication). On the replica that admitted it, the principal as authenticated
+        (scopes and claims included); a later attempt elsewhere is told the record's owner
+        and tenant only, since scopes and claims are never stored (docs/security.md)."""
+        execution = self._execution
+        if execution.principal is not None:
+            return execution.principal
+        if execution.owner is None:
+            return None
+        return Principal(execution.owner, execution.tenant)
 
     @property
     def attempt(self) -> int:

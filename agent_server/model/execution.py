@@ -16,6 +16,7 @@ from agent_server.model import record
 from agent_server.model.events import EventLog
 from agent_server.model.ids import new_execution_id
 from agent_server.model.live import INITIAL, LiveState
+from agent_server.model.names import scoped
 from agent_server.model.status import END_OF, TERMINAL, Transition, move, unowned
 from agent_server.model.status import CancelReason as CancelReason  # its home is status.py
 from agent_server.model.status import ExecutionStatus as ExecutionStatus  # its home is status.py
@@ -31,6 +32,9 @@ def log_fields(execution: Execution) -> dict[str, Any]:
     }
     if execution.session_id is not None:
         fields["session_id"] = execution.session_id
+    if execution.owner is not None:
+        fields["identity"] = execution.owner
+        fields["tenant"] = execution.tenant
     return fields
 
 
@@ -71,6 +75,9 @@ class Execution(LiveState):
     #: While queued for a time: when it is due (a Unix time), else None.
     scheduled_at: float | None
     abandoned: bool
+    #: The identity that started it and its tenant; None without authentication.
+    owner: str | None
+    tenant: str | None
     #: Resumable executions only: the request body (to bind a later attempt's arguments
     #: again), the last checkpoint (JSON text) and how many attempts an owner's death may
     #: cost. None, None, 1 for the others.
@@ -147,6 +154,12 @@ class Execution(LiveState):
         )
 
     @property
+    def session_name(self) -> str | None:
+        """Its session as the stores key it: the session id, its tenant's (names.py)."""
+        session_id = self.session_id
+        return None if session_id is None else scoped(self.tenant, session_id)
+
+    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
@@ -205,6 +218,7 @@ class Execution(LiveState):
         self.cancel_reason = reason
         self.finished_at = time.time()
         self.finished_monotonic = time.monotonic()
+        self.principal = None  # its claims are not kept with a retained record
         if self._done is not None:
             self._done.set()
         if self.events is not None:
@@ -228,6 +242,7 @@ class Execution(LiveState):
         self.status_reason = reason
         self.finished_at = time.time()
         self.finished_monotonic = time.monotonic()
+        self.principal = None  # its claims are not kept with a retained record
         if self._done is not None:
             self._done.set()
         if self.events is not None:

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from agent_server.model import asks
 from agent_server.model.events import EventLog
+from agent_server.model.principal import Principal
 from agent_server.model.status import CancelReason
 
 #: Each slot of the live state and its value in a new execution (a Python expression, in
@@ -29,6 +30,7 @@ INITIAL: dict[str, str] = {
     "events": "None",
     "_done": "None",
     "recorded": "None",
+    "principal": "None",
 }
 
 
@@ -68,3 +70,6 @@ class LiveState:
     #: With a shared store, done once its end is written there (True) or refused (False):
     #: a client is told a terminal status only once it is recorded.
     recorded: asyncio.Future[bool] | None
+    #: The principal whose request started it, on the replica that admitted it (scopes and
+    #: claims included); a later attempt elsewhere knows only the record's owner and tenant.
+    principal: Principal | None

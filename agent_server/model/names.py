@@ -46,3 +46,16 @@ def is_session_id(value: str) -> bool:
 def is_session_id_bytes(raw: bytes) -> bool:
     """The header's raw value, checked without decoding it first."""
     return _SESSION_ID_BYTES.match(raw) is not None
+
+
+#: Between a tenant and a name in a scoped name: no tenant holds it (principal.py refuses
+#: control characters), so a scoped name is one tenant's, whatever the name holds.
+TENANT_SEPARATOR = "\x1f"
+
+
+def scoped(tenant: str | None, name: str) -> str:
+    """A name a client chose (a session id, an `Idempotency-Key`, a concurrency key's
+    value) as its tenant's: the one function that makes such a name a store's key, so two
+    tenants using the same name never meet (docs/security.md#names-are-per-tenant). A server
+    without authentication has no tenant: its names are as given."""
+    return name if tenant is None else f"{tenant}{TENANT_SEPARATOR}{name}"

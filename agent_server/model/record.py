@@ -205,6 +205,11 @@ STORED: tuple[Field, ...] = (
     #: Ended by the drain without settling (the reasoner ignored its cancellation).
     Field(name="abandoned", kind=Kind.FLAG, at_end=_WRITTEN, default=False,
           schema={"type": "boolean"}),
+    #: Who started it (the principal's identity) and whose it is (its tenant): None on a
+    #: server without authentication. Every name it was started with (session, idempotency
+    #: key, concurrency key value) is its tenant's (names.py `scoped`); docs/security.md.
+    Field(name="owner", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
+    Field(name="tenant", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     # -- hash-only ------------------------------------------------------------------------
     #: A resumable execution's request body (a later attempt binds its arguments again).
     Field(name="body", kind=Kind.JSON, kept=_HASH, written=Written.WITH_BODY),

@@ -9,6 +9,8 @@ import enum
 import math
 from dataclasses import dataclass
 
+from agent_server.model.names import scoped
+
 #: The longest `?delay=` a start may ask for: seven days.
 MAX_DELAY_SECONDS = 7 * 86_400.0
 
@@ -34,19 +36,20 @@ class SessionPolicy(enum.StrEnum):
 SESSION_GATED = frozenset({SessionPolicy.ENQUEUE, SessionPolicy.INTERRUPT, SessionPolicy.ROLLBACK})
 
 
-def limit_key(reasoner: str, value: str, tenant: str = "") -> str:
+def limit_key(reasoner: str, value: str, tenant: str | None = None) -> str:
     """The concurrency key of a reasoner's limit: its slots are shared by the starts that
-    carry `value` (a header's, a session id, '' for the whole reasoner), per tenant.
-    Namespaced `limit:` (a reasoner name has no ':'), so no reasoner name or value can name
-    a session's key."""
-    return f"limit:{tenant}:{reasoner}:{value}"
+    carry `value` (a header's, a session id, '' for the whole reasoner), per tenant (the
+    value scoped by names.py `scoped`). Namespaced `limit:` (a reasoner name has no ':'), so
+    no reasoner name or value can name a session's key."""
+    return f"limit::{reasoner}:{scoped(tenant, value)}"
 
 
-def session_key(session_id: str, tenant: str = "") -> str:
+def session_key(session_id: str, tenant: str | None = None) -> str:
     """The key of a session's turn (one slot): a start under a gated policy takes it after
-    every earlier execution of the session ended. The Redis scripts name it the same way
-    (`SESSION_GATE`, written into codes.lua from here)."""
-    return f"session:{tenant}:{session_id}"
+    every earlier execution of the session ended; the session's tenant's (`scoped`). The
+    Redis scripts name it the same way (`SESSION_GATE`, written into codes.lua from here,
+    followed by the scoped session id)."""
+    return f"session::{scoped(tenant, session_id)}"
 
 
 def is_session_key(key: str) -> bool:

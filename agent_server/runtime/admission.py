@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import SessionPolicy, limit_key
 from agent_server.runtime.attempts import Attempts, Gate
@@ -101,11 +102,13 @@ class Admission:
         concurrency_key: str | None = None,
         session_policy: SessionPolicy = SessionPolicy.PARALLEL,
         announce: Callable[[Execution], object] | None = None,
+        principal: Principal | None = None,
     ) -> tuple[Execution, bool]:
         """Admit, record and start one execution (its webhooks to `webhook_url`); or, for a
         repeated idempotency key, the execution it started first. True when this call
         started it. `announce` is given the execution before its record is written (a
-        caller answered before the store is, at shutdown, is sent to it).
+        caller answered before the store is, at shutdown, is sent to it). `principal`, the
+        caller's, owns it: its identity and tenant are the record's `owner` and `tenant`.
 
         With `delay` (seconds) it is queued, due then, whatever the capacity now; with
         `may_queue` (an async start) and `queue_when_full`, one past capacity is queued,
@@ -122,6 +125,9 @@ class Admission:
         if reason is not None:
             self.reject(reason)
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
+        if principal is not None:  # its names are its tenant's from here on (names.py)
+            execution.owner, execution.tenant = principal.identity, principal.tenant
+            execution.principal = principal
         execution.webhook_url = webhook_url
         if reasoner.resumable:
             execution.resumable = True
@@ -136,7 +142,10 @@ class Admission:
         if by_session:
             execution.session_policy = session_policy.value
         if limited:
-            execution.concurrency_key = limit_key(reasoner.name, concurrency_key or "")
+            # A value the request carries is its tenant's; a limit of the whole reasoner
+            # (no concurrency_key) is everyone's.
+            tenant = None if reasoner.concurrency_key is None else execution.tenant
+            execution.concurrency_key = limit_key(reasoner.name, concurrency_key or "", tenant)
             execution.concurrency_limit = reasoner.max_concurrency or 1
         if queue:
             execution.enqueue(time.time() + delay if delay else None)

@@ -38,6 +38,11 @@ LOG_EXECUTION: ContextVar[Execution | None] = ContextVar("agent_server_log_execu
 #: The span it runs in (trace id, span id, hex), set by `agent_server.runtime.tracing` when traces
 #: are on: a request's server span, an attempt's span.
 LOG_SPAN: ContextVar[tuple[str, str] | None] = ContextVar("agent_server_log_span", default=None)
+#: Who the request is from (identity, tenant), set by authentication (http/auth.py): never
+#: a token or a claim (docs/security.md), and never a metric's label.
+LOG_PRINCIPAL: ContextVar[tuple[str, str] | None] = ContextVar(
+    "agent_server_log_principal", default=None
+)
 
 
 #: The fields a JSON line about one execution carries (`extra={"fields": ...}` where a line
@@ -61,6 +66,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
+        who = LOG_PRINCIPAL.get()
+        if who is not None:
+            payload["identity"], payload["tenant"] = who
         execution = LOG_EXECUTION.get()
         if execution is not None:
             payload.update(log_fields(execution))

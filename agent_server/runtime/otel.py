@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus, log_fields
-from agent_server.runtime.logs import LOG_SPAN, StatusSend
+from agent_server.runtime.logs import LOG_PRINCIPAL, LOG_SPAN, StatusSend
 from agent_server.runtime.otel_ids import AttemptIds
 from agent_server.runtime.otel_setup import (
     BATCH,
@@ -309,6 +309,10 @@ class _ServerSpans:
             if route:
                 span.update_name(f"{method} {route}")
                 span.set_attribute("http.route", route)
+            who = LOG_PRINCIPAL.get()  # set in this task by authentication, as for logs
+            if who is not None:
+                span.set_attribute("agent_server.identity", who[0])
+                span.set_attribute("agent_server.tenant", who[1])
             status = answer.status or 500
             span.set_attribute("http.response.status_code", status)
             if status >= 500:

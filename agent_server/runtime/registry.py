@@ -19,6 +19,7 @@ from typing import Any
 
 from agent_server.model.asks import Question, Reply
 from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import OWNED
@@ -159,6 +160,7 @@ class InFlightRegistry:
         concurrency_key: str | None = None,
         session_policy: SessionPolicy = SessionPolicy.PARALLEL,
         announce: Callable[[Execution], object] | None = None,
+        principal: Principal | None = None,
     ) -> tuple[Execution, bool]:
         """`Admission.start_once`: the execution, and True when this call started it."""
         return await self._admission.start_once(
@@ -173,6 +175,7 @@ class InFlightRegistry:
             concurrency_key=concurrency_key,
             session_policy=session_policy,
             announce=announce,
+            principal=principal,
         )
 
     def cancel_queued(self) -> int:

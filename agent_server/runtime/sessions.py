@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.names import TENANT_SEPARATOR, scoped
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
 
@@ -71,23 +72,31 @@ class SessionReleases:
         self._limited = asyncio.Event()
 
     async def release(
-        self, session_id: str, *, timeout: float | None, cancel_running: bool
+        self,
+        session_id: str,
+        *,
+        timeout: float | None,
+        cancel_running: bool,
+        tenant: str | None = None,
     ) -> SessionRelease:
-        """Release the session, or join the release already under way on this replica."""
-        task = self._ongoing.get(session_id)
+        """Release the session (the tenant's: names.py `scoped`), or join the release
+        already under way on this replica."""
+        name = scoped(tenant, session_id)
+        task = self._ongoing.get(name)
         if task is None:
             started = time.monotonic()
-            running = [e for e in await self.store.session(session_id) if not e.is_terminal]
+            found = await self.store.session(session_id, tenant)
+            running = [e for e in found if not e.is_terminal]
             if running and not cancel_running:
                 raise SessionBusy(session_id)
-            task = self._ongoing.get(session_id)  # another caller may have begun meanwhile
+            task = self._ongoing.get(name)  # another caller may have begun meanwhile
             if task is None:
                 deadline = None if timeout is None else started + timeout
                 task = asyncio.create_task(
-                    self._release(session_id, running, started, deadline),
-                    name=f"session-release-{session_id}",
+                    self._release(session_id, tenant, running, started, deadline),
+                    name=f"session-release-{name}",
                 )
-                self._ongoing[session_id] = task
+                self._ongoing[name] = task
                 task.add_done_callback(self._on_done)
         return await asyncio.shield(task)
 
@@ -110,23 +119,25 @@ class SessionReleases:
         return self._limit if deadline is None else min(deadline, self._limit)
 
     def _on_done(self, task: asyncio.Task[SessionRelease]) -> None:
-        session_id = task.get_name().removeprefix("session-release-")
-        if self._ongoing.get(session_id) is task:
-            del self._ongoing[session_id]
+        name = task.get_name().removeprefix("session-release-")
+        if self._ongoing.get(name) is task:
+            del self._ongoing[name]
         if not task.cancelled() and task.exception() is not None:
-            logger.error("release of session %s failed", session_id, exc_info=task.exception())
+            shown = name.rpartition(TENANT_SEPARATOR)[2]  # the id, as its caller named it
+            logger.error("release of session %s failed", shown, exc_info=task.exception())
 
     async def _release(
         self,
         session_id: str,
+        tenant: str | None,
         running: list[Execution],
         started: float,
         deadline: float | None,
     ) -> SessionRelease:
         hold = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
-        other = await self.store.begin_release(session_id, hold)
+        other = await self.store.begin_release(session_id, hold, tenant)
         if other is not None:
-            return await self._join(session_id, other, started, deadline)
+            return await self._join(session_id, tenant, other, started, deadline)
         answer: SessionRelease | None = None
         try:
             settle_within = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -137,7 +148,7 @@ class SessionReleases:
             ended = await self._wait(running, deadline)
             abandoned = len(running) - ended
             forgotten = 0
-            for execution in await self.store.session(session_id):
+            for execution in await self.store.session(session_id, tenant):
                 if execution.is_terminal and await self.store.forget(execution.execution_id):
                     forgotten += 1
             answer = SessionRelease(
@@ -148,14 +159,20 @@ class SessionReleases:
                 elapsed_seconds=time.monotonic() - started,
             )
         finally:
-            await self.store.end_release(session_id, None if answer is None else answer.to_json())
+            shared = None if answer is None else answer.to_json()
+            await self.store.end_release(session_id, shared, tenant)
         assert answer is not None  # set in the try: an exception left above
         if self.observer is not None:
             self.observer.session_released("abandoned" if abandoned else "settled")
         return answer
 
     async def _join(
-        self, session_id: str, release_id: str, started: float, deadline: float | None
+        self,
+        session_id: str,
+        tenant: str | None,
+        release_id: str,
+        started: float,
+        deadline: float | None,
     ) -> SessionRelease:
         """Another replica is releasing this session: its answer is this one's, by this
         release's own deadline (and JOIN_GRACE). Past it, what still runs counts as
@@ -175,7 +192,8 @@ class SessionReleases:
                 )
             end = self._end(deadline)
             if end is not None and time.monotonic() >= end + JOIN_GRACE:
-                still = [e for e in await self.store.session(session_id) if not e.is_terminal]
+                found = await self.store.session(session_id, tenant)
+                still = [e for e in found if not e.is_terminal]
                 return SessionRelease(session_id, 0, len(still), 0, time.monotonic() - started)
 
     async def _wait(self, running: list[Execution], deadline: float | None) -> int:

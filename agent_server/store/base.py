@@ -390,13 +390,20 @@ class ExecutionStore(abc.ABC):
         limit: int = 100,
         max_bytes: int = 0,
         after: ListCursor | None = None,
+        tenant: str | None = None,
+        every_tenant: bool = False,
+        owner: str | None = None,
     ) -> Page:
         """Newest first, filtered (any of `statuses`; all when empty), at most `limit`,
         older than the cursor `after` (read by `ListCursor.read`, which refuses what no page
         gave); bounded work per call, so a page may hold fewer than `limit` while `next`
         says more may follow. With `max_bytes`, a store that sends records over the network
         stops once their results and errors pass it (one record past it at most, so the
-        caller sees the page is cut)."""
+        caller sees the page is cut). With `tenant` (the caller's), only that tenant's
+        records, read from its own index so that a page is full and a cursor cannot lead
+        into another tenant's (all of them with `every_tenant`, an admin's list), and its
+        session named by `session_id`; with `owner`, only the records that identity
+        started. None: a server without authentication, every record."""
 
     async def list_executions(
         self,
@@ -428,18 +435,22 @@ class ExecutionStore(abc.ABC):
         """Deliver a cancel request to the execution's owner, wherever it runs."""
 
     @abc.abstractmethod
-    async def session(self, session_id: str) -> list[Execution]:
-        """Every execution the store holds for the session."""
+    async def session(self, session_id: str, tenant: str | None = None) -> list[Execution]:
+        """Every execution the store holds for the session (the tenant's: names.py)."""
 
     @abc.abstractmethod
-    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
+    async def begin_release(
+        self, session_id: str, seconds: float | None, tenant: str | None = None
+    ) -> str | None:
         """Refuse new work for the session, on every replica, until `end_release` (or, for
         a store shared with others, until `seconds` have passed, in case this one dies).
         None when this call began the release; else the id of the release another replica
         has under way (its answer comes from `shared_release`)."""
 
     @abc.abstractmethod
-    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
+    async def end_release(
+        self, session_id: str, answer: dict[str, Any] | None = None, tenant: str | None = None
+    ) -> None:
         """Accept new work for the session again; `answer` is shared with the releases
         that joined this one on other replicas."""
 

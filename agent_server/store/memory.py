@@ -19,6 +19,7 @@ from typing import Any
 from agent_server.model import jsoncodec
 from agent_server.model.asks import MAX_ANSWER_BYTES, Found, Ledger, Question, Reply
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.names import scoped
 from agent_server.model.scheduling import SESSION_GATED, is_session_key, session_key
 from agent_server.store.base import (
     FINISHED_EVENT,
@@ -35,6 +36,7 @@ from agent_server.store.base import (
     SessionReleasing,
     SessionTaken,
 )
+from agent_server.store.memory_index import Indexes
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
@@ -66,7 +68,7 @@ class MemoryStore(ExecutionStore):
         #: Finished ids, oldest first, with the bytes of their result and error as JSON.
         self._finished: OrderedDict[str, int] = OrderedDict()
         self._finished_bytes = 0
-        self._sessions: dict[str, set[str]] = {}
+        self._index = Indexes()
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
@@ -101,33 +103,33 @@ class MemoryStore(ExecutionStore):
         idempotency: Idempotency | None = None,
         max_queued: int = 0,
     ) -> Execution | None:
-        session_id = execution.session_id
+        session_id = execution.session_name  # its tenant's (names.py `scoped`)
         if session_id is not None and session_id in self._releasing:
-            raise SessionReleasing(session_id)
+            raise SessionReleasing(execution.session_id)
         queued = execution.status is ExecutionStatus.QUEUED
-        if idempotency is not None:
-            earlier = self._first_use(idempotency)
+        key = None if idempotency is None else scoped(execution.tenant, idempotency.key)
+        if idempotency is not None and key is not None:
+            earlier = self._first_use(idempotency, key)
             if earlier is not None:
                 return earlier
         others: list[Execution] = []
         if execution.session_policy is not None and session_id is not None:
-            ids = self._sessions.get(session_id, ())
+            ids = self._index.sessions.get(session_id, ())
             others = [e for e in map(self._executions.__getitem__, ids) if not e.is_terminal]
             others.sort(key=lambda e: e.created_at)
             if others and execution.session_policy == "reject":
                 raise SessionTaken(others[-1].execution_id)
         if queued and len(self._queued) >= max_queued:
             raise QueueFull(max_queued)
-        if idempotency is not None:
-            self._keys[idempotency.key] = (
+        if idempotency is not None and key is not None:
+            self._keys[key] = (
                 idempotency.fingerprint,
                 execution.execution_id,
                 time.monotonic() + idempotency.ttl,
             )
             while len(self._keys) > MAX_IDEMPOTENCY_KEYS:
                 self._keys.popitem(last=False)
-        if session_id is not None:
-            self._sessions.setdefault(session_id, set()).add(execution.execution_id)
+        self._index.add(execution)
         self._executions[execution.execution_id] = execution
         turn = _session_gate(execution)
         if turn is not None:
@@ -290,15 +292,15 @@ class MemoryStore(ExecutionStore):
         execution.cancel_queued(reason)
         self.end(execution)
 
-    def _first_use(self, idempotency: Idempotency) -> Execution | None:
-        """The execution the key was first used for, if it is still known."""
+    def _first_use(self, idempotency: Idempotency, key: str) -> Execution | None:
+        """The execution the key (its tenant's: `key`) was first used for, if still known."""
         now = time.monotonic()
         while self._keys:  # expired keys leave, oldest first
             oldest = next(iter(self._keys.values()))
             if oldest[2] > now:
                 break
             self._keys.popitem(last=False)
-        found = self._keys.get(idempotency.key)
+        found = self._keys.get(key)
         if found is None:
             return None
         fingerprint, execution_id, _ = found
@@ -319,7 +321,7 @@ class MemoryStore(ExecutionStore):
             self._owe_webhook(execution, f"{execution.execution_id}.finished", FINISHED_EVENT)
         keys = [execution.concurrency_key]
         if execution.session_id is not None:  # any execution of a session may hold its turn
-            keys.append(session_key(execution.session_id))
+            keys.append(session_key(execution.session_id, execution.tenant))
         for key in keys:
             holders = None if key is None else self._holders.get(key)
             if key is not None and holders is not None:
@@ -479,16 +481,23 @@ class MemoryStore(ExecutionStore):
         limit: int = 100,
         max_bytes: int = 0,
         after: ListCursor | None = None,
+        tenant: str | None = None,
+        every_tenant: bool = False,
+        owner: str | None = None,
     ) -> Page:
         """A cursor is the creation time and id of the last execution looked at: the next
-        page starts past that id, or past that time when the id is gone meanwhile."""
+        page starts past that id, or past that time when the id is gone meanwhile. A
+        tenant's list walks that tenant's records only (its session's are its own too)."""
         self._expire()
+        only = None if every_tenant else tenant
         if session_id is not None:
             keys: Iterable[str] = sorted(
-                self._sessions.get(session_id, ()),
+                self._index.sessions.get(scoped(tenant, session_id), ()),
                 key=lambda k: self._executions[k].created_at,
                 reverse=True,
             )
+        elif only is not None:
+            keys = reversed(self._index.tenants.get(only, {}))
         else:
             keys = reversed(self._executions)
         since = None if after is None else (after.created_at, after.execution_id)
@@ -510,6 +519,8 @@ class MemoryStore(ExecutionStore):
             if statuses and execution.status not in statuses:
                 continue
             if reasoner is not None and execution.reasoner != reasoner:
+                continue
+            if owner is not None and execution.owner != owner:
                 continue
             found.append(execution)
             cursors.append(last)
@@ -535,16 +546,21 @@ class MemoryStore(ExecutionStore):
         if self.on_cancel is not None:
             self.on_cancel(execution.execution_id, reason, settle_within)
 
-    async def session(self, session_id: str) -> list[Execution]:
-        return [self._executions[key] for key in self._sessions.get(session_id, ())]
+    async def session(self, session_id: str, tenant: str | None = None) -> list[Execution]:
+        keys = self._index.sessions.get(scoped(tenant, session_id), ())
+        return [self._executions[key] for key in keys]
 
-    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
+    async def begin_release(
+        self, session_id: str, seconds: float | None, tenant: str | None = None
+    ) -> str | None:
         """One process: concurrent releases already share one (agent_server.runtime.sessions)."""
-        self._releasing.add(session_id)
+        self._releasing.add(scoped(tenant, session_id))
         return None
 
-    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
-        self._releasing.discard(session_id)
+    async def end_release(
+        self, session_id: str, answer: dict[str, Any] | None = None, tenant: str | None = None
+    ) -> None:
+        self._releasing.discard(scoped(tenant, session_id))
 
     # -- retention -------------------------------------------------------------------------
 
@@ -568,16 +584,12 @@ class MemoryStore(ExecutionStore):
     def _forget(self, key: str) -> None:
         execution = self._executions.pop(key, None)
         self._finished_bytes -= self._finished.pop(key, 0)
-        if execution is not None and execution.session_id is not None:
-            keys = self._sessions.get(execution.session_id)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._sessions[execution.session_id]
+        if execution is not None:
+            self._index.drop(execution)
 
 
 def _session_gate(execution: Execution) -> str | None:
     """The key of its session's turn, when its policy waits for one."""
     if execution.session_id is None or execution.session_policy not in SESSION_GATED:
         return None
-    return session_key(execution.session_id)
+    return session_key(execution.session_id, execution.tenant)

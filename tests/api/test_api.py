@@ -36,6 +36,8 @@ EXECUTION_KEYS = {
     "attempt",
     "input_request",
     "scheduled_at",
+    "owner",
+    "tenant",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 

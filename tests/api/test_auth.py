@@ -144,6 +144,16 @@ async def test_openapi_documents_the_scheme_and_the_open_routes(
     for path in OPEN_ROUTES:
         assert document["paths"][path]["get"]["security"] == []
     assert "401" in document["paths"]["/reasoners/echo"]["post"]["responses"]
+    # What @agent.authorize may refuse is documented as a 403; the probes and /metrics not.
+    for path, method in (
+        ("/reasoners/echo", "post"),
+        ("/executions/{execution_id}", "get"),
+        ("/executions/{execution_id}/cancel", "post"),
+        ("/executions", "get"),
+        ("/sessions/{session_id}", "delete"),
+    ):
+        assert "403" in document["paths"][path][method]["responses"], (path, method)
+    assert "403" not in document["paths"]["/metrics"]["get"]["responses"]
 
 
 async def test_without_a_token_nothing_is_required(app_client: httpx.AsyncClient) -> None:

@@ -130,9 +130,11 @@ async def test_a_second_caller_gets_the_release_when_the_first_goes_away(
     begun = asyncio.Event()
     begin_release = agent.store.begin_release
 
-    async def noted(session_id: str, seconds: float | None) -> str | None:
+    async def noted(
+        session_id: str, seconds: float | None, tenant: str | None = None
+    ) -> str | None:
         begun.set()  # the first release is under way: a second caller joins it
-        return await begin_release(session_id, seconds)
+        return await begin_release(session_id, seconds, tenant)
 
     agent.store.begin_release = noted
     first = asyncio.create_task(client.delete("/sessions/shared", params={"timeout": 5}))

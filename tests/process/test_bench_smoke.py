@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import http_overhead, mcp_call, scale, session_release  # noqa: E402
+from bench import auth, http_overhead, mcp_call, scale, session_release  # noqa: E402
 from bench.common import (  # noqa: E402
     AGENTFIELD_PYTHON,
     MAF_PYTHON,
@@ -107,6 +107,15 @@ def test_session_release_smoke() -> None:
             assert release["cancelled"] + release["abandoned"] == 1
             assert release["server_seconds"] > 0  # measured; timings are the benchmark's job
     assert "| robust |" in session_release.markdown(data)
+
+
+def test_auth_smoke() -> None:
+    """bench.auth, briefly: every credential and list answers without an error; structure
+    only (timings are the benchmark's job)."""
+    data = auth.run(duration=0.3, repeat=1, records=60, tenants=3, tokens=20, progress=print)
+    assert set(data["scenarios"]) == {name for name, _, _ in auth.SCENARIOS}
+    assert all(entry["rps"]["median"] > 0 for entry in data["scenarios"].values())
+    assert "| read, tokens file |" in auth.markdown(data)
 
 
 def test_scale_smoke() -> None:

@@ -498,3 +498,32 @@ def test_a_bad_telemetry_setting_is_one_warning_and_the_server_serves(
     assert named in warnings[0]["message"].split(":")[0], warnings[0]
     assert "Traceback" not in stderr and "exc_info" not in warnings[0]
     assert "s3cr3t" not in stderr
+
+
+def test_spans_and_lines_name_the_caller_and_its_tenant_never_its_token(
+    receiver: Receiver, server_factory: Any, tmp_path: Path
+) -> None:
+    token = "tok-traced-7e1d2c3b4a5968778695a4b3c2d1e0f9"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{token} ann acme\n")
+    server = server_factory(
+        "tracing_app:agent",
+        *("--log-format", "json", "--access-log", "--api-tokens-file", str(tokens)),
+        env=_otel_env(receiver),
+    )
+    trace_id, _, header = _caller()
+    answer = httpx.post(
+        f"{server.url}/reasoners/chatter",
+        json={"count": 1},
+        headers={"traceparent": header, "Authorization": f"Bearer {token}"},
+        timeout=WAIT,
+    )
+    assert answer.status_code == 200, answer.text
+    for name in ("POST /reasoners/{name}", "execution chatter"):
+        span = receiver.wait(lambda s, n=name: s["trace_id"] == trace_id and s["name"] == n, name)
+        assert span["attributes"]["agent_server.identity"] == "ann", name
+        assert span["attributes"]["agent_server.tenant"] == "acme", name
+    lines = _json_lines(server)
+    access = [line for line in lines if line["logger"] == "agent_server.access"]
+    assert access and access[-1]["identity"] == "ann" and access[-1]["tenant"] == "acme"
+    assert token not in server.stderr()

@@ -91,8 +91,13 @@ class Keys:
         """An execution's events."""
         return f"{self.prefix}ev:{execution_id}"
 
-    def session(self, session_id: str) -> str:
-        return f"{self.prefix}session:{session_id}"
+    def session(self, name: str) -> str:
+        """A session's index; `name` is the session id scoped to its tenant (names.py)."""
+        return f"{self.prefix}session:{name}"
+
+    def tenant(self, tenant: str) -> str:
+        """A tenant's index of its executions, as `all` is everyone's (records.lua)."""
+        return f"{self.prefix}tenant:{tenant}"
 
     def owned(self, replica: str) -> str:
         return f"{self.prefix}owned:{replica}"
@@ -116,16 +121,19 @@ class Keys:
     # -- the KEYS of each script (lua/NAME.lua) --------------------------------------------
 
     def for_create(
-        self, execution_id: str, session_id: str, owner: str, key: str
+        self, execution_id: str, session: str, owner: str, key: str, tenant: str
     ) -> tuple[str, ...]:
+        """`session` and `key` are its tenant's names (names.py `scoped`); `tenant` '' for
+        none."""
         return (
             *self.judged,
             self.record(execution_id),
             self.void(execution_id),
             self.idempotency(key),
-            self.session(session_id),
+            self.session(session),
             self.owned(owner),
-            self.releasing(session_id),
+            self.releasing(session),
+            self.tenant(tenant),
         )
 
     def for_end(self, execution_id: str, owner: str) -> tuple[str, str, str]:
@@ -164,15 +172,18 @@ class Keys:
     def for_claim(self, replica: str) -> tuple[str, ...]:
         return *self.records, self.replicas, self.owned(replica), self.scheduled, self.ckeys
 
-    def for_enqueue(self, execution_id: str, session_id: str, key: str) -> tuple[str, ...]:
+    def for_enqueue(
+        self, execution_id: str, session: str, key: str, tenant: str
+    ) -> tuple[str, ...]:
         return (
             *self.judged,
             self.record(execution_id),
             self.idempotency(key),
-            self.session(session_id),
-            self.releasing(session_id),
+            self.session(session),
+            self.releasing(session),
             self.scheduled,
             self.ckeys,
+            self.tenant(tenant),
         )
 
     def for_list(self, index: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.names import scoped
 from agent_server.store.base import ListCursor, Page
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
@@ -77,13 +78,19 @@ class Reads(StorePart):
         limit: int = 100,
         max_bytes: int = 0,
         after: ListCursor | None = None,
+        tenant: str | None = None,
+        every_tenant: bool = False,
+        owner: str | None = None,
     ) -> Page:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
-        index (the session's, the running ones, or all, newest first), so a rare filter
-        may return fewer than `limit` while `next` says older ones may match. A cursor is
-        the index score and id of the last record looked at."""
-        if session_id is not None:
-            index = self.keys.session(session_id)
+        index (the session's, the tenant's, the running ones, or all, newest first), so a
+        rare filter may return fewer than `limit` while `next` says older ones may match. A
+        cursor is the index score and id of the last record looked at: in a tenant's index
+        (or its session's) it names a place among that tenant's records only."""
+        if session_id is not None:  # a session's index holds its tenant's records only
+            index = self.keys.session(scoped(tenant, session_id))
+        elif tenant is not None and not every_tenant:
+            index = self.keys.tenant(tenant)
         elif statuses == {ExecutionStatus.RUNNING}:
             index = self.keys.running
         else:
@@ -97,6 +104,7 @@ class Reads(StorePart):
             reasoner or "",
             budget=max_bytes,
             after=after,
+            owner=owner or "",
         )
 
     async def _list(
@@ -111,6 +119,7 @@ class Reads(StorePart):
         budget: int = 0,
         bare: bool = False,
         after: ListCursor | None = None,
+        owner: str = "",
     ) -> Page:
         since, since_id = codec.cursor(after)
         with self._link.operation(operation):
@@ -125,6 +134,7 @@ class Reads(StorePart):
                 "1" if bare else "0",
                 since,
                 since_id,
+                owner,
             )
         found: list[Execution] = []
         cursors: list[str] = []
@@ -135,13 +145,13 @@ class Reads(StorePart):
                 cursors.append(str(row[Row.CURSOR]))
         return Page(found, cursors, str(reply[-1]) or None)
 
-    async def session(self, session_id: str) -> list[Execution]:
+    async def session(self, session_id: str, tenant: str | None = None) -> list[Execution]:
         """One script: the session's executions (at most SESSION_LIMIT), newest first,
         without their results (a release reads statuses: 10,000 big results would be a
         read of gigabytes)."""
         found = await self._list(
             "session",
-            self.keys.session(session_id),
+            self.keys.session(scoped(tenant, session_id)),
             SESSION_LIMIT,
             SESSION_LIMIT,
             "",

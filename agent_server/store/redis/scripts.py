@@ -74,9 +74,11 @@ class Row(enum.IntEnum):
     INPUT_REQUEST = 12
     SCHEDULED_AT = 13
     ABANDONED = 14
-    MOVED = 15
-    MATCHED = 16
-    CURSOR = 17
+    OWNER = 15
+    TENANT = 16
+    MOVED = 17
+    MATCHED = 18
+    CURSOR = 19
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.

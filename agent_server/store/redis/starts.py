@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.names import TENANT_SEPARATOR, scoped
 from agent_server.store.base import (
     Idempotency,
     IdempotencyForgotten,
@@ -41,10 +42,11 @@ class Starts(StorePart):
         already used for the same request, the execution it started; else the record, its
         index entries, and the key (set if absent, atomically: one execution per key).
         A queued one is `enqueue.lua`'s."""
-        session_id = execution.session_id or ""
+        # Its names are its tenant's (names.py `scoped`): the session's and the key's.
+        session_id = execution.session_name or ""
         # In FIELDS order (the script names them), then the hash-only fields made with it.
         pairs = self._codec.new_record(execution)
-        key = "" if idempotency is None else idempotency.key
+        key = "" if idempotency is None else scoped(execution.tenant, idempotency.key)
         fingerprint = "" if idempotency is None else idempotency.fingerprint
         key_ttl = 1 if idempotency is None else max(1, round(idempotency.ttl * 1000))
         if execution.status is ExecutionStatus.QUEUED:
@@ -59,7 +61,9 @@ class Starts(StorePart):
             with self._link.operation("create"):
                 reply, held = await self._link.told(
                     "create",
-                    self.keys.for_create(execution_id, session_id, execution.replica, key),
+                    self.keys.for_create(
+                        execution_id, session_id, execution.replica, key, execution.tenant or ""
+                    ),
                     execution_id,
                     session_id,
                     repr(execution.created_at),
@@ -98,7 +102,7 @@ class Starts(StorePart):
         the key was used otherwise or forgotten), the execution the key started, or None
         when this one was created."""
         if code is Create.RELEASING:
-            raise SessionReleasing(session_id)
+            raise SessionReleasing(session_id.rpartition(TENANT_SEPARATOR)[2])
         if code is Create.KEY_MISMATCH:
             raise IdempotencyMismatch(key)
         if code is Create.KEY_FORGOTTEN:
@@ -117,12 +121,12 @@ class Starts(StorePart):
         pairs: list[str | bytes],
     ) -> Execution | None:
         """`enqueue.lua`: nobody owns it, so no lease is asked for; due on Redis's clock."""
-        execution_id, session_id = execution.execution_id, execution.session_id or ""
+        execution_id, session_id = execution.execution_id, execution.session_name or ""
         delay = 0.0 if execution.scheduled_at is None else execution.scheduled_at - time.time()
         with self._link.operation("enqueue"):
             reply, held = await self._link.told(
                 "enqueue",
-                self.keys.for_enqueue(execution_id, session_id, key),
+                self.keys.for_enqueue(execution_id, session_id, key, execution.tenant or ""),
                 execution_id,
                 session_id,
                 repr(execution.created_at),

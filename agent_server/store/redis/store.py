@@ -25,6 +25,7 @@ import orjson
 
 from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.names import scoped
 from agent_server.store import sentinel
 from agent_server.store.base import ExecutionRunning, StoreInDoubt, StoreObserver, StoreUnavailable
 from agent_server.store.redis import codec
@@ -339,11 +340,15 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
 
     # -- sessions --------------------------------------------------------------------------
 
-    async def begin_release(self, session_id: str, seconds: float | None) -> str | None:
-        return await self._releases.begin(session_id, seconds)
+    async def begin_release(
+        self, session_id: str, seconds: float | None, tenant: str | None = None
+    ) -> str | None:
+        return await self._releases.begin(scoped(tenant, session_id), seconds)
 
-    async def end_release(self, session_id: str, answer: dict[str, Any] | None = None) -> None:
-        await self._releases.end(session_id, answer)
+    async def end_release(
+        self, session_id: str, answer: dict[str, Any] | None = None, tenant: str | None = None
+    ) -> None:
+        await self._releases.end(scoped(tenant, session_id), answer)
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         return await self._releases.shared(release_id, timeout)

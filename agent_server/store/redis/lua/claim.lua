@@ -33,7 +33,8 @@ end
 -- Mark it running here and return it; nil (and cancelled) when its session is released.
 local function take(id, v)
   local rec, ev = P .. 'x:' .. id, P .. 'ev:' .. id
-  if v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. v[3]) == 1 then
+  local session = scoped(redis.call('HGET', rec, 'tenant') or '', v[3] or '')
+  if v[3] ~= '' and redis.call('EXISTS', P .. 'releasing:' .. session) == 1 then
     cancel_queued(rec, ev, id, v[3], 'session_released', v[1])  -- its session is released
     return nil
   end

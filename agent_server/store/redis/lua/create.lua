@@ -1,8 +1,10 @@
 --[[ create: a new record, running under its owner, unless something forbids it.
   KEYS[1..8]: judge.lua's; KEYS[9..14]: the record (`x:{id}`), `void:{id}`,
   `idem:{idempotency key}`, `session:{sid}`, `owned:{owner}`, `releasing:{sid}` (the last
-  four untouched when there is no key, no session). The keys of the execution a key was
-  first used for are named from the prefix (its id is read here).
+  four untouched when there is no key, no session), KEYS[15]: `tenant:{tenant}` (untouched
+  when it has none). The session and the key are its tenant's names (names.py `scoped`).
+  The keys of the execution a key was first used for are named from the prefix (its id is
+  read here).
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
   none), its fingerprint, its TTL (ms), then the record's values in F's order, then any more
@@ -36,4 +38,5 @@ redis.call('ZADD', ALL, score, id)
 redis.call('ZADD', RUNNING, score, id)
 redis.call('SADD', owned, id)
 if sid ~= '' then redis.call('ZADD', session, score, id) end
+if ARGV[10 + I_TENANT] ~= '' then redis.call('ZADD', KEYS[15], score, id) end
 return {CREATE_CREATED}

@@ -2,8 +2,10 @@
   a start past --max-inflight with --queue-when-full), unless something forbids it.
   KEYS[1..8]: judge.lua's; KEYS[9..12]: the record (`x:{id}`), `idem:{idempotency key}`,
   `session:{sid}`, `releasing:{sid}` (the last three untouched when there is no key, no
-  session); KEYS[13..14]: `scheduled`, `ckeys`. The keys of the execution a key was first
-  used for, and its concurrency key's queue (`cq:{key}`), are named from the prefix.
+  session); KEYS[13..15]: `scheduled`, `ckeys`, `tenant:{tenant}` (untouched when it has
+  none). The session and the key are its tenant's names (names.py `scoped`). The keys of
+  the execution a key was first used for, and its concurrency key's queue (`cq:{key}`),
+  are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, idempotency key ('' for none), its
   fingerprint, its TTL (ms), the delay (ms; 0: due now), the most executions that may be
@@ -78,6 +80,7 @@ end
 redis.call('HSET', rec, unpack(values))
 redis.call('ZADD', ALL, score, id)
 if sid ~= '' then redis.call('ZADD', session, score, id) end
+if ARGV[14 + I_TENANT] ~= '' then redis.call('ZADD', KEYS[15], score, id) end
 if skey ~= '' then
   for _, other in ipairs(interrupted) do  -- it starts once they ended
     if redis.call('HGET', P .. 'x:' .. other, 'skey') ~= skey then

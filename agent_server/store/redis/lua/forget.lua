@@ -10,6 +10,6 @@ local id = ARGV[4]
 local v = read(id, KEYS[9], KEYS[10])
 if not v then return {FORGET_UNKNOWN} end
 if ACTIVE[v[I_STATUS]] then return {FORGET_ACTIVE, v} end
-drop(id .. '|' .. v[I_SESSION_ID], KEYS[9], KEYS[10])
+drop(member(id, v[I_TENANT], v[I_SESSION_ID]), KEYS[9], KEYS[10])
 redis.call('ZREM', RUNNING, id)
 return {FORGET_FORGOTTEN, v}

@@ -1,21 +1,22 @@
 --[[ list
-  KEYS[1..8]: judge.lua's; KEYS[9]: the index (`all`, `running` or `session:{sid}`). The
-  keys of the ids found there are named from the prefix. ARGV[1..3]: the common arguments
-  (header.lua).
+  KEYS[1..8]: judge.lua's; KEYS[9]: the index (`all`, `running`, `tenant:{tenant}` or
+  `session:{scoped sid}`). The keys of the ids found there are named from the prefix.
+  ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: ids to scan at most, limit, statuses (comma list,
   '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
   results out (a session's release reads statuses, not results), and a cursor: the score
-  and id of the last record looked at before ('' '' from the newest). Returns the records
-  that match (value 16 is 1) or that this call moved to lost (0 when they do not match),
-  newest first, each with its own cursor (value 17), then the cursor past the last id
-  looked at ('' when the index holds nothing older). Ids whose record expired are dropped
-  from the index as they are met.
+  and id of the last record looked at before ('' '' from the newest), and the owner
+  (identity) the records must have ('' any). Returns the records that match (I_MATCHED
+  is 1) or that this call moved to lost (0 when they do not match), newest first, each with
+  its own cursor (I_CURSOR), then the cursor past the last id looked at ('' when the index
+  holds nothing older). Ids whose record expired are dropped from the index as they are
+  met.
 ]]
 --! include judge.lua
 local index = KEYS[9]
 local scan, limit, reasoner = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
 local budget, bare = tonumber(ARGV[8]), ARGV[9] == '1'
-local since, since_id = ARGV[10], ARGV[11]
+local since, since_id, owner = ARGV[10], ARGV[11], ARGV[12] or ''
 local wanted, any = {}, ARGV[6] == ''
 for s in string.gmatch(ARGV[6], '[^,]+') do wanted[s] = true end
 local ids
@@ -36,7 +37,8 @@ for i = 1, #ids, 2 do
       redis.call('ZREM', index, id)
     else
       if bare then v[I_RESULT] = 'null' end
-      if (any or wanted[v[I_STATUS]]) and (reasoner == '' or v[I_REASONER] == reasoner) then
+      if (any or wanted[v[I_STATUS]]) and (reasoner == '' or v[I_REASONER] == reasoner)
+        and (owner == '' or v[I_OWNER] == owner) then
         matched = matched + 1
         v[I_MATCHED] = 1
         v[I_CURSOR] = last

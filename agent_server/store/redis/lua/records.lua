@@ -2,7 +2,8 @@
   KEYS[1..6] (of every script that includes this file): the key prefix `{agent-server:
   <agent>}:`, `all`, `running`, `finished`, `sizes`, `queue`. The prefix names the keys of
   ids learned here (walking `finished`, a record's session or owner) and the `ends` channel.
-  Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, drop(member, rec, ev), prune(),
+  Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, scoped(tenant, name), member(id,
+  tenant, sid), drop(entry, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
   finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason, found). finish()
   deletes the requests for input the record kept (their answers among them), and
@@ -18,16 +19,35 @@
 local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 
--- Delete a finished record and its index entries; member is "{id}|{session id}". rec and
--- ev, its hash and stream, are named from the prefix when not given.
-local function drop(member, rec, ev)
-  local bar = string.find(member, '|', 1, true)
-  local id = string.sub(member, 1, bar - 1)
-  local sid = string.sub(member, bar + 1)
+-- A name a client chose (a session id), as its tenant's: names.py `scoped`, the same
+-- characters ('' is no tenant: the name as given).
+local SEP = '\31'
+local function scoped(tenant, name)
+  if not tenant or tenant == '' then return name end
+  return tenant .. SEP .. name
+end
+
+-- Its entry in `finished`: "{id}|{session id}", or "{id}|{tenant}\31{session id}" for a
+-- tenant's: the id ends at the first '|' (an id has none), the tenant at the \31 after it
+-- (no tenant or session id holds one), and what follows the '|' is the scoped session.
+local function member(id, tenant, sid)
+  if not tenant or tenant == '' then return id .. '|' .. sid end
+  return id .. '|' .. tenant .. SEP .. sid
+end
+
+-- Delete a finished record and its index entries; `entry` is its entry in `finished`.
+-- rec and ev, its hash and stream, are named from the prefix when not given.
+local function drop(entry, rec, ev)
+  local bar = string.find(entry, '|', 1, true)
+  local id = string.sub(entry, 1, bar - 1)
+  local rest = string.sub(entry, bar + 1)
+  local sep = string.find(rest, SEP, 1, true)
+  local sid = sep and string.sub(rest, sep + 1) or rest
   redis.call('DEL', rec or (P .. 'x:' .. id), ev or (P .. 'ev:' .. id))
   redis.call('ZREM', ALL, id)
-  if sid ~= '' then redis.call('ZREM', P .. 'session:' .. sid, id) end
-  redis.call('ZREM', FINISHED, member)
+  if sep then redis.call('ZREM', P .. 'tenant:' .. string.sub(rest, 1, sep - 1), id) end
+  if sid ~= '' then redis.call('ZREM', P .. 'session:' .. rest, id) end
+  redis.call('ZREM', FINISHED, entry)
   -- `sizes`: the bytes of each finished record's result and error, and their total under
   -- '#': retention by bytes (the record may have expired already: its size stays here).
   local size = redis.call('HGET', SIZES, id)
@@ -118,6 +138,7 @@ end
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
 local function finish(rec, ev, id, sid, owned)
+  local tenant = redis.call('HGET', rec, 'tenant') or ''
   drop_requests(rec)
   redis.call('ZREM', RUNNING, id)
   if owned then redis.call('SREM', owned, id) end
@@ -125,7 +146,7 @@ local function finish(rec, ev, id, sid, owned)
   -- may hold it, a gated start's or not).
   local ckey = redis.call('HGET', rec, 'ckey')
   if ckey and ckey ~= '' then release(ckey, id) end
-  if sid and sid ~= '' then release(SESSION_GATE .. sid, id) end
+  if sid and sid ~= '' then release(SESSION_GATE .. scoped(tenant, sid), id) end
   -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
   -- several are written in the same microsecond.
   if LAST == nil then
@@ -135,7 +156,7 @@ local function finish(rec, ev, id, sid, owned)
   local score = NOW_US
   if LAST >= score then score = LAST + 1 end
   LAST = score
-  redis.call('ZADD', FINISHED, score, id .. '|' .. sid)
+  redis.call('ZADD', FINISHED, score, member(id, tenant, sid or ''))
   local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
   redis.call('HSET', SIZES, id, size)
   redis.call('HINCRBY', SIZES, '#', size)

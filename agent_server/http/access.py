@@ -1,0 +1,140 @@
+"""Authorization: what the request's principal may reach, and do, route by route.
+
+The tenant rule first: a principal reaches its own tenant's executions only, unless it holds
+an admin scope (`admin`, `agent-server:admin`); another tenant's execution answers the very
+404 of an unknown id, so its existence is not revealed. Then `@agent.authorize`, an async
+function of `(principal, action, resource)`, may narrow it: False is a 403 on an execution
+the principal sees (and refuses a start, a list or a release); for `list` it may return a
+filter instead (a mapping, `{"owner": identity}`) that the store applies. It never widens
+the tenant rule. A server without authentication has no principal: every rule is off.
+docs/security.md#authorization.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.types import Scope
+
+from agent_server.http.auth import principal_of
+from agent_server.http.routing import ApiError
+from agent_server.model.execution import Execution
+from agent_server.model.principal import Principal
+
+logger = logging.getLogger("agent_server.auth")
+
+#: The actions `@agent.authorize` is asked about (docs/security.md#authorization).
+ACTIONS = frozenset({"start", "read", "list", "cancel", "answer", "delete", "release", "schedule"})
+#: What a list filter may name: the record's fields the stores filter on.
+FILTER_FIELDS = frozenset({"owner"})
+
+#: `@agent.authorize`: the principal, the action and what it acts on, in; True (allow),
+#: False (deny) or, for `list`, a filter.
+Authorize = Callable[[Principal, str, dict[str, Any]], Awaitable["bool | Mapping[str, Any]"]]
+
+UNKNOWN_EXECUTION = "unknown execution"
+
+
+class Denied(ApiError):
+    """A refused action: 403 `{"detail": ...}`."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(403, f"not allowed to {action}")
+
+
+class ListScope:
+    """Which records a list reads: the tenant's (None: every tenant's, or no tenants at all)
+    and the tenant whose names a session filter names; an owner a filter asked for."""
+
+    __slots__ = ("every_tenant", "owner", "tenant")
+
+    def __init__(self, tenant: str | None, every_tenant: bool, owner: str | None = None) -> None:
+        self.tenant = tenant
+        self.every_tenant = every_tenant
+        self.owner = owner
+
+
+class Access:
+    """The tenant rule and the user's `@agent.authorize`, applied by every route."""
+
+    def __init__(self, authorize: Authorize | None = None) -> None:
+        self.authorize = authorize
+
+    @staticmethod
+    def principal(scope: Scope) -> Principal | None:
+        return principal_of(scope)
+
+    @staticmethod
+    def sees(principal: Principal | None, execution: Execution) -> bool:
+        """Whether the principal may know the execution exists: its own tenant's, or an
+        admin's, or any on a server without authentication."""
+        if principal is None or principal.is_admin:
+            return True
+        return execution.tenant == principal.tenant
+
+    def visible(self, scope: Scope, execution: Execution | None) -> Execution:
+        """The execution when the request's principal sees it, else the 404 of an unknown
+        id (the same bytes)."""
+        if execution is None or not self.sees(principal_of(scope), execution):
+            raise ApiError(404, UNKNOWN_EXECUTION)
+        return execution
+
+    async def check(self, scope: Scope, action: str, resource: dict[str, Any]) -> None:
+        """`@agent.authorize`'s verdict on the action (403 when it denies); nothing to ask
+        without one, or without a principal."""
+        verdict = await self._verdict(scope, action, resource)
+        if verdict is False:
+            raise Denied(action)
+
+    async def allowed(self, scope: Scope, action: str, execution: Execution) -> Execution:
+        """The execution, found visible, once the action on it is allowed."""
+        self.visible(scope, execution)
+        if self.authorize is not None and principal_of(scope) is not None:
+            await self.check(scope, action, execution.to_json())  # its JSON: made only then
+        return execution
+
+    async def list_scope(self, scope: Scope, resource: dict[str, Any]) -> ListScope:
+        """What a list of the request's principal reads: its tenant's records (an admin's:
+        everyone's), narrowed by a filter `@agent.authorize` returns for `list`."""
+        principal = principal_of(scope)
+        if principal is None:
+            return ListScope(None, True)
+        verdict = await self._verdict(scope, "list", resource)
+        if verdict is False:
+            raise Denied("list")
+        owner = None
+        if isinstance(verdict, Mapping):
+            owner_value = verdict.get("owner")
+            owner = owner_value if isinstance(owner_value, str) else None
+        return ListScope(principal.tenant, principal.is_admin, owner)
+
+    async def _verdict(
+        self, scope: Scope, action: str, resource: dict[str, Any]
+    ) -> bool | Mapping[str, Any]:
+        principal = principal_of(scope)
+        if self.authorize is None or principal is None:
+            return True
+        try:
+            verdict = await self.authorize(principal, action, resource)
+        except Exception as exc:  # a bug of the user's function: refused, said without its
+            frames = traceback.extract_tb(exc.__traceback__)  # message (it may quote a claim)
+            where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+            logger.error(
+                "@agent.authorize raised %s at %s on %s; refused", type(exc).__name__, where, action
+            )
+            return False
+        if verdict is True:
+            return True
+        if action == "list" and isinstance(verdict, Mapping) and set(verdict) <= FILTER_FIELDS:
+            return verdict
+        if verdict is not False:
+            logger.error(
+                "@agent.authorize returned %s on %s, not True, False%s; refused",
+                type(verdict).__name__,
+                action,
+                " or a filter of owner" if action == "list" else "",
+            )
+        return False
