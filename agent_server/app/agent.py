@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
-from agent_server.http.access import Authorize
+from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.cors import cors_middleware
@@ -444,6 +444,7 @@ class Agent:
                 allowed_origins=settings.cors_allow_origin,
                 max_body_size=settings.max_body_size,
                 webhook_url=settings.webhook_url,
+                access=Access(self._authorize),
             )
         return self._mcp
 

@@ -85,24 +85,41 @@ class Access:
     async def check(self, scope: Scope, action: str, resource: dict[str, Any]) -> None:
         """`@agent.authorize`'s verdict on the action (403 when it denies); nothing to ask
         without one, or without a principal."""
-        verdict = await self._verdict(scope, action, resource)
+        await self.check_for(principal_of(scope), action, resource)
+
+    async def check_for(
+        self, principal: Principal | None, action: str, resource: dict[str, Any]
+    ) -> None:
+        """`check` for a caller known otherwise than by a request's scope (A2A, MCP)."""
+        verdict = await self._verdict(principal, action, resource)
         if verdict is False:
             raise Denied(action)
 
     async def allowed(self, scope: Scope, action: str, execution: Execution) -> Execution:
         """The execution, found visible, once the action on it is allowed."""
         self.visible(scope, execution)
-        if self.authorize is not None and principal_of(scope) is not None:
-            await self.check(scope, action, execution.to_json())  # its JSON: made only then
+        return await self.allowed_for(principal_of(scope), action, execution)
+
+    async def allowed_for(
+        self, principal: Principal | None, action: str, execution: Execution
+    ) -> Execution:
+        """The execution, which the caller sees, once the action on it is allowed (403)."""
+        if self.authorize is not None and principal is not None:
+            await self.check_for(principal, action, execution.to_json())  # made only then
         return execution
 
     async def list_scope(self, scope: Scope, resource: dict[str, Any]) -> ListScope:
         """What a list of the request's principal reads: its tenant's records (an admin's:
         everyone's), narrowed by a filter `@agent.authorize` returns for `list`."""
-        principal = principal_of(scope)
+        return await self.list_scope_for(principal_of(scope), resource)
+
+    async def list_scope_for(
+        self, principal: Principal | None, resource: dict[str, Any]
+    ) -> ListScope:
+        """`list_scope` for a caller known otherwise than by a request's scope."""
         if principal is None:
             return ListScope(None, True)
-        verdict = await self._verdict(scope, "list", resource)
+        verdict = await self._verdict(principal, "list", resource)
         if verdict is False:
             raise Denied("list")
         owner = None
@@ -112,9 +129,8 @@ class Access:
         return ListScope(principal.tenant, principal.is_admin, owner)
 
     async def _verdict(
-        self, scope: Scope, action: str, resource: dict[str, Any]
+        self, principal: Principal | None, action: str, resource: dict[str, Any]
     ) -> bool | Mapping[str, Any]:
-        principal = principal_of(scope)
         if self.authorize is None or principal is None:
             return True
         try:

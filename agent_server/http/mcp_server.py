@@ -44,6 +44,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http import answers
+from agent_server.http.access import Access, Denied
 from agent_server.http.auth import principal_of
 from agent_server.http.mcp_tools import (
     TASKS_EXTENSION,
@@ -115,8 +116,11 @@ class McpEndpoint:
         allowed_origins: tuple[str, ...],
         max_body_size: int,
         webhook_url: str | None = None,
+        access: Access | None = None,
     ) -> None:
         self.reasoners = reasoners
+        #: Who reaches what: the API's tenant rule and `@agent.authorize` (access.py).
+        self.access = access or Access()
         self.registry = registry
         self.store = store
         #: Set when the listener closes (shutdown): a plain call still waiting then answers.
@@ -256,10 +260,14 @@ class McpEndpoint:
         if not execution_id or not number.isdigit():
             raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
         principal = _principal(ctx)
-        del principal  # the owner check of issue 39 applies here
         execution = await self._read(execution_id)
-        if execution is None or execution.reasoner != params.name:
+        if (
+            execution is None
+            or execution.reasoner != params.name
+            or not self.access.sees(principal, execution)
+        ):
             raise MCPError(INVALID_PARAMS, "requestState names no call of this tool")
+        await self._allowed(principal, "answer", execution)
         request_id = int(number)
         pending = execution.input_request
         if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
@@ -303,8 +311,13 @@ class McpEndpoint:
     ) -> Execution:
         """Start through the registry's admission, as `POST /reasoners/{name}` does (its
         `_start`); a refusal is a JSON-RPC error. Ownership (issue 39): the execution is
-        `principal`'s."""
-        del principal  # the owner the store records, once executions have one
+        `principal`'s (its tenant's names, its `start` action)."""
+        try:
+            await self.access.check_for(
+                principal, "start", {"reasoner": reasoner.name, "session_id": None}
+            )
+        except Denied as exc:
+            raise MCPError(INVALID_REQUEST, exc.detail) from None
         try:
             execution, _ = await self.registry.start_once(
                 reasoner,
@@ -314,6 +327,7 @@ class McpEndpoint:
                 webhook_url=self.webhook_url,
                 may_queue=may_queue,
                 concurrency_key=concurrency,
+                principal=principal,
             )
         except SessionTaken:  # pragma: no cover - no session here
             raise MCPError(INTERNAL_ERROR, "session taken") from None
@@ -389,7 +403,7 @@ class McpEndpoint:
     async def _find(self, ctx: ServerRequestContext[Any], task_id: str) -> Execution:
         """The task's execution, read from the store as `GET /executions/{id}` does; unknown
         is invalid params (the extension's rule). The caller must have declared the tasks
-        extension. Ownership (issue 39): `principal` must own it, else it is unknown too."""
+        extension. Another tenant's is unknown too; `read` must be allowed on it."""
         if not _declares_tasks(ctx):
             raise MCPError(
                 MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -397,11 +411,20 @@ class McpEndpoint:
                 {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
             )
         principal = _principal(ctx)
-        del principal  # the owner check of issue 39 applies here
         execution = await self._read(task_id)
-        if execution is None:
+        if execution is None or not self.access.sees(principal, execution):
             raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
-        return execution
+        return await self._allowed(principal, "read", execution)
+
+    async def _allowed(
+        self, principal: Principal | None, action: str, execution: Execution
+    ) -> Execution:
+        """The execution once `@agent.authorize` allows the action; a denial is an invalid
+        request naming it (the API's 403)."""
+        try:
+            return await self.access.allowed_for(principal, action, execution)
+        except Denied as exc:
+            raise MCPError(INVALID_REQUEST, exc.detail) from None
 
     async def _get_task(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
         return task(await self._find(ctx, params.task_id), self.result_ttl)
@@ -411,6 +434,7 @@ class McpEndpoint:
     ) -> dict[str, Any]:
         """As `POST /executions/{id}/cancel`: a cancel request (`request`) to wherever it is."""
         execution = await self._find(ctx, params.task_id)
+        await self._allowed(_principal(ctx), "cancel", execution)
         if not execution.is_terminal:
             try:
                 await self.store.request_cancel(execution, CancelReason.REQUEST, None)
@@ -425,6 +449,7 @@ class McpEndpoint:
         checked against its schema and taken once; a declined or cancelled elicitation
         cancels the task. Keys not outstanding are ignored, as the extension says."""
         execution = await self._find(ctx, params.task_id)
+        await self._allowed(_principal(ctx), "answer", execution)
         pending = execution.input_request
         if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
             return {}
@@ -471,8 +496,8 @@ class McpEndpoint:
             )
         ids = _task_ids(wanted)
         principal = _principal(ctx)
-        del principal  # the owner check of issue 39 applies to each task here
-        found = [e for e in [await self._read(i) for i in ids] if e is not None]
+        read = [await self._read(i) for i in ids]
+        found = [e for e in read if e is not None and await self._reads(principal, e)]
         meta = {SUBSCRIPTION_ID: ctx.request_id}
         honored = {"taskIds": [e.execution_id for e in found]}
         await _notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
@@ -489,6 +514,16 @@ class McpEndpoint:
         finally:
             self.closing.waiters.discard(closed)
         return {"_meta": meta, "resultType": "complete"}
+
+    async def _reads(self, principal: Principal | None, execution: Execution) -> bool:
+        """Whether the caller may follow the task: its tenant's, `read` allowed."""
+        if not self.access.sees(principal, execution):
+            return False
+        try:
+            await self.access.allowed_for(principal, "read", execution)
+        except Denied:
+            return False
+        return True
 
     async def _watch(
         self, ctx: ServerRequestContext[Any], execution: Execution, meta: dict[str, Any]

@@ -3,10 +3,10 @@ the HTTP routes make (a start through the admission path of `http/runs.py`, read
 as `http/executions.py`, cancels as it, answers as `http/inputs.py`).
 
 Every method takes the principal, so the ownership rules of DESIGN.md section 19 apply here
-in one place: a start records the principal's tenant, a read or a wait of another tenant's
-execution is "not found", a list is filtered in the store, a cancel or an answer is checked
-for its action. Until those checks land in the store and registry calls below, the
-principal is carried but not used.
+in one place, through the API's own `Access`: a start is the principal's (its tenant's
+names, its `start` action), another tenant's execution is "not found" as an unknown one, a
+list is filtered in the store, a read, a cancel or an answer is checked for its action (a
+denial is the API's 403).
 """
 
 from __future__ import annotations
@@ -94,13 +94,16 @@ class A2AExecutions:
         """Start the reasoner as `POST /reasoners/{name}` does (admission, draining, the
         session policy and concurrency key of the request's headers), the message id its
         idempotency key: a message sent again (a retry) gets the task the first one started.
-        Principal check (issue 39): the `start` action; the execution (and the key) is the
-        principal's tenant's."""
+        The execution, its session and its key are the principal's tenant's."""
         try:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
             detail = validation_detail(exc)
             raise Bad(f"invalid input for skill {reasoner.name!r}: {detail}") from None
+        access = self.api.access
+        await access.check_for(
+            principal, "start", {"reasoner": reasoner.name, "session_id": session_id}
+        )
         headers = first_values(scope["headers"])
         runs = self.api.runs
         announced: list[Execution] = []
@@ -127,6 +130,7 @@ class A2AExecutions:
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=reasoner.session_policy,
                 announce=announced.append,
+                principal=principal,
             )
             execution, _ = await runs._started_before_close(start, announced, scope)
         except IdempotencyMismatch:
@@ -148,9 +152,12 @@ class A2AExecutions:
         return execution
 
     async def find(self, principal: Principal | None, execution_id: str) -> Execution | None:
-        """The execution, or None when unknown. Principal check (issue 39): `read`; another
-        tenant's execution is None, as an unknown one."""
-        return await self.store.get(execution_id)
+        """The execution, or None when unknown or another tenant's; 403 when `read` is
+        denied on it."""
+        execution = await self.store.get(execution_id)
+        if execution is None or not self.api.access.sees(principal, execution):
+            return None
+        return await self.api.access.allowed_for(principal, "read", execution)
 
     async def page(
         self,
@@ -161,15 +168,26 @@ class A2AExecutions:
         limit: int,
         after: ListCursor | None,
     ) -> Page:
-        """A page of executions, newest first. Principal check (issue 39): `list`, filtered
-        in the store by the principal's tenant (a page full, a cursor within it)."""
+        """A page of executions, newest first, filtered in the store by the principal's
+        tenant (a page full, a cursor within it) and `list`'s verdict."""
+        reach = await self.api.access.list_scope_for(
+            principal, {"reasoner": None, "session_id": session_id, "statuses": sorted(statuses)}
+        )
         return await self.store.page(
-            statuses=statuses, session_id=session_id, limit=limit, after=after, max_bytes=0
+            statuses=statuses,
+            session_id=session_id,
+            limit=limit,
+            after=after,
+            max_bytes=0,
+            tenant=reach.tenant,
+            every_tenant=reach.every_tenant,
+            owner=reach.owner,
         )
 
     async def cancel(self, principal: Principal | None, execution: Execution) -> Execution:
         """Cancel it as `POST /executions/{id}/cancel` does (`request`), wherever it runs,
-        and wait a little for its end. Principal check (issue 39): `cancel`."""
+        and wait a little for its end, once `cancel` is allowed (found by `find`)."""
+        await self.api.access.allowed_for(principal, "cancel", execution)
         nobody = execution.owned_by_nobody
         await self.store.request_cancel(execution, CancelReason.REQUEST, None)
         latest = await self.store.get(execution.execution_id) if nobody else execution
@@ -187,7 +205,8 @@ class A2AExecutions:
         self, principal: Principal | None, execution: Execution, value: Any
     ) -> Execution:
         """Answer its pending request as `POST /executions/{id}/input` does: checked against
-        the request's schema, taken once. Principal check (issue 39): `answer`."""
+        the request's schema, taken once, once `answer` is allowed (found by `find`)."""
+        await self.api.access.allowed_for(principal, "answer", execution)
         pending = execution.input_request
         if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
             raise Bad(f"the task is {execution.status.value}: it waits for no input")
@@ -206,7 +225,7 @@ class A2AExecutions:
     ) -> Execution:
         """The execution once terminal, waiting for input or handed off, as a synchronous
         run waits for it; as it is when the listener closes (shutdown) or the client goes
-        away first. Principal check (issue 39): `read`."""
+        away first (the execution was read through `find`)."""
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
         if execution.reached(asked=True) and not _retried(execution):
             return await self._recorded(execution)
@@ -249,7 +268,7 @@ class A2AExecutions:
         """The execution each time its status (or pending request, or attempt) changes from
         `seen` (the `mark` of what the client was last sent), until it ends (or waits for
         input, with `stop_at_input`), is forgotten, or the listener closes (a shutdown: the
-        client subscribes again elsewhere). Principal check (issue 39): `read`."""
+        client subscribes again elsewhere). The execution was read through `find`."""
         closing = self.api.streams.closing
         poll = FOLLOW_POLL[0]
         while not closing.is_set():
