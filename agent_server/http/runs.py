@@ -59,6 +59,25 @@ class _ListenerClosed(Exception):
     """A sync run's wait met the listener's close while its work runs nowhere here."""
 
 
+class _CutAtClose:
+    """The callback of the listener's close that cancels a request's task while it waits
+    for its start to be written to a shared store, once, and only while `armed`."""
+
+    __slots__ = ("armed", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.armed = True
+        #: It cancelled the task: the request's wait ended at the close.
+        self.fired = False
+
+    def __call__(self, _: object) -> None:
+        if self.armed:
+            self.armed = False
+            self.fired = True
+            self.task.cancel()
+
+
 SESSION_HEADER = b"x-session-id"
 IDEMPOTENCY_HEADER = b"idempotency-key"
 WEBHOOK_HEADER = b"x-webhook-url"
@@ -267,9 +286,11 @@ class Runs:
                 announce=announced.append,
                 principal=self.access.principal(request.scope),
             )
-            return await self._started_before_close(
-                self._shown(start, shown), announced, request.scope
-            )
+            if shown is not None:
+                start = self._shown(start, shown)
+            if not self.store.shared:  # a store in this process writes at once
+                return await start
+            return await self._started_before_close(start, announced, request.scope)
         except SessionTaken as exc:
             raise ApiError(
                 409,
@@ -308,25 +329,36 @@ class Runs:
         """The start, unless the listener closes (the shutdown's point for answering) while
         its record is still being written to a shared store (a paused Redis): then the
         caller is sent to read it (503 + Location), not cut off by uvicorn's plain 500; the
-        record says later what became of it (404: never written). A store in this process
-        writes at once: no task."""
-        if not self.store.shared:
-            return await start
-        task = asyncio.ensure_future(start)
+        record says later what became of it (404: never written). The start runs in this
+        request's own task, which the close cancels (`_CutAtClose`): no task of its own to
+        race against the close."""
         closing = self.streams.closing
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if closing.is_set():  # never begun: nothing was announced, nothing is in doubt
+            start.close()
+            raise ApiError(
+                503,
+                "server is shutting down",
+                {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"},
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        cut = _CutAtClose(task)
+        closed: asyncio.Future[None] = task.get_loop().create_future()
+        closed.add_done_callback(cut)
         closing.waiters.add(closed)
-        if closing.is_set():
-            closed.set_result(None)
         try:
-            await asyncio.wait((task, closed), return_when=asyncio.FIRST_COMPLETED)
+            return await start
+        except asyncio.CancelledError:
+            if not cut.fired:  # the server's or the client's, not the close's
+                raise
+            cut.fired = False  # the close's cancellation, taken back here
+            if task.uncancel() > 0:  # and someone else's too
+                raise
         finally:
+            cut.armed = False
             closing.waiters.discard(closed)
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if not task.cancelled():
-            return task.result()
+            if cut.fired:  # the close came, but the start ended on its own: taken back
+                task.uncancel()
         retry = {"Retry-After": RETRY_AFTER_SECONDS, "Connection": "close"}
         if not announced:  # pragma: no cover - announced before the first await
             raise ApiError(503, "server is shutting down", retry)

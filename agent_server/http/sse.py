@@ -56,16 +56,8 @@ async def recorded_before_close(
         return future is None or await store.recorded(execution, 0.0)
     if closing.is_set():
         return False
-    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    closing.waiters.add(closed)
-    check = asyncio.ensure_future(store.recorded(execution, RECORD_WAIT))
-    try:
-        await asyncio.wait((check, closed), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        closing.waiters.discard(closed)
-        check.cancel()
-        await asyncio.gather(check, return_exceptions=True)
-    return check.done() and not check.cancelled() and check.result()
+    # The store's wait ends at the close too: no task of its own to race against it.
+    return await store.recorded(execution, RECORD_WAIT, closing)
 
 
 def comment(text: str) -> bytes:

@@ -4,8 +4,9 @@ What every route returns for an execution, what a shared store keeps of it, and 
 client reads back are made from this one list: `Execution`'s slots, `__init__`, `restore`
 and `to_json` (generated from it, as `dataclasses` generates `__init__`), the OpenAPI schema
 (`schema()`), the Redis hash, its encoding and the positions its scripts return
-(`store/redis/codec.py`, `scripts.py`, `codes.lua`), what the end script writes and clears
-(`record.lua`), and the client's model (`agent_server.client`, checked against it). A new
+(`store/redis/codec.py`, `scripts.py`, `codes.lua`), what the end script reads, writes and
+clears (`ending.lua`) and what goes with the requests for input (`record.lua`), and the
+client's model (`agent_server.client`, checked against it). A new
 field is one row here. It imports only the state machine, so the client can read it.
 """
 

@@ -220,7 +220,7 @@ _CLEARS = {(row.transition, t): _cleared_by(row, t) for row in TABLE for t in ro
 
 def clears(transition: Transition, target: ExecutionStatus) -> tuple[str, ...]:
     """The record's fields `transition` to `target` (one of its row's targets) clears: its
-    row's, and QUEUED_CLEARS for every move to `queued` (Lua's `MOVES[transition].to[target]`,
+    row's, and QUEUED_CLEARS for every move to `queued` (Lua's `MOVES`, the rows as code in
     codes.lua)."""
     return _CLEARS[transition, target]
 

@@ -203,6 +203,11 @@ def _never(_: BaseException) -> bool:
     return False
 
 
+#: The verdict of every attempt whose reasoner returned (and was not ended otherwise
+#: meanwhile): one object, as a verdict is immutable, not one made per run.
+_SUCCEEDED = Verdict(Ending.SUCCEEDED, ExecutionStatus.SUCCEEDED)
+
+
 def classify(
     happened: Happened,
     attempt: Attempt,
@@ -223,7 +228,7 @@ def classify(
     if happened is Happened.REFUSED:
         return Verdict(Ending.REFUSED, ExecutionStatus.FAILED, raised)
     if happened is Happened.RETURNED:
-        return _late_or(execution, Verdict(Ending.SUCCEEDED, ExecutionStatus.SUCCEEDED))
+        return _late_or(execution, _SUCCEEDED)
     if isinstance(raised, Parked):
         return Verdict(Ending.PARKED)
     never_ran = happened is Happened.NEVER_RAN

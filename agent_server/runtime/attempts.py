@@ -272,9 +272,12 @@ class Attempts:
         result: Any = None,
         say: bool = True,
     ) -> None:
-        """Carry out `verdict`: one branch per ending."""
+        """Carry out `verdict`: one branch per ending (the most common first: a match
+        tries its cases in order)."""
         ending, exc = verdict.ending, verdict.error
         match ending:
+            case Ending.SUCCEEDED:
+                self._finish(execution, ending, result=result)
             case Ending.RETRIED:
                 assert attempt is not None and exc is not None
                 policy = attempt.reasoner.retry
@@ -344,8 +347,6 @@ class Attempts:
                 self._finish(execution, ending, reason=verdict.reason)
                 if say:
                     self._log_abandoned(execution, attempt is not None and attempt.in_thread)
-            case Ending.SUCCEEDED:
-                self._finish(execution, ending, result=result)
             case Ending.CANCELLED | Ending.CANCELLED_AT_SHUTDOWN | Ending.LOST:
                 self._finish(execution, ending, error=self._error(verdict), reason=verdict.reason)
             case _:  # a new Ending row without its case here stops type checking

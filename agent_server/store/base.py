@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from agent_server.model.asks import MAX_ANSWER_BYTES, Found, Question, Reply
 from agent_server.model.events import Event
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.waiting import Closing
 
 # Re-exported: the stores and the routes import them with the rest of the interface.
 from agent_server.store.cursor import BadCursor as BadCursor
@@ -363,10 +364,14 @@ class ExecutionStore(abc.ABC):
         """Record the terminal state of an execution this replica owns, now or as soon as
         the store can be reached; waiters on every replica are woken once it is written."""
 
-    async def recorded(self, execution: Execution, timeout: float) -> bool:
+    async def recorded(
+        self, execution: Execution, timeout: float, closing: Closing | None = None
+    ) -> bool:
         """Whether the end of an execution this replica ran is recorded where every replica
-        reads it, waiting at most `timeout` seconds: a client is told a terminal status only
-        then (section 12, invariant 1). At once for a store in this process."""
+        reads it, waiting at most `timeout` seconds, and no longer than until `closing` is
+        set (the listener's close: False if the end is still owed then): a client is told a
+        terminal status only then (section 12, invariant 1). At once for a store in this
+        process."""
         return True
 
     @abc.abstractmethod

@@ -4,9 +4,12 @@ END_CLEARS, and the requests for input go with the end, on a real redis-server."
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
+import redis
 
 from agent_server.model import record
 from agent_server.model.asks import Found, Question
@@ -64,4 +67,43 @@ async def test_an_end_writes_and_clears_the_declared_fields_and_drops_the_reques
         read = await store.get(execution.execution_id)
         assert read is not None and read.to_json() == execution.to_json()
     finally:
+        await closed(store)
+
+
+async def test_an_end_notice_carries_the_record_as_redis_then_holds_it(redis_url: str) -> None:
+    """The `end` script builds the row its notice carries from what it wrote, what it cleared
+    and what it read (ending.lua's END_ROW): each field as the hash holds it after the end,
+    for every terminal status and a record with a session and an attempt past the first."""
+    store = open_redis(redis_url, "A", Recorder())
+    await store.open()
+    listener = redis.Redis.from_url(redis_url)
+    pubsub = listener.pubsub()
+    try:
+        await asyncio.to_thread(pubsub.subscribe, store.keys.ends)
+        assert (await asyncio.to_thread(pubsub.get_message, timeout=BOUND))["type"] == "subscribe"
+        ends = {
+            ExecutionStatus.SUCCEEDED: {"result": {"n": [1, "é"]}},
+            ExecutionStatus.FAILED: {"error": {"type": "E", "message": "m"}},
+            ExecutionStatus.CANCELLED: {},
+            ExecutionStatus.LOST: {"error": {"type": "ExecutionLost", "message": "gone"}},
+        }
+        for status, fields in ends.items():
+            execution = Execution("echo", f"s-{status.value}", "A", attempt=3)
+            await store.create(execution)
+            execution.finish(status, **fields)
+            store.end(execution)
+            assert await store.recorded(execution, BOUND)
+            message = await asyncio.to_thread(pubsub.get_message, timeout=BOUND)
+            assert message is not None and message["type"] == "message"
+            writer, _, body = message["data"].decode().partition(" ")
+            assert writer == "@A"
+            (row,) = json.loads(body)
+            held = await store._link.redis.hmget(
+                store.keys.record(execution.execution_id), [f.name for f in record.FIELDS]
+            )
+            assert row == [_text(v) for v in held], status
+            assert row[record.FIELDS.index(record.BY_NAME["status"])] == status.value
+    finally:
+        pubsub.close()
+        listener.close()
         await closed(store)

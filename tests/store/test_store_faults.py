@@ -18,6 +18,7 @@ import pytest
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.waiting import Closing
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 from tests.support.faults import CutProxy
@@ -519,3 +520,30 @@ async def test_big_ends_leave_the_outbox_in_bounded_batches(
         assert await a.recorded(execution, BOUND)
     assert max(batches) <= 2, batches
     assert a.up and not a._outbox.failed
+
+
+async def test_the_listener_s_close_ends_a_wait_for_an_end_still_owed(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """`recorded` with the close as its way out: an end owed to a paused Redis is not told
+    once the listener closes (False at the close, long before the timeout, and at once when
+    it closed already), and the wait leaves nothing with the close; once written, it is."""
+    a = await stores("A")
+    execution = Execution("sleep", None, "A")
+    await a.create(execution)
+    pause(own_redis)
+    try:
+        execution.finish(ExecutionStatus.SUCCEEDED, result={"n": 1})
+        a.end(execution)
+        closing = Closing()
+        waiting = asyncio.ensure_future(a.recorded(execution, 60.0, closing))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and len(closing.waiters) == 1
+        began = time.monotonic()
+        closing.set()
+        assert await asyncio.wait_for(waiting, 5) is False
+        assert time.monotonic() - began < 1.0 and not closing.waiters
+        assert await asyncio.wait_for(a.recorded(execution, 60.0, closing), 1) is False
+    finally:
+        resume(own_redis)
+    assert await a.recorded(execution, BOUND, Closing())

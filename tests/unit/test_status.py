@@ -230,3 +230,16 @@ def test_status_names_are_literals_only_in_the_table() -> None:
                     found.append(f"{module}:{node.lineno}: {node.value!r}")
     assert found == [], "use agent_server.model.status instead"
     assert used == set(NOT_STATUSES), "an exception above is no longer needed"
+
+
+def test_only_moves_lua_calls_the_generated_moves() -> None:
+    """codes.lua's MOVES writes a status with no check of its own caller: move() (and
+    created()'s CREATES) in moves.lua are its only callers, so every script's move goes
+    through moves.lua's error for a move the table lacks."""
+    lua = ROOT / "agent_server" / "store" / "redis" / "lua"
+    assert "MOVES(" in (lua / "moves.lua").read_text()
+    for script in lua.glob("*.lua"):
+        if script.name != "moves.lua":
+            assert "MOVES(" not in script.read_text(), script.name
+    codes = scripts.load("codes")
+    assert codes.count("redis.call(") == codes.count("redis.call('HSET', rec, 'status', target,")

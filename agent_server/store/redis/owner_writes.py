@@ -7,7 +7,7 @@ import asyncio
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution
-from agent_server.model.waiting import Wakeup
+from agent_server.model.waiting import Closing, Wakeup
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
 
@@ -46,21 +46,28 @@ class OwnerWrites(StorePart):
             wake = self.on_webhook
             execution.recorded.add_done_callback(lambda _: wake())
 
-    async def recorded(self, execution: Execution, timeout: float) -> bool:
-        """Whether the end is in Redis within `timeout` seconds: False when it was refused
-        (fenced), could not be kept, or is still owed."""
+    async def recorded(
+        self, execution: Execution, timeout: float, closing: Closing | None = None
+    ) -> bool:
+        """Whether the end is in Redis within `timeout` seconds (and before `closing` is
+        set): False when it was refused (fenced), could not be kept, or is still owed."""
         future = execution.recorded
         if future is None:
             return False
-        if not future.done():  # one future and one timer, not asyncio.wait's set and task
+        if not future.done() and not (closing is not None and closing.is_set()):
+            # One future woken by the end, the timer or the close: no task, no asyncio.wait.
             waiter = Wakeup(loop=asyncio.get_running_loop())
             timer = waiter.get_loop().call_later(timeout, waiter, None)
             future.add_done_callback(waiter)
+            if closing is not None:
+                closing.waiters.add(waiter)
             try:
                 await waiter
             finally:
                 timer.cancel()
                 future.remove_done_callback(waiter)
+                if closing is not None:
+                    closing.waiters.discard(waiter)
         return future.done() and future.result()
 
     def hand_off(self, execution: Execution) -> None:

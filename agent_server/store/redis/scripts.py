@@ -136,24 +136,50 @@ _CLEARED_JSON = frozenset({"input_request"})
 
 def _moves() -> list[str]:
     """codes.lua's part of the state machine, for lua/moves.lua: each transition's name
-    (`MOVE_HAND_OFF`); `MOVES[transition]`, its sources (`from[status]`) and, per target,
-    the hash fields it clears with their cleared values (`to[status]`), every row of
-    status.py's table; `END_OF[status]`, the transition an end to it is; and the status a
-    parked record shows (`PARKED_STATUS`)."""
+    (`MOVE_HAND_OFF`); `MOVES(rec, transition, found, target, ...)`, every row of status.py's
+    table as code: when the row moves `found` to `target`, one HSET of the status, the hash
+    fields the move clears with their cleared values, then the caller's pairs (...), and
+    true; false, writing nothing, for a move the table lacks; `CREATES(transition, status)`,
+    when `transition` is a creation (no source) that makes `status`, the fields it clears
+    (the record is written whole: its values come cleared), else nil; `END_OF[status]`,
+    the transition an end to it is; and the status a parked record shows (`PARKED_STATUS`).
+    Code rather than a table: a table of every row, built on each call of every script, was
+    most of what a script's opening cost Redis, and the HSET takes the caller's pairs with
+    no table built (bench/RESULTS.md, "B38b")."""
     lines = [f"local MOVE_{row.transition.name} = '{row.transition.value}'" for row in TABLE]
-    lines.append("local MOVES = {")
+    lines.append("local function MOVES(rec, transition, found, target, ...)")
     for row in TABLE:
-        sources = ", ".join(f"{status.value} = true" for status in sorted(row.sources))
-        targets = []
+        if not row.sources:
+            continue  # a creation is no move (CREATES)
+        sources = " or ".join(f"found == '{status.value}'" for status in sorted(row.sources))
+        lines.append(f"  if transition == '{row.transition.value}' then")
+        lines.append(f"    if not ({sources}) then return false end")
         for target in sorted(row.targets):
+            pairs = "".join(
+                f"'{name}', '{'null' if name in _CLEARED_JSON else ''}', "
+                for name in clears(row.transition, target)
+            )
+            lines.append(
+                f"    if target == '{target.value}' then"
+                f" redis.call('HSET', rec, 'status', target, {pairs}...) return true end"
+            )
+        lines.append("    return false")
+        lines.append("  end")
+    lines.append("  return false")
+    lines.append("end")
+    lines.append("local function CREATES(transition, status)")
+    for row in TABLE:
+        for target in sorted(row.targets) if not row.sources else ():
             pairs = ", ".join(
                 f"'{name}', '{'null' if name in _CLEARED_JSON else ''}'"
                 for name in clears(row.transition, target)
             )
-            targets.append(f"{target.value} = {{{pairs}}}")
-        to = ", ".join(targets)
-        lines.append(f"  ['{row.transition.value}'] = {{from = {{{sources}}}, to = {{{to}}}}},")
-    lines.append("}")
+            lines.append(
+                f"  if transition == '{row.transition.value}' and status == '{target.value}'"
+                f" then return {{{pairs}}} end"
+            )
+    lines.append("  return nil")
+    lines.append("end")
     ends = ", ".join(f"{status.value} = '{move.value}'" for status, move in END_OF.items())
     lines.append(f"local END_OF = {{{ends}}}")
     lines.append(f"local PARKED_STATUS = '{ExecutionStatus.INPUT_REQUIRED.value}'  -- {PARKED}")
@@ -185,26 +211,72 @@ def _codes() -> str:
 
 
 def _record() -> str:
-    """record.lua: what agent_server/model/record.py declares that scripts apply by name: the
-    fields an end writes from its arguments, in their order (`END_WRITES`), those it clears
-    with their empty values (`END_CLEARS`, name then value), and what a record drops with
-    its requests for input (`PER_REQUEST` name prefixes, `REQUESTS_KEPT`)."""
-
-    def names(fields: tuple[record.Field, ...]) -> str:
-        return "{" + ", ".join(f"'{f.hash_name}'" for f in fields) + "}"
-
-    clears = ", ".join(f"'{f.name}', '{f.empty}'" for f in record.END_CLEARS)
+    """record.lua: what agent_server/model/record.py declares that records.lua applies by
+    name: what a record drops with its requests for input (`PER_REQUEST` name prefixes,
+    `REQUESTS_KEPT`)."""
     return (
         "-- Made from agent_server/model/record.py by agent_server/store/redis/scripts.py.\n"
-        f"local END_WRITES = {names(record.END_WRITES)}\n"
+        f"local PER_REQUEST = {_names(record.PER_REQUEST)}\n"
+        f"local REQUESTS_KEPT = {_names(record.REQUESTS_KEPT)}\n"
+    )
+
+
+def _names(fields: tuple[record.Field, ...]) -> str:
+    return "{" + ", ".join(f"'{f.hash_name}'" for f in fields) + "}"
+
+
+#: What end.lua reads of a record before its end, first: the two it compares with a retried
+#: end's, and the owner, attempt and session (end.lua reads them by these positions).
+_END_CHECKS = ("status", "finished_at", "replica", "attempt", "session_id")
+
+
+def _ending() -> str:
+    """ending.lua, for end.lua alone: from agent_server/model/record.py, the fields an end
+    writes from its arguments, in their order (`END_WRITES`; `status` first), those it
+    clears with their empty values (`END_CLEARS`, name then value) and those it reads
+    (`END_READS`: _END_CHECKS, then the rest of the row it keeps as it is, which its notice
+    carries); `END_MOVE(rec, found, at)`, the end's move with what it writes and clears
+    (`at`: the index in ARGV of its first written value), and `END_ROW(at, v)`, the record
+    as the end leaves it (F's order; `v`, what END_READS read). Code rather than loops over
+    the tables: no table is built for the move's arguments (bench/RESULTS.md, "B38b")."""
+    if record.END_WRITES[0].name != "status":
+        raise RuntimeError("end.lua reads an end's status first: declare `status` first")
+    written = [f.name for f in record.END_WRITES]
+    cleared = {f.name: f.empty for f in record.END_CLEARS}
+    kept = (f.name for f in record.FIELDS if f.at_end is record.AtEnd.KEPT)
+    reads = _END_CHECKS + tuple(name for name in kept if name not in _END_CHECKS)
+
+    def arg(name: str) -> str:
+        n = written.index(name)
+        return f"ARGV[at + {n}]" if n else "ARGV[at]"
+
+    pairs = [f"'{name}', {arg(name)}" for name in written[1:]]
+    pairs += [f"'{name}', '{empty}'" for name, empty in cleared.items()]
+    row = []
+    for f in record.FIELDS:
+        if f.name in cleared:
+            row.append(f"'{cleared[f.name]}'")
+        else:
+            row.append(arg(f.name) if f.name in written else f"v[{reads.index(f.name) + 1}]")
+    clears = ", ".join(f"'{name}', '{empty}'" for name, empty in cleared.items())
+    return (
+        "-- Made from agent_server/model/record.py by agent_server/store/redis/scripts.py.\n"
+        "--! include moves.lua\n"
+        f"local END_WRITES = {_names(record.END_WRITES)}\n"
         f"local END_CLEARS = {{{clears}}}\n"
-        f"local PER_REQUEST = {names(record.PER_REQUEST)}\n"
-        f"local REQUESTS_KEPT = {names(record.REQUESTS_KEPT)}\n"
+        "local END_READS = {" + ", ".join(f"'{name}'" for name in reads) + "}\n"
+        "local function END_MOVE(rec, found, at)\n"
+        "  move(rec, END_OF[ARGV[at]], found, ARGV[at],\n"
+        f"    {', '.join(pairs)})\n"
+        "end\n"
+        "local function END_ROW(at, v)\n"
+        f"  return {{{', '.join(row)}}}\n"
+        "end\n"
     )
 
 
 #: The files made here rather than read from `lua/`.
-_MADE = {"codes.lua": _codes, "record.lua": _record}
+_MADE = {"codes.lua": _codes, "record.lua": _record, "ending.lua": _ending}
 
 
 def _read(name: str) -> str:

@@ -1,5 +1,6 @@
 --[[ moves: every write of a record's `status`, checked against the state machine
-  (agent_server/model/status.py's table, generated into codes.lua as MOVES and END_OF).
+  (agent_server/model/status.py's table, generated into codes.lua as MOVES, CREATES and
+  END_OF).
   KEYS, ARGV: none of its own (the callers pass the record's key).
   Defines: move(rec, transition, found, target, ...), to_queued(rec, id, transition, found,
   queue, head, channel, ...), created(transition, status), parked(status, owner),
@@ -10,19 +11,13 @@
 --! include header.lua
 
 -- `transition` from `found` (the status the caller read) to `target`: the status, the fields
--- the move clears (MOVES[transition].to[target]) and the caller's own field/value pairs
--- (...), in one HSET.
+-- the move clears and the caller's own field/value pairs (...), in one HSET (codes.lua's
+-- MOVES, the table's rows as code; it writes nothing for a move the table lacks).
 local function move(rec, transition, found, target, ...)
-  local row = MOVES[transition]
-  local cleared = row and row.to[target]
-  if not (cleared and row.from[found or '']) then
+  if not MOVES(rec, transition, found, target, ...) then
     error({err = 'not a move: ' .. tostring(transition) .. ' from ' .. tostring(found) ..
       ' to ' .. tostring(target)})
   end
-  local args = {'status', target}
-  for _, value in ipairs(cleared) do args[#args + 1] = value end
-  for i = 1, select('#', ...) do args[#args + 1] = select(i, ...) end
-  redis.call('HSET', rec, unpack(args))
 end
 
 -- The one move to queued (hand-off, retry, requeue, an answer or an expiry of a parked
@@ -39,8 +34,7 @@ end
 -- A new record (create.lua, enqueue.lua write every field at once): `status` must be what
 -- `transition`, a creation (no source), makes.
 local function created(transition, status)
-  local row = MOVES[transition]
-  if not (row and next(row.from) == nil and row.to[status]) then
+  if not CREATES(transition, status) then
     error({err = 'not a creation: ' .. tostring(transition) .. ' to ' .. tostring(status)})
   end
 end
