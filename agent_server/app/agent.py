@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
+from agent_server.app.protocols import a2a_routes, mcp_endpoint
 from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
@@ -56,11 +57,6 @@ Z = TypeVar("Z", bound=Authorize)
 #: What uvicorn's cancellation of a request says when its shutdown stops waiting for open
 #: requests (`Server.shutdown`, read in uvicorn 0.54): only that one ends in `cut_off`.
 UVICORN_GAVE_UP = "timeout graceful shutdown exceeded"
-
-
-class AgentSetupError(ValueError):
-    """The agent cannot be served as configured (a protocol's extra missing, a default
-    reasoner that is none): said in one line at start."""
 
 
 class Agent:
@@ -355,7 +351,14 @@ class Agent:
                 )
                 middleware.insert(0, cors)
             api = self.api()
-            protocol_routes, public_paths = self._protocols(api)
+            protocol_routes, public_paths = a2a_routes(
+                settings,
+                api,
+                self.name,
+                self.reasoners,
+                self.default_reasoner,
+                secured=self._authenticate is not None or settings.authenticates,
+            )
             app = build_app(
                 api,
                 self.lifespan,
@@ -371,34 +374,6 @@ class Agent:
                 app = AccessLog(app, logging.getLogger(ACCESS_LOGGER))
             self._app = self._built.tracing.server(app)  # outermost: the access line's span
         return self._app
-
-    def _protocols(self, api: Api) -> tuple[list[Route], frozenset[str]]:
-        """The routes of the protocols turned on (`--a2a`) and the paths they serve without
-        a token; the protocol's package is imported only then (an extra)."""
-        if not self.settings.a2a:
-            return [], frozenset()
-        if self.default_reasoner is not None and self.default_reasoner not in self.reasoners:
-            raise AgentSetupError(
-                f"default_reasoner {self.default_reasoner!r} is not a reasoner of agent "
-                f"{self.name!r}"
-            )
-        try:
-            from agent_server.http.a2a import A2AProtocol
-        except ImportError as exc:
-            if not (exc.name or "").startswith("a2a"):
-                raise
-            raise AgentSetupError(
-                "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
-            ) from None
-        secured = self._authenticate is not None or self.settings.authenticates
-        a2a = A2AProtocol(
-            api,
-            self.name,
-            default_reasoner=self.default_reasoner,
-            secured=secured,
-            public_url=self.settings.public_url,
-        )
-        return a2a.routes(), a2a.public_paths
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""
@@ -429,22 +404,17 @@ class Agent:
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:
-        """`/mcp` with `--mcp`: imported only then, the `mcp` extra being optional."""
-        if self._mcp is None and self.settings.mcp:
-            from agent_server.http.mcp_server import McpEndpoint
-
-            parts, settings = self._built, self.settings
-            self._mcp = McpEndpoint(
+        """`/mcp` with `--mcp`, built once."""
+        if self._mcp is None:
+            parts = self._built
+            self._mcp = mcp_endpoint(
+                self.settings,
                 self.name,
                 self.reasoners,
                 parts.registry,
                 parts.store,
                 parts.streams_closing,
-                result_ttl=settings.result_ttl,
-                allowed_origins=settings.cors_allow_origin,
-                max_body_size=settings.max_body_size,
-                webhook_url=settings.webhook_url,
-                access=Access(self._authorize),
+                Access(self._authorize),
             )
         return self._mcp
 

@@ -22,7 +22,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 from starlette.types import ASGIApp
 
-from agent_server.app.agent import Agent, AgentSetupError
+from agent_server.app.agent import Agent
+from agent_server.app.protocols import AgentSetupError
 from agent_server.http.http_limits import BoundedHttpToolsProtocol
 from agent_server.model.execution import exception_text
 from agent_server.process.cli_client import COMMANDS, CONTEXT, ENV, Seconds

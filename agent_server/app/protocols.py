@@ -1,0 +1,88 @@
+"""The protocols an agent serves besides its API (docs/protocols.md): A2A with `--a2a` and
+MCP with `--mcp`, each built only when turned on, its package (an extra) imported only then,
+each given the narrow parts it uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from starlette.routing import Route
+
+from agent_server.http.access import Access
+from agent_server.http.api import Api
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.waiting import Closing
+from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.settings import Settings
+from agent_server.store.base import ExecutionStore
+
+if TYPE_CHECKING:
+    from agent_server.http.mcp_server import McpEndpoint
+
+
+class AgentSetupError(ValueError):
+    """The agent cannot be served as configured (a protocol's extra missing, a default
+    reasoner that is none): said in one line at start."""
+
+
+def a2a_routes(
+    settings: Settings,
+    api: Api,
+    name: str,
+    reasoners: Mapping[str, Reasoner],
+    default_reasoner: str | None,
+    *,
+    secured: bool,
+) -> tuple[list[Route], frozenset[str]]:
+    """A2A's routes (none without `--a2a`) and the paths they serve without a token."""
+    if not settings.a2a:
+        return [], frozenset()
+    if default_reasoner is not None and default_reasoner not in reasoners:
+        raise AgentSetupError(
+            f"default_reasoner {default_reasoner!r} is not a reasoner of agent {name!r}"
+        )
+    try:
+        from agent_server.http.a2a import A2AProtocol
+    except ImportError as exc:
+        if not (exc.name or "").startswith("a2a"):
+            raise
+        raise AgentSetupError(
+            "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
+        ) from None
+    a2a = A2AProtocol(
+        api,
+        name,
+        default_reasoner=default_reasoner,
+        secured=secured,
+        public_url=settings.public_url,
+    )
+    return a2a.routes(), a2a.public_paths
+
+
+def mcp_endpoint(
+    settings: Settings,
+    name: str,
+    reasoners: Mapping[str, Reasoner],
+    registry: InFlightRegistry,
+    store: ExecutionStore,
+    closing: Closing,
+    access: Access,
+) -> McpEndpoint | None:
+    """`/mcp` with `--mcp` (None without)."""
+    if not settings.mcp:
+        return None
+    from agent_server.http.mcp_server import McpEndpoint
+
+    return McpEndpoint(
+        name,
+        reasoners,
+        registry,
+        store,
+        closing,
+        result_ttl=settings.result_ttl,
+        allowed_origins=settings.cors_allow_origin,
+        max_body_size=settings.max_body_size,
+        webhook_url=settings.webhook_url,
+        access=access,
+    )
