@@ -238,7 +238,10 @@ for _ in $(seq 1 50); do   # 5 s at most
 done
 [[ -n "$unready" ]] || fail "/readyz did not turn 503 within 5 s of SIGTERM"
 [[ "$(status "$base/healthz")" == 200 ]] || fail "/healthz is not 200 while draining"
-curl --silent --max-time 5 "$base/metrics" | grep -q '^agent_server_draining 1' \
+# Read whole, then searched: `curl | grep -q` under pipefail fails when grep exits at its
+# match before curl has written the rest of the exposition (curl's SIGPIPE, exit 23).
+draining=$(curl --silent --max-time 5 "$base/metrics" || true)
+grep -q '^agent_server_draining 1' <<<"$draining" \
     || fail "/metrics not served, or agent_server_draining not 1, while draining"
 say "draining: /readyz 503, /healthz 200, /metrics served"
 
