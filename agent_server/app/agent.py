@@ -25,6 +25,7 @@ from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
+from agent_server.model.counts import counted
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.scheduling import RetryPolicy
@@ -278,10 +279,10 @@ class Agent:
             "http_timeout": plan.http_timeout,
         }
         logger.info(
-            "agent %r serving %d reasoners (%s) with store %s as replica %s on %s; shutdown "
+            "agent %r serving %s (%s) with store %s as replica %s on %s; shutdown "
             "within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
             self.name,
-            len(names),
+            counted(len(names), "reasoner"),
             ", ".join(names) or "none",
             store,
             settings.replica_id,

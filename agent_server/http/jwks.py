@@ -21,6 +21,7 @@ from typing import Protocol
 
 import httpx
 
+from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
 from agent_server.runtime.jwt_keys import KeyFileError, VerifyingKey, parse_jwks
 
@@ -113,10 +114,10 @@ class RemoteJwks:
         except Exception as exc:
             reason = str(exc) if isinstance(exc, _FetchFailed) else type(exc).__name__
             logger.warning(
-                "JWKS from %s could not be fetched (%s); keeping the %d keys fetched before",
+                "JWKS from %s could not be fetched (%s); keeping the %s fetched before",
                 shown_url(self.url),
                 reason,
-                len(self.keys),
+                counted(len(self.keys), "key"),
             )
             return
         self.keys = tuple(keys)
