@@ -122,7 +122,9 @@ class RemoteJwks:
             return
         self.keys = tuple(keys)
         self._fetched_at = time.monotonic()
-        logger.info("JWKS from %s holds %d signature keys", shown_url(self.url), len(keys))
+        logger.info(
+            "JWKS from %s holds %s", shown_url(self.url), counted(len(keys), "signature key")
+        )
 
     async def _download(self) -> list[VerifyingKey]:
         client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, follow_redirects=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
-def counted(number: int, noun: str) -> str:
-    """`number` and `noun`, plural (an `s`) unless `number` is 1."""
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """`number` and `noun`, plural (`plural`, else an `s` added) unless `number` is 1."""
+    if number == 1:
+        return f"{number} {noun}"
+    return f"{number} {plural if plural is not None else noun + 's'}"

@@ -33,6 +33,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from agent_server.model import jsoncodec
+from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
 from agent_server.store.base import Delivery, ExecutionStore
 
@@ -449,7 +450,10 @@ class WebhookSender:
         left, _ = await self.store.claim_webhooks(0, CLAIM_LEASE)
         self._set_pending(left)
         if left:
-            logger.warning("%d webhook deliveries still owed at shutdown: undelivered", left)
+            logger.warning(
+                "%s still owed at shutdown: undelivered",
+                counted(left, "webhook delivery", "webhook deliveries"),
+            )
         return left
 
     async def close(self) -> None:
