@@ -351,7 +351,7 @@ def serve(
 ) -> int:
     """Serve `agent` until its shutdown sequence has run; its exit code. `sockets`: the
     listener a reload supervisor bound, whose SIGINT the worker leaves to it."""
-    agent.configure(settings)
+    agent.configure(settings, served_here=True)
     try:
         app = agent.asgi()
     except AgentSetupError as exc:
