@@ -257,7 +257,8 @@ def run(app: str | None, **flags: Any) -> None:
     multiple=True,
     metavar="NAME=JSON",
     help="The input of reasoner NAME's executions; by default one is built from its input "
-    "schema's examples and defaults. Repeat it for several reasoners.",
+    "schema's examples and defaults, else plain values of its types. Repeat it for several "
+    "reasoners.",
 )
 @click.option(
     "--executions",
