@@ -25,6 +25,7 @@ from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
+from agent_server.model.counts import counted
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.scheduling import RetryPolicy
@@ -101,6 +102,9 @@ class Agent:
         #: The reasoner a protocol message that names none reaches (A2A, docs/protocols.md).
         self.default_reasoner = default_reasoner
         self._settings: Settings | None = None
+        #: Whether `agent-server run` serves it with these settings' host and port; under
+        #: another ASGI server (plain uvicorn's `--port`) the address is not known here.
+        self._served_here = False
         self._parts: _Parts | None = None
         #: `@agent.authenticate`'s function: it replaces the flags' authentication.
         self._authenticate: Authenticator | None = None
@@ -234,11 +238,13 @@ class Agent:
 
         return register
 
-    def configure(self, settings: Settings) -> None:
-        """Apply settings before serving (the CLI does this with its flags)."""
+    def configure(self, settings: Settings, *, served_here: bool = False) -> None:
+        """Apply settings before serving (the CLI does this with its flags; `served_here`:
+        it binds their host and port itself)."""
         if self._parts is not None and self._parts.registry.stats.started:
             raise RuntimeError("configure() after executions started")
         self._settings = settings
+        self._served_here = served_here
         self._parts = None
         self._app = None
         self._mcp = None
@@ -267,8 +273,10 @@ class Agent:
             store = describe_url(store)
         names = sorted(self.reasoners)
         # The address configured (`agent-server run`'s; port 0: uvicorn's next line names the
-        # port it took), and the shutdown budget every deadline is derived from.
-        address = f"{settings.host}:{settings.port}"
+        # port it took; under another ASGI server, its own), and the shutdown budget every
+        # deadline is derived from. Logged before the bind, so it says "starting": the ASGI
+        # server's next line says where it listens, or why it could not.
+        address = f"{settings.host}:{settings.port}" if self._served_here else None
         plan = self.shutdown.plan
         budget = {
             "grace_period": plan.grace_period,
@@ -278,14 +286,14 @@ class Agent:
             "http_timeout": plan.http_timeout,
         }
         logger.info(
-            "agent %r serving %d reasoners (%s) with store %s as replica %s on %s; shutdown "
-            "within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
+            "agent %r starting with %s (%s), store %s, as replica %s, to listen on %s; "
+            "shutdown within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
             self.name,
-            len(names),
+            counted(len(names), "reasoner"),
             ", ".join(names) or "none",
             store,
             settings.replica_id,
-            address,
+            address or "the ASGI server's address",
             *budget.values(),
             extra={
                 "fields": {

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, TypeVar, cast
 
 import httpx
 
 from agent_server.client import sync
-from agent_server.client.core import DEFAULT_URL, Core
+from agent_server.client.core import Core
 from agent_server.client.cut import cut_at
 from agent_server.client.models import (
     Event,
@@ -51,14 +51,15 @@ class AsyncAgentClient:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         *,
         token: str | None = None,
         timeout: float = 10.0,
         retry_for: float = 30.0,
+        headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._core = Core(url, token=token, timeout=timeout, retry_for=retry_for)
+        self._core = Core(url, token=token, timeout=timeout, retry_for=retry_for, headers=headers)
         self._http = httpx.AsyncClient(**self._core.http_options(), transport=transport)
 
     async def __aenter__(self) -> AsyncAgentClient:
@@ -139,11 +140,25 @@ class AsyncAgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
         try:
-            return await self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+            return await self._drive(
+                self._core.run(
+                    name,
+                    input,
+                    session,
+                    session_policy,
+                    webhook_url,
+                    headers,
+                    timeout,
+                    idempotency_key,
+                )
+            )
         except InputRequired as exc:
             exc.handle = AsyncExecutionHandle(self, exc.execution)
             raise
@@ -154,10 +169,15 @@ class AsyncAgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
     ) -> Execution:
-        flow = self._core.run_execution(name, input, session, timeout, idempotency_key)
+        flow = self._core.run_execution(
+            name, input, session, session_policy, webhook_url, headers, timeout, idempotency_key
+        )
         return await self._drive(flow)
 
     async def start(
@@ -166,10 +186,16 @@ class AsyncAgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        delay: float | None = None,
     ) -> AsyncExecutionHandle:
-        execution = await self._drive(self._core.start(name, input, session, idempotency_key))
-        return AsyncExecutionHandle(self, execution)
+        flow = self._core.start(
+            name, input, session, session_policy, webhook_url, headers, idempotency_key, delay
+        )
+        return AsyncExecutionHandle(self, await self._drive(flow))
 
     def handle(self, execution_id: str) -> AsyncExecutionHandle:
         return AsyncExecutionHandle(self, self._core.handle(execution_id))

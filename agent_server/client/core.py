@@ -10,9 +10,12 @@ means cannot differ between them.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -26,6 +29,7 @@ from agent_server.client.models import (
     Execution,
     Executions,
     InDoubt,
+    InvalidInput,
     ReasonerInfo,
     Reasoners,
     SessionRelease,
@@ -52,6 +56,9 @@ from agent_server.client.steps import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: Where a client without a `url` finds its server, and one without a `token` its token.
+URL_ENV = "AGENT_SERVER_URL"
+TOKEN_ENV = "AGENT_SERVER_API_TOKEN"
 #: The server's bound on one long-poll (`?wait=`).
 MAX_WAIT = 60.0
 
@@ -59,18 +66,63 @@ MAX_WAIT = 60.0
 # -- the calls --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class StartOptions:
+    """What a start says besides its reasoner and input, as the HTTP API's headers:
+    `X-Session-ID`, `X-Session-Policy`, `X-Webhook-URL`, and any other header (a
+    `concurrency_key="header:NAME"`'s, a proxy's)."""
+
+    session: str | None = None
+    session_policy: str | None = None
+    webhook_url: str | None = None
+    headers: Mapping[str, str] | None = None
+
+    def headers_with(self, key: str) -> dict[str, str]:
+        """The start's headers with its `Idempotency-Key`: the named options win over the
+        same header in `headers`."""
+        headers = dict(self.headers or {})
+        headers["Idempotency-Key"] = key
+        if self.session is not None:
+            headers["X-Session-ID"] = self.session
+        if self.session_policy is not None:
+            headers["X-Session-Policy"] = self.session_policy
+        if self.webhook_url is not None:
+            headers["X-Webhook-URL"] = self.webhook_url
+        return headers
+
+
+def resolve_url(url: str | None) -> str:
+    """`url`, else AGENT_SERVER_URL, else the default (127.0.0.1:8000)."""
+    return url if url is not None else os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+def resolve_token(token: str | None) -> str | None:
+    """`token`, else AGENT_SERVER_API_TOKEN (when set and not empty), else none."""
+    return token if token is not None else os.environ.get(TOKEN_ENV) or None
+
+
 class Core:
     """What both fronts share: the client's settings and every call as a flow."""
 
-    def __init__(self, url: str, *, token: str | None, timeout: float, retry_for: float) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
+    def __init__(
+        self,
+        url: str | None,
+        *,
+        token: str | None,
+        timeout: float,
+        retry_for: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.url = resolve_url(url).rstrip("/")
+        self.token = resolve_token(token)
         self.timeout = timeout
         self.retry_for = retry_for
+        #: Sent with every request (the token's `Authorization` wins over one here).
+        self.headers = dict(headers or {})
 
     def http_options(self) -> dict[str, Any]:
         """The arguments of `httpx.Client` and `httpx.AsyncClient` (the transport aside)."""
-        headers = {"User-Agent": "agent-server-client"}
+        headers = {"User-Agent": "agent-server-client", **self.headers}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
         return {"base_url": self.url, "headers": headers}
@@ -114,6 +166,10 @@ class Core:
                     wanted = policy.backoff(retries.failures)
                 wanted *= random.uniform(1.0, 1.2)  # callers refused together come back apart
             else:
+                if isinstance(reply, httpx.LocalProtocolError):  # never sendable: no retry
+                    raise InvalidInput(
+                        f"{send.method} {send.path}: the request cannot be sent: {reply}"
+                    ) from reply
                 if not resend_after_sending and not isinstance(reply, policy.NOT_SENT):
                     raise reply
                 wanted = policy.backoff(retries.failures) * random.uniform(0.5, 1.0)
@@ -146,22 +202,20 @@ class Core:
         """The caller's `Idempotency-Key`, else one for this logical start alone."""
         return uuid.uuid4().hex if given is None else given
 
-    @staticmethod
-    def _start_headers(session: str | None, key: str) -> dict[str, str]:
-        headers = {"Idempotency-Key": key}
-        if session is not None:
-            headers["X-Session-ID"] = session
-        return headers
-
     def run(
         self,
         name: str,
         input: Any,
         session: str | None,
+        session_policy: str | None,
+        webhook_url: str | None,
+        headers: Mapping[str, str] | None,
         timeout: float | None,
         idempotency_key: str | None,
     ) -> Flow[Any]:
-        execution = yield from self.run_execution(name, input, session, timeout, idempotency_key)
+        execution = yield from self.run_execution(
+            name, input, session, session_policy, webhook_url, headers, timeout, idempotency_key
+        )
         return execution.outcome()
 
     def run_execution(
@@ -169,12 +223,16 @@ class Core:
         name: str,
         input: Any,
         session: str | None,
+        session_policy: str | None,
+        webhook_url: str | None,
+        headers: Mapping[str, str] | None,
         timeout: float | None,
         idempotency_key: str | None,
     ) -> Flow[Execution]:
         """The execution once ended, whatever its end, or once it waits for input. One key
         for every try, and for the start that replaces a synchronous run whose connection
         broke."""
+        options = StartOptions(session, session_policy, webhook_url, headers)
         key = self._key(idempotency_key)
         deadline = None if timeout is None else time.monotonic() + timeout
         send = Send(
@@ -182,7 +240,7 @@ class Core:
             f"/reasoners/{segment(name)}",
             self._timeout(timeout),
             body=NO_BODY if input is None else input,
-            headers=self._start_headers(session, key),
+            headers=options.headers_with(key),
         )
         try:
             response = yield from self.request(send, resend_after_sending=False, told=True)
@@ -190,11 +248,11 @@ class Core:
             if deadline is not None and time.monotonic() >= deadline - 0.05:
                 # The server cancels a synchronous run whose caller left.
                 raise WaitTimeout(f"{name} did not end within {timeout:g} s") from None
-            execution = yield from self._start(name, input, session, key)
+            execution = yield from self._start(name, input, options, key, None)
             return (yield from self._wait(execution.execution_id, deadline))
         except httpx.TransportError:
             # It may have started: the same key finds that execution instead of a second one.
-            execution = yield from self._start(name, input, session, key)
+            execution = yield from self._start(name, input, options, key, None)
             return (yield from self._wait(execution.execution_id, deadline))
         followed = policy.followed(response)
         if followed is not None:  # its end is read where the Location says, not here
@@ -208,17 +266,30 @@ class Core:
         return (yield from self._wait(execution.execution_id, deadline))
 
     def start(
-        self, name: str, input: Any, session: str | None, idempotency_key: str | None
+        self,
+        name: str,
+        input: Any,
+        session: str | None,
+        session_policy: str | None,
+        webhook_url: str | None,
+        headers: Mapping[str, str] | None,
+        idempotency_key: str | None,
+        delay: float | None,
     ) -> Flow[Execution]:
-        return (yield from self._start(name, input, session, self._key(idempotency_key)))
+        options = StartOptions(session, session_policy, webhook_url, headers)
+        key = self._key(idempotency_key)
+        return (yield from self._start(name, input, options, key, delay))
 
-    def _start(self, name: str, input: Any, session: str | None, key: str) -> Flow[Execution]:
+    def _start(
+        self, name: str, input: Any, options: StartOptions, key: str, delay: float | None
+    ) -> Flow[Execution]:
         send = Send(
             "POST",
             f"/reasoners/{segment(name)}/async",
             self._timeout(self.timeout),
             body=NO_BODY if input is None else input,
-            headers=self._start_headers(session, key),
+            headers=options.headers_with(key),
+            params={} if delay is None else {"delay": str(delay)},
         )
         response = yield from self.request(send, told=True)
         return Execution.from_json(checked(response, 202).json())

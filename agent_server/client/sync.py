@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import httpx
 
-from agent_server.client.core import DEFAULT_URL, Core
+from agent_server.client.core import Core
 from agent_server.client.cut import cut_at
 from agent_server.client.models import (
     Event,
@@ -47,14 +47,15 @@ class AgentClient:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         *,
         token: str | None = None,
         timeout: float = 10.0,
         retry_for: float = 30.0,
+        headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._core = Core(url, token=token, timeout=timeout, retry_for=retry_for)
+        self._core = Core(url, token=token, timeout=timeout, retry_for=retry_for, headers=headers)
         self._http = httpx.Client(**self._core.http_options(), transport=transport)
 
     def __enter__(self) -> AgentClient:
@@ -130,6 +131,9 @@ class AgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
@@ -139,7 +143,18 @@ class AgentClient:
         the caller's own key for this run (else one is chosen), sent on every try. A run
         whose reasoner asks for input raises `InputRequired`, whose `handle` follows it."""
         try:
-            return self._drive(self._core.run(name, input, session, timeout, idempotency_key))
+            return self._drive(
+                self._core.run(
+                    name,
+                    input,
+                    session,
+                    session_policy,
+                    webhook_url,
+                    headers,
+                    timeout,
+                    idempotency_key,
+                )
+            )
         except InputRequired as exc:
             exc.handle = ExecutionHandle(self, exc.execution)
             raise
@@ -150,11 +165,16 @@ class AgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
     ) -> Execution:
         """As `run`, but the ended execution itself, whatever its end."""
-        flow = self._core.run_execution(name, input, session, timeout, idempotency_key)
+        flow = self._core.run_execution(
+            name, input, session, session_policy, webhook_url, headers, timeout, idempotency_key
+        )
         return self._drive(flow)
 
     def start(
@@ -163,12 +183,18 @@ class AgentClient:
         input: Any = None,
         *,
         session: str | None = None,
+        session_policy: str | None = None,
+        webhook_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        delay: float | None = None,
     ) -> ExecutionHandle:
         """Start `name` in the background; the handle follows it. A repeat with the same
         `idempotency_key` gets the execution the first one started."""
-        execution = self._drive(self._core.start(name, input, session, idempotency_key))
-        return ExecutionHandle(self, execution)
+        flow = self._core.start(
+            name, input, session, session_policy, webhook_url, headers, idempotency_key, delay
+        )
+        return ExecutionHandle(self, self._drive(flow))
 
     def handle(self, execution_id: str) -> ExecutionHandle:
         """A handle on an execution started elsewhere (its state read on first `get`)."""

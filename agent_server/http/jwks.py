@@ -21,6 +21,7 @@ from typing import Protocol
 
 import httpx
 
+from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
 from agent_server.runtime.jwt_keys import KeyFileError, VerifyingKey, parse_jwks
 
@@ -113,15 +114,17 @@ class RemoteJwks:
         except Exception as exc:
             reason = str(exc) if isinstance(exc, _FetchFailed) else type(exc).__name__
             logger.warning(
-                "JWKS from %s could not be fetched (%s); keeping the %d keys fetched before",
+                "JWKS from %s could not be fetched (%s); keeping the %s fetched before",
                 shown_url(self.url),
                 reason,
-                len(self.keys),
+                counted(len(self.keys), "key"),
             )
             return
         self.keys = tuple(keys)
         self._fetched_at = time.monotonic()
-        logger.info("JWKS from %s holds %d signature keys", shown_url(self.url), len(keys))
+        logger.info(
+            "JWKS from %s holds %s", shown_url(self.url), counted(len(keys), "signature key")
+        )
 
     async def _download(self) -> list[VerifyingKey]:
         client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, follow_redirects=False)

@@ -201,7 +201,8 @@ def float_param(
     except ValueError:
         raise ApiError(422, f"{name} must be a number") from None
     if not math.isfinite(number) or not minimum <= number <= maximum:
-        raise ApiError(422, f"{name} must be a finite number from {minimum:g} to {maximum:g}")
+        bounds = f"from {minimum:g} to {maximum:g}" if math.isfinite(maximum) else f">= {minimum:g}"
+        raise ApiError(422, f"{name} must be a finite number {bounds}")
     return number
 
 

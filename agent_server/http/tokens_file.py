@@ -16,6 +16,7 @@ import logging
 import os
 import time
 
+from agent_server.model.counts import counted
 from agent_server.model.principal import Principal
 from agent_server.model.tokens import TokenError
 from agent_server.model.tokens_file import TokenTable, read_tokens_file
@@ -62,7 +63,9 @@ class TokensFile:
         try:
             table = read_tokens_file(self.path)
         except TokenError as exc:
-            logger.warning("%s; the %d tokens read before stay in force", exc, len(self.table))
+            logger.warning(
+                "%s; the %s read before stay in force", exc, counted(len(self.table), "token")
+            )
             return
         self.table = table
-        logger.info("tokens file %r read again: %d tokens", self.path, len(table))
+        logger.info("tokens file %r read again: %s", self.path, counted(len(table), "token"))

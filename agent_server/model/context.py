@@ -39,6 +39,8 @@ CheckpointWriter = Callable[["Execution", str], Awaitable[None]]
 EmitObserver = Callable[["Execution", Event], None]
 #: Event names travel on an `event:` line of a stream.
 EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: The event each value a generator reasoner yields is sent as.
+OUTPUT_EVENT = "output"
 #: Names the stream itself uses around a reasoner's events (`input_required` is sent by
 #: `ctx.ask`).
 RESERVED_EVENTS = frozenset({"start", "missed", "end", ExecutionStatus.INPUT_REQUIRED.value})
@@ -206,6 +208,10 @@ class ExecutionContext:
         if len(self._names) < 64:  # a reasoner uses a few names: each is checked once
             self._names.add(event)
         return self._publish(event, data)
+
+    def output(self, data: Any) -> int:
+        """Publish a value a generator reasoner yielded (JSON-ready) as an `output` event."""
+        return self._publish(OUTPUT_EVENT, data)
 
     def _publish(self, event: str, data: Any) -> int:
         emitted = self._execution.event_log().append(event, encode_data(data))

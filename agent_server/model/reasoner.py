@@ -6,12 +6,13 @@ request is a 422 before any task exists, and the result is serialised by its ann
 
 from __future__ import annotations
 
+import collections.abc
 import hashlib
 import inspect
 import json
 import re
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from pydantic import (
@@ -109,7 +110,14 @@ class Reasoner:
                 + ", ".join(policy.value for policy in SessionPolicy)
             ) from None
         self.description = description if description is not None else _first_line(func)
-        self.is_async = inspect.iscoroutinefunction(func)
+        #: An `async def` generator: each `yield` is an `output` event, the result the list.
+        self.is_generator = inspect.isasyncgenfunction(func)
+        if inspect.isgeneratorfunction(func):
+            raise ReasonerDefinitionError(
+                f"reasoner {name!r}: a def generator would run in a thread, which cannot be "
+                "cancelled or closed: stream with an async def generator"
+            )
+        self.is_async = inspect.iscoroutinefunction(func) or self.is_generator
         if self.timeout is not None and not self.is_async:
             raise ReasonerDefinitionError(
                 f"reasoner {name!r}: a def reasoner runs in a thread, which cannot be "
@@ -145,6 +153,13 @@ class Reasoner:
                 f"{_camel(name)}Input", __config__=ConfigDict(extra="forbid"), **fields
             )
         return_annotation = hints.get("return", Any)
+        if self.is_generator:
+            item = _yield_type(return_annotation)
+            #: A generator's yielded values, one at a time (each an `output` event).
+            self.item_adapter: TypeAdapter[Any] | None = _output_adapter(item)
+            return_annotation = list[item]  # type: ignore[valid-type]
+        else:
+            self.item_adapter = None
         self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
         self._field_names = tuple(self.input_model.model_fields)
         #: For a model input without its own rule for extra keys: the keys it declares.
@@ -190,11 +205,35 @@ class Reasoner:
         """Whether the function takes an ExecutionContext parameter."""
         return bool(self._context_params)
 
+    @property
+    def emits(self) -> bool:
+        """Whether its runs may emit events: it takes a context, or it is a generator."""
+        return self.is_generator or bool(self._context_params)
+
     def call(self, arguments: dict[str, Any], context: ExecutionContext | None) -> Any:
         """Call the function; a coroutine for `async def`, the plain result otherwise."""
         for param in self._context_params:
             arguments[param] = context
         return self.func(**arguments)
+
+    def generator(
+        self, arguments: dict[str, Any], context: ExecutionContext | None
+    ) -> AsyncGenerator[Any, Any]:
+        """The async generator a generator reasoner's call makes."""
+        result = self.call(arguments, context)
+        if not inspect.isasyncgen(result):
+            raise ReasonerDefinitionError(f"reasoner {self.name!r} did not return a generator")
+        return result
+
+    def serialize_item(self, value: Any) -> Any:
+        """A yielded value as JSON-ready data (an `output` event's), validated by the yield
+        type as a result is by its annotation; raises when it cannot be represented."""
+        adapter = self.item_adapter
+        if adapter is None:
+            raise ReasonerDefinitionError(f"reasoner {self.name!r} is not a generator")
+        data = adapter.serializer.to_python(adapter.validator.validate_python(value), mode="json")
+        jsoncodec.check(data, "a yielded value")
+        return data
 
     def coroutine(
         self, arguments: dict[str, Any], context: ExecutionContext | None
@@ -235,6 +274,26 @@ class Reasoner:
             "input_schema": self.input_schema(),
             "output_schema": self.output_schema(),
         }
+
+
+#: What an `async def` generator may be annotated to return: its yield type is the first
+#: argument.
+_GENERATOR_ORIGINS = (
+    collections.abc.AsyncGenerator,
+    collections.abc.AsyncIterator,
+    collections.abc.AsyncIterable,
+)
+
+
+def _yield_type(annotation: Any) -> Any:
+    """The type a generator yields, from its return annotation (`AsyncIterator[T]`,
+    `AsyncGenerator[T, None]`, `AsyncIterable[T]`); Any when unannotated or bare."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in _GENERATOR_ORIGINS:
+        args = typing.get_args(annotation)
+        return args[0] if args else Any
+    return Any
 
 
 def _is_model(annotation: Any) -> bool:

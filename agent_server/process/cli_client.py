@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from agent_server.client import (
     WaitTimeout,
 )
 from agent_server.model import jsoncodec
+from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import ExecutionStatus
 from agent_server.model.tokens import TokenError, check_token, read_token_file
 
@@ -37,6 +39,9 @@ ENV = "AGENT_SERVER_"
 F = TypeVar("F", bound=Callable[..., Any])
 #: The `help_option_names` uvicorn users expect.
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+#: A `--header`'s NAME: an HTTP header name (RFC 9110 token).
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 #: The verbs, in the order `--help` lists them.
 COMMANDS: list[click.Command] = []
@@ -269,6 +274,32 @@ def _error_code(exc: AgentServerError) -> int:
     "--stream", is_flag=True, help="Start it and print its events as they come, one JSON line each."
 )
 @click.option("--session", default=None, help="The session (X-Session-ID) it belongs to.")
+@click.option(
+    "--policy",
+    type=click.Choice([policy.value for policy in SessionPolicy]),
+    default=None,
+    help="What it does beside its session's other work (X-Session-Policy); else the "
+    "reasoner's default.",
+)
+@click.option(
+    "--delay",
+    type=Seconds(),
+    default=None,
+    help="Start it this many seconds from now (?delay=, at most 7 days): a background start, "
+    "then followed as without it.",
+)
+@click.option(
+    "--webhook-url",
+    default=None,
+    help="Where its webhooks go (X-Webhook-URL; the server needs a webhook secret).",
+)
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="Another request header of the start, e.g. the one a concurrency_key names; repeatable.",
+)
 @seconds_option(
     "--timeout",
     "Seconds to wait for the end (a synchronous run is then cancelled; with --stream, the "
@@ -281,6 +312,10 @@ def call(
     background: bool,
     stream: bool,
     session: str | None,
+    policy: str | None,
+    delay: float | None,
+    webhook_url: str | None,
+    headers: tuple[str, ...],
     timeout: float | None,
     server: ServerOptions,
 ) -> None:
@@ -288,6 +323,7 @@ def call(
     the execution as JSON. Rides rollouts like the Python client (docs/client.md)."""
     if background and stream:
         raise BadInput("give --async or --stream, not both")
+    extra = _headers(headers)
     try:
         # Strict, as the server reads it: NaN and Infinity are not JSON.
         payload = None if input_json is None else jsoncodec.loads(input_json.encode())
@@ -295,10 +331,21 @@ def call(
     except (ValueError, RecursionError) as exc:
         raise BadInput(f"JSON input is not valid JSON: {exc}") from None
 
+    options: dict[str, Any] = {
+        "session": session,
+        "session_policy": policy,
+        "webhook_url": webhook_url,
+        "headers": extra,
+    }
+
     def work(client: AgentClient) -> int:
         if not (background or stream):
             deadline = None if timeout is None else time.monotonic() + timeout
-            execution = client.run_execution(name, payload, session=session, timeout=timeout)
+            if delay is None:
+                execution = client.run_execution(name, payload, timeout=timeout, **options)
+            else:  # a delayed start is a background one (the API has no delayed sync run)
+                started = client.start(name, payload, delay=delay, **options)
+                execution = client.wait(started.execution_id, timeout)
             while execution.waits_for_input:
                 if not _answered_from_terminal(client, execution):
                     _print_json(execution.json)
@@ -306,13 +353,25 @@ def call(
                 left = None if deadline is None else max(0.001, deadline - time.monotonic())
                 execution = client.wait(execution.execution_id, left)
             return _printed(execution)
-        handle = client.start(name, payload, session=session)
+        handle = client.start(name, payload, delay=delay, **options)
         if background:
             _print_json(handle.execution.json)
             return CallExit.SUCCEEDED
         return _streamed(handle.events(timeout=timeout))
 
     _reach(server, work)
+
+
+def _headers(given: tuple[str, ...]) -> dict[str, str]:
+    """`--header NAME:VALUE` options as headers; one that is not is exit 2."""
+    headers: dict[str, str] = {}
+    for text in given:
+        name, colon, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not HEADER_NAME.fullmatch(name) or not value.isprintable():
+            raise BadInput(f"--header {text!r}: give NAME:VALUE (NAME a header name)")
+        headers[name] = value
+    return headers
 
 
 def _answered_from_terminal(client: AgentClient, execution: Execution) -> bool:

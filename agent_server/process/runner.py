@@ -27,6 +27,7 @@ from uvicorn.server import HANDLED_SIGNALS
 from uvicorn.supervisors.watchfilesreload import WatchFilesReload
 
 from agent_server.http.http_limits import BoundedHttpToolsProtocol
+from agent_server.model.counts import counted
 from agent_server.runtime.exits import ExitCode, Watchdog, exit_with_line, finish_process
 from agent_server.runtime.logs import format_line
 from agent_server.runtime.shutdown import ShutdownSequence
@@ -229,7 +230,7 @@ class Runner(uvicorn.Server):
             if isinstance(connection, BoundedHttpToolsProtocol)
         )
         if aborted:
-            logger.info("closed %d connections whose clients were not reading", aborted)
+            logger.info("closed %s whose clients were not reading", counted(aborted, "connection"))
 
     def _watchdog_line(self, elapsed: float) -> str:
         message = (

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from agent_server.model.counts import counted
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
@@ -233,7 +234,7 @@ class Admission:
         for execution in cancelled:
             self.unqueued(execution, None)
         if cancelled:
-            logger.info("shutdown: %d queued executions cancelled", len(cancelled))
+            logger.info("shutdown: %s cancelled", counted(len(cancelled), "queued execution"))
         return len(cancelled)
 
     def adopt(self, execution_id: str) -> bool:

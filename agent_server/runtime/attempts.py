@@ -123,7 +123,7 @@ class Attempts:
 
     def launch(self, execution: Execution, reasoner: Reasoner, arguments: dict[str, Any]) -> None:
         context = None
-        if reasoner.wants_context:  # only for a reasoner that asks for one: it may emit
+        if reasoner.emits:  # only for a reasoner that asks for one, or a generator
             execution.event_log(self.max_events)
             context = ExecutionContext(
                 execution,
@@ -164,7 +164,10 @@ class Attempts:
         # reasoner's own included): agent_server.runtime.logs.
         LOG_EXECUTION.set(execution)
         try:
-            if reasoner.is_async:
+            if reasoner.is_generator:
+                assert context is not None  # `launch` gives every generator one
+                value = await self._stream(attempt, arguments, context)
+            elif reasoner.is_async:
                 value = await reasoner.coroutine(arguments, context)
             else:
                 value = await self._run_in_thread(attempt, arguments, context)
@@ -188,6 +191,25 @@ class Attempts:
         else:
             verdict = classify(Happened.RETURNED, attempt)
             self.conclude(execution, verdict, attempt=attempt, result=result)
+
+    @staticmethod
+    async def _stream(
+        attempt: Attempt, arguments: dict[str, Any], context: ExecutionContext
+    ) -> list[Any]:
+        """Run a generator reasoner: each value it yields is an `output` event, the list of
+        them its result. It is closed (`aclose`, its `finally` runs) however it ends; once
+        its task is cancelled it is not read again, even if it swallowed the cancellation
+        and yields on (a close that does not end is abandoned as any body is: settle.py)."""
+        reasoner = attempt.reasoner
+        task = asyncio.current_task()
+        values: list[Any] = []
+        async with contextlib.aclosing(reasoner.generator(arguments, context)) as generator:
+            async for value in generator:
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError  # asked to stop, and it yielded on
+                context.output(reasoner.serialize_item(value))
+                values.append(value)
+        return values
 
     def _retries(self, attempt: Attempt, exc: BaseException) -> bool:
         """Whether its policy runs it again, and someone is there to take the next attempt."""

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent_server.model.counts import counted
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.runtime.exits import ExitCode
 from agent_server.runtime.metrics import Metrics
@@ -220,10 +221,10 @@ class ShutdownSequence:
         self.metrics.shutdown.began(wall_time, started)
         self.set_phase(Phase.UNREADY)
         logger.info(
-            "shutdown began (%s): %d executions in flight; admission closes in %gs, "
+            "shutdown began (%s): %s in flight; admission closes in %gs, "
             "cancellation at +%gs, abandonment at +%gs",
             signal_name or "lifespan",
-            self.registry.inflight,
+            counted(self.registry.inflight, "execution"),
             self.plan.unready_delay,
             self.plan.unready_delay + self.plan.drain_timeout,
             self.plan.unready_delay + self.plan.drain_timeout + self.plan.cancel_timeout,
@@ -264,7 +265,7 @@ class ShutdownSequence:
         handed_before = self.registry.stats.outcomes["handed_off"]
         tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
         if tasks:
-            logger.info("drain deadline: cancelling %d executions", len(tasks))
+            logger.info("drain deadline: cancelling %s", counted(len(tasks), "execution"))
         settle_at = cancel_at + self.plan.cancel_timeout
         if self.limit_releases is not None:
             self.limit_releases(settle_at)

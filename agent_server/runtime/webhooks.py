@@ -33,6 +33,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from agent_server.model import jsoncodec
+from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
 from agent_server.store.base import Delivery, ExecutionStore
 
@@ -45,6 +46,9 @@ ATTEMPT_TIMEOUT = 10.0
 CLAIM_LEASE = ATTEMPT_TIMEOUT + 5.0
 #: Seconds between looks for deliveries due (other replicas' retries; a missed wake-up).
 POLL_INTERVAL = 1.0
+#: Seconds after a retry's due time this replica looks for it: the store's clock may be a
+#: little behind this one's.
+DUE_MARGIN = 0.02
 #: Attempts under way at once on one replica.
 CONCURRENCY = 16
 #: The longest wait between two attempts.
@@ -236,6 +240,9 @@ class WebhookSender:
         self._attempts: set[asyncio.Task[None]] = set()
         #: The ids of the deliveries under way here.
         self._under_way: set[str] = set()
+        #: When the soonest retry this replica scheduled falls due (loop time), if any: the
+        #: sender looks then, not at its next poll, so "next in X s" holds.
+        self._next_due: float | None = None
         self._client: httpx.AsyncClient | None = None
         self._pending = 0
 
@@ -254,8 +261,11 @@ class WebhookSender:
         self._wake.set()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
+            if self._next_due is not None and loop.time() >= self._next_due:
+                self._next_due = None  # this look claims it (the store's clock may lag a hair)
             room = CONCURRENCY - len(self._attempts)
             if room > 0:
                 try:
@@ -268,11 +278,22 @@ class WebhookSender:
                     self._launch(delivery)
                 if len(claimed) == room:
                     continue  # more may be due
+            wait = POLL_INTERVAL
+            if self._next_due is not None:
+                wait = max(0.0, min(wait, self._next_due - loop.time()))
             try:
-                async with asyncio.timeout(POLL_INTERVAL):
+                async with asyncio.timeout(wait):
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    def _due_in(self, seconds: float) -> None:
+        """A retry recorded here falls due in `seconds`: look for it then (with a margin for
+        the store's clock, Redis's TIME on another machine)."""
+        due = asyncio.get_running_loop().time() + seconds + DUE_MARGIN
+        if self._next_due is None or due < self._next_due:
+            self._next_due = due
+            self._wake.set()  # the loop recomputes its wait
 
     def _launch(self, delivery: Delivery, deadline: float | None = None) -> None:
         if delivery.delivery_id in self._under_way:
@@ -332,6 +353,8 @@ class WebhookSender:
         )
         try:
             self._set_pending(await self.store.settle_webhook(delivery, retry_in))
+            if retry_in is not None:
+                self._due_in(retry_in)
         except Exception as exc:  # the store is down: its lease runs out, it is tried again
             logger.warning(
                 "webhook %s: its outcome could not be recorded (%s); it is tried again",
@@ -449,7 +472,10 @@ class WebhookSender:
         left, _ = await self.store.claim_webhooks(0, CLAIM_LEASE)
         self._set_pending(left)
         if left:
-            logger.warning("%d webhook deliveries still owed at shutdown: undelivered", left)
+            logger.warning(
+                "%s still owed at shutdown: undelivered",
+                counted(left, "webhook delivery", "webhook deliveries"),
+            )
         return left
 
     async def close(self) -> None:

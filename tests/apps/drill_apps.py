@@ -2,7 +2,7 @@
 `drill_apps:cooperative` (shutdown-safe), `drill_apps:swallowing` (a reasoner that swallows
 its cancellation), `drill_apps:blocking` (a reasoner that blocks the loop with `time.sleep`),
 `drill_apps:threaded` (a `def` reasoner, whose thread cannot be cancelled),
-`drill_apps:strict` (a required input with neither example nor default),
+`drill_apps:strict` (a required input with neither example nor default, and a pattern),
 `drill_apps:asking` (reasoners that wait for input: `ctx.ask`, resumable or not),
 `drill_apps:limited` (a reasoner with `max_concurrency=1`: one runs, the rest wait queued)."""
 
@@ -96,7 +96,8 @@ def sleeper(seconds: float = 30.0) -> str:
 
 
 @strict.reasoner()
-async def needs(text: str) -> str:
+async def needs(text: Annotated[str, Field(pattern="^[A-Z]{3}$")]) -> str:
+    """No example, no default, and a pattern no plain value is sure to fit."""
     return text
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_server import Settings
-from agent_server.process.cli import run, settings_options
+from agent_server.process.cli_server import run, settings_options
 from agent_server.process.launcher import run_command
 from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli
 

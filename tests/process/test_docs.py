@@ -59,3 +59,22 @@ def test_the_readme_keeps_its_set_up_commands_verbatim() -> None:
     readme = (ROOT / "README.md").read_text()
     for command in SET_UP:
         assert f"```sh\n{command}\n```" in readme, command
+
+
+def test_every_flag_of_run_is_named_in_the_settings_table() -> None:
+    """docs/settings.md names every flag `agent-server run` takes (a flag left out of it
+    was found twice: `--max-retained-bytes`, `--metrics-open`)."""
+    from agent_server.process.cli_server import flag_name
+    from agent_server.runtime.settings import Settings
+
+    table = "\n".join(
+        line
+        for line in (ROOT / "docs" / "settings.md").read_text().splitlines()
+        if line.startswith("|")
+    )
+    missing = [
+        flag_name(field)
+        for field in Settings.model_fields
+        if f"`{flag_name(field)}`" not in table and f"`{flag_name(field)}` /" not in table
+    ]
+    assert missing == []

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -264,7 +265,7 @@ def test_a_required_field_without_example_or_default_exits_2_naming_it() -> None
     done = drill("drill_apps:strict")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "reasoner 'needs': input field 'text' is required" in one_line(done.stderr)
-    given = drill("drill_apps:strict", *FAST, "--input", 'needs={"text": "hi"}')
+    given = drill("drill_apps:strict", *FAST, "--input", 'needs={"text": "ABC"}')
     assert given.returncode == 0, given.stdout + given.stderr
 
 
@@ -296,3 +297,23 @@ def test_a_served_agent_names_the_reasoner_blocking_its_loop(server_factory: Any
     server.signal(signal.SIGTERM)
     code, _ = finish(server, timeout=15)
     assert code == 0, server.stderr()
+
+
+def test_the_readmes_own_agent_is_drilled_without_inputs(tmp_path: Path) -> None:
+    """README.md's agent gives no examples (`echo(text: str)`, `sleep(seconds: float)`, a
+    model parameter): the drill builds plain inputs of their types instead of refusing it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("```python\n# mymodule.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mymodule.py").write_text(block)
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_server", "drill", "mymodule:agent"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=DRILL_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("drill of 'support-bot': 3 reasoners x")
+    assert done.stdout.splitlines()[-1] == "verdict: shutdown-safe"

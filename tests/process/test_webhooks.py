@@ -7,6 +7,7 @@ was down is made by the other."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import time
@@ -415,3 +416,31 @@ def test_an_endless_answer_does_not_grow_the_server(stored: ServerProcess) -> No
         assert max(endless.sent) < 64 * 2**20, endless.sent
     finally:
         endless.close()
+
+
+def test_a_retry_is_sent_when_the_log_says_not_at_the_next_poll(server_factory: Any) -> None:
+    """A failed attempt logs "next in X s"; the retry went out at the sender's next poll (up
+    to a second later) whatever X was. With --webhook-retry-for 30 a first retry is due
+    within 0.3 s: it must leave within X and a margin the machine keeps, never a poll."""
+    flaky = Receiver(failures=1)
+    try:
+        server = server_factory("tests_app:agent", *HOOKS)
+        for n in range(3):
+            answer = httpx.post(
+                f"{server.url}/reasoners/no_params",
+                json={},
+                headers={"X-Webhook-URL": flaky.url},
+                timeout=WAIT,
+            )
+            assert answer.status_code == 200, answer.text
+            wait_for(lambda n=n: len(flaky.delivered("execution.finished")) > n, WAIT, "sent")
+        stated = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r"webhook (\S+) retried .*; next in ([0-9.]+) s", server.stderr())
+        }
+        assert len(stated) == 3, server.stderr()
+        for delivery_id, next_in in stated.items():
+            first, second = [r["at"] for r in flaky.requests if r["id"] == delivery_id][:2]
+            assert second - first <= next_in + 0.5, (delivery_id, next_in, second - first)
+    finally:
+        flaky.close()

@@ -7,6 +7,7 @@ import base64
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -63,6 +64,7 @@ class Receiver:
                             "headers": headers,
                             "body": json.loads(body),
                             "status": status,
+                            "at": time.monotonic(),
                         }
                     )
                 self.send_response(status)

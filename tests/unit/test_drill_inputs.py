@@ -33,9 +33,47 @@ def test_an_input_is_built_from_examples_then_defaults() -> None:
     assert example_input("r", {"examples": [{"whole": 1}], "properties": {}}) == {"whole": 1}
 
 
-def test_a_required_field_with_neither_is_named() -> None:
-    schema = {"properties": {"text": {"type": "string"}}, "required": ["text"]}
-    with pytest.raises(DrillError, match="reasoner 'r': input field 'text' is required"):
+def test_a_required_field_with_neither_gets_the_plainest_value_of_its_type() -> None:
+    """The README's agent has no examples: `echo(text: str)`, `sleep(seconds: float)` and a
+    model parameter are drilled with plain values of their types."""
+    schema = {
+        "properties": {
+            "text": {"type": "string"},
+            "seconds": {"type": "number"},
+            "count": {"type": "integer", "exclusiveMinimum": 0},
+            "small": {"type": "integer", "minimum": -5, "maximum": -2},
+            "flag": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "mode": {"enum": ["fast", "slow"]},
+            "maybe": {"anyOf": [{"type": "string", "pattern": "^x$"}, {"type": "null"}]},
+            "inner": {"$ref": "#/$defs/Inner"},
+            "long": {"type": "string", "minLength": 10},
+        },
+        "required": [
+            "text", "seconds", "count", "small", "flag", "tags", "mode", "maybe", "inner", "long"
+        ],
+        "$defs": {
+            "Inner": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+        },
+    }  # fmt: skip
+    assert example_input("r", schema) == {
+        "text": "example",
+        "seconds": 0.0,
+        "count": 1,
+        "small": -2,
+        "flag": False,
+        "tags": [],
+        "mode": "fast",
+        "maybe": None,
+        "inner": {"q": "example"},
+        "long": "exampleexample",
+    }
+
+
+def test_a_required_field_no_plain_value_fits_is_named() -> None:
+    schema = {"properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+              "required": ["code"]}  # fmt: skip
+    with pytest.raises(DrillError, match="reasoner 'r': input field 'code' is required"):
         example_input("r", schema)
 
 

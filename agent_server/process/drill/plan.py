@@ -1,5 +1,6 @@
 """What a drill is asked to do: the command line's arguments, and the reasoners to drill,
-each with its input (given, or built from its schema's examples and defaults)."""
+each with its input (given, or built from its schema's examples and defaults, else plain
+values of its types)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ def parse_input(text: str) -> tuple[str, Any]:
 
 
 def example_input(reasoner: str, schema: Mapping[str, Any]) -> dict[str, Any]:
-    """An input from the schema's examples and defaults; a required field with neither is
-    a DrillError naming it."""
+    """An input from the schema's examples and defaults; a required field with neither gets
+    the plainest value of its type (`_plain`: "example", the smallest number allowed, false,
+    an empty list...), so an app written without examples (the README's) can be drilled. A
+    required field no such value fits (a pattern, a format) is a DrillError naming it."""
     examples = schema.get("examples")
     if isinstance(examples, list) and examples and isinstance(examples[0], dict):
         return dict(examples[0])
@@ -69,12 +72,65 @@ def example_input(reasoner: str, schema: Mapping[str, Any]) -> dict[str, Any]:
         elif "default" in prop:
             body[name] = prop["default"]
         elif name in required:
-            raise DrillError(
-                f"reasoner {reasoner!r}: input field {name!r} is required and its schema gives "
-                f"neither an example nor a default; give one with "
-                f"--input {reasoner}='{{\"{name}\": ...}}'"
-            )
+            value = _plain(prop, schema.get("$defs") or {}, depth=0)
+            if value is _NONE:
+                raise DrillError(
+                    f"reasoner {reasoner!r}: input field {name!r} is required and its schema "
+                    f"gives neither an example nor a default, nor a type a plain value fits; "
+                    f"give one with --input {reasoner}='{{\"{name}\": ...}}'"
+                )
+            body[name] = value
     return body
+
+
+#: No plain value fits the schema.
+_NONE: Any = object()
+
+
+def _plain(prop: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> Any:
+    """The plainest JSON value a field's schema accepts, or _NONE when unsure."""
+    if depth > 8:
+        return _NONE
+    ref = prop.get("$ref")
+    if isinstance(ref, str):
+        target = defs.get(ref.rsplit("/", 1)[-1])
+        return _plain(target, defs, depth + 1) if isinstance(target, dict) else _NONE
+    if "const" in prop:
+        return prop["const"]
+    if isinstance(prop.get("enum"), list) and prop["enum"]:
+        return prop["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        for option in prop.get(key) or ():
+            if isinstance(option, dict) and (value := _plain(option, defs, depth + 1)) is not _NONE:
+                return value
+    kind = prop.get("type")
+    if kind == "string":
+        if "pattern" in prop or "format" in prop:
+            return _NONE
+        text = "example" * (1 + int(prop.get("minLength", 0)) // 7)
+        return text[: prop["maxLength"]] if "maxLength" in prop else text
+    if kind in ("integer", "number"):
+        low = prop.get("minimum", prop.get("exclusiveMinimum", 0))
+        value = max(0, low) if "maximum" not in prop else min(max(0, low), prop["maximum"])
+        if "exclusiveMinimum" in prop and value <= prop["exclusiveMinimum"]:
+            value = prop["exclusiveMinimum"] + 1
+        return int(value) if kind == "integer" else float(value)
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    if kind == "array":
+        return [] if not prop.get("minItems") else _NONE
+    if kind == "object":
+        body: dict[str, Any] = {}
+        for name in prop.get("required") or ():
+            field = (prop.get("properties") or {}).get(name)
+            value = _plain(field, defs, depth + 1) if isinstance(field, dict) else _NONE
+            if value is _NONE:
+                return _NONE
+            body[name] = value
+        return body
+    return _NONE
 
 
 def choose(

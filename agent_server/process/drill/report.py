@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from agent_server.model.counts import counted
 from agent_server.process.drill.plan import DrillArgs
 from agent_server.process.drill.run import run_drill
 from agent_server.process.drill.verdict import ReasonerVerdict, Verdict, judge
@@ -45,8 +46,8 @@ def table(verdict: Verdict) -> str:
     rows = [list(COLUMNS), *(_row(r) for r in verdict.reasoners)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [
-        f"drill of {verdict.app!r}: {len(verdict.reasoners)} reasoners x "
-        f"{verdict.executions} execution{'s' if verdict.executions != 1 else ''}, "
+        f"drill of {verdict.app!r}: {counted(len(verdict.reasoners), 'reasoner')} x "
+        f"{counted(verdict.executions, 'execution')}, "
         f"SIGTERM after {verdict.signal_after:g} s",
         "",
     ]

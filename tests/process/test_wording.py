@@ -1,0 +1,78 @@
+"""What the server says matches what it does (issue 43's list): a count of one is singular
+in the shutdown's lines, and `?wait` names the bound it really has (any finite number of
+seconds from 0, capped at 60), not "from 0 to inf"."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from typing import Any
+
+import httpx
+
+from tests.support.process import agent_server_cli
+
+WAIT = 10.0
+
+
+def test_wait_names_its_real_bound(server_factory: Any) -> None:
+    server = server_factory("tests_app:agent")
+    started = httpx.post(f"{server.url}/reasoners/no_params", json={}, timeout=WAIT)
+    execution_id = started.json()["execution_id"]
+    for value in ("nan", "inf", "-1", "soon"):
+        answer = httpx.get(f"{server.url}/executions/{execution_id}?wait={value}", timeout=WAIT)
+        assert answer.status_code == 422, answer.text
+        detail = answer.json()["detail"]
+        assert "inf" not in detail, detail
+        assert detail.startswith("wait must be a"), detail
+    capped = httpx.get(f"{server.url}/executions/{execution_id}?wait=1e9", timeout=WAIT)
+    assert capped.status_code == 200
+
+
+def test_one_execution_is_one_in_the_shutdown_lines(server_factory: Any) -> None:
+    server = server_factory("tests_app:agent", *("--grace-period", "10", "--drain-timeout", "0.5"))
+    started = httpx.post(
+        f"{server.url}/reasoners/sleep/async",
+        json={"seconds": 60, "marker": "one"},
+        timeout=WAIT,
+    )
+    assert started.status_code == 202, started.text
+    server.wait_marker("one")
+    server.signal(signal.SIGTERM)
+    server.wait_exit(WAIT)
+    log = server.stderr()
+    assert "1 execution in flight" in log, log
+    assert "cancelling 1 execution" in log, log
+    assert "1 executions" not in log, log
+
+
+def test_the_start_line_names_no_address_it_does_not_know(tmp_path: Any) -> None:
+    """Under plain uvicorn the agent's settings are not uvicorn's: its start line named
+    `agent-server run`'s default 127.0.0.1:8000 whatever port uvicorn bound."""
+    from tests.process.test_uvicorn_lifespan import UvicornProcess
+
+    server = UvicornProcess([], {}, tmp_path)
+    try:
+        server.wait_ready()
+        line = next(x for x in server.stderr().splitlines() if "agent 'tests'" in x)
+        assert "8000" not in line, line
+        assert "to listen on the ASGI server's address" in line, line
+    finally:
+        server.close()
+
+
+def test_a_bind_that_fails_was_never_said_to_serve(tmp_path: Any) -> None:
+    """The start line comes before the bind (the lifespan starts first): it says the agent
+    is starting, and the line after it why it could not listen."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = str(taken.getsockname()[1])
+        done = agent_server_cli("run", "tests_app:agent", "--port", port)
+    finally:
+        taken.close()
+    assert done.returncode != 0, done.stderr
+    assert "serving" not in done.stderr, done.stderr
+    assert "starting with" in done.stderr and f"to listen on 127.0.0.1:{port}" in done.stderr
+    assert "address already in use" in done.stderr.lower(), done.stderr
