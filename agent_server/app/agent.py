@@ -27,6 +27,7 @@ from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
 from agent_server.model.waiting import Closing
 from agent_server.runtime.durable import QueueTaker
@@ -190,6 +191,7 @@ class Agent:
         max_concurrency: int | None = None,
         concurrency_key: str | None = None,
         session_policy: str = "parallel",
+        schedules: Sequence[Schedule] = (),
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
@@ -204,7 +206,7 @@ class Agent:
         sharing the store; the rest wait queued, first in first out per value.
         `session_policy=`: what a start in a session does beside the session's other work
         (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
-        overrides it per request).
+        overrides it per request). `schedules=[Schedule(cron, ...)]`: docs/schedules.md.
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -228,6 +230,7 @@ class Agent:
                 max_concurrency=max_concurrency,
                 concurrency_key=concurrency_key,
                 session_policy=session_policy,
+                schedules=schedules,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func
@@ -481,16 +484,9 @@ class Agent:
         by the exit deadline (`lifespan_exit_deadline`): a Redis that does not answer (paused)
         must not hold the exit past the watchdog. Left unclosed, the replica's liveness
         lapses within its lease instead of ending at once."""
-        started = self.shutdown.started
-        limit = (
-            None
-            if started is None
-            else max(
-                0.0,
-                self.shutdown.plan.lifespan_exit_deadline(started, time.monotonic())
-                - time.monotonic(),
-            )
-        )
+        started, plan = self.shutdown.started, self.shutdown.plan
+        end = None if started is None else plan.lifespan_exit_deadline(started, time.monotonic())
+        limit = None if end is None else max(0.0, end - time.monotonic())
         try:
             async with asyncio.timeout(limit):
                 await parts.taker.close()
