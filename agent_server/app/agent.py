@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
 from agent_server.app.protocols import a2a_routes, mcp_endpoint
+from agent_server.app.schedules import schedule_ticker
 from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
@@ -39,6 +40,7 @@ from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
@@ -434,6 +436,7 @@ class Agent:
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         await parts.store.open()
         parts.taker.start()
+        parts.schedules.start()
         if parts.webhooks is not None:
             parts.webhooks.start()
         # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
@@ -489,6 +492,7 @@ class Agent:
         limit = None if end is None else max(0.0, end - time.monotonic())
         try:
             async with asyncio.timeout(limit):
+                await parts.schedules.close()
                 await parts.taker.close()
                 if parts.webhooks is not None:
                     await parts.webhooks.close()
@@ -505,6 +509,8 @@ class Agent:
 class _Parts:
     """What one configured agent runs with, each part given only what it uses."""
 
+    schedules: ScheduleTicker  # the schedules it fires (agent_server/app/schedules.py)
+
     def __init__(
         self,
         store: ExecutionStore,
@@ -516,12 +522,8 @@ class _Parts:
         webhooks: WebhookSender | None,
         tracing: Tracing,
     ) -> None:
-        self.store = store
-        self.tracing = tracing
-        self.registry = registry
-        self.releases = releases
-        self.shutdown = shutdown
-        self.taker = taker
+        self.store, self.tracing, self.registry, self.releases = store, tracing, registry, releases
+        self.shutdown, self.taker = shutdown, taker
         #: Set when the listener closes: open event streams end with a retry hint.
         self.streams_closing = streams_closing
         #: Delivers webhooks, when a secret is set.
@@ -592,4 +594,6 @@ class _Parts:
             flush_spans=tracing.flush,
         )
         taker = QueueTaker(store, registry, reasoners)
-        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
+        parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
+        parts.schedules = schedule_ticker(reasoners, registry, store, metrics, settings)
+        return parts

@@ -23,6 +23,9 @@ from agent_server.model.names import SESSION_ID_RULE, is_session_id
 #: names): skip it, keep one waiting, start it anyway, or cancel the previous one.
 OVERLAPS = ("skip", "buffer_one", "allow_all", "cancel_other")
 
+#: What became of a firing, as `schedule_firings_total` counts it.
+FIRING_OUTCOMES = ("started", "skipped", "missed")
+
 #: How far back a replica firing again starts missed firings, by default (seconds).
 DEFAULT_CATCHUP_WINDOW = 60.0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,6 +45,16 @@ class Idempotency:
     key: str
     fingerprint: str
     ttl: float
+
+
+@dataclass(slots=True)
+class Marks:
+    """A schedule's marks in the store: when it was first seen, the last fire time handled
+    (started or skipped) and the last that started an execution (Unix times)."""
+
+    created: float
+    handled: float | None = None
+    started: float | None = None
 
 
 class IdempotencyMismatch(Exception):
@@ -458,6 +469,29 @@ class ExecutionStore(abc.ABC):
     ) -> None:
         """Accept new work for the session again; `answer` is shared with the releases
         that joined this one on other replicas."""
+
+    async def schedule_marks(self, schedule_key: str, now: float) -> Marks:
+        """When the store first saw the schedule (`now` if this call is the first), its last
+        fire time handled and the last one that started an execution: a schedule never runs
+        fire times from before it existed (docs/schedules.md). This one is the process's."""
+        kept = self._schedule_marks.setdefault(schedule_key, Marks(now))
+        return Marks(kept.created, kept.handled, kept.started)
+
+    async def schedule_fired(self, schedule_key: str, at: float, started: bool) -> None:
+        """Record `at` as handled (and as started, when it started an execution): the later
+        of it and the one kept."""
+        kept = self._schedule_marks.setdefault(schedule_key, Marks(at))
+        kept.handled = at if kept.handled is None else max(kept.handled, at)
+        if started:
+            kept.started = at if kept.started is None else max(kept.started, at)
+
+    async def forget_schedule(self, schedule_key: str) -> None:
+        """Forget a deleted schedule's marks."""
+        self._schedule_marks.pop(schedule_key, None)
+
+    @functools.cached_property
+    def _schedule_marks(self) -> dict[str, Marks]:
+        return {}
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """The answer of a release another replica has under way, once it ends; None when it

@@ -1,0 +1,253 @@
+"""Schedules on real `agent-server run` processes (docs/schedules.md): each firing starts
+exactly one execution, counted by a witness outside the server (`firings.log`, written by
+tests/apps/schedules_app.py), on the memory store and on three replicas sharing a Redis
+through kill -9, SIGTERM and a while with every replica down."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_server.runtime.schedules import firing_id
+from tests.support.cluster import Cluster, started_cluster
+from tests.support.process import ServerProcess
+from tests.support.redis_server import RedisServer
+
+APP = "schedules_app:agent"
+WAIT = 20.0
+
+
+def witnessed(marks: Path, what: str = "start") -> list[dict[str, Any]]:
+    path = marks / "firings.log"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [line for line in lines if line["what"] == what]
+
+
+def wait_until(predicate: Any, timeout: float = WAIT, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        time.sleep(0.05)
+
+
+def fire_times(first: float, last: float, every: int = 2) -> list[float]:
+    """The fire times of `*/every * * * * *` in [first, last]."""
+    start = math.ceil(first / every) * every
+    return [float(t) for t in range(int(start), int(last) + 1, every)]
+
+
+def assert_once_each(marks: Path, since: float, until: float, key: str = "tick-0") -> None:
+    """Every fire time in [since, until] started exactly one execution, and nothing else ran."""
+    starts = [line for line in witnessed(marks) if line["reasoner"] == "tick"]
+    counts = Counter(line["id"] for line in starts)
+    twice = {i: n for i, n in counts.items() if n > 1}
+    assert not twice, f"started more than once: {twice}"
+    expected = {firing_id(key, at): at for at in fire_times(since, until)}
+    missing = sorted(at for i, at in expected.items() if i not in counts)
+    assert not missing, f"fire times with no execution: {missing}"
+
+
+def test_memory_store_fires_each_time_once_with_schedule_id_and_scheduled_at(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess([APP], {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path)
+    try:
+        server.wait_ready()
+        began = time.time()
+        wait_until(lambda: len(witnessed(tmp_path)) >= 3, what="three firings")
+        ended = time.time()
+        starts = witnessed(tmp_path)
+        first = starts[0]
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            body = client.get(f"/executions/{first['id']}").json()
+            assert body["schedule_id"] == "tick-0"
+            assert body["scheduled_at"] is not None
+            listed = client.get("/executions").json()
+        assert all(item["schedule_id"] == "tick-0" for item in listed)
+        # Fire times before the first replica on a fresh store never run: none before began.
+        assert_once_each(tmp_path, began + 2, ended - 1)
+        ids = {firing_id("tick-0", at) for at in fire_times(began - 60, began - 1)}
+        assert not ids & {line["id"] for line in starts}
+        for line in starts:  # each within a second of its fire time (every 2 s, even)
+            assert line["at"] - round(line["at"] / 2) * 2 < 1.0
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
+    with started_cluster(
+        tmp_path, redis_server, env={"SCHEDULE_MARKS": str(tmp_path)}, app=APP
+    ) as cluster:
+        yield cluster
+
+
+def test_three_replicas_start_each_firing_once_through_kill_and_sigterm(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    began = time.time()
+    wait_until(lambda: len(witnessed(tmp_path)) >= 2, what="two firings")
+    # kill -9 one replica: the others go on firing; the store's idempotent starts still
+    # make one execution per fire time.
+    cluster.replicas[0].signal(signal.SIGKILL)
+    cluster.replicas[0].wait_exit(WAIT)
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 2, what="firings after kill -9")
+    # SIGTERM another: a draining replica fires nothing; the third goes on.
+    cluster.replicas[1].signal(signal.SIGTERM)
+    cluster.replicas[1].wait_exit(WAIT)
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 2, what="firings after SIGTERM")
+    # Both come back: three replicas fire again.
+    cluster.replicas[0] = cluster.start(0)
+    cluster.replicas[1] = cluster.start(1)
+    for replica in cluster.replicas:
+        replica.wait_ready()
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 3, what="firings on three again")
+    ended = time.time()
+    assert_once_each(tmp_path, began + 2, ended - 1)
+    with httpx.Client(base_url=cluster.url(2), timeout=5) as client:
+        one = witnessed(tmp_path)[-1]["id"]
+        body = client.get(f"/executions/{one}").json()
+    assert body["schedule_id"] == "tick-0"
+    assert body["scheduled_at"] is not None
+
+
+def test_missed_firings_inside_the_window_start_once_each_after_all_replicas_were_down(
+    tmp_path: Path, redis_url: str
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"SCHEDULE_MARKS": str(marks), "SCHEDULES": "tick,short"}
+
+    def replica(name: str, *extra: str) -> ServerProcess:
+        (tmp_path / name).mkdir()
+        return ServerProcess(
+            [APP, "--store", redis_url, "--replica-id", name, "--lease-ttl", "1", *extra],
+            env,
+            tmp_path / name,
+        )
+
+    first = replica("a")
+    try:
+        first.wait_ready()
+        wait_until(lambda: len(witnessed(marks)) >= 2, what="two firings")
+    finally:
+        first.signal(signal.SIGKILL)
+        first.wait_exit(WAIT)
+        first.close()
+    down = time.time()
+    # The outage: no replica is up (nothing to wait on); `tick` keeps the default 60 s
+    # window, `short` a 3 s one.
+    time.sleep(7.0)
+    up = time.time()
+    second = replica("b")
+    third = replica("c")
+    try:
+        second.wait_ready()
+        third.wait_ready()
+        wait_until(lambda: any(line["at"] > up + 3 for line in witnessed(marks)), what="firing")
+        ended = time.time()
+        with httpx.Client(base_url=second.url, timeout=5) as client:
+            metrics = client.get("/metrics").text + third_metrics(third)
+    finally:
+        second.close()
+        third.close()
+    ran = {line["id"] for line in witnessed(marks)}
+    # Inside the window: every fire time of the outage started late, once.
+    assert_once_each(marks, down - 0.5, ended - 1)
+    # `short`'s window is 3 s: what fell out of it never ran, and was counted as missed.
+    old = {firing_id("short-0", at) for at in fire_times(down + 0.5, up - 3.5)}
+    assert old and not old & ran
+    recent = {firing_id("short-0", at) for at in fire_times(up - 2.5, up - 0.5)}
+    assert recent <= ran
+    missed = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('agent_server_schedule_firings_total{outcome="missed"}')
+    )
+    assert missed >= len(old)
+
+
+def third_metrics(server: ServerProcess) -> str:
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        return client.get("/metrics").text
+
+
+def intervals(marks: Path, reasoner: str) -> dict[str, list[float]]:
+    """Each execution of `reasoner`: [start, end or cancel] from the witness."""
+    spans: dict[str, list[float]] = {}
+    for what in ("start", "end", "cancelled"):
+        for line in witnessed(marks, what):
+            if line["reasoner"] == reasoner:
+                spans.setdefault(line["id"], []).append(line["at"])
+    return spans
+
+
+def overlapping(spans: dict[str, list[float]]) -> int:
+    """How many pairs of executions ran at the same time (an unfinished one runs on)."""
+    closed = [(s[0], s[1] if len(s) > 1 else math.inf) for s in spans.values()]
+    return sum(
+        1
+        for i, (a0, a1) in enumerate(closed)
+        for b0, b1 in closed[i + 1 :]
+        if a0 < b1 - 0.05 and b0 < a1 - 0.05
+    )
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_each_overlap_policy(tmp_path: Path, store: str, redis_url: str) -> None:
+    """Every second a firing; each execution runs 2.5 s."""
+    args = [APP] if store == "memory" else [APP, "--store", redis_url, "--lease-ttl", "1"]
+    env = {
+        "SCHEDULE_MARKS": str(tmp_path),
+        "SCHEDULES": "slow_skip,slow_buffer,slow_all,slow_cancel",
+    }
+    server = ServerProcess(args, env, tmp_path)
+    try:
+        server.wait_ready()
+        wait_until(
+            lambda: len(intervals(tmp_path, "slow_skip")) >= 3, timeout=WAIT, what="3 skip runs"
+        )
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            metrics = client.get("/metrics").text
+            queued = client.get("/executions", params={"status": "queued"}).json()
+    finally:
+        server.close()
+    skip = intervals(tmp_path, "slow_skip")
+    buffer = intervals(tmp_path, "slow_buffer")
+    every = intervals(tmp_path, "slow_all")
+    cancel = intervals(tmp_path, "slow_cancel")
+    # skip: never two at once, and the firings in between were skipped.
+    assert overlapping(skip) == 0, skip
+    assert 'agent_server_schedule_firings_total{outcome="skipped"} 0.0' not in metrics
+    # buffer_one: never two at once; each waited for the previous (started on its end).
+    assert overlapping(buffer) == 0, buffer
+    starts = sorted(s[0] for s in buffer.values())
+    ends = sorted(s[1] for s in buffer.values() if len(s) > 1)
+    assert len(starts) >= 2
+    for end, start in zip(ends, starts[1:], strict=False):
+        assert 0 <= start - end < 1.0, (ends, starts)
+    # ... and at most one waits at a time.
+    assert sum(1 for e in queued if e["reasoner"] == "slow_buffer") <= 1, queued
+    # allow_all: they run side by side.
+    assert overlapping(every) >= 2, every
+    # cancel_other: each firing cancelled the one before.
+    cancelled = [s for s in cancel.values() if len(s) > 1]
+    assert len(cancelled) >= 2, cancel
+    assert all(s[1] - s[0] < 1.6 for s in cancelled), cancel
