@@ -382,8 +382,7 @@ class Agent:
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""
-        parts = self._built
-        settings = self.settings
+        parts, settings = self._built, self.settings
         secured = self._authenticate is not None or settings.authenticates
         hooked = parts.webhooks is not None
         mcp = self._mcp_endpoint()
@@ -406,6 +405,7 @@ class Agent:
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
             mcp=None if mcp is None else mcp.endpoint,
             authorize=self._authorize,
+            schedules=parts.schedules,
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:

@@ -35,5 +35,5 @@ def schedule_ticker(
     )
     for name, reasoner in reasoners.items():
         for index, schedule in enumerate(reasoner.schedules):
-            ticker.add(Entry(declared_id(name, index), name, schedule, declared=True))
+            ticker.declare(Entry(declared_id(name, index), name, schedule, declared=True))
     return ticker

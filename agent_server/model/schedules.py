@@ -126,7 +126,3 @@ class Schedule:
             if moment.timestamp() > after:
                 return moment.timestamp()
         raise ScheduleError("cron", "never fires")  # pragma: no cover: cronsim iterates on
-
-    def firing_key(self, schedule_id: str, at: float) -> str:
-        """The idempotency key of the firing at `at`: the same on every replica."""
-        return f"schedule:{schedule_id}:{at:.0f}"

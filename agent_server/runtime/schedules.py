@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import scoped
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.record import isoformat
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import TERMINAL
@@ -48,7 +51,7 @@ _NAMESPACE = uuid.UUID("6f2c1d0e-5b1a-4d8e-9a55-3c1e0f7b2a41")
 
 def firing_id(schedule_key: str, at: float) -> str:
     """The execution id of the firing at `at`: the same on every replica."""
-    return uuid.uuid5(_NAMESPACE, f"{schedule_key}\x1f{at:.0f}").hex
+    return uuid.uuid5(_NAMESPACE, f"{schedule_key}\x1f{at:.3f}").hex
 
 
 @dataclass(eq=False)
@@ -68,6 +71,72 @@ class Entry:
     started: float | None = None
     next_at: float | None = None
     removed: bool = False
+    #: The JSON document the store keeps for it ('' for a declared one not changed).
+    document: str = ""
+
+    def view(self) -> dict[str, Any]:
+        """What the API shows of it (docs/schedules.md)."""
+        schedule = self.schedule
+        next_at = schedule.next_fire(time.time()) if schedule.enabled else None
+        return {
+            "schedule_id": self.schedule_id,
+            "reasoner": self.reasoner,
+            "cron": schedule.cron,
+            "timezone": schedule.timezone,
+            "input": dict(schedule.input),
+            "session_id": schedule.session_id,
+            "overlap": schedule.overlap,
+            "catchup_window": schedule.catchup_window,
+            "enabled": schedule.enabled,
+            "declared": self.declared,
+            "next_fire_at": None if next_at is None else isoformat(next_at),
+            "created_at": None if self.created_at is None else isoformat(self.created_at),
+        }
+
+    def to_document(self) -> str:
+        """The JSON text the store keeps for every replica."""
+        schedule = self.schedule
+        return json.dumps(
+            {
+                "schedule_id": self.schedule_id,
+                "reasoner": self.reasoner,
+                "declared": self.declared,
+                "created_at": self.created_at,
+                "owner": None if self.principal is None else self.principal.identity,
+                "tenant": self.tenant,
+                "cron": schedule.cron,
+                "timezone": schedule.timezone,
+                "input": dict(schedule.input),
+                "session_id": schedule.session_id,
+                "overlap": schedule.overlap,
+                "catchup_window": schedule.catchup_window,
+                "enabled": schedule.enabled,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_document(cls, text: str) -> Entry:
+        doc = json.loads(text)
+        principal = None if doc["owner"] is None else Principal(doc["owner"], doc["tenant"])
+        schedule = Schedule(
+            doc["cron"],
+            input=doc["input"],
+            timezone=doc["timezone"],
+            overlap=doc["overlap"],
+            catchup_window=doc["catchup_window"],
+            session_id=doc["session_id"],
+            enabled=doc["enabled"],
+        )
+        return cls(
+            doc["schedule_id"],
+            doc["reasoner"],
+            schedule,
+            principal=principal,
+            declared=doc["declared"],
+            created_at=doc["created_at"],
+            document=text,
+        )
 
     @property
     def tenant(self) -> str | None:
@@ -115,6 +184,42 @@ class ScheduleTicker:
         self._order = 0
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        #: The declared schedules as their reasoners declare them (a document may disable
+        #: one), and the store's documents' version last read.
+        self.declared: dict[str, Entry] = {}
+        self._version: int | None = None
+
+    def declare(self, entry: Entry) -> None:
+        """A schedule declared on a reasoner: fired unless a document disables it."""
+        self.declared[entry.key] = entry
+        self.add(entry)
+
+    async def sync(self) -> None:
+        """Take the store's documents when their version moved: schedules made, changed or
+        deleted through the API on any replica, and declared ones disabled or enabled."""
+        version = await self.store.schedules_version()
+        if version == self._version:
+            return
+        documents = await self.store.schedule_documents()
+        self._version = version
+        for key, text in documents.items():
+            current = self.entries.get(key)
+            if current is not None and current.document == text:
+                continue
+            try:
+                entry = Entry.from_document(text)
+            except (ValueError, KeyError, TypeError):
+                logger.warning("schedule %r: its document cannot be read; not fired", key)
+                continue
+            if entry.reasoner not in self.reasoners:
+                logger.warning("schedule %r: reasoner %r is not served here", key, entry.reasoner)
+                continue
+            self.add(entry)
+        for key, entry in list(self.entries.items()):
+            if key not in documents and entry.document:
+                self.remove(key)
+                if key in self.declared:  # its change deleted: as declared again
+                    self.add(self.declared[key])
 
     def add(self, entry: Entry) -> None:
         """Fire `entry` from now on (its marks are read at its first tick)."""
@@ -123,8 +228,18 @@ class ScheduleTicker:
             old.removed = True
             entry.started = old.started
             entry.cursor = old.cursor
+            if entry.created_at is None:
+                entry.created_at = old.created_at
+            if entry.cursor is not None and not old.schedule.enabled:
+                entry.cursor = max(entry.cursor, self._clock())  # a disabled period: never run
         self.entries[entry.key] = entry
         self._push(entry, self._clock())
+        if self._wake is not None:
+            self._wake.set()
+
+    def wake(self) -> None:
+        """Sync and tick now (a schedule changed here)."""
+        self._version = None
         if self._wake is not None:
             self._wake.set()
 
@@ -153,6 +268,7 @@ class ScheduleTicker:
         assert self._wake is not None
         while True:
             try:
+                await self.sync()
                 if not self._draining():
                     await self.tick()
             except Exception:  # one bad tick must not end the firings
@@ -210,6 +326,7 @@ class ScheduleTicker:
             return True
         if not entry.schedule.enabled:  # a disabled period's fire times never run
             entry.cursor = at
+            await self.store.schedule_fired(entry.key, at, False)
             return True
         if at < now - entry.schedule.catchup_window:
             self._observe("missed", None)
@@ -264,7 +381,7 @@ class ScheduleTicker:
                 session_id,
                 body=body,
                 idempotency=Idempotency(
-                    f"schedule\x1f{key}\x1f{at:.0f}",
+                    f"schedule\x1f{key}\x1f{at:.3f}",
                     reasoner.fingerprint(session_id, body),
                     max(self._ttl, 2 * window + 60.0),
                 ),

@@ -485,13 +485,38 @@ class ExecutionStore(abc.ABC):
         if started:
             kept.started = at if kept.started is None else max(kept.started, at)
 
-    async def forget_schedule(self, schedule_key: str) -> None:
-        """Forget a deleted schedule's marks."""
-        self._schedule_marks.pop(schedule_key, None)
-
     @functools.cached_property
     def _schedule_marks(self) -> dict[str, Marks]:
         return {}
+
+    async def put_schedule(self, schedule_key: str, document: str) -> None:
+        """Keep a schedule made (or changed) through the API, as JSON text, for every
+        replica; the version `schedules_version` reads moves on."""
+        self._schedule_docs[schedule_key] = document
+        self._schedule_version[0] += 1
+
+    async def delete_schedule(self, schedule_key: str) -> bool:
+        """Forget a schedule's document and marks: False when there was none."""
+        found = self._schedule_docs.pop(schedule_key, None) is not None
+        self._schedule_marks.pop(schedule_key, None)
+        self._schedule_version[0] += 1
+        return found
+
+    async def schedules_version(self) -> int:
+        """Moves on with every `put_schedule` and `delete_schedule`, on any replica."""
+        return self._schedule_version[0]
+
+    async def schedule_documents(self) -> dict[str, str]:
+        """Every schedule document, by key."""
+        return dict(self._schedule_docs)
+
+    @functools.cached_property
+    def _schedule_docs(self) -> dict[str, str]:
+        return {}
+
+    @functools.cached_property
+    def _schedule_version(self) -> list[int]:
+        return [0]
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """The answer of a release another replica has under way, once it ends; None when it

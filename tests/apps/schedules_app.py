@@ -90,7 +90,7 @@ async def slow_cancel(ctx: ExecutionContext) -> None:
     await _slow(ctx)
 
 
-@agent.reasoner
+@agent.reasoner()
 async def plain(n: int = 0) -> int:
     """Not scheduled: for the API's schedules."""
     return n
