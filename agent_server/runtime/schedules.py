@@ -69,7 +69,9 @@ class Entry:
     cursor: float | None = None
     #: The fire time of the latest execution it started, as known here.
     started: float | None = None
+    #: Its next fire time, and when the heap wakes for it (later, to retry a firing).
     next_at: float | None = None
+    wake_at: float | None = None
     removed: bool = False
     #: The JSON document the store keeps for it ('' for a declared one not changed).
     document: str = ""
@@ -285,25 +287,26 @@ class ScheduleTicker:
         now = self._clock()
         while self._heap and self._heap[0][0] <= now and not self._draining():
             due, _, entry = heapq.heappop(self._heap)
-            if entry.removed or (entry.next_at is not None and due != entry.next_at):
+            if entry.removed or (entry.wake_at is not None and due != entry.wake_at):
                 continue
             try:
                 if entry.cursor is None:
                     await self._prime(entry, now)
+                if entry.next_at is None:  # new here, or changed: its next fire time
                     self._schedule_next(entry)
                     continue
-                done = await self._fire_due(entry, due, now)
+                done = await self._fire_due(entry, entry.next_at, now)
             except StoreUnavailable:
                 done = False
             if done:
                 self._schedule_next(entry)
-            else:
-                entry.next_at = now + RETRY_AFTER
-                self._push(entry, entry.next_at)
+            else:  # the same fire time again soon, while it is inside its window
+                entry.wake_at = now + RETRY_AFTER
+                self._push(entry, entry.wake_at)
 
     def _schedule_next(self, entry: Entry) -> None:
         assert entry.cursor is not None
-        entry.next_at = entry.schedule.next_fire(entry.cursor)
+        entry.next_at = entry.wake_at = entry.schedule.next_fire(entry.cursor)
         self._push(entry, entry.next_at)
 
     async def _prime(self, entry: Entry, now: float) -> None:

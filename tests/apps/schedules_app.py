@@ -53,7 +53,7 @@ async def tick(ctx: ExecutionContext, tag: str = "") -> str:
 
 
 @agent.reasoner(
-    schedules=declared("short", Schedule("*/2 * * * * *", catchup_window=3, input={"tag": "s"}))
+    schedules=declared("short", Schedule("*/2 * * * * *", catchup_window=5, input={"tag": "s"}))
 )
 async def short(ctx: ExecutionContext, tag: str = "") -> str:
     mark(ctx, "start", tag=tag)

@@ -155,13 +155,14 @@ def test_missed_firings_inside_the_window_start_once_each_after_all_replicas_wer
         first.close()
     down = time.time()
     # The outage: no replica is up (nothing to wait on); `tick` keeps the default 60 s
-    # window, `short` a 3 s one.
-    time.sleep(7.0)
+    # window, `short` a 5 s one.
+    time.sleep(9.0)
     up = time.time()
     second = replica("b")
     third = replica("c")
     try:
         second.wait_ready()
+        ready = time.time()  # each replica read the marks before it was ready
         third.wait_ready()
         wait_until(lambda: any(line["at"] > up + 3 for line in witnessed(marks)), what="firing")
         ended = time.time()
@@ -173,11 +174,12 @@ def test_missed_firings_inside_the_window_start_once_each_after_all_replicas_wer
     ran = {line["id"] for line in witnessed(marks)}
     # Inside the window: every fire time of the outage started late, once.
     assert_once_each(marks, down - 0.5, ended - 1)
-    # `short`'s window is 3 s: what fell out of it never ran, and was counted as missed.
-    old = {firing_id("short-0", at) for at in fire_times(down + 0.5, up - 3.5)}
+    # `short`'s window is 5 s, counted back from a replica's first tick (after `up`,
+    # before `ready`): what fell out of it never ran, and was counted as missed.
+    old = {firing_id("short-0", at) for at in fire_times(down + 0.5, up - 5.5)}
     assert old and not old & ran
-    recent = {firing_id("short-0", at) for at in fire_times(up - 2.5, up - 0.5)}
-    assert recent <= ran
+    recent = {firing_id("short-0", at) for at in fire_times(ready - 4.9, up)}
+    assert recent and recent <= ran
     missed = sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()

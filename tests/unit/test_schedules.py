@@ -104,3 +104,65 @@ def test_declared_on_a_reasoner_its_input_binds_once() -> None:
         @agent.reasoner(schedules=["* * * * *"])  # type: ignore[list-item]
         async def third() -> None:
             return None
+
+
+class _Starts:
+    """A registry's start: refused (no room) the first `refuse` times, then started."""
+
+    def __init__(self, refuse: int) -> None:
+        self.refuse = refuse
+        self.fired: list[float | None] = []
+
+    async def start_once(
+        self, reasoner: Any, arguments: Any, session_id: Any, **kwargs: Any
+    ) -> tuple[Any, bool]:
+        from agent_server.model.execution import Execution
+        from agent_server.runtime.admission import AdmissionError
+        from agent_server.runtime.registry import RejectReason
+
+        execution = Execution(reasoner.name, session_id)
+        kwargs["announce"](execution)
+        self.fired.append(execution.scheduled_at)
+        if len(self.fired) <= self.refuse:
+            raise AdmissionError(RejectReason.CAPACITY)
+        return execution, True
+
+
+async def test_a_refused_firing_retries_its_own_fire_time_and_a_change_fires_nothing() -> None:
+    from agent_server.runtime.schedules import Entry, ScheduleTicker
+    from agent_server.store.memory import MemoryStore
+
+    agent = Agent("t")
+
+    @agent.reasoner()
+    async def work() -> None:
+        return None
+
+    clock = [1000.0]
+    starts = _Starts(refuse=1)
+    ticker = ScheduleTicker(
+        starts,  # type: ignore[arg-type]
+        MemoryStore("r1"),
+        agent.reasoners,
+        observe=lambda outcome, lag: None,
+        draining=lambda: False,
+        idempotency_ttl=60.0,
+        clock=lambda: clock[0],
+    )
+    ticker.add(Entry("s", "work", Schedule("*/10 * * * * *")))
+    await ticker.tick()  # primed at 1000: nothing before it runs
+    assert starts.fired == []
+    clock[0] = 1010.0
+    await ticker.tick()
+    clock[0] = 1010.4  # past the retry (0.25 s later): the same fire time, not 1010.25
+    await ticker.tick()
+    assert starts.fired == [1010.0, 1010.0]
+    # Changed (PATCH) between two fire times: nothing fires before the next one.
+    ticker.add(Entry("s", "work", Schedule("*/10 * * * * *", input={})))
+    clock[0] = 1015.0
+    await ticker.tick()
+    await ticker.tick()
+    assert starts.fired == [1010.0, 1010.0]
+    clock[0] = 1020.0
+    await ticker.tick()
+    assert starts.fired == [1010.0, 1010.0, 1020.0]
