@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.access import Access
+from agent_server.http.access import Access, Denied
 from agent_server.http.params import first_values, read_json, validation_detail
 from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.model.execution import Execution
@@ -74,6 +74,7 @@ class Schedules:
 
     async def list_schedules(self, request: Request) -> Response:
         await self.access.check(request.scope, "schedule", {})
+        await self.ticker.sync()  # what another replica changed, read now (one GET)
         principal = self.access.principal(request.scope)
         shown = [
             entry.view()
@@ -84,6 +85,8 @@ class Schedules:
 
     async def schedule(self, request: Request) -> Response:
         entry = await self._find(request)
+        if request.method != "GET":
+            self._may_change(request, entry)
         if request.method == "DELETE":
             if entry.declared:
                 raise ApiError(409, "a declared schedule cannot be deleted: PATCH enabled=false")
@@ -108,6 +111,7 @@ class Schedules:
 
     async def trigger(self, request: Request) -> Response:
         entry = await self._find(request)
+        self._may_change(request, entry)
         try:
             firing = await self.ticker.fire(entry, round(time.time(), 3))
         except AdmissionError as exc:
@@ -125,6 +129,7 @@ class Schedules:
     async def _find(self, request: Request) -> Entry:
         principal = self.access.principal(request.scope)
         schedule_id = request.path_params["schedule_id"]
+        await self.ticker.sync()  # what another replica changed, read now (one GET)
         found = [
             entry
             for entry in self.ticker.entries.values()
@@ -139,6 +144,13 @@ class Schedules:
             {"schedule_id": entry.schedule_id, "reasoner": entry.reasoner},
         )
         return entry
+
+    def _may_change(self, request: Request, entry: Entry) -> None:
+        """A declared schedule is the agent's: every tenant reads it, only an admin (or
+        any caller without authentication) disables, enables or triggers it (403)."""
+        principal = self.access.principal(request.scope)
+        if entry.declared and principal is not None and not principal.is_admin:
+            raise Denied("schedule")
 
     async def _keep(self, entry: Entry) -> None:
         """Into the store for every replica, and fired here from now on."""

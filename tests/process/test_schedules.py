@@ -383,6 +383,13 @@ def test_a_schedule_is_its_tenants(tmp_path: Path) -> None:
             execution_id = fired.json()["execution_id"]
             assert client.get(f"/executions/{execution_id}", headers=b).status_code == 404
             assert client.get("/schedules/" + sid, headers=a).json()["enabled"] is True
+            # A declared schedule is the agent's: read by all, changed by an admin only.
+            assert client.get("/schedules/tick-0", headers=b).status_code == 200
+            off = client.patch("/schedules/tick-0", json={"enabled": False}, headers=b)
+            assert off.status_code == 403, off.text
+            assert client.post("/schedules/tick-0/trigger", headers=a).status_code == 403
+            assert client.delete("/schedules/tick-0", headers=a).status_code == 403
+            assert client.get("/schedules/tick-0", headers=a).json()["enabled"] is True
     finally:
         server.close()
 
@@ -426,3 +433,42 @@ def test_the_client_and_the_cli(tmp_path: Path) -> None:
         assert cli("delete", sid).returncode != 0  # gone
     finally:
         server.close()
+
+
+def test_a_schedule_made_on_one_replica_fires_once_on_three_and_is_deleted_on_all(
+    tmp_path: Path, redis_url: str, redis_server: RedisServer
+) -> None:
+    env = {"SCHEDULE_MARKS": str(tmp_path), "SCHEDULES": ""}
+    with started_cluster(tmp_path, redis_server, env=env, app=APP) as cluster:
+        made = httpx.post(
+            f"{cluster.url(0)}/schedules",
+            json={"reasoner": "tick", "cron": "*/2 * * * * *", "input": {"tag": "api"}},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+        began = time.time()
+        seen = httpx.get(f"{cluster.url(1)}/schedules/{sid}", timeout=5)
+        assert seen.status_code == 200 and seen.json()["cron"] == "*/2 * * * * *"
+        wait_until(lambda: len(witnessed(tmp_path)) >= 3, what="three firings")
+        gone = httpx.delete(f"{cluster.url(2)}/schedules/{sid}", timeout=5)
+        assert gone.status_code == 204
+        deleted = time.time()
+        assert httpx.get(f"{cluster.url(0)}/schedules/{sid}", timeout=5).status_code in (200, 404)
+        # Within a tick (a second) every replica has read the deletion: nothing fires after.
+        wait_until(
+            lambda: all(
+                httpx.get(f"{cluster.url(i)}/schedules/{sid}", timeout=5).status_code == 404
+                for i in range(3)
+            ),
+            timeout=5,
+            what="the deletion on every replica",
+        )
+        settled = time.time()
+        wait_until(lambda: time.time() > settled + 4.5, what="two more fire times")
+        starts = witnessed(tmp_path)
+        counts = Counter(line["id"] for line in starts)
+        assert max(counts.values()) == 1, counts
+        expected = {firing_id(sid, at) for at in fire_times(began + 1, deleted - 1)}
+        assert expected <= set(counts)
+        assert not [line for line in starts if line["at"] > settled + 0.5]
