@@ -148,8 +148,7 @@ class Api:
         ]
         if self.schedules is not None:
             table += [
-                ("/schedules", self.schedules.list_schedules, ["GET"]),
-                ("/schedules", self.schedules.create, ["POST"]),
+                ("/schedules", self.schedules.collection, ["GET", "POST"]),
                 ("/schedules/{schedule_id}", self.schedules.schedule, ["GET", "PATCH", "DELETE"]),
                 ("/schedules/{schedule_id}/trigger", self.schedules.trigger, ["POST"]),
             ]

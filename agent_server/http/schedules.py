@@ -59,6 +59,13 @@ class Schedules:
         self.access = access
         self.max_body_size = max_body_size
 
+    async def collection(self, request: Request) -> Response:
+        """`GET /schedules` lists, `POST /schedules` makes one: one route, so its `Allow`
+        names both."""
+        if request.method == "POST":
+            return await self.create(request)
+        return await self.list_schedules(request)
+
     async def create(self, request: Request) -> Response:
         body = await self._body(request, FIELDS)
         name = body.get("reasoner")
