@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     )
     from agent_server.model.execution import CancelReason, Execution
     from agent_server.model.principal import Principal, Unauthorized
+    from agent_server.model.schedules import Schedule
     from agent_server.model.scheduling import ExecutionTimeout, RetryPolicy
     from agent_server.model.status import ExecutionStatus
     from agent_server.runtime.settings import Settings
@@ -37,6 +38,7 @@ _HOMES = {
     "InputTimeout": "agent_server.model.context",
     "Principal": "agent_server.model.principal",
     "RetryPolicy": "agent_server.model.scheduling",
+    "Schedule": "agent_server.model.schedules",
     "Settings": "agent_server.runtime.settings",
     "StaleAttempt": "agent_server.model.context",
     "Unauthorized": "agent_server.model.principal",
@@ -54,6 +56,7 @@ __all__ = [
     "InputTimeout",
     "Principal",
     "RetryPolicy",
+    "Schedule",
     "Settings",
     "StaleAttempt",
     "Unauthorized",

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
 from agent_server.app.protocols import a2a_routes, mcp_endpoint
+from agent_server.app.schedules import schedule_ticker
 from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
@@ -28,6 +29,7 @@ from agent_server.http.openapi import openapi_document
 from agent_server.model.counts import counted
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
 from agent_server.model.waiting import Closing
 from agent_server.runtime.durable import QueueTaker
@@ -39,6 +41,7 @@ from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
@@ -194,6 +197,7 @@ class Agent:
         max_concurrency: int | None = None,
         concurrency_key: str | None = None,
         session_policy: str = "parallel",
+        schedules: Sequence[Schedule] = (),
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
@@ -208,7 +212,7 @@ class Agent:
         sharing the store; the rest wait queued, first in first out per value.
         `session_policy=`: what a start in a session does beside the session's other work
         (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
-        overrides it per request).
+        overrides it per request). `schedules=[Schedule(cron, ...)]`: docs/schedules.md.
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -232,6 +236,7 @@ class Agent:
                 max_concurrency=max_concurrency,
                 concurrency_key=concurrency_key,
                 session_policy=session_policy,
+                schedules=schedules,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func
@@ -385,8 +390,7 @@ class Agent:
 
     def api(self) -> Api:
         """The routes, bound to the parts they use."""
-        parts = self._built
-        settings = self.settings
+        parts, settings = self._built, self.settings
         secured = self._authenticate is not None or settings.authenticates
         hooked = parts.webhooks is not None
         mcp = self._mcp_endpoint()
@@ -409,6 +413,7 @@ class Agent:
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
             mcp=None if mcp is None else mcp.endpoint,
             authorize=self._authorize,
+            schedules=parts.schedules,
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:
@@ -439,6 +444,7 @@ class Agent:
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
         await parts.store.open()
         parts.taker.start()
+        parts.schedules.start()
         if parts.webhooks is not None:
             parts.webhooks.start()
         # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
@@ -489,18 +495,12 @@ class Agent:
         by the exit deadline (`lifespan_exit_deadline`): a Redis that does not answer (paused)
         must not hold the exit past the watchdog. Left unclosed, the replica's liveness
         lapses within its lease instead of ending at once."""
-        started = self.shutdown.started
-        limit = (
-            None
-            if started is None
-            else max(
-                0.0,
-                self.shutdown.plan.lifespan_exit_deadline(started, time.monotonic())
-                - time.monotonic(),
-            )
-        )
+        started, plan = self.shutdown.started, self.shutdown.plan
+        end = None if started is None else plan.lifespan_exit_deadline(started, time.monotonic())
+        limit = None if end is None else max(0.0, end - time.monotonic())
         try:
             async with asyncio.timeout(limit):
+                await parts.schedules.close()
                 await parts.taker.close()
                 if parts.webhooks is not None:
                     await parts.webhooks.close()
@@ -517,6 +517,8 @@ class Agent:
 class _Parts:
     """What one configured agent runs with, each part given only what it uses."""
 
+    schedules: ScheduleTicker  # the schedules it fires (agent_server/app/schedules.py)
+
     def __init__(
         self,
         store: ExecutionStore,
@@ -528,12 +530,8 @@ class _Parts:
         webhooks: WebhookSender | None,
         tracing: Tracing,
     ) -> None:
-        self.store = store
-        self.tracing = tracing
-        self.registry = registry
-        self.releases = releases
-        self.shutdown = shutdown
-        self.taker = taker
+        self.store, self.tracing, self.registry, self.releases = store, tracing, registry, releases
+        self.shutdown, self.taker = shutdown, taker
         #: Set when the listener closes: open event streams end with a retry hint.
         self.streams_closing = streams_closing
         #: Delivers webhooks, when a secret is set.
@@ -604,4 +602,6 @@ class _Parts:
             flush_spans=tracing.flush,
         )
         taker = QueueTaker(store, registry, reasoners)
-        return cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
+        parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
+        parts.schedules = schedule_ticker(reasoners, registry, store, metrics, settings)
+        return parts

@@ -8,6 +8,7 @@ two to the same signatures and bodies, `await` aside.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, TypeVar, cast
@@ -15,7 +16,7 @@ from typing import Any, TypeVar, cast
 import httpx
 
 from agent_server.client import sync
-from agent_server.client.core import Core
+from agent_server.client.core import Core, Schedule
 from agent_server.client.cut import cut_at
 from agent_server.client.models import (
     Event,
@@ -247,6 +248,32 @@ class AsyncAgentClient:
         self, execution_id: str, after: int | None = None, *, timeout: float | None = None
     ) -> AsyncIterator[Event]:
         return self._iterate(self._core.events(execution_id, after, timeout))
+
+    # -- schedules (docs/schedules.md) ---------------------------------------------------------
+
+    async def create_schedule(self, reasoner: str, cron: str, fields: dict[str, Any]) -> Schedule:
+        """A schedule made (`fields`: `timezone`, `input`, `session_id`, `overlap`,
+        `catchup_window`, `enabled`): the schedule, as the server shows it."""
+        return await self._drive(self._core.create_schedule(reasoner, cron, fields))
+
+    async def schedules(self) -> builtins.list[Schedule]:
+        """The caller's tenant's schedules and the declared ones."""
+        return await self._drive(self._core.schedules())
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        return await self._drive(self._core.get_schedule(schedule_id))
+
+    async def update_schedule(self, schedule_id: str, fields: dict[str, Any]) -> Schedule:
+        """Change fields (only `enabled` for a declared one): the schedule."""
+        return await self._drive(self._core.update_schedule(schedule_id, fields))
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """Delete it (a declared one cannot be: `Conflict`)."""
+        return await self._drive(self._core.delete_schedule(schedule_id))
+
+    async def trigger_schedule(self, schedule_id: str) -> Execution:
+        """Fire now (whatever `enabled` says; `overlap` is obeyed): the execution."""
+        return await self._drive(self._core.trigger_schedule(schedule_id))
 
 
 class AsyncExecutionHandle:

@@ -10,6 +10,7 @@ means cannot differ between them.
 
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import time
@@ -442,6 +443,44 @@ class Core:
         response = checked((yield from self.request(send)), 200)
         return SessionRelease.from_json(response.json())
 
+    # -- schedules (docs/schedules.md) ---------------------------------------------------------
+
+    def _schedule_call(
+        self, method: str, path: str, body: Any = NO_BODY, *, expect: int = 200
+    ) -> Flow[Any]:
+        """One schedule route: its JSON answer (None for a 204). A POST is not sent again
+        once it may have left: a second schedule would be made."""
+        send = Send(method, path, self._timeout(self.timeout), body=body)
+        response = yield from self.request(send, resend_after_sending=method != "POST")
+        checked(response, expect)
+        return None if expect == 204 else response.json()
+
+    def create_schedule(self, reasoner: str, cron: str, fields: dict[str, Any]) -> Flow[Schedule]:
+        body = {"reasoner": reasoner, "cron": cron, **fields}
+        created: Schedule = yield from self._schedule_call("POST", "/schedules", body, expect=201)
+        return created
+
+    def schedules(self) -> Flow[builtins.list[Schedule]]:
+        found: builtins.list[Schedule] = yield from self._schedule_call("GET", "/schedules")
+        return found
+
+    def get_schedule(self, schedule_id: str) -> Flow[Schedule]:
+        found: Schedule = yield from self._schedule_call("GET", schedule_path(schedule_id))
+        return found
+
+    def update_schedule(self, schedule_id: str, fields: dict[str, Any]) -> Flow[Schedule]:
+        path = schedule_path(schedule_id)
+        changed: Schedule = yield from self._schedule_call("PATCH", path, fields)
+        return changed
+
+    def delete_schedule(self, schedule_id: str) -> Flow[None]:
+        yield from self._schedule_call("DELETE", schedule_path(schedule_id), expect=204)
+
+    def trigger_schedule(self, schedule_id: str) -> Flow[Execution]:
+        path = f"{schedule_path(schedule_id)}/trigger"
+        body = yield from self._schedule_call("POST", path, expect=202)
+        return Execution.from_json(body)
+
     # -- events -------------------------------------------------------------------------------
 
     def events(self, execution_id: str, after: int | None, timeout: float | None) -> Items[Event]:
@@ -457,3 +496,11 @@ class Core:
                 return
             yield Close()
             yield Sleep(delay)
+
+
+#: A schedule as the server shows it (docs/schedules.md).
+Schedule = dict[str, Any]
+
+
+def schedule_path(schedule_id: str) -> str:
+    return f"/schedules/{segment(schedule_id)}"

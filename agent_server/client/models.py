@@ -48,6 +48,8 @@ class Execution:
     #: server without authentication.
     owner: str | None = None
     tenant: str | None = None
+    #: The schedule whose firing started it (docs/schedules.md); None otherwise.
+    schedule_id: str | None = None
     #: The JSON object exactly as received (fields this client does not know included).
     json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

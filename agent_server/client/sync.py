@@ -6,6 +6,7 @@ the asyncio one (aio.py) to the same methods, signatures and bodies, `await` asi
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from agent_server.client.core import Core
+from agent_server.client.core import Core, Schedule
 from agent_server.client.cut import cut_at
 from agent_server.client.models import (
     Event,
@@ -258,6 +259,32 @@ class AgentClient:
         execution); resumed with `Last-Event-ID` after a disconnect. `timeout` bounds the
         whole stream: `WaitTimeout` when it passes before the end (the execution goes on)."""
         return self._iterate(self._core.events(execution_id, after, timeout))
+
+    # -- schedules (docs/schedules.md) ---------------------------------------------------------
+
+    def create_schedule(self, reasoner: str, cron: str, fields: dict[str, Any]) -> Schedule:
+        """A schedule made (`fields`: `timezone`, `input`, `session_id`, `overlap`,
+        `catchup_window`, `enabled`): the schedule, as the server shows it."""
+        return self._drive(self._core.create_schedule(reasoner, cron, fields))
+
+    def schedules(self) -> builtins.list[Schedule]:
+        """The caller's tenant's schedules and the declared ones."""
+        return self._drive(self._core.schedules())
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        return self._drive(self._core.get_schedule(schedule_id))
+
+    def update_schedule(self, schedule_id: str, fields: dict[str, Any]) -> Schedule:
+        """Change fields (only `enabled` for a declared one): the schedule."""
+        return self._drive(self._core.update_schedule(schedule_id, fields))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete it (a declared one cannot be: `Conflict`)."""
+        return self._drive(self._core.delete_schedule(schedule_id))
+
+    def trigger_schedule(self, schedule_id: str) -> Execution:
+        """Fire now (whatever `enabled` says; `overlap` is obeyed): the execution."""
+        return self._drive(self._core.trigger_schedule(schedule_id))
 
 
 class ExecutionHandle:

@@ -22,12 +22,14 @@ from agent_server.http.health import Health
 from agent_server.http.inputs import Inputs
 from agent_server.http.routing import Endpoint, Handler
 from agent_server.http.runs import Runs
+from agent_server.http.schedules import Schedules
 from agent_server.http.sessions import Sessions
 from agent_server.http.sse import Streams
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.waiting import Closing
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.store.base import ExecutionStore
 
@@ -46,6 +48,12 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/reasoners"): (200,),
     ("GET", "/executions"): (200, 422, 503),
     ("DELETE", "/sessions/{session_id}"): (200, 409, 503),
+    ("GET", "/schedules"): (200, 503),
+    ("POST", "/schedules"): (201, 422, 503),
+    ("GET", "/schedules/{schedule_id}"): (200, 404, 503),
+    ("PATCH", "/schedules/{schedule_id}"): (200, 403, 404, 422, 503),
+    ("DELETE", "/schedules/{schedule_id}"): (204, 403, 404, 409, 503),
+    ("POST", "/schedules/{schedule_id}/trigger"): (202, 403, 404, 409, 503),
     ("GET", "/healthz"): (200,),
     ("GET", "/readyz"): (200, 503),
     ("GET", "/metrics"): (200,),
@@ -77,6 +85,7 @@ class Api:
         webhook_url: str | None = None,
         mcp: Handler | None = None,
         authorize: Authorize | None = None,
+        schedules: ScheduleTicker | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -113,6 +122,12 @@ class Api:
         self.inputs = Inputs(store, self.executions, max_body_size)
         self.sessions = Sessions(releases, self.access)
         self.health = Health(registry, store, metrics, phase, openapi)
+        #: `/schedules` (docs/schedules.md), given the ticker that fires them.
+        self.schedules = (
+            None
+            if schedules is None
+            else Schedules(schedules, reasoners, self.access, max_body_size)
+        )
 
     def routes(self) -> list[Route]:
         """The hot routes (runs and status reads) first: the router tries them in order."""
@@ -131,6 +146,12 @@ class Api:
             ("/metrics", self.health.scrape, ["GET"]),
             ("/openapi.json", self.health.openapi, ["GET"]),
         ]
+        if self.schedules is not None:
+            table += [
+                ("/schedules", self.schedules.collection, ["GET", "POST"]),
+                ("/schedules/{schedule_id}", self.schedules.schedule, ["GET", "PATCH", "DELETE"]),
+                ("/schedules/{schedule_id}/trigger", self.schedules.trigger, ["POST"]),
+            ]
         if self.mcp is not None:  # POST only: a stateless server has no stream to GET
             table.append(("/mcp", self.mcp, ["POST"]))
         if self.docs is not None:  # last: people, not programs, read it

@@ -18,10 +18,12 @@ from agent_server.http.params import (
     int_param,
     list_cursor,
     next_link,
+    query_param,
     reasoner_filter,
     statuses,
 )
 from agent_server.http.routing import ApiError, execution_response
+from agent_server.http.schedules import schedule_page
 from agent_server.http.sse import EventSource, EventStream, LocalEvents, RemoteEvents, Streams
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution
@@ -122,7 +124,9 @@ class Executions:
             request.scope,
             {"reasoner": reasoner, "session_id": session_id, "statuses": sorted(wanted)},
         )
-        page = await self.store.page(
+        page = await schedule_page(
+            self.store,
+            query_param(request, "schedule_id"),
             statuses=wanted,
             reasoner=reasoner,
             session_id=session_id,

@@ -78,6 +78,8 @@ class Execution(LiveState):
     #: The identity that started it and its tenant; None without authentication.
     owner: str | None
     tenant: str | None
+    #: The schedule whose firing started it, else None (docs/schedules.md).
+    schedule_id: str | None
     #: Resumable executions only: the request body (to bind a later attempt's arguments
     #: again), the last checkpoint (JSON text) and how many attempts an owner's death may
     #: cost. None, None, 1 for the others.

@@ -12,7 +12,7 @@ import inspect
 import json
 import re
 import typing
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import (
@@ -28,6 +28,7 @@ from pydantic import (
 
 from agent_server.model import jsoncodec
 from agent_server.model.context import ExecutionContext
+from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy, SessionPolicy, check_timeout
 
 ReasonerFunc = Callable[..., Any]
@@ -55,6 +56,7 @@ class Reasoner:
         max_concurrency: int | None = None,
         concurrency_key: str | None = None,
         session_policy: str = "parallel",
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -164,6 +166,17 @@ class Reasoner:
         self._field_names = tuple(self.input_model.model_fields)
         #: For a model input without its own rule for extra keys: the keys it declares.
         self._declared = None if self._model_param is None else _declared_keys(self.input_model)
+        #: Its declared schedules (docs/schedules.md), each input bound once here.
+        self.schedules = tuple(schedules)
+        for schedule in self.schedules:
+            if not isinstance(schedule, Schedule):
+                raise ReasonerDefinitionError(f"reasoner {name!r}: schedules takes Schedule(...)s")
+            try:
+                self.bind(dict(schedule.input))
+            except ValidationError as exc:
+                raise ReasonerDefinitionError(
+                    f"reasoner {name!r}: a schedule's input does not bind: {exc}"
+                ) from None
 
     def canonical(self, body: Any) -> Any:
         """The body as the reasoner reads it, as JSON data: what makes two requests the same

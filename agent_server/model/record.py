@@ -199,10 +199,10 @@ STORED: tuple[Field, ...] = (
     #: The pending request while `input_required`, else null (docs/input.md).
     Field(name="input_request", kind=Kind.OBJECT_OR_NONE, shown=_VALUE, at_end=_CLEARED,
           empty="null", schema={"oneOf": [{"type": "null"}, INPUT_REQUEST_SCHEMA]}),
-    #: When a queued execution is due to start (a delayed start, or a retry after its
-    #: backoff); null unless it waits for a time.
+    #: When it was due to start (a delayed start, a retry after its backoff, a schedule's
+    #: fire time), kept after it starts; null when it was due at once.
     Field(name="scheduled_at", kind=Kind.NUMBER_OR_NONE, shown=Shown.TIME_OR_NULL,
-          at_end=_CLEARED, schema={"oneOf": [{"type": "null"}, _TIME]}),
+          schema={"oneOf": [{"type": "null"}, _TIME]}),
     #: Ended by the drain without settling (the reasoner ignored its cancellation).
     Field(name="abandoned", kind=Kind.FLAG, at_end=_WRITTEN, default=False,
           schema={"type": "boolean"}),
@@ -211,6 +211,8 @@ STORED: tuple[Field, ...] = (
     #: key, concurrency key value) is its tenant's (names.py `scoped`); docs/security.md.
     Field(name="owner", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     Field(name="tenant", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
+    #: The schedule whose firing started it (docs/schedules.md), else None.
+    Field(name="schedule_id", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     # -- hash-only ------------------------------------------------------------------------
     #: A resumable execution's request body (a later attempt binds its arguments again).
     Field(name="body", kind=Kind.JSON, kept=_HASH, written=Written.WITH_BODY),

@@ -127,7 +127,6 @@ TABLE: tuple[Step, ...] = (
         frozenset({_S.QUEUED}),
         frozenset({_S.RUNNING}),
         "QueueTaker, once due: claim.lua; the memory store's queue",
-        ("scheduled_at",),
     ),
     Step(
         Transition.CANCEL_QUEUED,

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import (
 )
 
 from agent_server.model.execution import Execution
+from agent_server.model.schedules import FIRING_OUTCOMES
 from agent_server.model.status import ExecutionStatus
 from agent_server.runtime.metric_series import (
     EXECUTION_BUCKETS,
@@ -82,6 +83,9 @@ class Metrics:
         #: Webhook attempts by outcome, and the deliveries pending (agent_server.runtime.webhooks).
         self._webhooks: dict[str, int] = dict.fromkeys(WEBHOOK_OUTCOMES, 0)
         self._webhooks_pending = 0
+        #: Schedule firings by outcome, and fire time to start (docs/schedules.md).
+        self._firings: dict[str, int] = dict.fromkeys(FIRING_OUTCOMES, 0)
+        self.schedule_lag = HistogramSeries(EXECUTION_BUCKETS, EXECUTION_LE)
         #: How late the loop-lag sampler woke (`agent_server.runtime.loop_lag`), each sample.
         self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
         self.shutdown = ShutdownMetrics()
@@ -280,7 +284,29 @@ class Metrics:
         )
         lag.add_metric([], self.loop_lag.buckets(), self.loop_lag.sum)
         yield lag
+        yield from self._schedule_families()
         yield self.shutdown.elapsed()
+
+    def schedule_fired(self, outcome: str, lag: float | None = None) -> None:
+        """A firing's outcome (`FIRING_OUTCOMES`), and for one this replica started, its lag."""
+        self._firings[outcome] += 1
+        if lag is not None:
+            self.schedule_lag.observe(max(0.0, lag))
+
+    def _schedule_families(self) -> Iterator[Metric]:
+        yield counter(
+            "schedule_firings_total",
+            "Schedule firings, by outcome: started (by this replica), skipped (the previous "
+            "still running), missed (older than the catch-up window).",
+            "outcome",
+            self._firings,
+        )
+        lag = HistogramMetricFamily(
+            f"{PREFIX}_schedule_lag_seconds",
+            "Seconds from a firing's fire time to its execution's start, on this replica.",
+        )
+        lag.add_metric([], self.schedule_lag.buckets(), self.schedule_lag.sum)
+        yield lag
 
     def _queue_families(self) -> Iterator[Metric]:
         queued = GaugeMetricFamily(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,6 +45,16 @@ class Idempotency:
     key: str
     fingerprint: str
     ttl: float
+
+
+@dataclass(slots=True)
+class Marks:
+    """A schedule's marks in the store: when it was first seen, the last fire time handled
+    (started or skipped) and the last that started an execution (Unix times)."""
+
+    created: float
+    handled: float | None = None
+    started: float | None = None
 
 
 class IdempotencyMismatch(Exception):
@@ -458,6 +469,54 @@ class ExecutionStore(abc.ABC):
     ) -> None:
         """Accept new work for the session again; `answer` is shared with the releases
         that joined this one on other replicas."""
+
+    async def schedule_marks(self, schedule_key: str, now: float) -> Marks:
+        """When the store first saw the schedule (`now` if this call is the first), its last
+        fire time handled and the last one that started an execution: a schedule never runs
+        fire times from before it existed (docs/schedules.md). This one is the process's."""
+        kept = self._schedule_marks.setdefault(schedule_key, Marks(now))
+        return Marks(kept.created, kept.handled, kept.started)
+
+    async def schedule_fired(self, schedule_key: str, at: float, started: bool) -> None:
+        """Record `at` as handled (and as started, when it started an execution): the later
+        of it and the one kept."""
+        kept = self._schedule_marks.setdefault(schedule_key, Marks(at))
+        kept.handled = at if kept.handled is None else max(kept.handled, at)
+        if started:
+            kept.started = at if kept.started is None else max(kept.started, at)
+
+    @functools.cached_property
+    def _schedule_marks(self) -> dict[str, Marks]:
+        return {}
+
+    async def put_schedule(self, schedule_key: str, document: str) -> None:
+        """Keep a schedule made (or changed) through the API, as JSON text, for every
+        replica; the version `schedules_version` reads moves on."""
+        self._schedule_docs[schedule_key] = document
+        self._schedule_version[0] += 1
+
+    async def delete_schedule(self, schedule_key: str) -> bool:
+        """Forget a schedule's document and marks: False when there was none."""
+        found = self._schedule_docs.pop(schedule_key, None) is not None
+        self._schedule_marks.pop(schedule_key, None)
+        self._schedule_version[0] += 1
+        return found
+
+    async def schedules_version(self) -> int:
+        """Moves on with every `put_schedule` and `delete_schedule`, on any replica."""
+        return self._schedule_version[0]
+
+    async def schedule_documents(self) -> dict[str, str]:
+        """Every schedule document, by key."""
+        return dict(self._schedule_docs)
+
+    @functools.cached_property
+    def _schedule_docs(self) -> dict[str, str]:
+        return {}
+
+    @functools.cached_property
+    def _schedule_version(self) -> list[int]:
+        return [0]
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """The answer of a release another replica has under way, once it ends; None when it

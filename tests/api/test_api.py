@@ -38,6 +38,7 @@ EXECUTION_KEYS = {
     "scheduled_at",
     "owner",
     "tenant",
+    "schedule_id",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 

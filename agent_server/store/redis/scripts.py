@@ -76,9 +76,10 @@ class Row(enum.IntEnum):
     ABANDONED = 14
     OWNER = 15
     TENANT = 16
-    MOVED = 17
-    MATCHED = 18
-    CURSOR = 19
+    SCHEDULE_ID = 17
+    MOVED = 18
+    MATCHED = 19
+    CURSOR = 20
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.

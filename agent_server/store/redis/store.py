@@ -40,6 +40,7 @@ from agent_server.store.redis.outbox import OUTBOX_LIMIT, Outbox
 from agent_server.store.redis.owner_writes import OwnerWrites
 from agent_server.store.redis.reads import Reads
 from agent_server.store.redis.releases import Releases
+from agent_server.store.redis.schedule_marks import ScheduleMarks
 from agent_server.store.redis.scripts import Forget
 from agent_server.store.redis.starts import Starts
 from agent_server.store.redis.webhooks import Webhooks
@@ -53,7 +54,7 @@ RELEASE_SECONDS = 2 * COMMAND_TIMEOUT
 RELEASE_RETRY = 0.05
 
 
-class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks):
+class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
     """Records in Redis, shared by every replica of the agent; see the module docstring.
     Its operations are its parts' (one module each); here its parts are made, started and
     stopped."""

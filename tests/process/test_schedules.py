@@ -1,0 +1,474 @@
+"""Schedules on real `agent-server run` processes (docs/schedules.md): each firing starts
+exactly one execution, counted by a witness outside the server (`firings.log`, written by
+tests/apps/schedules_app.py), on the memory store and on three replicas sharing a Redis
+through kill -9, SIGTERM and a while with every replica down."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_server.runtime.schedules import firing_id
+from tests.support.cluster import Cluster, started_cluster
+from tests.support.process import ServerProcess
+from tests.support.redis_server import RedisServer
+
+APP = "schedules_app:agent"
+WAIT = 20.0
+
+
+def witnessed(marks: Path, what: str = "start") -> list[dict[str, Any]]:
+    path = marks / "firings.log"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [line for line in lines if line["what"] == what]
+
+
+def wait_until(predicate: Any, timeout: float = WAIT, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        time.sleep(0.05)
+
+
+def fire_times(first: float, last: float, every: int = 2) -> list[float]:
+    """The fire times of `*/every * * * * *` in [first, last]."""
+    start = math.ceil(first / every) * every
+    return [float(t) for t in range(int(start), int(last) + 1, every)]
+
+
+def assert_once_each(marks: Path, since: float, until: float, key: str = "tick-0") -> None:
+    """Every fire time in [since, until] started exactly one execution, and nothing else ran."""
+    starts = [line for line in witnessed(marks) if line["reasoner"] == "tick"]
+    counts = Counter(line["id"] for line in starts)
+    twice = {i: n for i, n in counts.items() if n > 1}
+    assert not twice, f"started more than once: {twice}"
+    expected = {firing_id(key, at): at for at in fire_times(since, until)}
+    missing = sorted(at for i, at in expected.items() if i not in counts)
+    assert not missing, f"fire times with no execution: {missing}"
+
+
+def test_memory_store_fires_each_time_once_with_schedule_id_and_scheduled_at(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess([APP], {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path)
+    try:
+        server.wait_ready()
+        began = time.time()
+        wait_until(lambda: len(witnessed(tmp_path)) >= 3, what="three firings")
+        ended = time.time()
+        starts = witnessed(tmp_path)
+        first = starts[0]
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            body = client.get(f"/executions/{first['id']}").json()
+            assert body["schedule_id"] == "tick-0"
+            assert body["scheduled_at"] is not None
+            listed = client.get("/executions").json()
+        assert all(item["schedule_id"] == "tick-0" for item in listed)
+        # Fire times before the first replica on a fresh store never run: none before began.
+        assert_once_each(tmp_path, began + 2, ended - 1)
+        ids = {firing_id("tick-0", at) for at in fire_times(began - 60, began - 1)}
+        assert not ids & {line["id"] for line in starts}
+        for line in starts:  # each within a second of its fire time (every 2 s, even)
+            assert line["at"] - round(line["at"] / 2) * 2 < 1.0
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
+    with started_cluster(
+        tmp_path, redis_server, env={"SCHEDULE_MARKS": str(tmp_path)}, app=APP
+    ) as cluster:
+        yield cluster
+
+
+def test_three_replicas_start_each_firing_once_through_kill_and_sigterm(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    began = time.time()
+    wait_until(lambda: len(witnessed(tmp_path)) >= 2, what="two firings")
+    # kill -9 one replica: the others go on firing; the store's idempotent starts still
+    # make one execution per fire time.
+    cluster.replicas[0].signal(signal.SIGKILL)
+    cluster.replicas[0].wait_exit(WAIT)
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 2, what="firings after kill -9")
+    # SIGTERM another: a draining replica fires nothing; the third goes on.
+    cluster.replicas[1].signal(signal.SIGTERM)
+    cluster.replicas[1].wait_exit(WAIT)
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 2, what="firings after SIGTERM")
+    # Both come back: three replicas fire again.
+    cluster.replicas[0] = cluster.start(0)
+    cluster.replicas[1] = cluster.start(1)
+    for replica in cluster.replicas:
+        replica.wait_ready()
+    seen = len(witnessed(tmp_path))
+    wait_until(lambda: len(witnessed(tmp_path)) >= seen + 3, what="firings on three again")
+    ended = time.time()
+    assert_once_each(tmp_path, began + 2, ended - 1)
+    with httpx.Client(base_url=cluster.url(2), timeout=5) as client:
+        one = witnessed(tmp_path)[-1]["id"]
+        body = client.get(f"/executions/{one}").json()
+    assert body["schedule_id"] == "tick-0"
+    assert body["scheduled_at"] is not None
+
+
+def test_missed_firings_inside_the_window_start_once_each_after_all_replicas_were_down(
+    tmp_path: Path, redis_url: str
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"SCHEDULE_MARKS": str(marks), "SCHEDULES": "tick,short"}
+
+    def replica(name: str, *extra: str) -> ServerProcess:
+        (tmp_path / name).mkdir()
+        return ServerProcess(
+            [APP, "--store", redis_url, "--replica-id", name, "--lease-ttl", "1", *extra],
+            env,
+            tmp_path / name,
+        )
+
+    first = replica("a")
+    try:
+        first.wait_ready()
+        wait_until(lambda: len(witnessed(marks)) >= 2, what="two firings")
+    finally:
+        first.signal(signal.SIGKILL)
+        first.wait_exit(WAIT)
+        first.close()
+    down = time.time()
+    # The outage: no replica is up (nothing to wait on); `tick` keeps the default 60 s
+    # window, `short` a 5 s one.
+    time.sleep(9.0)
+    up = time.time()
+    second = replica("b")
+    third = replica("c")
+    try:
+        second.wait_ready()
+        ready = time.time()  # each replica read the marks before it was ready
+        third.wait_ready()
+        wait_until(lambda: any(line["at"] > up + 3 for line in witnessed(marks)), what="firing")
+        ended = time.time()
+        with httpx.Client(base_url=second.url, timeout=5) as client:
+            metrics = client.get("/metrics").text + third_metrics(third)
+    finally:
+        second.close()
+        third.close()
+    ran = {line["id"] for line in witnessed(marks)}
+    # Inside the window: every fire time of the outage started late, once.
+    assert_once_each(marks, down - 0.5, ended - 1)
+    # `short`'s window is 5 s, counted back from a replica's first tick (after `up`,
+    # before `ready`): what fell out of it never ran, and was counted as missed.
+    old = {firing_id("short-0", at) for at in fire_times(down + 0.5, up - 5.5)}
+    assert old and not old & ran
+    recent = {firing_id("short-0", at) for at in fire_times(ready - 4.9, up)}
+    assert recent and recent <= ran
+    missed = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('agent_server_schedule_firings_total{outcome="missed"}')
+    )
+    assert missed >= len(old)
+
+
+def third_metrics(server: ServerProcess) -> str:
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        return client.get("/metrics").text
+
+
+def intervals(marks: Path, reasoner: str) -> dict[str, list[float]]:
+    """Each execution of `reasoner`: [start, end or cancel] from the witness."""
+    spans: dict[str, list[float]] = {}
+    for what in ("start", "end", "cancelled"):
+        for line in witnessed(marks, what):
+            if line["reasoner"] == reasoner:
+                spans.setdefault(line["id"], []).append(line["at"])
+    return spans
+
+
+def overlapping(spans: dict[str, list[float]]) -> int:
+    """How many pairs of executions ran at the same time (an unfinished one runs on)."""
+    closed = [(s[0], s[1] if len(s) > 1 else math.inf) for s in spans.values()]
+    return sum(
+        1
+        for i, (a0, a1) in enumerate(closed)
+        for b0, b1 in closed[i + 1 :]
+        if a0 < b1 - 0.05 and b0 < a1 - 0.05
+    )
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_each_overlap_policy(tmp_path: Path, store: str, redis_url: str) -> None:
+    """Every second a firing; each execution runs 2.5 s."""
+    args = [APP] if store == "memory" else [APP, "--store", redis_url, "--lease-ttl", "1"]
+    env = {
+        "SCHEDULE_MARKS": str(tmp_path),
+        "SCHEDULES": "slow_skip,slow_buffer,slow_all,slow_cancel",
+    }
+    server = ServerProcess(args, env, tmp_path)
+    try:
+        server.wait_ready()
+        wait_until(
+            lambda: len(intervals(tmp_path, "slow_skip")) >= 3, timeout=WAIT, what="3 skip runs"
+        )
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            metrics = client.get("/metrics").text
+            queued = client.get("/executions", params={"status": "queued"}).json()
+    finally:
+        server.close()
+    skip = intervals(tmp_path, "slow_skip")
+    buffer = intervals(tmp_path, "slow_buffer")
+    every = intervals(tmp_path, "slow_all")
+    cancel = intervals(tmp_path, "slow_cancel")
+    # skip: never two at once, and the firings in between were skipped.
+    assert overlapping(skip) == 0, skip
+    assert 'agent_server_schedule_firings_total{outcome="skipped"} 0.0' not in metrics
+    # buffer_one: never two at once; each waited for the previous (started on its end).
+    assert overlapping(buffer) == 0, buffer
+    starts = sorted(s[0] for s in buffer.values())
+    ends = sorted(s[1] for s in buffer.values() if len(s) > 1)
+    assert len(starts) >= 2
+    for end, start in zip(ends, starts[1:], strict=False):
+        assert 0 <= start - end < 1.0, (ends, starts)
+    # ... and at most one waits at a time.
+    assert sum(1 for e in queued if e["reasoner"] == "slow_buffer") <= 1, queued
+    # allow_all: they run side by side.
+    assert overlapping(every) >= 2, every
+    # cancel_other: each firing cancelled the one before.
+    cancelled = [s for s in cancel.values() if len(s) > 1]
+    assert len(cancelled) >= 2, cancel
+    assert all(s[1] - s[0] < 1.6 for s in cancelled), cancel
+
+
+KEYS = {
+    "schedule_id",
+    "reasoner",
+    "cron",
+    "timezone",
+    "input",
+    "session_id",
+    "overlap",
+    "catchup_window",
+    "enabled",
+    "declared",
+    "next_fire_at",
+    "created_at",
+}
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_the_schedules_api(tmp_path: Path, store: str, redis_url: str) -> None:
+    args = [APP] if store == "memory" else [APP, "--store", redis_url, "--lease-ttl", "1"]
+    server = ServerProcess(args, {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path)
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            # Refusals name the field, and change nothing.
+            for body, field in [
+                ({"reasoner": "plain", "cron": "* * *"}, "cron"),
+                ({"reasoner": "plain", "cron": "61 * * * *"}, "cron"),
+                ({"reasoner": "plain"}, "cron"),
+                ({"reasoner": "plain", "cron": "* * * * *", "timezone": "Mars/Base"}, "timezone"),
+                ({"reasoner": "nobody", "cron": "* * * * *"}, "reasoner"),
+                ({"reasoner": "plain", "cron": "* * * * *", "input": {"n": "x"}}, "input"),
+                ({"reasoner": "plain", "cron": "* * * * *", "overlap": "queue"}, "overlap"),
+                (
+                    {"reasoner": "plain", "cron": "* * * * *", "catchup_window": -1},
+                    "catchup_window",
+                ),
+                ({"reasoner": "plain", "cron": "* * * * *", "colour": "red"}, "colour"),
+            ]:
+                refused = client.post("/schedules", json=body)
+                assert refused.status_code == 422, (body, refused.text)
+                assert refused.json()["detail"].startswith(f"{field}:"), refused.text
+            assert client.post("/schedules", content=b"[1]").status_code == 422
+            listed = client.get("/schedules").json()
+            assert [s["schedule_id"] for s in listed] == ["tick-0"]
+            assert set(listed[0]) == KEYS and listed[0]["declared"] is True
+            # A declared one is not deleted; PATCH may only disable or enable it.
+            assert client.delete("/schedules/tick-0").status_code == 409
+            assert client.patch("/schedules/tick-0", json={"cron": "* * * * *"}).status_code == 422
+            assert client.get("/schedules/nothing").status_code == 404
+            # Made, read, changed, triggered, listed, deleted.
+            made = client.post(
+                "/schedules",
+                json={"reasoner": "plain", "cron": "0 0 1 1 *", "input": {"n": 7}},
+            )
+            assert made.status_code == 201, made.text
+            schedule = made.json()
+            assert set(schedule) == KEYS and schedule["declared"] is False
+            assert schedule["timezone"] == "UTC" and schedule["overlap"] == "skip"
+            assert schedule["catchup_window"] == 60
+            sid = schedule["schedule_id"]
+            assert client.get(f"/schedules/{sid}").json() == schedule
+            patched = client.patch(f"/schedules/{sid}", json={"enabled": False})
+            assert patched.status_code == 200 and patched.json()["enabled"] is False
+            assert patched.json()["next_fire_at"] is None
+            triggered = client.post(f"/schedules/{sid}/trigger")  # ignores enabled
+            assert triggered.status_code == 202, triggered.text
+            execution = triggered.json()
+            assert execution["schedule_id"] == sid and execution["reasoner"] == "plain"
+            ended = client.get(f"/executions/{execution['execution_id']}", params={"wait": 5})
+            assert ended.json()["result"] == 7
+            by_schedule = client.get("/executions", params={"schedule_id": sid}).json()
+            assert [e["execution_id"] for e in by_schedule] == [execution["execution_id"]]
+            assert client.delete(f"/schedules/{sid}").status_code == 204
+            assert client.get(f"/schedules/{sid}").status_code == 404
+            assert client.post(f"/schedules/{sid}/trigger").status_code == 404
+            assert [s["schedule_id"] for s in client.get("/schedules").json()] == ["tick-0"]
+            assert client.patch("/schedules/tick-0", json={"enabled": False}).status_code == 200
+            disabled_at = time.time()
+            assert client.get("/schedules/tick-0").json()["enabled"] is False
+        # A disabled period's fire times never run.
+        time.sleep(3.0)  # the disabled period itself: nothing may happen in it
+        late = [
+            line
+            for line in witnessed(tmp_path)
+            if line["reasoner"] == "tick" and line["at"] > disabled_at + 1.0
+        ]
+        assert not late, late
+    finally:
+        server.close()
+
+
+def test_a_schedule_is_its_tenants(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("token-a alice acme\ntoken-b bob globex\n")
+    server = ServerProcess(
+        [APP, "--api-tokens-file", str(tokens)], {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path
+    )
+    try:
+        server.wait_ready()
+        a = {"Authorization": "Bearer token-a"}
+        b = {"Authorization": "Bearer token-b"}
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            made = client.post(
+                "/schedules", json={"reasoner": "plain", "cron": "0 0 1 1 *"}, headers=a
+            )
+            assert made.status_code == 201, made.text
+            sid = made.json()["schedule_id"]
+            assert client.get("/schedules").status_code == 401
+            assert [s["schedule_id"] for s in client.get("/schedules", headers=b).json()] == [
+                "tick-0"
+            ]
+            for method, path in [
+                ("GET", f"/schedules/{sid}"),
+                ("PATCH", f"/schedules/{sid}"),
+                ("DELETE", f"/schedules/{sid}"),
+                ("POST", f"/schedules/{sid}/trigger"),
+            ]:
+                kwargs: dict[str, Any] = {"json": {"enabled": False}} if method == "PATCH" else {}
+                answer = client.request(method, path, headers=b, **kwargs)
+                assert answer.status_code == 404, (method, path, answer.text)
+            fired = client.post(f"/schedules/{sid}/trigger", headers=a)
+            assert fired.status_code == 202, fired.text
+            assert fired.json()["tenant"] == "acme"
+            execution_id = fired.json()["execution_id"]
+            assert client.get(f"/executions/{execution_id}", headers=b).status_code == 404
+            assert client.get("/schedules/" + sid, headers=a).json()["enabled"] is True
+            # A declared schedule is the agent's: read by all, changed by an admin only.
+            assert client.get("/schedules/tick-0", headers=b).status_code == 200
+            off = client.patch("/schedules/tick-0", json={"enabled": False}, headers=b)
+            assert off.status_code == 403, off.text
+            assert client.post("/schedules/tick-0/trigger", headers=a).status_code == 403
+            assert client.delete("/schedules/tick-0", headers=a).status_code == 403
+            assert client.get("/schedules/tick-0", headers=a).json()["enabled"] is True
+    finally:
+        server.close()
+
+
+def test_the_client_and_the_cli(tmp_path: Path) -> None:
+    from agent_server.client import AgentClient, Conflict
+
+    server = ServerProcess([APP], {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path)
+    try:
+        server.wait_ready()
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "agent_server", "schedules", *args, "--url", server.url],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+
+        made = cli("create", "plain", "0 0 1 1 *", "--input", '{"n": 4}', "--overlap", "allow_all")
+        assert made.returncode == 0, made.stderr
+        sid = json.loads(made.stdout)["schedule_id"]
+        assert json.loads(cli("disable", sid).stdout)["enabled"] is False
+        fired = cli("trigger", sid)
+        assert fired.returncode == 0, fired.stderr
+        assert json.loads(fired.stdout)["schedule_id"] == sid
+        bad = cli("create", "plain", "61 * * * *")
+        assert bad.returncode != 0 and "cron" in bad.stderr
+        with AgentClient(server.url) as client:
+            ids = [s["schedule_id"] for s in client.schedules()]
+            assert sorted(ids) == sorted(["tick-0", sid])
+            assert client.get_schedule(sid)["input"] == {"n": 4}
+            assert client.update_schedule(sid, {"enabled": True})["enabled"] is True
+            execution = client.trigger_schedule(sid)
+            assert client.wait(execution.execution_id, 5).result == 4
+            with pytest.raises(Conflict):
+                client.delete_schedule("tick-0")
+            client.delete_schedule(sid)
+            made_here = client.create_schedule("plain", "0 0 1 1 *", {"timezone": "Asia/Tokyo"})
+            assert made_here["timezone"] == "Asia/Tokyo"
+        assert cli("delete", sid).returncode != 0  # gone
+    finally:
+        server.close()
+
+
+def test_a_schedule_made_on_one_replica_fires_once_on_three_and_is_deleted_on_all(
+    tmp_path: Path, redis_url: str, redis_server: RedisServer
+) -> None:
+    env = {"SCHEDULE_MARKS": str(tmp_path), "SCHEDULES": ""}
+    with started_cluster(tmp_path, redis_server, env=env, app=APP) as cluster:
+        made = httpx.post(
+            f"{cluster.url(0)}/schedules",
+            json={"reasoner": "tick", "cron": "*/2 * * * * *", "input": {"tag": "api"}},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+        began = time.time()
+        seen = httpx.get(f"{cluster.url(1)}/schedules/{sid}", timeout=5)
+        assert seen.status_code == 200 and seen.json()["cron"] == "*/2 * * * * *"
+        wait_until(lambda: len(witnessed(tmp_path)) >= 3, what="three firings")
+        gone = httpx.delete(f"{cluster.url(2)}/schedules/{sid}", timeout=5)
+        assert gone.status_code == 204
+        deleted = time.time()
+        assert httpx.get(f"{cluster.url(0)}/schedules/{sid}", timeout=5).status_code in (200, 404)
+        # Within a tick (a second) every replica has read the deletion: nothing fires after.
+        wait_until(
+            lambda: all(
+                httpx.get(f"{cluster.url(i)}/schedules/{sid}", timeout=5).status_code == 404
+                for i in range(3)
+            ),
+            timeout=5,
+            what="the deletion on every replica",
+        )
+        settled = time.time()
+        wait_until(lambda: time.time() > settled + 4.5, what="two more fire times")
+        starts = witnessed(tmp_path)
+        counts = Counter(line["id"] for line in starts)
+        assert max(counts.values()) == 1, counts
+        expected = {firing_id(sid, at) for at in fire_times(began + 1, deleted - 1)}
+        assert expected <= set(counts)
+        assert not [line for line in starts if line["at"] > settled + 0.5]
