@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 from agent_server.app.cut_off import Answer
 from agent_server.app.protocols import a2a_routes, mcp_endpoint
 from agent_server.app.schedules import schedule_ticker
+from agent_server.app.start_line import log_start
 from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
@@ -26,7 +27,6 @@ from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
-from agent_server.model.counts import counted
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.schedules import Schedule
@@ -267,51 +267,6 @@ class Agent:
         except Exception as exc:
             logger.error("the lifespan of agent %r raised on exit", self.name, exc_info=exc)
 
-    def _log_start(self) -> None:
-        """One line naming what this process serves: the agent, its reasoners, its store
-        (never a password: the store's own description), this replica."""
-        settings = self.settings
-        store = settings.store_url
-        if store != "memory":
-            from agent_server.store.redis import describe_url  # redis-py is loaded already
-
-            store = describe_url(store)
-        names = sorted(self.reasoners)
-        # The address configured (`agent-server run`'s; port 0: uvicorn's next line names the
-        # port it took; under another ASGI server, its own), and the shutdown budget every
-        # deadline is derived from. Logged before the bind, so it says "starting": the ASGI
-        # server's next line says where it listens, or why it could not.
-        address = f"{settings.host}:{settings.port}" if self._served_here else None
-        plan = self.shutdown.plan
-        budget = {
-            "grace_period": plan.grace_period,
-            "unready_delay": plan.unready_delay,
-            "drain_timeout": plan.drain_timeout,
-            "cancel_timeout": plan.cancel_timeout,
-            "http_timeout": plan.http_timeout,
-        }
-        logger.info(
-            "agent %r starting with %s (%s), store %s, as replica %s, to listen on %s; "
-            "shutdown within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
-            self.name,
-            counted(len(names), "reasoner"),
-            ", ".join(names) or "none",
-            store,
-            settings.replica_id,
-            address or "the ASGI server's address",
-            *budget.values(),
-            extra={
-                "fields": {
-                    "agent": self.name,
-                    "reasoners": names,
-                    "store": store,
-                    "replica": settings.replica_id,
-                    "address": address,
-                    "shutdown": budget,
-                }
-            },
-        )
-
     async def push_shutdown(self, hard_end: float) -> bool:
         """Push the shutdown metrics when `--pushgateway` is set, before `hard_end`."""
         return await push_shutdown(
@@ -462,7 +417,9 @@ class Agent:
             own = None if self.user_lifespan is None else self.user_lifespan(app)
             state = None if own is None else await own.__aenter__()
             try:
-                self._log_start()
+                log_start(
+                    self.name, self.reasoners, self.settings, self.shutdown.plan, self._served_here
+                )
                 yield state
                 # Under `agent-server run` the sequence has run already, or the start failed
                 # (the port was taken): nothing was served, so there is no shutdown to begin

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 import anyio
 from mcp.server.context import ServerRequestContext
@@ -33,31 +33,39 @@ from mcp_types import (
     CallToolRequestParams,
     ListToolsResult,
     PaginatedRequestParams,
-    RequestParams,
     SubscriptionsListenRequestParams,
     Tool,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http import answers
 from agent_server.http.access import Access, Denied
-from agent_server.http.auth import principal_of
+from agent_server.http.mcp_requests import (
+    SUBSCRIPTION_ID,
+    TaskParams,
+    TaskUpdateParams,
+    caller_of,
+    concurrency_of,
+    declares_tasks,
+    elicits,
+    input_required,
+    notify,
+    retried,
+    task_ids,
+)
 from agent_server.http.mcp_tools import (
     TASKS_EXTENSION,
     answer_value,
-    elicitation,
     task,
     tool,
     tool_error,
     tool_result,
 )
-from agent_server.http.params import first_values, validation_detail
-from agent_server.http.routing import ApiError, JSONResponse
-from agent_server.http.runs import _concurrency_value as concurrency_value
+from agent_server.http.params import validation_detail
+from agent_server.http.routing import JSONResponse
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
@@ -72,13 +80,10 @@ logger = logging.getLogger("agent_server.mcp")
 #: cancellation that told of the leaving).
 CANCEL_WITHIN = 5.0
 
-#: Task ids one `subscriptions/listen` may follow.
-MAX_LISTENED_TASKS = 100
 #: Seconds between reads of a task that waits for input (an answer moves it on from any
 #: replica); a task that works is followed by the store's own wait, in pieces this long.
 LISTEN_POLL = 0.5
 LISTEN_WAIT = 30.0
-SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 #: Why a start was refused, as a JSON-RPC error's message (runs.py answers the same in HTTP).
 REFUSALS: dict[RejectReason, str] = {
@@ -86,18 +91,6 @@ REFUSALS: dict[RejectReason, str] = {
     RejectReason.SESSION_RELEASED: "session is being released",
     RejectReason.STORE_UNAVAILABLE: "execution store unavailable: retry later",
 }
-
-
-class TaskParams(RequestParams):
-    """`tasks/get` and `tasks/cancel`: the task's id."""
-
-    task_id: str = Field(alias="taskId", min_length=1, max_length=200)
-
-
-class TaskUpdateParams(TaskParams):
-    """`tasks/update`: answers to the task's outstanding input requests, by key."""
-
-    input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
 class McpEndpoint:
@@ -208,9 +201,9 @@ class McpEndpoint:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
             return tool_error(f"invalid arguments: {jsoncodec.dumps(validation_detail(exc))!s}")
-        principal = _principal(ctx)
-        concurrency = _concurrency(reasoner, ctx)
-        if _declares_tasks(ctx):
+        principal = caller_of(ctx)
+        concurrency = concurrency_of(reasoner, ctx)
+        if declares_tasks(ctx):
             execution = await self._start(
                 principal, reasoner, arguments, body, concurrency, may_queue=True
             )
@@ -234,8 +227,8 @@ class McpEndpoint:
                 "here (call again)"
             )
         if ended.status is ExecutionStatus.INPUT_REQUIRED:
-            if _elicits(ctx) and ended.input_request is not None:
-                return _input_required(ended.execution_id, ended.input_request)
+            if elicits(ctx) and ended.input_request is not None:
+                return input_required(ended.execution_id, ended.input_request)
             # No way to answer on this call's stream: nobody could, so it ends here.
             await self._cancel(ended, CancelReason.REQUEST)
             return tool_error(
@@ -259,7 +252,7 @@ class McpEndpoint:
         execution_id, _, number = (params.request_state or "").rpartition(":")
         if not execution_id or not number.isdigit():
             raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
-        principal = _principal(ctx)
+        principal = caller_of(ctx)
         execution = await self._read(execution_id)
         if (
             execution is None
@@ -275,7 +268,7 @@ class McpEndpoint:
                 return await self._answer_call(ctx, execution)
             response = (params.input_responses or {}).get(number)
             if response is None:
-                return _input_required(execution.execution_id, pending)
+                return input_required(execution.execution_id, pending)
             action = getattr(response, "action", None)
             if action != "accept":
                 await self._cancel(execution, CancelReason.REQUEST)
@@ -354,7 +347,7 @@ class McpEndpoint:
 
     async def _until_end_or_close(self, execution: Execution) -> Execution | None:
         await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.reached(asked=True) and not _retried(execution):
+        if execution.reached(asked=True) and not retried(execution):
             return execution
         local = self.registry.running(execution.execution_id) is execution
         ended = asyncio.ensure_future(self._until_end(execution, local))
@@ -378,7 +371,7 @@ class McpEndpoint:
         through a shared store) its record."""
         if local:
             await execution.wait(None, asked=True)
-            if not _retried(execution):
+            if not retried(execution):
                 return execution
         return await self.store.wait(execution, None, asked=True)
 
@@ -404,13 +397,13 @@ class McpEndpoint:
         """The task's execution, read from the store as `GET /executions/{id}` does; unknown
         is invalid params (the extension's rule). The caller must have declared the tasks
         extension. Another tenant's is unknown too; `read` must be allowed on it."""
-        if not _declares_tasks(ctx):
+        if not declares_tasks(ctx):
             raise MCPError(
                 MISSING_REQUIRED_CLIENT_CAPABILITY,
                 "Missing required client capability",
                 {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
             )
-        principal = _principal(ctx)
+        principal = caller_of(ctx)
         execution = await self._read(task_id)
         if execution is None or not self.access.sees(principal, execution):
             raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
@@ -434,7 +427,7 @@ class McpEndpoint:
     ) -> dict[str, Any]:
         """As `POST /executions/{id}/cancel`: a cancel request (`request`) to wherever it is."""
         execution = await self._find(ctx, params.task_id)
-        await self._allowed(_principal(ctx), "cancel", execution)
+        await self._allowed(caller_of(ctx), "cancel", execution)
         if not execution.is_terminal:
             try:
                 await self.store.request_cancel(execution, CancelReason.REQUEST, None)
@@ -449,7 +442,7 @@ class McpEndpoint:
         checked against its schema and taken once; a declined or cancelled elicitation
         cancels the task. Keys not outstanding are ignored, as the extension says."""
         execution = await self._find(ctx, params.task_id)
-        await self._allowed(_principal(ctx), "answer", execution)
+        await self._allowed(caller_of(ctx), "answer", execution)
         pending = execution.input_request
         if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
             return {}
@@ -488,19 +481,19 @@ class McpEndpoint:
         if ctx.request_id is None:  # pragma: no cover - the transport always gives one
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         wanted = (params.notifications.model_extra or {}).get("taskIds")
-        if wanted is not None and not _declares_tasks(ctx):
+        if wanted is not None and not declares_tasks(ctx):
             raise MCPError(
                 MISSING_REQUIRED_CLIENT_CAPABILITY,
                 "Missing required client capability",
                 {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
             )
-        ids = _task_ids(wanted)
-        principal = _principal(ctx)
+        ids = task_ids(wanted)
+        principal = caller_of(ctx)
         read = [await self._read(i) for i in ids]
         found = [e for e in read if e is not None and await self._reads(principal, e)]
         meta = {SUBSCRIPTION_ID: ctx.request_id}
         honored = {"taskIds": [e.execution_id for e in found]}
-        await _notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
+        await notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closing.waiters.add(closed)
         if self.closing.is_set():
@@ -536,7 +529,7 @@ class McpEndpoint:
             asked = current.input_request
             now = (view["status"], None if asked is None else asked.get("request_id"))
             if now != said:
-                await _notify(ctx, "notifications/tasks", {**view, "_meta": meta})
+                await notify(ctx, "notifications/tasks", {**view, "_meta": meta})
                 said = now
             if current.is_terminal:
                 return
@@ -580,14 +573,6 @@ _TASK_FIELDS = (
 )
 
 
-class _Notification(BaseModel):
-    """A notification of the tasks extension, its params as they are (the SDK's
-    `Notification` would read them as the core's `NotificationParams`)."""
-
-    method: str
-    params: dict[str, Any]
-
-
 class _Delegated(Response):
     """The SDK's ASGI app as the route's response. When it answered nothing (the client
     closed the stream first, and the call was cancelled), the answer is a 499, as a sync run
@@ -609,76 +594,3 @@ class _Delegated(Response):
             await JSONResponse({"detail": "the client closed the request"}, 499)(
                 scope, receive, send
             )
-
-
-async def _notify(ctx: ServerRequestContext[Any], method: str, params: dict[str, Any]) -> None:
-    """A notification on this request's stream (the SDK types only the core ones)."""
-    if ctx.request_id is not None and "_meta" not in params:
-        params = {**params, "_meta": {SUBSCRIPTION_ID: ctx.request_id}}
-    note = _Notification(method=method, params=params)
-    await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
-
-
-def _task_ids(wanted: Any) -> list[str]:
-    """`taskIds` of a listen: a list of strings, at most MAX_LISTENED_TASKS."""
-    if wanted is None:
-        return []
-    if (
-        not isinstance(wanted, list)
-        or len(wanted) > MAX_LISTENED_TASKS
-        or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in wanted)
-    ):
-        raise MCPError(INVALID_PARAMS, f"taskIds: a list of at most {MAX_LISTENED_TASKS} task ids")
-    return list(dict.fromkeys(wanted))
-
-
-def _concurrency(reasoner: Reasoner, ctx: ServerRequestContext[Any]) -> str | None:
-    """The reasoner's concurrency key value for this call, by runs.py's rule (a
-    `header:NAME` key read from the POST's headers; no session on MCP); a bad header is
-    invalid params."""
-    request = ctx.request
-    raw_headers = request.scope["headers"] if isinstance(request, Request) else []
-    try:
-        return concurrency_value(reasoner, first_values(raw_headers), None)
-    except ApiError as exc:
-        raise MCPError(INVALID_PARAMS, str(exc.detail)) from None
-
-
-def _principal(ctx: ServerRequestContext[Any]) -> Principal | None:
-    """Who sent the request (auth.py put it in the scope)."""
-    request = ctx.request
-    return principal_of(request.scope) if isinstance(request, Request) else None
-
-
-def _elicits(ctx: ServerRequestContext[Any]) -> bool:
-    """The request is of 2026-07-28 and its client declared elicitation: an ask is put to
-    it as an `InputRequiredResult` (a stateless server has no stream back on 2025-11-25)."""
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return False
-    capabilities = ctx.session.client_capabilities
-    return capabilities is not None and capabilities.elicitation is not None
-
-
-def _input_required(execution_id: str, asked: dict[str, Any]) -> dict[str, Any]:
-    """The ask as an `InputRequiredResult`: its elicitation, keyed by its request's number,
-    and the state the client sends back with its answer."""
-    number = str(asked["request_id"])
-    return {
-        "resultType": "input_required",
-        "inputRequests": {number: elicitation(asked)},
-        "requestState": f"{execution_id}:{number}",
-    }
-
-
-def _declares_tasks(ctx: ServerRequestContext[Any]) -> bool:
-    """The request is of 2026-07-28 and declares the tasks extension in its capabilities."""
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return False
-    capabilities = ctx.session.client_capabilities
-    extensions = None if capabilities is None else capabilities.extensions
-    return bool(extensions) and TASKS_EXTENSION in (extensions or {})
-
-
-def _retried(execution: Execution) -> bool:
-    """Queued for its next attempt through a shared store (runs.py's rule)."""
-    return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None

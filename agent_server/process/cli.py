@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from agent_server.process.cli_client import COMMANDS, CONTEXT
+from agent_server.process.cli_schedules import schedules
 
 #: The server's commands: name -> attribute of `agent_server.process.cli_server`.
 SERVER_COMMANDS = {"run": "run", "drill": "drill_command"}
@@ -51,5 +52,5 @@ def main(ctx: click.Context) -> None:
         ctx.exit(0)
 
 
-for _command in COMMANDS:
+for _command in [*COMMANDS, schedules]:
     main.add_command(_command)

@@ -327,10 +327,10 @@ class Settings(BaseSettings):
     def _check_webhook_url(cls, value: str | None) -> str | None:
         return None if value is None else check_url(value, "webhook-url")
 
-    @field_validator("webhook_allow", mode="before")
+    @field_validator("webhook_allow", "cors_allow_origin", mode="before")
     @classmethod
-    def _split_allow(cls, value: object) -> object:
-        """The environment twin is one string: `hooks.internal,10.0.0.0/8`."""
+    def _split_list(cls, value: object) -> object:
+        """A list's environment twin is one string: `hooks.internal,10.0.0.0/8`."""
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
@@ -502,14 +502,6 @@ class Settings(BaseSettings):
             raise ValueError("root-path must start with '/' and not end with one (/agent)")
         if any(char.isspace() or not char.isprintable() for char in value):
             raise ValueError("root-path must not hold spaces or control characters")
-        return value
-
-    @field_validator("cors_allow_origin", mode="before")
-    @classmethod
-    def _split_origins(cls, value: object) -> object:
-        """The environment twin is one string: `https://a.example,https://b.example`."""
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @field_validator("cors_allow_origin")
