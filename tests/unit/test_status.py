@@ -196,7 +196,7 @@ NOT_STATUSES = {
     ("agent_server/http/mcp_tools.py", "input_required"): "an MCP task's status",
     ("agent_server/http/mcp_tools.py", "failed"): "an MCP task's status",
     ("agent_server/http/mcp_tools.py", "cancelled"): "an MCP task's status",
-    ("agent_server/http/mcp_server.py", "input_required"): "an MCP result's resultType",
+    ("agent_server/http/mcp_requests.py", "input_required"): "an MCP result's resultType",
 }
 
 
