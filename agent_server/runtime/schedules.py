@@ -273,6 +273,8 @@ class ScheduleTicker:
                 await self.sync()
                 if not self._draining():
                     await self.tick()
+            except StoreUnavailable:
+                pass  # readiness says so; the next tick reads the store again
             except Exception:  # one bad tick must not end the firings
                 logger.exception("schedule tick failed")
             now = self._clock()
