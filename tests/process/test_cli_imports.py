@@ -1,4 +1,4 @@
-"""The CLI's client verbs import none of the server (DESIGN.md section 23): `agent-server get
+"""The CLI's client verbs import none of the server (docs/client.md): `agent-server get
 --help`, every other verb's help, and a real `call` against a server load the client, httpx
 and click, never the app, its HTTP layer, its runtime, its stores, uvicorn, starlette or
 pydantic. The time this saves is in bench/RESULTS.md (`python -m bench.cli_start`); no timing

@@ -1,5 +1,5 @@
-"""Every option of the HTTP API from the Python client and `agent-server call` (DESIGN.md
-section 23), against real servers over loopback: `delay`, `session_policy`, `webhook_url`,
+"""Every option of the HTTP API from the Python client and `agent-server call` (docs/client.md),
+against real servers over loopback: `delay`, `session_policy`, `webhook_url`,
 extra headers (a `concurrency_key="header:X-Tenant"` limit driven per tenant), and the
 server and token read from AGENT_SERVER_URL and AGENT_SERVER_API_TOKEN."""
 

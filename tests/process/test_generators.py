@@ -1,4 +1,4 @@
-"""`async def` generators as reasoners (DESIGN.md section 23), on real processes over
+"""`async def` generators as reasoners (docs/events.md), on real processes over
 loopback: each `yield` is an `output` event for the stream's readers, the result is the list
 yielded, OpenAPI shows an array of the yield type, and a cancel or a drain closes the
 generator, one that swallows its cancellation included."""

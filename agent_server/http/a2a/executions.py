@@ -2,7 +2,7 @@
 the HTTP routes make (a start through the admission path of `http/runs.py`, reads and waits
 as `http/executions.py`, cancels as it, answers as `http/inputs.py`).
 
-Every method takes the principal, so the ownership rules of DESIGN.md section 19 apply here
+Every method takes the principal, so the ownership rules of docs/security.md apply here
 in one place, through the API's own `Access`: a start is the principal's (its tenant's
 names, its `start` action), another tenant's execution is "not found" as an unknown one, a
 list is filtered in the store, a read, a cancel or an answer is checked for its action (a

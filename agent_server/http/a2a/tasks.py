@@ -1,7 +1,7 @@
 """An execution as an A2A task, and an A2A message as a reasoner's input or an answer.
 
 The execution record is the one truth: a task is made from it on every read, never kept.
-Task id = execution id, context id = session id. States map as DESIGN.md section 20 says:
+Task id = execution id, context id = session id. States map as docs/protocols.md says:
 `queued` is submitted (working once an attempt has run: a hand-off keeps it working),
 `running` working, `input_required` input-required (the prompt in the status message, the
 request's schema in that message's metadata), `succeeded` completed (the result as a data
