@@ -31,6 +31,7 @@ from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
+from agent_server.model.versions import VERSION_VARIABLE, Migrate, version_rule
 from agent_server.model.waiting import Closing
 from agent_server.runtime.durable import QueueTaker
 from agent_server.runtime.exits import finish_process
@@ -88,6 +89,7 @@ class Agent:
         middleware: Sequence[Middleware] = (),
         lifespan: Lifespan[Any] | None = None,
         default_reasoner: str | None = None,
+        version: str | None = None,
     ) -> None:
         for route in routes:
             if isinstance(route, WebSocketRoute):
@@ -96,6 +98,9 @@ class Agent:
                     "and refuses WebSocket requests"
                 )
         self.name = name
+        #: Its code's version (docs/durable.md, "Versions"): `AGENT_SERVER_VERSION` by default.
+        self.version = version if version is not None else os.environ.get(VERSION_VARIABLE) or None
+        version_rule(self.version, None, (), None, "fail")  # ValueError for one that cannot be
         self.reasoners: dict[str, Reasoner] = {}
         self.metrics = Metrics()
         self.phase = Phase.SERVING
@@ -198,6 +203,10 @@ class Agent:
         concurrency_key: str | None = None,
         session_policy: str = "parallel",
         schedules: Sequence[Schedule] = (),
+        version: str | None = None,
+        compatible: Sequence[str | None] = (),
+        migrate: Migrate | None = None,
+        on_version_change: str = "fail",
     ) -> Callable[[F], F]:
         """Register a function as a reasoner; the function itself is returned unchanged.
 
@@ -213,6 +222,8 @@ class Agent:
         `session_policy=`: what a start in a session does beside the session's other work
         (`parallel`, `reject`, `enqueue`, `interrupt`, `rollback`; `X-Session-Policy`
         overrides it per request). `schedules=[Schedule(cron, ...)]`: docs/schedules.md.
+        `version=` (else the agent's), `compatible=`, `migrate=`, `on_version_change=`:
+        which checkpoints this code resumes (docs/durable.md, "Versions").
         """
         attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
 
@@ -237,6 +248,11 @@ class Agent:
                 concurrency_key=concurrency_key,
                 session_policy=session_policy,
                 schedules=schedules,
+                version=version,
+                compatible=compatible,
+                migrate=migrate,
+                on_version_change=on_version_change,
+                agent_version=self.version,
             )
             self.metrics.add_reasoner(reasoner_name)
             return func
@@ -558,7 +574,7 @@ class _Parts:
             cancel_queued=registry.cancel_queued,
             flush_spans=tracing.flush,
         )
-        taker = QueueTaker(store, registry, reasoners)
+        taker = QueueTaker(store, registry, reasoners, metrics.version_rule)
         parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
         parts.schedules = schedule_ticker(reasoners, registry, store, metrics, settings)
         return parts

@@ -50,6 +50,9 @@ class Execution:
     tenant: str | None = None
     #: The schedule whose firing started it (docs/schedules.md); None otherwise.
     schedule_id: str | None = None
+    #: The version of the code that ran its latest attempt (docs/durable.md); None while
+    #: unversioned or before a first run.
+    version: str | None = None
     #: The JSON object exactly as received (fields this client does not know included).
     json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -20,6 +20,7 @@ from agent_server.model.names import scoped
 from agent_server.model.status import END_OF, TERMINAL, Transition, move, unowned
 from agent_server.model.status import CancelReason as CancelReason  # its home is status.py
 from agent_server.model.status import ExecutionStatus as ExecutionStatus  # its home is status.py
+from agent_server.model.versions import Rule
 
 
 def log_fields(execution: Execution) -> dict[str, Any]:
@@ -80,6 +81,8 @@ class Execution(LiveState):
     tenant: str | None
     #: The schedule whose firing started it, else None (docs/schedules.md).
     schedule_id: str | None
+    #: The version of the code that ran its latest attempt (docs/durable.md, "Versions").
+    version: str | None
     #: Resumable executions only: the request body (to bind a later attempt's arguments
     #: again), the last checkpoint (JSON text) and how many attempts an owner's death may
     #: cost. None, None, 1 for the others.
@@ -89,6 +92,8 @@ class Execution(LiveState):
     #: The requests its reasoner had asked by its last checkpoint: a later attempt's asks
     #: are numbered on from it (those it replays are the ones after it).
     checkpoint_asks: int
+    #: The version of the code that wrote the last checkpoint.
+    checkpoint_version: str | None
     #: Where its webhook deliveries go (X-Webhook-URL or --webhook-url), None for none.
     webhook_url: str | None
     #: With traces on: the `traceparent` of the request that started it (not shown), so
@@ -125,6 +130,7 @@ class Execution(LiveState):
                 "RUNNING": ExecutionStatus.RUNNING,
                 "time": time.time,
                 "monotonic": time.monotonic,
+                "NO_RULE": Rule.NONE,
             },
         )
 
@@ -150,7 +156,7 @@ class Execution(LiveState):
                     "cancel_reason": "status_reason",
                     "started_monotonic": "0.0",
                 },
-                {},
+                {"NO_RULE": Rule.NONE},
                 new=True,
             )
         )

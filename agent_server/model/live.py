@@ -12,6 +12,7 @@ from agent_server.model import asks
 from agent_server.model.events import EventLog
 from agent_server.model.principal import Principal
 from agent_server.model.status import CancelReason
+from agent_server.model.versions import Rule
 
 #: Each slot of the live state and its value in a new execution (a Python expression, in
 #: `Execution.__init__`'s namespace); `restore` sets the clocks and `cancel_reason` itself.
@@ -31,6 +32,7 @@ INITIAL: dict[str, str] = {
     "_done": "None",
     "recorded": "None",
     "principal": "None",
+    "version_rule": "NO_RULE",
 }
 
 
@@ -73,3 +75,6 @@ class LiveState:
     #: The principal whose request started it, on the replica that admitted it (scopes and
     #: claims included); a later attempt elsewhere knows only the record's owner and tenant.
     principal: Principal | None
+    #: How the claim that took it met its checkpoint's version (NONE: no checkpoint, or not
+    #: claimed): the taker migrates or fails it by it (docs/durable.md, "Versions").
+    version_rule: Rule

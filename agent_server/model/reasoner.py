@@ -30,6 +30,7 @@ from agent_server.model import jsoncodec
 from agent_server.model.context import ExecutionContext
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy, SessionPolicy, check_timeout
+from agent_server.model.versions import Migrate, version_rule
 
 ReasonerFunc = Callable[..., Any]
 #: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
@@ -57,6 +58,11 @@ class Reasoner:
         concurrency_key: str | None = None,
         session_policy: str = "parallel",
         schedules: Sequence[Schedule] = (),
+        version: str | None = None,
+        compatible: Sequence[str | None] = (),
+        migrate: Migrate | None = None,
+        on_version_change: str = "fail",
+        agent_version: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
@@ -166,6 +172,14 @@ class Reasoner:
         self._field_names = tuple(self.input_model.model_fields)
         #: For a model input without its own rule for extra keys: the keys it declares.
         self._declared = None if self._model_param is None else _declared_keys(self.input_model)
+        try:
+            #: Its version on this replica (its own `version=`, else its agent's) and what
+            #: it resumes besides (model/versions.py).
+            self.versions = version_rule(
+                agent_version, version, compatible, migrate, on_version_change
+            )
+        except ValueError as exc:
+            raise ReasonerDefinitionError(f"reasoner {name!r}: {exc}") from None
         #: Its declared schedules (docs/schedules.md), each input bound once here.
         self.schedules = tuple(schedules)
         for schedule in self.schedules:

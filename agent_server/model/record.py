@@ -213,6 +213,9 @@ STORED: tuple[Field, ...] = (
     Field(name="tenant", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     #: The schedule whose firing started it (docs/schedules.md), else None.
     Field(name="schedule_id", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
+    #: The version of the code that ran its latest attempt (claim.lua, the start), None
+    #: while unversioned or before a first run (docs/durable.md, "Versions").
+    Field(name="version", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     # -- hash-only ------------------------------------------------------------------------
     #: A resumable execution's request body (a later attempt binds its arguments again).
     Field(name="body", kind=Kind.JSON, kept=_HASH, written=Written.WITH_BODY),
@@ -223,6 +226,10 @@ STORED: tuple[Field, ...] = (
     Field(name="checkpoint", kind=Kind.TEXT_OR_NONE, kept=_HASH),
     #: The requests asked by its last checkpoint: a later attempt numbers on from it.
     Field(name="checkpoint_asks", kind=Kind.COUNT, kept=_HASH, default=0),
+    #: The version of the code that wrote its last checkpoint (checkpoint.lua).
+    Field(name="checkpoint_version", kind=Kind.TEXT_OR_NONE, kept=_HASH),
+    #: A checkpoint no replica could read, set aside by a restart (claim.lua), kept to see.
+    Field(name="checkpoint_aside", kind=Kind.TEXT, kept=_HASH, attr=None),
     #: Where its webhook deliveries go: never shown (a URL may carry a receiver's token).
     Field(name="webhook", kind=Kind.TEXT_OR_NONE, kept=_HASH, attr="webhook_url",
           written=Written.WITH_RECORD),

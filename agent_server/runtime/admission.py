@@ -130,6 +130,8 @@ class Admission:
             execution.owner, execution.tenant = principal.identity, principal.tenant
             execution.principal = principal
         execution.webhook_url = webhook_url
+        if not queue:  # it runs here now: this code's version (a claim writes its own)
+            execution.version = reasoner.versions.version
         if reasoner.resumable:
             execution.resumable = True
             execution.max_attempts = reasoner.max_attempts

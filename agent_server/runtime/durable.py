@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
+from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.versions import Rule, VersionMismatch, advert, shown
 from agent_server.runtime.logs import execution_fields
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
@@ -34,16 +37,32 @@ POLL_SECONDS = 1.0
 IDLE_SECONDS = 60.0
 
 
+class MigrationFailed(Exception):
+    """A reasoner's `migrate=` raised: the execution fails with its exception."""
+
+    def __init__(self, exception: Exception) -> None:
+        super().__init__(str(exception))
+        self.exception = exception
+
+
 class QueueTaker:
     """Claims queued executions for this replica's registry."""
 
     def __init__(
-        self, store: ExecutionStore, registry: InFlightRegistry, reasoners: dict[str, Reasoner]
+        self,
+        store: ExecutionStore,
+        registry: InFlightRegistry,
+        reasoners: dict[str, Reasoner],
+        count_rule: Callable[[Rule, int], object] = lambda rule, count: None,
     ) -> None:
+        """`count_rule`: told how each claim met its checkpoint's version (metrics)."""
         self.store = store
         self.registry = registry
         self.reasoners = reasoners
+        self.count_rule = count_rule
         self._task: asyncio.Task[None] | None = None
+        store.advertise(advert({name: r.versions for name, r in reasoners.items()}))
+        store.on_version_waits = lambda count: count_rule(Rule.WAIT, count)
 
     def start(self) -> None:
         if self._task is None:
@@ -105,7 +124,11 @@ class QueueTaker:
                 raise LookupError(f"reasoner {execution.reasoner!r} is not resumable here")
             execution.resumable = reasoner.resumable
             arguments = reasoner.bind(execution.body)
-        except (LookupError, ValidationError) as exc:
+            self._meet_version(execution, reasoner)
+        except MigrationFailed as failed:  # it fails with the migration's own exception
+            self.registry.refuse_claimed(execution, failed.exception)
+            return
+        except (LookupError, ValidationError, VersionMismatch) as exc:
             # A replica serving other code (a rollout that renamed the reasoner): the
             # execution ends failed here rather than circulating.
             self.registry.refuse_claimed(execution, exc)
@@ -118,3 +141,40 @@ class QueueTaker:
             extra={"fields": execution_fields(execution)},
         )
         self.registry.resume(reasoner, arguments, execution)
+
+    def _meet_version(self, execution: Execution, reasoner: Reasoner) -> None:
+        """This code resumes the checkpoint as claim.lua decided (a store in this process
+        has one version: its own): as it is, migrated, from the start, or not at all
+        (VersionMismatch; a migration's own exception)."""
+        versions = reasoner.versions
+        rule = execution.version_rule
+        if rule is Rule.NONE and execution.checkpoint is not None:
+            rule = versions.reads(execution.checkpoint_version)
+        execution.version = versions.version  # the code that runs this attempt
+        if rule is Rule.NONE:
+            return
+        if rule is Rule.FAIL or rule is Rule.WAIT:  # WAIT: nobody to wait for, in here
+            self.count_rule(Rule.FAIL, 1)
+            raise VersionMismatch(reasoner.name, execution.checkpoint_version, versions.version)
+        if rule is Rule.MIGRATE:
+            assert versions.migrate is not None and execution.checkpoint is not None
+            try:
+                state = versions.migrate(
+                    jsoncodec.loads(execution.checkpoint.encode()), execution.checkpoint_version
+                )
+                text = jsoncodec.dumps_recordable(state, "the migrated checkpoint").decode()
+            except Exception as exc:
+                self.count_rule(Rule.MIGRATE_FAILED, 1)
+                raise MigrationFailed(exc) from exc
+            execution.checkpoint = text
+        self.count_rule(rule, 1)
+        logger.info(
+            "execution %s (%s): attempt %d %s a checkpoint of version %s on version %s",
+            execution.execution_id,
+            execution.reasoner,
+            execution.attempt,
+            "sets aside" if rule is Rule.RESTART else f"resumes ({rule.value})",
+            shown(execution.checkpoint_version),
+            shown(versions.version),
+            extra={"fields": execution_fields(execution)},
+        )

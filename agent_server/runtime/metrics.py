@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import (
 from agent_server.model.execution import Execution
 from agent_server.model.schedules import FIRING_OUTCOMES
 from agent_server.model.status import ExecutionStatus
+from agent_server.model.versions import Rule
 from agent_server.runtime.metric_series import (
     EXECUTION_BUCKETS,
     EXECUTION_LE,
@@ -86,6 +87,10 @@ class Metrics:
         #: Schedule firings by outcome, and fire time to start (docs/schedules.md).
         self._firings: dict[str, int] = dict.fromkeys(FIRING_OUTCOMES, 0)
         self.schedule_lag = HistogramSeries(EXECUTION_BUCKETS, EXECUTION_LE)
+        #: How claims met the version of a checkpoint (docs/durable.md, "Versions").
+        self._version_rules: dict[str, int] = {
+            rule.value: 0 for rule in Rule if rule is not Rule.NONE
+        }
         #: How late the loop-lag sampler woke (`agent_server.runtime.loop_lag`), each sample.
         self.loop_lag = HistogramSeries(LOOP_LAG_BUCKETS, LOOP_LAG_LE)
         self.shutdown = ShutdownMetrics()
@@ -293,7 +298,19 @@ class Metrics:
         if lag is not None:
             self.schedule_lag.observe(max(0.0, lag))
 
+    def version_rule(self, rule: Rule, count: int) -> None:
+        """Claims that met a checkpoint's version by `rule` (WAIT: left it queued)."""
+        self._version_rules[rule.value] += count
+
     def _schedule_families(self) -> Iterator[Metric]:
+        yield counter(
+            "version_rules_total",
+            "Attempts claimed with a checkpoint, by how its version was met: same, "
+            "compatible, migrate, migrate_failed, restart, fail; wait counts those left "
+            "queued for a replica of the checkpoint's version.",
+            "rule",
+            self._version_rules,
+        )
         yield counter(
             "schedule_firings_total",
             "Schedule firings, by outcome: started (by this replica), skipped (the previous "

@@ -275,6 +275,7 @@ class InFlightRegistry:
 
     def close_admission(self) -> None:
         self._gate.admitting = False
+        self.store.withdraw()  # work waiting for this replica's version waits no more
 
     def close(self) -> None:
         """Release the worker threads without waiting for abandoned ones; stop forgetting

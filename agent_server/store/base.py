@@ -194,6 +194,23 @@ class ExecutionStore(abc.ABC):
     on_unqueued: UnqueuedHandler | None = None
     #: Bytes of answers (as JSON) an execution keeps: past it the oldest are dropped.
     max_answer_bytes: int = MAX_ANSWER_BYTES
+    #: This replica's versions as its claims tell the store (versions.py `advert`; '' when
+    #: all it serves is unversioned): set by `advertise`.
+    advert: str = ""
+    #: Told how many executions a claim left queued for a replica of their checkpoint's
+    #: version (docs/durable.md, "Versions").
+    on_version_waits: Callable[[int], object] | None = None
+
+    def advertise(self, advert: str) -> None:
+        """Say which versions this replica runs: a shared store shows them to the other
+        replicas' claims while this one is alive and admitting. A store in this process
+        has one version: its own."""
+        self.advert = advert
+
+    def withdraw(self) -> None:
+        """Admission closed (draining): work waiting for this replica's version stops
+        waiting for it."""
+        return None
 
     @property
     def up(self) -> bool:

@@ -314,6 +314,7 @@ class MemoryStore(ExecutionStore):
     async def checkpoint(self, execution: Execution, state: str) -> None:
         """One process, one attempt: nothing can own it but the caller."""
         execution.checkpoint = state
+        execution.checkpoint_version = execution.version
 
     def end(self, execution: Execution) -> None:
         execution.ledger = None  # no answer outlives its execution

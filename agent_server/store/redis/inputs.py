@@ -37,7 +37,9 @@ class Inputs(StorePart):
             str(execution.attempt),
             state,
             str(execution.checkpoint_asks),
+            execution.version or "",  # the code that wrote it (claim.lua compares)
         )
+        execution.checkpoint_version = execution.version
         if not int(reply[0]):
             self._outbox.fence("checkpoint", execution, reply[1])
             raise StaleAttempt(

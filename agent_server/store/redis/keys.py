@@ -34,6 +34,8 @@ class Keys:
         "scheduled",
         "sizes",
         "tag",
+        "versions",
+        "vqs",
         "webhook_bodies",
         "webhooks",
     )
@@ -59,6 +61,12 @@ class Keys:
         self.ckeys = prefix + "ckeys"
         self.replicas = prefix + "replicas"
         self.renewals = prefix + "renewals"
+        #: Each live replica's versions (replica -> versions.py `advert`), written by its
+        #: renewal while it admits work; and the version queues holding work that waits for
+        #: a replica of its checkpoint's version (`vq:{reasoner}\x1f{version}`, named from
+        #: the prefix; claim.lua).
+        self.versions = prefix + "versions"
+        self.vqs = prefix + "vqs"
         #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):
         #: written by the script of the move each reports (lua/webhooks.lua).
         self.webhooks = prefix + "webhooks"
@@ -167,10 +175,18 @@ class Keys:
         )
 
     def for_tick(self) -> tuple[str, ...]:
-        return *self.judged, self.parked
+        return *self.judged, self.parked, self.versions, self.vqs
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
-        return *self.records, self.replicas, self.owned(replica), self.scheduled, self.ckeys
+        return (
+            *self.records,
+            self.replicas,
+            self.owned(replica),
+            self.scheduled,
+            self.ckeys,
+            self.versions,
+            self.vqs,
+        )
 
     def for_enqueue(
         self, execution_id: str, session: str, key: str, tenant: str

@@ -95,6 +95,10 @@ class Liveness:
         self.repair_due = True
         self._runs: Callable[[str], bool] | None = None
         self._adopt: Callable[[str], bool] | None = None
+        #: This replica's versions (versions.py `advert`), shown to the others' claims by
+        #: each renewal while `advertising` (until its admission closes).
+        self.advert = ""
+        self.advertising = True
 
     def token(self) -> str:
         """A claim's token (16 characters): this process's, and this claim's own (a late
@@ -146,7 +150,14 @@ class Liveness:
         running = self._running()
         with link.operation("renew", probe=True):
             reply = await link.script(
-                "tick", self._keys.for_tick(), lease_ms, SWEEP_LIMIT, len(running), via=link.probe
+                "tick",
+                self._keys.for_tick(),
+                lease_ms,
+                SWEEP_LIMIT,
+                len(running),
+                self.advert,
+                "1" if self.advertising else "0",
+                via=link.probe,
             )
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))

@@ -77,9 +77,10 @@ class Row(enum.IntEnum):
     OWNER = 15
     TENANT = 16
     SCHEDULE_ID = 17
-    MOVED = 18
-    MATCHED = 19
-    CURSOR = 20
+    VERSION = 18
+    MOVED = 19
+    MATCHED = 20
+    CURSOR = 21
 
 
 #: The record's hash fields, in the order every script returns them: the declaration's.

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import TENANT_SEPARATOR, scoped
+from agent_server.model.versions import Rule
 from agent_server.store.base import (
     Idempotency,
     IdempotencyForgotten,
@@ -174,13 +175,19 @@ class Starts(StorePart):
         try:
             with self._link.operation("claim"):
                 reply, held = await self._link.told(
-                    "claim", self.keys.for_claim(self.replica_id), self.replica_id, token
+                    "claim",
+                    self.keys.for_claim(self.replica_id),
+                    self.replica_id,
+                    token,
+                    self.advert,
                 )
         except StoreUnavailable:
             liveness.unanswered(token)  # it may have been claimed here all the same
             raise
         finally:
             liveness.claiming.discard(token)
+        if int(reply[2]) and self.on_version_waits is not None:
+            self.on_version_waits(int(reply[2]))
         if not held and isinstance(reply[0], list):  # taken, but a failover may undo it
             liveness.unanswered(token, held=False)
             liveness.renew_now.set()  # the repair puts it back at once if it is still ours
@@ -213,7 +220,8 @@ class Starts(StorePart):
 
     def _claimed(self, reply: Any) -> Execution:
         """The execution a claim took, as this replica runs it."""
-        row, (body, checkpoint, max_attempts, last_event, scheduled_at, asks, trace) = reply
+        row, extra, _ = reply
+        body, checkpoint, max_attempts, last_event, scheduled_at, asks, trace = extra[:7]
         execution = self._codec.restore(row)
         # Its events go on numbering where the last attempt stopped.
         execution.event_log(self.max_events).last_id = int(str(last_event).split("-", 1)[0])
@@ -225,8 +233,10 @@ class Starts(StorePart):
                 "checkpoint_asks": asks,
                 "max_attempts": max_attempts,
                 "trace": trace,
+                "checkpoint_version": extra[8],
             },
         )
+        execution.version_rule = Rule(str(extra[7]))
         execution.resumable = True
         # Its duration runs from its creation, across attempts.
         execution.started_monotonic = time.monotonic() - max(

@@ -276,6 +276,16 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
     ) -> None:
         self._liveness.deliver_vanished(running, vanish)
 
+    def advertise(self, advert: str) -> None:
+        self.advert = self._liveness.advert = advert
+
+    def withdraw(self) -> None:
+        """Renewed now, without its versions: the other replicas' next claims stop leaving
+        work for this one (tick.lua tells them)."""
+        if self._liveness.advertising:
+            self._liveness.advertising = False
+            self._liveness.renew_now.set()
+
     def _on_up(self) -> None:
         self._outbox.wake_if_owed()
 

@@ -1,8 +1,10 @@
 --[[ claim
-  KEYS[1..6]: records.lua's; KEYS[7..10]: `replicas`, `owned:{this replica}`, `scheduled`,
-  `ckeys`. The keys of the id it takes (its record, events, session) and of a concurrency
-  key (`cq:{key}`, its queue; `cslots:{key}`, the ids holding its slots) are named from the
-  prefix.
+  KEYS[1..6]: records.lua's; KEYS[7..12]: `replicas`, `owned:{this replica}`, `scheduled`,
+  `ckeys`, `versions` (each live replica's versions, tick.lua), `vqs` (the names of the
+  version queues that hold work). The keys of the id it takes (its record, events, session),
+  of a concurrency key (`cq:{key}`, its queue; `cslots:{key}`, the ids holding its slots)
+  and of a version queue (`vq:{reasoner}\31{version}`: work whose checkpoint waits for a
+  replica of that version) are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   Take the oldest queued execution, once what fell due in `scheduled` (on Redis's clock)
   joined the queue's tail. One that waits for a key (records.lua: its session's turn, the
@@ -13,24 +15,73 @@
   a key without a free slot leaves `cready` until a holder ends. `cqueued` counts what the
   keys' queues hold. ARGV[4]: this
   replica; ARGV[5]: this claim's token, kept as the record's `claim` (a claim whose answer
-  is lost is known by it: unclaim.lua). Returns {record, {body, checkpoint, max_attempts, last event id, the
-  scheduled_at it waited for ('' if none), the requests asked by its checkpoint, trace
-  context ('' for none)}}; else {ms until the next scheduled one is due (-1: none), 1 when
-  keyed work waits for a slot (look again when one ends), else 0}; the ms are 0 when keys
-  are left to look at (more than one call looks at).
+  is lost is known by it: unclaim.lua). ARGV[6]: this replica's versions (versions.py
+  `advert`; '' when all it serves is unversioned, reading no other version).
+  Versions (docs/durable.md): work with a checkpoint is taken when this replica reads its
+  version (the same, `compatible`, or by `migrate`); else it waits in its version's queue
+  while a live replica advertises that version (taken there first, by its claims), and
+  once none does it is taken here for `on_version_change`: `restart` (attempt + 1, the
+  checkpoint set aside, its requests for input dropped) or `fail` (the taker fails it).
+  Returns {record, {body, checkpoint, max_attempts, last event id, the scheduled_at it
+  waited for ('' if none), the requests asked by its checkpoint, trace context ('' for
+  none), the version rule (versions.py `Rule`), the checkpoint's version}, executions set
+  waiting for a version}; else {ms until the next scheduled one is due (-1: none), 1 when
+  keyed work waits for a slot (look again when one ends), else 0, executions set waiting
+  for a version}; the ms are 0 when keys are left to look at (more than one call looks at).
 ]]
 --! include records.lua
 local me, token = ARGV[4], ARGV[5]
-local scheduled, ckeys = KEYS[9], KEYS[10]
+local scheduled, ckeys, VERSIONS, VQS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local lease = redis.call('ZSCORE', KEYS[7], me)
-if (not lease) or tonumber(lease) <= NOW then return {-1, 0} end  -- renew first, as create
+if (not lease) or tonumber(lease) <= NOW then return {-1, 0, 0} end  -- renew first, as create
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', NOW, 'LIMIT', 0, 100)
 if #due > 0 then
   redis.call('RPUSH', QUEUE, unpack(due))
   redis.call('ZREM', scheduled, unpack(due))
 end
 
--- Mark it running here and return it; nil (and cancelled) when its session is released.
+-- Versions: this replica's per reasoner {version, {versions it reads}, migrates (1|0),
+-- on_version_change} (decoded once, when first needed); an unversioned replica's is one.
+local UNVERSIONED = {'', {}, 0, 'fail'}
+local mine = nil
+local function mine_for(name)
+  if ARGV[6] == '' then return UNVERSIONED end
+  if mine == nil then mine = cjson.decode(ARGV[6]) end
+  return mine[name]
+end
+
+-- Whether a live replica other than this one advertises `version` for reasoner `name`
+-- (a draining one withdraws its advert: tick.lua).
+local function served(name, version)
+  local all = redis.call('HGETALL', VERSIONS)
+  for i = 1, #all, 2 do
+    local until_ms = redis.call('ZSCORE', KEYS[7], all[i])
+    if all[i] ~= me and until_ms and tonumber(until_ms) > NOW then
+      local ok, advert = pcall(cjson.decode, all[i + 1])
+      if ok and type(advert) == 'table' and advert[name] and advert[name][1] == version then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+-- How this replica meets a checkpoint `from` wrote (versions.py `Rule`).
+local function rule_for(name, from)
+  local m = mine_for(name)
+  if not m or from == m[1] then return 'same' end  -- not served here: the taker refuses it
+  for _, version in ipairs(m[2]) do
+    if version == from then return 'compatible' end
+  end
+  if m[3] == 1 then return 'migrate' end
+  if served(name, from) then return 'wait' end
+  return m[4]
+end
+
+local waits = 0
+
+-- Mark it running here and return it; nil (and cancelled) when its session is released,
+-- or (left queued) when its checkpoint waits for a replica of its version.
 local function take(id, v)
   local rec, ev = P .. 'x:' .. id, P .. 'ev:' .. id
   local session = scoped(redis.call('HGET', rec, 'tenant') or '', v[3] or '')
@@ -38,18 +89,42 @@ local function take(id, v)
     cancel_queued(rec, ev, id, v[3], 'session_released', v[1])  -- its session is released
     return nil
   end
-  local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts', 'scheduled_at')
+  local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts', 'scheduled_at',
+    'reasoner')
+  local name = extra[5]
+  local rule, from = '', ''
+  if extra[2] and extra[2] ~= '' then  -- a checkpoint: can this code read it?
+    from = redis.call('HGET', rec, 'checkpoint_version') or ''
+    rule = rule_for(name, from)
+    if rule == 'wait' then
+      local queue = 'vq:' .. name .. SEP .. from
+      redis.call('RPUSH', P .. queue, id)
+      redis.call('SADD', VQS, queue)
+      redis.call('PUBLISH', P .. 'queued', id)  -- its replicas look now
+      waits = waits + 1
+      return nil
+    elseif rule == 'restart' then  -- from the start: nothing of the earlier run is read
+      redis.call('HSET', rec, 'checkpoint_aside', extra[2], 'checkpoint', '',
+        'checkpoint_version', '', 'checkpoint_asks', 0)
+      redis.call('HINCRBY', rec, 'attempt', 1)
+      drop_requests(rec)
+      extra[2] = false
+    end
+  end
   local last = redis.call('XREVRANGE', ev, '+', '-', 'COUNT', 1)
   extra[5] = extra[4] or ''  -- read before the move clears it
   extra[4] = last[1] and last[1][1] or '0-0'
   extra[6] = redis.call('HGET', rec, 'checkpoint_asks') or '0'
   extra[7] = redis.call('HGET', rec, 'trace') or ''
-  move(rec, MOVE_CLAIM, v[1], STATUS_RUNNING, 'replica', me, 'claim', token)
+  extra[8], extra[9] = rule, from
+  local m = mine_for(name)
+  move(rec, MOVE_CLAIM, v[1], STATUS_RUNNING, 'replica', me, 'claim', token, 'version',
+    m and m[1] or '')
   redis.call('ZADD', RUNNING, v[2], id)
   redis.call('SADD', KEYS[8], id)
   local row = redis.call('HMGET', rec, unpack(F))
   row[I_MOVED] = MOVED_NOT
-  return {row, extra}
+  return {row, extra, waits}
 end
 
 -- The first key whose slot id does not hold yet: its session's turn (skey), then its
@@ -59,6 +134,33 @@ local function gate_of(id, skey, ckey)
     if key ~= '' and redis.call('SISMEMBER', P .. 'cslots:' .. key, id) == 0 then return key end
   end
   return ''
+end
+
+-- Version queues first: this replica's own (their work waited for it), and those of
+-- versions no live replica advertises any more (back to the queue's head, for the
+-- claimers' `on_version_change`).
+for _, queue in ipairs(redis.call('SMEMBERS', VQS)) do
+  local name, version = string.match(queue, '^vq:([^' .. SEP .. ']*)' .. SEP .. '(.*)$')
+  local m = name and mine_for(name)
+  if m and m[1] == version then
+    while true do
+      local id = redis.call('LPOP', P .. queue)
+      if not id then
+        redis.call('SREM', VQS, queue)
+        break
+      end
+      local v = redis.call('HMGET', P .. 'x:' .. id, 'status', 'created_at', 'session_id')
+      if v[1] == STATUS_QUEUED then
+        local claimed = take(id, v)
+        if claimed then return claimed end
+      end
+    end
+  elseif not (name and served(name, version)) then
+    local ids = redis.call('LRANGE', P .. queue, 0, -1)
+    for i = #ids, 1, -1 do redis.call('LPUSH', QUEUE, ids[i]) end
+    redis.call('DEL', P .. queue)
+    redis.call('SREM', VQS, queue)
+  end
 end
 
 while true do
@@ -127,7 +229,7 @@ for _ = 1, 1000 do
   end
 end
 local blocked = redis.call('EXISTS', ckeys)  -- keyed work waits: look again when one ends
-if redis.call('EXISTS', READY) == 1 then return {0, blocked} end  -- more to look at now
+if redis.call('EXISTS', READY) == 1 then return {0, blocked, waits} end  -- more to look at now
 local soonest = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
-if soonest[2] then return {math.max(0, tonumber(soonest[2]) - NOW), blocked} end
-return {-1, blocked}
+if soonest[2] then return {math.max(0, tonumber(soonest[2]) - NOW), blocked, waits} end
+return {-1, blocked, waits}
