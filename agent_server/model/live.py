@@ -33,6 +33,7 @@ INITIAL: dict[str, str] = {
     "recorded": "None",
     "principal": "None",
     "version_rule": "NO_RULE",
+    "take": "''",
 }
 
 
@@ -78,3 +79,5 @@ class LiveState:
     #: How the claim that took it met its checkpoint's version (NONE: no checkpoint, or not
     #: claimed): the taker migrates or fails it by it (docs/durable.md, "Versions").
     version_rule: Rule
+    #: The token of the claim that took it here ('' for none): its begin mark is fenced by it.
+    take: str

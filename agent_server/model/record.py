@@ -243,6 +243,9 @@ STORED: tuple[Field, ...] = (
     #: The token of the take that holds it: its claim's (claim.lua) or its create's (the
     #: Redis store's create writes it); unclaim.lua and owned.lua read it.
     Field(name="claim", kind=Kind.TEXT, kept=_HASH, attr=None),
+    #: '1' from a claim (claim.lua) until its taker says the body begins (begin.lua): a
+    #: dead owner's take still marked never began, and goes back for the same attempt.
+    Field(name="unbegun", kind=Kind.TEXT, kept=_HASH, attr=None),
     #: Attempts queued after an owner's death (judge.lua), against `max_attempts`.
     Field(name="retries", kind=Kind.COUNT, kept=_HASH, attr=None, default=0),
     #: The pending request's id while `input_required` (ask.lua), '' for none.

@@ -101,14 +101,14 @@ class QueueTaker:
                     if not self.registry.admitting:  # admission closed while it was on its way
                         self.store.give_back(execution)
                         break
-                    self._resume(execution)
+                    await self._resume(execution)
             except StoreUnavailable:
                 wait = POLL_SECONDS  # readiness says so; try again soon
             except Exception:  # a bug, not an outage: say so, and keep taking work
                 logger.exception("taking queued work failed")
                 wait = POLL_SECONDS
 
-    def _resume(self, execution: Execution) -> None:
+    async def _resume(self, execution: Execution) -> None:
         reasoner = self.reasoners.get(execution.reasoner)
         try:
             if reasoner is None:
@@ -133,6 +133,8 @@ class QueueTaker:
             # execution ends failed here rather than circulating.
             self.registry.refuse_claimed(execution, exc)
             return
+        if not await self.store.begin(execution):
+            return  # not this replica's to begin: put back, or taken over
         logger.info(
             "execution %s (%s): attempt %d taken from the queue",
             execution.execution_id,

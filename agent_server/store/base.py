@@ -331,6 +331,12 @@ class ExecutionStore(abc.ABC):
         with its body and last checkpoint; None when nothing is due."""
         return None
 
+    async def begin(self, execution: Execution) -> bool:
+        """Its body begins now: say so before it does. False when it must not begin here
+        (the claim is no longer this replica's, or the mark's answer was lost: the repair
+        puts it back). A store in this process runs what it claims: nothing to say."""
+        return True
+
     def give_back(self, execution: Execution) -> None:
         """A take this replica will not start: its claim's answer came once admission had
         closed (draining). A shared store puts it back on the queue for its first run

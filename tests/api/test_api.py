@@ -39,6 +39,7 @@ EXECUTION_KEYS = {
     "owner",
     "tenant",
     "schedule_id",
+    "version",
 }
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 

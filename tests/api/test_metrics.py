@@ -119,6 +119,7 @@ async def test_exposition_parses_with_every_metric_of_the_design(served: Served)
         P + "shutdown_elapsed_seconds": "gauge",  # computed per scrape, never pushed
         P + "event_loop_lag_seconds": "histogram",
         P + "schedule_firings": "counter",
+        P + "version_rules": "counter",
         P + "schedule_lag_seconds": "histogram",
     }
     # _created series are left out on purpose (see agent_server.runtime.metrics)

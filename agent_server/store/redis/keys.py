@@ -211,6 +211,9 @@ class Keys:
     def for_checkpoint(self, execution_id: str) -> tuple[str]:
         return (self.record(execution_id),)
 
+    def for_begin(self, execution_id: str) -> tuple[str]:
+        return (self.record(execution_id),)
+
     def for_emit(self, execution_id: str) -> tuple[str, str]:
         return self.record(execution_id), self.stream(execution_id)
 

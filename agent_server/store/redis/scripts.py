@@ -37,6 +37,7 @@ NAMES = (
     "checkpoint",
     "handoff",
     "claim",
+    "begin",
     "emit",
     "cancel_queued",
     "end_release",

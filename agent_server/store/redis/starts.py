@@ -202,10 +202,49 @@ class Starts(StorePart):
             self._notices.wake_on_ends = bool(blocked)
             return None
         try:
-            return self._claimed(reply)
+            execution = self._claimed(reply)
         except Exception:  # taken, but it will not start here: the repair puts it back
             liveness.repair_due = True
             raise
+        execution.take = token
+        return execution
+
+    async def begin(self, execution: Execution) -> bool:
+        """Told (held by a Redis replica under Sentinel) before the body begins: a take whose
+        mark never landed is known never begun, here by the repair and by the judge once
+        this replica is gone (judge.lua), so it runs its first run elsewhere rather than
+        end `lost` unrun. Without an answer the body does not begin: the repair puts the
+        take back."""
+        liveness = self._liveness
+        liveness.claiming.add(execution.take)  # on its way: the repair leaves it alone
+        try:
+            with self._link.operation("begin"):
+                reply, held = await self._link.told(
+                    "begin",
+                    self.keys.for_begin(execution.execution_id),
+                    self.replica_id,
+                    str(execution.attempt),
+                    execution.take,
+                )
+        except StoreUnavailable:
+            liveness.unanswered(execution.take)
+            return False
+        finally:
+            liveness.claiming.discard(execution.take)
+        if not held:  # a failover may undo the mark: not begun here
+            liveness.unanswered(execution.take, held=False)
+            liveness.renew_now.set()
+            return False
+        if not int(reply[0]):  # no longer this claim's (judged, or put back meanwhile)
+            logger.info(
+                "execution %s (%s): taken from the queue, then no longer this replica's "
+                "(the record is %s); it does not start here",
+                execution.execution_id,
+                execution.reasoner,
+                reply[1] or "gone",
+            )
+            return False
+        return True
 
     def give_back(self, execution: Execution) -> None:
         """Taken while draining, never begun: the repair puts it back on the queue (its

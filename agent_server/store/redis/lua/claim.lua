@@ -15,7 +15,8 @@
   a key without a free slot leaves `cready` until a holder ends. `cqueued` counts what the
   keys' queues hold. ARGV[4]: this
   replica; ARGV[5]: this claim's token, kept as the record's `claim` (a claim whose answer
-  is lost is known by it: unclaim.lua). ARGV[6]: this replica's versions (versions.py
+  is lost is known by it: unclaim.lua), and marked `unbegun` until its taker says the body
+  begins (begin.lua; judge.lua requeues a dead owner's take still marked). ARGV[6]: this replica's versions (versions.py
   `advert`; '' when all it serves is unversioned, reading no other version).
   Versions (docs/durable.md): work with a checkpoint is taken when this replica reads its
   version (the same, `compatible`, or by `migrate`); else it waits in its version's queue
@@ -120,6 +121,7 @@ local function take(id, v)
   local m = mine_for(name)
   move(rec, MOVE_CLAIM, v[1], STATUS_RUNNING, 'replica', me, 'claim', token, 'version',
     m and m[1] or '')
+  redis.call('HSET', rec, 'unbegun', '1')  -- until its taker says it begins (begin.lua)
   redis.call('ZADD', RUNNING, v[2], id)
   redis.call('SADD', KEYS[8], id)
   local row = redis.call('HMGET', rec, unpack(F))

@@ -42,9 +42,17 @@ local function read(id, rec, ev)
   -- An owner waiting for input (its task in ctx.ask) is judged like a running one; a
   -- parked execution has no owner to judge.
   if held(v[I_STATUS], v[I_REPLICA]) and judged(v[I_REPLICA]) then
-    local r = redis.call('HMGET', rec, 'max_attempts', 'retries')
+    local r = redis.call('HMGET', rec, 'max_attempts', 'retries', 'unbegun')
     local retries = tonumber(r[2] or '0') or 0
-    if r[1] and retries + 1 < (tonumber(r[1]) or 1) then
+    if r[3] == '1' and v[I_STATUS] == STATUS_RUNNING then
+      -- Claimed, its body never begun (begin.lua never cleared the mark): the same attempt
+      -- goes back to the head of the queue for its first run (never failed unrun).
+      to_queued(rec, id, MOVE_REQUEUE, v[I_STATUS], QUEUE, true, P .. 'queued')
+      redis.call('ZREM', RUNNING, id)
+      redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
+      v[I_REPLICA] = ''; v[I_STATUS] = STATUS_QUEUED
+      moved = MOVED_QUEUED
+    elseif r[1] and retries + 1 < (tonumber(r[1]) or 1) then
       -- A resumable execution whose owner died: its next attempt is queued.
       local attempt = tostring(tonumber(v[I_ATTEMPT]) + 1)
       to_queued(rec, id, MOVE_REQUEUE, v[I_STATUS], QUEUE, false, P .. 'queued',
