@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
-from agent_server.app.protocols import a2a_routes, mcp_endpoint
+from agent_server.app.protocols import a2a_routes, mcp_endpoint, protocol_request_headers
 from agent_server.app.schedules import schedule_ticker
 from agent_server.app.start_line import log_start
 from agent_server.http.access import Access, Authorize
@@ -25,7 +25,6 @@ from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
-from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
 from agent_server.http.openapi import openapi_document
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
@@ -331,7 +330,7 @@ class Agent:
                 cors = cors_middleware(
                     settings.cors_allow_origin,
                     self.reasoners.values(),
-                    MCP_REQUEST_HEADERS if settings.mcp else (),
+                    protocol_request_headers(settings),
                 )
                 middleware.insert(0, cors)
             api = self.api()

@@ -21,6 +21,21 @@ if TYPE_CHECKING:
     from agent_server.http.mcp_server import McpEndpoint
 
 
+#: The request headers A2A's clients send (the SDK's `VERSION_HEADER` and
+#: `HTTP_EXTENSION_HEADER`): a page of an allowed origin may send them with `--a2a`.
+A2A_REQUEST_HEADERS = ("A2A-Version", "A2A-Extensions")
+
+
+def protocol_request_headers(settings: Settings) -> tuple[str, ...]:
+    """What the protocols turned on add to the headers a page may send (CORS)."""
+    from agent_server.http.mcp_tools import MCP_REQUEST_HEADERS
+
+    return (
+        *(A2A_REQUEST_HEADERS if settings.a2a else ()),
+        *(MCP_REQUEST_HEADERS if settings.mcp else ()),
+    )
+
+
 class AgentSetupError(ValueError):
     """The agent cannot be served as configured (a protocol's extra missing, a default
     reasoner that is none): said in one line at start."""

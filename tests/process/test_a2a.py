@@ -462,6 +462,25 @@ def test_public_url_names_where_clients_reach_the_server(server_factory: Any) ->
     assert {i["url"] for i in card["supportedInterfaces"]} == {f"{public}/a2a"}
 
 
+def test_a_page_of_an_allowed_origin_may_send_a2a_headers(server_factory: Any) -> None:
+    """`--cors-allow-origin` with `--a2a`: the preflight allows the headers A2A's clients
+    send (`A2A-Version`, `A2A-Extensions`), as it allows the API's."""
+    page = "https://app.example"
+    served = server_factory("a2a_app:agent", "--a2a", "--cors-allow-origin", page)
+    with httpx.Client(base_url=served.url, timeout=WAIT) as client:
+        preflight = client.options(
+            "/a2a",
+            headers={
+                "origin": page,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type,a2a-version,a2a-extensions",
+            },
+        )
+    assert preflight.status_code == 200, preflight.text
+    allowed = preflight.headers["access-control-allow-headers"].lower()
+    assert "a2a-version" in allowed and "a2a-extensions" in allowed
+
+
 @pytest.mark.parametrize(
     "bad", ["ftp://x/", "agents.example.test", "https://x/?token=1", "https://x/#a", "https:// x"]
 )
