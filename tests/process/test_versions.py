@@ -90,7 +90,7 @@ def start_job(replica: Replica, count: int = 40) -> str:
     return execution_id
 
 
-def checkpointed(versions: Versions, replica: Replica, execution_id: str) -> None:
+def checkpointed(versions: Versions, execution_id: str) -> None:
     """Until v1 has written a checkpoint (its steps are in the record)."""
     key = f"{{agent-server:versions}}:x:{execution_id}"
     wait_for(
@@ -125,6 +125,16 @@ def move_to_v2(versions: Versions, old: Replica, how: str) -> None:
         old.proc.wait(timeout=WAIT)
 
 
+def moved_to_v2(versions: Versions, how: str, count: int = 40) -> tuple[Replica, str]:
+    """A job begun on v1 that checkpointed, moved away from it (`move_to_v2`) while a v2
+    replica runs: that replica, and the execution's id."""
+    old, new = versions.start("v1"), versions.start("v2")
+    execution_id = start_job(old, count)
+    checkpointed(versions, execution_id)
+    move_to_v2(versions, old, how)
+    return new, execution_id
+
+
 def assert_v2_read_only_what_it_declared(notes: list[dict[str, Any]], rule: str) -> None:
     """The witness: a v2 body began from a v1 checkpoint (`done`) only where v2 declared it
     reads v1's (`compatible`); after a migration it began from the migrated state."""
@@ -143,10 +153,7 @@ HOW = ("handoff", "kill")
 @pytest.mark.parametrize("versions", ["compatible"], indirect=True)
 @pytest.mark.parametrize("how", HOW)
 def test_compatible_resumes_the_checkpoint(versions: Versions, how: str) -> None:
-    old, new = versions.start("v1"), versions.start("v2")
-    execution_id = start_job(old)
-    checkpointed(versions, old, execution_id)
-    move_to_v2(versions, old, how)
+    new, execution_id = moved_to_v2(versions, how)
     body = final(new.url, execution_id)
     assert (body["status"], body["version"], body["attempt"]) == ("succeeded", "v2", 2), body
     assert body["result"]["resumed_from"] > 0  # resumed, not restarted
@@ -159,10 +166,7 @@ def test_compatible_resumes_the_checkpoint(versions: Versions, how: str) -> None
 @pytest.mark.parametrize("versions", ["migrate"], indirect=True)
 @pytest.mark.parametrize("how", HOW)
 def test_migrate_resumes_with_its_result(versions: Versions, how: str) -> None:
-    old, new = versions.start("v1"), versions.start("v2")
-    execution_id = start_job(old)
-    checkpointed(versions, old, execution_id)
-    move_to_v2(versions, old, how)
+    new, execution_id = moved_to_v2(versions, how)
     body = final(new.url, execution_id)
     assert (body["status"], body["version"], body["attempt"]) == ("succeeded", "v2", 2), body
     notes = versions.notes(execution_id)
@@ -176,10 +180,7 @@ def test_migrate_resumes_with_its_result(versions: Versions, how: str) -> None:
 @pytest.mark.parametrize("versions", ["migrate_raising"], indirect=True)
 @pytest.mark.parametrize("how", HOW)
 def test_a_migration_that_raises_fails_the_execution_with_it(versions: Versions, how: str) -> None:
-    old, new = versions.start("v1"), versions.start("v2")
-    execution_id = start_job(old)
-    checkpointed(versions, old, execution_id)
-    move_to_v2(versions, old, how)
+    new, execution_id = moved_to_v2(versions, how)
     body = final(new.url, execution_id)
     assert body["status"] == "failed", body
     assert body["error"]["type"] == "ValueError", body
@@ -192,10 +193,7 @@ def test_a_migration_that_raises_fails_the_execution_with_it(versions: Versions,
 @pytest.mark.parametrize("versions", ["restart"], indirect=True)
 @pytest.mark.parametrize("how", HOW)
 def test_restart_runs_from_the_start_with_the_next_attempt(versions: Versions, how: str) -> None:
-    old, new = versions.start("v1"), versions.start("v2")
-    execution_id = start_job(old, count=20)
-    checkpointed(versions, old, execution_id)
-    move_to_v2(versions, old, how)
+    new, execution_id = moved_to_v2(versions, how, count=20)
     body = final(new.url, execution_id)
     assert (body["status"], body["version"], body["attempt"]) == ("succeeded", "v2", 3), body
     assert body["result"]["resumed_from"] == 0
@@ -213,10 +211,7 @@ def test_restart_runs_from_the_start_with_the_next_attempt(versions: Versions, h
 @pytest.mark.parametrize("versions", ["fail"], indirect=True)
 @pytest.mark.parametrize("how", HOW)
 def test_fail_is_the_default_and_names_both_versions(versions: Versions, how: str) -> None:
-    old, new = versions.start("v1"), versions.start("v2")
-    execution_id = start_job(old)
-    checkpointed(versions, old, execution_id)
-    move_to_v2(versions, old, how)
+    new, execution_id = moved_to_v2(versions, how)
     body = final(new.url, execution_id)
     assert body["status"] == "failed", body
     assert body["error"]["type"] == "VersionMismatch", body
@@ -236,7 +231,7 @@ def test_work_waits_for_a_live_replica_of_its_version(versions: Versions, how: s
     execution_id = start_job(old)
     hold = httpx.post(f"{busy.url}/reasoners/hold/async", json={"seconds": 4}, timeout=WAIT)
     assert hold.status_code == 202, hold.text
-    checkpointed(versions, old, execution_id)
+    checkpointed(versions, execution_id)
     move_to_v2(versions, old, how)
     wait_for(
         lambda: metric(new.url, "agent_server_version_rules_total", rule="wait") >= 1,
@@ -261,7 +256,7 @@ def test_waiting_work_meets_the_rule_once_its_last_replica_drains(versions: Vers
     execution_id = start_job(old, count=20)
     hold = httpx.post(f"{busy.url}/reasoners/hold/async", json={"seconds": 30}, timeout=WAIT)
     assert hold.status_code == 202, hold.text
-    checkpointed(versions, old, execution_id)
+    checkpointed(versions, execution_id)
     move_to_v2(versions, old, "handoff")
     wait_for(
         lambda: metric(new.url, "agent_server_version_rules_total", rule="wait") >= 1,
