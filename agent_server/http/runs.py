@@ -40,6 +40,7 @@ from agent_server.http.routing import (
 from agent_server.http.sse import EventStream, Streams, named, recorded_before_close
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id_bytes
+from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
@@ -270,9 +271,9 @@ class Runs:
                 self.idempotency_ttl,
             )
         )
-        announced: list[Execution] = []
         try:
-            start = self.registry.start_once(
+            return await self.start_once(
+                request.scope,
                 reasoner,
                 arguments,
                 session_id,
@@ -283,14 +284,9 @@ class Runs:
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=_session_policy(reasoner, headers),
-                announce=announced.append,
                 principal=self.access.principal(request.scope),
+                shown=shown,
             )
-            if shown is not None:
-                start = self._shown(start, shown)
-            if not self.store.shared:  # a store in this process writes at once
-                return await start
-            return await self._started_before_close(start, announced, request.scope)
         except SessionTaken as exc:
             raise ApiError(
                 409,
@@ -309,6 +305,47 @@ class Runs:
                 "Idempotency-Key's execution was forgotten (deleted, released or expired): "
                 "send a new key to run again",
             ) from None
+
+    async def start_once(
+        self,
+        scope: Scope,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        session_id: str | None,
+        *,
+        body: Any,
+        idempotency: Idempotency | None,
+        webhook_url: str | None,
+        delay: float | None,
+        may_queue: bool,
+        concurrency_key: str | None,
+        session_policy: SessionPolicy,
+        principal: Principal | None,
+        shown: list[dict[str, Any]] | None = None,
+    ) -> tuple[Execution, bool]:
+        """The registry's start as the API and A2A make it (`InFlightRegistry.start_once`'s
+        refusals raised as they are), answered before the listener closes on a shared
+        store; `shown` keeps its JSON as the store accepted it."""
+        announced: list[Execution] = []
+        start = self.registry.start_once(
+            reasoner,
+            arguments,
+            session_id,
+            body=body,
+            idempotency=idempotency,
+            webhook_url=webhook_url,
+            delay=delay,
+            may_queue=may_queue,
+            concurrency_key=concurrency_key,
+            session_policy=session_policy,
+            announce=announced.append,
+            principal=principal,
+        )
+        if shown is not None:
+            start = self._shown(start, shown)
+        if not self.store.shared:  # a store in this process writes at once
+            return await start
+        return await self._started_before_close(start, announced, scope)
 
     @staticmethod
     async def _shown(

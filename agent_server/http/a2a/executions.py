@@ -105,10 +105,9 @@ class A2AExecutions:
             principal, "start", {"reasoner": reasoner.name, "session_id": session_id}
         )
         headers = first_values(scope["headers"])
-        runs = self.api.runs
-        announced: list[Execution] = []
         try:
-            start = self.registry.start_once(
+            execution, _ = await self.api.runs.start_once(
+                scope,
                 reasoner,
                 arguments,
                 session_id,
@@ -129,10 +128,8 @@ class A2AExecutions:
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),
                 session_policy=reasoner.session_policy,
-                announce=announced.append,
                 principal=principal,
             )
-            execution, _ = await runs._started_before_close(start, announced, scope)
         except IdempotencyMismatch:
             raise Bad("messageId was first used for a different message") from None
         except IdempotencyForgotten:
