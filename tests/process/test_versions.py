@@ -287,3 +287,21 @@ def test_work_without_a_checkpoint_runs_on_any_version(
     assert response.json()["version"] is None  # queued: no code ran it yet
     body = final(new.url, response.json()["execution_id"])
     assert (body["status"], body["version"]) == ("succeeded", "v2"), body
+
+
+def test_the_memory_store_shows_its_one_version(server_factory: Any) -> None:
+    """The memory store has one version, its process's: a run shows it, a delayed start
+    shows null until its first run, and its checkpoints resume as the same version."""
+    served = server_factory(
+        "versions_app:agent", env={"AGENT_SERVER_VERSION": "v2", "TESTS_V2_RULE": "fail"}
+    )
+    with httpx.Client(base_url=served.url, timeout=WAIT) as client:
+        ran = client.post("/reasoners/job", json={"count": 2, "pause": 0.01})
+        delayed = client.post(
+            "/reasoners/job/async", params={"delay": 0.3}, json={"count": 2, "pause": 0.01}
+        )
+    assert ran.status_code == 200, ran.text
+    assert (ran.json()["status"], ran.json()["version"]) == ("succeeded", "v2")
+    assert delayed.status_code == 202 and delayed.json()["version"] is None
+    body = final(served.url, delayed.json()["execution_id"])
+    assert (body["status"], body["version"]) == ("succeeded", "v2"), body
