@@ -9,7 +9,6 @@ from agent_server.model.counts import counted
 from agent_server.process.drill.plan import DrillArgs
 from agent_server.process.drill.run import run_drill
 from agent_server.process.drill.verdict import ReasonerVerdict, Verdict, judge
-from agent_server.process.drill.versions import next_versions
 
 COLUMNS = (
     "reasoner", "started", "finished", "cancelled", "settled in", "abandoned", "handed off",
@@ -85,11 +84,9 @@ def table(verdict: Verdict) -> str:
 
 
 def drill_and_print(args: DrillArgs, *, as_json: bool) -> int:
-    """Compare APP with `--next` (if given), run the drill, print it, and return its exit
-    code (DrillError is the caller's)."""
-    changes = None if args.next_app is None else next_versions(args)
+    """Run the drill, print it, and return its exit code (DrillError is the caller's)."""
     run = asyncio.run(run_drill(args))
-    verdict = judge(run, args.executions, args.signal_after, changes, args.next_app)
+    verdict = judge(run, args.executions, args.signal_after)
     if as_json:
         print(json.dumps(verdict.as_dict(), sort_keys=False))
     else:

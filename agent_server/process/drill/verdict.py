@@ -166,17 +166,11 @@ class Verdict:
         }
 
 
-def judge(
-    run: Run,
-    executions: int,
-    signal_after: float,
-    next_versions: Mapping[str, NextVersion] | None = None,
-    next_app: str | None = None,
-) -> Verdict:
+def judge(run: Run, executions: int, signal_after: float) -> Verdict:
     """Per execution: finished (before the cancellation), cancelled and settled, abandoned,
     queued (cancelled unrun, or left for another replica), handed off, parked, lost or
-    unknown; per reasoner: its faults, what `next_app` makes of its handed-off work (a fault
-    when it fails it); and the shutdown's."""
+    unknown; per reasoner: its faults, and with `--next` what the next version makes of its
+    handed-off work (a fault when it fails it); and the shutdown's."""
     found = run.log.report()
     report, t0 = (found[0], found[1]) if found else (None, run.signalled_at)
     cancel_at = None
@@ -265,7 +259,7 @@ def judge(
                 f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
                 "renewing)"
             )
-        verdict.next_version = (next_versions or {}).get(name)
+        verdict.next_version = (run.next_versions or {}).get(name)
         if verdict.next_version is not None and verdict.next_version.fault is not None:
             verdict.faults.append(verdict.next_version.fault)
     for name, why in run.refused.items():
@@ -298,7 +292,7 @@ def judge(
         run.exit_code,
         report,
         faults,
-        next_app,
+        run.next_app,
     )
 
 

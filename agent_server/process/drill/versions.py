@@ -13,10 +13,11 @@ restarts or fails it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,56 +132,74 @@ def compare(name: str, old: Declared, new: Declared | None, next_app: str) -> Ne
     )  # fmt: skip
 
 
-def next_versions(args: DrillArgs) -> dict[str, NextVersion]:
-    """Per resumable reasoner of APP: what NEXT_APP makes of its handed-off work. Both apps
-    are imported at once, each in its child; DrillError (exit 2) when one cannot be."""
-    assert args.next_app is not None
-    next_env = {} if args.next_version is None else {VERSION_VARIABLE: args.next_version}
-    children = [
-        _Import("APP", args.app, args.settings.app_dir, {}),
-        _Import("--next", args.next_app, args.settings.app_dir, next_env),
-    ]
-    try:
-        old, new = (child.result() for child in children)
-    finally:
-        for child in children:
-            child.close()
-    return {
-        name: compare(name, declared, new.get(name), args.next_app)
-        for name, declared in old.items()
-        if declared.resumable
-    }
+class NextReading:
+    """Both apps' declarations, each imported in a child of its own (`declared.py`), started
+    at once and beside the drill's own child: their imports overlap its start."""
+
+    def __init__(self, args: DrillArgs) -> None:
+        assert args.next_app is not None
+        self.args = args
+        self.next_app = args.next_app
+        self._children: list[_Import] = []
+
+    async def start(self) -> None:
+        """Both imports begin (`--next-version` in NEXT_APP's environment)."""
+        app_dir, version = self.args.settings.app_dir, self.args.next_version
+        env = {} if version is None else {VERSION_VARIABLE: version}
+        self._children = [
+            await _Import.start("APP", self.args.app, app_dir, {}),
+            await _Import.start("--next", self.next_app, app_dir, env),
+        ]
+
+    async def result(self) -> dict[str, NextVersion]:
+        """Per resumable reasoner of APP: what NEXT_APP makes of its handed-off work.
+        DrillError (exit 2) when an app cannot be imported."""
+        old, new = [await child.result() for child in self._children]
+        return {
+            name: compare(name, declared, new.get(name), self.next_app)
+            for name, declared in old.items()
+            if declared.resumable
+        }
+
+    async def close(self) -> None:
+        for child in self._children:
+            await child.close()
 
 
 class _Import:
     """One app imported in a child that prints its reasoners' declarations."""
 
-    def __init__(self, role: str, app: str | None, app_dir: str, env: Mapping[str, str]) -> None:
-        self.app = app
-        self.label = f"{role} {app!r}" if app is not None else "the demo agent"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_server.process.drill.declared", app or "", app_dir],
+    def __init__(self, label: str, proc: asyncio.subprocess.Process) -> None:
+        self.label = label
+        self.proc = proc
+
+    @classmethod
+    async def start(
+        cls, role: str, app: str | None, app_dir: str, env: Mapping[str, str]
+    ) -> _Import:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "agent_server.process.drill.declared", app or "", app_dir),
             env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
+        return cls(f"{role} {app!r}" if app is not None else "the demo agent", proc)
 
-    def close(self) -> None:
-        """Ended if it still runs (the other child's import failed first)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+    async def close(self) -> None:
+        """Ended if it still runs (the drill went wrong before it was read)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
 
-    def result(self) -> dict[str, Declared]:
+    async def result(self) -> dict[str, Declared]:
         try:
-            out, err = self.proc.communicate(timeout=IMPORT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            out, err = await asyncio.wait_for(self.proc.communicate(), IMPORT_TIMEOUT)
+        except TimeoutError:
             raise RuntimeError(f"importing {self.label} took over {IMPORT_TIMEOUT:g} s") from None
-        lines = out.strip().splitlines()
+        lines = out.decode(errors="replace").strip().splitlines()
         if self.proc.returncode != 0 or not lines:
-            raise DrillError(f"cannot load {self.label}: {err.strip() or 'its import failed'}")
+            why = err.decode(errors="replace").strip() or "its import failed"
+            raise DrillError(f"cannot load {self.label}: {why}")
         return {name: Declared.parse(data) for name, data in json.loads(lines[-1]).items()}
