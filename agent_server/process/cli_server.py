@@ -274,6 +274,20 @@ def run(app: str | None, **flags: Any) -> None:
     show_default=True,
     help="Seconds from the last start to SIGTERM.",
 )
+@click.option(
+    "--next",
+    "next_app",
+    metavar="NEXT_APP",
+    help="The next version's app (module:attribute): say, per resumable reasoner, what its "
+    "code makes of work APP hands off (resumes, migrates, waits for APP's version, restarts, "
+    'or fails: a fault). docs/durable.md, "Versions".',
+)
+@click.option(
+    "--next-version",
+    metavar="VERSION",
+    help="The AGENT_SERVER_VERSION NEXT_APP is imported with (its Agent's version when its "
+    "code gives none), as its deployment sets it; default: this environment's.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, not the table.")
 @settings_options(Settings, only=SHUTDOWN_FIELDS)
 def drill_command(
@@ -282,6 +296,8 @@ def drill_command(
     inputs: tuple[str, ...],
     executions: int,
     signal_after: float,
+    next_app: str | None,
+    next_version: str | None,
     as_json: bool,
     **flags: Any,
 ) -> None:
@@ -289,14 +305,17 @@ def drill_command(
     child on a free loopback port, start background executions of its reasoners, send
     SIGTERM, and say whether each reasoner is shutdown-safe: it finished in the drain or
     settled once cancelled, never swallowed the cancellation, never blocked the event loop
-    over 1 s, and the shutdown ended within the grace period.
+    over 1 s, and the shutdown ended within the grace period. With --next, also that the
+    next version's code resumes, migrates or restarts the work each resumable reasoner
+    hands off, rather than failing it.
 
     \b
     Exit codes:
       0  every reasoner is shutdown-safe
       1  a reasoner (or the server) is not: each fault is named
       2  bad arguments (an unknown reasoner, --input that is not JSON, an input the
-         reasoner refuses or cannot be built, a budget that does not fit, APP not found)
+         reasoner refuses or cannot be built, a budget that does not fit, APP or
+         NEXT_APP not found)
     """
     given = given_flags(flags)
     settings = _settings_or_exit(given)
@@ -307,7 +326,11 @@ def drill_command(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--input") from None
         parsed[name] = value
-    args = DrillArgs(app, reasoners, parsed, executions, signal_after, given, settings)
+    if next_version is not None and next_app is None:
+        raise click.BadParameter("needs --next", param_hint="--next-version")
+    args = DrillArgs(
+        app, reasoners, parsed, executions, signal_after, given, settings, next_app, next_version
+    )
     try:
         code = drill_and_print(args, as_json=as_json)
     except DrillError as exc:

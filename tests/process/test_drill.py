@@ -317,3 +317,82 @@ def test_the_readmes_own_agent_is_drilled_without_inputs(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0].startswith("drill of 'support-bot': 3 reasoners x")
     assert done.stdout.splitlines()[-1] == "verdict: shutdown-safe"
+
+
+#: The drill of v1 against v2 (tests/apps/drill_versions.py), quick: its reasoners return at
+#: once, so the rehearsal is short and the comparison is what is judged.
+VERSIONS = ("drill_versions:old", "--next", "drill_versions:new", "--signal-after", "0.2")
+
+
+def test_the_next_version_says_what_becomes_of_each_resumable_reasoners_work() -> None:
+    """Section 22: same version, compatible and migrate resume; a version v2 cannot read
+    waits for a live v1 replica, then restarts or fails (a fault, exit 1); a reasoner v2
+    lacks is gone (a fault); a reasoner that is not resumable hands nothing off."""
+    code, verdict = drilled(*VERSIONS)
+    assert code == 1, verdict
+    assert verdict["next"] == "drill_versions:new"
+    met = {name: r["next_version"] for name, r in by_name(verdict).items()}
+    assert met["plain"] is None
+    changes = {name: (m["change"], m["waits"]) for name, m in met.items() if m is not None}
+    assert changes == {
+        "pinned": ("same version", False),
+        "compat": ("compatible", False),
+        "migrating": ("migrate", False),
+        "restarting": ("restart", True),
+        "failing": ("fail", True),
+        "removed": ("gone", False),
+    }
+    assert (met["pinned"]["from_version"], met["pinned"]["to_version"]) == ("r1", "r1")
+    assert (met["failing"]["from_version"], met["failing"]["to_version"]) == ("v1", "v2")
+    assert met["removed"]["to_version"] is None
+    assert "waits for a replica of 'v1' while one runs, then restart" in met["restarting"]["said"]
+    assert verdict["faults"] == [
+        "failing: handed-off work fails with VersionMismatch on drill_versions:new ('v1' -> "
+        "'v2': neither compatible nor migrated) once no replica of 'v1' runs",
+        "removed: drill_versions:new has no reasoner 'removed': handed-off work fails",
+    ]
+    safe = {name for name, r in by_name(verdict).items() if r["safe"]}
+    assert safe == {"pinned", "compat", "migrating", "restarting", "plain"}
+    assert verdict["shutdown"]["exit_code"] == 0  # the rehearsal itself was fine
+
+
+def test_a_next_version_that_resumes_or_restarts_everything_is_safe_in_the_table() -> None:
+    picked = [arg for name in ("pinned", "compat", "restarting") for arg in ("--reasoner", name)]
+    done = drill(*VERSIONS, *FAST, *picked)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].split()[-4:] == ["stall", "next", "version", "verdict"]
+    rows = {line.split()[0]: line for line in lines[3:6]}
+    assert rows["compat"].endswith("  compatible           ok"), done.stdout
+    assert rows["restarting"].endswith("  waits, then restart  ok"), done.stdout
+    said = lines[lines.index("next version (drill_versions:new), for work handed off to it:") :]
+    assert said[1].split() == ["pinned", "same", "version", "('r1'):", "resumes"]
+    assert said[2].split()[:5] == ["compat", "'v1'", "->", "'v2':", "compatible:"]
+    assert lines[-1] == "verdict: shutdown-safe"
+
+
+def test_next_version_is_the_version_the_next_app_reads_from_its_environment() -> None:
+    """An Agent without version= takes AGENT_SERVER_VERSION, which a deployment sets from
+    the image tag: --next-version sets it for NEXT_APP, as the new pods will have it. One
+    app against itself under another version: its checkpoints cannot be read."""
+    code, verdict = drilled(
+        "drill_versions:from_env", "--next", "drill_versions:from_env",
+        "--next-version", "v2", "--signal-after", "0.2",
+        env={"AGENT_SERVER_VERSION": "v1"},
+    )  # fmt: skip
+    assert code == 1, verdict
+    (job,) = verdict["reasoners"]
+    assert job["next_version"]["change"] == "fail"
+    assert (job["next_version"]["from_version"], job["next_version"]["to_version"]) == ("v1", "v2")
+
+
+def test_a_next_app_that_cannot_be_loaded_exits_2_before_the_rehearsal() -> None:
+    done = drill("drill_versions:old", "--next", "drill_versions:nope")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert one_line(done.stderr) == (
+        "agent-server: drill: cannot load --next 'drill_versions:nope': module "
+        "'drill_versions' has no attribute 'nope'"
+    )
+    assert done.stdout == ""
+    alone = drill("drill_versions:old", "--next-version", "v2")
+    assert alone.returncode == 2 and "--next-version" in alone.stderr, alone.stderr

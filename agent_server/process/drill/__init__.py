@@ -3,7 +3,10 @@
 The modules, in the order a drill runs: `plan` (the arguments, the reasoners and their
 inputs), `run` (the child, through the package's launcher), `follow` (the starts, and each
 execution read on through the shutdown), `log` (the child's JSON log), `verdict` (each
-execution's outcome, each reasoner's faults) and `report` (the table or the JSON).
+execution's outcome, each reasoner's faults) and `report` (the table or the JSON). With
+`--next NEXT_APP`, `versions` reads both apps' version declarations while the child starts
+(each imported in a child of its own, `declared`) and says what the next version makes of
+each resumable reasoner's handed-off work (docs/durable.md, "Versions").
 
 APP runs as a real `agent-server run` child on a free loopback port with the shutdown flags
 given; background executions of its reasoners are started; SIGTERM follows; the child's exit

@@ -35,6 +35,10 @@ class DrillArgs:
     signal_after: float
     flags: Mapping[str, Any]
     settings: Settings
+    #: `--next`: the next version's app, whose reasoners meet APP's checkpoints
+    #: (drill/versions.py); `--next-version`: the AGENT_SERVER_VERSION it is imported with.
+    next_app: str | None = None
+    next_version: str | None = None
 
 
 def parse_input(text: str) -> tuple[str, Any]:

@@ -14,9 +14,11 @@ COLUMNS = (
     "reasoner", "started", "finished", "cancelled", "settled in", "abandoned", "handed off",
     "parked", "waiting", "queued", "longest stall", "verdict",
 )  # fmt: skip
+#: With `--next`: what the next version makes of handed-off work, before the verdict.
+NEXT_COLUMN = "next version"
 
 
-def _row(verdict: ReasonerVerdict) -> list[str]:
+def _row(verdict: ReasonerVerdict, with_next: bool) -> list[str]:
     settle = "-" if verdict.settle_seconds is None else f"{verdict.settle_seconds:.2f} s"
     if verdict.faults:
         said = "FAULT"
@@ -36,6 +38,7 @@ def _row(verdict: ReasonerVerdict) -> list[str]:
         str(verdict.waiting),
         str(verdict.queued),
         f"{verdict.longest_stall:.3f} s",
+        *([verdict.next_version.cell() if verdict.next_version else "-"] if with_next else []),
         said,
     ]
 
@@ -43,8 +46,10 @@ def _row(verdict: ReasonerVerdict) -> list[str]:
 def table(verdict: Verdict) -> str:
     """The drill as text: a line saying what ran, a row per reasoner, the shutdown, the
     faults (if any) and the verdict."""
-    rows = [list(COLUMNS), *(_row(r) for r in verdict.reasoners)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    with_next = verdict.next_app is not None
+    columns = [*COLUMNS[:-1], *([NEXT_COLUMN] if with_next else []), COLUMNS[-1]]
+    rows = [columns, *(_row(r, with_next) for r in verdict.reasoners)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [
         f"drill of {verdict.app!r}: {counted(len(verdict.reasoners), 'reasoner')} x "
         f"{counted(verdict.executions, 'execution')}, "
@@ -55,6 +60,13 @@ def table(verdict: Verdict) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+    if with_next:
+        lines += ["", f"next version ({verdict.next_app}), for work handed off to it:"]
+        named = [(r.name, r.next_version) for r in verdict.reasoners if r.next_version]
+        width = max((len(name) for name, _ in named), default=0)
+        lines += [f"  {name.ljust(width)}  {met.said}" for name, met in named]
+        if not named:
+            lines.append("  (no resumable reasoner drilled: nothing is handed off)")
     lines.append("")
     code = "killed" if verdict.exit_code is None else f"exit code {verdict.exit_code}"
     within = "within" if verdict.within_grace else "NOT within"

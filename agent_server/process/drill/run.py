@@ -14,6 +14,7 @@ import httpx
 from agent_server.process.drill.follow import START_TIMEOUT, Started, _follow, _start_all
 from agent_server.process.drill.log import ChildLog
 from agent_server.process.drill.plan import DrillArgs, DrillError, choose
+from agent_server.process.drill.versions import NextReading, NextVersion
 from agent_server.process.launcher import HOST, Launched, LaunchError, run_command
 from agent_server.runtime.exits import ExitCode
 
@@ -101,14 +102,25 @@ class Run:
     grace_period: float
     refused: dict[str, str] = field(default_factory=dict)  # reasoner -> why a start failed
     shared: bool = False  # the child's store is shared (Redis), not its memory
+    #: `--next`: the next version's app, and per resumable reasoner what it makes of the
+    #: work handed off (drill/versions.py).
+    next_app: str | None = None
+    next_versions: dict[str, NextVersion] | None = None
 
 
 async def run_drill(args: DrillArgs) -> Run:
-    """Start the child, the executions and their long-polls; signal; wait for the exit."""
+    """Start the child (and with `--next`, both apps' imports beside it), the executions and
+    their long-polls; signal; wait for the exit."""
     child = Child(args)
-    child.start()
+    reading = None if args.next_app is None else NextReading(args)
+    changes = None
     try:
+        if reading is not None:
+            await reading.start()
+        child.start()
         port = await child.port()
+        if reading is not None:  # before any execution: an app that cannot load is exit 2
+            changes = await reading.result()
         headers = {}
         token = args.settings.bearer_token
         if token is not None:
@@ -138,6 +150,8 @@ async def run_drill(args: DrillArgs) -> Run:
                     poll.cancel()
                 await asyncio.gather(*polls, return_exceptions=True)
     finally:
+        if reading is not None:
+            await reading.close()
         await child.close()
     agent = next(
         (str(r["agent"]) for r in child.log.records if "agent" in r and "reasoners" in r),
@@ -154,4 +168,6 @@ async def run_drill(args: DrillArgs) -> Run:
         grace,
         refused,
         shared=args.settings.store_url != "memory",
+        next_app=args.next_app,
+        next_versions=changes,
     )

@@ -13,6 +13,7 @@ from agent_server.model.status import CancelReason, ExecutionStatus, parked
 from agent_server.process.drill.follow import status_of
 from agent_server.process.drill.log import Stall, unix_time
 from agent_server.process.drill.run import EXIT_MARGIN, Run
+from agent_server.process.drill.versions import NextVersion
 from agent_server.runtime.exits import ExitCode
 
 #: A stall over this is a fault (the server's own threshold for its WARNING).
@@ -105,6 +106,9 @@ class ReasonerVerdict:
     faults: list[str] = field(default_factory=list)
     #: Abandoned executions by what ran them: "task" (async) or "thread" (a def).
     abandoned_kinds: dict[str, int] = field(default_factory=dict)
+    #: With `--next`, a resumable reasoner: what the next version makes of its handed-off
+    #: work (drill/versions.py); None otherwise.
+    next_version: NextVersion | None = None
 
     @property
     def safe(self) -> bool:
@@ -114,6 +118,7 @@ class ReasonerVerdict:
         data = dataclasses.asdict(self)
         data["stall"] = None if self.stall is None else dataclasses.asdict(self.stall)
         del data["abandoned_kinds"]
+        data["next_version"] = None if self.next_version is None else self.next_version.as_dict()
         data["safe"] = self.safe
         return data
 
@@ -131,6 +136,7 @@ class Verdict:
     exit_code: int | None
     report: dict[str, Any] | None
     faults: list[str]  # every fault, "name: fault", the app's own included
+    next_app: str | None = None  # `--next`: the app the reasoners' next_version is met by
 
     @property
     def within_grace(self) -> bool:
@@ -153,6 +159,7 @@ class Verdict:
                 "exit_code": self.exit_code,
                 "report": self.report,
             },
+            "next": self.next_app,
             "faults": self.faults,
             "safe": not self.faults,
             "exit_code": self.code,
@@ -162,7 +169,8 @@ class Verdict:
 def judge(run: Run, executions: int, signal_after: float) -> Verdict:
     """Per execution: finished (before the cancellation), cancelled and settled, abandoned,
     queued (cancelled unrun, or left for another replica), handed off, parked, lost or
-    unknown; per reasoner: its faults; and the shutdown's."""
+    unknown; per reasoner: its faults, and with `--next` what the next version makes of its
+    handed-off work (a fault when it fails it); and the shutdown's."""
     found = run.log.report()
     report, t0 = (found[0], found[1]) if found else (None, run.signalled_at)
     cancel_at = None
@@ -251,6 +259,9 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
                 f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
                 "renewing)"
             )
+        verdict.next_version = (run.next_versions or {}).get(name)
+        if verdict.next_version is not None and verdict.next_version.fault is not None:
+            verdict.faults.append(verdict.next_version.fault)
     for name, why in run.refused.items():
         app_faults.append(f"{name}: {why}")
     if run.exit_code is None:
@@ -281,6 +292,7 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
         run.exit_code,
         report,
         faults,
+        run.next_app,
     )
 
 
