@@ -11,7 +11,7 @@ claim at a time as a replica's queue taker claims:
      checkpoints): what unversioned users pay;
   c. this tree, version v1 claiming v1 checkpoints (`same`);
   d. this tree, v2 claiming v1 checkpoints it declares `compatible`;
-  e. as c, with 3 other live replicas advertising v0 and `--waiting` executions whose v0
+  e. as c, with `--others` (3) live replicas advertising v0 and `--waiting` executions whose v0
      checkpoints wait in a version queue for them: every claim scans `vqs` and reads the
      live replicas' adverts.
 
@@ -23,10 +23,12 @@ Reported: claims/s (median over rounds) and the median of the per-round ratios t
 claim, redis-server's CPU, the claim script's own time (`INFO commandstats` usec of
 EVALSHA), the commands it ran and their time, the client's CPU. `--compare DIR` runs (b)
 and (c) from another tree as well (a change to the claim, measured in the same rounds).
-`--quick` is the smoke size.
+`--callgrind N` first runs redis-server under valgrind's callgrind, one case at a time,
+counting only inside EVALSHA: the claim script's instructions per claim over N claims, a
+figure the machine's other work does not move. `--quick` is the smoke size.
 
     python -m bench.versions [--quick] [--rounds 5] [--count 2000] [--batch 250] [--before DIR]
-        [--source DIR] [--compare DIR]
+        [--source DIR] [--compare DIR] [--callgrind N]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -51,20 +54,22 @@ from bench.common import HOST, ROOT, Spread, log, machine_load, write_json
 from bench.store import RedisServer, tree_commit
 
 WORKER = ROOT / "bench" / "apps" / "version_claims.py"
-#: The commit before versions: its parent is the baseline tree.
+#: The commit that brought versions: its parent is the baseline tree.
 VERSIONS_COMMIT = "81b13f6"
 CASES = {
     "a": "before versions (81b13f6^)",
     "b": "unversioned agent",
     "c": "v1 claims v1 (same)",
     "d": "v2 claims v1 (compatible)",
-    "e": "v1 claims v1, 3 live v0 replicas, work waiting for v0",
+    "e": "v1 claims v1, live v0 replicas, work waiting for v0",
 }
 #: Commands that are not the claim script's (the worker's own reads, connection set-up).
 NOT_CLAIM = {"evalsha", "info", "config", "hello", "client", "ping"}
 TIMEOUT = 120.0
 #: Bound of a worker's seeding (every case seeds at once).
 SEED_TIMEOUT = 600.0
+#: Claims before callgrind counts (caches, Lua's first runs of the script).
+WARM_UP = 50
 #: The cases `--compare DIR` runs from that tree as well, labelled `b*`, `c*`.
 COMPARED = ("b", "c")
 
@@ -171,12 +176,16 @@ def run(
     source: Path,
     before: Path,
     compare: Path | None = None,
+    callgrind_count: int = 0,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
+    """The timed rounds; with `callgrind_count`, first the claim script's instructions per
+    claim (`callgrind`)."""
     # label -> (case, tree): the cases, and with `compare` (b) and (c) from that tree too.
     labels = {case: (case, source if case != "a" else before) for case in CASES}
     if compare is not None:
         labels |= {f"{case}*": (case, compare) for case in COMPARED}
+    counted = callgrind(labels, callgrind_count, others, waiting) if callgrind_count else {}
     order = list(labels)
     warm_up = min(batch_size, count)
     sizes = {"count": rounds * count + warm_up, "others": others, "waiting": waiting}
@@ -235,7 +244,66 @@ def run(
         "ready": ready,
         "rounds_figures": {label: [t.as_dict() for t in per] for label, per in totals.items()},
         "summary": summary(totals, ready),
+        "callgrind_count": callgrind_count,
+        "instructions_per_claim": counted,
     }
+
+
+def callgrind(
+    labels: dict[str, tuple[str, Path]],
+    count: int,
+    others: int,
+    waiting: int,
+    progress: Callable[[str], None] = log,
+) -> dict[str, Any]:
+    """redis-server under callgrind, counting only inside EVALSHA: the instructions the
+    claim script runs per claim, case by case (Redis emptied between), after a warm-up of
+    WARM_UP claims. A count, not a time: the machine's other work does not move it."""
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-versions-cg-") as tmp:
+        wrapper = (
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--collect-atstart=no",
+            "--toggle-collect=evalShaCommand",
+            f"--callgrind-out-file={tmp}/cg.out",
+        )
+        with RedisServer(wrapper=wrapper) as server:
+            assert server.proc is not None
+            pid = str(server.proc.pid)
+
+            def control(*args: str) -> None:
+                subprocess.run(
+                    ["callgrind_control", *args, pid], check=True, capture_output=True, timeout=60
+                )
+
+            for label, (case, tree) in labels.items():
+                server.command("FLUSHALL")
+                worker = Worker(
+                    label, case, tree, server.url, count=count + WARM_UP, others=others,
+                    waiting=waiting,
+                )  # fmt: skip
+                try:
+                    worker.wait_ready()
+                    worker.send(f"claim {WARM_UP}")
+                    worker.read(TIMEOUT)
+                    dumps = set(Path(tmp).glob("cg.out.*"))
+                    control("--zero")
+                    control("--instr=on")
+                    worker.send(f"claim {count}")
+                    worker.read(TIMEOUT)
+                    control("--instr=off")
+                    control(f"--dump={label}")
+                    worker.finish()
+                finally:
+                    worker.stop()
+                (dump,) = set(Path(tmp).glob("cg.out.*")) - dumps
+                found = re.search(r"^totals: (\d+)", dump.read_text(), re.MULTILINE)
+                assert found is not None, dump
+                figures[label] = int(found.group(1)) / count
+                progress(f"callgrind: {label} {figures[label]:.0f} instructions per claim")
+    return figures
 
 
 @dataclass
@@ -346,6 +414,20 @@ def markdown(data: dict[str, Any]) -> str:
             f"{spread['script_us'].fmt(1)} | {row['commands_per_claim']:.1f} | "
             f"{spread['client_cpu_us'].fmt(0)} |"
         )
+    counted = data["instructions_per_claim"]
+    if counted:
+        lines += [
+            "",
+            f"The claim script's instructions in redis-server per claim (callgrind, inside "
+            f"EVALSHA, {data['callgrind_count']} claims after {WARM_UP}, one case at a time):",
+            "",
+            "| case | instructions/claim | ratio to (a) |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| ({label}) | {value:,.0f} | {value / counted['a']:.3f} |"
+            for label, value in counted.items()
+        ]
     lines += [
         "",
         "The claim script per claim (first round): commands run, by name, and their time in "
@@ -379,6 +461,13 @@ def main() -> None:
     parser.add_argument(
         "--compare", type=Path, help="another tree with versions: (b) and (c) from it as well"
     )
+    parser.add_argument(
+        "--callgrind",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first count the claim script's instructions over N claims per case (valgrind)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.count, args.batch, args.waiting = 1, 100, 50, 10
@@ -393,6 +482,7 @@ def main() -> None:
             source=args.source,
             before=before,
             compare=args.compare,
+            callgrind_count=args.callgrind,
         )
     print(markdown(data))
     print(f"raw: {write_json('versions', data)}")

@@ -254,7 +254,7 @@ def test_versions_smoke() -> None:
     tree stands in for the one before versions)."""
     need("redis-server", package="redis-server")
     out, raw = run_quick("versions", "--before", str(ROOT), timeout=120)
-    assert "| (a) before versions" in out and "| (e) v1 claims v1" in out
+    assert "| (a) before versions" in out and "| (e) v1 claims v1, live v0" in out
     assert set(raw["left_queued"].values()) == {0}
     for label, per_round in raw["rounds_figures"].items():
         assert [entry["claims"] for entry in per_round] == [raw["count"]], label
