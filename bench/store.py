@@ -94,8 +94,10 @@ class RedisServer:
     """`redis-server` on a free loopback port, no persistence; every wait bounded (the same
     approach as tests/support/redis_server.py)."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, wrapper: tuple[str, ...] = ()) -> None:
         self.port = free_port()
+        #: What runs redis-server (`valgrind ...`), if anything.
+        self.wrapper = wrapper
         self.directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
         #: More flags (`--replicaof HOST PORT` for a replica).
@@ -108,6 +110,7 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [
+                *self.wrapper,
                 "redis-server",
                 "--port",
                 str(self.port),

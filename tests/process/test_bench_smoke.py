@@ -248,6 +248,22 @@ def test_durable_smoke() -> None:
     assert raw["items"]["2"]["added"]["per checkpoint"]["round_trips"] > 0
 
 
+def test_versions_smoke() -> None:
+    """bench.versions --quick: every case claims every execution it seeded, one batch at a
+    time, and case e's claims meet work waiting in a version queue; structure only (this
+    tree stands in for the one before versions)."""
+    need("redis-server", package="redis-server")
+    out, raw = run_quick("versions", "--before", str(ROOT), timeout=120)
+    assert "| (a) before versions" in out and "| (e) v1 claims v1, live v0" in out
+    assert set(raw["left_queued"].values()) == {0}
+    for label, per_round in raw["rounds_figures"].items():
+        assert [entry["claims"] for entry in per_round] == [raw["count"]], label
+    summary = raw["summary"]
+    assert summary["e"]["waiting"] == raw["waiting"] > 0
+    assert summary["e"]["by_command"]["hgetall"] == 1  # the live replicas' adverts, per claim
+    assert summary["b"]["by_command"]["smembers"] == 1  # each claim looks at the vqs set
+
+
 def test_protocols_smoke() -> None:
     """bench.protocols --quick: the sync route and A2A SendMessage on one server, each run
     twice, every request answered; structure only."""
