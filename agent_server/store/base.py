@@ -194,8 +194,8 @@ class ExecutionStore(abc.ABC):
     on_unqueued: UnqueuedHandler | None = None
     #: Bytes of answers (as JSON) an execution keeps: past it the oldest are dropped.
     max_answer_bytes: int = MAX_ANSWER_BYTES
-    #: This replica's versions as its claims tell the store (versions.py `advert`; '' when
-    #: all it serves is unversioned): set by `advertise`.
+    #: This replica's versions as its claims tell the store (versions.py `advert`: every
+    #: reasoner it serves, with its version, '' for unversioned): set by `advertise`.
     advert: str = ""
     #: Told how many executions a claim left queued for a replica of their checkpoint's
     #: version (docs/durable.md, "Versions").

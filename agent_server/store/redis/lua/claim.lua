@@ -17,7 +17,7 @@
   replica; ARGV[5]: this claim's token, kept as the record's `claim` (a claim whose answer
   is lost is known by it: unclaim.lua), and marked `unbegun` until its taker says the body
   begins (begin.lua; judge.lua requeues a dead owner's take still marked). ARGV[6]: this replica's versions (versions.py
-  `advert`; '' when all it serves is unversioned, reading no other version).
+  `advert`: every reasoner it serves, an unversioned one's version '').
   Versions (docs/durable.md): work with a checkpoint is taken when this replica reads its
   version (the same, `compatible`, or by `migrate`); else it waits in its version's queue
   while a live replica advertises that version (taken there first, by its claims), and
@@ -42,12 +42,10 @@ if #due > 0 then
 end
 
 -- Versions: this replica's per reasoner {version, {versions it reads}, migrates (1|0),
--- on_version_change} (decoded once, when first needed); an unversioned replica's is one.
-local UNVERSIONED = {'', {}, 0, 'fail'}
+-- on_version_change} (decoded once, when first needed); nil for one it does not serve.
 local mine = nil
 local function mine_for(name)
-  if ARGV[6] == '' then return UNVERSIONED end
-  if mine == nil then mine = cjson.decode(ARGV[6]) end
+  if mine == nil then mine = ARGV[6] == '' and {} or cjson.decode(ARGV[6]) end  -- '': none
   return mine[name]
 end
 
