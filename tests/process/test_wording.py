@@ -1,6 +1,7 @@
 """What the server says matches what it does (issue 43's list): a count of one is singular
-in the shutdown's lines, and `?wait` names the bound it really has (any finite number of
-seconds from 0, capped at 60), not "from 0 to inf"."""
+(the shutdown's lines, the client's error, a cron refused), `?wait` names the bound it really
+has (any finite number of seconds from 0, capped at 60), not "from 0 to inf", and every
+refused query parameter names its whole rule, whatever was wrong with it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import socket
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.support.process import agent_server_cli
+from agent_server.client import AgentClient, Unavailable
+from tests.support.process import agent_server_cli, free_port
 
 WAIT = 10.0
 
@@ -76,3 +79,44 @@ def test_a_bind_that_fails_was_never_said_to_serve(tmp_path: Any) -> None:
     assert "serving" not in done.stderr, done.stderr
     assert "starting with" in done.stderr and f"to listen on 127.0.0.1:{port}" in done.stderr
     assert "address already in use" in done.stderr.lower(), done.stderr
+
+
+def test_a_refused_query_parameter_names_its_whole_rule(server_factory: Any) -> None:
+    """`limit=-1` was "limit must be an integer" (it is one), `timeout=inf` named its bound
+    as 3.1536e+07 and not `none`: one rule per parameter, whatever broke it."""
+    server = server_factory("tests_app:agent")
+    for value in ("-1", "0", "1001", "1.5", "abc", "", "99999999999999999999999"):
+        answer = httpx.get(f"{server.url}/executions?limit={value}", timeout=WAIT)
+        assert answer.status_code == 422, (value, answer.text)
+        assert answer.json() == {"detail": "limit must be an integer from 1 to 1000"}, value
+    for value in ("-1", "inf", "nan", "1e9", "soon", "31536000.5"):
+        answer = httpx.delete(f"{server.url}/sessions/s?timeout={value}", timeout=WAIT)
+        assert answer.status_code == 422, (value, answer.text)
+        assert answer.json() == {
+            "detail": "timeout must be a finite number of seconds from 0 to 31536000, or none"
+        }, value
+    for value in ("31536000", "none", "0"):  # its bounds are taken as named
+        answer = httpx.delete(f"{server.url}/sessions/s?timeout={value}", timeout=WAIT)
+        assert answer.status_code == 200, (value, answer.text)
+
+
+def test_one_try_is_one_attempt_in_the_clients_error() -> None:
+    """With nothing listening and `retry_for=0` the client gives up after one try, and its
+    error said "1 attempts"; the CLI says the same through its `--retry-for`."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with AgentClient(url, retry_for=0) as client, pytest.raises(Unavailable) as refused:
+        client.get("0" * 32)
+    assert "no answer after 1 attempt in " in str(refused.value), refused.value
+    done = agent_server_cli("get", "0" * 32, "--url", url, "--retry-for", "0")
+    assert done.returncode == 5, done.stderr
+    assert "after 1 attempt in " in done.stderr, done.stderr
+
+
+def test_a_cron_of_one_field_is_one_field(server_factory: Any) -> None:
+    server = server_factory("tests_app:agent")
+    for cron, said in (("*", "has 1 field:"), ("* *", "has 2 fields:")):
+        refused = httpx.post(
+            f"{server.url}/schedules", json={"reasoner": "no_params", "cron": cron}, timeout=WAIT
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith(f"cron: {said}"), refused.text
