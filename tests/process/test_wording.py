@@ -60,6 +60,9 @@ def test_the_start_line_names_no_address_it_does_not_know(tmp_path: Any) -> None
         line = next(x for x in server.stderr().splitlines() if "agent 'tests'" in x)
         assert "8000" not in line, line
         assert "to listen on the ASGI server's address" in line, line
+        # Its budget counts from the lifespan's shutdown, after uvicorn's own wait for open
+        # connections (docs/shutdown.md, "Plain uvicorn"): not "within 30s" of the signal.
+        assert "s of the ASGI server's lifespan shutdown (unready" in line, line
     finally:
         server.close()
 
@@ -78,6 +81,7 @@ def test_a_bind_that_fails_was_never_said_to_serve(tmp_path: Any) -> None:
     assert done.returncode != 0, done.stderr
     assert "serving" not in done.stderr, done.stderr
     assert "starting with" in done.stderr and f"to listen on 127.0.0.1:{port}" in done.stderr
+    assert "; shutdown within 30s (unready" in done.stderr, done.stderr
     assert "address already in use" in done.stderr.lower(), done.stderr
 
 
