@@ -1,7 +1,8 @@
 """What the server says matches what it does (issue 43's list): a count of one is singular
 (the shutdown's lines, the client's error, a cron refused), `?wait` names the bound it really
-has (any finite number of seconds from 0, capped at 60), not "from 0 to inf", and every
-refused query parameter names its whole rule, whatever was wrong with it."""
+has (any finite number of seconds from 0, capped at 60), not "from 0 to inf", every
+refused query parameter names its whole rule, whatever was wrong with it, the start line says
+what it knows, and a start the store did not answer says it may run all the same."""
 
 from __future__ import annotations
 
@@ -124,3 +125,26 @@ def test_a_cron_of_one_field_is_one_field(server_factory: Any) -> None:
         )
         assert refused.status_code == 422, refused.text
         assert refused.json()["detail"].startswith(f"cron: {said}"), refused.text
+
+
+def test_a_start_the_store_did_not_answer_says_it_may_run(
+    server_factory: Any, own_redis: Any
+) -> None:
+    """A start refused 503 because the store did not answer may have been recorded, and then
+    runs (docs/api.md, Errors): its answer says so and points to `Idempotency-Key`, where it
+    said only "execution store unavailable". A read refused so stays as it was."""
+    server = server_factory("tests_app:agent", "--store", own_redis.url)
+    known = httpx.post(f"{server.url}/reasoners/no_params/async", json={}, timeout=WAIT).json()
+    own_redis.stop()
+    for route in ("/reasoners/no_params", "/reasoners/no_params/async"):
+        refused = httpx.post(
+            f"{server.url}{route}", json={}, headers={"Idempotency-Key": "k-1"}, timeout=WAIT
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"]
+        detail = refused.json()["detail"]
+        assert detail.startswith("execution store unavailable: this start may have been"), detail
+        assert "same Idempotency-Key" in detail, detail
+    read = httpx.get(f"{server.url}/executions/{known['execution_id']}", timeout=WAIT)
+    assert read.status_code == 503, read.text
+    assert read.json() == {"detail": "execution store unavailable"}
