@@ -35,9 +35,12 @@ def log_start(
         "cancel_timeout": plan.cancel_timeout,
         "http_timeout": plan.http_timeout,
     }
+    # Another ASGI server closes its listener and waits for its connections (bounded by its
+    # own flags only) before the lifespan's shutdown, where the budget starts to count.
+    within = "within %gs" if served_here else "within %gs of the ASGI server's lifespan shutdown"
     logger.info(
         "agent %r starting with %s (%s), store %s, as replica %s, to listen on %s; "
-        "shutdown within %gs (unready %gs, drain %gs, cancel %gs, http %gs)",
+        f"shutdown {within} (unready %gs, drain %gs, cancel %gs, http %gs)",
         name,
         counted(len(names), "reasoner"),
         ", ".join(names) or "none",

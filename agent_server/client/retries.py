@@ -8,6 +8,7 @@ import time
 import httpx
 
 from agent_server.client.models import is_execution, response_body
+from agent_server.model.counts import counted
 
 #: Backoff after a connection or gateway error: doubled from the first up to the last.
 BACKOFF_FIRST = 0.1
@@ -99,4 +100,4 @@ class Retries:
     def spent(self) -> str:
         assert self.first_failure is not None
         elapsed = time.monotonic() - self.first_failure
-        return f"{self.failures} attempts in {elapsed:.1f} s"
+        return f"{counted(self.failures, 'attempt')} in {elapsed:.1f} s"

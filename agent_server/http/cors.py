@@ -15,7 +15,7 @@ from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS
 #: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
 #: request headers are these, a caller's trace context, and each reasoner's concurrency
 #: header (`cors_request_headers`).
-CORS_METHODS = ("GET", "POST", "DELETE")
+CORS_METHODS = ("GET", "POST", "PATCH", "DELETE")
 CORS_REQUEST_HEADERS = (
     "Authorization",
     "Content-Type",

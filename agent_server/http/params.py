@@ -189,20 +189,31 @@ def query_param(request: Request, name: str) -> str | None:
 
 
 def float_param(
-    request: Request, name: str, *, minimum: float, maximum: float = MAX_SECONDS
+    request: Request,
+    name: str,
+    *,
+    minimum: float,
+    maximum: float = MAX_SECONDS,
+    otherwise: str = "",
 ) -> float | None:
     """A duration parameter: finite and within what the clock and Redis TTLs take (as
-    every duration setting is), else 422 naming it."""
+    every duration setting is), else 422 naming it, its bounds, and `otherwise` (what else
+    the route takes in its place), whatever was wrong with it."""
     value = query_param(request, name)
     if value is None:
         return None
     try:
         number = float(value)
     except ValueError:
-        raise ApiError(422, f"{name} must be a number") from None
+        number = math.nan
     if not math.isfinite(number) or not minimum <= number <= maximum:
-        bounds = f"from {minimum:g} to {maximum:g}" if math.isfinite(maximum) else f">= {minimum:g}"
-        raise ApiError(422, f"{name} must be a finite number {bounds}")
+        # .15g: a bound in whole seconds reads as written (31536000, not 3.1536e+07).
+        bounds = (
+            f"from {minimum:.15g} to {maximum:.15g}"
+            if math.isfinite(maximum)
+            else f">= {minimum:.15g}"
+        )
+        raise ApiError(422, f"{name} must be a finite number of seconds {bounds}{otherwise}")
     return number
 
 
@@ -226,11 +237,12 @@ def int_param(request: Request, name: str, *, minimum: int, maximum: int) -> int
     value = query_param(request, name)
     if value is None:
         return None
+    rule = f"{name} must be an integer from {minimum} to {maximum}"  # one rule, whatever broke it
     if not value.isascii() or not value.isdigit():
-        raise ApiError(422, f"{name} must be an integer")
+        raise ApiError(422, rule)
     number = int(value) if len(value) <= 20 else maximum + 1
     if not minimum <= number <= maximum:
-        raise ApiError(422, f"{name} must be between {minimum} and {maximum}")
+        raise ApiError(422, rule)
     return number
 
 

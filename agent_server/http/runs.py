@@ -513,12 +513,20 @@ def _retried(execution: Execution) -> bool:
     return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None
 
 
+#: A start the store did not answer may have been recorded all the same, and then runs
+#: (docs/api.md, Errors): the caller is told so, and how to find it.
+START_UNANSWERED = (
+    "execution store unavailable: this start may have been recorded all the same, and then "
+    "runs; send it again with the same Idempotency-Key to get that execution, not a second"
+)
+
+
 def _admission_error(reason: RejectReason) -> ApiError:
     retry = {"Retry-After": RETRY_AFTER_SECONDS}
     if reason is RejectReason.CAPACITY:
         return ApiError(429, "too many executions in flight", retry)
     if reason is RejectReason.SESSION_RELEASED:
         return ApiError(409, "session is being released")
-    if reason is RejectReason.STORE_UNAVAILABLE:
-        return ApiError(503, "execution store unavailable", retry)
+    if reason is RejectReason.STORE_UNAVAILABLE:  # the store's answer may be what was lost
+        return ApiError(503, START_UNANSWERED, retry)
     return ApiError(503, "server is shutting down", {**retry, "Connection": "close"})

@@ -27,7 +27,7 @@ class Sessions:
         if timeout_value.lower() == "none":
             timeout = None
         else:
-            timeout = float_param(request, "timeout", minimum=0.0)
+            timeout = float_param(request, "timeout", minimum=0.0, otherwise=", or none")
         cancel_value = request.query_params.get("cancel_running", "true").lower()
         if cancel_value not in ("true", "false", "1", "0"):
             raise ApiError(422, "cancel_running must be true or false")

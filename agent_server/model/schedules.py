@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from agent_server.model.counts import counted
 from agent_server.model.names import SESSION_ID_RULE, is_session_id
 
 #: What a firing does when the previous firing of its schedule is still running (Temporal's
@@ -48,7 +49,9 @@ def cron_fields(cron: object) -> str:
         raise ScheduleError("cron", "must be a string")
     count = len(cron.split())
     if count not in (5, 6):
-        raise ScheduleError("cron", f"has {count} fields: five, or six with seconds first")
+        raise ScheduleError(
+            "cron", f"has {counted(count, 'field')}: five, or six with seconds first"
+        )
     try:
         CronSim(cron, datetime(2000, 1, 1, tzinfo=UTC))
     except CronSimError as exc:

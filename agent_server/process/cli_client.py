@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import IO, Any, NoReturn, TypeVar
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from agent_server.client import (
     DEFAULT_URL,
@@ -145,7 +146,38 @@ class ClientCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            raise BadInput(f"{ctx.info_name}: {exc.format_message()}") from exc
+            raise BadInput(f"{verb_path(ctx)}: {exc.format_message()}") from exc
+
+
+class ClientGroup(click.Group):
+    """Verbs under one name (`agent-server schedules ...`): an unknown verb or option is a
+    usage error in one line too (no verb at all still shows the help)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise BadInput(f"{verb_path(ctx)}: {exc.format_message()}") from exc
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            raise BadInput(f"{verb_path(ctx)}: {exc.format_message()}") from exc
+
+
+def verb_path(ctx: click.Context) -> str:
+    """The verb as typed after `agent-server` (`schedules create`), to name it in an error
+    (whatever the program's name: `python -m agent_server` too)."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(names)) or (ctx.info_name or "")
 
 
 @dataclass(frozen=True)

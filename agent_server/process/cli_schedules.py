@@ -13,6 +13,7 @@ from agent_server.process.cli_client import (
     PATH_NAME,
     CallExit,
     ClientCommand,
+    ClientGroup,
     Seconds,
     ServerOptions,
     _print_json,
@@ -21,7 +22,7 @@ from agent_server.process.cli_client import (
 )
 
 
-@click.group(name="schedules")
+@click.group(name="schedules", cls=ClientGroup)
 def schedules() -> None:
     """Schedules: list, show, create, enable, disable, trigger, delete (docs/schedules.md)."""
 

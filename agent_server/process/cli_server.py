@@ -210,13 +210,16 @@ def describe_errors(exc: ValidationError, flags: Iterable[str]) -> str:
 
 def _no_workers(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     """uvicorn's and gunicorn's `--workers`: here each process is a replica of its own,
-    with its own drain and in-flight work, so the answer is more replicas."""
+    with its own drain and in-flight work, so the answer is more replicas. One line, as
+    every refusal of `run` is (click's usage error would add its usage and a hint)."""
     if value is not None:
-        raise click.UsageError(
-            "--workers: agent-server serves one process per replica; run more replicas "
-            "instead (Kubernetes `replicas:` on a shared --store redis://, docs/replicas.md)",
-            ctx,
+        click.echo(
+            "agent-server: --workers: agent-server serves one process per replica; run more "
+            "replicas instead (Kubernetes `replicas:` on a shared --store redis://, "
+            "docs/replicas.md)",
+            err=True,
         )
+        ctx.exit(ExitCode.INVALID_SETTINGS)
 
 
 @click.command(context_settings=CONTEXT)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
+from agent_server.model.counts import counted
 from agent_server.runtime.signals import block_in_this_thread
 
 logger = logging.getLogger("agent_server.loop_lag")
@@ -203,9 +204,9 @@ class LoopLagSampler:
             self._thread = None
         kept = sorted(self._kept, key=lambda lag: lag[1])
         logger.info(
-            "event loop lag: longest %.3fs over %d samples; stalls over %gs: %d",
+            "event loop lag: longest %.3fs over %s; stalls over %gs: %d",
             self.longest,
-            self.samples,
+            counted(self.samples, "sample"),
             self.threshold,
             self.stalls,
             extra={

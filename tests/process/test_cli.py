@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from agent_server import Settings
 from agent_server.process.cli_server import run, settings_options
 from agent_server.process.launcher import run_command
-from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli
+from tests.support.process import APPS_DIR, ServerProcess, agent_server_cli, one_line
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -55,13 +55,12 @@ def test_version_and_short_help() -> None:
 
 @pytest.mark.parametrize("form", [("--workers", "4"), ("--workers=2",)])
 def test_workers_exits_2_pointing_to_replicas(form: tuple[str, ...]) -> None:
-    """uvicorn's habit: one line saying why not and what instead, never click's "Did you
-    mean '--store'?", and no server started."""
+    """uvicorn's habit: one line saying why not and what instead (docs/settings.md), never
+    click's "Did you mean '--store'?" nor its usage, and no server started."""
     result = cli("run", *form)
     assert result.returncode == 2, result.stderr
-    error = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert len(error) == 1, result.stderr
-    assert "replicas" in error[0] and "docs/replicas.md" in error[0]
+    error = one_line(result.stderr)
+    assert "replicas" in error and "docs/replicas.md" in error
     assert "Did you mean" not in result.stderr
     assert "--workers" not in cli("run", "--help").stdout
 

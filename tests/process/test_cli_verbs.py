@@ -253,6 +253,22 @@ def test_seconds_that_are_not_finite_are_usage_errors() -> None:
         assert args[-2] in one_line(done.stderr)
 
 
+def test_a_usage_error_under_schedules_is_one_line_naming_the_verb() -> None:
+    """docs/client.md: "Anything but 0 also writes one line to stderr, a usage error
+    included". `schedules nope` printed click's usage, its hint and a blank line; `schedules
+    create x` named its verb `create`. Real processes, nothing listening at the URL."""
+    for args, named in (
+        (("schedules", "nope"), "agent-server: schedules: No such command 'nope'"),
+        (("schedules", "--nope"), "agent-server: schedules: No such option"),
+        (("schedules", "create", "x"), "agent-server: schedules create: Missing argument"),
+        (("schedules", "show", "s", "--nope"), "agent-server: schedules show: No such option"),
+        (("get", "--nope"), "agent-server: get: No such option"),
+    ):
+        done = verb(*args, "--url", "http://127.0.0.1:9", "--retry-for", "0")
+        assert done.returncode == 2, (args, done.stderr)
+        assert one_line(done.stderr).startswith(named), (args, done.stderr)
+
+
 #: Ids and names that would walk to another route unencoded; the exit code and the line
 #: each verb must end with (the path as sent).
 WALKS = [

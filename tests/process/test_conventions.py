@@ -221,6 +221,41 @@ def test_a_page_of_an_allowed_origin_runs_and_follows_events(start: Start) -> No
     assert finish(server, timeout=10)[0] == 0, server.stderr()
 
 
+def test_a_page_of_an_allowed_origin_changes_a_schedule(start: Start) -> None:
+    """`PATCH /schedules/{id}` is the API's too (docs/schedules.md): its preflight was refused
+    (methods GET, POST, DELETE only), so a page could make and delete a schedule but not
+    disable it."""
+    origin = "https://admin.example"
+    server = start(
+        run_command("scheduling_app:agent", "--port", "0", "--cors-allow-origin", origin)
+    )
+    with server.client() as client:
+        made = client.post(
+            "/schedules",
+            json={"reasoner": "limited", "cron": "0 0 1 1 *", "input": {"tenant": "t"}},
+            headers={"Origin": origin},
+        )
+        assert made.status_code == 201, made.text
+        path = f"/schedules/{made.json()['schedule_id']}"
+        preflight = client.options(
+            path,
+            headers={
+                "Origin": origin,
+                "Access-Control-Request-Method": "PATCH",
+                "Access-Control-Request-Headers": "content-type",
+            },
+        )
+        assert preflight.status_code == 200, preflight.text
+        methods = preflight.headers["access-control-allow-methods"].replace(" ", "").split(",")
+        assert "PATCH" in methods, methods
+        changed = client.patch(path, json={"enabled": False}, headers={"Origin": origin})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["enabled"] is False
+        assert changed.headers["access-control-allow-origin"] == origin
+    server.signal()
+    assert finish(server, timeout=10)[0] == 0, server.stderr()
+
+
 # -- --proxy-headers / --forwarded-allow-ips, and the JSON access line -------------------------
 
 

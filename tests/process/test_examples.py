@@ -18,8 +18,9 @@ The fenced blocks of each page are extracted and, by language:
   HTTP status (`# 202 ...`: curl reports every status through a curlrc, so a request that
   says nothing must answer 2xx), `prints X` (X is in its output), `Location`, `the same
   execution`. In a transcript (`$ ` lines) the lines after a command are its output.
-- `json`, `yaml`: parsed; an execution is compared with what the server really returns, and a
-  shutdown report with the report the page's server logs when it is stopped.
+- `json`, `yaml`: parsed; an execution (or a webhook body's `data`) is compared with what the
+  server really returns, and a shutdown report with the report the page's server logs when it
+  is stopped.
 - `text` (diagrams, formulas, outputs): not code. One preceded by `<!-- output of: COMMAND -->`
   is output the page's run of COMMAND must contain.
 - `promql`: docs/metrics.md's queries, which tests/process/test_prometheus_real.py runs.
@@ -505,6 +506,13 @@ class PageRun:
                 assert list(real[0]) == list(documented), block.where
                 assert real[0]["result"] == documented["result"], block.where
             self.handled[block.line] += " and compared with the server's"
+        elif isinstance(documented.get("data"), dict) and "execution_id" in documented["data"]:
+            # A webhook's body (docs/webhooks.md): its `data` is the execution's JSON.
+            url = self.page_server().url
+            schema = httpx.get(f"{url}/openapi.json", timeout=10).json()
+            declared = schema["components"]["schemas"]["Execution"]["properties"]
+            assert list(documented["data"]) == list(declared), block.where
+            self.handled[block.line] += ": its data has the execution's fields"
         elif documented.get("message") == "shutdown report":
             self.page_server()  # its own report, when it is stopped at the end
             self.deferred.append(block)

@@ -153,3 +153,21 @@ async def test_the_watch_thread_ends_at_stop() -> None:
     assert "loop-stall-watch" in {t.name for t in threading.enumerate()}
     await sampler.stop()
     assert "loop-stall-watch" not in {t.name for t in threading.enumerate()}
+
+
+async def test_one_sample_is_one_sample_in_the_summary(caplog: pytest.LogCaptureFixture) -> None:
+    """A server that lives less than two intervals (a bind that fails, a quick drill) took one
+    sample: the summary said "over 1 samples"."""
+    sampler = LoopLagSampler(lambda lag: None, interval=0.5)  # half a second to stop in
+    caplog.set_level(logging.INFO, logger="agent_server.loop_lag")
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while sampler.samples == 0:  # the first wake-up, then stop before the second
+            assert time.monotonic() < deadline, "no sample within 5 s"
+            await asyncio.sleep(0.005)
+    finally:
+        await sampler.stop()
+    summary = caplog.records[-1]
+    assert summary.fields["samples"] == 1  # type: ignore[attr-defined]
+    assert " over 1 sample;" in summary.getMessage(), summary.getMessage()
