@@ -1,13 +1,7 @@
 """The documentation holds together: every relative link of README.md and docs/*.md leads to
-<<<<<<< ours
-a file that exists (and, with a `#fragment`, to a heading of that file), the README keeps
-its two set-up commands verbatim (`.ci/run` runs the second one), and the settings and
-metrics tables name every flag and every metric."""
-=======
 a file that exists (and, with a `#fragment`, to a heading of that file), and the README
 keeps its two set-up commands verbatim (`.ci/run` runs the second one); docs/settings.md's
 table names every flag, docs/metrics.md's every metric a server serves."""
->>>>>>> theirs
 
 from __future__ import annotations
 
@@ -89,23 +83,6 @@ def test_every_flag_of_run_is_named_in_the_settings_table() -> None:
     assert missing == []
 
 
-<<<<<<< ours
-def test_every_metric_is_named_in_the_metrics_table() -> None:
-    """docs/metrics.md's table names every family a replica exposes, the shutdown's (pushed
-    to the Pushgateway) included: a new metric left out of it is found here."""
-    from agent_server.runtime.metrics import Metrics
-
-    metrics = Metrics()
-    families = [*metrics.collect(), *metrics.shutdown.registry.collect()]
-    named = set(
-        re.findall(r"^\| `(agent_server_\w+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M)
-    )
-    missing = [
-        family.name for family in families if not {family.name, family.name + "_total"} & named
-    ]
-    assert len(families) > 20  # the families were read
-    assert missing == []
-=======
 def test_every_metric_served_is_in_the_metrics_table(server_factory: Any) -> None:
     """docs/metrics.md's table names every family `/metrics` serves (read from a real
     server's TYPE lines): `agent_server_version_rules_total` was served and named nowhere."""
@@ -117,4 +94,3 @@ def test_every_metric_served_is_in_the_metrics_table(server_factory: Any) -> Non
         re.findall(r"^\| `(agent_server_\w+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M)
     )
     assert sorted(served - documented) == []
->>>>>>> theirs
