@@ -19,14 +19,12 @@ from starlette.responses import Response
 from agent_server.http.access import Access, Denied
 from agent_server.http.params import first_values, read_json, validation_detail
 from agent_server.http.routing import ApiError, JSONResponse
-from agent_server.model.execution import Execution
 from agent_server.model.ids import new_execution_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.schedules import Schedule, ScheduleError
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
-from agent_server.store.base import ExecutionStore, ListCursor, Page
 
 #: The fields a POST may carry; a PATCH, all but `reasoner`.
 FIELDS = frozenset(
@@ -202,37 +200,3 @@ def _sees(principal: Principal | None, entry: Entry) -> bool:
     if entry.declared or principal is None or principal.is_admin:
         return True
     return entry.tenant == principal.tenant
-
-
-#: How many store pages one `GET /executions?schedule_id=` looks through at most: the
-#: store filters by tenant, status, reasoner and session, the schedule is matched here.
-SCHEDULE_SCAN_PAGES = 20
-
-
-async def schedule_page(
-    store: ExecutionStore,
-    schedule_id: str | None,
-    *,
-    limit: int,
-    after: ListCursor | None,
-    **filters: Any,
-) -> Page:
-    """A page of the list, only the executions `schedule_id` started when it is given;
-    fewer than `limit` with a `next` when the bounded scan stopped early."""
-    if schedule_id is None:
-        return await store.page(limit=limit, after=after, **filters)
-    found: list[Execution] = []
-    cursors: list[str] = []
-    page = Page([], [], None)
-    for _ in range(SCHEDULE_SCAN_PAGES):
-        page = await store.page(limit=max(limit, 100), after=after, **filters)
-        for execution, cursor in zip(page.executions, page.cursors, strict=True):
-            if execution.schedule_id == schedule_id:
-                found.append(execution)
-                cursors.append(cursor)
-                if len(found) == limit:
-                    return Page(found, cursors, cursor)
-        if page.next is None:
-            return Page(found, cursors, None)
-        after = ListCursor.read(page.next)
-    return Page(found, cursors, page.next)
