@@ -8,6 +8,7 @@ Another tenant's schedule answers 404, as an unknown one (docs/schedules.md).
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,8 @@ FIELDS = frozenset(
     }
 )
 UNKNOWN_SCHEDULE = "schedule not found"
+#: How much of a value a refusal echoes.
+SHOWN_LENGTH = 64
 
 
 class Schedules:
@@ -68,7 +71,7 @@ class Schedules:
         body = await self._body(request, FIELDS)
         name = body.get("reasoner")
         if not isinstance(name, str) or name not in self.reasoners:
-            raise ApiError(422, f"reasoner: {name!r} is not a reasoner of this agent")
+            raise ApiError(422, f"reasoner: {_shown(name)} is not a reasoner of this agent")
         await self.access.check(request.scope, "schedule", {"reasoner": name})
         schedule = self._schedule(self.reasoners[name], body)
         principal = self.access.principal(request.scope)
@@ -171,7 +174,10 @@ class Schedules:
             raise ApiError(422, "the body must be a JSON object")
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise ApiError(422, f"{unknown[0]}: not a field here (one of {sorted(allowed)})")
+            name = unknown[0]
+            if not (name.isprintable() and 0 < len(name) <= SHOWN_LENGTH):
+                name = _shown(name)
+            raise ApiError(422, f"{name}: not a field here (one of {sorted(allowed)})")
         return body
 
     @staticmethod
@@ -193,6 +199,14 @@ class Schedules:
         except ValidationError as exc:
             raise ApiError(422, f"input: {validation_detail(exc)}") from None
         return schedule
+
+
+def _shown(value: object) -> str:
+    """A value a client sent, as a refusal echoes it: its repr (any character escaped),
+    cut to about SHOWN_LENGTH characters."""
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = SHOWN_LENGTH
+    return shown.repr(value)
 
 
 def _sees(principal: Principal | None, entry: Entry) -> bool:
