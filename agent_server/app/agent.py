@@ -378,7 +378,11 @@ class Agent:
             webhooks=hooked,
             webhook_url=settings.webhook_url,
             openapi=lambda: openapi_document(
-                self.name, self.reasoners.values(), secured=secured, webhooks=hooked
+                self.name,
+                self.reasoners.values(),
+                secured=secured,
+                webhooks=hooked,
+                schedules=parts.schedules is not None,
             ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
             mcp=None if mcp is None else mcp.endpoint,

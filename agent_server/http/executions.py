@@ -18,12 +18,11 @@ from agent_server.http.params import (
     int_param,
     list_cursor,
     next_link,
-    query_param,
     reasoner_filter,
+    schedule_filter,
     statuses,
 )
 from agent_server.http.routing import ApiError, execution_response
-from agent_server.http.schedules import schedule_page
 from agent_server.http.sse import EventSource, EventStream, LocalEvents, RemoteEvents, Streams
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution
@@ -119,14 +118,13 @@ class Executions:
         wanted = statuses(request)
         reasoner = reasoner_filter(request)
         session_id = checked_session_id(request.query_params.get("session_id"), "session_id")
+        schedule_id = schedule_filter(request)
         after = list_cursor(request)
         reach = await self.access.list_scope(
             request.scope,
             {"reasoner": reasoner, "session_id": session_id, "statuses": sorted(wanted)},
         )
-        page = await schedule_page(
-            self.store,
-            query_param(request, "schedule_id"),
+        page = await self.store.page(
             statuses=wanted,
             reasoner=reasoner,
             session_id=session_id,
@@ -136,6 +134,7 @@ class Executions:
             tenant=reach.tenant,
             every_tenant=reach.every_tenant,
             owner=reach.owner,
+            schedule_id=schedule_id,
         )
         body, shown = _list_body(page.executions)
         headers: dict[str, str] = {}

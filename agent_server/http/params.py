@@ -19,8 +19,10 @@ from agent_server.model import jsoncodec
 from agent_server.model.execution import MAX_SECONDS
 from agent_server.model.names import (
     REASONER_NAME_RULE,
+    SCHEDULE_ID_RULE,
     SESSION_ID_RULE,
     is_reasoner_name,
+    is_schedule_id,
     is_session_id,
 )
 from agent_server.model.scheduling import MAX_DELAY_SECONDS
@@ -96,6 +98,14 @@ def reasoner_filter(request: Request) -> str | None:
     value = query_param(request, "reasoner")
     if value is not None and not is_reasoner_name(value):
         raise ApiError(400, f"invalid reasoner: {REASONER_NAME_RULE}")
+    return value
+
+
+def schedule_filter(request: Request) -> str | None:
+    """`schedule_id`: an id no schedule can have is a 400, as a bad `reasoner` is."""
+    value = query_param(request, "schedule_id")
+    if value is not None and not is_schedule_id(value):
+        raise ApiError(400, f"invalid schedule_id: {SCHEDULE_ID_RULE}")
     return value
 
 

@@ -8,6 +8,7 @@ Another tenant's schedule answers 404, as an unknown one (docs/schedules.md).
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,14 +20,12 @@ from starlette.responses import Response
 from agent_server.http.access import Access, Denied
 from agent_server.http.params import first_values, read_json, validation_detail
 from agent_server.http.routing import ApiError, JSONResponse
-from agent_server.model.execution import Execution
 from agent_server.model.ids import new_execution_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.schedules import Schedule, ScheduleError
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
-from agent_server.store.base import ExecutionStore, ListCursor, Page
 
 #: The fields a POST may carry; a PATCH, all but `reasoner`.
 FIELDS = frozenset(
@@ -42,6 +41,8 @@ FIELDS = frozenset(
     }
 )
 UNKNOWN_SCHEDULE = "schedule not found"
+#: How much of a value a refusal echoes.
+SHOWN_LENGTH = 64
 
 
 class Schedules:
@@ -70,7 +71,7 @@ class Schedules:
         body = await self._body(request, FIELDS)
         name = body.get("reasoner")
         if not isinstance(name, str) or name not in self.reasoners:
-            raise ApiError(422, f"reasoner: {name!r} is not a reasoner of this agent")
+            raise ApiError(422, f"reasoner: {_shown(name)} is not a reasoner of this agent")
         await self.access.check(request.scope, "schedule", {"reasoner": name})
         schedule = self._schedule(self.reasoners[name], body)
         principal = self.access.principal(request.scope)
@@ -173,7 +174,10 @@ class Schedules:
             raise ApiError(422, "the body must be a JSON object")
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise ApiError(422, f"{unknown[0]}: not a field here (one of {sorted(allowed)})")
+            name = unknown[0]
+            if not (name.isprintable() and 0 < len(name) <= SHOWN_LENGTH):
+                name = _shown(name)
+            raise ApiError(422, f"{name}: not a field here (one of {sorted(allowed)})")
         return body
 
     @staticmethod
@@ -197,42 +201,16 @@ class Schedules:
         return schedule
 
 
+def _shown(value: object) -> str:
+    """A value a client sent, as a refusal echoes it: its repr (any character escaped),
+    cut to about SHOWN_LENGTH characters."""
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = SHOWN_LENGTH
+    return shown.repr(value)
+
+
 def _sees(principal: Principal | None, entry: Entry) -> bool:
     """Declared ones are everyone's; the others their tenant's (an admin sees all)."""
     if entry.declared or principal is None or principal.is_admin:
         return True
     return entry.tenant == principal.tenant
-
-
-#: How many store pages one `GET /executions?schedule_id=` looks through at most: the
-#: store filters by tenant, status, reasoner and session, the schedule is matched here.
-SCHEDULE_SCAN_PAGES = 20
-
-
-async def schedule_page(
-    store: ExecutionStore,
-    schedule_id: str | None,
-    *,
-    limit: int,
-    after: ListCursor | None,
-    **filters: Any,
-) -> Page:
-    """A page of the list, only the executions `schedule_id` started when it is given;
-    fewer than `limit` with a `next` when the bounded scan stopped early."""
-    if schedule_id is None:
-        return await store.page(limit=limit, after=after, **filters)
-    found: list[Execution] = []
-    cursors: list[str] = []
-    page = Page([], [], None)
-    for _ in range(SCHEDULE_SCAN_PAGES):
-        page = await store.page(limit=max(limit, 100), after=after, **filters)
-        for execution, cursor in zip(page.executions, page.cursors, strict=True):
-            if execution.schedule_id == schedule_id:
-                found.append(execution)
-                cursors.append(cursor)
-                if len(found) == limit:
-                    return Page(found, cursors, cursor)
-        if page.next is None:
-            return Page(found, cursors, None)
-        after = ListCursor.read(page.next)
-    return Page(found, cursors, page.next)

@@ -24,6 +24,14 @@ SESSION_ID_RULE = (
     ", and not '.' or '..'"
 )
 
+#: A schedule's id: an execution id (one made at run time), or a reasoner's name, '-' and
+#: its place in the reasoner's list (a declared one: app/schedules.py `declared_id`).
+SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,159}$"
+SCHEDULE_ID_RULE = (
+    "a schedule id is 1 to 160 of the characters A-Z a-z 0-9 _ . - and begins with a "
+    "letter, a digit or '_'"
+)
+
 
 def _whole(pattern: str) -> str:
     """The pattern for Python's `match`, where `$` would also match before a final newline."""
@@ -32,11 +40,16 @@ def _whole(pattern: str) -> str:
 
 _REASONER_NAME = re.compile(_whole(REASONER_NAME_PATTERN))
 _SESSION_ID = re.compile(_whole(SESSION_ID_PATTERN))
+_SCHEDULE_ID = re.compile(_whole(SCHEDULE_ID_PATTERN))
 _SESSION_ID_BYTES = re.compile(_whole(SESSION_ID_PATTERN).encode())
 
 
 def is_reasoner_name(name: str) -> bool:
     return _REASONER_NAME.match(name) is not None
+
+
+def is_schedule_id(value: str) -> bool:
+    return _SCHEDULE_ID.match(value) is not None
 
 
 def is_session_id(value: str) -> bool:

@@ -8,17 +8,18 @@ the hour a spring change removes and runs an autumn change's repeated hour once)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
 from agent_server.model.counts import counted
-from agent_server.model.names import SESSION_ID_RULE, is_session_id
+from agent_server.model.names import SESSION_ID_PATTERN, SESSION_ID_RULE, is_session_id
 
 #: What a firing does when the previous firing of its schedule is still running (Temporal's
 #: names): skip it, keep one waiting, start it anyway, or cancel the previous one.
@@ -34,6 +35,52 @@ DEFAULT_CATCHUP_WINDOW = 60.0
 MAX_CATCHUP_WINDOW = 86_400.0
 
 
+#: The longest cron expression taken: every tick of every replica reads it again, and a
+#: refusal echoes it.
+MAX_CRON_LENGTH = 256
+
+#: Five plain cron fields (a number in the field's range, `*`, or `*/step`), every one of
+#: which cronsim reads: the OpenAPI document's pattern for a request's `cron`. More is
+#: accepted (six fields with seconds first, ranges, lists, names, `L`, `#`); the pattern
+#: only promises that what matches it is never refused.
+_EVERY = r"\*(/[1-9][0-9]?)?"
+PLAIN_CRON_PATTERN = (
+    rf"^({_EVERY}|[1-5]?[0-9]) ({_EVERY}|1?[0-9]|2[0-3]) ({_EVERY}|[1-9]|1[0-9]|2[0-8])"
+    rf" ({_EVERY}|[1-9]|1[0-2]) ({_EVERY}|[0-7])$"
+)
+
+
+def _zones() -> str:
+    """The IANA zones this machine knows (tzdata), as a pattern of alternatives (names hold
+    letters, digits, '/', '_', '-' and '+'): cheaper for a client to check, and for a
+    fuzzer to draw from, than an enum of 600 values."""
+    names = sorted(available_timezones())
+    return "^(" + "|".join(name.replace("+", r"\+") for name in names) + ")$"
+
+
+def _schema(shown: dict[str, Any], **request: Any) -> dict[str, Any]:
+    """A field's JSON schema as the API shows it, and what a request's schema adds to it
+    (a callable is called when the schema is made)."""
+    return {"shown": shown, "request": request}
+
+
+def field_schemas(request: bool) -> dict[str, dict[str, Any]]:
+    """Each field's JSON schema, from its declaration: as a schedule shows it, or (with
+    `request`) as a request gives it, with its default (the OpenAPI document's)."""
+    made: dict[str, dict[str, Any]] = {}
+    for declared in dataclasses.fields(Schedule):
+        schema = dict(declared.metadata["shown"])
+        if request:
+            extra = declared.metadata["request"]
+            schema.update({k: v() if callable(v) else v for k, v in extra.items()})
+            if declared.default is not dataclasses.MISSING:
+                schema["default"] = declared.default
+            elif declared.default_factory is not dataclasses.MISSING:
+                schema["default"] = declared.default_factory()
+        made[declared.name] = schema
+    return made
+
+
 class ScheduleError(ValueError):
     """A schedule refused: `field` names what is wrong (the API's 422 names it)."""
 
@@ -47,6 +94,8 @@ def cron_fields(cron: object) -> str:
     """The expression, checked: five fields, or six with seconds first."""
     if not isinstance(cron, str):
         raise ScheduleError("cron", "must be a string")
+    if len(cron) > MAX_CRON_LENGTH:
+        raise ScheduleError("cron", f"is longer than {MAX_CRON_LENGTH} characters")
     count = len(cron.split())
     if count not in (5, 6):
         raise ScheduleError(
@@ -80,13 +129,23 @@ class Schedule:
     are counted as missed. `session_id`: the session its executions start in.
     """
 
-    cron: str
-    input: Mapping[str, Any] = field(default_factory=dict)
-    timezone: str = "UTC"
-    overlap: str = "skip"
-    catchup_window: float = DEFAULT_CATCHUP_WINDOW
-    session_id: str | None = None
-    enabled: bool = True
+    cron: str = field(
+        metadata=_schema({"type": "string"}, pattern=PLAIN_CRON_PATTERN, maxLength=MAX_CRON_LENGTH)
+    )
+    input: Mapping[str, Any] = field(default_factory=dict, metadata=_schema({"type": "object"}))
+    timezone: str = field(default="UTC", metadata=_schema({"type": "string"}, pattern=_zones))
+    overlap: str = field(default="skip", metadata=_schema({"enum": list(OVERLAPS)}))
+    catchup_window: float = field(
+        default=DEFAULT_CATCHUP_WINDOW,
+        metadata=_schema({"type": "number", "minimum": 0, "maximum": MAX_CATCHUP_WINDOW}),
+    )
+    session_id: str | None = field(
+        default=None,
+        metadata=_schema(
+            {"type": ["string", "null"], "maxLength": 256, "pattern": SESSION_ID_PATTERN}
+        ),
+    )
+    enabled: bool = field(default=True, metadata=_schema({"type": "boolean"}))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cron", cron_fields(self.cron))

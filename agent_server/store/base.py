@@ -432,6 +432,7 @@ class ExecutionStore(abc.ABC):
         tenant: str | None = None,
         every_tenant: bool = False,
         owner: str | None = None,
+        schedule_id: str | None = None,
     ) -> Page:
         """Newest first, filtered (any of `statuses`; all when empty), at most `limit`,
         older than the cursor `after` (read by `ListCursor.read`, which refuses what no page
@@ -442,7 +443,9 @@ class ExecutionStore(abc.ABC):
         records, read from its own index so that a page is full and a cursor cannot lead
         into another tenant's (all of them with `every_tenant`, an admin's list), and its
         session named by `session_id`; with `owner`, only the records that identity
-        started. None: a server without authentication, every record."""
+        started. None: a server without authentication, every record. With `schedule_id`,
+        only the executions that schedule's firings started (compared while walking, as
+        `reasoner` is)."""
 
     async def list_executions(
         self,

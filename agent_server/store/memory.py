@@ -485,6 +485,7 @@ class MemoryStore(ExecutionStore):
         tenant: str | None = None,
         every_tenant: bool = False,
         owner: str | None = None,
+        schedule_id: str | None = None,
     ) -> Page:
         """A cursor is the creation time and id of the last execution looked at: the next
         page starts past that id, or past that time when the id is gone meanwhile. A
@@ -522,6 +523,8 @@ class MemoryStore(ExecutionStore):
             if reasoner is not None and execution.reasoner != reasoner:
                 continue
             if owner is not None and execution.owner != owner:
+                continue
+            if schedule_id is not None and execution.schedule_id != schedule_id:
                 continue
             found.append(execution)
             cursors.append(last)

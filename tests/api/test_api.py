@@ -15,6 +15,7 @@ from openapi_spec_validator import validate as validate_openapi
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_server import Agent, Settings
+from agent_server.http.api import ROUTE_STATUSES
 from agent_server.model.execution import CancelReason
 from tests.apps.tests_app import make_agent, reasoner_names
 from tests.support.loop_reports import loop_reports
@@ -534,6 +535,43 @@ async def test_openapi_document_is_valid_and_has_every_reasoner(
     assert set(paths["/reasoners/sleep"]["post"]["responses"]) >= {
         "200", "400", "409", "413", "422", "429", "500", "503",
     }  # fmt: skip
+
+
+async def test_openapi_document_has_every_mounted_route_and_its_statuses(
+    agent: Agent, client: httpx.AsyncClient
+) -> None:
+    """Every route the server mounts (the schedules' included) is in the document with
+    each method it answers; the schedule routes document every status they answer in
+    ordinary operation (ROUTE_STATUSES) and their body errors, and a POST's body is one
+    object per reasoner whose `input` is that reasoner's input schema."""
+    document = (await client.get("/openapi.json")).json()
+    paths = document["paths"]
+    mounted = {
+        (method.lower(), route.path)
+        for route in agent.api().routes()
+        for method in route.methods or ()
+        # A reasoner's routes are documented per reasoner (checked above).
+        if method != "HEAD" and not route.path.startswith(("/docs", "/mcp", "/reasoners/{"))
+    }
+    documented = {(method, path) for path, item in paths.items() for method in item}
+    assert mounted <= documented, mounted - documented
+    for (method, path), statuses in ROUTE_STATUSES.items():
+        if path.startswith("/schedules"):
+            answers = set(paths[path][method.lower()]["responses"])
+            assert {str(status) for status in statuses} <= answers, (method, path)
+            if (method, path) in (("POST", "/schedules"), ("PATCH", "/schedules/{schedule_id}")):
+                assert {"400", "413", "415", "422"} <= answers, (method, path)
+    create = paths["/schedules"]["post"]["requestBody"]["content"]["application/json"]
+    by_reasoner = {
+        item["properties"]["reasoner"]["const"]: item for item in create["schema"]["oneOf"]
+    }
+    assert set(by_reasoner) == set(agent.reasoners)
+    for name, reasoner in agent.reasoners.items():
+        expected = reasoner.input_schema("#/components/schemas/{model}")
+        expected.pop("$defs", None)
+        assert by_reasoner[name]["properties"]["input"] == {**expected, "default": {}}
+    listing = {p["name"] for p in paths["/executions"]["get"]["parameters"]}
+    assert "schedule_id" in listing
 
 
 # -- bad input ------------------------------------------------------------------------------------

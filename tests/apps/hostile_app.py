@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_server import Agent, ExecutionContext
+from agent_server import Agent, ExecutionContext, Schedule
 
 agent = Agent("hostile")
 
@@ -72,3 +72,10 @@ async def slow(ctx: ExecutionContext, seconds: float = 30.0) -> str:
     await ctx.emit({"began": True})
     await asyncio.sleep(seconds)
     return "slept"
+
+
+@agent.reasoner(schedules=[Schedule("0 0 1 1 *", input={"note": "new year"})])
+async def yearly(note: str = "") -> str:
+    """Declared with a schedule that fires once a year (never during a test): `/schedules`
+    refuses to delete it or to change more than `enabled`."""
+    return note

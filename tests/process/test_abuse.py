@@ -70,6 +70,32 @@ def test_declared_huge_body_is_refused_before_it_is_sent(server: ServerProcess) 
     assert time.monotonic() - started < 2.0
 
 
+def test_declared_huge_schedule_bodies_are_refused_before_they_are_sent(
+    server: ServerProcess,
+) -> None:
+    """The schedule routes read a body as the start routes do: 413 from the head, and
+    nothing made or changed."""
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http:
+        body = {"reasoner": "echo", "cron": "0 0 1 1 *", "input": {"text": "x"}}
+        made = http.post("/schedules", json=body)
+        assert made.status_code == 201, made.text
+        schedule = made.json()
+        try:
+            for target in ("POST /schedules", f"PATCH /schedules/{schedule['schedule_id']}"):
+                head = (
+                    f"{target} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 10737418240\r\n\r\n"
+                ).encode()
+                started = time.monotonic()
+                status, _, body = exchange(server, head + b"x" * 1000)
+                assert status == 413, (target, body[:200])
+                _assert_clean(body)
+                assert time.monotonic() - started < 2.0
+            assert http.get("/schedules").json() == [schedule]
+        finally:
+            assert http.delete(f"/schedules/{schedule['schedule_id']}").status_code == 204
+
+
 def test_streamed_body_is_cut_at_the_limit(server: ServerProcess) -> None:
     """A chunked body with no length: the server answers 413 once the limit is crossed,
     long before the 8 MiB the client would send."""
@@ -203,6 +229,9 @@ def test_bad_limit_is_422(client: httpx.Client, value: str) -> None:
         ({"reasoner": "x" * 10_000}, 400),  # no reasoner can have that name
         ({"session_id": "\u2603" * 100}, 400),  # no request can carry it (agent_server.model.names)
         ({"limit": "1000"}, 200),
+        ({"schedule_id": "x" * 10_000}, 400),  # no schedule can have that id
+        ({"schedule_id": "\u2603"}, 400),
+        ({"schedule_id": "echo-0"}, 200),
     ],
 )
 def test_list_filters(client: httpx.Client, params: dict[str, str], status: int) -> None:
@@ -375,6 +404,18 @@ def test_unknown_or_malformed_execution_ids_are_404(
         _assert_clean(body)
 
 
+@pytest.mark.parametrize("schedule_id", WEIRD_IDS)
+def test_unknown_or_malformed_schedule_ids_are_404(server: ServerProcess, schedule_id: str) -> None:
+    path = quote(schedule_id, safe="%")
+    for method, suffix in [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/trigger")]:
+        request = f"{method} /schedules/{path}{suffix} HTTP/1.1\r\nHost: t\r\n"
+        request += "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        status, headers, body = exchange(server, request.encode())
+        assert status == 404, (method, body[:200])
+        assert headers["content-type"] == "application/json"
+        _assert_clean(body)
+
+
 @pytest.mark.parametrize("session_id", WEIRD_IDS)
 def test_unknown_sessions_release_as_empty(server: ServerProcess, session_id: str) -> None:
     """Releasing an unknown session is 200 with nothing done; an id no request could have
@@ -428,6 +469,9 @@ def test_broken_requests_are_4xx(server: ServerProcess, request_bytes: bytes) ->
         ("PUT", "/reasoners/echo", 405),
         ("GET", "/reasoners/echo", 405),
         ("PATCH", "/executions", 405),
+        ("PUT", "/schedules", 405),
+        ("GET", "/schedules/x/trigger", 405),
+        ("POST", "/schedules/x", 405),
         ("POST", "/reasoners/../healthz", 404),
         ("POST", "/reasoners/%2e%2e%2fhealthz", 404),
         ("POST", "/reasoners/" + "r" * 5000, 404),

@@ -36,6 +36,8 @@ def test_served_openapi_document_holds_under_fuzzing(server_factory: Any, tmp_pa
         sys.executable,
         "-c",
         "from schemathesis.cli import schemathesis; schemathesis()",
+        "--config-file",
+        str(ROOT / "tests" / "support" / "schemathesis.toml"),
         "run",
         f"{server.url}/openapi.json",
         "--checks",

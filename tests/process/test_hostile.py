@@ -7,6 +7,7 @@ poisoned. Real `agent-server run` processes, real HTTP, a real Redis.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -231,3 +232,176 @@ def _store_reads(server: ServerProcess) -> float:
         if sample.name == "agent_server_store_operation_duration_seconds_count"
         and sample.labels.get("operation") == "get"
     )
+
+
+# -- /schedules: every route, every hostile value, a clear 4xx that changes nothing --------
+
+#: A body nested past what the parser reads.
+DEEP: Any = 1
+for _ in range(MAX_DEPTH + 10):
+    DEEP = {"a": DEEP}
+#: A valid schedule's fields; each case below spoils one of them.
+VALID = {"reasoner": "keep", "cron": "0 0 1 1 *"}
+#: Bound on a refusal's detail: a hostile value is never echoed whole.
+MAX_DETAIL = 1000
+
+#: (a field, values it refuses): each is sent in POST /schedules (and PATCH, but for
+#: `reasoner`), and refused 422 with a detail that begins with the field's name.
+SCHEDULE_FIELDS: list[tuple[str, list[Any]]] = [
+    (
+        "cron",
+        [
+            "",
+            "* * *",
+            "* * * * * * *",
+            "61 * * * *",
+            "*/0 * * * *",
+            "0 0 31 2 *",
+            "* * * * *\x00",
+            "*\x1b[31m * * * *",
+            "1-99999999999999999999 * * * *",
+            "@reboot",
+            "* " * 100_000,
+            "0," * 100_000 + "0 * * * *",
+            "\ud800 * * * *",
+            5,
+            None,
+            ["* * * * *"],
+            {"cron": "* * * * *"},
+        ],
+    ),
+    (
+        "timezone",
+        [
+            "Mars/Base",
+            "",
+            "x" * 100_000,
+            "../../etc/passwd",
+            "/etc/localtime",
+            "Europe",
+            "Europe/Paris\x00",
+            "UTC\n",
+            "\u202eUTC",
+            "\ud800",
+            0,
+            None,
+            ["UTC"],
+        ],
+    ),
+    ("session_id", ["", ".", "a b", "x" * 300, "s\x00", "\ud800", 5, ["s"]]),
+    ("overlap", ["SKIP", "", None, 1, "skip\x00"]),
+    ("catchup_window", [-1, 86_401, 1e300, "60", True, None, [60]]),
+    ("enabled", ["true", 1, None, [True]]),
+    ("input", [[], "x", 1, None, ["anything"]]),
+    ("reasoner", ["nobody", "", None, 5, "keep\x00", "x" * 100_000, "\ud800", ["keep"]]),
+]
+#: Fields no schedule has (the view's own included): 422 naming the field, shortened.
+UNKNOWN_FIELDS = ["colour", "", "\x00", "\ud800", "x" * 100_000, "schedule_id", "declared",
+                  "next_fire_at", "created_at", "Cron"]  # fmt: skip
+#: Bodies refused before any field is read: (content, content type, status, detail start).
+RAW_BODIES: list[tuple[bytes, str, int, str]] = [
+    (b"{", "application/json", 400, "malformed JSON"),
+    (b"", "application/json", 422, "the body"),
+    (b"\xff\xfe{}", "application/json", 400, "malformed JSON"),
+    (b'{"reasoner": "keep", "cron": "0 0 1 1 *", "catchup_window": NaN}', "application/json",
+     400, "malformed JSON"),
+    (b'{"reasoner": "keep", "cron": "0 0 1 1 *", "catchup_window": 1e400}', "application/json",
+     400, "malformed JSON"),
+    (b"[" * 100_000, "application/json", 400, "malformed JSON"),
+    (b"[]", "application/json", 422, "the body"),
+    (b'"x"', "application/json", 422, "the body"),
+    (b"null", "application/json", 422, "the body"),
+    (b"1", "application/json", 422, "the body"),
+    (b'{"reasoner": "keep"}', "text/plain", 415, "unsupported content type"),
+    (b"{" + b" " * 2_000_000 + b"}", "application/json", 413, "request body exceeds"),
+]  # fmt: skip
+#: Ids no schedule has, as a path segment carries them: 404, never a 500.
+BAD_IDS = ["nothing", "x" * 5000, "%00", "%0A", "%C3%A9", "%ED%A0%80", "..%2F..%2Fetc",
+           "%ff", "a%20b", "'%3B%20DROP", "%7Bschedule_id%7D", "yearly-0%00"]  # fmt: skip
+
+
+def send(client: httpx.Client, method: str, url: str, body: Any) -> httpx.Response:
+    """`body` as JSON with every non-ASCII character escaped, so that a lone surrogate is
+    sent as the valid JSON escape `\\ud800` (httpx would refuse to encode it)."""
+    content = json.dumps(body).encode()
+    return client.request(
+        method, url, content=content, headers={"content-type": "application/json"}
+    )
+
+
+def refused(answer: httpx.Response, status: int, starts: str, what: object) -> None:
+    """A clear 4xx: the status, JSON `{"detail": ...}` beginning as it should, bounded."""
+    assert answer.status_code == status, (what, answer.status_code, answer.text[:500])
+    assert answer.headers["content-type"].startswith("application/json"), what
+    detail = answer.json()["detail"]
+    assert str(detail).startswith(starts), (what, str(detail)[:500])
+    assert len(answer.text) < MAX_DETAIL, (what, answer.text[:500])
+
+
+def test_hostile_values_on_every_schedule_route_are_4xx_and_change_nothing(
+    hostile: ServerProcess,
+) -> None:
+    """Bad cron, odd and huge zones, control characters, lone surrogates, deep and huge
+    bodies, unknown fields and bad ids, on POST, GET, PATCH, DELETE and trigger: each a
+    clear 4xx JSON error, and the schedules (read back) and executions are as before."""
+    with httpx.Client(base_url=hostile.url, timeout=WAIT) as client:
+        made = client.post("/schedules", json=VALID)
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+        before = client.get("/schedules").json()
+        assert {s["schedule_id"] for s in before} == {sid, "yearly-0"}
+        executions = client.get("/executions").json()
+
+        for field, values in SCHEDULE_FIELDS:
+            for value in values:
+                what = (field, repr(value)[:80])
+                refused(
+                    send(client, "POST", "/schedules", {**VALID, field: value}), 422, field, what
+                )
+                change = send(client, "PATCH", f"/schedules/{sid}", {field: value})
+                refused(change, 422, field, ("PATCH", *what))
+        for name in UNKNOWN_FIELDS:
+            what = ("unknown", repr(name)[:80])
+            # A name that cannot be shown as it is (unprintable, huge) is shown shortened.
+            starts = name if name.isprintable() and len(name) < 40 else ""
+            refused(send(client, "POST", "/schedules", {**VALID, name: 1}), 422, starts, what)
+            refused(send(client, "PATCH", f"/schedules/{sid}", {name: 1}), 422, starts, what)
+        for content, media, status, starts in RAW_BODIES:
+            headers = {"content-type": media}
+            what = (content[:40], media)
+            refused(
+                client.post("/schedules", content=content, headers=headers), status, starts, what
+            )
+            answer = client.patch(f"/schedules/{sid}", content=content, headers=headers)
+            refused(answer, status, starts, ("PATCH", *what))
+        deep = client.post("/schedules", json={**VALID, "input": {"anything": DEEP}})
+        refused(deep, 400, "the body is nested deeper", "deep input")
+        unbound = client.post(
+            "/schedules", json={**VALID, "reasoner": "slow", "input": {"seconds": "x"}}
+        )
+        refused(unbound, 422, "input", "an input its reasoner does not take")
+        # A declared schedule: never deleted, only enabled or disabled.
+        refused(client.delete("/schedules/yearly-0"), 409, "a declared schedule", "DELETE")
+        for body in ({"cron": "* * * * *"}, {"input": {}}, {"enabled": "no"}, {"reasoner": "keep"}):
+            answer = client.patch("/schedules/yearly-0", json=body)
+            refused(answer, 422, next(iter(body)), ("declared", body))
+        for bad in BAD_IDS:
+            for method, suffix in [
+                ("GET", ""),
+                ("PATCH", ""),
+                ("DELETE", ""),
+                ("POST", "/trigger"),
+            ]:
+                body = {"enabled": False} if method == "PATCH" else None
+                answer = client.request(method, f"/schedules/{bad}{suffix}", json=body)
+                assert answer.status_code == 404, (method, bad[:40], answer.text[:300])
+                assert answer.headers["content-type"].startswith("application/json"), bad
+                assert len(answer.text) < MAX_DETAIL, (method, bad[:40])
+        for bad in ["", "x" * 300, "%00", "a%20b", "..%2Fx", "%C3%A9", "%ED%A0%80", "%ff", "-"]:
+            listed = client.get(f"/executions?schedule_id={bad}")
+            refused(listed, 400, "invalid schedule_id", ("list", bad[:40]))
+
+        assert client.get("/schedules").json() == before
+        assert client.get("/executions").json() == executions
+        assert client.get("/readyz").status_code == 200
+    assert "Traceback" not in hostile.stderr()

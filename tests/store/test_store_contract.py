@@ -318,6 +318,65 @@ async def test_pages_follow_cursors_to_the_oldest_with_any_of_several_statuses(
             ListCursor.read(bad)
 
 
+async def test_a_schedules_executions_page_through_exactly_once_in_order(
+    replicas: Factory,
+) -> None:
+    """The store filters by schedule, as by reasoner: paging through many executions of two
+    schedules (one id a prefix of the other) mixed with unscheduled ones and another
+    tenant's, every execution of a schedule is on exactly one page, newest first, whatever
+    the page size, in a tenant's index, with a status filter and in the whole list."""
+    r = await replicas()
+    base = time.time()
+    made: list[Execution] = []
+    for i in range(90):
+        execution = r.new("echo" if i % 2 else "sleep", "chat" if i % 7 == 0 else None)
+        execution.schedule_id = ("night", "night-1", None)[i % 3]
+        if i % 5 == 0:
+            execution.owner, execution.tenant = "id-globex", "globex"
+        execution.created_at = base + i / 10
+        await r.a.create(execution)
+        made.append(execution)
+    for execution in made[:30]:
+        execution.finish(ExecutionStatus.SUCCEEDED, result=1)
+        await r.ended(execution)
+
+    async def every(**filters: Any) -> list[str]:
+        seen: list[str] = []
+        after: str | None = None
+        for _ in range(200):  # bounded: 90 records
+            cursor = None if after is None else ListCursor.read(after)
+            page = await r.b.page(after=cursor, **filters)
+            assert len(page.cursors) == len(page.executions)
+            seen += [e.execution_id for e in page.executions]
+            if page.next is None:
+                return seen
+            after = page.next
+        raise AssertionError("pages never ended")
+
+    def expected(schedule_id: str, keep: Callable[[Execution], bool] = lambda e: True) -> list[str]:
+        return [e.execution_id for e in made[::-1] if e.schedule_id == schedule_id and keep(e)]
+
+    for schedule_id in ("night", "night-1"):
+        for limit in (1, 4, 7, 100):
+            assert await every(limit=limit, schedule_id=schedule_id) == expected(schedule_id)
+        assert await every(limit=3, schedule_id=schedule_id, tenant="globex") == expected(
+            schedule_id, lambda e: e.tenant == "globex"
+        )
+        ended = frozenset((ExecutionStatus.SUCCEEDED,))
+        assert await every(limit=2, schedule_id=schedule_id, statuses=ended) == expected(
+            schedule_id, lambda e: e.is_terminal
+        )
+        assert await every(limit=2, schedule_id=schedule_id, reasoner="echo") == expected(
+            schedule_id, lambda e: e.reasoner == "echo"
+        )
+        assert await every(limit=2, schedule_id=schedule_id, session_id="chat") == expected(
+            schedule_id, lambda e: e.session_id == "chat" and e.tenant is None
+        )
+    assert await every(limit=5, schedule_id="nightly") == []
+    # No filter: every execution, scheduled or not.
+    assert await every(limit=9) == [e.execution_id for e in made[::-1]]
+
+
 # -- waiting --------------------------------------------------------------------------------
 
 

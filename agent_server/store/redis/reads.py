@@ -81,10 +81,12 @@ class Reads(StorePart):
         tenant: str | None = None,
         every_tenant: bool = False,
         owner: str | None = None,
+        schedule_id: str | None = None,
     ) -> Page:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
         index (the session's, the tenant's, the running ones, or all, newest first), so a
-        rare filter may return fewer than `limit` while `next` says older ones may match. A
+        rare filter (a reasoner, a schedule) may return fewer than `limit` while `next` says
+        older ones may match. A
         cursor is the index score and id of the last record looked at: in a tenant's index
         (or its session's) it names a place among that tenant's records only."""
         if session_id is not None:  # a session's index holds its tenant's records only
@@ -105,6 +107,7 @@ class Reads(StorePart):
             budget=max_bytes,
             after=after,
             owner=owner or "",
+            schedule_id=schedule_id or "",
         )
 
     async def _list(
@@ -120,6 +123,7 @@ class Reads(StorePart):
         bare: bool = False,
         after: ListCursor | None = None,
         owner: str = "",
+        schedule_id: str = "",
     ) -> Page:
         since, since_id = codec.cursor(after)
         with self._link.operation(operation):
@@ -135,6 +139,7 @@ class Reads(StorePart):
                 since,
                 since_id,
                 owner,
+                schedule_id,
             )
         found: list[Execution] = []
         cursors: list[str] = []

@@ -5,8 +5,9 @@
   ARGV[4..]: ids to scan at most, limit, statuses (comma list,
   '' any), reasoner ('' any), byte budget of the results and errors (0: none), '1' to leave
   results out (a session's release reads statuses, not results), and a cursor: the score
-  and id of the last record looked at before ('' '' from the newest), and the owner
-  (identity) the records must have ('' any). Returns the records that match (I_MATCHED
+  and id of the last record looked at before ('' '' from the newest), the owner
+  (identity) the records must have ('' any), and the schedule whose firings started them
+  ('' any). Returns the records that match (I_MATCHED
   is 1) or that this call moved to lost (0 when they do not match), newest first, each with
   its own cursor (I_CURSOR), then the cursor past the last id looked at ('' when the index
   holds nothing older). Ids whose record expired are dropped from the index as they are
@@ -17,6 +18,7 @@ local index = KEYS[9]
 local scan, limit, reasoner = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
 local budget, bare = tonumber(ARGV[8]), ARGV[9] == '1'
 local since, since_id, owner = ARGV[10], ARGV[11], ARGV[12] or ''
+local schedule = ARGV[13] or ''
 local wanted, any = {}, ARGV[6] == ''
 for s in string.gmatch(ARGV[6], '[^,]+') do wanted[s] = true end
 local ids
@@ -38,7 +40,8 @@ for i = 1, #ids, 2 do
     else
       if bare then v[I_RESULT] = 'null' end
       if (any or wanted[v[I_STATUS]]) and (reasoner == '' or v[I_REASONER] == reasoner)
-        and (owner == '' or v[I_OWNER] == owner) then
+        and (owner == '' or v[I_OWNER] == owner)
+        and (schedule == '' or v[I_SCHEDULE_ID] == schedule) then
         matched = matched + 1
         v[I_MATCHED] = 1
         v[I_CURSOR] = last
