@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    OUT_DIR,
     ROOT,
     HttpConnection,
     LoadResult,
@@ -90,27 +91,48 @@ def _agent_flags(n: int, *, drain: float, cancel: float, store: str | None = Non
 
 
 def _start(
-    server: ServerProcess, requests: Callable[[int], bytes], count: int
+    server: ServerProcess,
+    requests: Callable[[int], bytes],
+    count: int,
+    *,
+    retry_unavailable: bool = False,
 ) -> tuple[LoadResult, list[str]]:
-    """Start `count` executions in bulk; every answer must be 202. Returns their ids too."""
+    """Start `count` executions in bulk; every answer must be 202. Returns their ids too.
+    With `retry_unavailable`, starts answered 503 (a shared store slow to answer on a busy
+    machine) are sent again, as a client following `Retry-After` would, a few times at most;
+    the count sent again is logged."""
     ids: list[str] = []
+    refused: list[bytes] = []
 
     def keep(status: int, body: bytes) -> None:
         if status == 202:
             ids.append(json.loads(body)["execution_id"])
+        elif status == 503 and len(refused) < 3:
+            refused.append(body)
 
     timeout = 30 + count / START_RATE_FLOOR
-    result = asyncio.run(
-        drive(
-            server.port,
-            requests,
-            count=count,
-            concurrency=CONCURRENCY,
-            timeout=timeout,
-            keep=keep,
+    missing = count
+    result: LoadResult | None = None
+    for attempt in range(5 if retry_unavailable else 1):
+        if attempt:
+            log(f"{server.name}: {missing} starts answered 503 ({refused[0]!r}): sent again")
+            time.sleep(1.0)
+        sent = len(ids)
+        result = asyncio.run(
+            drive(
+                server.port,
+                lambda index, sent=sent: requests(sent + index),
+                count=missing,
+                concurrency=CONCURRENCY,
+                timeout=timeout,
+                keep=keep,
+            )
         )
-    )
-    if result.statuses != {202: count}:
+        missing = count - len(ids)
+        if not missing or set(result.statuses) - {202, 503}:
+            break
+    assert result is not None
+    if missing:
         raise RuntimeError(f"{server.name}: starts answered {result.statuses}, wanted {count}")
     return result, ids
 
@@ -216,12 +238,15 @@ def run_mix(
     )
     with launched as server:
         started = time.perf_counter()
-        _start(server, request, n)
+        _start(server, request, n, retry_unavailable=True)
         start_seconds = time.perf_counter() - started
         time.sleep(SETTLE_SECONDS)
         server.signal()
         code, elapsed = server.wait_exit(EXIT_TIMEOUT)
         stderr = server.stderr()
+        kept = OUT_DIR / f"scale-mix-{n}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        kept.write_text(stderr)  # the server's log, for what the report does not say
         signalled = server.signalled_at or 0.0
     pauses = [
         float(line.split()[3])
