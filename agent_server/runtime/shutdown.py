@@ -76,6 +76,12 @@ class ShutdownPlan:
         latest = self.hard_end(started) - self.http_timeout - EXIT_RESERVE
         return min(max(latest, now + FLUSH_AT_LEAST), self.hard_end(started) - EXIT_RESERVE)
 
+    def lines_deadline(self, started: float) -> float:
+        """The lines naming the ends not written stop here: what follows the report (the
+        listener's close, open responses, the exit) keeps half the http phase, at least
+        FLUSH_AT_LEAST, and the exit reserve before the watchdog."""
+        return self.hard_end(started) - EXIT_RESERVE - max(self.http_timeout / 2, FLUSH_AT_LEAST)
+
     def leftovers_deadline(self, started: float | None, now: float) -> float:
         """What the process's leftovers get after the shutdown: the cancel timeout, and
         never past the exit reserve before the watchdog."""
@@ -289,7 +295,7 @@ class ShutdownSequence:
         )
         reporting = time.monotonic()
         took["flushing"] = reporting - flushing
-        name_unrecorded(unrecorded, self.plan.hard_end(t0) - EXIT_RESERVE)
+        name_unrecorded(unrecorded, self.plan.lines_deadline(t0))
 
         duration = time.monotonic() - t0
         took["reporting"] = time.monotonic() - reporting  # a line per unrecorded end, if any
@@ -368,7 +374,7 @@ class ShutdownSequence:
 
 def name_unrecorded(unrecorded: list[Execution], deadline: float) -> None:
     """A JSON line for each end not written to the store, while there is time (`deadline`,
-    monotonic: the watchdog's, less the exit's reserve); the rest in one line with their ids,
+    monotonic: ShutdownPlan.lines_deadline); the rest in one line with their ids,
     so that the report still comes before the watchdog (a line costs tens of microseconds:
     a hundred thousand of them take seconds)."""
     for index, execution in enumerate(unrecorded):

@@ -54,3 +54,21 @@ def test_past_the_deadline_the_rest_in_one_line_with_their_ids(
     assert each + rest == [e.execution_id for e in executions]
     assert json.loads(summary.getMessage().split(": ", 1)[1]) == rest
     assert took < 0.1 + 1.0, took
+
+
+def test_the_lines_leave_what_follows_the_report_its_time() -> None:
+    """After the flush's deadline the lines get the http phase's first half at most: the
+    listener's close, open responses and the exit keep the rest and the exit reserve."""
+    from agent_server.runtime.shutdown import EXIT_RESERVE, FLUSH_AT_LEAST, ShutdownPlan
+
+    plan = ShutdownPlan(
+        unready_delay=0, drain_timeout=2, cancel_timeout=1, http_timeout=1, grace_period=10
+    )
+    t0 = 1000.0
+    lines = plan.lines_deadline(t0)
+    assert plan.flush_deadline(t0, t0 + 3) < lines
+    assert lines == plan.hard_end(t0) - EXIT_RESERVE - FLUSH_AT_LEAST
+    long_http = ShutdownPlan(
+        unready_delay=0, drain_timeout=2, cancel_timeout=1, http_timeout=4, grace_period=10
+    )
+    assert long_http.lines_deadline(t0) == long_http.hard_end(t0) - EXIT_RESERVE - 2
