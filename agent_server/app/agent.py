@@ -533,6 +533,7 @@ class _Parts:
             max_events=settings.max_events,
             observer=metrics,
             max_answer_bytes=settings.max_answer_bytes,
+            max_inflight=settings.max_inflight,
         )
         streams_closing = Closing()
         tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables

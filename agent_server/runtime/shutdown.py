@@ -76,6 +76,12 @@ class ShutdownPlan:
         latest = self.hard_end(started) - self.http_timeout - EXIT_RESERVE
         return min(max(latest, now + FLUSH_AT_LEAST), self.hard_end(started) - EXIT_RESERVE)
 
+    def lines_deadline(self, started: float) -> float:
+        """The lines naming the ends not written stop here: what follows the report (the
+        listener's close, open responses, the exit) keeps half the http phase, at least
+        FLUSH_AT_LEAST, and the exit reserve before the watchdog."""
+        return self.hard_end(started) - EXIT_RESERVE - max(self.http_timeout / 2, FLUSH_AT_LEAST)
+
     def leftovers_deadline(self, started: float | None, now: float) -> float:
         """What the process's leftovers get after the shutdown: the cancel timeout, and
         never past the exit reserve before the watchdog."""
@@ -289,16 +295,7 @@ class ShutdownSequence:
         )
         reporting = time.monotonic()
         took["flushing"] = reporting - flushing
-        for execution in unrecorded:
-            # Everything but the result: a log line never carries a result (it may be
-            # megabytes, and a thousand of them would flood the log at the worst moment).
-            record = execution.to_json()
-            record.pop("result", None)
-            logger.error(
-                "end not written to the store: %s",
-                json.dumps(record, default=str),
-                extra={"unrecorded_execution": record},
-            )
+        name_unrecorded(unrecorded, self.plan.lines_deadline(t0))
 
         duration = time.monotonic() - t0
         took["reporting"] = time.monotonic() - reporting  # a line per unrecorded end, if any
@@ -373,6 +370,33 @@ class ShutdownSequence:
                 await self._skip.wait()
         except TimeoutError:
             pass
+
+
+def name_unrecorded(unrecorded: list[Execution], deadline: float) -> None:
+    """A JSON line for each end not written to the store, while there is time (`deadline`,
+    monotonic: ShutdownPlan.lines_deadline); the rest in one line with their ids,
+    so that the report still comes before the watchdog (a line costs tens of microseconds:
+    a hundred thousand of them take seconds)."""
+    for index, execution in enumerate(unrecorded):
+        if time.monotonic() >= deadline:
+            ids = [rest.execution_id for rest in unrecorded[index:]]
+            logger.error(
+                "ends not written to the store, %d without a line of their own (no time "
+                "left before the watchdog): %s",
+                len(ids),
+                json.dumps(ids),
+                extra={"unrecorded_ids": ids},
+            )
+            return
+        # Everything but the result: a log line never carries a result (it may be
+        # megabytes, and a thousand of them would flood the log at the worst moment).
+        record = execution.to_json()
+        record.pop("result", None)
+        logger.error(
+            "end not written to the store: %s",
+            json.dumps(record, default=str),
+            extra={"unrecorded_execution": record},
+        )
 
 
 def _exit_code(unrecorded: bool, abandoned: bool) -> ExitCode:

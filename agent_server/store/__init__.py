@@ -45,9 +45,11 @@ def open_store(
     max_events: int = 1000,
     observer: StoreObserver | None = None,
     max_answer_bytes: int = MAX_ANSWER_BYTES,
+    max_inflight: int = 0,
 ) -> ExecutionStore:
     """The store `--store` names: `memory`, or a `redis://`, `rediss://` or
-    `redis+sentinel://` URL."""
+    `redis+sentinel://` URL. Redis's outbox keeps an end for every execution that may be in
+    flight (`max_inflight`), and at least OUTBOX_LIMIT."""
     if url == "memory":
         return MemoryStore(
             replica_id,
@@ -56,7 +58,8 @@ def open_store(
             max_retained_bytes=max_retained_bytes,
             max_answer_bytes=max_answer_bytes,
         )
-    from agent_server.store.redis import RedisStore  # only when asked for: it needs redis-py
+    # Only when asked for: it needs redis-py.
+    from agent_server.store.redis import OUTBOX_LIMIT, RedisStore
 
     return RedisStore(
         url,
@@ -69,4 +72,5 @@ def open_store(
         observer=observer,
         max_events=max_events,
         max_answer_bytes=max_answer_bytes,
+        outbox_limit=max(OUTBOX_LIMIT, max_inflight),
     )

@@ -122,6 +122,27 @@ def _settle(futures: Sequence[asyncio.Future[Any]], outcome: Any) -> None:
             future.set_result(outcome)
 
 
+async def replies(futures: list[asyncio.Future[Any]]) -> list[Any]:
+    """A pipeline's replies, each reply or error reply (as an exception, in its place). A
+    lost connection raises for the whole pipeline; a caller that goes away leaves them."""
+    answers: list[Any] = []
+    failure: Exception | None = None
+    try:
+        for future in futures:
+            try:
+                answers.append(await future)
+            except ResponseError as exc:
+                answers.append(exc)
+            except Exception as exc:  # the connection: every later reply fails alike
+                failure = failure or exc
+    finally:
+        for future in futures:  # a caller that went away: its replies are skipped
+            future.cancel()
+    if failure is not None:
+        raise failure
+    return answers
+
+
 class Acknowledgement:
     """The commands sent after a group of writes to acknowledge them; the last one's reply
     is the acknowledgement. Shared by a link and its connections, and changed in place."""
@@ -354,27 +375,21 @@ class RedisLink:
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """One write for every command; each reply or error reply (as an exception, in
         its place). A lost connection raises for the whole pipeline."""
+        return await replies(await self.send(commands))
+
+    async def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
+        """A pipeline sent (connected first if need be: otherwise at once, with no loop turn
+        in between), its replies read later by `replies`. Pipelines sent one after another
+        on one connection (`connected` all along) are run by Redis in that order."""
         protocol = self._protocol
         if protocol is None or not protocol.open:
             protocol = await self._connect()
-        payload = b"".join(_pack(command) for command in commands)
-        replies: list[Any] = []
-        failure: Exception | None = None
-        futures = protocol.send(payload, len(commands))
-        try:
-            for future in futures:
-                try:
-                    replies.append(await future)
-                except ResponseError as exc:
-                    replies.append(exc)
-                except Exception as exc:  # the connection: every later reply fails alike
-                    failure = failure or exc
-        finally:
-            for future in futures:  # a caller that went away: its replies are skipped
-                future.cancel()
-        if failure is not None:
-            raise failure
-        return replies
+        return protocol.send(b"".join(map(_pack, commands)), len(commands))
+
+    @property
+    def connected(self) -> bool:
+        """Whether the next command goes on the connection the last one took."""
+        return self._protocol is not None and self._protocol.open
 
     async def subscribe(
         self, channels: Sequence[str], on_message: Callable[[str, str], None]

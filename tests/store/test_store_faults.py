@@ -507,8 +507,8 @@ async def test_big_ends_leave_the_outbox_in_bounded_batches(
     batches: list[int] = []
     original = a._outbox.batch
 
-    def watched() -> list[Any]:
-        batch = original()
+    def watched(*args: Any) -> list[Any]:
+        batch = original(*args)
         batches.append(len(batch))
         return batch
 
@@ -547,3 +547,100 @@ async def test_the_listener_s_close_ends_a_wait_for_an_end_still_owed(
     finally:
         resume(own_redis)
     assert await a.recorded(execution, BOUND, Closing())
+
+
+async def _created(store: RedisStore, count: int) -> list[Execution]:
+    """`count` executions of A's, created fifty at a time."""
+    executions = [Execution("sleep", None, "A") for _ in range(count)]
+    for start in range(0, count, 50):
+        await asyncio.gather(*(store.create(e) for e in executions[start : start + 50]))
+    return executions
+
+
+async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
+    stores: Callable[..., Awaitable[RedisStore]],
+) -> None:
+    """A drain's backlog, ends owed at once: they go many calls to a round trip (not one
+    round trip per hundred ends, the rate that left ends unrecorded at shutdown), while each
+    call of the end script stays short (at most END_CALL ends and about END_CALL_BYTES of
+    arguments: a script holds Redis for every other client) and each pipeline within about
+    END_BATCH_BYTES."""
+    from agent_server.store.redis.outbox import (
+        END_BATCH_BYTES,
+        END_CALL,
+        END_CALL_BYTES,
+    )
+    from agent_server.store.redis.scripts import EVALSHA
+
+    a = await stores("A")
+    small = await _created(a, 1_500)
+    big = await _created(a, 24)
+    pipelines: list[list[tuple[int, int]]] = []  # per pipeline, (ends, bytes) of each call
+    original = a._link.scripts.send
+
+    async def watched(commands: Any) -> list[Any]:
+        calls = []
+        for command in commands:
+            if command[:2] == [b"EVALSHA", EVALSHA["end"]]:
+                ends = (command[2] - 6) // 3
+                size = sum(len(arg) for arg in command[3 + command[2] + 4 :])
+                calls.append((ends, size))
+        pipelines.append(calls)
+        return await original(commands)
+
+    a._link.scripts.send = watched  # type: ignore[method-assign]
+    for index, execution in enumerate(small):
+        execution.finish(ExecutionStatus.SUCCEEDED, result=index)
+        a.end(execution)
+        if index % 500 == 250:  # big ends among the small: each call still bounded in bytes
+            for other in big[index // 500 * 8 : index // 500 * 8 + 8]:
+                other.finish(ExecutionStatus.SUCCEEDED, result="z" * 400_000)
+                a.end(other)
+    for execution in (*small, *big):
+        assert await a.recorded(execution, BOUND)
+    calls = [call for pipeline in pipelines for call in pipeline]
+    assert sum(ends for ends, _ in calls) == len(small) + len(big)
+    assert len(pipelines) <= 6, [len(p) for p in pipelines]  # 1,524 ends: 16 before
+    assert max(ends for ends, _ in calls) <= END_CALL
+    assert all(size <= END_CALL_BYTES or ends == 1 for ends, size in calls), calls
+    assert all(sum(size for _, size in p) <= END_BATCH_BYTES for p in pipelines)
+    assert a.up and not a._outbox.failed and not a._outbox.overflow
+
+
+async def test_the_outbox_holds_an_end_for_every_execution_that_may_be_in_flight(
+    own_redis: RedisServer,
+) -> None:
+    """More executions in flight than OUTBOX_LIMIT (`--max-inflight` above it) all ending
+    while Redis cannot answer: every end waits in the outbox (none set aside as unrecorded)
+    and is written once Redis answers again."""
+    from agent_server.store import open_store
+    from agent_server.store.redis import OUTBOX_LIMIT
+
+    count = OUTBOX_LIMIT + 300
+    store = open_store(
+        own_redis.url,
+        replica_id="A",
+        agent_name="faults",
+        result_ttl=600.0,
+        max_retained=2 * count,
+        lease_ttl=30.0,
+        max_inflight=count,
+    )
+    assert isinstance(store, RedisStore)
+    await store.open()
+    try:
+        executions = await _created(store, count)
+        pause(own_redis)
+        try:
+            for execution in executions:
+                execution.finish(ExecutionStatus.SUCCEEDED, result="kept")
+                store.end(execution)
+            assert not store._outbox.overflow
+            assert not any(e.recorded is not None and e.recorded.done() for e in executions)
+        finally:
+            resume(own_redis)
+        for execution in executions:
+            assert await store.recorded(execution, 30.0)
+        assert await store.flush(time.monotonic() + 1.0) == []
+    finally:
+        await closed(store)

@@ -17,13 +17,14 @@ from __future__ import annotations
 from agent_server.store.redis.codec import describe_url
 from agent_server.store.redis.failures import transient_reason
 from agent_server.store.redis.link import COMMAND_TIMEOUT
-from agent_server.store.redis.outbox import EVENTS_PENDING, NOTICE_RECORD_MAX
+from agent_server.store.redis.outbox import EVENTS_PENDING, NOTICE_RECORD_MAX, OUTBOX_LIMIT
 from agent_server.store.redis.store import RedisStore
 
 __all__ = [
     "COMMAND_TIMEOUT",
     "EVENTS_PENDING",
     "NOTICE_RECORD_MAX",
+    "OUTBOX_LIMIT",
     "RedisStore",
     "describe_url",
     "transient_reason",

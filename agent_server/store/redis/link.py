@@ -55,16 +55,20 @@ class Operation:
     cost), and the probe itself going unanswered turns it down only when the probe asked
     again at once goes unanswered too (`Link.probe_slow`)."""
 
-    __slots__ = ("link", "name", "probe", "started")
+    __slots__ = ("link", "name", "probe", "since", "started")
 
-    def __init__(self, link: Link, name: str, probe: bool = False) -> None:
+    def __init__(
+        self, link: Link, name: str, probe: bool = False, since: float | None = None
+    ) -> None:
         self.link = link
         self.name = name
         self.probe = probe
+        #: When it began, if before the block (a pipeline sent earlier, its replies read now).
+        self.since = since
         self.started = 0.0
 
     def __enter__(self) -> None:
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if self.since is None else self.since
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _: object
@@ -237,11 +241,11 @@ class Link:
                     await each.close()
         self.link = self.subscriber = self.probe = self.acked = None
 
-    def operation(self, name: str, probe: bool = False) -> Operation:
-        """Time and report one operation; an unreachable Redis becomes StoreUnavailable. The
-        probe's failure, or a refused or reset connection, turns the store down until an
-        operation succeeds again."""
-        return Operation(self, name, probe)
+    def operation(self, name: str, probe: bool = False, since: float | None = None) -> Operation:
+        """Time and report one operation (from `since`, a `time.perf_counter()`, if given);
+        an unreachable Redis becomes StoreUnavailable. The probe's failure, or a refused or
+        reset connection, turns the store down until an operation succeeds again."""
+        return Operation(self, name, probe, since)
 
     def report(self, name: str, started: float, ok: bool) -> None:
         if self.observer is not None:

@@ -17,16 +17,28 @@ from agent_server.model.execution import Execution, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.failures import Refused, on_a_replica, transient_reason
 from agent_server.store.redis.link import REPLICA_WAIT_MS, Link
+from agent_server.store.resp import replies
 
 logger = logging.getLogger("agent_server.store")
 
-#: Ends kept locally while Redis is unreachable; past it they are counted, never dropped.
+#: Ends kept locally while Redis is unreachable (or slower than they come), at least: a
+#: replica keeps one for every execution it may run (`open_store` takes `--max-inflight`
+#: when larger); past it they are counted, never dropped.
 OUTBOX_LIMIT = 10_000
 #: Events waiting for Redis; past it, new events are dropped (never an end).
 EVENTS_PENDING = 10_000
-#: Ends written per pipeline, and about the most bytes of their arguments.
-END_BATCH = 100
+#: Ends per call of the `end` script, and about the most bytes of their arguments: a
+#: script holds Redis for every other client while it runs (some tens of microseconds an
+#: end), so one call stays within a few milliseconds.
+END_CALL = 100
+END_CALL_BYTES = 512 * 1024
+#: Writes per pipeline (one round trip), and about the most bytes of their arguments: a
+#: backlog (a drain's ends) goes many calls a round trip, each call short, and the
+#: pipeline within the command timeout.
+END_BATCH = 2_000
 END_BATCH_BYTES = 4 * 1024 * 1024
+#: Pipelines in flight at once while a backlog lasts (one connection: run in order).
+WINDOW = 2
 #: An end notice carries a record whose result and error take up to this many bytes; a
 #: larger one goes by id, and the replicas waiting for it read it.
 NOTICE_RECORD_MAX = 4096
@@ -45,7 +57,7 @@ def recorded(execution: Execution, written: bool) -> None:
 class Write:
     """One write owed to Redis: the script and its keys and arguments, taken when queued."""
 
-    __slots__ = ("args", "execution", "keys", "script")
+    __slots__ = ("args", "execution", "keys", "script", "size")
 
     def __init__(
         self, execution: Execution, script: str, keys: Sequence[str], args: list[str | bytes]
@@ -54,6 +66,30 @@ class Write:
         self.script = script
         self.keys = keys
         self.args = args
+        #: The bytes (or characters) of its arguments, which bound a call and a pipeline.
+        self.size = sum(len(arg) for arg in args)
+
+
+class _Pipeline:
+    """Writes sent in one round trip: their commands, which writes each command carries
+    ([start, stop)), the replicas WAIT needed when made, and the replies' futures."""
+
+    __slots__ = ("commands", "futures", "needed", "sent", "spans", "writes")
+
+    def __init__(
+        self,
+        writes: list[Write],
+        commands: list[list[Any]],
+        spans: list[tuple[int, int]],
+        needed: int,
+    ) -> None:
+        self.writes = writes
+        self.commands = commands
+        self.spans = spans
+        self.needed = needed
+        self.futures: list[asyncio.Future[Any]] = []
+        #: When it was sent (`time.perf_counter()`): its round trip is timed from there.
+        self.sent = time.perf_counter()
 
 
 class Outbox:
@@ -188,19 +224,29 @@ class Outbox:
         return self.owed()
 
     def _commands(self, pending: list[Write]) -> tuple[list[list[Any]], list[tuple[int, int]]]:
-        """The pipeline for `pending`: each run of ends one call of the `end` script, each
-        event or hand-off one call, then the events notice (and `WAIT`); with the writes
-        each command carries: [start, stop)."""
+        """The pipeline for `pending`: each run of ends calls of the `end` script of at most
+        END_CALL ends and about END_CALL_BYTES (always one), each event or hand-off one
+        call, then the events notice (and `WAIT`); with the writes each command carries:
+        [start, stop)."""
         link = self._link
         calls: list[tuple[str, list[str], list[Any]]] = []
         spans: list[tuple[int, int]] = []
         emitted: dict[str, None] = {}
+        call_size = 0
         for index, write in enumerate(pending):
-            if write.script == "end" and spans and pending[spans[-1][0]].script == "end":
+            if (
+                write.script == "end"
+                and spans
+                and pending[spans[-1][0]].script == "end"
+                and index - spans[-1][0] < END_CALL
+                and call_size + write.size <= END_CALL_BYTES
+            ):
                 calls[-1][1].extend(write.keys)
                 calls[-1][2].extend(write.args)
                 spans[-1] = (spans[-1][0], index + 1)
+                call_size += write.size
                 continue
+            call_size = write.size
             if write.script == "end":
                 calls.append(
                     ("end", [*self._end_keys, *write.keys], [NOTICE_RECORD_MAX, *write.args])
@@ -219,55 +265,105 @@ class Outbox:
         return commands, spans
 
     async def write(self) -> None:
-        """One pipeline for the oldest queued writes. An end refused (the record is lost,
-        or another owner or attempt holds it) is logged and counted; nothing leaves the
-        outbox unless Redis answered for it."""
+        """Pipelines of the oldest queued writes, up to WINDOW in flight: with a backlog the
+        next is sent before the replies of the one before are read, so Redis works while
+        this process reads them. Pipelines in flight together share no execution, so a
+        refusal never lets an execution's later write pass its earlier one. An end refused
+        (the record is lost, or another owner or attempt holds it) is logged and counted;
+        nothing leaves the outbox unless Redis answered for it."""
         link = self._link
         async with self._writing:
-            pending = self.batch()
-            later: list[Write] = []
+            held: list[Write] = []  # answered "not now" or NOSCRIPT: back to the front
             reasons: list[str] = []
-            for _ in range(2):  # a second pass only after Redis forgot its scripts
-                if not pending:
-                    break
-                with link.operation("end"):
-                    needed = link.replicas_needed
-                    commands, spans = self._commands(pending)
-                    answers = await link.scripts.pipeline(commands)
-                needed = max(needed, link.replicas_needed)
-                if self._replicated and not on_a_replica(answers[-1], needed):
-                    # A failover could lose them: they stay in the outbox (every script is
-                    # idempotent for the same attempt) and are written again.
-                    self.count_retry("noreplicas")
-                    link.set_up(False)
-                    raise Refused(f"not every replica of {link.where} acknowledged the writes")
-                replies: list[Any] = []
-                for (start, stop), answer in zip(spans, answers, strict=False):
-                    if isinstance(answer, Exception):
-                        replies.extend([answer] * (stop - start))
-                    elif pending[start].script == "end":
-                        replies.extend(zip(answer[0::2], answer[1::2], strict=True))
-                    else:
-                        replies.append(answer)
-                for _ in pending:  # the oldest in the outbox: only this method removes
-                    if self._writes.popleft().script == "emit":
-                        self._pending_events -= 1
-                retry: list[Write] = []
-                for write, reply in zip(pending, replies, strict=True):
-                    self._answered(write, reply, retry, later, reasons)
-                self._requeue(retry)
-                if retry:
-                    with link.operation("load_scripts"):
-                        await link.load_scripts(link.scripts)
-                pending = retry
-            if later:  # refused for now: back to the front, in their order, and retried
-                self._requeue(later)
+            noscript = False
+            flight: deque[_Pipeline] = deque()
+            try:
+                while True:
+                    while len(flight) < WINDOW and (not flight or link.scripts.connected):
+                        pipeline = self._send_next(flight)
+                        if pipeline is None:
+                            break
+                        try:
+                            pipeline.futures = await link.scripts.send(pipeline.commands)
+                        except Exception:
+                            with link.operation("end"):  # reported, and said as an outage
+                                raise
+                        flight.append(pipeline)
+                    if not flight:
+                        break
+                    pipeline = flight[0]
+                    with link.operation("end", since=pipeline.sent):
+                        answers = await replies(pipeline.futures)
+                    flight.popleft()
+                    noscript |= self._answered_all(pipeline, answers, held, reasons)
+                    if held:  # no more sent: what is in flight is read, then these go back
+                        while flight:
+                            pipeline = flight[0]
+                            with link.operation("end", since=pipeline.sent):
+                                answers = await replies(pipeline.futures)
+                            flight.popleft()
+                            noscript |= self._answered_all(pipeline, answers, held, reasons)
+                        break
+            finally:
+                for pipeline in flight:  # unread: their writes stay, to be written again
+                    for future in pipeline.futures:
+                        future.cancel()
+                self._requeue(held)
+            if noscript:  # Redis forgot its scripts (a restart): loaded, the writes go again
+                with link.operation("load_scripts"):
+                    await link.load_scripts(link.scripts)
+            if reasons:  # refused for now: back at the front, in their order, and retried
                 for reason in reasons:
                     self.count_retry(reason)
                 link.set_up(False)
                 raise Refused(
-                    f"Redis at {link.where} refused {len(later)} writes for now ({reasons[0]})"
+                    f"Redis at {link.where} refused {len(reasons)} writes for now ({reasons[0]})"
                 )
+
+    def _send_next(self, flight: deque[_Pipeline]) -> _Pipeline | None:
+        """The pipeline of the writes after those in flight, up to the first of an execution
+        in flight (None when there is none to send)."""
+        taken = sum(len(pipeline.writes) for pipeline in flight)
+        busy = {w.execution.execution_id for p in flight for w in p.writes} if flight else None
+        pending = self.batch(taken, busy)
+        if not pending:
+            return None
+        commands, spans = self._commands(pending)
+        return _Pipeline(pending, commands, spans, self._link.replicas_needed)
+
+    def _answered_all(
+        self, pipeline: _Pipeline, answers: list[Any], held: list[Write], reasons: list[str]
+    ) -> bool:
+        """A pipeline's replies, to each of its writes (the oldest in the outbox: they leave
+        it here); whether Redis had forgotten its scripts."""
+        link = self._link
+        pending, spans = pipeline.writes, pipeline.spans
+        needed = max(pipeline.needed, link.replicas_needed)
+        if self._replicated and not on_a_replica(answers[-1], needed):
+            # A failover could lose them: they stay in the outbox (every script is
+            # idempotent for the same attempt) and are written again.
+            self.count_retry("noreplicas")
+            link.set_up(False)
+            raise Refused(f"not every replica of {link.where} acknowledged the writes")
+        replies_: list[Any] = []
+        for (start, stop), answer in zip(spans, answers, strict=False):
+            if isinstance(answer, Exception):
+                replies_.extend([answer] * (stop - start))
+            elif pending[start].script == "end":
+                replies_.extend(zip(answer[0::2], answer[1::2], strict=True))
+            else:
+                replies_.append(answer)
+        for _ in pending:  # the oldest in the outbox: only this method removes
+            if self._writes.popleft().script == "emit":
+                self._pending_events -= 1
+        retry: list[Write] = []
+        later: list[Write] = []
+        for write, reply in zip(pending, replies_, strict=True):
+            self._answered(write, reply, retry, later, reasons)
+        # Back in their order (both kinds go again; the NOSCRIPT ones after a load).
+        back = {id(write) for write in (*retry, *later)}
+        held.extend(write for write in pending if id(write) in back)
+        return bool(retry)
 
     def _answered(
         self, write: Write, reply: Any, retry: list[Write], later: list[Write], reasons: list[str]
@@ -307,14 +403,17 @@ class Outbox:
         self._writes.extendleft(reversed(writes))
         self._pending_events += sum(1 for write in writes if write.script == "emit")
 
-    def batch(self) -> list[Write]:
-        """The oldest writes of the outbox, at most END_BATCH of them and about
-        END_BATCH_BYTES (always one): a hundred ends of 12 MB are not one 1.2 GB pipeline
-        that no command timeout could let through."""
+    def batch(self, skip: int = 0, busy: set[str] | None = None) -> list[Write]:
+        """The oldest writes of the outbox after the first `skip`, at most END_BATCH of
+        them and about END_BATCH_BYTES (always one), up to the first of an execution in
+        `busy`: a hundred ends of 12 MB are not one 1.2 GB pipeline that no command timeout
+        could let through."""
         batch: list[Write] = []
         size = 0
-        for write in itertools.islice(self._writes, END_BATCH):
-            size += sum(len(arg) for arg in write.args)
+        for write in itertools.islice(self._writes, skip, skip + END_BATCH):
+            if busy is not None and write.execution.execution_id in busy:
+                break
+            size += write.size
             if batch and size > END_BATCH_BYTES:
                 break
             batch.append(write)
