@@ -285,17 +285,7 @@ async def test_pages_follow_cursors_to_the_oldest_with_any_of_several_statuses(
         await r.ended(execution)
 
     async def every(**filters: Any) -> list[str]:
-        seen: list[str] = []
-        after: str | None = None
-        for _ in range(50):  # bounded: 11 records
-            cursor = None if after is None else ListCursor.read(after)
-            page = await r.b.page(after=cursor, **filters)
-            assert len(page.cursors) == len(page.executions)
-            seen += [e.execution_id for e in page.executions]
-            if page.next is None:
-                return seen
-            after = page.next
-        raise AssertionError("pages never ended")
+        return await every_page(r.b, 50, **filters)  # bounded: 11 records
 
     newest_first = [e.execution_id for e in made[::-1]]
     for limit in (1, 3, 4, 11, 100):
@@ -341,17 +331,7 @@ async def test_a_schedules_executions_page_through_exactly_once_in_order(
         await r.ended(execution)
 
     async def every(**filters: Any) -> list[str]:
-        seen: list[str] = []
-        after: str | None = None
-        for _ in range(200):  # bounded: 90 records
-            cursor = None if after is None else ListCursor.read(after)
-            page = await r.b.page(after=cursor, **filters)
-            assert len(page.cursors) == len(page.executions)
-            seen += [e.execution_id for e in page.executions]
-            if page.next is None:
-                return seen
-            after = page.next
-        raise AssertionError("pages never ended")
+        return await every_page(r.b, 200, **filters)  # bounded: 90 records
 
     def expected(schedule_id: str, keep: Callable[[Execution], bool] = lambda e: True) -> list[str]:
         return [e.execution_id for e in made[::-1] if e.schedule_id == schedule_id and keep(e)]
@@ -1062,3 +1042,19 @@ async def test_a_malformed_end_notice_is_read_instead_and_the_listener_lives_on(
     finally:
         await closed(a)
         await closed(b)
+
+
+async def every_page(store: ExecutionStore, most: int, **filters: Any) -> list[str]:
+    """Every id the list gives, page after page through its cursors (at most `most` pages),
+    each page's cursors one per execution."""
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(most):
+        cursor = None if after is None else ListCursor.read(after)
+        page = await store.page(after=cursor, **filters)
+        assert len(page.cursors) == len(page.executions)
+        seen += [e.execution_id for e in page.executions]
+        if page.next is None:
+            return seen
+        after = page.next
+    raise AssertionError("pages never ended")
