@@ -135,6 +135,9 @@ class QueueTaker:
             return
         if not await self.store.begin(execution):
             return  # not this replica's to begin: put back, or taken over
+        if not self.registry.admitting:  # admission closed while the mark was on its way
+            self.store.give_back(execution)
+            return
         logger.info(
             "execution %s (%s): attempt %d taken from the queue",
             execution.execution_id,
