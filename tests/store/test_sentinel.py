@@ -669,6 +669,27 @@ async def runner(
             await asyncio.sleep(0.05)
 
 
+def every_sentinel_names(redises: Redises, port: int) -> None:
+    """Until every sentinel names the primary on `port`: a node that rejoins before one of
+    them has switched can be taken for the primary by it, and promoted back (a loaded
+    machine's slow sentinel)."""
+
+    def names() -> bool:
+        for sentinel in redises.sentinels:
+            client = redis.Redis(port=sentinel.port, socket_timeout=1.0)
+            try:
+                found = client.execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)
+            except (redis.RedisError, OSError):
+                return False
+            finally:
+                client.close()
+            if found is None or int(found[1]) != port:
+                return False
+        return True
+
+    wait_until(names, what=f"every sentinel naming the primary on {port}")
+
+
 async def announced(redises: Redises, old: Address) -> float:
     """The moment the first sentinel names a primary other than `old` (bounded)."""
     clients = [aioredis.Redis(port=s.port, socket_timeout=1.0) for s in redises.sentinels]
@@ -1157,6 +1178,7 @@ def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again
             finally:
                 replica.proc.send_signal(signal.SIGCONT)
             asyncio.run(announced(redises, old))
+            every_sentinel_names(redises, replica.port)
             # The new primary needs a replica of its own for a claim to be held there.
             primary.rejoin(replica.port)
 
@@ -1229,6 +1251,7 @@ def test_a_start_in_doubt_is_not_adopted_before_a_replica_holds_it(
             finally:
                 replica.proc.send_signal(signal.SIGCONT)
             asyncio.run(announced(redises, old))
+            every_sentinel_names(redises, replica.port)
             primary.rejoin(replica.port)
             deadline = time.monotonic() + WAIT
             while (read := client.get(f"/executions/{vanished}")).status_code != 404:
