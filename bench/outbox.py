@@ -53,6 +53,16 @@ async def measure(url: str, ends: int) -> dict[str, Any]:
             return await original(commands)
 
         setattr(link, "send" if hasattr(link, "send") else "pipeline", counted)
+        if hasattr(link, "send_now"):  # a backlog's pipelines sent within the turn
+            now = link.send_now
+
+            def counted_now(commands: Any) -> Any:
+                futures = now(commands)
+                if futures is not None:
+                    sent.append(sum(1 for c in commands if c[0] == b"EVALSHA"))
+                return futures
+
+            link.send_now = counted_now
         with redis.Redis.from_url(url) as client:
             client.config_resetstat()
             for execution in executions:

@@ -30,7 +30,7 @@ from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
-from agent_server.model.versions import VERSION_VARIABLE, Migrate, version_rule
+from agent_server.model.versions import VERSION_VARIABLE, Migrate, Rule, advert, version_rule
 from agent_server.model.waiting import Closing
 from agent_server.runtime.durable import QueueTaker
 from agent_server.runtime.exits import finish_process
@@ -552,6 +552,9 @@ class _Parts:
         store.deliver_answers(registry.answer)
         store.deliver_orphans(registry.runs, registry.adopt)
         store.deliver_vanished(registry.owned_ids, registry.vanish)
+        # What this replica's claims read (claim.lua), and how many waited for a version.
+        store.advertise(advert({name: r.versions for name, r in reasoners.items()}))
+        store.on_version_waits = lambda count: metrics.version_rule(Rule.WAIT, count)
         releases = SessionReleases(store, registry, observer=metrics)
         secret = settings.signing_secret
         webhooks = (

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.versions import Rule, VersionMismatch, advert, shown
+from agent_server.model.versions import Rule, VersionMismatch, shown
 from agent_server.runtime.logs import execution_fields
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore, StoreUnavailable
@@ -61,8 +61,6 @@ class QueueTaker:
         self.reasoners = reasoners
         self.count_rule = count_rule
         self._task: asyncio.Task[None] | None = None
-        store.advertise(advert({name: r.versions for name, r in reasoners.items()}))
-        store.on_version_waits = lambda count: count_rule(Rule.WAIT, count)
 
     def start(self) -> None:
         if self._task is None:

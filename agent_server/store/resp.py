@@ -234,19 +234,29 @@ class _Protocol(asyncio.Protocol):
     def open(self) -> bool:
         return self.transport is not None and not self.transport.is_closing() and not self.retired
 
-    def send(self, payload: bytes, count: int) -> list[asyncio.Future[Any]]:
+    def send(self, payload: bytes, count: int, *, now: bool = False) -> list[asyncio.Future[Any]]:
+        """`now`: written within this loop turn, with what this turn sent before it (a
+        backlog's pipeline, so Redis works while a long turn goes on); otherwise the
+        commands of one loop turn leave in one write at its end."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionError("connection to Redis lost")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         futures = [loop.create_future() for _ in range(count)]
         self.waiting.extend((future, deadline) for future in futures)
-        if not self._out:  # the commands of one loop turn leave in one write
+        if not self._out and not now:
             loop.call_soon(self._flush)
         self._out.append(payload)
+        if now:
+            self._flush()
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check)
         return futures
+
+    @property
+    def unsent(self) -> int:
+        """Bytes the transport holds that the socket did not take yet."""
+        return 0 if self.transport is None else self.transport.get_write_buffer_size()
 
     def send_acked(self, payload: bytes) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
         """Send one write; the futures of its reply and of the acknowledgement that covers
@@ -288,7 +298,7 @@ class _Protocol(asyncio.Protocol):
         if self._ack_next and self._ack_sent is None and self.transport is not None:
             self._send_ack()  # this turn's writes, then their acknowledgement
         out, self._out = self._out, []
-        if self.transport is not None:
+        if out and self.transport is not None:
             self.transport.write(b"".join(out))
 
     def _check(self) -> None:
@@ -385,6 +395,21 @@ class RedisLink:
         if protocol is None or not protocol.open:
             protocol = await self._connect()
         return protocol.send(b"".join(map(_pack, commands)), len(commands))
+
+    def send_now(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]] | None:
+        """A pipeline written within this loop turn, when the connection is up and the
+        socket took everything sent before (otherwise None: nothing is sent): Redis runs it
+        while this turn goes on. Its replies are read once the loop polls again."""
+        protocol = self._protocol
+        if protocol is None or not protocol.open or protocol.unsent:
+            return None
+        return protocol.send(b"".join(map(_pack, commands)), len(commands), now=True)
+
+    @property
+    def writable(self) -> bool:
+        """Whether `send_now` would send: connected, and the socket took all sent before."""
+        protocol = self._protocol
+        return protocol is not None and protocol.open and not protocol.unsent
 
     @property
     def connected(self) -> bool:

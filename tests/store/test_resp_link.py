@@ -301,3 +301,34 @@ async def test_an_acknowledgement_lost_with_its_connection_is_an_error_not_a_yes
             assert await redis.call_acked("GET", "k") == ("v", 0)
     finally:
         await redis.close()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_reply_that_came_while_this_process_was_busy_is_not_late(
+    redis_url: str, loop_kind: str
+) -> None:
+    """A command's timeout is Redis's silence, not this process's: a loop turn that holds
+    the loop past the timeout (a drain ending 100,000 executions in one turn) must find the
+    replies that arrived meanwhile, not drop the connection before reading them (uvloop
+    runs its timers before it polls for input)."""
+    import time
+
+    import uvloop
+
+    async def main() -> None:
+        redis = link(redis_url, timeout=0.3)
+        try:
+            assert await redis.call("PING") == "PONG"
+            sent = [asyncio.ensure_future(redis.call("INCR", "busy")) for _ in range(3)]
+            await asyncio.sleep(0)  # sent: they leave at the end of this turn
+            await asyncio.sleep(0)
+            time.sleep(0.9)  # noqa: ASYNC251 - the loop held three times the timeout
+            async with asyncio.timeout(BOUND):
+                assert sorted(await asyncio.gather(*sent)) == [1, 2, 3]
+            assert await redis.call("GET", "busy") == "3"
+        finally:
+            await redis.close()
+
+    factory = uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())

@@ -578,7 +578,9 @@ async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
     pipelines: list[list[tuple[int, int]]] = []  # per pipeline, (ends, bytes) of each call
     original = a._link.scripts.send
 
-    async def watched(commands: Any) -> list[Any]:
+    original_now = a._link.scripts.send_now
+
+    def watch(commands: Any) -> None:
         calls = []
         for command in commands:
             if command[:2] == [b"EVALSHA", EVALSHA["end"]]:
@@ -586,9 +588,19 @@ async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
                 size = sum(len(arg) for arg in command[3 + command[2] + 4 :])
                 calls.append((ends, size))
         pipelines.append(calls)
+
+    async def watched(commands: Any) -> list[Any]:
+        watch(commands)
         return await original(commands)
 
+    def watched_now(commands: Any) -> list[Any] | None:
+        futures = original_now(commands)
+        if futures is not None:  # sent within the turn that owed them
+            watch(commands)
+        return futures
+
     a._link.scripts.send = watched  # type: ignore[method-assign]
+    a._link.scripts.send_now = watched_now  # type: ignore[method-assign]
     for index, execution in enumerate(small):
         execution.finish(ExecutionStatus.SUCCEEDED, result=index)
         a.end(execution)
@@ -605,6 +617,66 @@ async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
     assert all(size <= END_CALL_BYTES or ends == 1 for ends, size in calls), calls
     assert all(sum(size for _, size in p) <= END_BATCH_BYTES for p in pipelines)
     assert a.up and not a._outbox.failed and not a._outbox.overflow
+
+
+def _recorded_now(redis: RedisServer, store: RedisStore) -> int:
+    """How many ends Redis holds now (`finished`), asked on a connection of its own and
+    without the loop: the test's own turn is still going on."""
+    reply = redis.command("ZCARD", store.keys.finished)
+    assert reply is not None and reply.startswith(b":"), reply
+    return int(reply[1:].strip())
+
+
+async def test_a_backlog_owed_in_one_loop_turn_is_written_while_the_turn_goes_on(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """A drain ends tens of thousands of executions in one loop turn (every reasoner waiting
+    for the drain returns in it: seconds at 100,000). Their ends reach Redis while that turn
+    goes on, not after it: otherwise the turn's length is added to the flush's, and at
+    100,000 the two no longer fit the bound (bench/RESULTS.md, D43)."""
+    from agent_server.store.redis.outbox import EAGER_BATCH
+
+    a = await stores("A")
+    executions = await _created(a, 3_000)
+    for index, execution in enumerate(executions):
+        execution.finish(ExecutionStatus.SUCCEEDED, result={"n": index})
+    assert _recorded_now(own_redis, a) == 0
+    for execution in executions:  # one loop turn, from here ...
+        a.end(execution)
+    deadline = time.monotonic() + BOUND
+    while _recorded_now(own_redis, a) < len(executions) - EAGER_BATCH:
+        assert time.monotonic() < deadline, _recorded_now(own_redis, a)
+        time.sleep(0.01)  # noqa: ASYNC251 - ... to here: the loop held since the first end
+    for execution in executions:
+        assert await a.recorded(execution, BOUND)
+    assert _recorded_now(own_redis, a) == len(executions)
+    assert len(a._outbox) == 0 and not a._outbox.failed and a.fenced == 0
+
+
+async def test_a_backlog_in_flight_when_its_connection_drops_is_written_again(
+    own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
+) -> None:
+    """Writes a loop turn sent itself, unanswered when the connection drops: Redis may have
+    run some of them. Each stays owed until Redis answers for it, and is written again
+    (the same attempt's end again is a success, never a fence): every end recorded once,
+    as sent, nothing set aside."""
+    a = await stores("A")
+    executions = await _created(a, 2_000)
+    for index, execution in enumerate(executions):
+        execution.finish(ExecutionStatus.SUCCEEDED, result={"n": index})
+    for execution in executions:
+        a.end(execution)
+    assert a._outbox._flight, "the backlog was not sent within the turn"
+    killed = own_redis.command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert killed is not None and killed.startswith(b":"), killed
+    for execution in executions:
+        assert await a.recorded(execution, BOUND)
+    assert _recorded_now(own_redis, a) == len(executions)
+    assert a.fenced == 0 and not a._outbox.failed and not a._outbox.overflow
+    for execution in (executions[0], executions[999], executions[-1]):
+        got = await a.get(execution.execution_id)
+        assert got is not None and got.status is ExecutionStatus.SUCCEEDED
+        assert got.result == execution.result
 
 
 async def test_the_outbox_holds_an_end_for_every_execution_that_may_be_in_flight(

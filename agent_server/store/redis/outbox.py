@@ -8,7 +8,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -39,6 +39,13 @@ END_BATCH = 2_000
 END_BATCH_BYTES = 4 * 1024 * 1024
 #: Pipelines in flight at once while a backlog lasts (one connection: run in order).
 WINDOW = 2
+#: A loop turn that ends many executions at once (a drain: every reasoner waiting for it
+#: returns in the same turn, seconds of work at 100,000) does not wait for its end to write:
+#: once this many writes are owed and unsent, `put` sends them itself, in the turn, while
+#: the socket takes them at once (Redis runs them while the turn goes on; their replies,
+#: some bytes an end, are read after it). What is in flight is bounded by the outbox's own
+#: limit: a write in flight is still owed, its arguments kept until Redis answers.
+EAGER_BATCH = 500
 #: An end notice carries a record whose result and error take up to this many bytes; a
 #: larger one goes by id, and the replicas waiting for it read it.
 NOTICE_RECORD_MAX = 4096
@@ -116,7 +123,9 @@ class Outbox:
         self._observer = observer
         self.limit = limit
         self._on_written = on_written
+        #: Writes not sent yet, oldest first (those in flight are older: `_flight`).
         self._writes: deque[Write] = deque()
+        #: Events owed, sent or not.
         self._pending_events = 0
         #: Ends past the limit, and ends Redis refused for good: both unrecorded.
         self.overflow: list[Execution] = []
@@ -125,27 +134,43 @@ class Outbox:
         self.events_dropped = 0
         self._writing = asyncio.Lock()
         self.wake = asyncio.Event()
+        #: Pipelines sent and not yet read, oldest first, and the writes they carry: the
+        #: oldest writes of the outbox, which only the writer takes out once answered.
+        self._flight: deque[_Pipeline] = deque()
+        self._flying = 0
+        #: How many writes of each execution are in flight: the next pipeline stops before
+        #: the first write of one of them.
+        self._busy: dict[str, int] = {}
+        #: Whether `put` may send a backlog itself: not while the writer waits to connect,
+        #: takes back refused writes, or reads what is in flight after a failure.
+        self._eager = True
 
     def __len__(self) -> int:
-        return len(self._writes)
+        return self._flying + len(self._writes)
+
+    def _owed_writes(self) -> Iterator[Write]:
+        """Every write not answered yet, oldest first: in flight, then unsent."""
+        for pipeline in self._flight:
+            yield from pipeline.writes
+        yield from self._writes
 
     def owed(self) -> list[Execution]:
         """The ends and hand-offs not recorded: still queued, past the limit, or refused."""
-        queued = [write.execution for write in self._writes if write.script != "emit"]
+        queued = [write.execution for write in self._owed_writes() if write.script != "emit"]
         return [*queued, *self.overflow, *self.failed]
 
     def unwritten(self, script: str) -> list[str]:
         """The ids of the writes of `script` still queued."""
-        return [write.execution.execution_id for write in self._writes if write.script == script]
+        return [w.execution.execution_id for w in self._owed_writes() if w.script == script]
 
     def owed_ids(self) -> set[str]:
         """Every execution with a write queued or kept aside."""
-        owed = {write.execution.execution_id for write in self._writes}
+        owed = {write.execution.execution_id for write in self._owed_writes()}
         owed.update(execution.execution_id for execution in (*self.overflow, *self.failed))
         return owed
 
     def wake_if_owed(self) -> None:
-        if self._writes:
+        if len(self):
             self.wake.set()
 
     def put(
@@ -169,14 +194,14 @@ class Outbox:
                     self.events_dropped,
                 )
             return
-        if len(self._writes) - self._pending_events >= self.limit:
+        if len(self) - self._pending_events >= self.limit:
             self.overflow.append(execution)
             recorded(execution, False)
             if len(self.overflow) == 1 or len(self.overflow) % 1000 == 0:
                 logger.error(
                     "store outbox full (%d writes waiting for %s): %s of execution %s not "
                     "recorded (%d so far)",
-                    len(self._writes),
+                    len(self),
                     self._link.where,
                     script,
                     execution.execution_id,
@@ -185,6 +210,47 @@ class Outbox:
             return
         self._writes.append(Write(execution, script, keys, args))
         self.wake.set()
+        if len(self._writes) >= EAGER_BATCH and self._eager:
+            self._send_eager()
+
+    def _send_eager(self) -> None:
+        """Send the next writes now, within this loop turn (see EAGER_BATCH); nothing when
+        the window is full, the link is not connected or its socket is still full."""
+        link = self._link
+        if self._flying >= self.limit or not (link.up and link.scripts.writable):
+            return
+        pipeline = self._send_next(self._flight, EAGER_BATCH)
+        if pipeline is None or len(pipeline.writes) < EAGER_BATCH // 2:
+            return  # the rest waits for an execution's write in flight: the writer's
+        try:
+            futures = link.scripts.send_now(pipeline.commands)
+        except ConnectionError:  # the writer meets it, and says so
+            return
+        if futures is not None:
+            pipeline.futures = futures
+            self._fly(pipeline)
+
+    def _fly(self, pipeline: _Pipeline) -> None:
+        """A pipeline sent: its writes, the oldest unsent, are in flight."""
+        for _ in pipeline.writes:
+            self._writes.popleft()
+        self._flight.append(pipeline)
+        self._flying += len(pipeline.writes)
+        busy = self._busy
+        for write in pipeline.writes:
+            key = write.execution.execution_id
+            busy[key] = busy.get(key, 0) + 1
+
+    def _landed(self) -> None:
+        pipeline = self._flight.popleft()
+        self._flying -= len(pipeline.writes)
+        busy = self._busy
+        for write in pipeline.writes:
+            key = write.execution.execution_id
+            if busy[key] == 1:
+                del busy[key]
+            else:
+                busy[key] -= 1
 
     async def run(self) -> None:
         """Write queued ends as they come; after an outage retry with a bounded backoff."""
@@ -192,7 +258,7 @@ class Outbox:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self._writes:
+            while len(self):
                 try:
                     await self.write()
                     backoff = BACKOFF_FIRST
@@ -207,7 +273,7 @@ class Outbox:
     async def flush(self, deadline: float) -> list[Execution]:
         """Write until `deadline` (monotonic); what is left is unrecorded."""
         backoff = BACKOFF_FIRST
-        while self._writes and self._link.is_open:
+        while len(self) and self._link.is_open:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -276,39 +342,50 @@ class Outbox:
             held: list[Write] = []  # answered "not now" or NOSCRIPT: back to the front
             reasons: list[str] = []
             noscript = False
-            flight: deque[_Pipeline] = deque()
+            flight = self._flight  # `put` may have sent some already (EAGER_BATCH)
             try:
                 while True:
                     while len(flight) < WINDOW and (not flight or link.scripts.connected):
                         pipeline = self._send_next(flight)
                         if pipeline is None:
                             break
+                        self._eager = False  # `send` may wait to connect: nothing overtakes
                         try:
                             pipeline.futures = await link.scripts.send(pipeline.commands)
                         except Exception:
                             with link.operation("end"):  # reported, and said as an outage
                                 raise
-                        flight.append(pipeline)
+                        finally:
+                            self._eager = True
+                        self._fly(pipeline)
                     if not flight:
                         break
                     pipeline = flight[0]
                     with link.operation("end", since=pipeline.sent):
                         answers = await replies(pipeline.futures)
-                    flight.popleft()
                     noscript |= self._answered_all(pipeline, answers, held, reasons)
+                    self._landed()  # answered (a raise above leaves it in flight: unread)
                     if held:  # no more sent: what is in flight is read, then these go back
+                        self._eager = False
                         while flight:
                             pipeline = flight[0]
                             with link.operation("end", since=pipeline.sent):
                                 answers = await replies(pipeline.futures)
-                            flight.popleft()
                             noscript |= self._answered_all(pipeline, answers, held, reasons)
+                            self._landed()
                         break
             finally:
-                for pipeline in flight:  # unread: their writes stay, to be written again
+                unread: list[Write] = []  # their writes stay, to be written again
+                for pipeline in flight:
                     for future in pipeline.futures:
                         future.cancel()
-                self._requeue(held)
+                    unread.extend(pipeline.writes)
+                flight.clear()
+                self._flying = 0
+                self._busy.clear()
+                self._writes.extendleft(reversed(unread))  # older than the unsent ones
+                self._requeue(held)  # and these older still
+                self._eager = True
             if noscript:  # Redis forgot its scripts (a restart): loaded, the writes go again
                 with link.operation("load_scripts"):
                     await link.load_scripts(link.scripts)
@@ -320,12 +397,10 @@ class Outbox:
                     f"Redis at {link.where} refused {len(reasons)} writes for now ({reasons[0]})"
                 )
 
-    def _send_next(self, flight: deque[_Pipeline]) -> _Pipeline | None:
-        """The pipeline of the writes after those in flight, up to the first of an execution
-        in flight (None when there is none to send)."""
-        taken = sum(len(pipeline.writes) for pipeline in flight)
-        busy = {w.execution.execution_id for p in flight for w in p.writes} if flight else None
-        pending = self.batch(taken, busy)
+    def _send_next(self, flight: deque[_Pipeline], most: int = END_BATCH) -> _Pipeline | None:
+        """The pipeline of at most `most` writes after those in flight, up to the first of
+        an execution in flight (None when there is none to send)."""
+        pending = self.batch(self._busy if flight else None, most)
         if not pending:
             return None
         commands, spans = self._commands(pending)
@@ -353,9 +428,7 @@ class Outbox:
                 replies_.extend(zip(answer[0::2], answer[1::2], strict=True))
             else:
                 replies_.append(answer)
-        for _ in pending:  # the oldest in the outbox: only this method removes
-            if self._writes.popleft().script == "emit":
-                self._pending_events -= 1
+        self._pending_events -= sum(1 for write in pending if write.script == "emit")
         retry: list[Write] = []
         later: list[Write] = []
         for write, reply in zip(pending, replies_, strict=True):
@@ -403,14 +476,14 @@ class Outbox:
         self._writes.extendleft(reversed(writes))
         self._pending_events += sum(1 for write in writes if write.script == "emit")
 
-    def batch(self, skip: int = 0, busy: set[str] | None = None) -> list[Write]:
-        """The oldest writes of the outbox after the first `skip`, at most END_BATCH of
-        them and about END_BATCH_BYTES (always one), up to the first of an execution in
-        `busy`: a hundred ends of 12 MB are not one 1.2 GB pipeline that no command timeout
-        could let through."""
+    def batch(self, busy: Container[str] | None = None, most: int = END_BATCH) -> list[Write]:
+        """The oldest unsent writes of the outbox, at most `most` of them and about
+        END_BATCH_BYTES (always one), up to the first of an execution in `busy`:
+        a hundred ends of 12 MB are not one 1.2 GB pipeline that no command timeout could
+        let through."""
         batch: list[Write] = []
         size = 0
-        for write in itertools.islice(self._writes, skip, skip + END_BATCH):
+        for write in itertools.islice(self._writes, most):
             if busy is not None and write.execution.execution_id in busy:
                 break
             size += write.size

@@ -8,12 +8,10 @@
   Fenced: only while it is running under that owner and attempt, taken by that claim.
   Returns {1|0, the status found ('' if unknown)}.
 ]]
---! include header.lua
+--! include moves.lua
 local rec = KEYS[1]
-local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'claim')
+local v, fenced_in = taken(rec, ARGV[4], ARGV[5], ARGV[6])
 if not v[1] then return {0, ''} end
-if v[1] ~= STATUS_RUNNING or v[2] ~= ARGV[4] or v[3] ~= ARGV[5] or (v[4] or '') ~= ARGV[6] then
-  return {0, v[1]}
-end
+if not fenced_in then return {0, v[1]} end
 redis.call('HSET', rec, 'unbegun', '0')
 return {1, v[1]}

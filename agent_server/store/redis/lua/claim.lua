@@ -49,18 +49,27 @@ local function mine_for(name)
   return mine[name]
 end
 
--- Whether a live replica other than this one advertises `version` for reasoner `name`
--- (a draining one withdraws its advert: tick.lua).
-local function served(name, version)
+-- The adverts of the live replicas other than this one (a draining one withdraws its
+-- own: tick.lua), read and decoded once per call, when first needed.
+local adverts = nil
+local function live_adverts()
+  if adverts ~= nil then return adverts end
+  adverts = {}
   local all = redis.call('HGETALL', VERSIONS)
   for i = 1, #all, 2 do
     local until_ms = redis.call('ZSCORE', KEYS[7], all[i])
     if all[i] ~= me and until_ms and tonumber(until_ms) > NOW then
       local ok, advert = pcall(cjson.decode, all[i + 1])
-      if ok and type(advert) == 'table' and advert[name] and advert[name][1] == version then
-        return true
-      end
+      if ok and type(advert) == 'table' then adverts[#adverts + 1] = advert end
     end
+  end
+  return adverts
+end
+
+-- Whether a live replica other than this one advertises `version` for reasoner `name`.
+local function served(name, version)
+  for _, advert in ipairs(live_adverts()) do
+    if advert[name] and advert[name][1] == version then return true end
   end
   return false
 end

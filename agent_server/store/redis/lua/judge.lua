@@ -30,6 +30,12 @@ local function judged(owner)
   return MINE.since <= NOW - MINE.lease
 end
 
+-- Queued again, it runs nowhere: out of `running` and of its owner's `owned` set.
+local function disown(id, owner)
+  redis.call('ZREM', RUNNING, id)
+  redis.call('SREM', P .. 'owned:' .. owner, id)
+end
+
 -- The record's fields plus MOVED_LOST when this call moved it to lost (its owner stopped
 -- renewing its liveness), MOVED_QUEUED when it queued its next attempt instead, else
 -- MOVED_NOT; false when unknown. rec and ev, its hash and stream, are named from the prefix
@@ -48,8 +54,7 @@ local function read(id, rec, ev)
       -- Claimed, its body never begun (begin.lua never cleared the mark): the same attempt
       -- goes back to the head of the queue for its first run (never failed unrun).
       to_queued(rec, id, MOVE_REQUEUE, v[I_STATUS], QUEUE, true, P .. 'queued')
-      redis.call('ZREM', RUNNING, id)
-      redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
+      disown(id, v[I_REPLICA])
       v[I_REPLICA] = ''; v[I_STATUS] = STATUS_QUEUED
       moved = MOVED_QUEUED
     elseif r[1] and retries + 1 < (tonumber(r[1]) or 1) then
@@ -58,8 +63,7 @@ local function read(id, rec, ev)
       to_queued(rec, id, MOVE_REQUEUE, v[I_STATUS], QUEUE, false, P .. 'queued',
         'attempt', attempt, 'retries', retries + 1)
       v[I_INPUT_REQUEST] = 'null'
-      redis.call('ZREM', RUNNING, id)
-      redis.call('SREM', P .. 'owned:' .. v[I_REPLICA], id)
+      disown(id, v[I_REPLICA])
       v[I_REPLICA] = ''; v[I_ATTEMPT] = attempt; v[I_STATUS] = STATUS_QUEUED
       moved = MOVED_QUEUED
     else

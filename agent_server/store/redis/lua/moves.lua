@@ -4,7 +4,7 @@
   KEYS, ARGV: none of its own (the callers pass the record's key).
   Defines: move(rec, transition, found, target, ...), to_queued(rec, id, transition, found,
   queue, head, channel, ...), created(transition, status), parked(status, owner),
-  unowned(status, owner), held(status, owner).
+  unowned(status, owner), held(status, owner), taken(rec, owner, attempt, token).
   A move the table lacks (a bug, as IllegalTransition is in Python) is an error reply,
   raised before the move writes anything.
 ]]
@@ -52,4 +52,13 @@ end
 -- An owner's task runs it (running, or waiting for input in its task): not parked.
 local function held(status, owner)
   return OWNED[status or ''] == true and (owner or '') ~= ''
+end
+
+-- The take's fence (begin.lua, unclaim.lua): what the record holds (status, owner,
+-- attempt, claim token) and whether it is running under that owner and attempt, taken by
+-- that claim.
+local function taken(rec, owner, attempt, token)
+  local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'claim')
+  return v, v[1] == STATUS_RUNNING and v[2] == owner and v[3] == attempt and
+    (v[4] or '') == token
 end

@@ -5,7 +5,7 @@
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, scoped(tenant, name), member(id,
   tenant, sid), drop(entry, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
-  finish(rec, ev, id, sid, owned), cancel_queued(rec, ev, id, sid, reason, found). finish()
+  finish(rec, ev, id, sid, owned, size), cancel_queued(rec, ev, id, sid, reason, found). finish()
   deletes the requests for input the record kept (their answers among them), and
   publishes the end notice and prunes unless a script that writes many ends at once sets
   NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
@@ -125,8 +125,9 @@ end
 
 -- The requests for input a record keeps (ask.lua, answer.lua, expire.lua) go with its end:
 -- no answer outlives its execution.
-local function drop_requests(rec)
-  local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
+-- top: its `asked_top`, when the caller read it already.
+local function drop_requests(rec, top)
+  top = tonumber(top or redis.call('HGET', rec, 'asked_top') or '0') or 0
   local names = {}
   for i = 1, top do
     for j, prefix in ipairs(PER_REQUEST) do names[j] = prefix .. i end
@@ -137,14 +138,17 @@ end
 
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
-local function finish(rec, ev, id, sid, owned)
-  local tenant = redis.call('HGET', rec, 'tenant') or ''
-  drop_requests(rec)
+-- size: the bytes of its result and error, when the caller knows them (end.lua wrote them).
+local function finish(rec, ev, id, sid, owned, size)
+  -- What it needs of the record, in one read: its tenant, its requests, its concurrency
+  -- key, its webhook.
+  local r = redis.call('HMGET', rec, 'tenant', 'asked_top', 'ckey', 'webhook')
+  local tenant, ckey = r[1] or '', r[3]
+  drop_requests(rec, r[2] or '0')
   redis.call('ZREM', RUNNING, id)
   if owned then redis.call('SREM', owned, id) end
   -- Its slots are free: its limit's, and its session's turn (any execution of the session
   -- may hold it, a gated start's or not).
-  local ckey = redis.call('HGET', rec, 'ckey')
   if ckey and ckey ~= '' then release(ckey, id) end
   if sid and sid ~= '' then release(SESSION_GATE .. scoped(tenant, sid), id) end
   -- Strictly increasing scores (us), so trimming drops exactly the oldest ends even when
@@ -157,13 +161,15 @@ local function finish(rec, ev, id, sid, owned)
   if LAST >= score then score = LAST + 1 end
   LAST = score
   redis.call('ZADD', FINISHED, score, member(id, tenant, sid or ''))
-  local size = redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
+  size = size or redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
   redis.call('HSET', SIZES, id, size)
   redis.call('HINCRBY', SIZES, '#', size)
   redis.call('PEXPIRE', rec, TTL)
   redis.call('PEXPIRE', ev, TTL)
-  schedule_webhook(P .. 'webhooks', P .. 'webhook_bodies', rec, id .. '.finished',
-    'execution.finished')
+  if r[4] then
+    schedule_webhook(P .. 'webhooks', P .. 'webhook_bodies', rec, id .. '.finished',
+      'execution.finished')
+  end
   if PRUNE then prune() end
   if NOTIFY then redis.call('PUBLISH', P .. 'ends', id) end
 end

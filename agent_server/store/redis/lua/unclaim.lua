@@ -15,9 +15,9 @@
 --! include moves.lua
 local id, owner, attempt, token, body = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local rec = KEYS[1]
-local v = redis.call('HMGET', rec, 'status', 'replica', 'attempt', 'claim')
+local v, fenced_in = taken(rec, owner, attempt, token)
 if not v[1] then return {0, ''} end
-if v[1] ~= STATUS_RUNNING or v[2] ~= owner or v[3] ~= attempt or (v[4] or '') ~= token then
+if not fenced_in then
   if v[1] == STATUS_QUEUED and v[3] == attempt and v[2] == '' then return {1, v[1]} end
   return {0, v[1]}
 end
