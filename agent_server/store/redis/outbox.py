@@ -215,16 +215,18 @@ class Outbox:
 
     def _send_eager(self) -> None:
         """Send the next writes now, within this loop turn (see EAGER_BATCH); nothing when
-        the window is full, the link is not connected or its socket is still full."""
+        as many writes as the outbox holds are in flight, the link is down or its socket is
+        still full."""
         link = self._link
         if self._flying >= self.limit or not (link.up and link.scripts.writable):
             return
-        pipeline = self._send_next(self._flight, EAGER_BATCH)
-        if pipeline is None or len(pipeline.writes) < EAGER_BATCH // 2:
-            return  # the rest waits for an execution's write in flight: the writer's
         try:
+            # Fewer: the rest waits behind an execution's write in flight, for the writer.
+            pipeline = self._send_next(self._flight, EAGER_BATCH, least=EAGER_BATCH // 2)
+            if pipeline is None:
+                return
             futures = link.scripts.send_now(pipeline.commands)
-        except ConnectionError:  # the writer meets it, and says so
+        except Exception:  # never an end's failure: the writer meets it, and says so
             return
         if futures is not None:
             pipeline.futures = futures
@@ -397,11 +399,13 @@ class Outbox:
                     f"Redis at {link.where} refused {len(reasons)} writes for now ({reasons[0]})"
                 )
 
-    def _send_next(self, flight: deque[_Pipeline], most: int = END_BATCH) -> _Pipeline | None:
+    def _send_next(
+        self, flight: deque[_Pipeline], most: int = END_BATCH, least: int = 1
+    ) -> _Pipeline | None:
         """The pipeline of at most `most` writes after those in flight, up to the first of
-        an execution in flight (None when there is none to send)."""
+        an execution in flight (None when there are fewer than `least` to send)."""
         pending = self.batch(self._busy if flight else None, most)
-        if not pending:
+        if len(pending) < least:
             return None
         commands, spans = self._commands(pending)
         return _Pipeline(pending, commands, spans, self._link.replicas_needed)
