@@ -68,7 +68,7 @@ class Node:
         self.log_path = directory / "redis.log"
         self.start(primary)
 
-    def start(self, primary: int | None) -> None:
+    def start(self, primary: int | None, *options: str) -> None:
         """Start (or start again, on its files and port) and wait until it answers."""
         command = redis_command(
             self.port,
@@ -76,6 +76,7 @@ class Node:
             self.log_path,
             *AOF,
             *("--requirepass", PASSWORD, "--masterauth", PASSWORD),
+            *options,
         )
         if primary is not None:
             command += ["--replicaof", "127.0.0.1", str(primary)]
@@ -89,9 +90,13 @@ class Node:
             self.kill()
             raise
 
-    def rejoin(self, primary: int) -> None:
-        """A killed node back as a replica of `primary` (a restarted pod), in sync."""
-        self.start(primary)
+    def rejoin(self, primary: int, *, promotable: bool = True) -> None:
+        """A killed node back as a replica of `primary` (a restarted pod), in sync. Not
+        `promotable` (`replica-priority 0`): after a failover to a replica that was
+        stopped, a sentinel on a loaded machine can still take the new primary for down
+        for a moment and fail over again, to this node mid-sync; the tests that stop a
+        replica attack one failover, not that one."""
+        self.start(primary, *(() if promotable else ("--replica-priority", "0")))
         wait_until(
             lambda: self.info("replication").get("master_link_status") == "up",
             what=f"node {self.port} in sync with {primary}",
@@ -1180,7 +1185,7 @@ def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again
             asyncio.run(announced(redises, old))
             every_sentinel_names(redises, replica.port)
             # The new primary needs a replica of its own for a claim to be held there.
-            primary.rejoin(replica.port)
+            primary.rejoin(replica.port, promotable=False)
 
             deadline = time.monotonic() + WAIT
             while True:
@@ -1252,7 +1257,7 @@ def test_a_start_in_doubt_is_not_adopted_before_a_replica_holds_it(
                 replica.proc.send_signal(signal.SIGCONT)
             asyncio.run(announced(redises, old))
             every_sentinel_names(redises, replica.port)
-            primary.rejoin(replica.port)
+            primary.rejoin(replica.port, promotable=False)
             deadline = time.monotonic() + WAIT
             while (read := client.get(f"/executions/{vanished}")).status_code != 404:
                 assert time.monotonic() < deadline, read.text  # 503 while reconnecting
