@@ -400,16 +400,19 @@ class RedisLink:
         """A pipeline written within this loop turn, when the connection is up and the
         socket took everything sent before (otherwise None: nothing is sent): Redis runs it
         while this turn goes on. Its replies are read once the loop polls again."""
-        protocol = self._protocol
-        if protocol is None or not protocol.open or protocol.unsent:
+        protocol = self._writable()
+        if protocol is None:
             return None
         return protocol.send(b"".join(map(_pack, commands)), len(commands), now=True)
 
     @property
     def writable(self) -> bool:
         """Whether `send_now` would send: connected, and the socket took all sent before."""
+        return self._writable() is not None
+
+    def _writable(self) -> _Protocol | None:
         protocol = self._protocol
-        return protocol is not None and protocol.open and not protocol.unsent
+        return protocol if protocol is not None and protocol.open and not protocol.unsent else None
 
     @property
     def connected(self) -> bool:
