@@ -580,6 +580,7 @@ class _Parts:
             flush_webhooks=None if webhooks is None else webhooks.flush,
             cancel_queued=registry.cancel_queued,
             flush_spans=tracing.flush,
+            writes_owed=store.writes_owed,
         )
         taker = QueueTaker(store, registry, reasoners, metrics.version_rule)
         parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)

@@ -233,10 +233,14 @@ class Runner(uvicorn.Server):
             logger.info("closed %s whose clients were not reading", counted(aborted, "connection"))
 
     def _watchdog_line(self, elapsed: float) -> str:
+        try:
+            account = self.sequence.account()
+        except Exception as exc:  # the line must come: the exit depends on it
+            account = f"its account unreadable ({type(exc).__name__})"
         message = (
             f"watchdog fired {elapsed:.2f}s after the first signal (grace period "
-            f"{self.sequence.plan.grace_period:g}s): exiting with code "
-            f"{int(ExitCode.WATCHDOG)}"
+            f"{self.sequence.plan.grace_period:g}s), {account}: exiting "
+            f"with code {int(ExitCode.WATCHDOG)}"
         )
         return self._critical_line(message)
 

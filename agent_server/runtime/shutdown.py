@@ -188,15 +188,21 @@ class ShutdownSequence:
         flush_webhooks: FlushWebhooks | None = None,
         cancel_queued: Callable[[], int] | None = None,
         flush_spans: Callable[[float], Awaitable[None]] = _no_spans,
+        writes_owed: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
-        self.set_phase = set_phase
+        self._set_phase = set_phase
+        #: The phase it is in, read by the watchdog's thread too (`account`).
+        self.phase = Phase.SERVING
         self.plan = plan
         self.limit_releases = limit_releases
         self.flush_ends = flush_ends
         self.flush_webhooks = _no_webhooks if flush_webhooks is None else flush_webhooks
         self.flush_spans = flush_spans
+        #: Writes this process owes the store (ends, hand-offs, events): a count any thread
+        #: may read.
+        self.writes_owed = writes_owed
         #: Ends open event streams (with a retry hint) as the listener closes.
         self.end_streams = end_streams
         #: Ends what a store in this process still queues, once admission closes (queued
@@ -225,7 +231,7 @@ class ShutdownSequence:
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
         self.metrics.shutdown.began(wall_time, started)
-        self.set_phase(Phase.UNREADY)
+        self._enter(Phase.UNREADY)
         logger.info(
             "shutdown began (%s): %s in flight; admission closes in %gs, "
             "cancellation at +%gs, abandonment at +%gs",
@@ -235,6 +241,24 @@ class ShutdownSequence:
             self.plan.unready_delay + self.plan.drain_timeout,
             self.plan.unready_delay + self.plan.drain_timeout + self.plan.cancel_timeout,
         )
+
+    def _enter(self, phase: Phase) -> None:
+        self.phase = phase
+        self._set_phase(phase)
+
+    def account(self) -> str:
+        """Where the shutdown stands, for the watchdog's line when the report will not come
+        (a loop turn longer than the grace period): its phase, what still runs here, and
+        what the store is still owed. Plain reads of counts, safe from another thread."""
+        if self.started is None or self.phase is Phase.SERVING:
+            where = "the shutdown never began (the event loop did not turn after the signal)"
+        else:
+            where = f"in phase {self.phase.value}"
+        owed = self.writes_owed()
+        left = [counted(self.registry.inflight, "execution") + " still running here"]
+        if owed:
+            left.append(counted(owed, "write") + " not yet recorded in the store")
+        return f"{where}; " + ", ".join(left)
 
     def skip_to_cancel(self) -> None:
         """A second signal: stop waiting, cancel now (after the report there is nothing left)."""
@@ -254,7 +278,7 @@ class ShutdownSequence:
         await self._until(admission_at)
         self.registry.close_admission()
         queued_cancelled = 0 if self.cancel_queued is None else self.cancel_queued()
-        self.set_phase(Phase.DRAINING)
+        self._enter(Phase.DRAINING)
         phases["draining"] = time.monotonic() - t0
         took["unready"] = phases["draining"]
 
@@ -265,7 +289,7 @@ class ShutdownSequence:
         parked_draining = self.registry.stats.outcomes["parked"] - self._parked_before
         finished = self.registry.stats.ended - self._ended_before - parked_draining
 
-        self.set_phase(Phase.CANCELLING)
+        self._enter(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
         took["draining"] = phases["cancelling"] - phases["draining"]
         handed_before = self.registry.stats.outcomes["handed_off"]
@@ -333,7 +357,7 @@ class ShutdownSequence:
             ],
             took,
         )
-        self.set_phase(Phase.STOPPED)
+        self._enter(Phase.STOPPED)
         logger.info(
             "shutdown report: %s",
             json.dumps(report.as_dict(), sort_keys=True),

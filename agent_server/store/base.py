@@ -267,6 +267,11 @@ class ExecutionStore(abc.ABC):
         not be written (none for the memory store)."""
         return []
 
+    def writes_owed(self) -> int:
+        """Writes this process still owes the store: a count read without the event loop
+        (the watchdog's thread), so plain lengths only. None for the memory store."""
+        return 0
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop the background work and disconnect; this replica's liveness ends."""

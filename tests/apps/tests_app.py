@@ -79,6 +79,15 @@ async def block_loop(seconds: float = 600.0, marker: str | None = None) -> str:
     return "woke"
 
 
+async def block_at_drain(ctx: ExecutionContext, after: float = 0.3, seconds: float = 600.0) -> str:
+    """Blocks the event loop `after` seconds into the drain (the others' ends owed by then):
+    the loop turn that outlasts the grace period, which only the watchdog ends."""
+    await ctx.wait_for_drain()
+    await asyncio.sleep(after)
+    time.sleep(seconds)  # noqa: ASYNC251 - blocking the loop is the point
+    return "woke"
+
+
 async def fail(message: str = "boom") -> None:
     raise ValueError(message)
 
@@ -88,7 +97,8 @@ def thread_sleep(seconds: float = 0.1) -> float:
     return seconds
 
 
-REASONERS = [echo, sleep, cooperative, swallow, deferred_cleanup, block_loop, fail, thread_sleep]
+REASONERS = [echo, sleep, cooperative, swallow, deferred_cleanup, block_loop, block_at_drain]
+REASONERS += [fail, thread_sleep]
 
 
 class Report(BaseModel):

@@ -213,6 +213,9 @@ def test_watchdog_ends_a_blocked_event_loop(server_factory: ServerFactory) -> No
     lines = [line for line in server.stderr().splitlines() if "watchdog fired" in line]
     assert len(lines) == 1, server.stderr()
     assert "CRITICAL" in lines[0] and "exiting with code 4" in lines[0]
+    # Its account: the loop never turned after the signal, so no phase began.
+    assert "the shutdown never began" in lines[0], lines[0]
+    assert "1 execution still running here" in lines[0], lines[0]
     assert REPORT_MARK not in server.stderr()
 
 

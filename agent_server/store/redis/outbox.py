@@ -148,6 +148,11 @@ class Outbox:
     def __len__(self) -> int:
         return self._flying + len(self._writes)
 
+    def owed_count(self) -> int:
+        """Writes owed (events included) and ends kept aside, from lengths alone: another
+        thread may read it while the loop runs."""
+        return self._flying + len(self._writes) + len(self.overflow) + len(self.failed)
+
     def _owed_writes(self) -> Iterator[Write]:
         """Every write not answered yet, oldest first: in flight, then unsent."""
         for pipeline in self._flight:

@@ -264,6 +264,9 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
                 ", ".join(unwritten),
             )
 
+    def writes_owed(self) -> int:
+        return self._outbox.owed_count()
+
     async def flush(self, deadline: float) -> list[Execution]:
         """Write the outbox until `deadline` (monotonic); what is left is unrecorded."""
         return await self._outbox.flush(deadline)
