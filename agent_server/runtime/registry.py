@@ -14,14 +14,12 @@ ends: `attempt.classify`), `settle` (cancel, settle, abandon) and `inputs` (`ctx
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from agent_server.model.asks import Question, Reply
 from agent_server.model.execution import CancelReason, Execution
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import OWNED
 from agent_server.runtime.admission import (
     ROLLBACK_WAIT,
@@ -35,7 +33,7 @@ from agent_server.runtime.inputs import ANSWER_RECHECK, InputWaits
 from agent_server.runtime.observer import RegistryObserver, RegistryStats, RejectReason
 from agent_server.runtime.settle import ABANDON_COST, ABANDONED_LINES, SETTLE_LOOKS, Settler
 from agent_server.runtime.tracing import Tracing
-from agent_server.store.base import ExecutionStore, Idempotency
+from agent_server.store.base import ExecutionStore
 
 __all__ = [
     "ABANDONED_LINES",

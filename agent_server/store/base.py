@@ -438,6 +438,7 @@ class ExecutionStore(abc.ABC):
         every_tenant: bool = False,
         owner: str | None = None,
         schedule_id: str | None = None,
+        bare: bool = False,
     ) -> Page:
         """Newest first, filtered (any of `statuses`; all when empty), at most `limit`,
         older than the cursor `after` (read by `ListCursor.read`, which refuses what no page
@@ -450,7 +451,8 @@ class ExecutionStore(abc.ABC):
         session named by `session_id`; with `owner`, only the records that identity
         started. None: a server without authentication, every record. With `schedule_id`,
         only the executions that schedule's firings started (compared while walking, as
-        `reasoner` is)."""
+        `reasoner` is). With `bare`, a store that sends records over the network may leave
+        their results out (a caller that counts them or reads their states only)."""
 
     async def list_executions(
         self,

@@ -486,6 +486,7 @@ class MemoryStore(ExecutionStore):
         every_tenant: bool = False,
         owner: str | None = None,
         schedule_id: str | None = None,
+        bare: bool = False,
     ) -> Page:
         """A cursor is the creation time and id of the last execution looked at: the next
         page starts past that id, or past that time when the id is gone meanwhile. A

@@ -9,6 +9,7 @@ import asyncio
 import os
 import re
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ from a2a.utils.errors import (
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
+from agent_server.http.a2a.handler import COUNT_PAGE
 from tests.support.process import ServerProcess, agent_server_cli, one_line, server_errors
 from tests.support.webhooks import HOOKS, Receiver
 
@@ -314,6 +316,7 @@ async def test_list_pages_through_a_context(client: Client) -> None:
                 ListTasksRequest(context_id=context, page_size=1, page_token=token)
             )
             found += [task.id for task in page.tasks]
+            assert page.total_size == 3, page  # every page counts the whole context
             token = page.next_page_token
             if not token:
                 break
@@ -321,11 +324,51 @@ async def test_list_pages_through_a_context(client: Client) -> None:
     completed = await client.list_tasks(
         ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_COMPLETED)
     )
-    assert {task.id for task in completed.tasks} == ids
+    assert {task.id for task in completed.tasks} == ids and completed.total_size == 3
     failed = await client.list_tasks(
         ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_FAILED)
     )
-    assert list(failed.tasks) == []
+    assert list(failed.tasks) == [] and failed.total_size == 0
+
+
+async def test_list_counts_every_task_its_filters_match_not_its_page(
+    client: Client, http: httpx.AsyncClient
+) -> None:
+    """Invariant: `totalSize` is how many tasks the request's filters match before
+    pagination (the SDK's own stores' meaning), however many store calls counting them
+    takes (more than one here: COUNT_PAGE), and whichever way they started (REST here)."""
+    context = f"count-{uuid.uuid4().hex}"
+    started = COUNT_PAGE + 20
+
+    async def run(index: int) -> None:  # started, then read once ended (a long-poll)
+        answer = await http.post(
+            "/reasoners/echo/async", json={"text": str(index)}, headers={"X-Session-ID": context}
+        )
+        assert answer.status_code == 202, answer.text
+        location = answer.headers["location"]
+        ended = await http.get(location, params={"wait": WAIT / 2})
+        assert ended.json()["status"] == "succeeded", ended.text
+
+    async with asyncio.timeout(WAIT * 2):
+        for first in range(0, started, 50):  # bounded: 50 at a time
+            await asyncio.gather(*(run(i) for i in range(first, min(first + 50, started))))
+    completed = await client.list_tasks(
+        ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_COMPLETED)
+    )
+    assert (len(completed.tasks), completed.total_size) == (50, started)  # the default page
+    page = await client.list_tasks(ListTasksRequest(context_id=context, page_size=7))
+    assert (len(page.tasks), page.total_size) == (7, started)
+    failed = await client.list_tasks(
+        ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_FAILED)
+    )
+    assert (list(failed.tasks), failed.total_size) == ([], 0)
+    # Changed after an hour from now: none; after the epoch: all of them.
+    later = ListTasksRequest(context_id=context)
+    later.status_timestamp_after.FromSeconds(int(time.time()) + 3600)
+    assert (await client.list_tasks(later)).total_size == 0
+    since_epoch = ListTasksRequest(context_id=context)
+    since_epoch.status_timestamp_after.FromSeconds(0)
+    assert (await client.list_tasks(since_epoch)).total_size == started
 
 
 # -- input --------------------------------------------------------------------------------------

@@ -164,9 +164,11 @@ class A2AExecutions:
         session_id: str | None,
         limit: int,
         after: ListCursor | None,
+        bare: bool = False,
     ) -> Page:
         """A page of executions, newest first, filtered in the store by the principal's
-        tenant (a page full, a cursor within it) and `list`'s verdict."""
+        tenant (a page full, a cursor within it) and `list`'s verdict; `bare`: their results
+        may be left out."""
         reach = await self.api.access.list_scope_for(
             principal, {"reasoner": None, "session_id": session_id, "statuses": sorted(statuses)}
         )
@@ -176,6 +178,7 @@ class A2AExecutions:
             limit=limit,
             after=after,
             max_bytes=0,
+            bare=bare,
             tenant=reach.tenant,
             every_tenant=reach.every_tenant,
             owner=reach.owner,

@@ -49,7 +49,9 @@ from agent_server.http.a2a.tasks import (
     answer_of,
     input_of,
     result_artifact,
+    status_time,
     task_of,
+    task_state,
 )
 from agent_server.http.auth import principal_of
 from agent_server.http.http_limits import client_gone
@@ -64,6 +66,8 @@ from agent_server.store.cursor import BadCursor, ListCursor
 #: A page of `ListTasks` when the request names no size, and the most it may name.
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
+#: Records a store call reads while ListTasks counts its `totalSize`.
+COUNT_PAGE = 500
 #: Why a task's push config is not read back: the store keeps its webhook URL unshown.
 WEBHOOK_URL_UNSHOWN = (
     "a task's webhook URL is kept but never shown (it may carry the receiver's token): "
@@ -105,6 +109,25 @@ def _request(context: ServerCallContext) -> Request:
     request = context.state.get("request")
     assert isinstance(request, Request)  # put there by the context builder (routes.py)
     return request
+
+
+def _shown_by(params: ListTasksRequest) -> Callable[[Execution], bool]:
+    """ListTasks' filters the store does not apply: the task's state (a queued execution
+    is submitted or working by its attempt) and `statusTimestampAfter`, on the task's own
+    timestamp."""
+    state = params.status or None
+    since = (
+        params.status_timestamp_after.ToNanoseconds()
+        if params.HasField("status_timestamp_after")
+        else None
+    )
+
+    def shown(execution: Execution) -> bool:
+        return (state is None or task_state(execution) == state) and (
+            since is None or status_time(execution).ToNanoseconds() > since
+        )
+
+    return shown
 
 
 def _principal(context: ServerCallContext) -> Principal | None:
@@ -339,28 +362,47 @@ class ExecutionsHandler(RequestHandler):
         session_id = params.context_id or None
         if session_id is not None and not is_session_id(session_id):
             raise InvalidParamsError(message=f"invalid contextId: {SESSION_ID_RULE}")
+        principal = _principal(context)
         statuses = STATUSES_OF.get(params.status, frozenset()) if params.status else frozenset()
+        shown = _shown_by(params)
         page = await self._guarded(
             lambda: self.executions.page(
-                _principal(context),
-                statuses=statuses,
-                session_id=session_id,
-                limit=size,
-                after=after,
+                principal, statuses=statuses, session_id=session_id, limit=size, after=after
             )
         )
-        tasks = [task_of(execution) for execution in page.executions]
-        if params.status:  # a queued execution is submitted or working by its attempt
-            tasks = [task for task in tasks if task.status.state == params.status]
-        if params.HasField("status_timestamp_after"):
-            after_time = params.status_timestamp_after.ToDatetime()
-            tasks = [t for t in tasks if t.status.timestamp.ToDatetime() > after_time]
+        total = await self._guarded(lambda: self._total(principal, statuses, session_id, shown))
         return ListTasksResponse(
-            tasks=tasks,
+            tasks=[task_of(execution) for execution in page.executions if shown(execution)],
             next_page_token=page.next or "",
             page_size=size,
-            total_size=len(tasks),
+            total_size=total,
         )
+
+    async def _total(
+        self,
+        principal: Principal | None,
+        statuses: frozenset[ExecutionStatus],
+        session_id: str | None,
+        shown: Callable[[Execution], bool],
+    ) -> int:
+        """ListTasks' `totalSize`: the tasks its filters match on every page, not this page
+        alone (as the SDK's own task stores count them), read a page at a time (the store's
+        work per call stays bounded) with their results left out."""
+        total, after, seen = 0, None, None
+        while True:
+            page = await self.executions.page(
+                principal,
+                statuses=statuses,
+                session_id=session_id,
+                limit=COUNT_PAGE,
+                after=after,
+                bare=True,
+            )
+            total += sum(1 for execution in page.executions if shown(execution))
+            if page.next is None or page.next == seen:  # the oldest looked at
+                return total
+            seen = page.next
+            after = ListCursor.read(page.next)
 
     @_required
     async def on_cancel_task(

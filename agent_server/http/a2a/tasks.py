@@ -120,10 +120,15 @@ def result_artifact(execution: Execution) -> Artifact:
     return Artifact(artifact_id=RESULT_ARTIFACT, name=RESULT_ARTIFACT, parts=[data_part(data)])
 
 
+def status_time(execution: Execution) -> Timestamp:
+    """When the task's status was last set, as its `status.timestamp` says."""
+    stamp = execution.finished_at if execution.finished_at is not None else execution.created_at
+    return _timestamp(stamp)
+
+
 def task_of(execution: Execution) -> Task:
     """The A2A task the execution is, now."""
-    stamp = execution.finished_at if execution.finished_at is not None else execution.created_at
-    status = TaskStatus(state=task_state(execution), timestamp=_timestamp(stamp))  # type: ignore[arg-type]
+    status = TaskStatus(state=task_state(execution), timestamp=status_time(execution))  # type: ignore[arg-type]
     said = _status_message(execution)
     if said is not None:
         status.message.CopyFrom(said)

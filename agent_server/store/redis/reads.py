@@ -82,6 +82,7 @@ class Reads(StorePart):
         every_tenant: bool = False,
         owner: str | None = None,
         schedule_id: str | None = None,
+        bare: bool = False,
     ) -> Page:
         """One script. Bounded work: it reads at most max(limit * 10, 1000) ids of one
         index (the session's, the tenant's, the running ones, or all, newest first), so a
@@ -105,6 +106,7 @@ class Reads(StorePart):
             ",".join(sorted(statuses)),
             reasoner or "",
             budget=max_bytes,
+            bare=bare,
             after=after,
             owner=owner or "",
             schedule_id=schedule_id or "",
