@@ -13,47 +13,41 @@ from agent_server.store.redis.part import StorePart
 
 
 class ScheduleMarks(StorePart):
-    """The documents in one hash; one hash of marks per schedule: `created` (set once,
-    HSETNX), `handled` and `started` (a replica writes only a later one than it read; a
-    race rewrites a near value)."""
+    """The documents in one hash, changed with the version in one transaction; one hash of
+    marks per schedule, read and moved on by one script (marks.lua): `created` set once,
+    `handled` and `started` never moved back, whichever replica writes last."""
 
     def _schedule_key(self, schedule_key: str) -> str:
         return f"{self.keys.prefix}schedule:{schedule_key}"
 
     async def schedule_marks(self, schedule_key: str, now: float) -> Marks:
         key = self._schedule_key(schedule_key)
-        redis = self._link.redis
         with self._link.operation("schedule_marks"):
-            await cast(Awaitable[Any], redis.hsetnx(key, "created", repr(now)))
-            created, handled, started = await cast(
-                Awaitable[list[Any]], redis.hmget(key, "created", "handled", "started")
-            )
+            created, handled, started = await self._link.script("marks", [key], repr(now), "")
         return Marks(float(created), _time(handled), _time(started))
 
     async def schedule_fired(self, schedule_key: str, at: float, started: bool) -> None:
         key = self._schedule_key(schedule_key)
-        redis = self._link.redis
         fields = ("handled", "started") if started else ("handled",)
         with self._link.operation("schedule_fired"):
-            kept = await cast(Awaitable[list[Any]], redis.hmget(key, *fields))
-            later: dict[Any, Any] = {
-                f: repr(at) for f, v in zip(fields, kept, strict=True) if _later(v, at)
-            }
-            if later:
-                await cast(Awaitable[Any], redis.hset(key, mapping=later))
+            await self._link.script("marks", [key], "", repr(at), *fields)
 
     async def put_schedule(self, schedule_key: str, document: str) -> None:
-        redis = self._link.redis
+        """The document and the version every replica watches change together: a version
+        left behind would keep the change from the other replicas until the next one."""
         with self._link.operation("put_schedule"):
-            await cast(Awaitable[Any], redis.hset(self._documents, schedule_key, document))
-            await cast(Awaitable[Any], redis.incr(self._version))
+            async with self._link.redis.pipeline(transaction=True) as both:
+                both.hset(self._documents, schedule_key, document)
+                both.incr(self._version)
+                await both.execute()
 
     async def delete_schedule(self, schedule_key: str) -> bool:
-        redis = self._link.redis
         with self._link.operation("delete_schedule"):
-            found = await cast(Awaitable[Any], redis.hdel(self._documents, schedule_key))
-            await cast(Awaitable[Any], redis.delete(self._schedule_key(schedule_key)))
-            await cast(Awaitable[Any], redis.incr(self._version))
+            async with self._link.redis.pipeline(transaction=True) as all_three:
+                all_three.hdel(self._documents, schedule_key)
+                all_three.delete(self._schedule_key(schedule_key))
+                all_three.incr(self._version)
+                found, _, _ = await all_three.execute()
         return bool(found)
 
     async def schedules_version(self) -> int:
@@ -81,7 +75,3 @@ def _text(value: Any) -> str:
 
 def _time(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _later(kept: Any, at: float) -> bool:
-    return kept is None or float(kept) < at

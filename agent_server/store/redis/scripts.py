@@ -51,6 +51,7 @@ NAMES = (
     "enqueue",
     "unclaim",
     "cancel",
+    "marks",
 )
 
 
