@@ -222,11 +222,20 @@ class CutProxy:
         self.mode = "open"
         await self._listen()
 
+    async def _close(self) -> None:
+        """Refuse and reset everything, then end every connection's task (owned to the
+        end: none is left for the closed loop to find unfinished)."""
+        await self._cut("refuse")
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
         with contextlib.suppress(Exception):
-            self._call(self._cut("refuse"))
+            self._call(self._close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
