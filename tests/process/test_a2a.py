@@ -369,6 +369,23 @@ async def test_list_counts_every_task_its_filters_match_not_its_page(
     since_epoch = ListTasksRequest(context_id=context)
     since_epoch.status_timestamp_after.FromSeconds(0)
     assert (await client.list_tasks(since_epoch)).total_size == started
+    # From the latest status timestamp of them all: the tasks set at that instant are
+    # counted (inclusive), none other.
+    stamps: list[int] = []
+    token = ""
+    async with asyncio.timeout(WAIT):
+        while True:
+            listed = await client.list_tasks(
+                ListTasksRequest(context_id=context, page_size=100, page_token=token)
+            )
+            stamps += [task.status.timestamp.ToNanoseconds() for task in listed.tasks]
+            token = listed.next_page_token
+            if not token:
+                break
+    assert len(stamps) == started
+    latest = ListTasksRequest(context_id=context)
+    latest.status_timestamp_after.FromNanoseconds(max(stamps))
+    assert (await client.list_tasks(latest)).total_size == stamps.count(max(stamps))
 
 
 # -- input --------------------------------------------------------------------------------------

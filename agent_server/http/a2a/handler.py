@@ -114,7 +114,8 @@ def _request(context: ServerCallContext) -> Request:
 def _shown_by(params: ListTasksRequest) -> Callable[[Execution], bool]:
     """ListTasks' filters the store does not apply: the task's state (a queued execution
     is submitted or working by its attempt) and `statusTimestampAfter`, on the task's own
-    timestamp."""
+    timestamp and inclusive, as the SDK's own task stores compare it (a client that asks
+    again from the last timestamp it saw misses nothing set in that same instant)."""
     state = params.status or None
     since = (
         params.status_timestamp_after.ToNanoseconds()
@@ -124,7 +125,7 @@ def _shown_by(params: ListTasksRequest) -> Callable[[Execution], bool]:
 
     def shown(execution: Execution) -> bool:
         return (state is None or task_state(execution) == state) and (
-            since is None or status_time(execution).ToNanoseconds() > since
+            since is None or status_time(execution).ToNanoseconds() >= since
         )
 
     return shown
