@@ -5,6 +5,7 @@ JSON-RPC dispatcher (v1.0, and v0.3 through its compatibility layer) calls it.""
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar, cast
@@ -387,15 +388,18 @@ class ExecutionsHandler(RequestHandler):
         shown: Callable[[Execution], bool],
     ) -> int:
         """ListTasks' `totalSize`: the tasks its filters match on every page, not this page
-        alone (as the SDK's own task stores count them), read a page at a time (the store's
-        work per call stays bounded) with their results left out."""
+        alone (as the SDK's own task stores count them), with their results left out. A
+        shared store is read a page at a time (its work per call stays bounded, others'
+        commands go between); a store in this process in one walk (a page resumed from a
+        cursor walks again from the newest)."""
+        limit = COUNT_PAGE if self.executions.store.shared else sys.maxsize
         total, after, seen = 0, None, None
         while True:
             page = await self.executions.page(
                 principal,
                 statuses=statuses,
                 session_id=session_id,
-                limit=COUNT_PAGE,
+                limit=limit,
                 after=after,
                 bare=True,
             )
