@@ -250,7 +250,7 @@ class ShutdownSequence:
         """Where the shutdown stands, for the watchdog's line when the report will not come
         (a loop turn longer than the grace period): its phase, what still runs here, and
         what the store is still owed. Plain reads of counts, safe from another thread."""
-        if self.started is None or self.phase is Phase.SERVING:
+        if self.phase is Phase.SERVING:  # `begin` never ran
             where = "the shutdown never began (the event loop did not turn after the signal)"
         else:
             where = f"in phase {self.phase.value}"

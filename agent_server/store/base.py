@@ -269,7 +269,7 @@ class ExecutionStore(abc.ABC):
 
     def writes_owed(self) -> int:
         """Writes this process still owes the store: a count read without the event loop
-        (the watchdog's thread), so plain lengths only. None for the memory store."""
+        (the watchdog's thread), so plain lengths only. 0 for the memory store."""
         return 0
 
     @abc.abstractmethod

@@ -26,6 +26,7 @@ from a2a.types.a2a_pb2 import (
     GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
     ListTasksRequest,
+    ListTasksResponse,
     Message,
     Part,
     Role,
@@ -302,24 +303,30 @@ async def test_get_cancel_and_subscribe(client: Client, streaming: Client) -> No
         await client.get_task(GetTaskRequest(id="no-such-task"))
 
 
+async def every_page(client: Client, context: str, page_size: int) -> list[ListTasksResponse]:
+    """The context's list, page by page, following `nextPageToken` to its end (bounded)."""
+    pages: list[ListTasksResponse] = []
+    token = ""
+    async with asyncio.timeout(WAIT):
+        while not pages or token:
+            pages.append(
+                await client.list_tasks(
+                    ListTasksRequest(context_id=context, page_size=page_size, page_token=token)
+                )
+            )
+            token = pages[-1].next_page_token
+    return pages
+
+
 async def test_list_pages_through_a_context(client: Client) -> None:
     context = f"list-{uuid.uuid4().hex}"
     ids = set()
     for word in ("a", "b", "c"):
         ids.add((await send(client, message(text=word, context_id=context))).id)
     other = await send(client, message(text="elsewhere"))
-    found: list[str] = []
-    token = ""
-    async with asyncio.timeout(WAIT):
-        while True:
-            page = await client.list_tasks(
-                ListTasksRequest(context_id=context, page_size=1, page_token=token)
-            )
-            found += [task.id for task in page.tasks]
-            assert page.total_size == 3, page  # every page counts the whole context
-            token = page.next_page_token
-            if not token:
-                break
+    pages = await every_page(client, context, page_size=1)
+    assert all(page.total_size == 3 for page in pages), pages  # each counts the whole context
+    found = [task.id for page in pages for task in page.tasks]
     assert set(found) == ids and len(found) == 3 and other.id not in found
     completed = await client.list_tasks(
         ListTasksRequest(context_id=context, status=TaskState.TASK_STATE_COMPLETED)
@@ -371,17 +378,8 @@ async def test_list_counts_every_task_its_filters_match_not_its_page(
     assert (await client.list_tasks(since_epoch)).total_size == started
     # From the latest status timestamp of them all: the tasks set at that instant are
     # counted (inclusive), none other.
-    stamps: list[int] = []
-    token = ""
-    async with asyncio.timeout(WAIT):
-        while True:
-            listed = await client.list_tasks(
-                ListTasksRequest(context_id=context, page_size=100, page_token=token)
-            )
-            stamps += [task.status.timestamp.ToNanoseconds() for task in listed.tasks]
-            token = listed.next_page_token
-            if not token:
-                break
+    pages = await every_page(client, context, page_size=100)
+    stamps = [task.status.timestamp.ToNanoseconds() for page in pages for task in page.tasks]
     assert len(stamps) == started
     latest = ListTasksRequest(context_id=context)
     latest.status_timestamp_after.FromNanoseconds(max(stamps))

@@ -151,7 +151,7 @@ class Outbox:
     def owed_count(self) -> int:
         """Writes owed (events included) and ends kept aside, from lengths alone: another
         thread may read it while the loop runs."""
-        return self._flying + len(self._writes) + len(self.overflow) + len(self.failed)
+        return len(self) + len(self.overflow) + len(self.failed)
 
     def _owed_writes(self) -> Iterator[Write]:
         """Every write not answered yet, oldest first: in flight, then unsent."""
