@@ -83,9 +83,12 @@ async def test_an_a2a_task_is_its_tenants_own(server: ServerProcess) -> None:
                 await call
         listed = await bob.list_tasks(ListTasksRequest(page_size=100))
         assert task.id not in [t.id for t in listed.tasks]
+        # Nor in its count: one page holds all of Bob's, and the total is that page's.
+        assert not listed.next_page_token and listed.total_size == len(listed.tasks), listed
         assert record(server, BOB, task.id).status_code == 404
         ours = await alice.list_tasks(ListTasksRequest(page_size=100))
         assert task.id in [t.id for t in ours.tasks]
+        assert not ours.next_page_token and ours.total_size == len(ours.tasks), ours
         # The same messageId from two tenants starts two tasks (names per tenant).
         sent = message(data={"text": "hi"}, skill="echo")
         first = await send(alice, sent)
