@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
+import random
 import re
 import select
 import signal
@@ -35,11 +37,38 @@ def run_command(app: str | None = None, *flags: str, port: int | None = 0) -> li
     return [sys.executable, "-m", "agent_server", "run", *target, *flags, *ported]
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (Linux's default otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Ports `free_port` gives: below the ephemeral range, from a random start per process, so a
+#: port told ahead is not taken by an outgoing connection's local port before the server binds
+#: it, nor given again soon by this process, nor likely the one another process picks.
+PORTS_LOW = 10_000
+_ports = itertools.count(random.randrange(PORTS_LOW, max(PORTS_LOW + 1000, _ephemeral_low())))
+
+
 def free_port(host: str = HOST) -> int:
-    """A port free on loopback now (for servers that must be told theirs in advance)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port free on loopback now (for servers that must be told theirs in advance, or be
+    started again on the one they had)."""
+    high = _ephemeral_low()
+    if high - PORTS_LOW < 1000:  # no room below the ephemeral range: the kernel's own pick
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    for _ in range(high - PORTS_LOW):
+        port = PORTS_LOW + (next(_ports) - PORTS_LOW) % (high - PORTS_LOW)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} between {PORTS_LOW} and {high}")
 
 
 class LaunchError(RuntimeError):
