@@ -215,12 +215,14 @@ class McpEndpoint:
         return await self._answer_call(ctx, execution)
 
     async def _answer_call(
-        self, ctx: ServerRequestContext[Any], execution: Execution
+        self, ctx: ServerRequestContext[Any], execution: Execution, *, may_cancel: bool = True
     ) -> dict[str, Any]:
         """A plain call's answer: the execution's end as a tool result; its ask as an
         elicitation the client answers by calling again (2026-07-28's multi round-trip
-        requests) when it declared elicitation, else a tool error."""
-        ended = await self._follow(execution)
+        requests) when it declared elicitation, else a tool error. A caller that may not
+        cancel it (one resuming another's call) leaves it running where the call would
+        cancel it."""
+        ended = await self._follow(execution, may_cancel=may_cancel)
         if ended is None:
             return tool_error(
                 f"the server is shutting down: execution {execution.execution_id} did not end "
@@ -230,7 +232,8 @@ class McpEndpoint:
             if elicits(ctx) and ended.input_request is not None:
                 return input_required(ended.execution_id, ended.input_request)
             # No way to answer on this call's stream: nobody could, so it ends here.
-            await self._cancel(ended, CancelReason.REQUEST)
+            if may_cancel:
+                await self._cancel(ended, CancelReason.REQUEST)
             return tool_error(
                 f"the tool asks for input; call it with the tasks extension ({TASKS_EXTENSION}) "
                 "to answer through tasks/update"
@@ -260,17 +263,23 @@ class McpEndpoint:
             or not self.access.sees(principal, execution)
         ):
             raise MCPError(INVALID_PARAMS, "requestState names no call of this tool")
+        # Following the call is reading it (its end is the result); answering it, answering;
+        # declining, cancelling it; and the call cancels it when its caller leaves.
+        await self._allowed(principal, "read", execution)
         await self._allowed(principal, "answer", execution)
+        may_cancel = await self._may(principal, "cancel", execution)
         request_id = int(number)
         pending = execution.input_request
         if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
             if int(pending["request_id"]) != request_id:  # answered; it asks anew
-                return await self._answer_call(ctx, execution)
+                return await self._answer_call(ctx, execution, may_cancel=may_cancel)
             response = (params.input_responses or {}).get(number)
             if response is None:
                 return input_required(execution.execution_id, pending)
             action = getattr(response, "action", None)
             if action != "accept":
+                if not may_cancel:
+                    raise MCPError(INVALID_REQUEST, Denied("cancel").detail)
                 await self._cancel(execution, CancelReason.REQUEST)
                 return tool_error(f"the input was not given ({action}): the call ended")
             schema = pending.get("schema")
@@ -284,7 +293,7 @@ class McpEndpoint:
             except StoreUnavailable:
                 raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
             execution = taken or execution
-        return await self._answer_call(ctx, execution)
+        return await self._answer_call(ctx, execution, may_cancel=may_cancel)
 
     async def _read(self, execution_id: str) -> Execution | None:
         try:
@@ -335,14 +344,16 @@ class McpEndpoint:
             raise MCPError(INTERNAL_ERROR, message) from None
         return execution
 
-    async def _follow(self, execution: Execution) -> Execution | None:
+    async def _follow(self, execution: Execution, *, may_cancel: bool) -> Execution | None:
         """The execution once it ends, waits for input, or is handed off; None when the
-        listener closes first. The caller leaving (its stream closed) cancels it."""
+        listener closes first. The caller leaving (its stream closed) cancels it, when it
+        may."""
         try:
             return await self._until_end_or_close(execution)
         except BaseException:  # the stream closed (anyio's cancellation), or worse
-            with anyio.CancelScope(shield=True):
-                await self._cancel(execution, CancelReason.CLIENT_DISCONNECTED)
+            if may_cancel:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel(execution, CancelReason.CLIENT_DISCONNECTED)
             raise
 
     async def _until_end_or_close(self, execution: Execution) -> Execution | None:
@@ -419,6 +430,14 @@ class McpEndpoint:
         except Denied as exc:
             raise MCPError(INVALID_REQUEST, exc.detail) from None
 
+    async def _may(self, principal: Principal | None, action: str, execution: Execution) -> bool:
+        """Whether `@agent.authorize` allows the action (no error either way)."""
+        try:
+            await self.access.allowed_for(principal, action, execution)
+        except Denied:
+            return False
+        return True
+
     async def _get_task(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
         return task(await self._find(ctx, params.task_id), self.result_ttl)
 
@@ -453,6 +472,7 @@ class McpEndpoint:
         action = response.get("action")
         try:
             if action in ("decline", "cancel"):
+                await self._allowed(caller_of(ctx), "cancel", execution)
                 await self.store.request_cancel(execution, CancelReason.REQUEST, None)
                 return {}
             if action != "accept":
@@ -510,13 +530,9 @@ class McpEndpoint:
 
     async def _reads(self, principal: Principal | None, execution: Execution) -> bool:
         """Whether the caller may follow the task: its tenant's, `read` allowed."""
-        if not self.access.sees(principal, execution):
-            return False
-        try:
-            await self.access.allowed_for(principal, "read", execution)
-        except Denied:
-            return False
-        return True
+        return self.access.sees(principal, execution) and await self._may(
+            principal, "read", execution
+        )
 
     async def _watch(
         self, ctx: ServerRequestContext[Any], execution: Execution, meta: dict[str, Any]

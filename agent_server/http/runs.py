@@ -325,7 +325,9 @@ class Runs:
     ) -> tuple[Execution, bool]:
         """The registry's start as the API and A2A make it (`InFlightRegistry.start_once`'s
         refusals raised as they are), answered before the listener closes on a shared
-        store; `shown` keeps its JSON as the store accepted it."""
+        store; `shown` keeps its JSON as the store accepted it. An earlier request's
+        execution (its Idempotency-Key or messageId) is shown only to a caller allowed to
+        `read` it: a key is its tenant's, not its identity's (403 otherwise)."""
         announced: list[Execution] = []
         start = self.registry.start_once(
             reasoner,
@@ -344,8 +346,12 @@ class Runs:
         if shown is not None:
             start = self._shown(start, shown)
         if not self.store.shared:  # a store in this process writes at once
-            return await start
-        return await self._started_before_close(start, announced, scope)
+            execution, started = await start
+        else:
+            execution, started = await self._started_before_close(start, announced, scope)
+        if not started:
+            await self.access.allowed_for(principal, "read", execution)
+        return execution, started
 
     @staticmethod
     async def _shown(

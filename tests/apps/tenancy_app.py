@@ -1,7 +1,8 @@
 """The app of the tenancy tests: `agent-server run tenancy_app:agent` with a tokens file of
 two tenants and an admin. Its reasoners hold (until cancelled), ask, run under a concurrency
 limit keyed by a header, and say whom they run for (`ctx.principal`); `@agent.authorize`
-lets a principal with the scope `readonly` read and list only."""
+lets a principal with the scope `readonly` read and list only (`nocancel`: all but cancel;
+`noread`: all but read)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ READ_ONLY_ACTIONS = frozenset({"read", "list"})
 
 @agent.authorize
 async def read_only(principal: Principal, action: str, resource: dict[str, Any]) -> bool:
-    """A `readonly` principal reads and lists its tenant's work and does nothing else."""
+    """A `readonly` principal reads and lists its tenant's work and does nothing else; a
+    `nocancel` one does all but cancel, a `noread` one all but read."""
     if "readonly" in principal.scopes:
         return action in READ_ONLY_ACTIONS
+    if "nocancel" in principal.scopes:
+        return action != "cancel"
+    if "noread" in principal.scopes:
+        return action != "read"
     return True
 
 

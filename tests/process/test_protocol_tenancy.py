@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import mcp_types
 import pytest
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksRequest, TaskState
@@ -23,8 +25,16 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from tests.process.test_a2a import message, send
-from tests.process.test_mcp import Ack, CancelTask, TaskParams, call_as_task, get_task, session
-from tests.process.test_tenancy import ALICE, BOB, READER, tokens_file
+from tests.process.test_mcp import (
+    Ack,
+    CancelTask,
+    TaskParams,
+    call_as_task,
+    get_task,
+    session,
+    update,
+)
+from tests.process.test_tenancy import ALICE, ANN, ANSWERER, BLIND, BOB, READER, tokens_file
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 
@@ -142,3 +152,116 @@ async def test_an_mcp_task_is_its_tenants_own(server: ServerProcess) -> None:
                 headers={"Authorization": f"Bearer {ALICE}"},
             )
         assert ended.json()["status"] == "cancelled", ended.text
+
+
+def post(
+    server: ServerProcess, token: str, path: str, body: Any, headers: dict[str, str]
+) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {token}", **headers},
+        timeout=WAIT,
+    )
+
+
+async def test_a_repeated_start_shows_the_earlier_execution_only_to_who_may_read_it(
+    server: ServerProcess,
+) -> None:
+    """An Idempotency-Key (an A2A messageId) is its tenant's: a repeat by another identity
+    of the tenant leads to the first request's execution, which it gets only when
+    `@agent.authorize` lets it read that execution, on every start route."""
+    key = {"Idempotency-Key": "the-same-key"}
+    body = {"text": "alice's own words"}
+    first = post(server, ALICE, "/reasoners/echo", body, key)
+    assert first.status_code == 200, first.text
+    execution_id = first.json()["execution_id"]
+    assert record(server, BLIND, execution_id).status_code == 403
+    for path, extra in (
+        ("/reasoners/echo", {}),
+        ("/reasoners/echo/async", {}),
+        ("/reasoners/echo", {"Accept": "text/event-stream"}),
+    ):
+        refused = post(server, BLIND, path, body, {**key, **extra})
+        assert refused.status_code == 403, (path, extra, refused.text)
+        assert refused.json() == {"detail": "not allowed to read"}
+    # One that may read it gets it, as the key promises; one's own repeat is its own.
+    again = post(server, ANN, "/reasoners/echo", body, key)
+    assert again.status_code == 200 and again.json()["execution_id"] == execution_id
+    own = {"Idempotency-Key": "answerer-own-key"}
+    mine = post(server, ANSWERER, "/reasoners/echo/async", body, own)
+    assert mine.status_code == 202, mine.text
+    repeated = post(server, ANSWERER, "/reasoners/echo/async", body, own)
+    assert repeated.status_code == 202
+    assert repeated.json()["execution_id"] == mine.json()["execution_id"]
+    # A2A: the messageId is the key.
+    async with a2a(server, ALICE) as alice, a2a(server, BLIND) as blind:
+        sent = message(data={"text": "alice's message"}, skill="echo")
+        task = await send(alice, sent)
+        with pytest.raises(Exception) as denied:  # the API's 403, through the SDK
+            await send(blind, sent)
+        assert "403" in str(denied.value) or "not allowed" in str(denied.value)
+    assert record(server, ALICE, task.id).json()["status"] == "succeeded"
+
+
+async def _asked(server: ServerProcess) -> tuple[str, int]:
+    """Alice's `question`, started over the API, once it waits for its answer."""
+    started = post(server, ALICE, "/reasoners/question/async", {}, {})
+    assert started.status_code == 202, started.text
+    execution_id = started.json()["execution_id"]
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        asked = await http.get(
+            f"{server.url}/executions/{execution_id}?wait=15",
+            headers={"Authorization": f"Bearer {ALICE}"},
+        )
+    assert asked.json()["status"] == "input_required", asked.text
+    return execution_id, int(asked.json()["input_request"]["request_id"])
+
+
+async def test_mcp_asks_authorize_for_each_thing_a_call_does_to_anothers_execution(
+    server: ServerProcess,
+) -> None:
+    """Through MCP a caller reaches an execution of its tenant it did not start by its task
+    id or by a call's `requestState`: declining its elicitation cancels it (`cancel`),
+    following the call gets its result (`read`), and a caller that may not cancel it does
+    not end it by calling without a way to answer."""
+    execution_id, request_id = await _asked(server)
+    state = f"{execution_id}:{request_id}"
+    declined = {str(request_id): {"action": "decline"}}
+    async with (
+        session(server, tasks=True, token=ANSWERER) as answerer,
+        session(server, token=ANSWERER) as plain,
+    ):
+        with pytest.raises(MCPError) as refused:
+            await update(answerer, execution_id, declined)
+        assert "not allowed to cancel" in str(refused.value)
+        with pytest.raises(MCPError) as refused_call:
+            await answerer.call_tool(
+                "question",
+                {},
+                input_responses={str(request_id): mcp_types.ElicitResult(action="decline")},
+                request_state=state,
+                allow_input_required=True,
+            )
+        assert "not allowed to cancel" in str(refused_call.value)
+        # No elicitation declared, and the ask it names is not the one pending: the call
+        # cannot answer it; it says so, and leaves it be (cancelling is not this caller's).
+        stale = f"{execution_id}:{request_id + 1}"
+        told = await plain.call_tool("question", {}, request_state=stale)
+        assert told.is_error
+    assert record(server, ALICE, execution_id).json()["status"] == "input_required"
+    echoed = post(server, ALICE, "/reasoners/echo", {"text": "alice's result"}, {})
+    ended_id = echoed.json()["execution_id"]
+    async with session(server, token=BLIND) as blind:
+        with pytest.raises(MCPError) as unread:
+            await blind.call_tool("echo", {}, request_state=f"{ended_id}:1")
+        assert "not allowed to read" in str(unread.value)
+        assert "alice's result" not in str(unread.value)
+    async with session(server, tasks=True, token=ALICE) as alice:
+        await update(alice, execution_id, declined)  # its owner may: cancelled
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        ended = await http.get(
+            f"{server.url}/executions/{execution_id}?wait=15",
+            headers={"Authorization": f"Bearer {ALICE}"},
+        )
+    assert ended.json()["status"] == "cancelled", ended.text

@@ -36,7 +36,9 @@ ANN = "tok-ann-8c7b6a5f4e3d2c1b0a99887766554433"  # tenant acme too
 BOB = "tok-bob-0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # tenant globex
 READER = "tok-reader-5566778899aabbccddeeff0011223344"  # acme, scope readonly
 ROOT = "tok-root-a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6"  # tenant ops, admin
-TOKENS = [ALICE, ANN, BOB, READER, ROOT]
+ANSWERER = "tok-answerer-1a2b3c4d5e6f708192a3b4c5d6e7f809"  # acme, scope nocancel
+BLIND = "tok-blind-9f8e7d6c5b4a39281706f5e4d3c2b1a0"  # acme, scope noread
+TOKENS = [ALICE, ANN, BOB, READER, ROOT, ANSWERER, BLIND]
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
 
 
@@ -45,6 +47,7 @@ def tokens_file(directory: Path) -> Path:
     path.write_text(
         f"{ALICE} alice acme\n{ANN} ann acme\n{BOB} bob globex\n"
         f"{READER} reader acme readonly\n{ROOT} root ops admin\n"
+        f"{ANSWERER} answerer acme nocancel\n{BLIND} blind acme noread\n"
     )
     return path
 
