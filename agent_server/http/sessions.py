@@ -6,10 +6,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agent_server.http.access import Access
-from agent_server.http.params import checked_session_id, float_param
+from agent_server.http.params import checked_session_id, float_param, query_param
 from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.runtime.sessions import SessionBusy, SessionReleases
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
+
+#: Seconds a release waits for the session's running work when the request names none
+#: (`?timeout=`); `?timeout=none` waits without bound.
+RELEASE_TIMEOUT = 30.0
 
 
 class Sessions:
@@ -22,9 +26,11 @@ class Sessions:
     async def release_session(self, request: Request) -> Response:
         session_id = checked_session_id(request.path_params["session_id"], "session id")
         assert session_id is not None
-        timeout_value = request.query_params.get("timeout", "30")
+        timeout_value = query_param(request, "timeout")
         timeout: float | None
-        if timeout_value.lower() == "none":
+        if timeout_value is None:
+            timeout = RELEASE_TIMEOUT
+        elif timeout_value.lower() == "none":
             timeout = None
         else:
             timeout = float_param(request, "timeout", minimum=0.0, otherwise=", or none")
