@@ -4,7 +4,6 @@ calls raise."""
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -241,7 +240,7 @@ class ExecutionContext:
         the prompt and the schema does); a replayed ask whose numbered request asked
         something else gets the earlier request of its own question, or raises
         AskMismatch."""
-        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+        if timeout is not None and not 0 < timeout <= MAX_SECONDS:  # NaN is not, nor 10**400
             raise ValueError("timeout must be a positive number of seconds (at most a year)")
         key = asks.check_key(key)
         if self._inputs is None:

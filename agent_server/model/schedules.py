@@ -155,10 +155,11 @@ class Schedule:
         if self.overlap not in OVERLAPS:
             raise ScheduleError("overlap", f"must be one of {', '.join(OVERLAPS)}")
         window = self.catchup_window
+        # Compared, not converted: an integer past a float's range (JSON has them) is simply
+        # out of range, and NaN fails every comparison.
         if (
             isinstance(window, bool)
             or not isinstance(window, int | float)
-            or not math.isfinite(window)
             or not 0 <= window <= MAX_CATCHUP_WINDOW
         ):
             raise ScheduleError(

@@ -75,8 +75,7 @@ def check_timeout(name: str, timeout: float | None) -> float | None:
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_DELAY_SECONDS
+        or not 0 < timeout <= MAX_DELAY_SECONDS  # NaN, infinities, huge integers: outside
     ):
         raise ValueError(f"reasoner {name!r}: timeout must be positive seconds, at most 7 days")
     return float(timeout)
@@ -102,7 +101,7 @@ class RetryPolicy:
             raise ValueError("RetryPolicy: max_attempts must be at least 1")
         for name in ("initial_delay", "backoff", "max_delay"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"RetryPolicy: {name} must be a finite number >= 0")
         if self.max_delay > MAX_DELAY_SECONDS:
             raise ValueError("RetryPolicy: max_delay must be at most 7 days")

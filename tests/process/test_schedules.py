@@ -293,6 +293,10 @@ def test_the_schedules_api(tmp_path: Path, store: str, redis_url: str) -> None:
                     {"reasoner": "plain", "cron": "* * * * *", "catchup_window": -1},
                     "catchup_window",
                 ),
+                (  # past what a float holds: refused as any out of range
+                    {"reasoner": "plain", "cron": "* * * * *", "catchup_window": 10**400},
+                    "catchup_window",
+                ),
                 ({"reasoner": "plain", "cron": "* * * * *", "colour": "red"}, "colour"),
             ]:
                 refused = client.post("/schedules", json=body)

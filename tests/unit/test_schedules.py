@@ -73,6 +73,8 @@ def test_spring_forward_skips_the_missing_hour_and_autumn_runs_the_repeated_one_
         ({"cron": "* * * * *", "catchup_window": float("nan")}, "catchup_window"),
         ({"cron": "* * * * *", "catchup_window": True}, "catchup_window"),
         ({"cron": "* * * * *", "catchup_window": 10**9}, "catchup_window"),
+        ({"cron": "* * * * *", "catchup_window": 10**400}, "catchup_window"),
+        ({"cron": "* * * * *", "catchup_window": -(10**400)}, "catchup_window"),
         ({"cron": "* * * * *", "session_id": "a b"}, "session_id"),
         ({"cron": "* * * * *", "input": [1]}, "input"),
         ({"cron": "* * * * *", "enabled": "yes"}, "enabled"),
