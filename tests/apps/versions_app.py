@@ -83,3 +83,11 @@ async def hold(seconds: float = 5.0) -> str:
     """Keeps this replica full (--max-inflight 1): it takes nothing from the queue."""
     await asyncio.sleep(seconds)
     return "held"
+
+
+if VERSION == "v1":  # the next release drops this reasoner
+
+    @agent.reasoner()
+    async def old_only(n: int = 0) -> dict[str, Any]:
+        """Served by v1 only: its work is v1's while a v1 replica is alive."""
+        return {"n": n, "version": VERSION}

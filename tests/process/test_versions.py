@@ -305,3 +305,27 @@ def test_the_memory_store_shows_its_one_version(server_factory: Any) -> None:
     assert delayed.status_code == 202 and delayed.json()["version"] is None
     body = final(served.url, delayed.json()["execution_id"])
     assert (body["status"], body["version"]) == ("succeeded", "v2"), body
+
+
+def test_work_for_a_reasoner_only_old_code_serves_waits_for_it_while_it_lives(
+    versions: Versions,
+) -> None:
+    """v2 dropped `old_only`: its queued work (a delayed start) is never failed unrun by
+    v2 while a v1 replica lives; it waits for one, here v1 full (--max-inflight 1) as the
+    work falls due, and runs there once v1 has room."""
+    old = versions.start("v1", "--max-inflight", "1")
+    new = versions.start("v2")
+    busy = httpx.post(f"{old.url}/reasoners/hold/async", json={"seconds": 2.0}, timeout=WAIT)
+    assert busy.status_code == 202, busy.text
+    started = httpx.post(
+        f"{old.url}/reasoners/old_only/async",
+        params={"delay": 0.3},
+        json={"n": 7},
+        timeout=WAIT,
+    )
+    assert started.status_code == 202, started.text
+    execution_id = started.json()["execution_id"]
+    body = final(old.url, execution_id)
+    assert (body["status"], body["result"]) == ("succeeded", {"n": 7, "version": "v1"}), body
+    assert body["attempt"] == 1
+    assert "does not serve it" not in new.stderr()

@@ -63,8 +63,8 @@ class Keys:
         self.renewals = prefix + "renewals"
         #: Each live replica's versions (replica -> versions.py `advert`), written by its
         #: renewal while it admits work; and the version queues holding work that waits for
-        #: a replica of its checkpoint's version (`vq:{reasoner}\x1f{version}`, named from
-        #: the prefix; claim.lua).
+        #: a replica of its checkpoint's version (`vq:{reasoner}\x1f{version}`) or for one
+        #: that serves its reasoner at all (`rq:{reasoner}`), named from the prefix; claim.lua.
         self.versions = prefix + "versions"
         self.vqs = prefix + "vqs"
         #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):

@@ -3,8 +3,9 @@
   `ckeys`, `versions` (each live replica's versions, tick.lua), `vqs` (the names of the
   version queues that hold work). The keys of the id it takes (its record, events, session),
   of a concurrency key (`cq:{key}`, its queue; `cslots:{key}`, the ids holding its slots)
-  and of a version queue (`vq:{reasoner}\31{version}`: work whose checkpoint waits for a
-  replica of that version) are named from the prefix.
+  of a version queue (`vq:{reasoner}\31{version}`: work whose checkpoint waits for a
+  replica of that version) and of a reasoner's queue (`rq:{reasoner}`: work this replica
+  has no code for, waiting for a live replica that serves it) are named from the prefix.
   ARGV[1..3]: the common arguments (header.lua).
   Take the oldest queued execution, once what fell due in `scheduled` (on Redis's clock)
   joined the queue's tail. One that waits for a key (records.lua: its session's turn, the
@@ -18,7 +19,10 @@
   is lost is known by it: unclaim.lua), and marked `unbegun` until its taker says the body
   begins (begin.lua; judge.lua requeues a dead owner's take still marked). ARGV[6]: this replica's versions (versions.py
   `advert`: every reasoner it serves, an unversioned one's version '').
-  Versions (docs/durable.md): work with a checkpoint is taken when this replica reads its
+  Versions (docs/durable.md): work for a reasoner this replica does not serve waits in its
+  reasoner's queue while a live replica serves it (taken there first, by its claims), and
+  is taken here (its taker fails it: nobody has its code) only once none does. Work with a
+  checkpoint is taken when this replica reads its
   version (the same, `compatible`, or by `migrate`); else it waits in its version's queue
   while a live replica advertises that version (taken there first, by its claims), and
   once none does it is taken here for `on_version_change`: `restart` (attempt + 1, the
@@ -74,6 +78,14 @@ local function served(name, version)
   return false
 end
 
+-- Whether a live replica other than this one serves reasoner `name` (any version).
+local function served_anywhere(name)
+  for _, advert in ipairs(live_adverts()) do
+    if advert[name] then return true end
+  end
+  return false
+end
+
 -- How this replica meets a checkpoint `from` wrote (versions.py `Rule`).
 local function rule_for(name, from)
   local m = mine_for(name)
@@ -100,6 +112,16 @@ local function take(id, v)
   local extra = redis.call('HMGET', rec, 'body', 'checkpoint', 'max_attempts', 'scheduled_at',
     'reasoner')
   local name = extra[5]
+  if not mine_for(name) and served_anywhere(name) then
+    -- Code this replica does not have (a reasoner a newer release dropped): it waits for a
+    -- live replica that serves it, never failed unrun here while one lives.
+    local queue = 'rq:' .. name
+    redis.call('RPUSH', P .. queue, id)
+    redis.call('SADD', VQS, queue)
+    redis.call('PUBLISH', P .. 'queued', id)  -- its replicas look now
+    waits = waits + 1
+    return nil
+  end
   local rule, from = '', ''
   if extra[2] and extra[2] ~= '' then  -- a checkpoint: can this code read it?
     from = redis.call('HGET', rec, 'checkpoint_version') or ''
@@ -150,8 +172,9 @@ end
 -- claimers' `on_version_change`).
 for _, queue in ipairs(redis.call('SMEMBERS', VQS)) do
   local name, version = string.match(queue, '^vq:([^' .. SEP .. ']*)' .. SEP .. '(.*)$')
+  local anyone = string.match(queue, '^rq:(.*)$')  -- for any replica serving that reasoner
   local m = name and mine_for(name)
-  if m and m[1] == version then
+  if (m and m[1] == version) or (anyone and mine_for(anyone)) then
     while true do
       local id = redis.call('LPOP', P .. queue)
       if not id then
@@ -164,7 +187,7 @@ for _, queue in ipairs(redis.call('SMEMBERS', VQS)) do
         if claimed then return claimed end
       end
     end
-  elseif not (name and served(name, version)) then
+  elseif not ((name and served(name, version)) or (anyone and served_anywhere(anyone))) then
     local ids = redis.call('LRANGE', P .. queue, 0, -1)
     for i = #ids, 1, -1 do redis.call('LPUSH', QUEUE, ids[i]) end
     redis.call('DEL', P .. queue)
