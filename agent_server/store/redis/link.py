@@ -23,7 +23,13 @@ from agent_server.store import sentinel
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis import scripts
 from agent_server.store.redis.codec import scrub
-from agent_server.store.redis.failures import UNREACHABLE, on_a_replica, reset, slow
+from agent_server.store.redis.failures import (
+    UNREACHABLE,
+    on_a_replica,
+    refused_for_now,
+    reset,
+    slow,
+)
 from agent_server.store.resp import Acknowledgement, RedisLink
 
 logger = logging.getLogger("agent_server.store")
@@ -89,6 +95,8 @@ class Operation:
                 link.probe_slow(self.started)
             else:
                 link.renew_now.set()
+            raise StoreUnavailable(f"Redis at {link.where}: {link.scrub(str(error))}") from error
+        if refused_for_now(error):  # Redis answers, and refuses this for now: not down
             raise StoreUnavailable(f"Redis at {link.where}: {link.scrub(str(error))}") from error
 
 
