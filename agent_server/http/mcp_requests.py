@@ -24,13 +24,17 @@ from agent_server.model.reasoner import Reasoner
 
 #: Task ids one `subscriptions/listen` may follow.
 MAX_LISTENED_TASKS = 100
+#: Characters of a task id (an execution id) a request may name.
+MAX_TASK_ID = 200
+#: Digits of the request number a `requestState` ends with (far more asks than any run makes).
+MAX_REQUEST_DIGITS = 9
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 
 class TaskParams(RequestParams):
     """`tasks/get` and `tasks/cancel`: the task's id."""
 
-    task_id: str = Field(alias="taskId", min_length=1, max_length=200)
+    task_id: str = Field(alias="taskId", min_length=1, max_length=MAX_TASK_ID)
 
 
 class TaskUpdateParams(TaskParams):
@@ -62,7 +66,7 @@ def task_ids(wanted: Any) -> list[str]:
     if (
         not isinstance(wanted, list)
         or len(wanted) > MAX_LISTENED_TASKS
-        or not all(isinstance(i, str) and 0 < len(i) <= 200 for i in wanted)
+        or not all(isinstance(i, str) and 0 < len(i) <= MAX_TASK_ID for i in wanted)
     ):
         raise MCPError(INVALID_PARAMS, f"taskIds: a list of at most {MAX_LISTENED_TASKS} task ids")
     return list(dict.fromkeys(wanted))
@@ -104,6 +108,21 @@ def input_required(execution_id: str, asked: dict[str, Any]) -> dict[str, Any]:
         "inputRequests": {number: elicitation(asked)},
         "requestState": f"{execution_id}:{number}",
     }
+
+
+def asked_in(state: str) -> tuple[str, int]:
+    """The execution and request number of a `requestState` as `input_required` writes it
+    (`ID:N`, N in ASCII digits without leading zeros); anything else is invalid params, never
+    read further (`int` alone takes other scripts' digits, and thousands of digits raise)."""
+    execution_id, _, number = state.rpartition(":")
+    if (
+        not 0 < len(execution_id) <= MAX_TASK_ID
+        or not 0 < len(number) <= MAX_REQUEST_DIGITS
+        or not (number.isascii() and number.isdigit())
+        or number != str(int(number))
+    ):
+        raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
+    return execution_id, int(number)
 
 
 def declares_tasks(ctx: ServerRequestContext[Any]) -> bool:

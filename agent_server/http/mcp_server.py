@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -47,6 +48,7 @@ from agent_server.http.mcp_requests import (
     SUBSCRIPTION_ID,
     TaskParams,
     TaskUpdateParams,
+    asked_in,
     caller_of,
     concurrency_of,
     declares_tasks,
@@ -64,7 +66,7 @@ from agent_server.http.mcp_tools import (
     tool_error,
     tool_result,
 )
-from agent_server.http.params import validation_detail
+from agent_server.http.params import read_body, validation_detail
 from agent_server.http.routing import JSONResponse
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
@@ -122,6 +124,8 @@ class McpEndpoint:
         #: Where every execution's webhooks go (`--webhook-url`), as for the API's starts.
         self.webhook_url = webhook_url
         self.allowed_origins = frozenset(allowed_origins)
+        #: Request body bytes at most (`--max-body-size`), as on every route.
+        self.max_body_size = max_body_size
         #: The tools, built once (a reasoner's schemas do not change while it serves).
         self._tools: list[Tool] | None = None
         self.server: Server[Any] = Server(
@@ -150,14 +154,47 @@ class McpEndpoint:
             yield
 
     async def endpoint(self, request: Request) -> Response:
-        """The route's handler: a foreign `Origin` is 403; the rest is the SDK's."""
+        """The route's handler: a foreign `Origin` is 403; a request the transport cannot
+        take is refused here with a JSON body, as every route refuses (the SDK's own
+        refusals are plain text or empty); the body is read here, so a client that leaves
+        before sending it all is a 499, not the SDK's error; the rest is the SDK's."""
         origin = request.headers.get("origin")
         if origin is not None and not self.allowed(origin, request.scope):
             return JSONResponse(
                 {"detail": "Origin not allowed (the server's own, or a --cors-allow-origin)"},
                 403,
             )
-        return _Delegated(self.manager.handle_request)
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
+        body = await read_body(request.receive, self.max_body_size)  # ApiError: 413, 499
+        return _Delegated(self.manager.handle_request, body)
+
+    def refusal(self, request: Request) -> Response | None:
+        """What the SDK's transport would refuse, with its status: a declared body over
+        `--max-body-size` (413), a Content-Type other than JSON (400), an Accept without
+        both of the answer's media types (406). Other methods than POST carry no message:
+        the SDK answers them (405 where the transport has no stream to open)."""
+        if request.method != "POST":
+            return None
+        declared = request.headers.get("content-length", "")
+        if _over(declared, self.max_body_size):
+            return JSONResponse({"detail": f"request body exceeds {self.max_body_size} bytes"}, 413)
+        media_type = request.headers.get("content-type", "").split(";", 1)[0]
+        if media_type.strip().lower() != "application/json":
+            return JSONResponse(
+                {"detail": "Content-Type must be application/json (one JSON-RPC message)"}, 400
+            )
+        has_json, has_sse = check_accept_headers(request)
+        if not (has_json and has_sse):
+            return JSONResponse(
+                {
+                    "detail": "Accept must allow application/json and text/event-stream "
+                    "(the answer is one or the other)"
+                },
+                406,
+            )
+        return None
 
     def allowed(self, origin: str, scope: Scope) -> bool:
         """The server's own origin (the request's scheme and Host), or one of
@@ -198,9 +235,15 @@ class McpEndpoint:
             return await self._resume_call(ctx, params)
         body: dict[str, Any] = dict(params.arguments or {})
         try:
+            # What the API's body check refuses (NaN, Infinity, too deep): the record could
+            # not keep it, so nothing starts.
+            jsoncodec.check(body, "the input")
             arguments = reasoner.bind(body)
+        except jsoncodec.Unrecordable as exc:
+            return tool_error(f"invalid arguments: {exc}")
         except ValidationError as exc:
-            return tool_error(f"invalid arguments: {jsoncodec.dumps(validation_detail(exc))!s}")
+            detail = jsoncodec.dumps(validation_detail(exc)).decode()
+            return tool_error(f"invalid arguments: {detail}")
         principal = caller_of(ctx)
         concurrency = concurrency_of(reasoner, ctx)
         if declares_tasks(ctx):
@@ -252,9 +295,7 @@ class McpEndpoint:
         execution and its request): the answer is taken as `POST /executions/{id}/input`
         takes it, and the call follows the execution on. Ownership (issue 39): the caller
         must own the execution `requestState` names."""
-        execution_id, _, number = (params.request_state or "").rpartition(":")
-        if not execution_id or not number.isdigit():
-            raise MCPError(INVALID_PARAMS, "requestState is not one this server gave")
+        execution_id, request_id = asked_in(params.request_state or "")
         principal = caller_of(ctx)
         execution = await self._read(execution_id)
         if (
@@ -268,12 +309,11 @@ class McpEndpoint:
         await self._allowed(principal, "read", execution)
         await self._allowed(principal, "answer", execution)
         may_cancel = await self._may(principal, "cancel", execution)
-        request_id = int(number)
         pending = execution.input_request
         if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
             if int(pending["request_id"]) != request_id:  # answered; it asks anew
                 return await self._answer_call(ctx, execution, may_cancel=may_cancel)
-            response = (params.input_responses or {}).get(number)
+            response = (params.input_responses or {}).get(str(request_id))
             if response is None:
                 return input_required(execution.execution_id, pending)
             action = getattr(response, "action", None)
@@ -296,6 +336,13 @@ class McpEndpoint:
         return await self._answer_call(ctx, execution, may_cancel=may_cancel)
 
     async def _read(self, execution_id: str) -> Execution | None:
+        """The execution by a client's id (a task id, a `requestState`'s); None for an id no
+        store key can hold (a lone surrogate: JSON carries one, UTF-8 cannot), which no
+        execution has."""
+        try:
+            execution_id.encode()
+        except UnicodeEncodeError:
+            return None
         try:
             return await self.store.get(execution_id)
         except StoreUnavailable:
@@ -560,7 +607,13 @@ class McpEndpoint:
                 await asyncio.sleep(LISTEN_POLL)
 
     async def _check(self, schema: Any, value: Any) -> None:
-        """The answer against the request's schema, as inputs.py checks it."""
+        """The answer against the request's schema, as inputs.py checks it; first what the
+        API's body check refuses (NaN, Infinity, too deep), which the record could not keep
+        (a schema without `additionalProperties: false` lets it through)."""
+        try:
+            jsoncodec.check(value, "the answer")
+        except jsoncodec.Unrecordable as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
         size = len(jsoncodec.dumps(value))
         if size > self.store.max_answer_bytes:
             raise MCPError(
@@ -577,6 +630,14 @@ class McpEndpoint:
             raise MCPError(INVALID_PARAMS, "the answer does not fit the request's schema", problems)
 
 
+def _over(declared: str, limit: int) -> bool:
+    """A declared Content-Length past `limit` (read only when it is ASCII digits, and never
+    converted when longer than any length could be)."""
+    if not (declared.isascii() and declared.isdigit()):
+        return False
+    return len(declared) > 20 or int(declared) > limit
+
+
 #: The fields of a `CreateTaskResult` (a `Task`).
 _TASK_FIELDS = (
     "taskId",
@@ -590,22 +651,33 @@ _TASK_FIELDS = (
 
 
 class _Delegated(Response):
-    """The SDK's ASGI app as the route's response. When it answered nothing (the client
-    closed the stream first, and the call was cancelled), the answer is a 499, as a sync run
-    whose caller left: counted as the client's doing, not the server's 500."""
+    """The SDK's ASGI app as the route's response, given the body the endpoint read (then
+    the connection's own messages: the SDK watches them for the client leaving). When it
+    answered nothing (the client closed the stream first, and the call was cancelled), the
+    answer is a 499, as a sync run whose caller left: counted as the client's doing, not the
+    server's 500."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, body: bytes) -> None:
         self.app = app
+        self.request_body = body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
+        given = False
+
+        async def receiving() -> Message:
+            nonlocal given
+            if given:
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": self.request_body, "more_body": False}
 
         async def sending(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        await self.app(scope, receive, sending)
+        await self.app(scope, receiving, sending)
         if not started:
             await JSONResponse({"detail": "the client closed the request"}, 499)(
                 scope, receive, send

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.process import ServerProcess, server_errors, serving
 from tests.support.redis_server import RedisServer
@@ -636,6 +639,188 @@ def test_the_protocol_edges_answer_4xx_and_no_answer_was_a_500(server: ServerPro
     assert answers[0].status_code == 405 and answers[0].headers["allow"] == "POST"
     metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
     assert server_errors(metrics) == {}, server_errors(metrics)
+
+
+def _nested(levels: int) -> Any:
+    """A list `levels` deep: past the codec's MAX_DEPTH, within the SDK parser's reach."""
+    value: Any = 0.5
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _post(server: ServerProcess, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{server.url}/mcp", content=body, headers=headers, timeout=WAIT)
+
+
+async def test_arguments_the_record_cannot_keep_are_invalid_and_start_nothing(
+    server: ServerProcess,
+) -> None:
+    """NaN, Infinity and nesting past what the record keeps are refused as the API refuses
+    them (its 400): the invalid-arguments tool error, before anything starts; its text is
+    JSON (a lone surrogate escaped), not a bytes repr."""
+    before = {r["execution_id"] for r in executions_of(server, "nap")}
+    texts = []
+    for seconds in (math.nan, math.inf, _nested(250), "\udc00"):
+        body, headers = _modern("tools/call", {"name": "nap", "arguments": {"seconds": seconds}})
+        response = _post(server, body, {**headers, "mcp-name": "nap"})
+        assert response.status_code == 200, response.text
+        result = response.json()["result"]
+        assert result.get("isError") is True, result
+        texts.append(result["content"][0]["text"])
+    assert texts[0] == "invalid arguments: the input holds nan, which JSON cannot carry"
+    assert texts[1] == "invalid arguments: the input holds inf, which JSON cannot carry"
+    assert texts[2] == "invalid arguments: the input is nested deeper than 200 levels"
+    detail = json.loads(texts[3].removeprefix("invalid arguments: "))
+    assert detail[0]["loc"] == ["seconds"] and detail[0]["input"] == "\\udc00"
+    assert {r["execution_id"] for r in executions_of(server, "nap")} == before
+
+
+async def test_an_answer_the_record_cannot_keep_is_refused_and_the_ask_stays(
+    server: ServerProcess,
+) -> None:
+    """The ask's schema leaves other properties open, so NaN or deep nesting beside its
+    fields fits it: refused as `POST /executions/{id}/input` refuses it (its 400), invalid
+    params, and the ask waits on for a good answer."""
+    async with session(server, tasks=True) as client:
+        created = await call_as_task(client, "approve", {"amount": 7})
+        await follow(client, created.task_id, "input_required")
+        for extra in (math.nan, _nested(250)):
+            content = {"approved": True, "note": "x", "extra": extra}
+            responses = {"1": {"action": "accept", "content": content}}
+            body, headers = _modern(
+                "tasks/update",
+                {"taskId": created.task_id, "inputResponses": responses},
+                name=created.task_id,
+            )
+            refused = _post(server, body, headers).json()
+            assert refused["error"]["code"] == types.INVALID_PARAMS, refused
+            assert (await get_task(client, created.task_id)).status == "input_required"
+        good = {"action": "accept", "content": {"approved": True, "note": "ok"}}
+        await update(client, created.task_id, {"1": good})
+        done = await follow(client, created.task_id, "completed", "failed", "cancelled")
+    assert (done.model_extra or {})["result"]["structuredContent"]["note"] == "ok"
+
+
+async def test_a_request_state_or_task_id_the_server_never_gave_is_invalid_not_internal(
+    server: ServerProcess,
+) -> None:
+    """`requestState` is `ID:N` as the server wrote it: other scripts' digits (`²`, or the
+    Arabic-Indic one that `int` reads as 1), thousands of digits or a leading zero are
+    invalid params, and the ask stays unanswered; an id with a lone surrogate (JSON carries
+    it, no store key can hold it) is unknown, there and in `subscriptions/listen`. No
+    traceback for any of it."""
+    mark = len(server.stderr())
+    async with session(server, elicits=True) as client:
+        await client.list_tools()
+        asked = await client.call_tool("approve", {"amount": 8}, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult)
+        execution_id = (asked.request_state or "").split(":")[0]
+        answer = types.ElicitResult(action="accept", content={"approved": True})
+        for number in ("\u00b2", "\u0661", "1" * 5000, "01"):
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool(
+                    "approve",
+                    {},
+                    input_responses={number: answer},
+                    request_state=f"{execution_id}:{number}",
+                    allow_input_required=True,
+                )
+            assert refused.value.code == types.INVALID_PARAMS, number[:8]
+        assert record(server, execution_id)["status"] == "input_required"
+        body, headers = _modern(
+            "tools/call", {"name": "approve", "arguments": {}, "requestState": "\ud800:1"}
+        )
+        forged = _post(server, body, {**headers, "mcp-name": "approve"}).json()
+        listen_body, listen_headers = _modern(
+            "subscriptions/listen", {"notifications": {"taskIds": ["\ud800", execution_id]}}
+        )
+        async with (
+            httpx.AsyncClient(timeout=WAIT) as http,
+            http.stream(
+                "POST", f"{server.url}/mcp", content=listen_body, headers=listen_headers
+            ) as stream,
+        ):
+            lines = (line async for line in stream.aiter_lines() if line.startswith("data:"))
+            first = await anext(lines)
+        done = await client.call_tool(
+            "approve",
+            {},
+            input_responses={"1": answer},
+            request_state=asked.request_state,
+            allow_input_required=True,
+        )
+    assert forged["error"]["code"] == types.INVALID_PARAMS, forged
+    acknowledged = json.loads(first.removeprefix("data:"))
+    assert acknowledged["params"]["notifications"] == {"taskIds": [execution_id]}, acknowledged
+    assert isinstance(done, types.CallToolResult) and not done.is_error
+    assert "Traceback" not in server.stderr()[mark:]
+
+
+@pytest.mark.parametrize("version", ["2026-07-28", "2025-11-25"])
+def test_what_the_transport_refuses_is_answered_in_json(
+    server: ServerProcess, version: str
+) -> None:
+    """A Content-Type other than JSON (400), an Accept without both of the answer's media
+    types (406) and a body past `--max-body-size`, declared or chunked (413): the SDK's
+    statuses, with `{"detail": ...}` as every route refuses (the SDK's are plain text or
+    empty; the protocol prescribes no JSON-RPC body for these)."""
+    body, headers = _modern("tools/list", {})
+    headers["mcp-protocol-version"] = version
+    too_large = b" " * 600_000
+    answers = {
+        400: _post(server, body, {**headers, "content-type": "text/plain"}),
+        406: _post(server, body, {**headers, "accept": "application/json"}),
+        413: _post(server, too_large * 2, headers),
+    }
+    chunked = httpx.post(
+        f"{server.url}/mcp", content=iter([too_large, too_large]), headers=headers, timeout=WAIT
+    )
+    for status, answer in [*answers.items(), (413, chunked)]:
+        assert answer.status_code == status, answer.text
+        assert answer.headers["content-type"] == "application/json", answer.headers
+        assert isinstance(answer.json()["detail"], str), answer.text
+    metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    assert server_errors(metrics) == {}, server_errors(metrics)
+
+
+def _mcp_answers(server: ServerProcess) -> dict[str, float]:
+    """`/mcp`'s answers so far, by status (`agent_server_http_requests_total`)."""
+    exposition = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name == "agent_server_http_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("route") == "/mcp":
+                    status = sample.labels["status"]
+                    found[status] = found.get(status, 0.0) + sample.value
+    return found
+
+
+@pytest.mark.parametrize("version", ["2026-07-28", "2025-11-25"])
+async def test_a_client_leaving_mid_body_is_a_499_not_an_error(
+    server: ServerProcess, version: str
+) -> None:
+    """It sends part of the body it declared and closes: the client's doing, counted 499 as
+    on the API's routes, with no error logged (neither ours nor the SDK's)."""
+    mark = len(server.stderr())
+    before = _mcp_answers(server)
+    head = (
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: {version}\r\nMcp-Method: tools/list\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as raw:
+        raw.sendall(head.encode() + b'{"jsonrpc":"2.0","id":1,')
+        await asyncio.sleep(0.2)  # the server reads the part sent, then sees the close
+    deadline = time.monotonic() + WAIT
+    while sum((now := _mcp_answers(server)).values()) == sum(before.values()):
+        assert time.monotonic() < deadline, "the request was never counted"
+        await asyncio.sleep(0.05)
+    assert now.get("499", 0.0) == before.get("499", 0.0) + 1, (before, now)
+    logged = server.stderr()[mark:]
+    assert "ERROR" not in logged and "Traceback" not in logged, logged
 
 
 async def test_mcp_needs_the_servers_token_like_every_route(server_factory: Any) -> None:
