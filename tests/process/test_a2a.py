@@ -479,6 +479,16 @@ BAD_BODIES: list[bytes] = [
     b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER",'
     b'"messageId":"m","parts":[{"data":' + b"[" * 5000 + b"]" * 5000 + b"}]}}}",
     b'{"jsonrpc":"2.0","id":1e999,"method":"GetTask","params":{"id":"x"}}',
+    # What protobuf cannot carry: a lone surrogate, an integer past a double, deep params.
+    b'{"jsonrpc":"2.0","id":"\\ud800","method":"nope"}',
+    b'{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"\\udfff"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"kind":"message",'
+    b'"messageId":"m","role":"user","parts":[{"kind":"data","data":{"a":1' + b"0" * 400 + b"}}]}}}",
+    b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"kind":"message",'
+    b'"messageId":"m","role":"user","parts":[{"kind":"data","data":{"a":'
+    + b"[" * 60
+    + b"]" * 60
+    + b"}}]}}}",
 ]
 
 
@@ -505,6 +515,7 @@ def test_bad_jsonrpc_input_gets_a_jsonrpc_error(server: ServerProcess, body: byt
             answer = plain.post("/a2a", content=body, headers=headers)
             assert answer.status_code == 200, answer.text
             assert "error" in answer.json(), answer.text
+            assert answer.json()["error"]["code"] != -32603, answer.text  # never the input's
         errors = server_errors(plain.get("/metrics").text)
     assert errors == {}, errors
 

@@ -4,8 +4,9 @@ card at `/.well-known/agent-card.json` and JSON-RPC at `/a2a` (docs/protocols.md
 The official SDK (`a2a-sdk`, the `a2a` extra) gives the protocol types and the JSON-RPC
 dispatcher (v1.0's methods, and v0.3's names through its compatibility layer when
 `A2A-Version` is missing or 0.3); `handler.py` implements its request handler on the
-executions, `executions.py` reaches them through the calls the HTTP routes make. Imported
-only with `--a2a`.
+executions, `executions.py` reaches them through the calls the HTTP routes make, and
+`body.py` answers first what protobuf, under the SDK, cannot carry. Imported only with
+`--a2a`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
 
+from agent_server.http.a2a.body import refusal
 from agent_server.http.a2a.card import CARD_PATH, RPC_PATH, CardMaker
 from agent_server.http.a2a.executions import A2AExecutions
 from agent_server.http.a2a.handler import ExecutionsHandler, card_json
@@ -92,7 +94,8 @@ class A2AProtocol:
 
     async def rpc(self, request: Request) -> Response:
         """JSON-RPC: the body read within `--max-body-size` (413 past it), a body that is
-        not strict JSON a parse error; the rest is the SDK's dispatcher."""
+        not strict JSON a parse error, one protobuf cannot carry (`body.py`) the error
+        JSON-RPC gives it; the rest is the SDK's dispatcher."""
         headers = first_values(request.scope["headers"])
         declared = headers.get(b"content-length")
         limit = self.api.max_body_size
@@ -100,10 +103,14 @@ class A2AProtocol:
             raise ApiError(413, f"request body exceeds {limit} bytes")
         body = await read_body(request.receive, limit)
         try:
-            jsoncodec.check(jsoncodec.loads(body), "the body")
+            parsed = jsoncodec.loads(body)
+            jsoncodec.check(parsed, "the body")
         except (ValueError, RecursionError, jsoncodec.Unrecordable) as exc:
             error = {"code": PARSE_ERROR, "message": f"parse error: {jsoncodec.short_error(exc)}"}
             return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error})
+        refused = refusal(parsed, body, dict(request.headers))
+        if refused is not None:
+            return JSONResponse(refused)
         replayed = Request(request.scope, _replay(body, request.receive))
         response: Response = await self.dispatcher.handle_requests(replayed)
         return response

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.types import Scope
 
 from agent_server.http.api import Api
-from agent_server.http.params import first_values, validation_detail, webhook_target
+from agent_server.http.params import first_values, validation_detail
 from agent_server.http.routing import ApiError, in_doubt
 from agent_server.http.runs import _admission_error, _concurrency_value, _retried
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
@@ -94,7 +94,9 @@ class A2AExecutions:
         """Start the reasoner as `POST /reasoners/{name}` does (admission, draining, the
         session policy and concurrency key of the request's headers), the message id its
         idempotency key: a message sent again (a retry) gets the task the first one started.
-        The execution, its session and its key are the principal's tenant's."""
+        The execution, its session and its key are the principal's tenant's. `webhook_url`
+        is the push config's, checked (`ExecutionsHandler._push_url`); without one, the
+        server's `--webhook-url`."""
         try:
             arguments = reasoner.bind(body)
         except ValidationError as exc:
@@ -119,11 +121,7 @@ class A2AExecutions:
                     reasoner.fingerprint(session_id if named_session else None, body),
                     self.api.idempotency_ttl,
                 ),
-                webhook_url=webhook_target(
-                    None if webhook_url is None else webhook_url.encode("latin-1"),
-                    self.api.webhooks,
-                    self.api.webhook_url,
-                ),
+                webhook_url=self.api.webhook_url if webhook_url is None else webhook_url,
                 delay=None,
                 may_queue=may_queue,
                 concurrency_key=_concurrency_value(reasoner, headers, session_id),

@@ -43,6 +43,7 @@ from a2a.utils.errors import (
 )
 from starlette.requests import Request
 
+from agent_server.http.a2a.body import major_of, protocol_version
 from agent_server.http.a2a.card import CardMaker
 from agent_server.http.a2a.executions import A2AExecutions, Bad, mark
 from agent_server.http.a2a.tasks import (
@@ -61,6 +62,7 @@ from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
+from agent_server.runtime.webhooks import check_url
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 from agent_server.store.cursor import BadCursor, ListCursor
 
@@ -230,14 +232,7 @@ class ExecutionsHandler(RequestHandler):
             return await self.executions.answer(principal, execution, value), False
         reasoner = self._reasoner(message, params)
         body = input_of(message, reasoner)
-        push = params.configuration.task_push_notification_config
-        webhook_url = None
-        if push.url:
-            if not self.webhooks:
-                raise PushNotificationNotSupportedError(
-                    message="push notifications need webhooks on this server (--webhook-secret)"
-                )
-            webhook_url = push.url
+        webhook_url = self._push_url(params, context)
         execution = await self.executions.start(
             principal,
             _request(context).scope,
@@ -250,6 +245,30 @@ class ExecutionsHandler(RequestHandler):
             webhook_url=webhook_url,
         )
         return execution, True
+
+    def _push_url(self, params: SendMessageRequest, context: ServerCallContext) -> str | None:
+        """The URL of the message's push config, checked as `X-Webhook-URL` is (an absolute
+        http(s) URL of printable ASCII): invalid params naming the field, as the client's
+        version spells it, and why."""
+        url = params.configuration.task_push_notification_config.url
+        if not url:
+            return None
+        if not self.webhooks:
+            raise PushNotificationNotSupportedError(
+                message="push notifications need webhooks on this server (--webhook-secret)"
+            )
+        v03 = major_of(protocol_version(context.state.get("headers", {}))) == 0
+        config = "pushNotificationConfig" if v03 else "taskPushNotificationConfig"
+        field = f"configuration.{config}.url"
+        if not all(" " < c < "\x7f" for c in url):
+            raise InvalidParamsError(
+                message=f"{field} must be printable ASCII: a host name in its IDNA (xn--) "
+                "form, other characters percent-encoded"
+            )
+        try:
+            return check_url(url, field)
+        except ValueError as exc:
+            raise InvalidParamsError(message=str(exc)) from None
 
     async def _guarded(self, call: Callable[[], Any]) -> Any:
         try:

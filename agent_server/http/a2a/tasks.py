@@ -6,12 +6,16 @@ Task id = execution id, context id = session id. States map as docs/protocols.md
 `running` working, `input_required` input-required (the prompt in the status message, the
 request's schema in that message's metadata), `succeeded` completed (the result as a data
 artifact), `failed` failed, `cancelled` canceled, `lost` failed with the reason.
+
+A record holds strict JSON, which protobuf does not always carry: what it cannot is mended
+as the task is made (`json_value`, `valid_text`), so one record never fails a read or a list.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import re
 from typing import Any
 
 from a2a.types.a2a_pb2 import (
@@ -24,10 +28,11 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
 )
 from a2a.utils.errors import InvalidParamsError
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 
@@ -70,9 +75,59 @@ def _timestamp(seconds: float) -> Timestamp:
     return stamp
 
 
+#: The deepest JSON a task carries as JSON: protobuf holds a level as two messages (a Value
+#: and its Struct or ListValue), its runtimes stop at 100 levels in all (parsing, and upb at
+#: each copy into an envelope: a response, a stream event), and the envelope takes some.
+CARRIED_DEPTH = 32
+#: ParseDict's count of levels for a Value CARRIED_DEPTH deep: one past it fails.
+_PARSE_DEPTH = 2 * CARRIED_DEPTH + 2
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """The text as protobuf (UTF-8) carries it: each lone surrogate (a valid JSON escape the
+    HTTP API keeps) is U+FFFD."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def json_value(value: Any) -> struct_pb2.Value:
+    """The JSON value as protobuf carries it: at once for the usual value; one it refuses
+    (a lone surrogate, an integer past a double, nesting past CARRIED_DEPTH) is mended
+    first (`_mended`), so a record never fails the task it is shown in."""
+    try:
+        return ParseDict(value, struct_pb2.Value(), max_recursion_depth=_PARSE_DEPTH)
+    except (json_format.Error, ValueError, OverflowError):
+        return ParseDict(_mended(value, CARRIED_DEPTH), struct_pb2.Value())
+
+
+def _mended(value: Any, room: int) -> Any:
+    """The value with each lone surrogate U+FFFD (in keys as in strings; two keys that become
+    one keep the later's value), an integer past a double's range as its digits, and a
+    container more than `room` levels down as its JSON text (escaped, nothing lost)."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, bool) or not isinstance(value, int | dict | list):
+        return value
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:
+            return str(value)
+        return value
+    if room == 0:
+        return jsoncodec.dumps(value).decode()
+    if isinstance(value, dict):
+        return {valid_text(key): _mended(item, room - 1) for key, item in value.items()}
+    return [_mended(item, room - 1) for item in value]
+
+
 def data_part(value: Any) -> Part:
-    """A data part holding the JSON value."""
-    return Part(data=ParseDict(value, struct_pb2.Value()))
+    """A data part holding the JSON value (as protobuf carries it)."""
+    return Part(data=json_value(value))
 
 
 def _status_message(execution: Execution) -> Message | None:
@@ -83,7 +138,8 @@ def _status_message(execution: Execution) -> Message | None:
     pending = execution.input_request
     if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
         prompt = pending.get("prompt")
-        parts.append(Part(text=prompt) if isinstance(prompt, str) else data_part(prompt))
+        shown = Part(text=valid_text(prompt)) if isinstance(prompt, str) else data_part(prompt)
+        parts.append(shown)
         metadata["request_id"] = pending.get("request_id")
         if pending.get("schema") is not None:
             metadata["schema"] = pending["schema"]
@@ -93,7 +149,7 @@ def _status_message(execution: Execution) -> Message | None:
         text = error.get("message") or error.get("type") or execution.status.value
         if execution.status is ExecutionStatus.LOST:
             text = f"lost: {text}"
-        parts.append(Part(text=text))
+        parts.append(Part(text=valid_text(str(text))))
         metadata["error"] = dict(error)
         message_id = f"{execution.execution_id}-error"
     elif execution.status is ExecutionStatus.CANCELLED and execution.status_reason is not None:
@@ -109,7 +165,7 @@ def _status_message(execution: Execution) -> Message | None:
         context_id=execution.session_id or "",
         parts=parts,
     )
-    message.metadata.update(metadata)
+    message.metadata.CopyFrom(json_value(metadata).struct_value)
     return message
 
 
