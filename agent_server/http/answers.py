@@ -2,7 +2,10 @@
 
 Whichever replica an answer reaches, it is checked the same way (section 13): against the
 request's JSON schema, with JSON's own types (`"true"` is not a boolean anywhere), before
-the owner's type reads it in `ctx.ask`. The check must not stall the replica: Python's `re`
+the owner's type reads it in `ctx.ask`. A string is valid Unicode and an integer one `int`
+reads (an integral float below 2**63), as pydantic then reads them: an answer taken here
+is never one the owner's type refuses for its JSON types. The check must not stall the
+replica: Python's `re`
 (which `jsonschema` uses for `pattern`) backtracks, exponentially on patterns such as an
 ordinary e-mail pattern, and holds the GIL meanwhile, so no thread could save the event
 loop from it. Every regular expression of a schema is matched here by RE2 instead (linear
@@ -48,8 +51,47 @@ def _compiled(pattern: str) -> Any:
 
 
 def _search(pattern: str, text: str) -> bool:
+    """Whether `text` matches; a text no pattern can read (a lone surrogate: RE2 takes
+    UTF-8) matches none."""
     compiled = _compiled(pattern)
-    return compiled is None or compiled.search(text) is not None
+    if compiled is None:
+        return True
+    try:
+        return compiled.search(text) is not None
+    except UnicodeError:
+        return False
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+#: The owner's `int` reads an integral float only below this magnitude.
+_INT_FROM_FLOAT = 2.0**63
+
+
+def _is_string(checker: Any, instance: Any) -> bool:
+    """A string the owner's `str` reads: valid Unicode (JSON's escapes can spell a lone
+    surrogate, which pydantic refuses)."""
+    return isinstance(instance, str) and _unicode(instance)
+
+
+def _is_integer(checker: Any, instance: Any) -> bool:
+    """An integer as the owner's `int` reads one: any int, or an integral float within
+    what it converts (JSON Schema alone takes 1e19, which pydantic refuses)."""
+    if isinstance(instance, bool):
+        return False
+    if isinstance(instance, int):
+        return True
+    return (
+        isinstance(instance, float)
+        and instance.is_integer()
+        and -_INT_FROM_FLOAT < instance < _INT_FROM_FLOAT
+    )
 
 
 def _short(text: str) -> str:
@@ -104,6 +146,10 @@ _Validator = jsonschema.validators.extend(
         "patternProperties": _pattern_properties,
         "additionalProperties": _additional_properties,
     },
+    # JSON's types as the owner's type then reads them: what passes here, it reads.
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"string": _is_string, "integer": _is_integer}
+    ),
 )
 
 

@@ -296,3 +296,35 @@ async def test_an_answer_over_max_answer_bytes_is_413() -> None:
             "input_required"
         )
         assert (await answer(client, execution_id, {"value": "x" * 97})).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("reasoner", "body", "wrong", "right"),
+    [
+        # An integral float past what the owner's `int` reads from a float (2**63).
+        ("impatient", {"timeout": 60}, 1e19, 7),
+        ("impatient", {"timeout": 60}, -(2.0**63), -7),
+        # A lone surrogate: JSON carries it, the owner's `str` refuses it.
+        ("chat", {"turns": 1}, "\ud800", "hello"),
+        ("email", {}, "me\udfff@example.com", "me@example.com"),
+    ],
+)
+async def test_an_answer_the_owners_type_would_refuse_is_refused_here(
+    client: httpx.AsyncClient, reasoner: str, body: Any, wrong: Any, right: Any
+) -> None:
+    """What JSON Schema alone would let through but the owner's type then refuses (which
+    would fail an execution whose answer was taken, 202) is a 422 where it is answered, and
+    the ask stays; a right answer then goes on."""
+    execution_id = await start(client, reasoner, body)
+    assert (await poll(client, execution_id))["status"] == "input_required"
+    refused = await client.post(  # as JSON escapes (a lone surrogate is no UTF-8)
+        f"/executions/{execution_id}/input",
+        content=json.dumps({"request_id": 1, "value": wrong}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["type"].startswith("schema_"), refused.text
+    assert (await client.get(f"/executions/{execution_id}")).json()["status"] == "input_required"
+    taken = await answer(client, execution_id, {"request_id": 1, "value": right})
+    assert taken.status_code == 202, taken.text
+    assert (await ended(client, execution_id))["status"] == "succeeded"
