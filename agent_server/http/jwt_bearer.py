@@ -14,7 +14,6 @@ value or the token.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from joserfc.errors import ExpiredTokenError, JoseError
 from joserfc.jws import CompactSignature, JWSRegistry, extract_compact, validate_compact
 
 from agent_server.http.jwks import KeySource
+from agent_server.model import jsoncodec
 from agent_server.model.principal import Principal, Unauthorized, check_name
 from agent_server.runtime.jwt_keys import VerifyingKey
 
@@ -108,8 +108,11 @@ class JwtBearer:
         if not any(self._signed_by(compact, key) for key in keys):
             raise Unauthorized("bad signature")
         try:
-            claims = json.loads(compact.payload)
-        except ValueError:
+            # Strict JSON, as every body is read: no NaN or infinity (a time that never
+            # passes for a comparison), nothing past the codec's depth or digits.
+            claims = jsoncodec.loads(compact.payload)
+            jsoncodec.check(claims, "the claims")
+        except (ValueError, RecursionError):  # Unrecordable is a ValueError
             raise Unauthorized("claims are not JSON") from None
         if not isinstance(claims, dict):
             raise Unauthorized("claims are not a JSON object")
@@ -140,7 +143,7 @@ class JwtBearer:
         caller's next requests skip the signature; the oldest entry goes past MAX_CACHED."""
         if not isinstance(exp, int | float):
             return
-        until = min(float(exp), time.time() + CACHE_SECONDS)
+        until = min(exp, time.time() + CACHE_SECONDS)  # compared: an int past a float is far
         if len(self._verified) >= MAX_CACHED:
             del self._verified[next(iter(self._verified))]
         self._verified[digest] = (until, principal)

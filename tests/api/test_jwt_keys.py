@@ -161,3 +161,36 @@ async def test_an_agent_without_authentication_puts_no_principal(tmp_path: Path)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         assert (await client.get("/look")).status_code == 200
     assert seen == [False]
+
+
+def _signed(payload: bytes) -> str:
+    """A compact HS256 token over `payload` exactly as given (JSON no encoder would write)."""
+    from joserfc import jws
+
+    return jws.serialize_compact({"alg": "HS256"}, payload, OctKey.import_key(SECRET))
+
+
+async def test_claims_no_strict_json_reader_takes_are_refused_not_obeyed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signed token whose times are NaN or infinite (which never expire nor start for a
+    plain comparison) or whose claims nest past any parser's depth is a 401, and says
+    nothing at ERROR; a time past a float's range is only far away."""
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET)
+    settings = Settings(jwt_secret_file=str(path), jwt_audience=AUDIENCE)
+    now = int(time.time())
+    base = f'"sub":"user-7f3a","aud":"{AUDIENCE}","iat":{now}'
+    deep = '{"a":' * 3000 + "1" + "}" * 3000
+    for payload in (
+        f'{{{base},"exp":NaN}}',
+        f'{{{base},"exp":Infinity}}',
+        f'{{{base},"exp":1e400}}',
+        f'{{{base},"exp":{now + 600},"nbf":NaN}}',
+        f'{{{base},"exp":{now + 600},"x":{deep}}}',
+    ):
+        refused = await whoami_with(settings, _signed(payload.encode()))
+        assert refused.status_code == 401, (payload[:80], refused.text)
+    far = await whoami_with(settings, _signed(f'{{{base},"exp":{10**400}}}'.encode()))
+    assert far.status_code == 200, far.text
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
