@@ -24,7 +24,7 @@ from joserfc.jws import CompactSignature, JWSRegistry, extract_compact, validate
 
 from agent_server.http.jwks import KeySource
 from agent_server.model import jsoncodec
-from agent_server.model.principal import Principal, Unauthorized, check_name
+from agent_server.model.principal import Principal, Unauthorized, check_name, check_tenant
 from agent_server.runtime.jwt_keys import VerifyingKey
 
 #: Seconds of clock skew allowed on exp, nbf and iat.
@@ -153,7 +153,7 @@ class JwtBearer:
             identity = check_name(claims.get("sub"), "sub")
             tenant = None
             if self.tenant_claim is not None and claims.get(self.tenant_claim) is not None:
-                tenant = check_name(claims[self.tenant_claim], "the tenant claim")
+                tenant = check_tenant(claims[self.tenant_claim], "the tenant claim")
         except ValueError as exc:
             raise Unauthorized(str(exc)) from None
         scopes = _scopes(claims.get("scope"), "scope") + _scopes(claims.get("scp"), "scp")

@@ -41,10 +41,32 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
+#: The mark of an identity's own tenant (a caller whose credentials name none): its tenant
+#: is its identity after this character, which no named tenant may begin with, so a caller
+#: without a tenant never shares one named like its identity (a user `acme`, a tenant `acme`).
+OWN_TENANT_MARK = "~"
+
+
+def check_tenant(value: object, what: str) -> str:
+    """A named tenant: a name (`check_name`) that does not begin with OWN_TENANT_MARK."""
+    tenant = check_name(value, what)
+    if tenant.startswith(OWN_TENANT_MARK):
+        raise ValueError(
+            f"{what} must not begin with {OWN_TENANT_MARK!r}, which marks an identity's own tenant"
+        )
+    return tenant
+
+
+def own_tenant(identity: str) -> str:
+    """The tenant of a caller whose credentials name none: its identity's own."""
+    return OWN_TENANT_MARK + identity
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Principal:
-    """The caller: `identity` (who), `tenant` (whose work it reaches; its identity when the
-    credentials name none), `scopes` and the token's `claims` (empty for a static token).
+    """The caller: `identity` (who), `tenant` (whose work it reaches; `~identity`, its own,
+    when the credentials name none), `scopes` and the token's `claims` (empty for a static
+    token).
 
     The claims stay out of the repr, so logging a principal shows no claim value."""
 
@@ -61,16 +83,16 @@ class Principal:
         claims: Mapping[str, Any] | None = None,
     ) -> None:
         check_name(identity, "identity")
-        if tenant is not None:
-            check_name(tenant, "tenant")
+        if tenant is not None and tenant != own_tenant(identity):  # its own: read back
+            check_tenant(tenant, "tenant")
         if isinstance(scopes, str):
             raise TypeError("scopes must be a collection of strings, not one string")
         taken = frozenset(scopes)
         if not all(isinstance(scope, str) for scope in taken):
             raise TypeError("scopes must be strings")
         object.__setattr__(self, "identity", identity)
-        # A caller naming no tenant is its own tenant.
-        object.__setattr__(self, "tenant", identity if tenant is None else tenant)
+        # A caller naming no tenant is its own tenant, apart from every named one.
+        object.__setattr__(self, "tenant", own_tenant(identity) if tenant is None else tenant)
         object.__setattr__(self, "scopes", taken)
         object.__setattr__(self, "claims", _EMPTY if not claims else MappingProxyType(dict(claims)))
 

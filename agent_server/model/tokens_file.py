@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_server.model.principal import Principal, check_name
+from agent_server.model.principal import Principal, check_name, check_tenant
 from agent_server.model.tokens import TokenError, check_token
 
 #: Largest tokens file read (about ten thousand tokens); past it the file is refused.
@@ -74,7 +74,7 @@ def parse_tokens(text: str, source: str = "tokens file") -> TokenTable:
         try:
             check_name(identity, "the identity")
             if tenant != OWN_TENANT:
-                check_name(tenant, "the tenant")
+                check_tenant(tenant, "the tenant")
             for scope in scopes:
                 check_name(scope, "each scope")
         except ValueError as exc:

@@ -97,7 +97,7 @@ def test_a_tokens_file_rotates_without_a_restart(server_factory: Any, tmp_path: 
         }
         assert whoami(TOKEN_B).json() == {
             "identity": "bob",
-            "tenant": "bob",
+            "tenant": "~bob",
             "scopes": ["admin"],
             "admin": True,
         }
@@ -174,7 +174,12 @@ def test_jwt_from_a_real_jwks_and_every_forgery_refused(server_factory: Any) -> 
                 "admin": True,
             }
             own = whoami(provider.token(**{TENANT_CLAIM: None})).json()
-            assert own["tenant"] == own["identity"] == "user-7f3a"
+            assert (own["identity"], own["tenant"]) == ("user-7f3a", "~user-7f3a")
+            # A subject named like a tenant, without the claim, is not that tenant's.
+            namesake = whoami(provider.token(**{TENANT_CLAIM: None, "sub": "org-5c1e"})).json()
+            assert namesake["tenant"] == "~org-5c1e"
+            marked = provider.token(**{TENANT_CLAIM: "~user-7f3a"})
+            assert whoami(marked).status_code == 401  # no token names an identity's own
 
             forged = {
                 "expired": provider.token(exp=now - 120, iat=now - 900),
@@ -249,7 +254,7 @@ def test_agent_authenticate_replaces_the_flags(server_factory: Any) -> None:
         answer = client.get(
             "/whoami", headers={"x-GATEWAY-secret": "gw-s3cret", "X-Gateway-User": "ann"}
         )
-        assert answer.json() == {"identity": "ann", "tenant": "ann", "scopes": [], "admin": False}
+        assert answer.json() == {"identity": "ann", "tenant": "~ann", "scopes": [], "admin": False}
         root = client.get(
             "/whoami", headers={**gateway, "X-Gateway-User": "root", "X-Gateway-Org": "acme"}
         )

@@ -38,7 +38,8 @@ READER = "tok-reader-5566778899aabbccddeeff0011223344"  # acme, scope readonly
 ROOT = "tok-root-a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6"  # tenant ops, admin
 ANSWERER = "tok-answerer-1a2b3c4d5e6f708192a3b4c5d6e7f809"  # acme, scope nocancel
 BLIND = "tok-blind-9f8e7d6c5b4a39281706f5e4d3c2b1a0"  # acme, scope noread
-TOKENS = [ALICE, ANN, BOB, READER, ROOT, ANSWERER, BLIND]
+NAMESAKE = "tok-namesake-0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # identity acme, no tenant
+TOKENS = [ALICE, ANN, BOB, READER, ROOT, ANSWERER, BLIND, NAMESAKE]
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
 
 
@@ -47,7 +48,7 @@ def tokens_file(directory: Path) -> Path:
     path.write_text(
         f"{ALICE} alice acme\n{ANN} ann acme\n{BOB} bob globex\n"
         f"{READER} reader acme readonly\n{ROOT} root ops admin\n"
-        f"{ANSWERER} answerer acme nocancel\n{BLIND} blind acme noread\n"
+        f"{ANSWERER} answerer acme nocancel\n{BLIND} blind acme noread\n{NAMESAKE} acme\n"
     )
     return path
 
@@ -242,6 +243,28 @@ def test_two_tenants_and_an_admin_through_every_route(deployment: Deployment) ->
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     said = [line for line in lines if line.get("identity") == "bob"]
     assert said and all(line.get("tenant") == "globex" for line in said), said[:3]
+
+
+def test_an_identity_named_like_a_tenant_is_not_that_tenants(deployment: Deployment) -> None:
+    """A caller without a tenant is its own tenant (`~acme`), never the tenant `acme` its
+    identity happens to spell, on every route, list and name."""
+    alice, namesake = Caller(deployment, ALICE), Caller(deployment, NAMESAKE)
+    theirs = alice.start("hold", {"seconds": 60}, headers={"X-Session-ID": "shared"})
+    execution_id = theirs["execution_id"]
+    for method, path in (
+        ("GET", f"/executions/{execution_id}"),
+        ("GET", f"/executions/{execution_id}/events"),
+        ("POST", f"/executions/{execution_id}/cancel"),
+    ):
+        as_unknown(namesake, method, path)
+    assert execution_id not in namesake.listed()
+    mine = namesake.start("hold", {"seconds": 60}, headers={"X-Session-ID": "shared"})
+    assert (mine["owner"], mine["tenant"]) == ("acme", "~acme")
+    assert mine["execution_id"] not in alice.listed()
+    assert alice.status(execution_id) == "running"
+    for caller, started in ((alice, theirs), (namesake, mine)):
+        cancelled = caller.request("POST", f"/executions/{started['execution_id']}/cancel")
+        assert cancelled.status_code == 202, cancelled.text
 
 
 def test_lists_are_the_tenants_own_page_after_page(deployment: Deployment) -> None:

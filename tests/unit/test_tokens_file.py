@@ -33,7 +33,7 @@ def test_each_line_gives_a_principal() -> None:
     assert table.find(f"{SECRET}-b".encode()) == Principal("bob", "team-1")
     carol = table.find(f"{SECRET}-c".encode())
     assert carol == Principal("carol", None, {"admin", "notes:read"})
-    assert carol is not None and carol.tenant == "carol" and carol.is_admin
+    assert carol is not None and carol.tenant == "~carol" and carol.is_admin
     dave = table.find(f"{SECRET}-d".encode())
     assert dave is not None and dave.tenant == "team-2" and dave.is_admin
     assert table.find(SECRET.encode()) is None
@@ -108,12 +108,15 @@ def test_a_file_too_large_or_not_text_is_refused(tmp_path: Path) -> None:
 
 def test_a_principal_checks_its_names_and_keeps_claims_out_of_its_repr() -> None:
     principal = Principal("alice", scopes=("read",), claims={"email": "alice@example.test"})
-    assert principal.tenant == "alice"
+    assert principal.tenant == "~alice"  # its own: apart from a tenant named "alice"
+    assert Principal("alice", "alice").tenant != principal.tenant
     assert principal.claims["email"] == "alice@example.test"
     assert "example.test" not in repr(principal)
     with pytest.raises(TypeError):
         principal.claims["email"] = "x"  # type: ignore[index]
-    assert hash(principal) == hash(Principal("alice", "alice", {"read"}))
+    assert hash(principal) == hash(Principal("alice", "~alice", {"read"}))  # read back
+    with pytest.raises(ValueError, match="must not begin with '~'"):
+        Principal("alice", "~bob")  # no one names another's own tenant
     with pytest.raises(ValueError, match="identity"):
         Principal("")
     with pytest.raises(ValueError, match="tenant"):
@@ -121,3 +124,18 @@ def test_a_principal_checks_its_names_and_keeps_claims_out_of_its_repr() -> None
     with pytest.raises(TypeError, match="not one string"):
         Principal("alice", scopes="admin")
     assert not Principal("a", scopes={"administrator"}).is_admin
+
+
+def test_an_identity_without_a_tenant_never_shares_one_named_like_it(tmp_path: Path) -> None:
+    """A user `acme` (no tenant) and the members of a tenant `acme` are apart; a named tenant
+    cannot take the mark of an identity's own."""
+    path = tmp_path / "tokens"
+    path.write_text(f"{SECRET} alice acme\n{SECRET}-x acme\n")
+    tokens = read_tokens_file(str(path))
+    member = tokens.find(SECRET.encode())
+    namesake = tokens.find(f"{SECRET}-x".encode())
+    assert member is not None and namesake is not None
+    assert (member.tenant, namesake.tenant) == ("acme", "~acme")
+    path.write_text(f"{SECRET} alice ~acme\n")
+    with pytest.raises(TokenError, match="must not begin with '~'"):
+        read_tokens_file(str(path))
