@@ -9,7 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.routing import JSONResponse
+from agent_server.http.auth import principal_of
+from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
@@ -43,6 +44,11 @@ class Health:
         return JSONResponse({"status": "ready", "phase": self.phase()})
 
     async def scrape(self, request: Request) -> Response:
+        principal = principal_of(request.scope)
+        if principal is not None and not principal.reads_metrics:
+            # They count every tenant's work (what waits, what runs, what failed): a
+            # tenant's token learns nothing of the others' from them.
+            raise ApiError(403, "not allowed to read the metrics (scope metrics or admin)")
         return Response(
             self.metrics.exposition(),
             media_type="text/plain; version=0.0.4; charset=utf-8",

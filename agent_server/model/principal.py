@@ -15,6 +15,9 @@ from typing import Any
 
 #: The scopes that reach every tenant's work (docs/security.md).
 ADMIN_SCOPES = frozenset({"admin", "agent-server:admin"})
+#: The scopes that read `/metrics`, the counts of every tenant's work, and nothing more
+#: (a scraper's token); an admin reads them too.
+METRICS_SCOPES = frozenset({"metrics", "agent-server:metrics"})
 #: Longest identity or tenant taken: they go into records, logs and traces.
 MAX_NAME_LENGTH = 256
 
@@ -95,6 +98,12 @@ class Principal:
         object.__setattr__(self, "tenant", own_tenant(identity) if tenant is None else tenant)
         object.__setattr__(self, "scopes", taken)
         object.__setattr__(self, "claims", _EMPTY if not claims else MappingProxyType(dict(claims)))
+
+    @property
+    def reads_metrics(self) -> bool:
+        """Whether it may read `/metrics`: they count every tenant's work, so an admin's
+        scope or a scraper's (`metrics`, `agent-server:metrics`)."""
+        return self.is_admin or not self.scopes.isdisjoint(METRICS_SCOPES)
 
     @property
     def is_admin(self) -> bool:

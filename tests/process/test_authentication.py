@@ -129,10 +129,12 @@ def test_a_tokens_file_rotates_without_a_restart(server_factory: Any, tmp_path: 
         assert whoami(TOKEN_C).status_code == 200
         assert refused(whoami(TOKEN_D))
         # Repaired in place (truncated and written, not replaced).
-        tokens.write_text(f"{TOKEN_D} dave\n")
+        tokens.write_text(f"{TOKEN_D} dave - metrics\n")
         until(lambda: whoami(TOKEN_D).status_code == 200, what="the repaired file")
         assert refused(whoami(TOKEN_C))
-        assert server_errors(client.get("/metrics", headers=bearer(TOKEN_D)).text) == {}
+        scraped = client.get("/metrics", headers=bearer(TOKEN_D))
+        assert scraped.status_code == 200, scraped.text
+        assert server_errors(scraped.text) == {}
     output = stop(server)
     warnings = [line for line in output.splitlines() if "repeats the token" in line]
     assert warnings and all("WARNING" in line for line in warnings), output

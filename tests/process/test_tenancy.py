@@ -39,7 +39,8 @@ ROOT = "tok-root-a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6"  # tenant ops, admin
 ANSWERER = "tok-answerer-1a2b3c4d5e6f708192a3b4c5d6e7f809"  # acme, scope nocancel
 BLIND = "tok-blind-9f8e7d6c5b4a39281706f5e4d3c2b1a0"  # acme, scope noread
 NAMESAKE = "tok-namesake-0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # identity acme, no tenant
-TOKENS = [ALICE, ANN, BOB, READER, ROOT, ANSWERER, BLIND, NAMESAKE]
+SCRAPER = "tok-scraper-f0e1d2c3b4a5968778695a4b3c2d1e0f"  # its own tenant, scope metrics
+TOKENS = [ALICE, ANN, BOB, READER, ROOT, ANSWERER, BLIND, NAMESAKE, SCRAPER]
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
 
 
@@ -49,6 +50,7 @@ def tokens_file(directory: Path) -> Path:
         f"{ALICE} alice acme\n{ANN} ann acme\n{BOB} bob globex\n"
         f"{READER} reader acme readonly\n{ROOT} root ops admin\n"
         f"{ANSWERER} answerer acme nocancel\n{BLIND} blind acme noread\n{NAMESAKE} acme\n"
+        f"{SCRAPER} prometheus - metrics\n"
     )
     return path
 
@@ -265,6 +267,26 @@ def test_an_identity_named_like_a_tenant_is_not_that_tenants(deployment: Deploym
     for caller, started in ((alice, theirs), (namesake, mine)):
         cancelled = caller.request("POST", f"/executions/{started['execution_id']}/cancel")
         assert cancelled.status_code == 202, cancelled.text
+
+
+def test_the_metrics_are_a_scrapers_or_an_admins(deployment: Deployment) -> None:
+    """`/metrics` counts every tenant's work (what waits for input, runs, fails): a tenant's
+    token reads none of it; a scraper's (scope `metrics`) and an admin's do."""
+    for token, status in (
+        (ALICE, 403),
+        (READER, 403),
+        (NAMESAKE, 403),
+        (SCRAPER, 200),
+        (ROOT, 200),
+    ):
+        answer = Caller(deployment, token).request("GET", "/metrics")
+        assert answer.status_code == status, (token[:10], answer.text[:200])
+        if status == 403:
+            assert answer.json() == {
+                "detail": "not allowed to read the metrics (scope metrics or admin)"
+            }
+        else:
+            assert "agent_server_executions_started_total" in answer.text
 
 
 def test_lists_are_the_tenants_own_page_after_page(deployment: Deployment) -> None:
