@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 
+from agent_server.http.routing import JSONResponse
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS
 
@@ -41,6 +44,23 @@ def cors_request_headers(reasoners: Iterable[Reasoner]) -> list[str]:
     return list(found)
 
 
+class JsonCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, its refused preflight (a 400 in plain text there)
+    answered in JSON, as every refusal of the API is."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        kept = {
+            name: value
+            for name, value in response.headers.items()
+            if name not in ("content-type", "content-length")
+        }
+        detail = bytes(response.body).decode("utf-8", "replace")
+        return JSONResponse({"detail": detail}, response.status_code, kept)
+
+
 def cors_middleware(
     origins: Sequence[str], reasoners: Iterable[Reasoner] = (), extra: Iterable[str] = ()
 ) -> Middleware:
@@ -49,7 +69,7 @@ def cors_middleware(
     `EventSource`), and read the headers clients follow; `extra` request headers too (a
     protocol's, when it is served)."""
     return Middleware(
-        CORSMiddleware,
+        JsonCORSMiddleware,
         allow_origins=list(origins),
         allow_methods=list(CORS_METHODS),
         allow_headers=[*cors_request_headers(reasoners), *extra],

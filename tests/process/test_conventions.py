@@ -217,6 +217,18 @@ def test_a_page_of_an_allowed_origin_runs_and_follows_events(start: Start) -> No
         )
         assert other.status_code == 202  # the browser, not the server, withholds the answer
         assert "access-control-allow-origin" not in other.headers
+        # A preflight the server refuses says why in JSON, as every refusal does.
+        refused = client.options(
+            "/reasoners/sleep/async",
+            headers={
+                "Origin": "https://elsewhere.example",
+                "Access-Control-Request-Method": "PUT",
+                "Access-Control-Request-Headers": "x-not-read",
+            },
+        )
+        assert refused.status_code == 400
+        assert refused.headers["content-type"] == "application/json"
+        assert refused.json() == {"detail": "Disallowed CORS origin, method, headers"}
     server.signal()
     assert finish(server, timeout=10)[0] == 0, server.stderr()
 
