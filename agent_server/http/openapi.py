@@ -417,8 +417,11 @@ def _schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> di
                     "404": unknown,
                     "409": _error(
                         "The previous firing is still running (overlap skip or buffer_one): "
-                        "the body also names its execution_id"
+                        "the body also names its execution_id; or its session is being "
+                        "released; or this moment's firing was started and forgotten"
                     ),
+                    "422": _error("Its input no longer binds the reasoner"),
+                    "429": _error("Too many executions in flight (Retry-After)"),
                     "503": _error("Not started: shutting down, or the store is unreachable"),
                 },
             }

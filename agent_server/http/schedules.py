@@ -8,7 +8,6 @@ Another tenant's schedule answers 404, as an unknown one (docs/schedules.md).
 from __future__ import annotations
 
 import dataclasses
-import reprlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,12 +17,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agent_server.http.access import Access, Denied
-from agent_server.http.params import first_values, read_json, validation_detail
-from agent_server.http.routing import ApiError, JSONResponse
+from agent_server.http.params import first_values, read_json
+from agent_server.http.routing import ApiError, JSONResponse, in_doubt
+from agent_server.http.runs import _admission_error
 from agent_server.model.ids import new_execution_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.schedules import Schedule, ScheduleError
+from agent_server.model.schedules import (
+    SHOWN_LENGTH,
+    Schedule,
+    ScheduleError,
+    binding_problem,
+    shown,
+)
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
 
@@ -41,8 +47,6 @@ FIELDS = frozenset(
     }
 )
 UNKNOWN_SCHEDULE = "schedule not found"
-#: How much of a value a refusal echoes.
-SHOWN_LENGTH = 64
 
 
 class Schedules:
@@ -71,7 +75,7 @@ class Schedules:
         body = await self._body(request, FIELDS)
         name = body.get("reasoner")
         if not isinstance(name, str) or name not in self.reasoners:
-            raise ApiError(422, f"reasoner: {_shown(name)} is not a reasoner of this agent")
+            raise ApiError(422, f"reasoner: {shown(name)} is not a reasoner of this agent")
         await self.access.check(request.scope, "schedule", {"reasoner": name})
         schedule = self._schedule(self.reasoners[name], body)
         principal = self.access.principal(request.scope)
@@ -118,20 +122,27 @@ class Schedules:
         return JSONResponse(entry.view())
 
     async def trigger(self, request: Request) -> Response:
+        """Fire now: refused as a start is (429 + Retry-After when full, 409 while its
+        session is released, 503 draining or in doubt), 409 when its overlap skips it,
+        422 when its input no longer binds the reasoner."""
         entry = await self._find(request)
         self._may_change(request, entry)
         try:
-            firing = await self.ticker.fire(entry, round(time.time(), 3))
+            firing = await self.ticker.trigger(entry)
         except AdmissionError as exc:
-            raise ApiError(503, f"the firing was not started: {exc.reason.value}") from None
-        if firing.outcome == "skipped":
-            assert firing.execution is not None
+            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
+                raise in_doubt(request.scope, exc.in_doubt) from None
+            raise _admission_error(exc.reason) from None
+        if firing.outcome == "skipped" and firing.execution is not None:
             raise ApiError(
                 409,
                 "the previous firing is still running (overlap skip or buffer_one)",
                 extra={"execution_id": firing.execution.execution_id},
             )
-        assert firing.execution is not None
+        if firing.outcome == "invalid":
+            raise ApiError(422, f"input: {firing.problem}")
+        if firing.execution is None:  # this very millisecond's firing, since forgotten
+            raise ApiError(409, "this moment's firing was started and forgotten: trigger again")
         return JSONResponse(firing.execution.to_json(), status_code=202)
 
     async def _find(self, request: Request) -> Entry:
@@ -162,10 +173,7 @@ class Schedules:
 
     async def _keep(self, entry: Entry) -> None:
         """Into the store for every replica, and fired here from now on."""
-        entry.document = entry.to_document()
-        await self.ticker.store.put_schedule(entry.key, entry.document)
-        self.ticker.add(entry)
-        self.ticker.wake()
+        await self.ticker.keep(entry)
 
     async def _body(self, request: Request, allowed: frozenset[str]) -> dict[str, Any]:
         headers = first_values(request.scope["headers"])
@@ -176,7 +184,7 @@ class Schedules:
         if unknown:
             name = unknown[0]
             if not (name.isprintable() and 0 < len(name) <= SHOWN_LENGTH):
-                name = _shown(name)
+                name = shown(name)
             raise ApiError(422, f"{name}: not a field here (one of {sorted(allowed)})")
         return body
 
@@ -196,17 +204,9 @@ class Schedules:
             raise ApiError(422, str(exc)) from None
         try:
             reasoner.bind(dict(schedule.input))
-        except ValidationError as exc:
-            raise ApiError(422, f"input: {validation_detail(exc)}") from None
+        except ValidationError as exc:  # at most SHOWN_LENGTH characters of it echoed
+            raise ApiError(422, f"input: {binding_problem(exc)}") from None
         return schedule
-
-
-def _shown(value: object) -> str:
-    """A value a client sent, as a refusal echoes it: its repr (any character escaped),
-    cut to about SHOWN_LENGTH characters."""
-    shown = reprlib.Repr()
-    shown.maxstring = shown.maxother = SHOWN_LENGTH
-    return shown.repr(value)
 
 
 def _sees(principal: Principal | None, entry: Entry) -> bool:

@@ -1,15 +1,18 @@
 """`Schedule`: work that starts on its own, its cron read by cronsim in an IANA zone.
 
 A schedule is checked whole when it is made, and a refusal names the field it refuses
-(`ScheduleError.field`): the HTTP edge answers it as a 422 naming that field. Fire times are
-Unix times; the expression is evaluated in the schedule's zone, DST included (cronsim skips
-the hour a spring change removes and runs an autumn change's repeated hour once).
+(`ScheduleError.field`): the HTTP edge answers it as a 422 naming that field, echoing at
+most `SHOWN_LENGTH` characters of what was sent. Fire times are Unix times; the expression
+is read on the zone's wall clock, so every expression follows DST alike: a wall time a
+spring change skips runs at the first time after it, and an autumn change's repeated hour
+runs once (its first pass). cronsim alone does so only for a fixed minute and hour.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
+from pydantic import ValidationError
 
 from agent_server.model.counts import counted
 from agent_server.model.names import SESSION_ID_PATTERN, SESSION_ID_RULE, is_session_id
@@ -25,8 +29,9 @@ from agent_server.model.names import SESSION_ID_PATTERN, SESSION_ID_RULE, is_ses
 #: names): skip it, keep one waiting, start it anyway, or cancel the previous one.
 OVERLAPS = ("skip", "buffer_one", "allow_all", "cancel_other")
 
-#: What became of a firing, as `schedule_firings_total` counts it.
-FIRING_OUTCOMES = ("started", "skipped", "missed")
+#: What became of a firing, as `schedule_firings_total` counts it: `invalid` is a firing
+#: whose input no longer binds its reasoner (a release changed its parameters).
+FIRING_OUTCOMES = ("started", "skipped", "missed", "invalid")
 
 #: How far back a replica firing again starts missed firings, by default (seconds).
 DEFAULT_CATCHUP_WINDOW = 60.0
@@ -35,9 +40,16 @@ DEFAULT_CATCHUP_WINDOW = 60.0
 MAX_CATCHUP_WINDOW = 86_400.0
 
 
-#: The longest cron expression taken: every tick of every replica reads it again, and a
-#: refusal echoes it.
+#: The longest cron expression taken: every tick of every replica reads it again.
 MAX_CRON_LENGTH = 256
+
+#: How much of a value a refusal echoes (characters of its repr): a huge or unprintable
+#: value sent must not come back whole.
+SHOWN_LENGTH = 64
+
+#: The most missed firings counted one by one after a gap: counting walks every fire time,
+#: and a long outage of an every-second schedule holds a million of them.
+MAX_COUNTED = 100_000
 
 #: Five plain cron fields (a number in the field's range, `*`, or `*/step`), every one of
 #: which cronsim reads: the OpenAPI document's pattern for a request's `cron`. More is
@@ -81,6 +93,31 @@ def field_schemas(request: bool) -> dict[str, dict[str, Any]]:
     return made
 
 
+def shown(value: object) -> str:
+    """A value a client sent, as a refusal echoes it: its repr (any character escaped),
+    cut to about SHOWN_LENGTH characters."""
+    cut = reprlib.Repr()
+    cut.maxstring = cut.maxother = SHOWN_LENGTH
+    return cut.repr(value)
+
+
+def binding_problem(exc: ValidationError) -> str:
+    """Why an input does not bind, without echoing it: the first error's place (cut) and
+    pydantic's message (which names the expected type, not the value), and how many more."""
+    errors = exc.errors(include_url=False, include_context=False)
+    if not errors:
+        return "does not bind the reasoner's parameters"
+    first = errors[0]
+    place = ".".join(str(part) for part in first["loc"]) or "(the object)"
+    if not (place.isprintable() and len(place) <= SHOWN_LENGTH):
+        place = shown(place)
+    message = first["msg"]
+    if len(message) > 2 * SHOWN_LENGTH:
+        message = message[: 2 * SHOWN_LENGTH] + "..."
+    more = f" (and {counted(len(errors) - 1, 'more error')})" if len(errors) > 1 else ""
+    return f"{place}: {message}{more}"
+
+
 class ScheduleError(ValueError):
     """A schedule refused: `field` names what is wrong (the API's 422 names it)."""
 
@@ -104,7 +141,7 @@ def cron_fields(cron: object) -> str:
     try:
         CronSim(cron, datetime(2000, 1, 1, tzinfo=UTC))
     except CronSimError as exc:
-        raise ScheduleError("cron", f"{cron!r}: {exc}") from None
+        raise ScheduleError("cron", f"{shown(cron)}: {exc}") from None
     return " ".join(cron.split())
 
 
@@ -115,7 +152,7 @@ def zone(name: object) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ScheduleError("timezone", f"{name!r} is not an IANA time zone") from None
+        raise ScheduleError("timezone", f"{shown(name)} is not an IANA time zone") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +209,65 @@ class Schedule:
         if not isinstance(self.enabled, bool):
             raise ScheduleError("enabled", "must be true or false")
 
+    @property
+    def timing(self) -> str:
+        """What its fire times are made of (its cron and zone): the store's marks keep the
+        one they were handled with, so a change of it is seen by every replica."""
+        return f"{self.cron}\x1f{self.timezone}"
+
     def fire_times(self, after: float, until: float) -> Iterator[float]:
         """The fire times in (`after`, `until`], Unix times, in order."""
-        start = datetime.fromtimestamp(math.floor(after), zone(self.timezone))
-        for moment in CronSim(self.cron, start):
-            at = moment.timestamp()
+        for at in self._moments(after):
             if at > until:
                 return
-            if at > after:
-                yield at
+            yield at
 
     def next_fire(self, after: float) -> float:
         """The first fire time after `after`."""
-        start = datetime.fromtimestamp(math.floor(after), zone(self.timezone))
-        for moment in CronSim(self.cron, start):
-            if moment.timestamp() > after:
-                return moment.timestamp()
+        for at in self._moments(after):
+            return at
         raise ScheduleError("cron", "never fires")  # pragma: no cover: cronsim iterates on
+
+    def count_fire_times(self, after: float, until: float, limit: int = MAX_COUNTED) -> int:
+        """How many fire times (`after`, `until`] holds, at most `limit`: walking them is
+        the only exact count, so a long gap is walked in a thread, never on the loop."""
+        count = 0
+        for _ in self.fire_times(after, until):
+            count += 1
+            if count >= limit:
+                break
+        return count
+
+    def _moments(self, after: float) -> Iterator[float]:
+        """The fire times after `after`, ascending: the expression is matched against the
+        zone's wall clock (cronsim on naive times), and each wall time becomes the instant
+        it names; a repeated wall time its first pass, a skipped one the first instant
+        after it. So every expression, with seconds or not, follows DST as the docs say."""
+        tz = zone(self.timezone)
+        start = datetime.fromtimestamp(math.floor(after), tz).replace(tzinfo=None)
+        last = after
+        for wall in CronSim(self.cron, start):
+            at = _instant(wall, tz)
+            if at > last:  # a second pass, or a skipped hour's wall times folded into one
+                last = at
+                yield at
+
+
+def _instant(wall: datetime, tz: ZoneInfo) -> float:
+    """The Unix time of the wall time `wall` in `tz`: the first pass of a repeated one
+    (fold 0), the first instant after a skipped one (a spring change's gap)."""
+    aware = wall.replace(tzinfo=tz, fold=0)
+    at = aware.timestamp()
+    if datetime.fromtimestamp(at, tz).replace(tzinfo=None) == wall:
+        return at
+    # In a gap, fold 0 and fold 1 give instants either side of the change: the first
+    # instant whose wall time is not before `wall` lies between them.
+    other = wall.replace(tzinfo=tz, fold=1).timestamp()
+    low, high = math.floor(min(at, other)), math.ceil(max(at, other))
+    while low < high:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, tz).replace(tzinfo=None) >= wall:
+            high = middle
+        else:
+            low = middle + 1
+    return float(low)

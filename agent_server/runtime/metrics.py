@@ -314,7 +314,8 @@ class Metrics:
         yield counter(
             "schedule_firings_total",
             "Schedule firings, by outcome: started (by this replica), skipped (the previous "
-            "still running), missed (older than the catch-up window).",
+            "still running), missed (older than the catch-up window), invalid (its input no "
+            "longer binds the reasoner).",
             "outcome",
             self._firings,
         )

@@ -3,30 +3,40 @@
 Every replica fires every schedule: a firing's execution id and idempotency key come from
 (schedule, fire time), so the second replica's start is the idempotent duplicate of the
 first's, and no replica has to be elected. The store keeps each schedule's marks (when it
-was first seen, the last fire time handled, the last that started one): a replica coming up
+was first seen, the fire times handled, the last that started one): a replica coming up
 starts the missed firings younger than `catchup_window` once each and counts older ones as
-missed. A draining replica fires nothing (docs/schedules.md).
+missed, and every overlap decision reads the last started from the marks, whichever replica
+(or trigger) started it. A draining replica fires nothing (docs/schedules.md).
+
+A firing's lateness counts from the moment this replica last began firing without a gap
+(it came up, found the store again, or woke after a pause past GAP): a firing that comes
+due while it runs is tried at least once however late its tick, so `catchup_window: 0`
+means no catch-up, not never.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import scoped
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.record import isoformat
-from agent_server.model.schedules import Schedule
+from agent_server.model.schedules import MAX_COUNTED, Schedule, binding_problem
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import TERMINAL
 from agent_server.runtime.admission import AdmissionError
@@ -45,6 +55,10 @@ logger = logging.getLogger("agent_server.schedules")
 TICK_CAP = 1.0
 #: After a firing that could not start (no room, the store unreachable): try again then.
 RETRY_AFTER = 0.25
+#: A ticker that wakes this much later than it meant to was not firing (the process was
+#: paused, or its loop held): a gap, as if the replica had been down. Below it, lateness is
+#: the tick's own (a loaded machine), and a firing due meanwhile still starts.
+GAP = 5.0
 #: Ids derived from (schedule, fire time) live in their own UUID namespace.
 _NAMESPACE = uuid.UUID("6f2c1d0e-5b1a-4d8e-9a55-3c1e0f7b2a41")
 
@@ -67,11 +81,17 @@ class Entry:
     created_at: float | None = None
     #: Fire times up to this one are handled; None until the store's marks were read.
     cursor: float | None = None
-    #: The fire time of the latest execution it started, as known here.
-    started: float | None = None
     #: Its next fire time, and when the heap wakes for it (later, to retry a firing).
     next_at: float | None = None
     wake_at: float | None = None
+    #: When this replica began firing it as it is (added, or changed): fire times after
+    #: that are on time here, however late the tick that reaches them.
+    since: float = 0.0
+    #: The fire time tried and not started (refused, or its tick failed): a retry of it
+    #: counts its lateness from the moment of the retry.
+    tried: float | None = None
+    #: The fire time whose failure was logged (-inf: reading its marks): one line a firing.
+    logged: float | None = None
     removed: bool = False
     #: The JSON document the store keeps for it ('' for a declared one not changed).
     document: str = ""
@@ -140,6 +160,12 @@ class Entry:
             document=text,
         )
 
+    def overridden(self, enabled: bool, document: str = "") -> Entry:
+        """A declared schedule as its reasoner declares it in this release, with the one
+        thing PATCH may change on it (`enabled`) taken from the store's `document`."""
+        schedule = dataclasses.replace(self.schedule, enabled=enabled)
+        return Entry(self.schedule_id, self.reasoner, schedule, declared=True, document=document)
+
     @property
     def tenant(self) -> str | None:
         return None if self.principal is None else self.principal.tenant
@@ -150,14 +176,28 @@ class Entry:
         return scoped(self.tenant, self.schedule_id)
 
 
+def retimed(old: Schedule, new: Schedule) -> bool:
+    """Whether a change gives the schedule other fire times from now on (a cron or a zone
+    of its own, or enabled again): none of them before the change may run."""
+    return (old.cron, old.timezone) != (new.cron, new.timezone) or (new.enabled and not old.enabled)
+
+
 class Firing:
-    """What one firing did: the execution, and whether this call started it."""
+    """What one firing did: `started` (by this call), `duplicate` (started before: its
+    execution, None if since forgotten), `skipped` (the previous one, still running) or
+    `invalid` (its input no longer binds: `problem` says why)."""
 
-    __slots__ = ("execution", "outcome")
+    __slots__ = ("execution", "outcome", "problem")
 
-    def __init__(self, outcome: str, execution: Execution | None = None) -> None:
+    def __init__(self, outcome: str, execution: Execution | None = None, problem: str = "") -> None:
         self.outcome = outcome
         self.execution = execution
+        self.problem = problem
+
+    @property
+    def began(self) -> bool:
+        """Its own execution exists (started here or by another replica)."""
+        return self.outcome in ("started", "duplicate") and self.execution is not None
 
 
 class ScheduleTicker:
@@ -187,18 +227,27 @@ class ScheduleTicker:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         #: The declared schedules as their reasoners declare them (a document may disable
-        #: one), and the store's documents' version last read.
+        #: one), and the store's documents' version last read (a token no other set of
+        #: documents shows, even after Redis lost data: store/base.py `schedules_version`).
         self.declared: dict[str, Entry] = {}
-        self._version: int | None = None
+        self._version: str | None = None
+        #: Since when this replica has fired without a gap (None: a gap, the store
+        #: unreachable, just ended; the next tick begins again from its own moment).
+        self._since: float | None = None
+        #: A failure to read the documents (other than the store unreachable) was logged.
+        self._sync_failed = False
 
     def declare(self, entry: Entry) -> None:
-        """A schedule declared on a reasoner: fired unless a document disables it."""
+        """A schedule declared on a reasoner: fired unless a document disables it. The
+        declaration stays a template: what fires is a copy of it."""
         self.declared[entry.key] = entry
-        self.add(entry)
+        self.add(entry.overridden(entry.schedule.enabled))
 
     async def sync(self) -> None:
-        """Take the store's documents when their version moved: schedules made, changed or
-        deleted through the API on any replica, and declared ones disabled or enabled."""
+        """Take the store's documents when their version is not the one last read:
+        schedules made, changed or deleted through the API on any replica, and declared
+        ones disabled or enabled. An equal version means the same documents, as each change
+        writes a new token; a count would come back after Redis lost data."""
         version = await self.store.schedules_version()
         if version == self._version:
             return
@@ -208,36 +257,70 @@ class ScheduleTicker:
             current = self.entries.get(key)
             if current is not None and current.document == text:
                 continue
-            try:
-                entry = Entry.from_document(text)
-            except (ValueError, KeyError, TypeError):
-                logger.warning("schedule %r: its document cannot be read; not fired", key)
-                continue
-            if entry.reasoner not in self.reasoners:
-                logger.warning("schedule %r: reasoner %r is not served here", key, entry.reasoner)
-                continue
-            self.add(entry)
+            entry = self._entry_of(key, text)
+            if entry is not None:
+                self.add(entry)
         for key, entry in list(self.entries.items()):
             if key not in documents and entry.document:
                 self.remove(key)
                 if key in self.declared:  # its change deleted: as declared again
-                    self.add(self.declared[key])
+                    base = self.declared[key]
+                    self.add(base.overridden(base.schedule.enabled))
 
-    def add(self, entry: Entry) -> None:
-        """Fire `entry` from now on (its marks are read at its first tick)."""
+    def _entry_of(self, key: str, text: str) -> Entry | None:
+        """The entry a document makes, or None (logged) when it is not fired here. A
+        declared schedule's document only says whether it is enabled: its cron, input and
+        the rest are what this release declares, and one no longer declared is not fired."""
+        try:
+            doc = json.loads(text)
+            if isinstance(doc, dict) and doc.get("declared") is True:
+                enabled = doc["enabled"]
+                if not isinstance(enabled, bool):
+                    raise TypeError("enabled")
+                base = self.declared.get(key)
+                if base is None:
+                    logger.warning("schedule %r: not declared by this release; not fired", key)
+                    return None
+                return base.overridden(enabled, text)
+            entry = Entry.from_document(text)
+        except (ValueError, KeyError, TypeError):
+            logger.warning("schedule %r: its document cannot be read; not fired", key)
+            return None
+        if entry.reasoner not in self.reasoners:
+            logger.warning("schedule %r: reasoner %r is not served here", key, entry.reasoner)
+            return None
+        return entry
+
+    def add(self, entry: Entry, since: float | None = None) -> None:
+        """Fire `entry` from now on, or from `since` (its marks are read at its first tick).
+        A change that gives it other fire times reads its marks again, which the change
+        moved on (`keep`): nothing of the new fire times before the change runs."""
         old = self.entries.get(entry.key)
+        entry.since = self._clock() if since is None else since
         if old is not None:
             old.removed = True
-            entry.started = old.started
-            entry.cursor = old.cursor
             if entry.created_at is None:
                 entry.created_at = old.created_at
-            if entry.cursor is not None and not old.schedule.enabled:
-                entry.cursor = max(entry.cursor, self._clock())  # a disabled period: never run
+            if not retimed(old.schedule, entry.schedule):
+                entry.cursor, entry.tried, entry.logged = old.cursor, old.tried, old.logged
         self.entries[entry.key] = entry
         self._push(entry, self._clock())
         if self._wake is not None:
             self._wake.set()
+
+    async def keep(self, entry: Entry) -> None:
+        """A schedule made or changed here: its document into the store for every replica,
+        and fired here from now on. When the change gives it other fire times, its
+        `handled` mark moves on to this moment first, so no replica (one reading the new
+        document, or one coming up later) runs a fire time of the new cron from before it."""
+        now = self._clock()
+        old = self.entries.get(entry.key)
+        if old is not None and retimed(old.schedule, entry.schedule):
+            await self.store.schedule_fired(entry.key, now, False, timing=entry.schedule.timing)
+        entry.document = entry.to_document()
+        await self.store.put_schedule(entry.key, entry.document)
+        self.add(entry, since=now)
+        self.wake()
 
     def wake(self) -> None:
         """Sync and tick now (a schedule changed here)."""
@@ -269,86 +352,149 @@ class ScheduleTicker:
     async def _run(self) -> None:
         assert self._wake is not None
         while True:
+            reachable = True
             try:
                 await self.sync()
-                if not self._draining():
+                self._sync_failed = False
+            except StoreUnavailable:  # readiness says so; the next tick reads it again
+                self._since, reachable = None, False
+            except Exception:  # the schedules read before fire on; logged once
+                if not self._sync_failed:
+                    logger.exception("reading the schedules failed")
+                self._sync_failed = True
+            if reachable and not self._draining():
+                try:
                     await self.tick()
-            except StoreUnavailable:
-                pass  # readiness says so; the next tick reads the store again
-            except Exception:  # one bad tick must not end the firings
-                logger.exception("schedule tick failed")
+                except Exception:  # pragma: no cover: tick keeps each firing's failure
+                    logger.exception("schedule tick failed")
             now = self._clock()
-            pause = TICK_CAP if not self._heap else min(TICK_CAP, self._heap[0][0] - now)
+            pause = max(
+                0.005, TICK_CAP if not self._heap else min(TICK_CAP, self._heap[0][0] - now)
+            )
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.005, pause)):
+                async with asyncio.timeout(pause):
                     await self._wake.wait()
+            if self._clock() - (now + pause) > GAP:  # paused, or its loop held: a gap
+                self._since = None
 
     async def tick(self) -> None:
-        """Fire every firing due by now, each schedule's in order."""
+        """Fire every firing due by now, each schedule's in order. Whatever one firing
+        raises, its schedule stays on the heap: tried again soon, then on to the next."""
         now = self._clock()
+        if self._since is None:
+            self._since = now
+        since = self._since
         while self._heap and self._heap[0][0] <= now and not self._draining():
             due, _, entry = heapq.heappop(self._heap)
             if entry.removed or (entry.wake_at is not None and due != entry.wake_at):
                 continue
             try:
-                if entry.cursor is None:
-                    await self._prime(entry, now)
-                if entry.next_at is None:  # new here, or changed: its next fire time
+                if await self._step(entry, now, max(since, entry.since)):
                     self._schedule_next(entry)
                     continue
-                done = await self._fire_due(entry, entry.next_at, now)
             except StoreUnavailable:
-                done = False
-            if done:
-                self._schedule_next(entry)
-            else:  # the same fire time again soon, while it is inside its window
-                entry.wake_at = now + RETRY_AFTER
-                self._push(entry, entry.wake_at)
+                self._since = None  # a gap: lateness counts from the next tick on
+            except Exception:
+                self._failed(entry)
+            # The same fire time again soon, while it is inside its window.
+            entry.tried = entry.next_at
+            entry.wake_at = now + RETRY_AFTER
+            self._push(entry, entry.wake_at)
+
+    async def _step(self, entry: Entry, now: float, since: float) -> bool:
+        """Handle the entry's next fire time (its marks first, if not read yet). True:
+        done, on to the next; False: not started, try the same again soon."""
+        if entry.cursor is None:
+            await self._prime(entry, now, since)
+        if entry.next_at is None:  # new here, or changed: its next fire time
+            return True
+        return await self._fire_due(entry, entry.next_at, now, since)
+
+    def _failed(self, entry: Entry) -> None:
+        """A firing (or the read of its marks) raised: logged once for that fire time, not
+        once a retry; the entry is tried again, and its window still ends it."""
+        at = -math.inf if entry.next_at is None else entry.next_at
+        if entry.logged != at:
+            entry.logged = at
+            logger.exception("schedule %r: firing failed; tried again", entry.schedule_id)
 
     def _schedule_next(self, entry: Entry) -> None:
         assert entry.cursor is not None
         entry.next_at = entry.wake_at = entry.schedule.next_fire(entry.cursor)
         self._push(entry, entry.next_at)
 
-    async def _prime(self, entry: Entry, now: float) -> None:
-        """Read the store's marks: start after the later of its creation, its last handled
-        fire time and the window's start, counting what falls out of the window as missed."""
-        marks = await self.store.schedule_marks(entry.key, now)
+    async def _prime(self, entry: Entry, now: float, since: float) -> None:
+        """Read the store's marks: start after the later of its creation, its fire times
+        handled and the window's start (counted back from `since`), counting what falls
+        out of the window as missed. Marks handled with another cron or zone (a release
+        changed a declared one, or a replica of an earlier release changed it) move on to
+        now first: nothing of a changed cron from before the change runs."""
+        marks = await self.store.schedule_marks(entry.key, now, entry.schedule.timing)
         entry.created_at = marks.created if entry.created_at is None else entry.created_at
-        entry.started = marks.started
         handled = marks.created if marks.handled is None else max(marks.created, marks.handled)
-        window_start = now - entry.schedule.catchup_window
+        window_start = since - entry.schedule.catchup_window
         if handled < window_start and entry.schedule.enabled:
-            for _ in entry.schedule.fire_times(handled, window_start):
-                self._observe("missed", None)
+            await self._missed(entry, handled, window_start)
         entry.cursor = max(handled, window_start)
 
-    async def _fire_due(self, entry: Entry, at: float, now: float) -> bool:
-        """Fire `at` (and count it missed when it fell out of the window). False: not done,
-        try again soon."""
+    async def _missed(self, entry: Entry, after: float, until: float) -> None:
+        """Count the fire times in (`after`, `until`] as missed. Walking them is the only
+        exact count, and a long outage holds millions: walked in a thread, never on the
+        loop, and at most MAX_COUNTED (said in the log when there were more)."""
+        count = await asyncio.to_thread(entry.schedule.count_fire_times, after, until)
+        if count >= MAX_COUNTED:
+            logger.warning(
+                "schedule %r: at least %d firings missed since %s (counting stops there)",
+                entry.schedule_id,
+                count,
+                isoformat(after),
+            )
+        for _ in range(count):
+            self._observe("missed", None)
+
+    async def _fire_due(self, entry: Entry, at: float, now: float, since: float) -> bool:
+        """Fire `at`, or count it missed when it fell out of its window: first tried, it is
+        late from `since` (a firing due while this replica fires is never late, however
+        late its tick); tried again, from now. False: not done, try again soon."""
         if entry.cursor is not None and at <= entry.cursor:
             return True
-        if not entry.schedule.enabled:  # a disabled period's fire times never run
-            entry.cursor = at
-            await self.store.schedule_fired(entry.key, at, False)
+        if not entry.schedule.enabled:  # a disabled period's fire times never run: all
+            entry.cursor = max(at, now)  # those due by now handled at once
+            await self.store.schedule_fired(entry.key, entry.cursor, False)
             return True
-        if at < now - entry.schedule.catchup_window:
-            self._observe("missed", None)
-            entry.cursor = at
-            await self.store.schedule_fired(entry.key, at, False)
+        retry = entry.tried == at
+        horizon = (now if retry else since) - entry.schedule.catchup_window
+        if at < horizon:
+            if retry:  # tried until its window closed
+                self._observe("missed", None)
+                entry.cursor = at
+            else:  # reached after a gap: it and every later one out of the window, at once
+                assert entry.cursor is not None
+                await self._missed(entry, entry.cursor, horizon)
+                entry.cursor = horizon
+            await self.store.schedule_fired(entry.key, entry.cursor, False)
             return True
         try:
             firing = await self.fire(entry, at)
         except AdmissionError:
             return False
         entry.cursor = at
-        await self.store.schedule_fired(entry.key, at, firing.outcome == "started")
+        await self.store.schedule_fired(entry.key, at, firing.began)
         return True
 
-    async def fire(self, entry: Entry, at: float, *, overlap: bool = True) -> Firing:
+    async def trigger(self, entry: Entry) -> Firing:
+        """`POST /schedules/{id}/trigger`: a firing now, obeying `overlap`, and recorded as
+        the latest started before it starts, so every replica's next overlap decision
+        sees it (a start refused after leaves a mark naming no execution: no previous)."""
+        return await self.fire(entry, round(self._clock(), 3), mark=True)
+
+    async def fire(
+        self, entry: Entry, at: float, *, overlap: bool = True, mark: bool = False
+    ) -> Firing:
         """Start the firing at `at`, or skip it by its overlap policy; its execution (the
-        earlier one for a repeat) and the outcome this call had."""
+        earlier one for a repeat) and the outcome this call had. `mark`: record it as the
+        latest started before starting it (a trigger, whose time is no fire time)."""
         reasoner = self.reasoners[entry.reasoner]
         schedule = entry.schedule
         policy = SessionPolicy.PARALLEL
@@ -361,17 +507,34 @@ class ScheduleTicker:
                 if schedule.overlap == "buffer_one"
                 else SessionPolicy.INTERRUPT
             )
+        key = entry.key
+        execution_id = firing_id(key, at)
         if overlap and schedule.overlap in ("skip", "buffer_one"):
             previous = await self._previous(entry)
             full = previous is not None and (
                 previous.status is ExecutionStatus.QUEUED or schedule.overlap == "skip"
             )
-            if full and previous is not None and previous.execution_id != firing_id(entry.key, at):
+            if full and previous is not None and previous.execution_id != execution_id:
                 self._observe("skipped", None)
                 return Firing("skipped", previous)
         body = dict(schedule.input)
-        key = entry.key
-        execution_id = firing_id(key, at)
+        try:
+            arguments = reasoner.bind(body)
+            fingerprint = reasoner.fingerprint(session_id, body)
+        except ValidationError as exc:  # a release changed the reasoner's parameters
+            problem = binding_problem(exc)
+            self._observe("invalid", None)
+            logger.warning(
+                "schedule %r: the firing at %s did not start: its input no longer binds "
+                "reasoner %r (input: %s)",
+                entry.schedule_id,
+                isoformat(at),
+                entry.reasoner,
+                problem,
+            )
+            return Firing("invalid", problem=problem)
+        if mark:
+            await self.store.schedule_fired(key, at, True, handled=False)
 
         def stamp(execution: Execution) -> None:
             execution.execution_id = execution_id
@@ -382,12 +545,12 @@ class ScheduleTicker:
         try:
             execution, started = await self.registry.start_once(
                 reasoner,
-                reasoner.bind(body),
+                arguments,
                 session_id,
                 body=body,
                 idempotency=Idempotency(
                     f"schedule\x1f{key}\x1f{at:.3f}",
-                    reasoner.fingerprint(session_id, body),
+                    fingerprint,
                     max(self._ttl, 2 * window + 60.0),
                 ),
                 session_policy=policy,
@@ -396,17 +559,19 @@ class ScheduleTicker:
             )
         except (IdempotencyForgotten, IdempotencyMismatch):
             return Firing("duplicate")  # started before, and since forgotten or changed
-        entry.started = at if entry.started is None else max(entry.started, at)
         if started:
             self._observe("started", self._clock() - at)
             return Firing("started", execution)
         return Firing("duplicate", execution)
 
     async def _previous(self, entry: Entry) -> Execution | None:
-        """The latest execution the schedule started, while it is not terminal."""
-        if entry.started is None:
+        """The latest execution the schedule started, on any replica or by a trigger, while
+        it is not terminal: read from the store's marks at each decision, never from what
+        this replica saw (another one, or this one before a pause, may have started it)."""
+        marks = await self.store.schedule_marks(entry.key, self._clock())
+        if marks.started is None:
             return None
-        previous = await self.store.get(firing_id(entry.key, entry.started))
+        previous = await self.store.get(firing_id(entry.key, marks.started))
         if previous is None or previous.status in TERMINAL:
             return None
         return previous

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -55,6 +56,14 @@ class Marks:
     created: float
     handled: float | None = None
     started: float | None = None
+    #: The timing (cron and zone) `handled` belongs to (`ExecutionStore.schedule_marks`).
+    timing: str | None = None
+
+
+def new_schedules_version() -> str:
+    """A schedules version no store state has shown (64 random bits), written with each
+    change of the documents."""
+    return os.urandom(8).hex()
 
 
 class IdempotencyMismatch(Exception):
@@ -503,18 +512,38 @@ class ExecutionStore(abc.ABC):
         """Accept new work for the session again; `answer` is shared with the releases
         that joined this one on other replicas."""
 
-    async def schedule_marks(self, schedule_key: str, now: float) -> Marks:
+    async def schedule_marks(self, schedule_key: str, now: float, timing: str = "") -> Marks:
         """When the store first saw the schedule (`now` if this call is the first), its last
         fire time handled and the last one that started an execution: a schedule never runs
-        fire times from before it existed (docs/schedules.md). This one is the process's."""
+        fire times from before it existed (docs/schedules.md). With `timing` (its cron and
+        zone): one that differs from the timing the marks were handled with moves `handled`
+        on to `now` first, as the fire times of a cron changed (by a PATCH or a release)
+        start at the change. This one is the process's."""
         kept = self._schedule_marks.setdefault(schedule_key, Marks(now))
+        if timing and kept.timing != timing:
+            if kept.timing is not None:
+                kept.handled = now if kept.handled is None else max(kept.handled, now)
+            kept.timing = timing
         return Marks(kept.created, kept.handled, kept.started)
 
-    async def schedule_fired(self, schedule_key: str, at: float, started: bool) -> None:
-        """Record `at` as handled (and as started, when it started an execution): the later
-        of it and the one kept."""
+    async def schedule_fired(
+        self,
+        schedule_key: str,
+        at: float,
+        started: bool,
+        *,
+        handled: bool = True,
+        timing: str = "",
+    ) -> None:
+        """Record `at` as handled (fire times up to it are done with; a change of the cron
+        records its own moment, with its new `timing`) and as started, when its execution
+        exists (a trigger records only that, as its time is no fire time): each the later
+        of it and the one kept, so a mark never goes back."""
         kept = self._schedule_marks.setdefault(schedule_key, Marks(at))
-        kept.handled = at if kept.handled is None else max(kept.handled, at)
+        if timing:
+            kept.timing = timing
+        if handled:
+            kept.handled = at if kept.handled is None else max(kept.handled, at)
         if started:
             kept.started = at if kept.started is None else max(kept.started, at)
 
@@ -526,17 +555,20 @@ class ExecutionStore(abc.ABC):
         """Keep a schedule made (or changed) through the API, as JSON text, for every
         replica; the version `schedules_version` reads moves on."""
         self._schedule_docs[schedule_key] = document
-        self._schedule_version[0] += 1
+        self._schedule_version[0] = new_schedules_version()
 
     async def delete_schedule(self, schedule_key: str) -> bool:
         """Forget a schedule's document and marks: False when there was none."""
         found = self._schedule_docs.pop(schedule_key, None) is not None
         self._schedule_marks.pop(schedule_key, None)
-        self._schedule_version[0] += 1
+        self._schedule_version[0] = new_schedules_version()
         return found
 
-    async def schedules_version(self) -> int:
-        """Moves on with every `put_schedule` and `delete_schedule`, on any replica."""
+    async def schedules_version(self) -> str:
+        """A token every `put_schedule` and `delete_schedule` replaces with a new one, on
+        any replica: two reads that show the same token show the same documents. Not a
+        counter: a store that loses its data or its last writes would count again to a
+        number a replica has seen, with other documents ('' before any change)."""
         return self._schedule_version[0]
 
     async def schedule_documents(self) -> dict[str, str]:
@@ -548,8 +580,8 @@ class ExecutionStore(abc.ABC):
         return {}
 
     @functools.cached_property
-    def _schedule_version(self) -> list[int]:
-        return [0]
+    def _schedule_version(self) -> list[str]:
+        return [""]
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """The answer of a release another replica has under way, once it ends; None when it

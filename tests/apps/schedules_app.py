@@ -94,3 +94,36 @@ async def slow_cancel(ctx: ExecutionContext) -> None:
 async def plain(n: int = 0) -> int:
     """Not scheduled: for the API's schedules."""
     return n
+
+
+#: The release this process plays: release 2 renamed `counted`'s parameter, and declares
+#: `report` as REPORT_CRON and REPORT_TAG say (its cron and input changed in code).
+RELEASE = os.environ.get("SCHEDULE_RELEASE", "1")
+
+if RELEASE == "1":
+
+    @agent.reasoner()
+    async def counted(n: int = 0) -> int:
+        """Not scheduled: an API schedule's input binds it in release 1 only."""
+        return n
+
+else:
+
+    @agent.reasoner()
+    async def counted(count: int = 0) -> int:
+        """The same reasoner after a release renamed its parameter."""
+        return count
+
+
+@agent.reasoner(
+    schedules=declared(
+        "report",
+        Schedule(
+            os.environ.get("REPORT_CRON", "0 0 1 1 *"),
+            input={"tag": os.environ.get("REPORT_TAG", "old")},
+        ),
+    )
+)
+async def report(ctx: ExecutionContext, tag: str = "") -> str:
+    mark(ctx, "start", tag=tag)
+    return tag

@@ -476,3 +476,394 @@ def test_a_schedule_made_on_one_replica_fires_once_on_three_and_is_deleted_on_al
         expected = {firing_id(sid, at) for at in fire_times(began + 1, deleted - 1)}
         assert expected <= set(counts)
         assert not [line for line in starts if line["at"] > settled + 0.5]
+
+
+# -- what the audit of schedules found (docs/schedules.md) ------------------------------------
+
+
+def bare(tmp_path: Path, name: str, *args: str, **env: str) -> ServerProcess:
+    """A replica of the schedules app that declares no schedule (unless `SCHEDULES` says),
+    its witness in `tmp_path`, its own stderr in `tmp_path/name`."""
+    (tmp_path / name).mkdir()
+    return ServerProcess(
+        [APP, *args], {"SCHEDULE_MARKS": str(tmp_path), "SCHEDULES": "", **env}, tmp_path / name
+    )
+
+
+def listed(client: httpx.Client, sid: str) -> list[dict[str, Any]]:
+    answer = client.get("/executions", params={"schedule_id": sid, "limit": 1000})
+    assert answer.status_code == 200, answer.text
+    found: list[dict[str, Any]] = answer.json()
+    return found
+
+
+def unix(rfc3339: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def firings(url: str, outcome: str) -> float:
+    from tests.support.cluster import metric
+
+    return metric(url, "agent_server_schedule_firings_total", outcome=outcome)
+
+
+def test_catchup_window_0_starts_each_firing_that_comes_due_while_a_replica_runs(
+    tmp_path: Path,
+) -> None:
+    """0 means no catch-up, not never: a tick always runs a little after its fire time."""
+    server = bare(tmp_path, "a")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            made = client.post(
+                "/schedules",
+                json={
+                    "reasoner": "plain",
+                    "cron": "* * * * * *",
+                    "catchup_window": 0,
+                    "overlap": "allow_all",
+                },
+            )
+            assert made.status_code == 201, made.text
+            sid = made.json()["schedule_id"]
+            wait_until(lambda: len(listed(client, sid)) >= 3, what="three firings")
+        assert firings(server.url, "missed") == 0
+    finally:
+        server.close()
+
+
+def test_catchup_window_0_runs_nothing_a_paused_replica_slept_through(tmp_path: Path) -> None:
+    """A replica paused (SIGSTOP) past a few seconds was not firing: with no catch-up,
+    the fire times it slept through never run when it wakes; the next ones do."""
+    server = bare(tmp_path, "a")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            made = client.post(
+                "/schedules",
+                json={
+                    "reasoner": "plain",
+                    "cron": "* * * * * *",
+                    "catchup_window": 0,
+                    "overlap": "allow_all",
+                },
+            )
+            assert made.status_code == 201, made.text
+            sid = made.json()["schedule_id"]
+            wait_until(lambda: listed(client, sid), what="a firing")
+            server.signal(signal.SIGSTOP)
+            stopped = time.time()
+            try:
+                wait_until(lambda: time.time() > stopped + 7.0, what="the pause")
+            finally:
+                server.signal(signal.SIGCONT)
+            resumed = time.time()
+            wait_until(
+                lambda: [e for e in listed(client, sid) if unix(e["scheduled_at"]) > resumed],
+                what="a firing after the pause",
+            )
+            scheduled = [unix(e["scheduled_at"]) for e in listed(client, sid)]
+    finally:
+        server.close()
+    slept = [at for at in scheduled if stopped + 1 < at < resumed - 1]
+    assert not slept, (stopped, resumed, sorted(scheduled))
+
+
+def test_a_changed_cron_runs_none_of_its_fire_times_from_before_the_change(
+    tmp_path: Path,
+) -> None:
+    server = bare(tmp_path, "a")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            made = client.post(
+                "/schedules",
+                json={"reasoner": "plain", "cron": "0 0 1 1 *", "overlap": "allow_all"},
+            )
+            assert made.status_code == 201, made.text
+            sid = made.json()["schedule_id"]
+            created = time.time()
+            # Fire times of the new cron pass between the creation and the change.
+            wait_until(lambda: time.time() > created + 3.0, what="three fire times")
+            changed = time.time()
+            patched = client.patch(f"/schedules/{sid}", json={"cron": "* * * * * *"})
+            assert patched.status_code == 200, patched.text
+            wait_until(lambda: len(listed(client, sid)) >= 2, what="two firings")
+            scheduled = sorted(unix(e["scheduled_at"]) for e in listed(client, sid))
+        assert scheduled[0] > changed, (changed, scheduled)
+    finally:
+        server.close()
+
+
+def test_skip_sees_the_firing_another_replica_started_while_this_one_was_paused(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The previous firing comes from the store's marks at each decision: a replica
+    paused (SIGSTOP) while the other started a firing skips the fire times it slept
+    through instead of starting one beside it."""
+    flags = ["--store", redis_url, "--lease-ttl", "1"]
+    slow = {"SCHEDULE_SLOW": "5"}
+    replicas = [bare(tmp_path, name, *flags, "--replica-id", name, **slow) for name in "ab"]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        made = httpx.post(
+            f"{replicas[0].url}/schedules",
+            json={"reasoner": "slow_skip", "cron": "*/2 * * * * *"},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        first = wait_until(lambda: intervals(tmp_path, "slow_skip"), what="a first firing")
+        (first_id,) = first
+        owner = httpx.get(f"{replicas[0].url}/executions/{first_id}", timeout=5).json()["replica"]
+        # Pause the replica that does not run it; the other runs it to its end, then
+        # starts the next firing due after it.
+        paused = replicas[0] if owner == "b" else replicas[1]
+        before = firings(paused.url, "skipped") + firings(paused.url, "started")
+        paused.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: len(intervals(tmp_path, "slow_skip")) >= 2, what="the next firing")
+        finally:
+            paused.signal(signal.SIGCONT)
+        # Back, it handles the fire times it slept through.
+        wait_until(
+            lambda: firings(paused.url, "skipped") + firings(paused.url, "started") >= before + 2,
+            what="the paused replica's firings",
+        )
+        spans = intervals(tmp_path, "slow_skip")
+    finally:
+        for replica in replicas:
+            replica.close()
+    assert overlapping(spans) == 0, spans
+
+
+def test_a_trigger_on_one_replica_is_the_previous_firing_on_every_other(
+    tmp_path: Path, redis_url: str
+) -> None:
+    flags = ["--store", redis_url, "--lease-ttl", "1"]
+    slow = {"SCHEDULE_SLOW": "4"}
+    a, b = (bare(tmp_path, name, *flags, "--replica-id", name, **slow) for name in "ab")
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        made = httpx.post(
+            f"{a.url}/schedules",
+            json={"reasoner": "slow_skip", "cron": "* * * * * *", "enabled": False},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+        triggered = httpx.post(f"{a.url}/schedules/{sid}/trigger", timeout=5)
+        assert triggered.status_code == 202, triggered.text
+        first = triggered.json()["execution_id"]
+        # Enabled on the other replica while the triggered execution runs: every firing
+        # of either replica is skipped until it ended.
+        enabled = httpx.patch(f"{b.url}/schedules/{sid}", json={"enabled": True}, timeout=5)
+        assert enabled.status_code == 200, enabled.text
+        wait_until(
+            lambda: len(intervals(tmp_path, "slow_skip")) >= 2, what="a firing after the trigger"
+        )
+        spans = intervals(tmp_path, "slow_skip")
+        skipped = firings(a.url, "skipped") + firings(b.url, "skipped")
+    finally:
+        a.close()
+        b.close()
+    assert first in spans
+    assert overlapping(spans) == 0, spans
+    assert skipped >= 2
+
+
+def test_a_firing_whose_input_no_longer_binds_is_counted_logged_and_its_schedule_lives(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A release renamed the reasoner's parameter: each firing is `invalid` (counted,
+    one line of log each, no traceback), a trigger is 422 naming the input, and the
+    schedule fires again once its input is changed to bind."""
+    flags = ["--store", redis_url, "--lease-ttl", "1"]
+    first = bare(tmp_path, "release1", *flags)
+    try:
+        first.wait_ready()
+        made = httpx.post(
+            f"{first.url}/schedules",
+            json={"reasoner": "counted", "cron": "* * * * * *", "input": {"n": 1}},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+    finally:
+        first.signal(signal.SIGTERM)
+        first.wait_exit(WAIT)
+        first.close()
+    second = bare(tmp_path, "release2", *flags, SCHEDULE_RELEASE="2")
+    try:
+        second.wait_ready()
+        wait_until(lambda: firings(second.url, "invalid") >= 3, what="three invalid firings")
+        with httpx.Client(base_url=second.url, timeout=5) as client:
+            refused = client.post(f"/schedules/{sid}/trigger")
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["detail"].startswith("input: n:"), refused.text
+            changed = client.patch(f"/schedules/{sid}", json={"input": {"count": 2}})
+            assert changed.status_code == 200, changed.text
+            done = wait_until(
+                lambda: [e for e in listed(client, sid) if e["status"] == "succeeded"],
+                what="a firing that binds",
+            )
+            assert done[0]["result"] == 2
+        log = second.stderr()
+    finally:
+        second.close()
+    assert "Traceback" not in log
+    lines = [line for line in log.splitlines() if "no longer binds" in line]
+    assert lines and all(f"schedule {sid!r}" in line for line in lines)
+    assert len({line.split(" the firing at ")[1].split()[0] for line in lines}) == len(lines)
+
+
+def test_a_declared_schedule_is_its_releases_code_once_toggled_and_stops_when_removed(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Only `enabled` of a declared schedule is kept by PATCH: its cron and input are the
+    running release's (its new cron's fire times from before the release came up never
+    run), and a release that no longer declares it fires nothing of it."""
+    flags = ["--store", redis_url, "--lease-ttl", "1"]
+
+    def toggled(server: ServerProcess) -> None:
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            for enabled in (False, True):
+                answer = client.patch("/schedules/report-0", json={"enabled": enabled})
+                assert answer.status_code == 200, answer.text
+
+    def reports(tag: str) -> list[dict[str, Any]]:
+        return [line for line in witnessed(tmp_path) if line.get("tag") == tag]
+
+    def release(name: str, declared: str, **env: str) -> ServerProcess:
+        return bare(tmp_path, name, *flags, SCHEDULES=declared, **env)
+
+    old = release("release1", "report", REPORT_CRON="0 0 1 1 *", REPORT_TAG="old")
+    try:
+        old.wait_ready()
+        toggled(old)
+    finally:
+        old.signal(signal.SIGTERM)
+        old.wait_exit(WAIT)
+        old.close()
+    began = time.time()
+    new = release("release2", "report", REPORT_CRON="* * * * * *", REPORT_TAG="new")
+    try:
+        new.wait_ready()
+        shown = httpx.get(f"{new.url}/schedules/report-0", timeout=5).json()
+        assert (shown["cron"], shown["input"]) == ("* * * * * *", {"tag": "new"}), shown
+        wait_until(lambda: reports("new"), what="a firing of the new release's cron")
+        with httpx.Client(base_url=new.url, timeout=5) as client:
+            scheduled = [unix(e["scheduled_at"]) for e in listed(client, "report-0")]
+        assert scheduled and min(scheduled) > began, (began, scheduled)
+        toggled(new)  # its document now says enabled, as the release said it
+    finally:
+        new.signal(signal.SIGTERM)
+        new.wait_exit(WAIT)
+        new.close()
+    gone = release("release3", "tick")
+    try:
+        gone.wait_ready()
+        ready = time.time()
+        assert httpx.get(f"{gone.url}/schedules/report-0", timeout=5).status_code == 404
+        # Two firings of `tick` (every 2 s) pass: `report` would have fired each second.
+        wait_until(
+            lambda: sum(1 for line in witnessed(tmp_path) if line["reasoner"] == "tick") >= 2,
+            what="two firings of tick",
+        )
+    finally:
+        gone.close()
+    late = [line for line in reports("new") if line["at"] > ready]
+    assert not late, late
+
+
+def test_coming_up_after_a_long_outage_counts_missed_firings_off_the_event_loop(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Every replica was down for two weeks (the marks say so): an every-second schedule
+    missed 1.2 million firings. They are counted (up to a bound) without holding the
+    loop, and the schedule fires on."""
+    import redis
+
+    flags = ["--store", redis_url, "--lease-ttl", "1"]
+    first = bare(tmp_path, "before", *flags)
+    try:
+        first.wait_ready()
+        made = httpx.post(
+            f"{first.url}/schedules",
+            json={"reasoner": "plain", "cron": "* * * * * *"},
+            timeout=5,
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["schedule_id"]
+        with httpx.Client(base_url=first.url, timeout=5) as client:
+            wait_until(lambda: listed(client, sid), what="a firing")
+    finally:
+        first.signal(signal.SIGTERM)
+        first.wait_exit(WAIT)
+        first.close()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (key,) = client.keys(f"*schedule:{sid}")
+        old = time.time() - 14 * 86_400
+        client.hset(key, mapping={"created": repr(old), "handled": repr(old)})
+    finally:
+        client.close()
+    up = bare(tmp_path, "after", *flags)
+    try:
+        up.wait_ready()
+        wait_until(lambda: firings(up.url, "missed") >= 100_000, what="the missed counted")
+        started = firings(up.url, "started")
+        wait_until(lambda: firings(up.url, "started") > started, what="a firing after")
+        missed = firings(up.url, "missed")
+        log = up.stderr()
+    finally:
+        up.close()
+    stalls = [line for line in log.splitlines() if "stall" in line or "blocked for" in line]
+    assert not [line for line in stalls if "cronsim" in line or "schedules" in line], stalls
+    from agent_server.model.schedules import MAX_COUNTED
+
+    assert missed == MAX_COUNTED == 100_000
+
+
+def test_a_refusal_echoes_at_most_64_characters_of_what_was_sent(tmp_path: Path) -> None:
+    server = bare(tmp_path, "a")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            huge = "x" * 100_000
+            for body, field in [
+                ({"cron": "* * * * " + "9" * 240}, "cron"),
+                ({"cron": "* * * * *", "input": {"n": huge}}, "input"),
+                ({"cron": "* * * * *", "input": {huge: 1}}, "input"),
+                ({"cron": "* * * * *", "timezone": "Europe/" + "x" * 56}, "timezone"),
+            ]:
+                refused = client.post("/schedules", json={"reasoner": "plain", **body})
+                assert refused.status_code == 422, refused.text
+                detail = refused.json()["detail"]
+                assert detail.startswith(f"{field}: "), detail
+                assert "x" * 65 not in detail and "9" * 65 not in detail, detail
+                assert len(refused.content) < 300, refused.text
+    finally:
+        server.close()
+
+
+def test_a_trigger_is_refused_as_a_start_is(tmp_path: Path) -> None:
+    """A full replica answers a trigger 429 + Retry-After, as it answers any start."""
+    server = bare(tmp_path, "a", "--max-inflight", "1", SCHEDULE_SLOW="5")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            made = client.post("/schedules", json={"reasoner": "plain", "cron": "0 0 1 1 *"})
+            assert made.status_code == 201, made.text
+            busy = client.post("/reasoners/slow_all/async", json={})
+            assert busy.status_code == 202, busy.text
+            start = client.post("/reasoners/plain/async", json={"n": 1})
+            assert start.status_code == 429, start.text
+            refused = client.post(f"/schedules/{made.json()['schedule_id']}/trigger")
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == start.headers["retry-after"] == "1"
+    finally:
+        server.close()

@@ -49,3 +49,53 @@ async def test_marks_never_go_back_whichever_replica_writes_last(redis_url: str)
     finally:
         for store in stores:
             await closed(store)
+
+
+async def test_a_trigger_moves_started_only_and_both_stores_agree(redis_url: str) -> None:
+    """A trigger's time is no fire time: it becomes the latest started (what every
+    replica's overlap decision reads) and leaves `handled` (where catch-up starts) alone;
+    neither goes back. The process's store keeps the same rule."""
+    from agent_server.store.memory import MemoryStore
+
+    shared = open_redis(redis_url, "r0", Recorder())
+    await shared.open()
+    try:
+        for store in (shared, MemoryStore("m")):
+            await store.schedule_marks("hourly", 1000.0)
+            await store.schedule_fired("hourly", 3600.0, True)
+            await store.schedule_fired("hourly", 4000.5, True, handled=False)  # a trigger
+            marks = await store.schedule_marks("hourly", 0.0)
+            assert (marks.handled, marks.started) == (3600.0, 4000.5), store
+            await store.schedule_fired("hourly", 3900.0, True, handled=False)  # written late
+            await store.schedule_fired("hourly", 7200.0, False)  # a skipped firing
+            marks = await store.schedule_marks("hourly", 0.0)
+            assert (marks.handled, marks.started) == (7200.0, 4000.5), store
+    finally:
+        await closed(shared)
+
+
+async def test_marks_handled_with_another_cron_move_on_to_the_change(redis_url: str) -> None:
+    """A replica whose schedule has another timing (cron and zone) than the one the marks
+    were handled with (a release changed a declared cron) moves `handled` on to its now:
+    the new cron's fire times start at the change. Marks kept before timings were kept
+    just take it; the same timing moves nothing."""
+    from agent_server.store.memory import MemoryStore
+
+    shared = open_redis(redis_url, "r0", Recorder())
+    await shared.open()
+    try:
+        for store in (shared, MemoryStore("m")):
+            await store.schedule_marks("legacy", 1000.0)
+            await store.schedule_fired("legacy", 1200.0, True)
+            marks = await store.schedule_marks("legacy", 5000.0, "0 7 * * *\x1fUTC")
+            assert marks.handled == 1200.0, store  # no timing kept: taken, nothing moved
+            marks = await store.schedule_marks("legacy", 6000.0, "0 7 * * *\x1fUTC")
+            assert marks.handled == 1200.0, store  # the same timing
+            marks = await store.schedule_marks("legacy", 7000.0, "* * * * *\x1fUTC")
+            assert (marks.handled, marks.started) == (7000.0, 1200.0), store
+            # A PATCH records its moment and its timing at once.
+            await store.schedule_fired("legacy", 7500.0, False, timing="0 * * * *\x1fUTC")
+            marks = await store.schedule_marks("legacy", 9000.0, "0 * * * *\x1fUTC")
+            assert marks.handled == 7500.0, store
+    finally:
+        await closed(shared)

@@ -330,11 +330,12 @@ async def test_a_take_of_an_earlier_process_of_the_replica_id_is_judged_as_a_dea
 async def test_a_create_that_never_reached_redis_stays_absent(
     own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
 ) -> None:
-    """Settling a create that got no answer voids its id: even if the command were to run
+    """Settling a create that got no answer voids it: even if the command were to run
     later, no record would appear for a start the client was refused."""
     a = await stores("A", lease_ttl=LEASE)
     execution = Execution("sleep", None, "A")
-    a._liveness.in_doubt[execution.execution_id] = execution
+    execution.take = a._liveness.start_token()  # the create sent, never answered
+    a._liveness.doubt(execution, 1)
     a.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
     await eventually(lambda: asyncio.sleep(0, not a._liveness.in_doubt), timeout=BOUND)
     with pytest.raises(StoreUnavailable):

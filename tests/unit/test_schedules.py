@@ -168,3 +168,203 @@ async def test_a_refused_firing_retries_its_own_fire_time_and_a_change_fires_not
     clock[0] = 1020.0
     await ticker.tick()
     assert starts.fired == [1010.0, 1010.0, 1020.0]
+
+
+# -- DST on the wall clock, for every expression (docs/schedules.md, Fields: timezone) --------
+
+
+def _local(times: list[float]) -> list[str]:
+    return [datetime.fromtimestamp(t, PARIS).strftime("%H:%M:%S%z") for t in times]
+
+
+@pytest.mark.parametrize(
+    ("cron", "day", "expected"),
+    [
+        # Autumn (2026-10-25, 03:00 CEST -> 02:00 CET): the repeated hour runs once, its
+        # first pass, whatever the minute field; a wildcard hour has no firing in the second.
+        (
+            "*/15 2 * * *",
+            (2026, 10, 25),
+            ["02:00:00+0200", "02:15:00+0200", "02:30:00+0200", "02:45:00+0200"],
+        ),
+        ("0 */2 * * *", (2026, 10, 25), ["00:00:00+0200", "02:00:00+0200", "04:00:00+0100"]),
+        (
+            "*/30 1-3 * * *",
+            (2026, 10, 25),
+            [
+                "01:00:00+0200",
+                "01:30:00+0200",
+                "02:00:00+0200",
+                "02:30:00+0200",
+                "03:00:00+0100",
+                "03:30:00+0100",
+            ],
+        ),
+        ("0 30 2 * * *", (2026, 10, 25), ["02:30:00+0200"]),  # six fields too
+        # Spring (2026-03-29, 02:00 CET -> 03:00 CEST): a firing in the missing hour runs at
+        # the first time after it, once.
+        ("0 */2 * * *", (2026, 3, 29), ["00:00:00+0100", "03:00:00+0200", "04:00:00+0200"]),
+        ("*/15 2 * * *", (2026, 3, 29), ["03:00:00+0200"]),
+        ("0 0,30 2,3 * * *", (2026, 3, 29), ["03:00:00+0200", "03:30:00+0200"]),
+        ("30 2 * * *", (2026, 3, 29), ["03:00:00+0200"]),
+    ],
+)
+def test_every_expression_follows_dst_on_the_wall_clock(
+    cron: str, day: tuple[int, int, int], expected: list[str]
+) -> None:
+    schedule = Schedule(cron, timezone="Europe/Paris")
+    start = _at(*day, 0, 0, 0)
+    until = _at(*day, 5, 0, 0)
+    times = list(schedule.fire_times(start - 1, until))
+    assert _local(times) == expected
+    # next_fire walks the same times, from any point, also inside the repeated hour.
+    walked, at = [], start - 1
+    while (at := schedule.next_fire(at)) <= until:
+        walked.append(at)
+    assert walked == times
+
+
+def test_an_every_second_schedule_skips_the_repeated_hour_s_second_pass() -> None:
+    schedule = Schedule("* * * * * *", timezone="Europe/Paris")
+    first_pass_end = _at(2026, 10, 25, 2, 59, 59)
+    second_pass = datetime(2026, 10, 25, 2, 10, 0, tzinfo=PARIS, fold=1).timestamp()
+    assert schedule.next_fire(first_pass_end) == first_pass_end + 3601  # 03:00:00 CET
+    assert _local([schedule.next_fire(second_pass)]) == ["03:00:00+0100"]
+
+
+def test_counting_fire_times_stops_at_its_limit() -> None:
+    schedule = Schedule("* * * * * *")
+    start = _at(2026, 6, 1, 0, 0, 0)
+    assert schedule.count_fire_times(start, start + 10) == 10
+    assert schedule.count_fire_times(start, start + 14 * 86_400, limit=500) == 500
+
+
+# -- the ticker, with the process's store and a stand-in for the registry's start -----------
+
+
+def _ticker(starts: Any, clock: list[float], seen: list[str] | None = None) -> Any:
+    from agent_server.runtime.schedules import ScheduleTicker
+    from agent_server.store.memory import MemoryStore
+
+    agent = Agent("t")
+
+    @agent.reasoner()
+    async def work() -> None:
+        return None
+
+    outcomes = [] if seen is None else seen
+    return ScheduleTicker(
+        starts,
+        MemoryStore("r1"),
+        agent.reasoners,
+        observe=lambda outcome, lag: outcomes.append(outcome),
+        draining=lambda: False,
+        idempotency_ttl=60.0,
+        clock=lambda: clock[0],
+    )
+
+
+async def test_catchup_window_0_starts_an_on_time_firing_however_late_its_tick() -> None:
+    """0 means no catch-up, not never: the tick always runs a little after the fire time."""
+    from agent_server.runtime.schedules import Entry
+
+    clock = [1000.0]
+    starts, outcomes = _Starts(refuse=0), []
+    ticker = _ticker(starts, clock, outcomes)
+    ticker.add(Entry("s", "work", Schedule("*/10 * * * * *", catchup_window=0)))
+    await ticker.tick()  # primed at 1000
+    clock[0] = 1010.02  # the tick's own lateness
+    await ticker.tick()
+    clock[0] = 1023.5  # a loaded machine: the loop came back 3.5 s late
+    await ticker.tick()
+    assert starts.fired == [1010.0, 1020.0]
+    assert outcomes == ["started", "started"]
+    # A replica coming up after a gap (no replica up) runs none of the gap's fire times.
+    later = _ticker(starts, clock, outcomes)
+    later.store = ticker.store
+    later.add(Entry("s", "work", Schedule("*/10 * * * * *", catchup_window=0)))
+    clock[0] = 1065.0
+    await later.tick()
+    assert starts.fired == [1010.0, 1020.0]
+    assert outcomes.count("missed") == 4  # 1030, 1040, 1050, 1060
+    clock[0] = 1070.3
+    await later.tick()
+    assert starts.fired == [1010.0, 1020.0, 1070.0]
+
+
+async def test_a_changed_cron_fires_nothing_from_before_the_change() -> None:
+    from agent_server.runtime.schedules import Entry
+
+    clock = [1000.0]
+    starts = _Starts(refuse=0)
+    ticker = _ticker(starts, clock)
+    await ticker.keep(Entry("s", "work", Schedule("0 0 1 1 *", overlap="allow_all")))
+    await ticker.tick()  # primed at 1000: yearly, nothing due
+    clock[0] = 1008.5
+    await ticker.keep(Entry("s", "work", Schedule("* * * * * *", overlap="allow_all")))
+    await ticker.tick()
+    assert starts.fired == []  # not 1001 to 1008 in a burst
+    # A replica reading the changed document (or coming up) starts after the change too:
+    # the change moved the store's mark.
+    other = _ticker(starts, clock)
+    other.store = ticker.store
+    other.add(Entry("s", "work", Schedule("* * * * * *", overlap="allow_all")))
+    await other.tick()
+    assert starts.fired == []
+    clock[0] = 1009.1
+    await ticker.tick()
+    await other.tick()
+    assert starts.fired == [1009.0, 1009.0]  # each replica's start; the store makes it one
+
+
+class _Raises(_Starts):
+    """A start that raises something no one planned for, once."""
+
+    async def start_once(
+        self, reasoner: Any, arguments: Any, session_id: Any, **kwargs: Any
+    ) -> tuple[Any, bool]:
+        if not self.fired:
+            self.fired.append(None)
+            raise RuntimeError("a store error nobody mapped")
+        return await super().start_once(reasoner, arguments, session_id, **kwargs)
+
+
+async def test_a_firing_that_raises_keeps_its_schedule_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from agent_server.runtime.schedules import Entry
+
+    clock = [1000.0]
+    starts = _Raises(refuse=0)
+    ticker = _ticker(starts, clock)
+    ticker.add(Entry("s", "work", Schedule("*/10 * * * * *")))
+    await ticker.tick()
+    clock[0] = 1010.0
+    await ticker.tick()  # raises inside: tried again, not dropped
+    clock[0] = 1010.3
+    await ticker.tick()
+    clock[0] = 1020.0
+    await ticker.tick()
+    assert starts.fired == [None, 1010.0, 1020.0]
+    failures = [r for r in caplog.records if "firing failed" in r.getMessage()]
+    assert len(failures) == 1
+
+
+class _Forgotten(_Starts):
+    async def start_once(
+        self, reasoner: Any, arguments: Any, session_id: Any, **kwargs: Any
+    ) -> tuple[Any, bool]:
+        from agent_server.store.base import IdempotencyForgotten
+
+        raise IdempotencyForgotten()
+
+
+async def test_a_trigger_whose_moment_was_forgotten_has_no_execution() -> None:
+    """The route answers 409 for it (http/schedules.py), never an assertion's 500."""
+    from agent_server.runtime.schedules import Entry
+
+    ticker = _ticker(_Forgotten(refuse=0), [1000.0])
+    entry = Entry("s", "work", Schedule("0 0 1 1 *", overlap="allow_all"))
+    ticker.add(entry)
+    firing = await ticker.trigger(entry)
+    assert firing.outcome == "duplicate" and firing.execution is None

@@ -66,9 +66,7 @@ def refused_for_now(error: BaseException) -> bool:
     """An error reply with which Redis refuses a command for a while (no replicas to write
     to, a primary down, a script running, a failover), which redis-py raises as a plain
     ResponseError: the store is unavailable for it (a 503 and a retry), not broken."""
-    return isinstance(error, ResponseError) and (
-        str(error).split(" ", 1)[0] in _TRANSIENT_REPLIES
-    )
+    return isinstance(error, ResponseError) and (str(error).split(" ", 1)[0] in _TRANSIENT_REPLIES)
 
 
 class Refused(StoreUnavailable):

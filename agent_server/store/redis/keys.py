@@ -119,8 +119,9 @@ class Keys:
     def idempotency(self, key: str) -> str:
         return f"{self.prefix}idem:{key}"
 
-    def void(self, execution_id: str) -> str:
-        return f"{self.prefix}void:{execution_id}"
+    def void(self, execution_id: str, take: str) -> str:
+        """One create given up on (settle.lua): its id and its take's token."""
+        return f"{self.prefix}void:{execution_id}:{take}"
 
     def cancel(self, replica: str) -> str:
         """The channel of cancel requests for one replica."""
@@ -129,14 +130,14 @@ class Keys:
     # -- the KEYS of each script (lua/NAME.lua) --------------------------------------------
 
     def for_create(
-        self, execution_id: str, session: str, owner: str, key: str, tenant: str
+        self, execution_id: str, session: str, owner: str, key: str, tenant: str, take: str
     ) -> tuple[str, ...]:
         """`session` and `key` are its tenant's names (names.py `scoped`); `tenant` '' for
-        none."""
+        none; `take` the create's token."""
         return (
             *self.judged,
             self.record(execution_id),
-            self.void(execution_id),
+            self.void(execution_id, take),
             self.idempotency(key),
             self.session(session),
             self.owned(owner),
@@ -155,11 +156,16 @@ class Keys:
             keys.extend((self.record(execution_id), self.stream(execution_id)))
         return keys
 
-    def for_settle(self, ids: Iterable[str]) -> list[str]:
+    def for_settle(self, takes: Iterable[tuple[str, str]]) -> list[str]:
+        """Per create (its id and its take's token): its record, stream and void."""
         keys = list(self.judged)
-        for execution_id in ids:
+        for execution_id, take in takes:
             keys.extend(
-                (self.record(execution_id), self.stream(execution_id), self.void(execution_id))
+                (
+                    self.record(execution_id),
+                    self.stream(execution_id),
+                    self.void(execution_id, take),
+                )
             )
         return keys
 

@@ -39,6 +39,8 @@ UNANSWERED_CLAIMS = 10_000
 #: is written again, for as long as a Sentinel failover takes (its defaults: a primary down
 #: after 30 s, a failover given 180 s).
 UNHELD_CLAIM_SECONDS = 300.0
+#: What follows the incarnation in a create's token (a claim's is hex alone).
+START = "s"
 
 
 class Liveness:
@@ -83,7 +85,8 @@ class Liveness:
         #: Tokens of claims sent without an answer or not held by a replica, with until
         #: when each may yet show in a record (monotonic): the repair stays due meanwhile.
         self._unanswered: OrderedDict[str, float] = OrderedDict()
-        #: Creates sent without an answer (Redis may run them yet), settled by `repair`.
+        #: Creates sent without an answer (Redis may run them yet), settled by `repair`,
+        #: by their take's token: a schedule's firing tried again sends its id again.
         self.in_doubt: dict[str, Execution] = {}
         #: Ids whose create is on its way: not orphans, whatever the store says.
         self.creating: set[str] = set()
@@ -104,6 +107,18 @@ class Liveness:
         """A claim's token (16 characters): this process's, and this claim's own (a late
         `unclaim` of an earlier claim of the same attempt is fenced)."""
         return self.incarnation + os.urandom(4).hex()
+
+    def start_token(self) -> str:
+        """A create's token: this process's, `START`, then this create's own. Its own, as
+        a settle voids one create, not an id another request may send again."""
+        return f"{self.incarnation}{START}{os.urandom(4).hex()}"
+
+    def doubt(self, execution: Execution, limit: int) -> None:
+        """A create (its token `execution.take`) got no answer it can trust: Redis may run
+        it yet. The repair settles it (at most `limit` remembered)."""
+        if len(self.in_doubt) < limit:
+            self.in_doubt[execution.take] = execution
+        self.repair_due = True
 
     def unanswered(self, token: str, *, held: bool = True) -> None:
         """A claim got no answer in time: Redis may run it yet, for this replica, which
@@ -195,8 +210,9 @@ class Liveness:
     async def repair(self) -> None:
         """Accepted means it runs (section 12, invariant 3). A create that got no answer is
         settled: run here if Redis recorded it after all (with Sentinel, once a replica
-        holds it: a body never starts on a record a failover can undo), else voided so it
-        never will be; a recorded one not run here goes back to the queue for its first run.
+        holds it: a body never starts on a record a failover can undo), else that create
+        (its take, not its id: a firing's retry sends the id again) is voided so it never
+        will be; a recorded one not run here goes back to the queue for its first run.
         Then every running record this replica owns with no task here and no write owed is
         an orphan, judged by whether its body began, which the record says: its take's
         token (`claim`) names the process that took it. One this process took never began
@@ -208,21 +224,25 @@ class Liveness:
         attempts left (resumable), else `lost`; never `running` for good."""
         link = self._link
         while self.in_doubt:
-            ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
+            takes = self._doubted()
+            keys, args = self._settle_args(takes)
             with link.operation("settle"):
-                rows, held = await link.told("settle", self._keys.for_settle(ids), *ids)
+                rows, held = await link.told("settle", keys, *args)
             if not held:  # Sentinel: a record read now may not survive a failover (nor run)
                 self.repair_due = True
                 break
-            for execution_id, row in zip(ids, rows, strict=True):
-                execution = self.in_doubt.pop(execution_id, None)
-                mine = execution is not None and (
+            for (token, execution), row in zip(takes, rows, strict=True):
+                self.in_doubt.pop(token, None)
+                # Only the record this create made: the same id made by another create
+                # (a firing tried again) is that one's, and runs or is settled as its own.
+                mine = (
                     bool(row)
                     and row[Row.STATUS] == ExecutionStatus.RUNNING
                     and row[Row.REPLICA] == self._replica_id
                 )
-                if not mine or execution is None:
+                if not mine:
                     continue
+                execution_id = execution.execution_id
                 if self._adopt is not None and self._adopt(execution_id):
                     logger.warning(
                         "execution %s: its start got no answer from Redis in time but was "
@@ -230,7 +250,7 @@ class Liveness:
                         execution_id,
                     )
                 else:  # not run here (draining, or forgotten): its first run is anyone's
-                    self._requeue_unstarted(execution, self.incarnation)
+                    self._requeue_unstarted(execution, token)
         if not self.repair_due or self.claiming or self.creating or self._runs is None:
             return
         self.repair_due = False
@@ -250,17 +270,13 @@ class Liveness:
         if self._unanswered:
             self.repair_due = True
         owed = self._owed()
+        doubted = {execution.execution_id for execution in self.in_doubt.values()}
         for row, max_attempts, token in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
             if self._runs(key):
                 continue
-            if (
-                key in owed
-                or key in self.creating
-                or key in self.in_doubt
-                or token in self.claiming
-            ):
+            if key in owed or key in self.creating or key in doubted or token in self.claiming:
                 # Its take on its way (a claim or create sent while the scan ran, answered
                 # after it), in doubt still (settled once a replica holds it), or a write
                 # owed (an unclaim Redis may fence, its record taken again meanwhile): the
@@ -298,19 +314,19 @@ class Liveness:
         if self._runs is None:
             return
         while self.in_doubt:
-            ids = list(itertools.islice(self.in_doubt, WAKE_BATCH))
+            takes = self._doubted()
+            keys, args = self._settle_args(takes)
             with link.operation("settle"):
-                rows, _ = await link.told("settle", self._keys.for_settle(ids), *ids)
-            for execution_id, row in zip(ids, rows, strict=True):
-                execution = self.in_doubt.pop(execution_id, None)
+                rows, _ = await link.told("settle", keys, *args)
+            for (token, execution), row in zip(takes, rows, strict=True):
+                self.in_doubt.pop(token, None)
                 if (
-                    execution is not None
-                    and row
+                    row
                     and row[Row.STATUS] == ExecutionStatus.RUNNING
                     and row[Row.REPLICA] == self._replica_id
-                    and not self._runs(execution_id)
+                    and not self._runs(execution.execution_id)
                 ):
-                    self._requeue_unstarted(execution, self.incarnation)
+                    self._requeue_unstarted(execution, token)
         with link.operation("owned"):
             rows = await link.script("owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN)
         owed = self._owed()
@@ -325,7 +341,17 @@ class Liveness:
     def unsettled(self) -> str:
         """What `release_takes` could not settle, for the line that names it."""
         unanswered = len(self._unanswered)
-        return f"starts in doubt {sorted(self.in_doubt) or 'none'}; claims unanswered {unanswered}"
+        doubted = sorted({execution.execution_id for execution in self.in_doubt.values()})
+        return f"starts in doubt {doubted or 'none'}; claims unanswered {unanswered}"
+
+    def _doubted(self) -> list[tuple[str, Execution]]:
+        """The next batch of creates in doubt: (token, execution)."""
+        return list(itertools.islice(self.in_doubt.items(), WAKE_BATCH))
+
+    def _settle_args(self, takes: list[tuple[str, Execution]]) -> tuple[list[str], list[str]]:
+        """settle.lua's keys, then its arguments: each create's id and token."""
+        pairs = [(execution.execution_id, token) for token, execution in takes]
+        return self._keys.for_settle(pairs), [part for pair in pairs for part in pair]
 
     def _requeue_unstarted(self, execution: Execution, token: str) -> None:
         """Taken by this process, which never began its body: back to the queue, its
@@ -339,7 +365,7 @@ class Liveness:
             execution.reasoner,
             self._replica_id,
             execution.attempt,
-            "start" if token == self.incarnation else "claim",
+            "start" if token.startswith(self.incarnation + START) else "claim",
             extra={"fields": log_fields(execution)},
         )
         self._unclaim(execution, token)

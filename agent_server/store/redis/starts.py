@@ -42,7 +42,12 @@ class Starts(StorePart):
         """One script: refused while the session is released; with an idempotency key
         already used for the same request, the execution it started; else the record, its
         index entries, and the key (set if absent, atomically: one execution per key).
-        A queued one is `enqueue.lua`'s."""
+        A queued one is `enqueue.lua`'s.
+
+        Each create is a take of its own (`execution.take`, a token written into the
+        record): one whose answer is lost is settled, and voided if absent, as that take
+        (settle.lua), so the same object sent again is refused, while a new request for
+        the same id (a schedule's firing tried again: its id is the fire time's) is not."""
         # Its names are its tenant's (names.py `scoped`): the session's and the key's.
         session_id = execution.session_name or ""
         # In FIELDS order (the script names them), then the hash-only fields made with it.
@@ -55,15 +60,21 @@ class Starts(StorePart):
         execution_id = execution.execution_id
         liveness = self._liveness
         # The take's token: this process took it (the repair's evidence that its body
-        # began here or never did).
-        pairs.extend(("claim", liveness.incarnation))
+        # began here or never did), by this create (what a settle voids).
+        execution.take = execution.take or liveness.start_token()
+        pairs.extend(("claim", execution.take))
         liveness.creating.add(execution_id)
         try:
             with self._link.operation("create"):
                 reply, held = await self._link.told(
                     "create",
                     self.keys.for_create(
-                        execution_id, session_id, execution.replica, key, execution.tenant or ""
+                        execution_id,
+                        session_id,
+                        execution.replica,
+                        key,
+                        execution.tenant or "",
+                        execution.take,
                     ),
                     execution_id,
                     session_id,
@@ -76,9 +87,7 @@ class Starts(StorePart):
                 )
         except StoreUnavailable:
             # Sent, perhaps: Redis may run it yet (a pause). The repair settles it.
-            if len(liveness.in_doubt) < self._outbox.limit:
-                liveness.in_doubt[execution_id] = execution
-            liveness.repair_due = True
+            liveness.doubt(execution, self._outbox.limit)
             raise
         finally:
             liveness.creating.discard(execution_id)
@@ -91,9 +100,7 @@ class Starts(StorePart):
         existing = self._existing(code, reply, key, session_id)
         if not held:
             if existing is None:  # recorded here, perhaps for good: the repair settles it
-                if len(liveness.in_doubt) < self._outbox.limit:
-                    liveness.in_doubt[execution_id] = execution
-                liveness.repair_due = True
+                liveness.doubt(execution, self._outbox.limit)
                 liveness.renew_now.set()
             raise StoreInDoubt((existing or execution).execution_id, "the start")
         return existing

@@ -1,5 +1,6 @@
 --[[ create: a new record, running under its owner, unless something forbids it.
-  KEYS[1..8]: judge.lua's; KEYS[9..14]: the record (`x:{id}`), `void:{id}`,
+  KEYS[1..8]: judge.lua's; KEYS[9..14]: the record (`x:{id}`), `void:{id}:{token}` (this
+  create's take, its `claim` among the pairs below),
   `idem:{idempotency key}`, `session:{sid}`, `owned:{owner}`, `releasing:{sid}` (the last
   four untouched when there is no key, no session), KEYS[15]: `tenant:{tenant}` (untouched
   when it has none). The session and the key are its tenant's names (names.py `scoped`).
@@ -8,10 +9,10 @@
   ARGV[1..3]: the common arguments (header.lua).
   ARGV[4..]: id, session id ('' for none), created_at, owner, idempotency key ('' for
   none), its fingerprint, its TTL (ms), then the record's values in F's order, then any more
-  field/value pairs (a resumable one's body and max_attempts).
+  field/value pairs (`claim`: the take's token; a resumable one's body and max_attempts).
   Returns (codes.py `Create`): {CREATED}; {RELEASING} the session is being released;
   {KEY_MISMATCH} the key was used for another request; {KEY_FORGOTTEN} the key's execution
-  was forgotten; {VOIDED} its creator gave up on the id (settle.lua); {LEASE_LAPSED} the
+  was forgotten; {VOIDED} its creator gave up on this create (settle.lua); {LEASE_LAPSED} the
   owner must renew first; {EXISTING, record} the execution the key was first used for
   (nothing created).
 ]]
@@ -21,7 +22,8 @@ local key, fingerprint, key_ttl = ARGV[8], ARGV[9], ARGV[10]
 local rec, void, idem, session, owned, releasing = KEYS[9], KEYS[10], KEYS[11], KEYS[12],
   KEYS[13], KEYS[14]
 created(MOVE_START, ARGV[10 + I_STATUS])
--- Its creator gave up on it (no answer in time) and found it absent: it stays absent.
+-- Its creator gave up on this create (no answer in time) and found it absent: it stays
+-- absent. Another create of the id (a firing tried again) is not this one.
 if redis.call('EXISTS', void) == 1 then return {CREATE_VOIDED} end
 -- An owner whose lease lapsed (paused past it: its work is being judged) takes no new work
 -- until it has renewed; what it took now would be judged at once.

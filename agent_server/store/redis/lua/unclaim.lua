@@ -5,9 +5,9 @@
   failed unrun).
   KEYS[1..5]: the record (`x:{id}`), `running`, `owned:{owner}`, `queue`, the `queued`
   channel. ARGV[1..3]: the common arguments (header.lua).
-  ARGV[4..]: id, owner, attempt, the take's token (a claim's, or a create's: its
-  process's incarnation; '' for a record written without one), the request's body (JSON;
-  '' to keep the record's).
+  ARGV[4..]: id, owner, attempt, the take's token (a claim's, or a create's: each opens
+  with its process's incarnation; '' for a record written without one), the request's
+  body (JSON; '' to keep the record's).
   Fenced: only while it is running under that owner and attempt, taken by that claim.
   Returns {1|0, the status found ('' if unknown)}; 1 too when written already (the outbox
   writes again what it is not sure reached Redis).
