@@ -78,6 +78,7 @@ class Schedules:
             raise ApiError(422, f"reasoner: {shown(name)} is not a reasoner of this agent")
         await self.access.check(request.scope, "schedule", {"reasoner": name})
         schedule = self._schedule(self.reasoners[name], body)
+        await self._may_start(request, name, schedule)
         principal = self.access.principal(request.scope)
         entry = Entry(new_execution_id(), name, schedule, principal=principal)
         entry.created_at = time.time()
@@ -117,6 +118,8 @@ class Schedules:
                 declared=entry.declared,
                 created_at=entry.created_at,
             )
+            if changed.schedule.enabled and not entry.declared:
+                await self._may_start(request, entry.reasoner, changed.schedule)
             await self._keep(changed)
             entry = changed
         return JSONResponse(entry.view())
@@ -127,6 +130,7 @@ class Schedules:
         422 when its input no longer binds the reasoner."""
         entry = await self._find(request)
         self._may_change(request, entry)
+        await self._may_start(request, entry.reasoner, entry.schedule)
         try:
             firing = await self.ticker.trigger(entry)
         except AdmissionError as exc:
@@ -163,6 +167,14 @@ class Schedules:
             {"schedule_id": entry.schedule_id, "reasoner": entry.reasoner},
         )
         return entry
+
+    async def _may_start(self, request: Request, reasoner: str, schedule: Schedule) -> None:
+        """A schedule starts work in its owner's name: who makes, changes (enabled) or
+        triggers one must be allowed to `start` that work itself, so `schedule` never
+        stands in for `start` (403)."""
+        await self.access.check(
+            request.scope, "start", {"reasoner": reasoner, "session_id": schedule.session_id}
+        )
 
     def _may_change(self, request: Request, entry: Entry) -> None:
         """A declared schedule is the agent's: every tenant reads it, only an admin (or

@@ -14,9 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_server import Agent, ExecutionContext, Schedule
+from agent_server import Agent, ExecutionContext, Principal, Schedule
 
 agent = Agent("schedule-tests")
+
+
+@agent.authorize
+async def no_start(principal: Principal, action: str, resource: dict[str, Any]) -> bool:
+    """A principal with the scope `nostart` may do all but start work."""
+    return not ("nostart" in principal.scopes and action == "start")
+
+
 #: Which reasoners' schedules this process declares: `SCHEDULES=tick,slow_skip,...`.
 ON = set(filter(None, os.environ.get("SCHEDULES", "tick").split(",")))
 #: How long the overlap reasoners run (seconds).

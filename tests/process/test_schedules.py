@@ -354,7 +354,7 @@ def test_the_schedules_api(tmp_path: Path, store: str, redis_url: str) -> None:
 
 def test_a_schedule_is_its_tenants(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("token-a alice acme\ntoken-b bob globex\n")
+    tokens.write_text("token-a alice acme\ntoken-b bob globex\ntoken-c carol acme nostart\n")
     server = ServerProcess(
         [APP, "--api-tokens-file", str(tokens)], {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path
     )
@@ -381,6 +381,19 @@ def test_a_schedule_is_its_tenants(tmp_path: Path) -> None:
                 kwargs: dict[str, Any] = {"json": {"enabled": False}} if method == "PATCH" else {}
                 answer = client.request(method, path, headers=b, **kwargs)
                 assert answer.status_code == 404, (method, path, answer.text)
+            # `schedule` never stands in for `start`: a schedule starts work in its
+            # owner's name, so who makes, re-enables or triggers one must be allowed to.
+            c = {"Authorization": "Bearer token-c"}
+            for method, path, body in [
+                ("POST", "/schedules", {"reasoner": "plain", "cron": "0 0 1 1 *"}),
+                ("PATCH", f"/schedules/{sid}", {"input": {}}),
+                ("POST", f"/schedules/{sid}/trigger", None),
+            ]:
+                denied = client.request(method, path, json=body, headers=c)
+                assert denied.status_code == 403, (method, path, denied.text)
+                assert denied.json() == {"detail": "not allowed to start"}
+            assert client.patch(f"/schedules/{sid}", json={"enabled": False}, headers=c).is_success
+            assert client.patch(f"/schedules/{sid}", json={"enabled": True}, headers=a).is_success
             fired = client.post(f"/schedules/{sid}/trigger", headers=a)
             assert fired.status_code == 202, fired.text
             assert fired.json()["tenant"] == "acme"
