@@ -11,6 +11,7 @@ runs once (its first pass). cronsim alone does so only for a fixed minute and ho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import reprlib
 from collections.abc import Iterator, Mapping
@@ -62,11 +63,20 @@ PLAIN_CRON_PATTERN = (
 )
 
 
+@functools.cache
+def known_zones() -> frozenset[str]:
+    """The IANA zones a schedule may name: those this machine's tzdata lists, but
+    `localtime` (this host's own setting, which another replica may not share: their fire
+    times, and so their firings' ids, would differ). A name outside, `right/UTC` or
+    `posix/...` included, is refused: every replica reads the same zone."""
+    return frozenset(available_timezones()) - {"localtime"}
+
+
 def _zones() -> str:
-    """The IANA zones this machine knows (tzdata), as a pattern of alternatives (names hold
-    letters, digits, '/', '_', '-' and '+'): cheaper for a client to check, and for a
+    """The zones a schedule may name (`known_zones`), as a pattern of alternatives (names
+    hold letters, digits, '/', '_', '-' and '+'): cheaper for a client to check, and for a
     fuzzer to draw from, than an enum of 600 values."""
-    names = sorted(available_timezones())
+    names = sorted(known_zones())
     return "^(" + "|".join(name.replace("+", r"\+") for name in names) + ")$"
 
 
@@ -149,6 +159,8 @@ def zone(name: object) -> ZoneInfo:
     """The IANA zone called `name`, or a refusal naming `timezone`."""
     if not isinstance(name, str) or not name or len(name) > 64:
         raise ScheduleError("timezone", "must be an IANA time zone name, such as Europe/Paris")
+    if name not in known_zones():
+        raise ScheduleError("timezone", f"{shown(name)} is not an IANA time zone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
