@@ -1,4 +1,4 @@
-"""Schedules under the store's faults (docs/schedules.md, DESIGN.md sections 12 and 21), on
+"""Schedules under the store's faults (docs/schedules.md, docs/guarantees.md), on
 real `agent-server run` replicas and a real `redis-server` of the test's own: what a
 replica fires follows the store's documents across a restart of Redis that loses them,
 and a firing whose create was cut in flight starts once, on its retry, on time.

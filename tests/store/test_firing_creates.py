@@ -1,5 +1,5 @@
 """A schedule's firing whose create got no answer, settled by the repair, in process
-against a real redis-server (DESIGN.md sections 12 and 21).
+against a real redis-server (docs/guarantees.md, docs/schedules.md).
 
 A firing's execution id is the fire time's (runtime/schedules.py `firing_id`), so the
 ticker's retry sends the same id again, with the same idempotency key and body. The repair
