@@ -17,9 +17,13 @@ from starlette.routing import Route
 
 from agent_server import Agent, Settings
 from tests.apps.auth_app import whoami
-from tests.support.identity import AUDIENCE, ISSUER, Provider
+from tests.support.identity import AUDIENCE, ISSUER, Provider, hs256
 
 SECRET = b"hmac-secret-of-forty-bytes-0123456789abc"
+
+
+def to_bytes(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode()
 
 
 def claims(**overrides: Any) -> dict[str, Any]:
@@ -33,8 +37,7 @@ async def whoami_with(settings: Settings, token: str) -> httpx.Response:
         return await client.get("/whoami", headers={"Authorization": f"Bearer {token}"})
 
 
-# Minting the confused token, joserfc warns (as it should); EdDSA's name is deprecated by
-# RFC 9864 (Ed25519), and still taken.
+# EdDSA's name is deprecated by RFC 9864 (Ed25519), and still taken: joserfc warns.
 @pytest.mark.filterwarnings("ignore::joserfc.errors.SecurityWarning")
 @pytest.mark.parametrize("kind", ["rsa-pem", "ec-pem", "ed25519-pem", "jwk", "jwks"])
 async def test_a_public_key_file_verifies_its_own_type(tmp_path: Path, kind: str) -> None:
@@ -62,9 +65,7 @@ async def test_a_public_key_file_verifies_its_own_type(tmp_path: Path, kind: str
     assert answer.json()["identity"] == "user-7f3a"
     # The same public key as an HMAC secret (the key confusion), and no signature at all.
     public = key.as_pem(private=False) if kind.endswith("pem") else json.dumps(key.as_dict())
-    confused = jwt.encode(
-        {"alg": "HS256", "kid": "k1"}, claims(), OctKey.import_key(public), algorithms=["HS256"]
-    )
+    confused = hs256({"alg": "HS256", "kid": "k1"}, claims(), to_bytes(public))
     for forged in (confused, Provider().unsigned("k1"), Provider().unsigned(None)):
         refused = await whoami_with(settings, forged)
         assert refused.status_code == 401, refused.text

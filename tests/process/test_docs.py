@@ -38,6 +38,17 @@ def anchors(page: Path) -> set[str]:
     return found
 
 
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
+    """CI proves the README's test command on a venv resolved from scratch: a machine's own
+    packages can hide a dependency range the suite does not pass on."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
+    assert lines[-1] == SET_UP[-1], lines[-1]
+    made = ci.index('python3 -m venv "$venv"')
+    assert ci.index('rm -rf "$venv"') < made < ci.index('source "$venv/bin/activate"')
+    assert made < ci.index("ruff check") < ci.index(SET_UP[-1])
+
+
 def test_the_pages_exist() -> None:
     assert (ROOT / "docs" / "architecture.md") in PAGES
     assert len(PAGES) > 2
