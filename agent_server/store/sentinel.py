@@ -371,7 +371,7 @@ def connect(
         "socket_timeout": timeout,
         "socket_keepalive": True,
     }
-    manager = _Sentinel(  # type: ignore[no-untyped-call]
+    manager = _Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8
         list(target.sentinels),
         sentinel_kwargs={**socket_options, "retry": Retry(NoBackoff(), 0)},
     )
