@@ -22,8 +22,11 @@ def shown(value: object) -> str:
     """A value a client sent, as a refusal echoes it: its repr (any character escaped),
     cut to about SHOWN_LENGTH characters."""
     cut = reprlib.Repr()
-    cut.maxstring = cut.maxother = SHOWN_LENGTH
-    return cut.repr(value)
+    cut.maxstring = cut.maxother = cut.maxlong = SHOWN_LENGTH
+    try:
+        return cut.repr(value)
+    except ValueError:  # an integer past Python's digits limit for str()
+        return f"<{type(value).__name__} too long to show>"
 
 
 def one_of(names: Iterable[str], limit: int = MAX_NAMED) -> str:
