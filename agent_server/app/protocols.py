@@ -4,7 +4,8 @@ each given the narrow parts it uses."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from starlette.routing import Route
@@ -41,6 +42,26 @@ class AgentSetupError(ValueError):
     reasoner that is none): said in one line at start."""
 
 
+#: The top-level packages each protocol's extra installs (what an ImportError names when
+#: the extra is missing).
+EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {"a2a": ("a2a",), "mcp": ("mcp", "mcp_types")}
+
+
+@contextlib.contextmanager
+def _extra(protocol: str) -> Iterator[None]:
+    """Import a protocol's front: a missing package of its extra (`--a2a`, `--mcp`) is an
+    `AgentSetupError` naming the extra (one line, exit 2, at start); any other
+    ImportError is the bug it is."""
+    try:
+        yield
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in EXTRA_PACKAGES[protocol]:
+            raise
+        raise AgentSetupError(
+            f"--{protocol} needs the {protocol} extra: pip install 'agent-server[{protocol}]'"
+        ) from None
+
+
 def a2a_routes(
     settings: Settings,
     api: Api,
@@ -57,14 +78,8 @@ def a2a_routes(
         raise AgentSetupError(
             f"default_reasoner {default_reasoner!r} is not a reasoner of agent {name!r}"
         )
-    try:
+    with _extra("a2a"):
         from agent_server.http.a2a import A2AProtocol
-    except ImportError as exc:
-        if not (exc.name or "").startswith("a2a"):
-            raise
-        raise AgentSetupError(
-            "--a2a needs the a2a extra: pip install 'agent-server[a2a]'"
-        ) from None
     a2a = A2AProtocol(
         api,
         name,
@@ -87,8 +102,8 @@ def mcp_endpoint(
     """`/mcp` with `--mcp` (None without)."""
     if not settings.mcp:
         return None
-    from agent_server.http.mcp_server import McpEndpoint
-
+    with _extra("mcp"):
+        from agent_server.http.mcp_server import McpEndpoint
     return McpEndpoint(
         name,
         reasoners,

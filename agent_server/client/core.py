@@ -446,18 +446,38 @@ class Core:
     # -- schedules (docs/schedules.md) ---------------------------------------------------------
 
     def _schedule_call(
-        self, method: str, path: str, body: Any = NO_BODY, *, expect: int = 200
+        self,
+        method: str,
+        path: str,
+        body: Any = NO_BODY,
+        *,
+        expect: int = 200,
+        if_lost: str = "",
     ) -> Flow[Any]:
-        """One schedule route: its JSON answer (None for a 204). A POST is not sent again
-        once it may have left: a second schedule would be made."""
+        """One schedule route: its JSON answer (None for a 204), through the retries of
+        every call. A POST is not sent again once it may have left (a second schedule would
+        be made, a second firing started): its answer lost is `Unavailable` saying what may
+        have been done (`if_lost`) and where to look, as every call's lost answer is a typed
+        error."""
         send = Send(method, path, self._timeout(self.timeout), body=body)
-        response = yield from self.request(send, resend_after_sending=method != "POST")
+        try:
+            response = yield from self.request(send, resend_after_sending=method != "POST")
+        except httpx.TransportError as exc:  # only after it may have left: not sent again
+            raise Unavailable(
+                f"{method} {path}: the answer was lost ({type(exc).__name__}: {exc}): {if_lost}"
+            ) from exc
         checked(response, expect)
         return None if expect == 204 else response.json()
 
     def create_schedule(self, reasoner: str, cron: str, fields: dict[str, Any]) -> Flow[Schedule]:
         body = {"reasoner": reasoner, "cron": cron, **fields}
-        created: Schedule = yield from self._schedule_call("POST", "/schedules", body, expect=201)
+        created: Schedule = yield from self._schedule_call(
+            "POST",
+            "/schedules",
+            body,
+            expect=201,
+            if_lost="the schedule may have been made: list the schedules before making it again",
+        )
         return created
 
     def schedules(self) -> Flow[builtins.list[Schedule]]:
@@ -478,7 +498,13 @@ class Core:
 
     def trigger_schedule(self, schedule_id: str) -> Flow[Execution]:
         path = f"{schedule_path(schedule_id)}/trigger"
-        body = yield from self._schedule_call("POST", path, expect=202)
+        body = yield from self._schedule_call(
+            "POST",
+            path,
+            expect=202,
+            if_lost=f"it may have fired: list the executions of schedule {schedule_id} "
+            "before triggering it again",
+        )
         return Execution.from_json(body)
 
     # -- events -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from agent_server.http.executions import Executions
 from agent_server.http.params import first_values, read_json
 from agent_server.http.routing import ApiError, execution_response
 from agent_server.model import jsoncodec
+from agent_server.model.echoes import shown
 from agent_server.model.execution import ExecutionStatus
 from agent_server.store.base import ExecutionStore
 
@@ -82,7 +83,7 @@ def _answer_body(body: Any) -> tuple[int | None, Any]:
         raise ApiError(422, 'the body must be a JSON object: {"request_id": N, "value": ...}')
     extra = sorted(set(body) - {"request_id", "value"})
     if extra:
-        raise ApiError(422, f"unknown keys {extra}: the body holds request_id and value")
+        raise ApiError(422, f"unknown keys {shown(extra)}: the body holds request_id and value")
     if "value" not in body:
         missing = {"type": "missing", "loc": ["body", "value"], "msg": "Field required"}
         raise ApiError(422, [missing])

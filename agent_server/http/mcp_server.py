@@ -69,6 +69,7 @@ from agent_server.http.mcp_tools import (
 from agent_server.http.params import read_body, validation_detail
 from agent_server.http.routing import JSONResponse
 from agent_server.model import jsoncodec
+from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
@@ -77,6 +78,8 @@ from agent_server.runtime.registry import AdmissionError, InFlightRegistry, Reje
 from agent_server.store.base import ExecutionStore, SessionTaken, StoreUnavailable
 
 logger = logging.getLogger("agent_server.mcp")
+#: The SDK's Streamable HTTP transport's logger (its one INFO line is a session's end).
+SDK_TRANSPORT_LOGGER = "mcp.server.streamable_http"
 
 #: Seconds a cancel for a caller that left may take to reach the store (shielded from the
 #: cancellation that told of the leaving).
@@ -139,6 +142,9 @@ class McpEndpoint:
             "subscriptions/listen", SubscriptionsListenRequestParams, self._listen
         )
         self.server.extensions = {TASKS_EXTENSION: {}}
+        # Stateless, each request is a session the SDK's transport ends with an INFO line
+        # ("Terminating session: None"): one a request, saying nothing. Its warnings stay.
+        logging.getLogger(SDK_TRANSPORT_LOGGER).setLevel(logging.WARNING)
         # Origin is checked here (`allowed`), before the SDK: its own check also pins Host.
         self.manager = StreamableHTTPSessionManager(
             self.server,
@@ -230,7 +236,10 @@ class McpEndpoint:
         result once it ends (a tool error for bad arguments or a failed run)."""
         reasoner = self.reasoners.get(params.name)
         if reasoner is None:
-            raise MCPError(INVALID_PARAMS, f"unknown tool: {params.name!r}")
+            raise MCPError(
+                INVALID_PARAMS,
+                f"unknown tool: {shown(params.name)}: one of {one_of(self.reasoners)}",
+            )
         if params.request_state is not None:
             return await self._resume_call(ctx, params)
         body: dict[str, Any] = dict(params.arguments or {})

@@ -16,6 +16,7 @@ from starlette.types import Receive
 
 from agent_server.http.routing import ApiError
 from agent_server.model import jsoncodec
+from agent_server.model.echoes import SHOWN_LENGTH, shown
 from agent_server.model.execution import MAX_SECONDS
 from agent_server.model.names import (
     REASONER_NAME_RULE,
@@ -164,12 +165,30 @@ def webhook_target(raw: bytes | None, enabled: bool, default: str | None) -> str
         raise ApiError(400, str(exc)) from None
 
 
+#: The longest `input` a validation error echoes as it was sent (characters of its JSON):
+#: a longer one is echoed as `echoes.shown` cuts it (a string of its repr).
+MAX_ECHOED_INPUT = 4 * SHOWN_LENGTH
+
+
 def validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     """Pydantic's error list without echoing internals (`url`, `ctx` objects), made of JSON
     data that UTF-8 can always carry: the input echoed back may hold a lone surrogate (a
-    valid JSON escape), which pydantic's own `json()` cannot encode (a 500 otherwise)."""
+    valid JSON escape), which pydantic's own `json()` cannot encode (a 500 otherwise). An
+    `input` is echoed whole only when short (a megabyte sent must not come back)."""
     errors = exc.errors(include_url=False, include_context=False)
-    return [{key: _encodable(value) for key, value in error.items()} for error in errors]
+    return [
+        {key: _encodable(_echoed(item) if key == "input" else item) for key, item in error.items()}
+        for error in errors
+    ]
+
+
+def _echoed(value: Any) -> Any:
+    """The value as an error echoes it: as it is when its JSON is short, else `shown`."""
+    try:
+        short = len(jsoncodec.dumps(value)) <= MAX_ECHOED_INPUT
+    except (TypeError, ValueError, RecursionError, jsoncodec.Unrecordable):
+        short = False
+    return value if short else shown(value)
 
 
 def _encodable(value: Any) -> Any:
@@ -268,7 +287,7 @@ async def read_json(receive: Receive, headers: dict[bytes, bytes], limit: int) -
     if content_type is not None:
         media_type = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
         if media_type not in JSON_MEDIA_TYPES and not media_type.endswith("+json"):
-            raise ApiError(415, f"unsupported content type {media_type!r}: send JSON")
+            raise ApiError(415, f"unsupported content type {shown(media_type)}: send JSON")
     try:
         body = jsoncodec.loads(raw)
     except (ValueError, RecursionError) as exc:

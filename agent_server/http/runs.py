@@ -38,6 +38,7 @@ from agent_server.http.routing import (
     in_doubt,
 )
 from agent_server.http.sse import EventStream, Streams, named, recorded_before_close
+from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id_bytes
 from agent_server.model.principal import Principal
@@ -418,7 +419,7 @@ class Runs:
     def _reasoner(self, name: str) -> Reasoner:
         reasoner = self.reasoners.get(name)
         if reasoner is None:
-            raise ApiError(404, f"unknown reasoner: {name!r}")
+            raise ApiError(404, f"unknown reasoner: {shown(name)}: one of {one_of(self.reasoners)}")
         return reasoner
 
     @staticmethod

@@ -20,16 +20,11 @@ from agent_server.http.access import Access, Denied
 from agent_server.http.params import first_values, read_json
 from agent_server.http.routing import ApiError, JSONResponse, in_doubt
 from agent_server.http.runs import _admission_error
+from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
 from agent_server.model.ids import new_execution_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.schedules import (
-    SHOWN_LENGTH,
-    Schedule,
-    ScheduleError,
-    binding_problem,
-    shown,
-)
+from agent_server.model.schedules import Schedule, ScheduleError, binding_problem
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
 
@@ -75,7 +70,11 @@ class Schedules:
         body = await self._body(request, FIELDS)
         name = body.get("reasoner")
         if not isinstance(name, str) or name not in self.reasoners:
-            raise ApiError(422, f"reasoner: {shown(name)} is not a reasoner of this agent")
+            raise ApiError(
+                422,
+                f"reasoner: {shown(name)} is not a reasoner of this agent: one of "
+                f"{one_of(self.reasoners)}",
+            )
         await self.access.check(request.scope, "schedule", {"reasoner": name})
         schedule = self._schedule(self.reasoners[name], body)
         await self._may_start(request, name, schedule)

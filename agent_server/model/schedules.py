@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import reprlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,29 +23,18 @@ from cronsim import CronSim, CronSimError
 from pydantic import ValidationError
 
 from agent_server.model.counts import counted
+from agent_server.model.echoes import SHOWN_LENGTH, shown
 from agent_server.model.names import SESSION_ID_PATTERN, SESSION_ID_RULE, is_session_id
-
-#: What a firing does when the previous firing of its schedule is still running (Temporal's
-#: names): skip it, keep one waiting, start it anyway, or cancel the previous one.
-OVERLAPS = ("skip", "buffer_one", "allow_all", "cancel_other")
+from agent_server.model.schedule_fields import DEFAULT_CATCHUP_WINDOW, MAX_CATCHUP_WINDOW, OVERLAPS
 
 #: What became of a firing, as `schedule_firings_total` counts it: `invalid` is a firing
 #: whose input no longer binds its reasoner (a release changed its parameters).
 FIRING_OUTCOMES = ("started", "skipped", "missed", "invalid")
 
-#: How far back a replica firing again starts missed firings, by default (seconds).
-DEFAULT_CATCHUP_WINDOW = 60.0
-
-#: The longest catch-up window: a day (a longer outage's firings are counted as missed).
-MAX_CATCHUP_WINDOW = 86_400.0
-
 
 #: The longest cron expression taken: every tick of every replica reads it again.
 MAX_CRON_LENGTH = 256
 
-#: How much of a value a refusal echoes (characters of its repr): a huge or unprintable
-#: value sent must not come back whole.
-SHOWN_LENGTH = 64
 
 #: The most missed firings counted one by one after a gap: counting walks every fire time,
 #: and a long outage of an every-second schedule holds a million of them.
@@ -101,14 +89,6 @@ def field_schemas(request: bool) -> dict[str, dict[str, Any]]:
                 schema["default"] = declared.default_factory()
         made[declared.name] = schema
     return made
-
-
-def shown(value: object) -> str:
-    """A value a client sent, as a refusal echoes it: its repr (any character escaped),
-    cut to about SHOWN_LENGTH characters."""
-    cut = reprlib.Repr()
-    cut.maxstring = cut.maxother = SHOWN_LENGTH
-    return cut.repr(value)
 
 
 def binding_problem(exc: ValidationError) -> str:

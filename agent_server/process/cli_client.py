@@ -99,8 +99,8 @@ class Seconds(click.FloatRange):
 
     name = "seconds"
 
-    def __init__(self, *, above_zero: bool = False) -> None:
-        super().__init__(min=0, max=MAX_SECONDS, min_open=above_zero)
+    def __init__(self, *, above_zero: bool = False, maximum: float = MAX_SECONDS) -> None:
+        super().__init__(min=0, max=maximum, min_open=above_zero)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
@@ -131,7 +131,7 @@ class BadInput(click.ClickException):
     exit_code = CallExit.INVALID
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"agent-server: {self.format_message()}", err=True)
+        _say(self.format_message())
 
 
 class ClientCommand(click.Command):
@@ -243,9 +243,23 @@ def _reach(server: ServerOptions, work: Callable[[AgentClient], int]) -> NoRetur
         with AgentClient(server.url, token=token, retry_for=server.retry_for) as client:
             code = work(client)
     except AgentServerError as exc:
-        click.echo(f"agent-server: {exc}", err=True)
+        _say(exc)
         code = _error_code(exc)
     sys.exit(code)
+
+
+def _say(what: object) -> None:
+    """One line on stderr, whatever the text holds: an error's message may span lines (a
+    reasoner's pydantic ValidationError: a header, a field, its message and a link), and
+    each end but 0 of a verb writes one line. Its lines are joined with ": ", the links to
+    pydantic's documentation left out."""
+    lines = [line.strip() for line in str(what).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_DOCS_LINK)]
+    click.echo(f"agent-server: {': '.join(kept)}", err=True)
+
+
+#: How pydantic's messages end each error: a link, not part of what went wrong.
+_DOCS_LINK = "For further information visit "
 
 
 def _print_json(value: Any) -> None:
@@ -261,7 +275,7 @@ def _end_code(execution: Execution) -> int:
         try:
             execution.outcome()
         except AgentServerError as exc:
-            click.echo(f"agent-server: {exc}", err=True)
+            _say(exc)
     return END_CODES.get(execution.status, CallExit.REFUSED)
 
 
@@ -435,10 +449,10 @@ def _answered_from_terminal(client: AgentClient, execution: Execution) -> bool:
         try:
             client.respond(execution.execution_id, value, request_id)
         except InvalidInput as exc:
-            click.echo(f"agent-server: refused: {exc}; again", err=True)
+            _say(f"refused: {exc}; again")
             continue
         except Conflict as exc:  # answered elsewhere meanwhile: follow it
-            click.echo(f"agent-server: {exc}", err=True)
+            _say(exc)
         return True
 
 

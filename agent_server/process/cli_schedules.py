@@ -9,6 +9,11 @@ from typing import Any
 import click
 
 from agent_server.client import AgentClient
+from agent_server.model.schedule_fields import (
+    DEFAULT_CATCHUP_WINDOW,
+    MAX_CATCHUP_WINDOW,
+    OVERLAPS,
+)
 from agent_server.process.cli_client import (
     PATH_NAME,
     CallExit,
@@ -59,11 +64,16 @@ def schedules_show(schedule_id: str, server: ServerOptions) -> None:
 @click.option("--timezone", default=None, help="An IANA time zone (default UTC).")
 @click.option(
     "--overlap",
-    type=click.Choice(["skip", "buffer_one", "allow_all", "cancel_other"]),
+    type=click.Choice(OVERLAPS),
     default=None,
-    help="What a firing does while the previous one runs (default skip).",
+    help=f"What a firing does while the previous one runs (default {OVERLAPS[0]}).",
 )
-@click.option("--catchup-window", type=Seconds(), default=None, help="Seconds (default 60).")
+@click.option(
+    "--catchup-window",
+    type=Seconds(maximum=MAX_CATCHUP_WINDOW),
+    default=None,
+    help=f"Seconds back a late firing still starts (default {DEFAULT_CATCHUP_WINDOW:g}).",
+)
 @click.option("--session", default=None, help="The session its executions start in.")
 @server_options
 def schedules_create(

@@ -444,9 +444,13 @@ async def test_a_missing_version_means_v03(server: ServerProcess) -> None:
         old = (await plain.post("/a2a", json=body)).json()
         assert old["result"]["kind"] == "task"
         assert old["result"]["status"]["state"] == "completed"
-        new = {**body, "method": "SendMessage"}  # v1.0's name without A2A-Version: 0.3
-        refused = (await plain.post("/a2a", json=new)).json()
-        assert refused["error"]["code"] == -32009  # version not supported
+        # v1.0's name without A2A-Version: the name says 1.x, served as 1.0 (v1.0's params).
+        new = {**body, "method": "SendMessage"}
+        new["params"] = {
+            "message": {"messageId": "m-2", "role": "ROLE_USER", "parts": [{"text": "new"}]}
+        }
+        served = (await plain.post("/a2a", json=new)).json()
+        assert served["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED", served
 
 
 # -- bad JSON-RPC input -------------------------------------------------------------------------

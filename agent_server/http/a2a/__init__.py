@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
 
-from agent_server.http.a2a.body import refusal
+from agent_server.http.a2a.body import implied_version, refusal
 from agent_server.http.a2a.card import CARD_PATH, RPC_PATH, CardMaker
 from agent_server.http.a2a.executions import A2AExecutions
 from agent_server.http.a2a.handler import ExecutionsHandler, card_json
@@ -111,7 +111,12 @@ class A2AProtocol:
         refused = refusal(parsed, body, dict(request.headers))
         if refused is not None:
             return JSONResponse(refused)
-        replayed = Request(request.scope, _replay(body, request.receive))
+        scope = request.scope
+        implied = implied_version(parsed, dict(request.headers))
+        if implied is not None:  # a 1.x method without A2A-Version: served as 1.0
+            kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"a2a-version"]
+            scope = {**scope, "headers": [*kept, (b"a2a-version", implied.encode())]}
+        replayed = Request(scope, _replay(body, request.receive))
         response: Response = await self.dispatcher.handle_requests(replayed)
         return response
 

@@ -6,18 +6,24 @@ protobuf strings are UTF-8, and the SDK fails on one deep in its dispatch (a 500
 internal error quoting the codec). An integer past a double's range, or params nested
 deeper than protobuf's parsers go, fail its v0.3 conversions the same way. Each is refused
 here, as JSON-RPC says, naming where it is; a v0.3 method name under a v1.0 `A2A-Version`
-is "method not found" (A2A 3.6.2: that version's methods are the ones served).
+is "method not found" (A2A 3.6.2: that version's methods are the ones served). An
+enumeration's value that names none (which the SDK would read as unset) is invalid params
+naming the values allowed (`enums.py`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from google.protobuf.message import Message as ProtoMessage
 from packaging.version import InvalidVersion, Version
+
+from agent_server.http.a2a.enums import unknown_enum
+from agent_server.model.echoes import shown as echoed
 
 #: JSON-RPC's and A2A's codes for the errors answered here.
 INVALID_REQUEST = -32600
@@ -52,6 +58,18 @@ def protocol_version(headers: dict[str, str]) -> str:
     return headers.get("A2A-Version") or headers.get("a2a-version") or "0.3"
 
 
+def implied_version(body: Any, headers: dict[str, str]) -> str | None:
+    """The version a request without `A2A-Version` is served as when its method exists
+    only in 1.x (`SendMessage`, `GetTask`, ...): "1.0" (the method names the version; as
+    0.3 it could only be "method not found"); None otherwise (the header, or 0.3, rules)."""
+    if headers.get("A2A-Version") or headers.get("a2a-version"):
+        return None
+    method = body.get("method") if isinstance(body, dict) else None
+    if not isinstance(method, str) or method in JSONRPC03Adapter.METHOD_TO_MODEL:
+        return None
+    return "1.0" if method in JsonRpcDispatcher.METHOD_TO_MODEL else None
+
+
 def major_of(version: str) -> int | None:
     """The version's major number as the SDK compares it (0.3 and 1.0 are served), None
     when it is no version at all."""
@@ -84,6 +102,9 @@ def refusal(body: Any, raw: bytes, headers: dict[str, str]) -> dict[str, Any] | 
     if isinstance(params, dict | list):
         shallow = raw.count(b"{") + raw.count(b"[") <= MAX_PARAMS_DEPTH
         problem = _params_problem(params, shallow=shallow, checked_numbers=clean)
+        model = JsonRpcDispatcher.METHOD_TO_MODEL.get(method)
+        if problem is None and model is not None and isinstance(params, dict):
+            problem = unknown_enum(params, cast("type[ProtoMessage]", model))
         if problem is not None:
             return _error(_id_of(body), INVALID_PARAMS, f"invalid params: {problem}")
     return None
@@ -109,7 +130,7 @@ def _version_refusal(method: str, version: str) -> tuple[int, str] | None:
     major = major_of(version)
     if major == 0:
         return None
-    shown = _bounded(_shown(version))
+    shown = echoed(version)
     if major == 1:
         return (
             METHOD_NOT_FOUND,

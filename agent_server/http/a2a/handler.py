@@ -58,6 +58,7 @@ from agent_server.http.a2a.tasks import (
 from agent_server.http.auth import principal_of
 from agent_server.http.http_limits import client_gone
 from agent_server.http.routing import ApiError
+from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id
 from agent_server.model.principal import Principal
@@ -170,7 +171,7 @@ class ExecutionsHandler(RequestHandler):
     async def _find(self, context: ServerCallContext, task_id: str) -> Execution:
         execution = await self.executions.find(_principal(context), task_id)
         if execution is None:
-            raise TaskNotFoundError(message=f"no task {task_id!r}")
+            raise TaskNotFoundError(message=f"no task {shown(task_id)}")
         return execution
 
     def _reasoner(self, message: Message, params: SendMessageRequest) -> Reasoner:
@@ -181,7 +182,7 @@ class ExecutionsHandler(RequestHandler):
             if "skill" in metadata:
                 skill = metadata["skill"]
                 break
-        skills = ", ".join(sorted(self.reasoners))
+        skills = one_of(self.reasoners)
         if skill is None:
             if self.default_reasoner is not None:
                 skill = self.default_reasoner
@@ -193,7 +194,7 @@ class ExecutionsHandler(RequestHandler):
                 )
         reasoner = self.reasoners.get(skill) if isinstance(skill, str) else None
         if reasoner is None:
-            raise InvalidParamsError(message=f"unknown skill {skill!r}: one of {skills}")
+            raise InvalidParamsError(message=f"unknown skill {shown(skill)}: one of {skills}")
         return reasoner
 
     @staticmethod
@@ -385,6 +386,8 @@ class ExecutionsHandler(RequestHandler):
             raise InvalidParamsError(message=f"invalid contextId: {SESSION_ID_RULE}")
         principal = _principal(context)
         statuses = STATUSES_OF.get(params.status, frozenset()) if params.status else frozenset()
+        if params.status and not statuses:  # a state no execution is in (rejected, ...)
+            return ListTasksResponse(page_size=size, total_size=0)
         shown = _shown_by(params)
         page = await self._guarded(
             lambda: self.executions.page(

@@ -262,17 +262,45 @@ def input_of(message: Message, reasoner: Reasoner) -> Any:
 
 
 def answer_of(message: Message, pending: dict[str, Any]) -> Any:
-    """The answer a message on an input-required task carries: its data part, or its text
-    part where the request's schema takes a string (or says nothing)."""
+    """The answer a message on an input-required task carries, read as every version of
+    A2A can send it (v0.3's data part holds only an object):
+
+    - a text part is the string where the request's schema takes a string (or says
+      nothing), else the JSON it holds, read by the schema: "true", "42", "null";
+    - a data part `{"value": v}` is `v` where the schema takes no object (MCP's wrapping of
+      such a schema), any other data part the value as it is.
+
+    The value is then checked against the schema as any answer is."""
     data, texts = _parts(message)
     if len(data) + len(texts) != 1:
         raise InvalidParamsError(message="answer with one part: a data part or a text part")
-    if data:
-        return data[0]
     schema = pending.get("schema")
-    if schema is None or (isinstance(schema, dict) and schema.get("type") == "string"):
+    if data:
+        value = data[0]
+        wrapped = isinstance(value, dict) and set(value) == {"value"}
+        return value["value"] if wrapped and not _admits(schema, "object") else value
+    if schema is None or _admits(schema, "string"):
         return texts[0]
-    raise InvalidParamsError(
-        message="the pending request's schema (the status message's metadata) takes a data "
-        "part, not text"
-    )
+    try:
+        return jsoncodec.loads(texts[0].encode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError):
+        raise InvalidParamsError(
+            message="the pending request's schema (the status message's metadata) takes no "
+            'string: answer with a data part (`{"value": ...}` from v0.3), or a text part '
+            "holding the value as JSON (true, 42, ...)"
+        ) from None
+
+
+def _admits(schema: Any, kind: str) -> bool:
+    """Whether a JSON schema may take a value of JSON type `kind` ("string", "object"):
+    by its `type`, or any branch of its `anyOf`/`oneOf`; a schema that names no type (a
+    `$ref`, an `enum`, `{}`) is taken as admitting it."""
+    if not isinstance(schema, dict):
+        return True
+    if "type" in schema:
+        declared = schema["type"]
+        return kind == declared or (isinstance(declared, list) and kind in declared)
+    branches = [*schema.get("anyOf", ()), *schema.get("oneOf", ())]
+    if branches:
+        return any(_admits(branch, kind) for branch in branches)
+    return True
