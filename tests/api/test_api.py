@@ -551,7 +551,8 @@ async def test_openapi_document_has_every_mounted_route_and_its_statuses(
         for route in agent.api().routes()
         for method in route.methods or ()
         # A reasoner's routes are documented per reasoner (checked above).
-        if method != "HEAD" and not route.path.startswith(("/docs", "/mcp", "/reasoners/{"))
+        if method != "HEAD"
+        and not route.path.startswith(("/docs", "/console", "/mcp", "/reasoners/{"))
     }
     documented = {(method, path) for path, item in paths.items() for method in item}
     assert mounted <= documented, mounted - documented
