@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,40 @@ def test_no_console_is_404(server_factory: Start) -> None:
     on = server_factory(APP)
     assert httpx.get(f"{on.url}/console/nothing.js", timeout=5).status_code == 404
     assert httpx.post(f"{on.url}/console", timeout=5).status_code == 405
+
+
+def test_replicas_lists_every_live_replica_of_a_shared_store(
+    server_factory: Start, tmp_path: Path, redis_url: str
+) -> None:
+    """Each replica writes itself with its renewal: any replica lists the others, their
+    in-flight counts and a drain, and drops one that is gone."""
+    shared = ["--store", redis_url, "--lease-ttl", "1", "--grace-period", "40"]
+    first = serve(server_factory, tmp_path, *shared, "--replica-id", "pod-a")
+    second = serve(server_factory, tmp_path, *shared, "--replica-id", "pod-b")
+    held = start(second, ALICE, "hold", {})
+    assert held["replica"] == "pod-b"
+
+    def listed() -> dict[str, dict[str, Any]]:
+        with api(first, ROOT) as client:
+            answer = client.get("/replicas")
+        assert answer.status_code == 200
+        return {replica["replica_id"]: replica for replica in answer.json()}
+
+    def until(condition: Callable[[dict[str, dict[str, Any]]], bool]) -> dict[str, Any]:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            found = listed()
+            if condition(found):
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"not seen within {WAIT} s: {listed()}")
+
+    found = until(lambda r: r.get("pod-b", {}).get("in_flight") == 1)
+    assert found["pod-a"]["answering"] and not found["pod-b"]["answering"]
+    assert found["pod-b"]["admitting"] and found["pod-b"]["phase"] == "serving"
+    second.signal(signal.SIGTERM)
+    found = until(lambda r: r.get("pod-b", {}).get("phase") == "draining")
+    assert found["pod-b"]["draining"] and not found["pod-b"]["admitting"]
+    assert 0 < found["pod-b"]["deadline_seconds"] <= 40
+    second.signal(signal.SIGKILL)
+    until(lambda r: "pod-b" not in r)
