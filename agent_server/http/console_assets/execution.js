@@ -167,6 +167,7 @@ function recordList(record) {
   list.append(h("dt", {}, "status"), h("dd", { id: "record-status" }, statusBadge(record.status)));
   for (const name of SHOWN) {
     const value = record[name];
+    if (value === null || value === undefined) continue;
     list.append(h("dt", {}, name), h("dd", { "data-field": name }, value === null || value === undefined ? "" : String(value)));
   }
   return list;
@@ -190,7 +191,7 @@ export async function executionView(main, id, ctx) {
   const pictureBox = h("section", { "aria-labelledby": "timeline-heading" });
   const recordBox = h("section");
   const resultBox = h("section");
-  top.append(recordBox, actions, requestBox, pictureBox, resultBox);
+  top.append(recordBox, pictureBox, actions, requestBox, resultBox);
 
   const cancel = h("button", { type: "button", id: "cancel" }, "Cancel");
   cancel.addEventListener("click", () => ctx.act(() => call("POST", `executions/${encodeURIComponent(id)}/cancel`), refresh));
