@@ -279,6 +279,50 @@ def test_markup_in_every_value_is_shown_as_text(
     assert console_errors(browser) == []
 
 
+def test_the_schedules_view_shows_next_fire_and_enables_disables_triggers(
+    server_factory: Start, tmp_path: Path, browser: Any
+) -> None:
+    server = serve(server_factory, tmp_path)
+    with api(server, ALICE) as client:
+        made = client.post(
+            "/schedules",
+            json={"reasoner": "echo", "cron": "0 0 1 1 *", "input": {"text": "yearly"}},
+        )
+        assert made.status_code == 201, made.text
+        schedule = made.json()
+    with api(server, BOB) as client:
+        theirs = client.post(
+            "/schedules", json={"reasoner": "echo", "cron": "0 0 1 1 *", "input": {"text": "b"}}
+        ).json()
+    open_console(browser, server, ALICE)
+    browser.find_element("link text", "Schedules").click()
+    row = f'#schedule-rows tr[data-id="{schedule["schedule_id"]}"]'
+    wait_until(browser, lambda d: schedule["next_fire_at"] in text_of(d, row))
+    assert "none yet" in text_of(browser, row)
+    assert theirs["schedule_id"] not in browser.page_source  # another tenant's
+    button = '//tr[@data-id="{}"]//button[text()="{}"]'
+    browser.find_element("xpath", button.format(schedule["schedule_id"], "Trigger")).click()
+    wait_until(browser, lambda d: "succeeded" in text_of(d, f"{row} td:nth-child(7)"))
+    browser.find_element("xpath", button.format(schedule["schedule_id"], "Disable")).click()
+    wait_until(browser, lambda d: text_of(d, f"{row} td:nth-child(5)") == "no")
+    with api(server, ALICE) as client:
+        assert client.get(f"/schedules/{schedule['schedule_id']}").json()["enabled"] is False
+        firings = client.get("/executions", params={"schedule_id": schedule["schedule_id"]})
+    [firing] = firings.json()
+    assert firing["result"] == {"text": "yearly"}
+    # Run again on a schedule's firing starts with its schedule's input.
+    browser.get(f"{server.url}/console#/executions/{firing['execution_id']}")
+    wait_until(browser, lambda d: page_status(d) == "succeeded")
+    wait_until(
+        browser,
+        lambda d: (
+            d.execute_script("return document.getElementById('rerun-input').value")
+            == '{"text":"yearly"}'
+        ),
+    )
+    assert console_errors(browser) == []
+
+
 def test_the_replicas_view_shows_in_flight_and_the_drain(
     server_factory: Start, tmp_path: Path, browser: Any
 ) -> None:
