@@ -172,6 +172,41 @@ def test_the_page_asks_a_token_lists_live_and_keeps_tenants_apart(
     wait_until(browser, lambda d: row_status(d, theirs["execution_id"]) == "succeeded")
 
 
+def test_the_keyboard_reaches_the_views_and_the_filters(
+    server_factory: Start, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    server = serve(server_factory, tmp_path)
+    echoed = start(server, ALICE, "echo", {"text": "kept"})
+    held = start(server, ALICE, "hold", {})
+    open_console(browser, server, ALICE)
+    wait_until(browser, lambda d: row_status(d, echoed["execution_id"]) == "succeeded")
+
+    def tab_to(text: str) -> Any:
+        for _ in range(40):
+            focused = browser.switch_to.active_element
+            if focused.text == text or focused.get_attribute("id") == text:
+                return focused
+            focused.send_keys(Keys.TAB)
+        raise AssertionError(f"{text!r} is not reached with Tab")
+
+    browser.find_element("tag name", "body").send_keys(Keys.TAB)
+    tab_to("filter-reasoner").send_keys("echo", Keys.ENTER)
+    wait_until(browser, lambda d: "reasoner=echo" in d.execute_script("return location.hash"))
+    wait_until(browser, lambda d: row_status(d, held["execution_id"]) == "")
+    assert row_status(browser, echoed["execution_id"]) == "succeeded"
+    tab_to(echoed["execution_id"][:8]).send_keys(Keys.ENTER)
+    wait_until(browser, lambda d: page_status(d) == "succeeded")
+    # Created since: later than every execution leaves none, and offers no next page.
+    browser.get(f"{server.url}/console#/executions?since=2999-01-01T00:00:00")
+    wait_until(browser, lambda d: "No execution here." in text_of(d, ".paging"))
+    assert browser.find_elements("css selector", "#executions-rows tr") == []
+    browser.get(f"{server.url}/console#/executions?since=2000-01-01T00:00:00")
+    wait_until(browser, lambda d: row_status(d, held["execution_id"]) == "running")
+    assert console_errors(browser) == []
+
+
 def test_an_execution_is_drawn_and_its_request_answered_through_the_form(
     server_factory: Start, tmp_path: Path, browser: Any
 ) -> None:
