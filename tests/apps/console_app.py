@@ -69,3 +69,14 @@ async def order(ctx: ExecutionContext) -> dict[str, Any]:
     """Asks for an Order and returns it as it was typed."""
     answer = await ctx.ask({"question": "the order?", "markup": MARKUP}, schema=Order)
     return answer.model_dump(mode="json")
+
+
+@agent.reasoner(resumable=True, max_attempts=3)
+async def steps(ctx: ExecutionContext, count: int = 600) -> dict[str, int]:
+    """Resumable: a checkpoint every step of 0.1 s, so a drain hands it off mid-way."""
+    done = int((ctx.checkpoint_state or {}).get("done", 0))
+    while done < count:
+        await asyncio.sleep(0.1)
+        done += 1
+        await ctx.checkpoint({"done": done})
+    return {"done": done, "attempt": ctx.attempt}

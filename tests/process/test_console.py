@@ -424,3 +424,37 @@ def test_replicas_lists_every_live_replica_of_a_shared_store(
     assert 0 < found["pod-b"]["deadline_seconds"] <= 40
     second.signal(signal.SIGKILL)
     until(lambda r: "pod-b" not in r)
+
+
+def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(
+    server_factory: Start, tmp_path: Path, redis_url: str, browser: Any
+) -> None:
+    """The page open on one replica sees the execution leave another at its drain: attempt
+    1 keeps the replica it ran on, attempt 2 names the one that took it."""
+    shared = ["--store", redis_url, "--lease-ttl", "1", "--grace-period", "10"]
+    first = serve(
+        server_factory, tmp_path, *shared, "--drain-timeout", "1", "--replica-id", "pod-a"
+    )
+    second = serve(server_factory, tmp_path, *shared, "--replica-id", "pod-b")
+    moving = start(first, ALICE, "steps", {})
+    assert moving["replica"] == "pod-a"
+    open_console(browser, second, ALICE, f"#/executions/{moving['execution_id']}")
+
+    def timeline(d: Any) -> list[str]:
+        return list(
+            d.execute_script(
+                "return [...document.querySelectorAll('#timeline text')].map(t => t.textContent)"
+            )
+        )
+
+    wait_until(browser, lambda d: "replica pod-a" in timeline(d))
+    first.signal(signal.SIGTERM)
+    wait_until(browser, lambda d: "attempt 2" in timeline(d) and "replica pod-b" in timeline(d))
+    drawn = timeline(browser)
+    assert drawn.index("attempt 1") < drawn.index("replica pod-a") < drawn.index("attempt 2")
+    assert "hand-off or retry" in drawn
+    assert "pod-a" in text_of(browser, "#attempts tbody tr:nth-child(1)")
+    assert "pod-b" in text_of(browser, "#attempts tbody tr:nth-child(2)")
+    with api(second, ALICE) as client:
+        client.post(f"/executions/{moving['execution_id']}/cancel")
+    wait_until(browser, lambda d: page_status(d) == "cancelled")
