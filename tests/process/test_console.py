@@ -138,6 +138,10 @@ def test_the_page_asks_a_token_lists_live_and_keeps_tenants_apart(
         "css selector", f'#executions-rows tr[data-id="{first["execution_id"]}"] a'
     )
     assert first["execution_id"][:8] in link.text
+    # Started through the API while the page is open: it appears, then succeeds, no reload.
+    short = start(server, ALICE, "hold", {"seconds": 3})
+    wait_until(browser, lambda d: row_status(d, short["execution_id"]) == "running")
+    wait_until(browser, lambda d: row_status(d, short["execution_id"]) == "succeeded")
     held = start(server, ALICE, "hold", {})
     wait_until(browser, lambda d: row_status(d, held["execution_id"]) in ("running", "queued"))
     with api(server, ALICE) as client:
@@ -145,7 +149,7 @@ def test_the_page_asks_a_token_lists_live_and_keeps_tenants_apart(
     wait_until(browser, lambda d: row_status(d, held["execution_id"]) == "cancelled")
     # A tenant's list holds its own only.
     ids = [r.get_attribute("data-id") for r in browser.find_elements("css selector", "tr[data-id]")]
-    assert set(ids) == {first["execution_id"], held["execution_id"]}
+    assert set(ids) == {first["execution_id"], short["execution_id"], held["execution_id"]}
     assert theirs["execution_id"] not in browser.page_source
 
     # Kept for the tab only: a reload keeps the token and the view, nothing else holds it.
