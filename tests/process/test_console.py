@@ -16,7 +16,10 @@ no log line; a strict CSP is sent; `--no-console` is a 404.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +35,7 @@ from tests.support.browser import (
     leaving_loopback,
     requested_urls,
 )
-from tests.support.process import ServerProcess
+from tests.support.process import ServerProcess, need
 
 APP = "console_app:agent"
 ALICE = "tok-console-alice-5b1c9e0a7d3f4e62a8b9c0d1e2f3a4b5"  # tenant acme
@@ -462,3 +465,22 @@ def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(
     with api(second, ALICE) as client:
         client.post(f"/executions/{moving['execution_id']}/cancel")
     wait_until(browser, lambda d: page_status(d) == "cancelled")
+
+
+def test_the_screenshot_script_runs(tmp_path: Path) -> None:
+    """bench/console_screenshots.py (docs/console.md's pictures) still makes its pictures."""
+    need("chromium", package="chromium")
+    need("chromedriver", package="chromium-driver")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, str(root / "bench" / "console_screenshots.py"), str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name in ("executions.png", "execution.png", "replicas.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
