@@ -397,7 +397,7 @@ def test_no_console_is_404(server_factory: Start) -> None:
 
 
 def test_replicas_lists_every_live_replica_of_a_shared_store(
-    server_factory: Start, tmp_path: Path, redis_url: str
+    server_factory: Start, tmp_path: Path, redis_url: str, redis_server: Any
 ) -> None:
     """Each replica writes itself with its renewal: any replica lists the others, their
     in-flight counts and a drain, and drops one that is gone."""
@@ -431,6 +431,10 @@ def test_replicas_lists_every_live_replica_of_a_shared_store(
     assert 0 < found["pod-b"]["deadline_seconds"] <= 40
     second.signal(signal.SIGKILL)
     until(lambda r: "pod-b" not in r)
+    # Once the renewals drop the dead replica, a read drops its description too.
+    states = "{agent-server:console-tests}:states"
+    until(lambda r: redis_server.command("HEXISTS", states, "pod-b") == b":0\r\n")
+    assert redis_server.command("HEXISTS", states, "pod-a") == b":1\r\n"
 
 
 def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(

@@ -301,7 +301,13 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
                 ]
             )
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        alive = {_text(live[i]) for i in range(0, len(live), 2) if float(live[i + 1]) > now_ms}
+        known = {_text(live[i]): float(live[i + 1]) for i in range(0, len(live), 2)}
+        alive = {replica for replica, until in known.items() if until > now_ms}
+        # A replica the renewals dropped (tick.lua: dead, nothing left owned) keeps no entry.
+        gone = [states[i] for i in range(0, len(states), 2) if _text(states[i]) not in known]
+        if gone:
+            with self._link.operation("replicas"):
+                await self._link.scripts.call(b"HDEL", self.keys.states, *gone)
         found: list[dict[str, Any]] = []
         for i in range(0, len(states), 2):
             if _text(states[i]) in alive and len(found) < REPLICA_STATES:
