@@ -22,6 +22,7 @@ from agent_server.app.start_line import log_start
 from agent_server.http.access import Access, Authorize
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
+from agent_server.http.console_page import ConsolePage
 from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
@@ -41,6 +42,7 @@ from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.runtime.replica_state import replica_state
 from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
@@ -385,6 +387,8 @@ class Agent:
                 schedules=parts.schedules is not None,
             ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
+            console=ConsolePage() if settings.console else None,
+            describe=parts.describe,
             mcp=None if mcp is None else mcp.endpoint,
             authorize=self._authorize,
             schedules=parts.schedules,
@@ -513,6 +517,10 @@ class _Parts:
         #: Delivers webhooks, when a secret is set.
         self.webhooks = webhooks
 
+    def describe(self) -> dict[str, Any]:
+        """This replica, for `GET /replicas` (the others read it from a shared store)."""
+        return replica_state(self.store.replica_id, self.store.advert, self.registry, self.shutdown)
+
     @classmethod
     def build(
         cls,
@@ -585,4 +593,5 @@ class _Parts:
         taker = QueueTaker(store, registry, reasoners, metrics.version_rule)
         parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
         parts.schedules = schedule_ticker(reasoners, registry, store, metrics, settings)
+        store.describe(parts.describe)
         return parts

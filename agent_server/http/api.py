@@ -16,10 +16,12 @@ from typing import Any
 from starlette.routing import Route
 
 from agent_server.http.access import Access, Authorize
+from agent_server.http.console_page import ConsolePage
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.executions import Executions
 from agent_server.http.health import Health
 from agent_server.http.inputs import Inputs
+from agent_server.http.replicas import Replicas
 from agent_server.http.routing import Endpoint, Handler
 from agent_server.http.runs import Runs
 from agent_server.http.schedules import Schedules
@@ -58,8 +60,11 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/readyz"): (200, 503),
     ("GET", "/metrics"): (200,),
     ("GET", "/openapi.json"): (200,),
+    ("GET", "/replicas"): (200, 403, 503),
     ("GET", "/docs"): (200,),
     ("GET", "/docs/{name}"): (200, 404),
+    ("GET", "/console"): (200,),
+    ("GET", "/console/{name}"): (200, 404),
 }
 
 
@@ -86,6 +91,8 @@ class Api:
         mcp: Handler | None = None,
         authorize: Authorize | None = None,
         schedules: ScheduleTicker | None = None,
+        console: ConsolePage | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -98,6 +105,9 @@ class Api:
         #: `closing` is set when the listener closes at shutdown: open streams end with a retry.
         self.streams = Streams(sse_heartbeat, streams_closing or Closing(), metrics.stream_opened)
         self.docs = docs
+        #: `/console` (docs/console.md), and how this replica describes itself there.
+        self.console = console
+        self.replicas = Replicas(describe or (lambda: {"replica_id": store.replica_id}), store)
         #: `/mcp`'s handler with `--mcp` (agent_server/http/mcp_server.py).
         self.mcp = mcp
         self.openapi_document = openapi
@@ -145,6 +155,7 @@ class Api:
             ("/readyz", self.health.readyz, ["GET"]),
             ("/metrics", self.health.scrape, ["GET"]),
             ("/openapi.json", self.health.openapi, ["GET"]),
+            ("/replicas", self.replicas.list_replicas, ["GET"]),
         ]
         if self.schedules is not None:
             table += [
@@ -156,6 +167,8 @@ class Api:
             table.append(("/mcp", self.mcp, ["POST"]))
         if self.docs is not None:  # last: people, not programs, read it
             table += [(path, handler, ["GET"]) for path, handler in self.docs.routes()]
+        if self.console is not None:
+            table += [(path, handler, ["GET"]) for path, handler in self.console.routes()]
         routes = [
             Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table
         ]

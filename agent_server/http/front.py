@@ -186,6 +186,7 @@ def build_app(
     if authenticator is not None:
         open_paths = OPEN_PATHS | public_paths
         open_paths |= api.docs.open_paths if api.docs is not None else frozenset()
+        open_paths |= api.console.open_paths if api.console is not None else frozenset()
         if metrics_open:
             open_paths |= {METRICS_PATH}
         app = Authentication(app, authenticator, open_paths)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent_server.http.auth import OPEN_PATHS
+from agent_server.http.replicas import REPLICA_SCHEMA
 from agent_server.model import record
 from agent_server.model.execution import MAX_SECONDS, ExecutionStatus
 from agent_server.model.names import (
@@ -148,6 +149,7 @@ OPERATION_IDS = {
     ("/readyz", "get"): "readyz",
     ("/metrics", "get"): "metrics",
     ("/openapi.json", "get"): "openapi",
+    ("/replicas", "get"): "listReplicas",
 }
 #: operationId of the schedule routes, documented when the server serves them.
 SCHEDULE_OPERATION_IDS = {
@@ -468,7 +470,7 @@ def openapi_document(
     """The whole document; built per request, it is small and reasoners are few. With
     `schedules`, the `/schedules` routes (mounted when the server has a schedule ticker)."""
     reasoners = list(reasoners)
-    components: dict[str, Any] = dict(BASE_SCHEMAS)
+    components: dict[str, Any] = {**BASE_SCHEMAS, "Replica": REPLICA_SCHEMA}
     paths: dict[str, Any] = {
         "/reasoners": {
             "get": {
@@ -700,6 +702,15 @@ def openapi_document(
                             "description": "Metrics",
                             "content": {"text/plain": {"schema": {"type": "string"}}},
                         }
+                    },
+                }
+            },
+            "/replicas": {
+                "get": {
+                    "summary": "The live replicas: versions, draining, in flight (admin scope)",
+                    "responses": {
+                        "200": _json({"type": "array", "items": _ref("Replica")}, "Replicas"),
+                        "403": _error("Not the admin scope: the replicas span tenants"),
                     },
                 }
             },

@@ -228,10 +228,8 @@ class Settings(BaseSettings):
         description="The JWT claim naming the caller's tenant (org_id, tid); without it, or "
         "when a token lacks it, the caller is its own tenant.",
     )
-    docs: bool = Field(
-        default=True,
-        description="Serve Swagger UI at /docs, from assets shipped with the package.",
-    )
+    docs: bool = Field(True, description="Serve Swagger UI at /docs (its assets in the package).")
+    console: bool = Field(True, description="Serve the console at /console (docs/console.md).")
     a2a: bool = Field(
         default=False,
         description="Serve A2A (the Agent2Agent protocol): the agent card at "

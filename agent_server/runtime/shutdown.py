@@ -212,6 +212,8 @@ class ShutdownSequence:
         #: lifespan shutdown of plain uvicorn runs it.
         self.driven_by_signals = False
         self.started: float | None = None
+        #: When the phase it is in ends (monotonic), planned: None while serving.
+        self.phase_ends: float | None = None
         self.report: ShutdownReport | None = None
         self._signal: str | None = None
         self._skip = asyncio.Event()
@@ -231,6 +233,7 @@ class ShutdownSequence:
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
         self.metrics.shutdown.began(wall_time, started)
+        self.phase_ends = started + self.plan.unready_delay
         self._enter(Phase.UNREADY)
         logger.info(
             "shutdown began (%s): %s in flight; admission closes in %gs, "
@@ -278,6 +281,7 @@ class ShutdownSequence:
         await self._until(admission_at)
         self.registry.close_admission()
         queued_cancelled = 0 if self.cancel_queued is None else self.cancel_queued()
+        self.phase_ends = admission_at + self.plan.drain_timeout
         self._enter(Phase.DRAINING)
         phases["draining"] = time.monotonic() - t0
         took["unready"] = phases["draining"]
@@ -289,6 +293,7 @@ class ShutdownSequence:
         parked_draining = self.registry.stats.outcomes["parked"] - self._parked_before
         finished = self.registry.stats.ended - self._ended_before - parked_draining
 
+        self.phase_ends = cancel_at + self.plan.cancel_timeout
         self._enter(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
         took["draining"] = phases["cancelling"] - phases["draining"]
@@ -357,6 +362,7 @@ class ShutdownSequence:
             ],
             took,
         )
+        self.phase_ends = self.plan.hard_end(t0)
         self._enter(Phase.STOPPED)
         logger.info(
             "shutdown report: %s",

@@ -276,6 +276,17 @@ class ExecutionStore(abc.ABC):
         not be written (none for the memory store)."""
         return []
 
+    #: How this replica describes itself to the others (`GET /replicas`): set by `describe`.
+    state: Callable[[], dict[str, Any]] | None = None
+
+    def describe(self, state: Callable[[], dict[str, Any]]) -> None:
+        """A shared store writes what `state` says with each liveness renewal."""
+        self.state = state
+
+    async def replica_states(self) -> list[dict[str, Any]]:
+        """What the other live replicas last wrote of themselves: none in this process."""
+        return []
+
     def writes_owed(self) -> int:
         """Writes this process still owes the store: a count read without the event loop
         (the watchdog's thread), so plain lengths only. 0 for the memory store."""

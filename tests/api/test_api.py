@@ -551,7 +551,8 @@ async def test_openapi_document_has_every_mounted_route_and_its_statuses(
         for route in agent.api().routes()
         for method in route.methods or ()
         # A reasoner's routes are documented per reasoner (checked above).
-        if method != "HEAD" and not route.path.startswith(("/docs", "/mcp", "/reasoners/{"))
+        if method != "HEAD"
+        and not route.path.startswith(("/docs", "/console", "/mcp", "/reasoners/{"))
     }
     documented = {(method, path) for path, item in paths.items() for method in item}
     assert mounted <= documented, mounted - documented
@@ -747,3 +748,30 @@ async def test_router_shortcut_answers_as_starlettes_router(
         answers.append(await _routed(app, method, path, body))
     assert answers[0] == answers[1]
     assert answers[0][0] != 500
+
+
+async def test_replicas_answers_this_replica_as_its_document_says(
+    agent: Agent, client: httpx.AsyncClient
+) -> None:
+    """`GET /replicas` with the memory store: this replica only, serving, its running work
+    counted, in the shape the OpenAPI document gives."""
+    import jsonschema
+
+    document = (await client.get("/openapi.json")).json()
+    schema = document["components"]["schemas"]["Replica"]
+    started = await client.post("/reasoners/sleep/async", json={"seconds": 30})
+    answer = await client.get("/replicas")
+    assert answer.status_code == 200
+    [replica] = answer.json()
+    jsonschema.validate(replica, schema)
+    assert replica == {
+        "replica_id": agent.store.replica_id,
+        "versions": [None],
+        "admitting": True,
+        "draining": False,
+        "in_flight": 1,
+        "phase": "serving",
+        "deadline_seconds": None,
+        "answering": True,
+    }
+    await client.post(f"/executions/{started.json()['execution_id']}/cancel")

@@ -7,79 +7,28 @@ returns its execution; with a token, the page asks for it and "Authorize" carrie
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tests.support.process import ServerProcess, need
+from tests.support.browser import (
+    WAIT,
+    chromium,
+    console_errors,
+    leaving_loopback,
+    requested_urls,
+)
+from tests.support.process import ServerProcess
 
-WAIT = 20.0
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 Start = Callable[..., ServerProcess]
 
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    chromium = need("chromium", package="chromium")
-    chromedriver = need("chromedriver", package="chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="docs-page-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    # Both paths given, so selenium never looks for (or downloads) a driver of its own.
-    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
-    driver.set_page_load_timeout(WAIT)
-    driver.get_log("performance")  # what the browser did at its start (its new-tab page)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def requested_urls(driver: Any) -> list[str]:
-    """Every URL the page asked the network for (CDP Network.requestWillBeSent)."""
-    urls = []
-    for entry in driver.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] == "Network.requestWillBeSent":
-            urls.append(message["params"]["request"]["url"])
-    return urls
-
-
-def leaving_loopback(urls: list[str]) -> list[str]:
-    """The URLs that would go over a network beyond this machine's loopback (the browser's
-    own `chrome:`, `data:` and `blob:` URLs go nowhere)."""
-    return [
-        url
-        for url in urls
-        if urlsplit(url).scheme not in ("chrome", "data", "blob", "about")
-        and urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1")
-    ]
-
-
-def console_errors(driver: Any) -> list[dict[str, Any]]:
-    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def wait_until(driver: Any, condition: Callable[[Any], Any]) -> Any:

@@ -33,6 +33,7 @@ class Keys:
         "running",
         "scheduled",
         "sizes",
+        "states",
         "tag",
         "versions",
         "vqs",
@@ -66,6 +67,9 @@ class Keys:
         #: a replica of its checkpoint's version (`vq:{reasoner}\x1f{version}`) or for one
         #: that serves its reasoner at all (`rq:{reasoner}`), named from the prefix; claim.lua.
         self.versions = prefix + "versions"
+        #: Each replica's description of itself for `GET /replicas` (replica -> JSON),
+        #: written with its renewal; the reader keeps the live ones' (`replicas`).
+        self.states = prefix + "states"
         self.vqs = prefix + "vqs"
         #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):
         #: written by the script of the move each reports (lua/webhooks.lua).

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
+from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
@@ -102,6 +104,8 @@ class Liveness:
         #: each renewal while `advertising` (until its admission closes).
         self.advert = ""
         self.advertising = True
+        #: How this replica describes itself (`GET /replicas`), written with each renewal.
+        self.state: Callable[[], dict[str, Any]] | None = None
 
     def token(self) -> str:
         """A claim's token (16 characters): this process's, and this claim's own (a late
@@ -174,6 +178,10 @@ class Liveness:
                 "1" if self.advertising else "0",
                 via=link.probe,
             )
+            if self.state is not None:  # what GET /replicas shows of this one elsewhere
+                text = json.dumps(self.state(), separators=(",", ":"))
+                via = link.scripts if link.probe is None else link.probe
+                await via.call(b"HSET", self._keys.states, self._replica_id, text)
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))
         if int(reply[1]):  # queued work, in case its notice was missed: the taker looks

@@ -16,6 +16,7 @@ docs/replicas.md#key-layout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -52,6 +53,8 @@ logger = logging.getLogger("agent_server.store")
 RELEASE_SECONDS = 2 * COMMAND_TIMEOUT
 #: Seconds between tries of that final repair.
 RELEASE_RETRY = 0.05
+#: The most replicas `GET /replicas` lists.
+REPLICA_STATES = 100
 
 
 class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
@@ -214,6 +217,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
                 async with client.pipeline(transaction=True) as pipe:
                     pipe.zadd(self.keys.replicas, {self.replica_id: 0})
                     pipe.hdel(self.keys.renewals, self.replica_id)
+                    pipe.hdel(self.keys.states, self.replica_id)
                     await pipe.execute()
         except Exception as exc:  # unreachable, or a reset surfacing as uvloop's RuntimeError
             logger.warning(
@@ -281,6 +285,37 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
 
     def advertise(self, advert: str) -> None:
         self.advert = self._liveness.advert = advert
+
+    def describe(self, state: Callable[[], dict[str, Any]]) -> None:
+        self.state = self._liveness.state = state
+
+    async def replica_states(self) -> list[dict[str, Any]]:
+        """What each live replica wrote of itself with its last renewal (at most
+        REPLICA_STATES of them), by Redis's clock for who is live."""
+        with self._link.operation("replicas"):
+            now, live, states = await self._link.scripts.pipeline(
+                [
+                    [b"TIME"],
+                    [b"ZRANGE", self.keys.replicas, 0, -1, b"WITHSCORES"],
+                    [b"HGETALL", self.keys.states],
+                ]
+            )
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        known = {_text(live[i]): float(live[i + 1]) for i in range(0, len(live), 2)}
+        alive = {replica for replica, until in known.items() if until > now_ms}
+        # A replica the renewals dropped (tick.lua: dead, nothing left owned) keeps no entry.
+        gone = [states[i] for i in range(0, len(states), 2) if _text(states[i]) not in known]
+        if gone:
+            with self._link.operation("replicas"):
+                await self._link.scripts.call(b"HDEL", self.keys.states, *gone)
+        found: list[dict[str, Any]] = []
+        for i in range(0, len(states), 2):
+            if _text(states[i]) in alive and len(found) < REPLICA_STATES:
+                with contextlib.suppress(ValueError):
+                    state = orjson.loads(states[i + 1])
+                    if isinstance(state, dict):
+                        found.append(state)
+        return sorted(found, key=lambda state: str(state.get("replica_id")))
 
     def withdraw(self) -> None:
         """Renewed now, without its versions: the other replicas' next claims stop leaving
@@ -366,3 +401,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         return await self._releases.shared(release_id, timeout)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
