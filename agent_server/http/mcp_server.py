@@ -44,6 +44,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http import answers
 from agent_server.http.access import Access, Denied
+from agent_server.http.event_feed import EventFeed
+from agent_server.http.mcp_progress import progress_token, with_progress
 from agent_server.http.mcp_requests import (
     SUBSCRIPTION_ID,
     TaskParams,
@@ -265,7 +267,12 @@ class McpEndpoint:
         requests) when it declared elicitation, else a tool error. A caller that may not
         cancel it (one resuming another's call) leaves it running where the call would
         cancel it."""
-        ended = await self._follow(execution, may_cancel=may_cancel)
+        following = self._follow(execution, may_cancel=may_cancel)
+        token = progress_token(ctx)
+        if token is not None:  # the execution's events as progress meanwhile (mcp_progress.py)
+            feed = EventFeed(self.registry, self.store, execution)
+            following = with_progress(ctx, token, feed, following)
+        ended = await following
         if ended is None:
             return tool_error(
                 f"the server is shutting down: execution {execution.execution_id} did not end "
