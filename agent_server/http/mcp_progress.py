@@ -22,6 +22,7 @@ from agent_server.http.event_feed import EventFeed, relay
 from agent_server.http.mcp_requests import notify
 from agent_server.model import jsoncodec
 from agent_server.model.events import Event
+from agent_server.store.base import ExecutionStore
 
 T = TypeVar("T")
 
@@ -29,6 +30,10 @@ logger = logging.getLogger("agent_server.mcp")
 
 #: The `_meta` key naming the event a progress notification carries.
 EVENT_META = "io.agent-server/event"
+#: The `_meta` key giving the event's number, where `progress` is a count (a listen).
+EVENT_ID_META = "io.agent-server/eventId"
+#: The `_meta` key naming the task a notification is about (MCP 2025-11-25's).
+RELATED_TASK = "io.modelcontextprotocol/related-task"
 
 
 def progress_token(ctx: ServerRequestContext[Any]) -> str | int | None:
@@ -81,3 +86,41 @@ async def with_progress(
         await asyncio.gather(pump, return_exceptions=True)
         raise
     return outcome
+
+
+class Count:
+    """The progress of one listen: notifications sent on it so far (one token, several
+    tasks: the count rises with each, as progress must)."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+
+async def task_progress(
+    ctx: ServerRequestContext[Any],
+    token: str | int,
+    feed: EventFeed,
+    store: ExecutionStore,
+    count: Count,
+) -> None:
+    """A listened task's events as progress on the listen's stream until the task ends (its
+    kept events first): `progress` the listen's count, the task in `_meta` under
+    RELATED_TASK, the event's name and number beside it."""
+    task_id = feed.execution.execution_id
+    ended = asyncio.ensure_future(store.wait(feed.execution, None))
+
+    async def deliver(events: list[Event]) -> None:
+        for event in events:
+            count.sent += 1
+            params = progress_params(token, event)
+            params["progress"] = count.sent
+            params["_meta"] |= {RELATED_TASK: {"taskId": task_id}, EVENT_ID_META: event.id}
+            await notify(ctx, "notifications/progress", params)
+
+    try:
+        await relay(feed, deliver, ended)
+    finally:
+        ended.cancel()
+        await asyncio.gather(ended, return_exceptions=True)

@@ -45,7 +45,7 @@ from starlette.types import Message, Receive, Scope, Send
 from agent_server.http import answers
 from agent_server.http.access import Access, Denied
 from agent_server.http.event_feed import EventFeed
-from agent_server.http.mcp_progress import progress_token, with_progress
+from agent_server.http.mcp_progress import Count, progress_token, task_progress, with_progress
 from agent_server.http.mcp_requests import (
     SUBSCRIPTION_ID,
     TaskParams,
@@ -550,8 +550,9 @@ class McpEndpoint:
     ) -> dict[str, Any]:
         """`subscriptions/listen` with `taskIds`: `notifications/tasks` on this stream each
         time one of those tasks changes status (read from the store: whichever replica runs
-        it), until the client closes the stream or the listener closes (shutdown). No other
-        kind of notification is offered (the tools never change)."""
+        it), until the client closes the stream or the listener closes (shutdown); with a
+        `progressToken`, their events as `notifications/progress` too (mcp_progress.py).
+        No other kind of notification is offered (the tools never change)."""
         if ctx.request_id is None:  # pragma: no cover - the transport always gives one
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         wanted = (params.notifications.model_extra or {}).get("taskIds")
@@ -573,9 +574,13 @@ class McpEndpoint:
         if self.closing.is_set():
             closed.set_result(None)
         try:
+            token, count = progress_token(ctx), Count()
             async with anyio.create_task_group() as watchers:
                 for execution in found:
                     watchers.start_soon(self._watch, ctx, execution, meta)
+                    if token is not None:  # its events as progress too (mcp_progress.py)
+                        feed = EventFeed(self.registry, self.store, execution)
+                        watchers.start_soon(task_progress, ctx, token, feed, self.store, count)
                 await closed
                 watchers.cancel_scope.cancel()
         finally:

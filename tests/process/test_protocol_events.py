@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import mcp_types as types
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import (
@@ -28,7 +29,7 @@ from a2a.types.a2a_pb2 import (
 from google.protobuf.json_format import MessageToDict
 
 from tests.process.test_a2a import card_of, message
-from tests.process.test_mcp import session
+from tests.process.test_mcp import call_as_task, follow, session, update
 from tests.support.process import serving
 
 WAIT = 20.0
@@ -251,3 +252,49 @@ async def test_an_mcp_call_of_a_generator_gets_each_yield_as_progress(
     assert not result.is_error
     # A string's own text; any other value its JSON.
     assert progress == [(1, '{"n":1}'), (2, "value 2"), (3, '{"n":3}')]
+
+
+async def test_an_mcp_listen_with_a_progress_token_gets_a_tasks_events_on_any_replica(
+    replicas: list[str],
+) -> None:
+    """`subscriptions/listen` carrying a progressToken (the SDK's progress callback): the
+    listened task's kept events, then the live ones, as progress on the listen's stream,
+    from the replica that does not run it (with Redis)."""
+    owner, other = replicas
+    progress: list[tuple[float, str | None]] = []
+    counted = {2: asyncio.Event(), 4: asyncio.Event()}
+
+    async def on_progress(value: float, total: float | None, said: str | None) -> None:
+        progress.append((value, said))
+        if len(progress) in counted:
+            counted[len(progress)].set()
+
+    async with session(owner, tasks=True) as client:
+        created = await call_as_task(client, "around", {"before": 2})
+        await follow(client, created.task_id, "input_required")
+    async with session(other, tasks=True) as listener:
+        wanted = types.SubscriptionFilter.model_validate({"taskIds": [created.task_id]})
+        listen = types.SubscriptionsListenRequest(
+            params=types.SubscriptionsListenRequestParams(notifications=wanted)
+        )
+        stream = asyncio.ensure_future(
+            listener.send_request(
+                listen, types.SubscriptionsListenResult, progress_callback=on_progress
+            )
+        )
+        try:
+            async with asyncio.timeout(WAIT):
+                await counted[2].wait()  # the two kept before the listen began
+            async with session(owner, tasks=True) as client:
+                answer = {"1": {"action": "accept", "content": {"value": "yes"}}}
+                await update(client, created.task_id, answer)
+            async with asyncio.timeout(WAIT):
+                await counted[4].wait()
+        finally:
+            stream.cancel()
+            await asyncio.gather(stream, return_exceptions=True)
+    assert [value for value, _ in progress] == [1, 2, 3, 4]
+    messages = [json.loads(said or "") for _, said in progress]
+    assert messages[:2] == [{"n": 1}, {"n": 2}]
+    assert messages[2]["prompt"] == "go on?"  # the ask's own `input_required` event
+    assert messages[3] == {"answer": "yes"}
