@@ -57,12 +57,18 @@ def replicas(
 
 
 @contextlib.asynccontextmanager
-async def a2a_client(url: str, *, streaming: bool = True) -> AsyncIterator[Client]:
-    """The SDK's client for the server at `url`, made from its card (v1.0)."""
+async def a2a_client(
+    url: str, *, streaming: bool = True, version: str = "1.0"
+) -> AsyncIterator[Client]:
+    """The SDK's client for the server at `url`, made from its card, speaking `version`
+    (its v0.3 compatibility transport for "0.3")."""
     async with httpx.AsyncClient(
-        base_url=url, timeout=WAIT, headers={"A2A-Version": "1.0"}
+        base_url=url, timeout=WAIT, headers={"A2A-Version": version}
     ) as http:
         card = await card_of(http, url)
+        kept = [i for i in card.supported_interfaces if i.protocol_version == version]
+        del card.supported_interfaces[:]
+        card.supported_interfaces.extend(kept)
         factory = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http))
         async with factory.create(card) as made:
             yield made
@@ -105,12 +111,15 @@ def last_state(responses: list[StreamResponse]) -> int:
 # -- A2A ------------------------------------------------------------------------------------
 
 
-async def test_an_a2a_stream_carries_every_emitted_event_in_order(replicas: list[str]) -> None:
+@pytest.mark.parametrize("version", ["1.0", "0.3"])
+async def test_an_a2a_stream_carries_every_emitted_event_in_order(
+    replicas: list[str], version: str
+) -> None:
     tag = uuid.uuid4().hex[:8]
     sent = SendMessageRequest(
         message=message(data={"count": 3, "pause": 0.1, "tag": tag}, skill="emitter")
     )
-    async with a2a_client(replicas[0]) as client, asyncio.timeout(WAIT):
+    async with a2a_client(replicas[0], version=version) as client, asyncio.timeout(WAIT):
         responses = [response async for response in client.send_message(sent)]
     assert responses[0].HasField("task")
     assert emitted(responses) == [("step", n, {"n": n, "tag": tag}) for n in (1, 2, 3)]
@@ -121,11 +130,12 @@ async def test_an_a2a_stream_carries_every_emitted_event_in_order(replicas: list
     assert responses[-2].artifact_update.artifact.name == "result"
 
 
+@pytest.mark.parametrize("version", ["1.0", "0.3"])
 async def test_an_a2a_stream_carries_each_yield_as_a_chunk_of_the_output_artifact(
-    replicas: list[str],
+    replicas: list[str], version: str
 ) -> None:
     sent = SendMessageRequest(message=message(data={"count": 3, "pause": 0.1}, skill="counter"))
-    async with a2a_client(replicas[0]) as client, asyncio.timeout(WAIT):
+    async with a2a_client(replicas[0], version=version) as client, asyncio.timeout(WAIT):
         responses = [response async for response in client.send_message(sent)]
     assert emitted(responses) == [
         ("output", 1, {"n": 1}),
@@ -298,3 +308,28 @@ async def test_an_mcp_listen_with_a_progress_token_gets_a_tasks_events_on_any_re
     assert messages[:2] == [{"n": 1}, {"n": 2}]
     assert messages[2]["prompt"] == "go on?"  # the ask's own `input_required` event
     assert messages[3] == {"answer": "yes"}
+
+
+async def test_a_reader_of_a_queued_task_leaves_every_event_kept(replicas: list[str]) -> None:
+    """A subscriber that reaches a task before its first attempt (a delayed start) sees
+    each event live, and the task keeps all of them (`--max-events`) for the next reader:
+    a reader never decides how many are kept."""
+    owner, other = replicas
+    tag = uuid.uuid4().hex[:8]
+    async with httpx.AsyncClient(base_url=owner, timeout=WAIT) as http:
+        started = await http.post(
+            "/reasoners/emitter/async",
+            params={"delay": "3"},
+            json={"count": 3, "pause": 0.05, "tag": tag},
+        )
+        assert started.status_code == 202, started.text
+        task_id = started.json()["execution_id"]
+        async with a2a_client(other) as subscriber, asyncio.timeout(WAIT):
+            responses = [r async for r in subscriber.subscribe(SubscribeToTaskRequest(id=task_id))]
+        assert responses[0].task.status.state == TaskState.TASK_STATE_SUBMITTED  # before it ran
+        expected = [("step", n, {"n": n, "tag": tag}) for n in (1, 2, 3)]
+        assert emitted(responses) == expected
+        assert last_state(responses) == TaskState.TASK_STATE_COMPLETED
+        replay = await http.get(f"/executions/{task_id}/events", params={"after": 0})
+    ids = [line for line in replay.text.splitlines() if line.startswith("id: ")]
+    assert ids == ["id: 1", "id: 2", "id: 3"], replay.text
