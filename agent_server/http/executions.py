@@ -23,7 +23,7 @@ from agent_server.http.params import (
     statuses,
 )
 from agent_server.http.routing import ApiError, execution_response
-from agent_server.http.sse import EventSource, EventStream, LocalEvents, RemoteEvents, Streams
+from agent_server.http.sse import EventStream, Streams, source_of
 from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.runtime.registry import InFlightRegistry
@@ -159,16 +159,8 @@ class Executions:
         return self.stream(execution, cursor, None)
 
     def stream(self, execution: Execution, cursor: int, first: bytes | None) -> EventStream:
-        """Events from this process when it runs the execution (or, with the memory store,
-        ran it); else from the shared store."""
-        live = self.registry.running(execution.execution_id)
-        source: EventSource
-        if live is not None:
-            source = LocalEvents(live, self.store if self.store.shared else None)
-        elif not self.store.shared:
-            source = LocalEvents(execution)
-        else:
-            source = RemoteEvents(self.store, execution)
+        """Its events, from where `source_of` says they are read."""
+        source = source_of(self.registry, self.store, execution)
         return EventStream(self.streams, source, cursor, first)
 
 

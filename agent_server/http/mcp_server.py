@@ -44,6 +44,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http import answers
 from agent_server.http.access import Access, Denied
+from agent_server.http.event_feed import EventFeed
+from agent_server.http.mcp_progress import Count, progress_token, task_progress, with_progress
 from agent_server.http.mcp_requests import (
     SUBSCRIPTION_ID,
     TaskParams,
@@ -274,7 +276,12 @@ class McpEndpoint:
         requests) when it declared elicitation, else a tool error. A caller that may not
         cancel it (one resuming another's call) leaves it running where the call would
         cancel it."""
-        ended = await self._follow(execution, may_cancel=may_cancel)
+        following = self._follow(execution, may_cancel=may_cancel)
+        token = progress_token(ctx)
+        if token is not None:  # the execution's events as progress meanwhile (mcp_progress.py)
+            feed = EventFeed(self.registry, self.store, execution)
+            following = with_progress(ctx, token, feed, following)
+        ended = await following
         if ended is None:
             return tool_error(
                 f"the server is shutting down: execution {execution.execution_id} did not end "
@@ -552,8 +559,9 @@ class McpEndpoint:
     ) -> dict[str, Any]:
         """`subscriptions/listen` with `taskIds`: `notifications/tasks` on this stream each
         time one of those tasks changes status (read from the store: whichever replica runs
-        it), until the client closes the stream or the listener closes (shutdown). No other
-        kind of notification is offered (the tools never change)."""
+        it), until the client closes the stream or the listener closes (shutdown); with a
+        `progressToken`, their events as `notifications/progress` too (mcp_progress.py).
+        No other kind of notification is offered (the tools never change)."""
         if ctx.request_id is None:  # pragma: no cover - the transport always gives one
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         wanted = (params.notifications.model_extra or {}).get("taskIds")
@@ -575,9 +583,13 @@ class McpEndpoint:
         if self.closing.is_set():
             closed.set_result(None)
         try:
+            token, count = progress_token(ctx), Count()
             async with anyio.create_task_group() as watchers:
                 for execution in found:
                     watchers.start_soon(self._watch, ctx, execution, meta)
+                    if token is not None:  # its events as progress too (mcp_progress.py)
+                        feed = EventFeed(self.registry, self.store, execution)
+                        watchers.start_soon(task_progress, ctx, token, feed, self.store, count)
                 await closed
                 watchers.cancel_scope.cancel()
         finally:

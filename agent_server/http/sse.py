@@ -26,6 +26,7 @@ from agent_server.model import jsoncodec
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution
 from agent_server.model.waiting import Closing, Waiters, Wakeup
+from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
 
 #: Bytes of encoded events a stream writes at once (a replay leaves in writes this size).
@@ -209,6 +210,20 @@ class RemoteEvents(EventSource):
 
     def unlisten(self, waiter: asyncio.Future[None]) -> None:
         self.store.drop_notice(self.execution.execution_id, waiter)
+
+
+def source_of(
+    registry: InFlightRegistry, store: ExecutionStore, execution: Execution
+) -> EventSource:
+    """Where an execution's events are read, for every front that carries them (SSE, A2A,
+    MCP): this process's log when it runs the execution (or, with the memory store, ran
+    it); else the shared store."""
+    live = registry.running(execution.execution_id)
+    if live is not None:
+        return LocalEvents(live, store if store.shared else None)
+    if not store.shared:
+        return LocalEvents(execution)
+    return RemoteEvents(store, execution)
 
 
 async def _send_events(send: Send, events: list[Event]) -> None:

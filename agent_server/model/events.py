@@ -63,6 +63,15 @@ class EventLog:
         self.last_id = 0
         self._listeners: Waiters | None = None
 
+    @property
+    def keep(self) -> int:
+        """How many events it keeps at most."""
+        return self._events.maxlen or 0
+
+    def widen(self, keep: int) -> None:
+        """Keep up to `keep` events from now on (those kept stay)."""
+        self._events = deque(self._events, maxlen=keep)
+
     def append(self, event: str, data: str) -> Event:
         self.last_id += 1
         emitted = Event(self.last_id, event, data)

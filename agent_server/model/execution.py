@@ -178,9 +178,13 @@ class Execution(LiveState):
         return self.finished_monotonic - self.started_monotonic
 
     def event_log(self, keep: int = 1) -> EventLog:
-        """Its event log; made with room for `keep` events if it has none yet."""
+        """Its event log; made with room for `keep` events if it has none yet, or given that
+        room if it has less: a reader of a queued execution (SSE, A2A, MCP) may make it
+        before its attempt does, and must not leave it keeping one event."""
         if self.events is None:
             self.events = EventLog(keep)
+        elif keep > self.events.keep:
+            self.events.widen(keep)
         return self.events
 
     def mark_queued(self) -> None:

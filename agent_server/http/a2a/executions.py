@@ -20,9 +20,11 @@ from pydantic import ValidationError
 from starlette.types import Scope
 
 from agent_server.http.api import Api
+from agent_server.http.event_feed import EventFeed
 from agent_server.http.params import first_values, validation_detail
 from agent_server.http.routing import ApiError, in_doubt
 from agent_server.http.runs import _admission_error, _concurrency_value, _retried
+from agent_server.model.events import Event
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
@@ -248,6 +250,10 @@ class A2AExecutions:
         latest = ended.result()
         return await self._recorded(latest)
 
+    def feed(self, execution: Execution) -> EventFeed:
+        """The execution's events from the first kept, read as SSE reads them."""
+        return EventFeed(self.registry, self.store, execution)
+
     async def _recorded(self, execution: Execution) -> Execution:
         """An end this replica reached is told once the store holds it; until then the task
         is as the store says (the client reads it again)."""
@@ -262,14 +268,20 @@ class A2AExecutions:
         seen: tuple[str, Any, int],
         *,
         stop_at_input: bool,
-    ) -> AsyncIterator[Execution]:
+        feed: EventFeed | None = None,
+    ) -> AsyncIterator[Execution | list[Event]]:
         """The execution each time its status (or pending request, or attempt) changes from
         `seen` (the `mark` of what the client was last sent), until it ends (or waits for
         input, with `stop_at_input`), is forgotten, or the listener closes (a shutdown: the
-        client subscribes again elsewhere). The execution was read through `find`."""
+        client subscribes again elsewhere); and, given a `feed`, its events as they come,
+        each batch before the change that followed it. The execution was read through
+        `find`."""
         closing = self.api.streams.closing
         poll = FOLLOW_POLL[0]
         while not closing.is_set():
+            if feed is not None and (events := await feed.take()):
+                yield events
+                continue
             status = ExecutionStatus(seen[0])
             if status in TERMINAL:
                 return
@@ -277,7 +289,7 @@ class A2AExecutions:
                 return
             moving = execution.status is ExecutionStatus.RUNNING
             wait = self.store.wait(execution, FOLLOW_WAIT, asked=True) if moving else None
-            await self._pause(wait if wait is not None else asyncio.sleep(poll))
+            await self._pause(wait if wait is not None else asyncio.sleep(poll), feed)
             poll = min(poll * 2, FOLLOW_POLL[1])
             latest = await self.store.get(execution.execution_id)
             if latest is None:
@@ -285,21 +297,28 @@ class A2AExecutions:
             if latest.is_terminal and not await self.api.runs._recorded(latest):
                 continue
             if mark(latest) != seen:
+                if feed is not None and (events := await feed.take()):
+                    yield events  # written before the change: sent before it
                 seen, poll = mark(latest), FOLLOW_POLL[0]
                 yield latest  # the caller sends it before this resumes: `seen` is what it sent
             execution = latest
 
-    async def _pause(self, wait: Coroutine[Any, Any, Any]) -> None:
-        """The store's wait (or a poll's sleep), cut short when the listener closes."""
+    async def _pause(self, wait: Coroutine[Any, Any, Any], feed: EventFeed | None) -> None:
+        """The store's wait (or a poll's sleep), cut short when the listener closes or, with
+        a feed, at its next event."""
         closing = self.api.streams.closing
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         closing.waiters.add(closed)
         if closing.is_set():
             closed.set_result(None)
+        if feed is not None:
+            feed.listen(closed)
         step = asyncio.ensure_future(wait)
         try:
             await asyncio.wait({step, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if feed is not None:
+                feed.unlisten(closed)
             closing.waiters.discard(closed)
             if not step.done():
                 step.cancel()

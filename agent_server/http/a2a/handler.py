@@ -45,6 +45,7 @@ from starlette.requests import Request
 
 from agent_server.http.a2a.body import major_of, protocol_version
 from agent_server.http.a2a.card import CardMaker
+from agent_server.http.a2a.events import EventUpdates
 from agent_server.http.a2a.executions import A2AExecutions, Bad, mark
 from agent_server.http.a2a.tasks import (
     STATUSES_OF,
@@ -337,12 +338,23 @@ class ExecutionsHandler(RequestHandler):
         *,
         stop_at_input: bool,
     ) -> AsyncGenerator[Event]:
-        """An event for each change after the one `seen` (what the client was sent)."""
+        """An event for each change after the one `seen` (what the client was sent), and
+        for each of the task's events (a2a/events.py), every one kept replayed first."""
+        updates = EventUpdates(execution)
         following = self.executions.follow(
-            _principal(context), execution, seen, stop_at_input=stop_at_input
+            _principal(context),
+            execution,
+            seen,
+            stop_at_input=stop_at_input,
+            feed=self.executions.feed(execution),
         )
         try:
             async for latest in following:
+                if isinstance(latest, list):
+                    for event in latest:
+                        if updates.carries(event):
+                            yield updates.update(event)
+                    continue
                 task = task_of(latest)
                 if latest.status is ExecutionStatus.SUCCEEDED:
                     yield TaskArtifactUpdateEvent(
