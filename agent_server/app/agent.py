@@ -388,6 +388,7 @@ class Agent:
             mcp=None if mcp is None else mcp.endpoint,
             authorize=self._authorize,
             schedules=parts.schedules,
+            schedule_limits=(settings.max_schedules, settings.max_schedule_input_size),
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:
