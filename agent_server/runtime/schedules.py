@@ -94,6 +94,7 @@ class ScheduleTicker:
         self._version: str | None = None
         #: Each document's version as last read (a document that could not be read too).
         self._tokens: dict[str, str] = {}
+        self._syncing = asyncio.Lock()
         #: `listing`'s lists, by tenant (None: every tenant's), until the next change.
         self._listings: dict[str | None, list[Entry]] = {}
         #: Since when this replica has fired without a gap (None: a gap, the store
@@ -114,6 +115,10 @@ class ScheduleTicker:
         enabled. An equal version means the same documents, as each change writes a new
         token; then each document's own version says which changed, and only those are
         read (one change costs one document, whatever the other tenants hold)."""
+        async with self._syncing:  # a request's and the tick's: one reads, the other sees it
+            await self._sync()
+
+    async def _sync(self) -> None:
         version = await self.store.schedules_version()
         if version == self._version:
             return
