@@ -263,12 +263,12 @@ class Schedules:
                 schedule = dataclasses.replace(base, **fields)
         except ScheduleError as exc:
             raise ApiError(422, str(exc)) from None
-        if "input" in fields:
-            self._bounded(schedule)
         try:
             reasoner.bind(dict(schedule.input))
         except ValidationError as exc:  # at most SHOWN_LENGTH characters of it echoed
             raise ApiError(422, f"input: {binding_problem(exc)}") from None
+        if "input" in fields:
+            self._bounded(schedule)
         return schedule
 
     def _bounded(self, schedule: Schedule) -> None:
