@@ -135,7 +135,7 @@ class Schedules:
         return Response(body, media_type="application/json", headers=headers)
 
     async def schedule(self, request: Request) -> Response:
-        operation = {"GET": "read", "PATCH": "change", "DELETE": "delete"}[request.method]
+        operation = {"PATCH": "change", "DELETE": "delete"}.get(request.method, "read")  # HEAD
         entry = await self._find(request, operation)
         if request.method != "GET":
             self._may_change(request, entry)

@@ -266,6 +266,8 @@ def test_the_schedule_action_names_its_owner_so_authorize_decides_per_owner(
                     allowed = client.request(method, path, json=body, headers=erin)
                     assert allowed.is_success, (method, allowed.text)
             assert client.get(f"/schedules/{sid}", headers=alice).json()["enabled"] is False
+            assert client.head(f"/schedules/{sid}", headers=alice).status_code == 200
+            assert client.head(f"/schedules/{sid}", headers=dave).status_code == 403
             listed = client.get("/schedules", headers=dave).json()
             assert [(s["schedule_id"], s["owner"]) for s in listed] == [(sid, "alice")]
             assert client.delete(f"/schedules/{sid}", headers=alice).status_code == 204
