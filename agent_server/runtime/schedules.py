@@ -137,8 +137,10 @@ class ScheduleTicker:
             entry = self._entry_of(key, text)
             if entry is not None:
                 self.add(entry)
-        for key in [key for key in self._tokens if key not in versions]:
-            del self._tokens[key]
+        # Gone: read before (a version held), or made here and not read yet (a document).
+        held = {*self._tokens, *(key for key, entry in self.entries.items() if entry.document)}
+        for key in [key for key in held if key not in versions]:
+            self._tokens.pop(key, None)
             entry = self.entries.get(key)
             if entry is not None and entry.document:
                 self.remove(key)

@@ -109,3 +109,16 @@ async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room() -
     await store.put_schedule("k3", "{}", tenant="acme", limit=3)
     documents: dict[str, Any] = await store.schedule_documents()
     assert sorted(documents) == ["k1", "k2", "k3", "x"]
+
+
+async def test_a_schedule_made_here_and_deleted_elsewhere_before_any_read_stops_here() -> None:
+    """The version of a document made here was never read here: its deletion by another
+    replica is still seen (the document gone from the versions)."""
+    store = MemoryStore("r1")
+    here = ticker(store)
+    entry = Entry("s1", "work", Schedule("0 0 1 1 *"), principal=Principal("u", "acme"))
+    await here.keep(entry)
+    assert entry.key in here.entries
+    assert await store.delete_schedule(entry.key, entry.tenant)  # on another replica
+    await here.sync()
+    assert entry.key not in here.entries
