@@ -179,10 +179,12 @@ def test_the_default_bounds_refuse_a_large_input(tmp_path: Path) -> None:
         one.close()
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"])
 def test_the_list_is_paged_by_id_without_gaps_or_repeats_and_capped_in_bytes(
-    tmp_path: Path,
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
 ) -> None:
-    one = server(tmp_path, "a")
+    flags = [] if store == "memory" else ["--store", request.getfixturevalue("redis_url")]
+    one = server(tmp_path, "a", *flags)
     try:
         with httpx.Client(base_url=one.url, timeout=30) as client:
             made = {make(client, input={"tag": str(i)}).json()["schedule_id"] for i in range(23)}
