@@ -220,8 +220,11 @@ class ScheduleTicker:
         if old is not None and retimed(old.schedule, entry.schedule):
             await self.store.schedule_fired(entry.key, now, False, timing=entry.schedule.timing)
         entry.document = entry.to_document()
-        # A new one is refused before any mark is written; a change is never refused.
-        await self.store.put_schedule(entry.key, entry.document, tenant=entry.tenant, limit=limit)
+        # A new one is refused before any mark is written; a change is never refused. Its
+        # version is held at once: this replica never reads back what it wrote.
+        self._tokens[entry.key] = await self.store.put_schedule(
+            entry.key, entry.document, tenant=entry.tenant, limit=limit
+        )
         self.add(entry, since=now)
         self.wake()
 

@@ -539,12 +539,13 @@ class ExecutionStore(abc.ABC):
         *,
         tenant: str | None = None,
         limit: int | None = None,
-    ) -> None:
+    ) -> str:
         """Keep a schedule made (or changed) through the API, as JSON text, for every
-        replica: the store's version and the document's own move on. With `limit`, it counts
-        among its tenant's schedules, and a new one past `limit` is refused (ScheduleLimit,
-        nothing changed), atomically whichever replica makes it."""
-        self._schedules.put(schedule_key, document, tenant, limit)
+        replica: the store's version and the document's own move on (the new version is
+        returned, so the writer need not read its own document back). With `limit`, it
+        counts among its tenant's schedules, and a new one past `limit` is refused
+        (ScheduleLimit, nothing changed), atomically whichever replica makes it."""
+        return self._schedules.put(schedule_key, document, tenant, limit)
 
     async def delete_schedule(self, schedule_key: str, tenant: str | None = None) -> bool:
         """Forget a schedule's document, its version, its place in its tenant's count and

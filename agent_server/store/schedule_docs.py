@@ -54,7 +54,7 @@ class ScheduleDocuments:
         self.counted: dict[str | None, set[str]] = {}
         self.marks: dict[str, Marks] = {}
 
-    def put(self, key: str, document: str, tenant: str | None, limit: int | None) -> None:
+    def put(self, key: str, document: str, tenant: str | None, limit: int | None) -> str:
         """Keep `document` under `key`; with `limit`, counted in its tenant's schedules, a new
         one refused (ScheduleLimit, nothing changed) when the tenant has `limit` already (a
         change of one kept is never refused, a document kept before the count included)."""
@@ -65,6 +65,7 @@ class ScheduleDocuments:
             keys.add(key)
         self.documents[key] = document
         self.versions[key] = self.version = new_schedules_version()
+        return self.version
 
     def delete(self, key: str, tenant: str | None) -> bool:
         found = self.documents.pop(key, None) is not None

@@ -359,4 +359,6 @@ def test_a_change_makes_the_other_replicas_read_only_the_changed_schedule(
     for line in documents_read:
         assert line[0].upper() == "HMGET", f"every document read: {line[:2]}"
         assert [key for key in line[2:]] == [target], line[:4]
-    assert len(documents_read) <= 2, documents_read  # once by each replica, at most
+    # Read by the other replica once; the writer holds the version it wrote (at most a sync
+    # of its own, racing its write, reads it back).
+    assert len(documents_read) <= 2, documents_read

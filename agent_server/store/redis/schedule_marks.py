@@ -57,7 +57,7 @@ class ScheduleMarks(StorePart):
         *,
         tenant: str | None = None,
         limit: int | None = None,
-    ) -> None:
+    ) -> str:
         """The document, its own version and the version every replica watches change in
         one script (a version left behind would keep the change from the other replicas),
         which also counts it in its tenant's set and refuses one past `limit`."""
@@ -69,6 +69,7 @@ class ScheduleMarks(StorePart):
             )
         if not kept:
             raise ScheduleLimit(0 if limit is None else limit)
+        return token
 
     async def delete_schedule(self, schedule_key: str, tenant: str | None = None) -> bool:
         with self._link.operation("delete_schedule"):
