@@ -392,6 +392,7 @@ class Agent:
             mcp=None if mcp is None else mcp.endpoint,
             authorize=self._authorize,
             schedules=parts.schedules,
+            schedule_limits=(settings.max_schedules, settings.max_schedule_input_size),
         )
 
     def _mcp_endpoint(self) -> McpEndpoint | None:

@@ -389,11 +389,16 @@ class Core:
         return Send("GET", "/executions", self._timeout(self.timeout), params)
 
     def _list_page(self, send: Send, follow: bool) -> Flow[tuple[Executions, Send | None]]:
-        """One page and, to `follow`, the request for the next: the `Link: <...>;
-        rel="next"` the server sends while more records match (RFC 8288), None when it
-        sends none."""
+        """One page of executions and, to `follow`, the request for the next."""
+        items, following = yield from self._page(send, follow)
+        return [Execution.from_json(item) for item in items], following
+
+    def _page(self, send: Send, follow: bool) -> Flow[tuple[builtins.list[Any], Send | None]]:
+        """One page of a list (its JSON items) and, to `follow`, the request for the next:
+        the `Link: <...>; rel="next"` the server sends while more items follow (RFC 8288),
+        None when it sends none."""
         response = checked((yield from self.request(send)), 200)
-        page = [Execution.from_json(item) for item in response.json()]
+        page: builtins.list[Any] = response.json()
         link = response.links.get("next", {}).get("url") if follow else None
         if link is None:
             return page, None
@@ -480,9 +485,19 @@ class Core:
         )
         return created
 
-    def schedules(self) -> Flow[builtins.list[Schedule]]:
-        found: builtins.list[Schedule] = yield from self._schedule_call("GET", "/schedules")
+    def _schedules_first(self, limit: int) -> Send:
+        return Send("GET", "/schedules", self._timeout(self.timeout), {"limit": str(limit)})
+
+    def schedules(self, limit: int) -> Flow[builtins.list[Schedule]]:
+        found, _ = yield from self._page(self._schedules_first(limit), follow=False)
         return found
+
+    def iter_schedules(self, limit: int) -> Items[Schedule]:
+        next_page: Send | None = self._schedules_first(limit)
+        while next_page is not None:
+            page, next_page = yield from self._page(next_page, follow=True)
+            for schedule in page:
+                yield Emit(schedule)
 
     def get_schedule(self, schedule_id: str) -> Flow[Schedule]:
         found: Schedule = yield from self._schedule_call("GET", schedule_path(schedule_id))

@@ -267,9 +267,15 @@ class AgentClient:
         `catchup_window`, `enabled`): the schedule, as the server shows it."""
         return self._drive(self._core.create_schedule(reasoner, cron, fields))
 
-    def schedules(self) -> builtins.list[Schedule]:
-        """The caller's tenant's schedules and the declared ones."""
-        return self._drive(self._core.schedules())
+    def schedules(self, limit: int = 100) -> builtins.list[Schedule]:
+        """One page of the schedules the caller sees (the declared ones and its tenant's),
+        by id: at most `limit` (1 to 1000)."""
+        return self._drive(self._core.schedules(limit))
+
+    def iter_schedules(self, limit: int = 100) -> Iterator[Schedule]:
+        """Every schedule the caller sees, page after page (`limit` a page), following the
+        server's `Link: rel="next"`."""
+        return self._iterate(self._core.iter_schedules(limit))
 
     def get_schedule(self, schedule_id: str) -> Schedule:
         return self._drive(self._core.get_schedule(schedule_id))

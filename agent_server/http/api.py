@@ -50,8 +50,8 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/reasoners"): (200,),
     ("GET", "/executions"): (200, 422, 503),
     ("DELETE", "/sessions/{session_id}"): (200, 409, 503),
-    ("GET", "/schedules"): (200, 503),
-    ("POST", "/schedules"): (201, 400, 422, 503),
+    ("GET", "/schedules"): (200, 400, 503),
+    ("POST", "/schedules"): (201, 400, 409, 422, 503),
     ("GET", "/schedules/{schedule_id}"): (200, 404, 503),
     ("PATCH", "/schedules/{schedule_id}"): (200, 400, 403, 404, 422, 503),
     ("DELETE", "/schedules/{schedule_id}"): (204, 403, 404, 409, 503),
@@ -93,6 +93,7 @@ class Api:
         schedules: ScheduleTicker | None = None,
         console: ConsolePage | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
+        schedule_limits: tuple[int, int] = (1000, 65_536),
     ) -> None:
         self.reasoners = reasoners
         self.registry = registry
@@ -136,7 +137,14 @@ class Api:
         self.schedules = (
             None
             if schedules is None
-            else Schedules(schedules, reasoners, self.access, max_body_size)
+            else Schedules(
+                schedules,
+                reasoners,
+                self.access,
+                max_body_size,
+                max_schedules=schedule_limits[0],
+                max_input_size=schedule_limits[1],
+            )
         )
 
     def routes(self) -> list[Route]:

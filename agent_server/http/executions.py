@@ -12,29 +12,26 @@ from starlette.responses import Response
 
 from agent_server.http.access import Access
 from agent_server.http.params import (
+    MAX_LIST_BYTES,
+    MAX_LIST_LIMIT,
     checked_session_id,
     event_cursor,
     float_param,
     int_param,
+    json_list,
     list_cursor,
-    next_link,
+    page_headers,
     reasoner_filter,
     schedule_filter,
     statuses,
 )
 from agent_server.http.routing import ApiError, execution_response
 from agent_server.http.sse import EventStream, Streams, source_of
-from agent_server.model import jsoncodec
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionRunning, ExecutionStore
 
 MAX_WAIT_SECONDS = 60.0
-MAX_LIST_LIMIT = 1000
-#: Bytes of JSON a list of executions stops at (with `X-Truncated: true`); it always holds
-#: the first one. A list of big results would otherwise be built, and pinned by a client
-#: that does not read it, whole: 1000 results of 4 MB are 4 GB.
-MAX_LIST_BYTES = 4 * 1024 * 1024
 
 
 class Executions:
@@ -136,13 +133,10 @@ class Executions:
             owner=reach.owner,
             schedule_id=schedule_id,
         )
-        body, shown = _list_body(page.executions)
-        headers: dict[str, str] = {}
-        following = page.cursors[shown - 1] if shown < len(page.executions) else page.next
-        if shown < len(page.executions):
-            headers["X-Truncated"] = "true"
-        if following is not None:
-            headers["Link"] = next_link(request, following)
+        found = page.executions
+        body, shown = json_list((execution.to_json() for execution in found), MAX_LIST_BYTES)
+        following = page.cursors[shown - 1] if shown < len(found) else page.next
+        headers = page_headers(request, following, truncated=shown < len(found))
         return Response(body, media_type="application/json", headers=headers)
 
     async def find(self, request: Request, action: str) -> Execution:
@@ -162,17 +156,3 @@ class Executions:
         """Its events, from where `source_of` says they are read."""
         source = source_of(self.registry, self.store, execution)
         return EventStream(self.streams, source, cursor, first)
-
-
-def _list_body(executions: list[Execution]) -> tuple[bytes, int]:
-    """A JSON list of the executions, in order, stopped before `MAX_LIST_BYTES` would be
-    passed (the first always goes in); how many it holds."""
-    parts: list[bytes] = []
-    size = 2
-    for execution in executions:
-        part = jsoncodec.dumps(execution.to_json())
-        size += len(part) + 1
-        if parts and size > MAX_LIST_BYTES:
-            break
-        parts.append(part)
-    return b"[" + b",".join(parts) + b"]", len(parts)

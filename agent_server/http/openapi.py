@@ -11,6 +11,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent_server.http.auth import OPEN_PATHS
+from agent_server.http.openapi_parts import (
+    EXECUTION_LINKS,
+    REF_TEMPLATE,
+    _error,
+    _hoist,
+    _json,
+    _ref,
+)
+from agent_server.http.openapi_schedules import schedule_paths
 from agent_server.http.replicas import REPLICA_SCHEMA
 from agent_server.model import record
 from agent_server.model.execution import MAX_SECONDS, ExecutionStatus
@@ -20,24 +29,8 @@ from agent_server.model.names import (
     SESSION_ID_PATTERN,
 )
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.schedules import field_schemas
 from agent_server.model.scheduling import MAX_DELAY_SECONDS, SessionPolicy
 from agent_server.store.cursor import CURSOR_PATTERN
-
-REF_TEMPLATE = "#/components/schemas/{model}"
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
-
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 
@@ -124,17 +117,6 @@ DELAY_PARAMETER = {
     "execution is `queued` with its `scheduled_at` until then; 400 past 7 days.",
     "schema": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
 }
-#: The execution a response carries is reachable at these operations (OpenAPI links):
-#: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
-EXECUTION_LINKS = {
-    name: {"operationId": operation, "parameters": {"execution_id": "$response.body#/execution_id"}}
-    for name, operation in [
-        ("GetExecution", "getExecution"),
-        ("CancelExecution", "cancelExecution"),
-        ("DeleteExecution", "deleteExecution"),
-        ("AnswerInput", "answerInput"),
-    ]
-}
 #: operationId of every fixed route; reasoner routes are `run_{name}` and `start_{name}`.
 OPERATION_IDS = {
     ("/reasoners", "get"): "listReasoners",
@@ -192,11 +174,6 @@ START_ERRORS: dict[str, Any] = {
     "429": _error("Too many executions in flight"),
     "503": _error("Not accepting work: shutting down"),
 }
-
-
-def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
-    components.update(schema.pop("$defs", {}))
-    return schema
 
 
 def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str, Any]:
@@ -261,173 +238,6 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
     return {
         f"/reasoners/{reasoner.name}": {"post": run},
         f"/reasoners/{reasoner.name}/async": {"post": start},
-    }
-
-
-SCHEDULE_ID = {
-    "name": "schedule_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-}
-#: A schedule a response carries is reachable at these operations (OpenAPI links). Not
-#: PATCH: its `input` must bind the schedule's own reasoner, which a body drawn from the
-#: document cannot know.
-SCHEDULE_LINKS = {
-    name: {"operationId": operation, "parameters": {"schedule_id": "$response.body#/schedule_id"}}
-    for name, operation in [
-        ("GetSchedule", "getSchedule"),
-        ("TriggerSchedule", "triggerSchedule"),
-        ("DeleteSchedule", "deleteSchedule"),
-    ]
-}
-BODY_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body"),
-    "413": _error("Body over the size limit"),
-    "415": _error("Body is not JSON"),
-}
-UNREACHABLE = _error("The shared store is unreachable")
-
-
-def _schedule_schema() -> dict[str, Any]:
-    """A schedule as the API shows it (`Entry.view`), its settings from `Schedule`."""
-    time_or_null = {"oneOf": [{"type": "null"}, {"type": "string", "format": "date-time"}]}
-    properties = {
-        "schedule_id": {"type": "string"},
-        "reasoner": {"type": "string"},
-        **field_schemas(request=False),
-        "declared": {"type": "boolean", "description": "declared on its reasoner"},
-        "next_fire_at": time_or_null,
-        "created_at": time_or_null,
-    }
-    return {"type": "object", "required": list(properties), "properties": properties}
-
-
-def _schedule_bodies(reasoners: list[Reasoner], components: dict[str, Any]) -> dict[str, Any]:
-    """What a POST and a PATCH take: a POST one object per reasoner (its `input` that
-    reasoner's input schema), a PATCH all but `reasoner` (`input` binding the schedule's
-    reasoner, else 422; a declared schedule's PATCH takes `enabled` only, else 422)."""
-    fields = field_schemas(request=True)
-    # Once in the document, however many bodies name it (its pattern lists every zone).
-    zone = fields["timezone"]
-    components["TimeZone"] = {k: v for k, v in zone.items() if k != "default"}
-    fields["timezone"] = {**_ref("TimeZone"), "default": zone["default"]}
-    made = []
-    for reasoner in reasoners:
-        input_schema = _hoist(reasoner.input_schema(REF_TEMPLATE), components)
-        required = ["reasoner", "cron", *(["input"] if input_schema.get("required") else [])]
-        made.append(
-            {
-                "type": "object",
-                "additionalProperties": False,
-                "required": required,
-                "properties": {
-                    "reasoner": {"const": reasoner.name},
-                    **fields,
-                    "input": {**input_schema, "default": {}},
-                },
-            }
-        )
-    create = (
-        {"oneOf": made}
-        if made
-        else {"type": "object", "required": ["reasoner", "cron"], "properties": fields}
-    )
-    change = {"type": "object", "additionalProperties": False, "properties": fields}
-    return {
-        "create": {"required": True, "content": {"application/json": {"schema": create}}},
-        "change": {"required": True, "content": {"application/json": {"schema": change}}},
-    }
-
-
-def _schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dict[str, Any]:
-    """`/schedules` (docs/schedules.md), as http/schedules.py answers it."""
-    components["Schedule"] = _schedule_schema()
-    bodies = _schedule_bodies(reasoners, components)
-    schedule = _ref("Schedule")
-    unknown = _error("Unknown schedule (or another tenant's)")
-    declared_only = _error("A declared schedule, changed by a caller other than an admin")
-    return {
-        "/schedules": {
-            "get": {
-                "summary": "The schedules this caller sees: declared ones and its tenant's",
-                "responses": {
-                    "200": _json({"type": "array", "items": schedule}, "Schedules"),
-                    "503": UNREACHABLE,
-                },
-            },
-            "post": {
-                "summary": "Make a schedule: its reasoner's executions start at each fire time",
-                "requestBody": bodies["create"],
-                "responses": {
-                    "201": {**_json(schedule, "Made"), "links": SCHEDULE_LINKS},
-                    **BODY_ERRORS,
-                    "422": _error(
-                        "A field refused (the detail begins with its name): a bad cron, "
-                        "zone, reasoner, input, overlap, catchup_window, session_id, or a "
-                        "field no schedule has"
-                    ),
-                    "503": UNREACHABLE,
-                },
-            },
-        },
-        "/schedules/{schedule_id}": {
-            "get": {
-                "summary": "One schedule",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
-                    "200": _json(schedule, "The schedule"),
-                    "404": unknown,
-                    "503": UNREACHABLE,
-                },
-            },
-            "patch": {
-                "summary": "Change a schedule (a declared one: only `enabled`)",
-                "parameters": [SCHEDULE_ID],
-                "requestBody": bodies["change"],
-                "responses": {
-                    "200": _json(schedule, "Changed"),
-                    **BODY_ERRORS,
-                    "403": declared_only,
-                    "404": unknown,
-                    "422": _error(
-                        "A field refused (the detail begins with its name), or a field "
-                        "other than enabled for a declared schedule"
-                    ),
-                    "503": UNREACHABLE,
-                },
-            },
-            "delete": {
-                "summary": "Delete a schedule made at run time",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
-                    "204": {"description": "Deleted"},
-                    "403": declared_only,
-                    "404": unknown,
-                    "409": _error("A declared schedule: PATCH enabled=false instead"),
-                    "503": UNREACHABLE,
-                },
-            },
-        },
-        "/schedules/{schedule_id}/trigger": {
-            "post": {
-                "summary": "Fire it now (whether enabled or not), obeying its overlap",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
-                    "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
-                    "403": declared_only,
-                    "404": unknown,
-                    "409": _error(
-                        "The previous firing is still running (overlap skip or buffer_one): "
-                        "the body also names its execution_id; or its session is being "
-                        "released; or this moment's firing was started and forgotten"
-                    ),
-                    "422": _error("Its input no longer binds the reasoner"),
-                    "429": _error("Too many executions in flight (Retry-After)"),
-                    "503": _error("Not started: shutting down, or the store is unreachable"),
-                },
-            }
-        },
     }
 
 
@@ -730,7 +540,7 @@ def openapi_document(
     }
     operation_ids = dict(OPERATION_IDS)
     if schedules:
-        paths.update(_schedule_paths(reasoners, components))
+        paths.update(schedule_paths(reasoners, components))
         operation_ids.update(SCHEDULE_OPERATION_IDS)
     for (path, method), operation_id in operation_ids.items():
         paths[path][method]["operationId"] = operation_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import urllib.parse
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,6 +33,12 @@ from agent_server.runtime.webhooks import check_url
 from agent_server.store.cursor import CURSOR_RULE, BadCursor, ListCursor
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: The most items a list's page holds (`?limit=`), executions or schedules.
+MAX_LIST_LIMIT = 1000
+#: Bytes of JSON a list's page stops at (with `X-Truncated: true`); it always holds the
+#: first item. A list of big results would otherwise be built, and pinned by a client that
+#: does not read it, whole: 1000 results of 4 MB are 4 GB.
+MAX_LIST_BYTES = 4 * 1024 * 1024
 JSON_MEDIA_TYPES = ("application/json",)
 
 
@@ -78,6 +85,40 @@ def next_link(request: Request, cursor: str) -> str:
     query = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"]
     query.append(("cursor", cursor))
     return f'<{request.url.path}?{urllib.parse.urlencode(query)}>; rel="next"'
+
+
+def json_list(items: Iterable[Any], max_bytes: int) -> tuple[bytes, int]:
+    """A JSON list of the items, in order, stopped before `max_bytes` would be passed (the
+    first always goes in); how many it holds. Items past the cut are never encoded."""
+    parts: list[bytes] = []
+    size = 2
+    for item in items:
+        part = jsoncodec.dumps(item)
+        size += len(part) + 1
+        if parts and size > max_bytes:
+            break
+        parts.append(part)
+    return b"[" + b",".join(parts) + b"]", len(parts)
+
+
+def page_headers(request: Request, following: str | None, truncated: bool) -> dict[str, str]:
+    """A page's headers: `Link` to the page from `following` on, while more follow, and
+    `X-Truncated: true` when the page was cut at its bytes."""
+    headers: dict[str, str] = {}
+    if truncated:
+        headers["X-Truncated"] = "true"
+    if following is not None:
+        headers["Link"] = next_link(request, following)
+    return headers
+
+
+def schedule_cursor(request: Request) -> str | None:
+    """`cursor` of `GET /schedules`: the id of the last schedule a page showed (the list is
+    by id); what no schedule id can be is the 400 of a bad list cursor."""
+    text = query_param(request, "cursor")
+    if text is not None and not is_schedule_id(text):
+        raise ApiError(400, CURSOR_RULE)
+    return text
 
 
 def list_cursor(request: Request) -> ListCursor | None:

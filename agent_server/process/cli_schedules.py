@@ -33,12 +33,23 @@ def schedules() -> None:
 
 
 @schedules.command(name="list", cls=ClientCommand)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=1000),
+    default=100,
+    show_default=True,
+    help="Schedules a page (the server's bound: 1000).",
+)
+@click.option(
+    "--all", "every", is_flag=True, help="Follow the pages (Link: rel=next) to the last one."
+)
 @server_options
-def schedules_list(server: ServerOptions) -> None:
-    """Print the schedules (the caller's tenant's and the declared ones) as JSON."""
+def schedules_list(limit: int, every: bool, server: ServerOptions) -> None:
+    """Print the schedules (the declared ones and the caller's tenant's), by id, as one
+    JSON list: one page, or with --all all."""
 
     def work(client: AgentClient) -> int:
-        _print_json(client.schedules())
+        _print_json(list(client.iter_schedules(limit)) if every else client.schedules(limit))
         return CallExit.SUCCEEDED
 
     _reach(server, work)

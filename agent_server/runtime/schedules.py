@@ -18,29 +18,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import heapq
 import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
 from agent_server.model.execution import Execution, ExecutionStatus
-from agent_server.model.names import scoped
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.record import isoformat
-from agent_server.model.schedules import MAX_COUNTED, Schedule, binding_problem
+from agent_server.model.schedules import MAX_COUNTED, binding_problem
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import TERMINAL
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.registry import InFlightRegistry
+
+# Re-exported: the routes and the app build and read entries with the ticker.
+from agent_server.runtime.schedule_entries import Entry as Entry
+from agent_server.runtime.schedule_entries import Firing as Firing
+from agent_server.runtime.schedule_entries import firing_id as firing_id
+from agent_server.runtime.schedule_entries import retimed
 from agent_server.store.base import (
     ExecutionStore,
     Idempotency,
@@ -59,145 +59,6 @@ RETRY_AFTER = 0.25
 #: paused, or its loop held): a gap, as if the replica had been down. Below it, lateness is
 #: the tick's own (a loaded machine), and a firing due meanwhile still starts.
 GAP = 5.0
-#: Ids derived from (schedule, fire time) live in their own UUID namespace.
-_NAMESPACE = uuid.UUID("6f2c1d0e-5b1a-4d8e-9a55-3c1e0f7b2a41")
-
-
-def firing_id(schedule_key: str, at: float) -> str:
-    """The execution id of the firing at `at`: the same on every replica."""
-    return uuid.uuid5(_NAMESPACE, f"{schedule_key}\x1f{at:.3f}").hex
-
-
-@dataclass(eq=False)
-class Entry:
-    """One schedule as this replica fires it."""
-
-    schedule_id: str
-    reasoner: str
-    schedule: Schedule
-    #: The tenant it belongs to (None: declared, or no authentication) and who made it.
-    principal: Principal | None = None
-    declared: bool = False
-    created_at: float | None = None
-    #: Fire times up to this one are handled; None until the store's marks were read.
-    cursor: float | None = None
-    #: Its next fire time, and when the heap wakes for it (later, to retry a firing).
-    next_at: float | None = None
-    wake_at: float | None = None
-    #: When this replica began firing it as it is (added, or changed): fire times after
-    #: that are on time here, however late the tick that reaches them.
-    since: float = 0.0
-    #: The fire time tried and not started (refused, or its tick failed): a retry of it
-    #: counts its lateness from the moment of the retry.
-    tried: float | None = None
-    #: The fire time whose failure was logged (-inf: reading its marks): one line a firing.
-    logged: float | None = None
-    removed: bool = False
-    #: The JSON document the store keeps for it ('' for a declared one not changed).
-    document: str = ""
-
-    def view(self) -> dict[str, Any]:
-        """What the API shows of it (docs/schedules.md)."""
-        schedule = self.schedule
-        next_at = schedule.next_fire(time.time()) if schedule.enabled else None
-        return {
-            "schedule_id": self.schedule_id,
-            "reasoner": self.reasoner,
-            "cron": schedule.cron,
-            "timezone": schedule.timezone,
-            "input": dict(schedule.input),
-            "session_id": schedule.session_id,
-            "overlap": schedule.overlap,
-            "catchup_window": schedule.catchup_window,
-            "enabled": schedule.enabled,
-            "declared": self.declared,
-            "next_fire_at": None if next_at is None else isoformat(next_at),
-            "created_at": None if self.created_at is None else isoformat(self.created_at),
-        }
-
-    def to_document(self) -> str:
-        """The JSON text the store keeps for every replica."""
-        schedule = self.schedule
-        return json.dumps(
-            {
-                "schedule_id": self.schedule_id,
-                "reasoner": self.reasoner,
-                "declared": self.declared,
-                "created_at": self.created_at,
-                "owner": None if self.principal is None else self.principal.identity,
-                "tenant": self.tenant,
-                "cron": schedule.cron,
-                "timezone": schedule.timezone,
-                "input": dict(schedule.input),
-                "session_id": schedule.session_id,
-                "overlap": schedule.overlap,
-                "catchup_window": schedule.catchup_window,
-                "enabled": schedule.enabled,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_document(cls, text: str) -> Entry:
-        doc = json.loads(text)
-        principal = None if doc["owner"] is None else Principal(doc["owner"], doc["tenant"])
-        schedule = Schedule(
-            doc["cron"],
-            input=doc["input"],
-            timezone=doc["timezone"],
-            overlap=doc["overlap"],
-            catchup_window=doc["catchup_window"],
-            session_id=doc["session_id"],
-            enabled=doc["enabled"],
-        )
-        return cls(
-            doc["schedule_id"],
-            doc["reasoner"],
-            schedule,
-            principal=principal,
-            declared=doc["declared"],
-            created_at=doc["created_at"],
-            document=text,
-        )
-
-    def overridden(self, enabled: bool, document: str = "") -> Entry:
-        """A declared schedule as its reasoner declares it in this release, with the one
-        thing PATCH may change on it (`enabled`) taken from the store's `document`."""
-        schedule = dataclasses.replace(self.schedule, enabled=enabled)
-        return Entry(self.schedule_id, self.reasoner, schedule, declared=True, document=document)
-
-    @property
-    def tenant(self) -> str | None:
-        return None if self.principal is None else self.principal.tenant
-
-    @property
-    def key(self) -> str:
-        """Its name in the store: its id, as its tenant's."""
-        return scoped(self.tenant, self.schedule_id)
-
-
-def retimed(old: Schedule, new: Schedule) -> bool:
-    """Whether a change gives the schedule other fire times from now on (a cron or a zone
-    of its own, or enabled again): none of them before the change may run."""
-    return (old.cron, old.timezone) != (new.cron, new.timezone) or (new.enabled and not old.enabled)
-
-
-class Firing:
-    """What one firing did: `started` (by this call), `duplicate` (started before: its
-    execution, None if since forgotten), `skipped` (the previous one, still running) or
-    `invalid` (its input no longer binds: `problem` says why)."""
-
-    __slots__ = ("execution", "outcome", "problem")
-
-    def __init__(self, outcome: str, execution: Execution | None = None, problem: str = "") -> None:
-        self.outcome = outcome
-        self.execution = execution
-        self.problem = problem
-
-    @property
-    def began(self) -> bool:
-        """Its own execution exists (started here or by another replica)."""
-        return self.outcome in ("started", "duplicate") and self.execution is not None
 
 
 class ScheduleTicker:
@@ -231,6 +92,11 @@ class ScheduleTicker:
         #: documents shows, even after Redis lost data: store/base.py `schedules_version`).
         self.declared: dict[str, Entry] = {}
         self._version: str | None = None
+        #: Each document's version as last read (a document that could not be read too).
+        self._tokens: dict[str, str] = {}
+        self._syncing = asyncio.Lock()
+        #: `listing`'s lists, by tenant (None: every tenant's), until the next change.
+        self._listings: dict[str | None, list[Entry]] = {}
         #: Since when this replica has fired without a gap (None: a gap, the store
         #: unreachable, just ended; the next tick begins again from its own moment).
         self._since: float | None = None
@@ -244,28 +110,61 @@ class ScheduleTicker:
         self.add(entry.overridden(entry.schedule.enabled))
 
     async def sync(self) -> None:
-        """Take the store's documents when their version is not the one last read:
-        schedules made, changed or deleted through the API on any replica, and declared
-        ones disabled or enabled. An equal version means the same documents, as each change
-        writes a new token; a count would come back after Redis lost data."""
+        """Take what changed in the store since the version last read: schedules made,
+        changed or deleted through the API on any replica, and declared ones disabled or
+        enabled. An equal version means the same documents, as each change writes a new
+        token; then each document's own version says which changed, and only those are
+        read (one change costs one document, whatever the other tenants hold)."""
+        async with self._syncing:  # a request's and the tick's: one reads, the other sees it
+            await self._sync()
+
+    async def _sync(self) -> None:
         version = await self.store.schedules_version()
         if version == self._version:
             return
-        documents = await self.store.schedule_documents()
+        versions = await self.store.schedule_versions()
+        changed = [key for key, token in versions.items() if self._tokens.get(key) != token]
+        documents = await self.store.schedule_documents(changed) if changed else {}
         self._version = version
-        for key, text in documents.items():
+        for key in changed:
+            text = documents.get(key)
+            if text is None:  # deleted since its version was read: the next sync sees it
+                continue
+            self._tokens[key] = versions[key]
             current = self.entries.get(key)
             if current is not None and current.document == text:
                 continue
             entry = self._entry_of(key, text)
             if entry is not None:
                 self.add(entry)
-        for key, entry in list(self.entries.items()):
-            if key not in documents and entry.document:
+        # Gone: read before (a version held), or made here and not read yet (a document).
+        held = {*self._tokens, *(key for key, entry in self.entries.items() if entry.document)}
+        for key in [key for key in held if key not in versions]:
+            self._tokens.pop(key, None)
+            entry = self.entries.get(key)
+            if entry is not None and entry.document:
                 self.remove(key)
                 if key in self.declared:  # its change deleted: as declared again
                     base = self.declared[key]
                     self.add(base.overridden(base.schedule.enabled))
+
+    def listing(self, tenant: str | None, every: bool) -> list[Entry]:
+        """The schedules a list shows, by id: the declared ones and `tenant`'s (every
+        tenant's with `every`). Kept until the schedules change, so a page costs a search,
+        not a sort of every tenant's schedules."""
+        wanted = None if every else tenant
+        found = self._listings.get(wanted)
+        if found is None:
+            found = sorted(
+                (
+                    entry
+                    for entry in self.entries.values()
+                    if every or entry.declared or entry.tenant == tenant
+                ),
+                key=lambda entry: entry.schedule_id,
+            )
+            self._listings[wanted] = found
+        return found
 
     def _entry_of(self, key: str, text: str) -> Entry | None:
         """The entry a document makes, or None (logged) when it is not fired here. A
@@ -304,21 +203,28 @@ class ScheduleTicker:
             if not retimed(old.schedule, entry.schedule):
                 entry.cursor, entry.tried, entry.logged = old.cursor, old.tried, old.logged
         self.entries[entry.key] = entry
+        self._listings.clear()
         self._push(entry, self._clock())
         if self._wake is not None:
             self._wake.set()
 
-    async def keep(self, entry: Entry) -> None:
+    async def keep(self, entry: Entry, limit: int | None = None) -> None:
         """A schedule made or changed here: its document into the store for every replica,
-        and fired here from now on. When the change gives it other fire times, its
-        `handled` mark moves on to this moment first, so no replica (one reading the new
-        document, or one coming up later) runs a fire time of the new cron from before it."""
+        and fired here from now on. With `limit`, it counts among its tenant's schedules: a
+        new one past it is refused by the store (ScheduleLimit), and nothing changes. When
+        the change gives it other fire times, its `handled` mark moves on to this moment
+        first, so no replica (one reading the new document, or one coming up later) runs a
+        fire time of the new cron from before it."""
         now = self._clock()
         old = self.entries.get(entry.key)
         if old is not None and retimed(old.schedule, entry.schedule):
             await self.store.schedule_fired(entry.key, now, False, timing=entry.schedule.timing)
         entry.document = entry.to_document()
-        await self.store.put_schedule(entry.key, entry.document)
+        # A new one is refused before any mark is written; a change is never refused. Its
+        # version is held at once: this replica never reads back what it wrote.
+        self._tokens[entry.key] = await self.store.put_schedule(
+            entry.key, entry.document, tenant=entry.tenant, limit=limit
+        )
         self.add(entry, since=now)
         self.wake()
 
@@ -332,6 +238,7 @@ class ScheduleTicker:
         entry = self.entries.pop(key, None)
         if entry is not None:
             entry.removed = True
+            self._listings.clear()
         return entry
 
     def start(self) -> None:

@@ -28,6 +28,7 @@ from agent_server.runtime.jwt_keys import (
     load_public_key_file,
     load_secret_file,
 )
+from agent_server.runtime.setting_checks import check_origins, check_store_url
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
@@ -159,6 +160,18 @@ class Settings(BaseSettings):
         default=65_536,
         ge=1,
         description="Bytes of JSON a resumable reasoner's checkpoint may take.",
+    )
+    max_schedules: Count = Field(
+        default=1000,
+        ge=0,
+        description="Schedules a tenant may make through the API (declared ones aside); "
+        "one more is 409.",
+    )
+    max_schedule_input_size: Count = Field(
+        default=65_536,
+        ge=2,
+        description="Bytes of JSON a schedule's input may take (every replica keeps every "
+        "schedule in memory); beyond it, 413.",
     )
     max_events: Count = Field(
         default=1000,
@@ -449,34 +462,7 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        if url.lower().startswith("redis+sentinel://"):
-            from agent_server.store.sentinel import parse_url  # redis-py only when asked for
-
-            parse_url(url)  # a malformed one fails the start; its message omits the password
-            return value
-        if url == "memory":
-            return value
-        # Parsed here, so a malformed URL stops the start with one line (exit 2) that never
-        # echoes a piece of it: with '#', '?' or '/' in a password, the parsers' own messages
-        # quote what they took for the port, which is the password.
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises for a port that is not a number
-        except ValueError:
-            raise ValueError(
-                "store URL is malformed (a password with '#', '?', '/' or '@' must be "
-                "percent-encoded)"
-            ) from None
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                "store must be memory, or a redis://, rediss:// or redis+sentinel:// URL"
-            )
-        if parts.scheme != "unix" and not parts.hostname:
-            raise ValueError("store URL names no host")
-        database = parts.path.lstrip("/")
-        if database and not database.isdigit():
-            raise ValueError("store URL's database must be a number (redis://host:6379/0)")
+        check_store_url(value.get_secret_value())
         return value
 
     @field_validator("public_url")
@@ -505,29 +491,7 @@ class Settings(BaseSettings):
     @field_validator("cors_allow_origin")
     @classmethod
     def _check_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        """An origin is what a browser sends in `Origin`: scheme://host[:port], nothing
-        after it. A path or a trailing slash would match no request, silently."""
-        for origin in value:
-            if origin == "*":
-                continue
-            try:
-                parts = urlsplit(origin)
-                parts.port  # noqa: B018 - raises for a port that is not a number
-            except ValueError:
-                raise ValueError(f"cors-allow-origin {origin!r} is not an origin") from None
-            if (
-                parts.scheme not in ("http", "https")
-                or not parts.hostname
-                or parts.path
-                or parts.query
-                or parts.fragment
-                or "@" in parts.netloc
-            ):
-                raise ValueError(
-                    f"cors-allow-origin {origin!r} is not an origin: give "
-                    "scheme://host[:port] with nothing after it (https://app.example.com), or *"
-                )
-        return value
+        return check_origins(value)
 
     @model_validator(mode="after")
     def _check_tls(self) -> Settings:

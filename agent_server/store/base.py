@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
-import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +25,10 @@ from agent_server.model.waiting import Closing
 # Re-exported: the stores and the routes import them with the rest of the interface.
 from agent_server.store.cursor import BadCursor as BadCursor
 from agent_server.store.cursor import ListCursor as ListCursor
+from agent_server.store.schedule_docs import Marks as Marks
+from agent_server.store.schedule_docs import ScheduleDocuments
+from agent_server.store.schedule_docs import ScheduleLimit as ScheduleLimit
+from agent_server.store.schedule_docs import new_schedules_version as new_schedules_version
 
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
@@ -46,24 +49,6 @@ class Idempotency:
     key: str
     fingerprint: str
     ttl: float
-
-
-@dataclass(slots=True)
-class Marks:
-    """A schedule's marks in the store: when it was first seen, the last fire time handled
-    (started or skipped) and the last that started an execution (Unix times)."""
-
-    created: float
-    handled: float | None = None
-    started: float | None = None
-    #: The timing (cron and zone) `handled` belongs to (`ExecutionStore.schedule_marks`).
-    timing: str | None = None
-
-
-def new_schedules_version() -> str:
-    """A schedules version no store state has shown (64 random bits), written with each
-    change of the documents."""
-    return os.urandom(8).hex()
 
 
 class IdempotencyMismatch(Exception):
@@ -530,7 +515,7 @@ class ExecutionStore(abc.ABC):
         zone): one that differs from the timing the marks were handled with moves `handled`
         on to `now` first, as the fire times of a cron changed (by a PATCH or a release)
         start at the change. This one is the process's."""
-        kept = self._schedule_marks.setdefault(schedule_key, Marks(now))
+        kept = self._schedules.marks.setdefault(schedule_key, Marks(now))
         if timing and kept.timing != timing:
             if kept.timing is not None:
                 kept.handled = now if kept.handled is None else max(kept.handled, now)
@@ -550,7 +535,7 @@ class ExecutionStore(abc.ABC):
         records its own moment, with its new `timing`) and as started, when its execution
         exists (a trigger records only that, as its time is no fire time): each the later
         of it and the one kept, so a mark never goes back."""
-        kept = self._schedule_marks.setdefault(schedule_key, Marks(at))
+        kept = self._schedules.marks.setdefault(schedule_key, Marks(at))
         if timing:
             kept.timing = timing
         if handled:
@@ -558,41 +543,45 @@ class ExecutionStore(abc.ABC):
         if started:
             kept.started = at if kept.started is None else max(kept.started, at)
 
-    @functools.cached_property
-    def _schedule_marks(self) -> dict[str, Marks]:
-        return {}
-
-    async def put_schedule(self, schedule_key: str, document: str) -> None:
+    async def put_schedule(
+        self,
+        schedule_key: str,
+        document: str,
+        *,
+        tenant: str | None = None,
+        limit: int | None = None,
+    ) -> str:
         """Keep a schedule made (or changed) through the API, as JSON text, for every
-        replica; the version `schedules_version` reads moves on."""
-        self._schedule_docs[schedule_key] = document
-        self._schedule_version[0] = new_schedules_version()
+        replica: the store's version and the document's own move on (the new version is
+        returned, so the writer need not read its own document back). With `limit`, it
+        counts among its tenant's schedules, and a new one past `limit` is refused
+        (ScheduleLimit, nothing changed), atomically whichever replica makes it."""
+        return self._schedules.put(schedule_key, document, tenant, limit)
 
-    async def delete_schedule(self, schedule_key: str) -> bool:
-        """Forget a schedule's document and marks: False when there was none."""
-        found = self._schedule_docs.pop(schedule_key, None) is not None
-        self._schedule_marks.pop(schedule_key, None)
-        self._schedule_version[0] = new_schedules_version()
-        return found
+    async def delete_schedule(self, schedule_key: str, tenant: str | None = None) -> bool:
+        """Forget a schedule's document, its version, its place in its tenant's count and
+        its marks: False when there was none."""
+        return self._schedules.delete(schedule_key, tenant)
 
     async def schedules_version(self) -> str:
         """A token every `put_schedule` and `delete_schedule` replaces with a new one, on
         any replica: two reads that show the same token show the same documents. Not a
         counter: a store that loses its data or its last writes would count again to a
         number a replica has seen, with other documents ('' before any change)."""
-        return self._schedule_version[0]
+        return self._schedules.version
 
-    async def schedule_documents(self) -> dict[str, str]:
-        """Every schedule document, by key."""
-        return dict(self._schedule_docs)
+    async def schedule_versions(self) -> dict[str, str]:
+        """Each document's own version, by key: a replica reads again only the documents
+        whose version is not the one it holds (small: 16 characters a schedule)."""
+        return dict(self._schedules.versions)
+
+    async def schedule_documents(self, keys: Collection[str] | None = None) -> dict[str, str]:
+        """The documents of `keys` that exist, by key (every one when None)."""
+        return self._schedules.read(keys)
 
     @functools.cached_property
-    def _schedule_docs(self) -> dict[str, str]:
-        return {}
-
-    @functools.cached_property
-    def _schedule_version(self) -> list[str]:
-        return [""]
+    def _schedules(self) -> ScheduleDocuments:
+        return ScheduleDocuments()
 
     async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
         """The answer of a release another replica has under way, once it ends; None when it

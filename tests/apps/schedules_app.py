@@ -21,7 +21,13 @@ agent = Agent("schedule-tests")
 
 @agent.authorize
 async def no_start(principal: Principal, action: str, resource: dict[str, Any]) -> bool:
-    """A principal with the scope `nostart` may do all but start work."""
+    """A principal with the scope `nostart` may do all but start work; one with `own` may
+    make and list schedules, and read, change, delete or trigger its own only (the resource
+    of `schedule` names the schedule's owner)."""
+    if "own" in principal.scopes and action == "schedule":
+        if resource.get("operation") in ("create", "list"):
+            return resource.get("owner", principal.identity) == principal.identity
+        return resource.get("owner") == principal.identity
     return not ("nostart" in principal.scopes and action == "start")
 
 

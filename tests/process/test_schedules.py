@@ -270,6 +270,8 @@ KEYS = {
     "declared",
     "next_fire_at",
     "created_at",
+    "owner",
+    "tenant",
 }
 
 

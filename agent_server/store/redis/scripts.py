@@ -52,6 +52,7 @@ NAMES = (
     "unclaim",
     "cancel",
     "marks",
+    "schedule_put",
 )
 
 

@@ -1,0 +1,38 @@
+"""What the OpenAPI document's modules share: references, responses, the execution's
+links, and the hoisting of a schema's `$defs` into the document's components."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+#: The execution a response carries is reachable at these operations (OpenAPI links):
+#: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
+EXECUTION_LINKS = {
+    name: {"operationId": operation, "parameters": {"execution_id": "$response.body#/execution_id"}}
+    for name, operation in [
+        ("GetExecution", "getExecution"),
+        ("CancelExecution", "cancelExecution"),
+        ("DeleteExecution", "deleteExecution"),
+        ("AnswerInput", "answerInput"),
+    ]
+}
+
+
+def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    components.update(schema.pop("$defs", {}))
+    return schema

@@ -1,0 +1,222 @@
+"""The `/schedules` routes of the OpenAPI document (docs/schedules.md), as
+http/schedules.py answers them: a schedule's fields from `Schedule`'s declaration, a POST's
+`input` from each reasoner's input schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_server.http.openapi_parts import (
+    EXECUTION_LINKS,
+    REF_TEMPLATE,
+    _error,
+    _hoist,
+    _json,
+    _ref,
+)
+from agent_server.model.names import SCHEDULE_ID_PATTERN
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.schedules import field_schemas
+
+SCHEDULE_ID = {
+    "name": "schedule_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+#: A schedule a response carries is reachable at these operations (OpenAPI links). Not
+#: PATCH: its `input` must bind the schedule's own reasoner, which a body drawn from the
+#: document cannot know.
+SCHEDULE_LINKS = {
+    name: {"operationId": operation, "parameters": {"schedule_id": "$response.body#/schedule_id"}}
+    for name, operation in [
+        ("GetSchedule", "getSchedule"),
+        ("TriggerSchedule", "triggerSchedule"),
+        ("DeleteSchedule", "deleteSchedule"),
+    ]
+}
+BODY_ERRORS: dict[str, Any] = {
+    "400": _error("Malformed JSON body"),
+    "413": _error("Body over the size limit"),
+    "415": _error("Body is not JSON"),
+}
+UNREACHABLE = _error("The shared store is unreachable")
+
+
+def _schedule_schema() -> dict[str, Any]:
+    """A schedule as the API shows it (`Entry.view`), its settings from `Schedule`."""
+    time_or_null = {"oneOf": [{"type": "null"}, {"type": "string", "format": "date-time"}]}
+    properties = {
+        "schedule_id": {"type": "string"},
+        "reasoner": {"type": "string"},
+        **field_schemas(request=False),
+        "declared": {"type": "boolean", "description": "declared on its reasoner"},
+        "next_fire_at": time_or_null,
+        "created_at": time_or_null,
+        "owner": {
+            "type": ["string", "null"],
+            "description": "the identity that made it (null: declared, or no authentication)",
+        },
+        "tenant": {"type": ["string", "null"], "description": "the tenant it belongs to"},
+    }
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+def _schedule_bodies(reasoners: list[Reasoner], components: dict[str, Any]) -> dict[str, Any]:
+    """What a POST and a PATCH take: a POST one object per reasoner (its `input` that
+    reasoner's input schema), a PATCH all but `reasoner` (`input` binding the schedule's
+    reasoner, else 422; a declared schedule's PATCH takes `enabled` only, else 422)."""
+    fields = field_schemas(request=True)
+    # Once in the document, however many bodies name it (its pattern lists every zone).
+    zone = fields["timezone"]
+    components["TimeZone"] = {k: v for k, v in zone.items() if k != "default"}
+    fields["timezone"] = {**_ref("TimeZone"), "default": zone["default"]}
+    made = []
+    for reasoner in reasoners:
+        input_schema = _hoist(reasoner.input_schema(REF_TEMPLATE), components)
+        required = ["reasoner", "cron", *(["input"] if input_schema.get("required") else [])]
+        made.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": required,
+                "properties": {
+                    "reasoner": {"const": reasoner.name},
+                    **fields,
+                    "input": {**input_schema, "default": {}},
+                },
+            }
+        )
+    create = (
+        {"oneOf": made}
+        if made
+        else {"type": "object", "required": ["reasoner", "cron"], "properties": fields}
+    )
+    change = {"type": "object", "additionalProperties": False, "properties": fields}
+    return {
+        "create": {"required": True, "content": {"application/json": {"schema": create}}},
+        "change": {"required": True, "content": {"application/json": {"schema": change}}},
+    }
+
+
+def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dict[str, Any]:
+    """`/schedules` (docs/schedules.md), as http/schedules.py answers it."""
+    components["Schedule"] = _schedule_schema()
+    bodies = _schedule_bodies(reasoners, components)
+    schedule = _ref("Schedule")
+    unknown = _error("Unknown schedule (or another tenant's)")
+    declared_only = _error("A declared schedule, changed by a caller other than an admin")
+    return {
+        "/schedules": {
+            "get": {
+                "summary": "A page of the schedules this caller sees, by id: declared ones "
+                "and its tenant's",
+                "parameters": [
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "Where the page before ended: from its Link header",
+                        "schema": {"type": "string", "pattern": SCHEDULE_ID_PATTERN},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        **_json({"type": "array", "items": schedule}, "Schedules"),
+                        "headers": {
+                            "Link": {
+                                "description": 'RFC 8288 `<...>; rel="next"` while more '
+                                "schedules follow",
+                                "schema": {"type": "string"},
+                            },
+                            "X-Truncated": {
+                                "description": "`true` when the page was cut at 4 MiB",
+                                "schema": {"type": "string"},
+                            },
+                        },
+                    },
+                    "400": _error("Invalid cursor"),
+                    "422": _error("Invalid limit"),
+                    "503": UNREACHABLE,
+                },
+            },
+            "post": {
+                "summary": "Make a schedule: its reasoner's executions start at each fire time",
+                "requestBody": bodies["create"],
+                "responses": {
+                    "201": {**_json(schedule, "Made"), "links": SCHEDULE_LINKS},
+                    **BODY_ERRORS,
+                    "409": _error("The tenant has --max-schedules schedules already"),
+                    "413": _error("Body, or its input, over the size limit"),
+                    "422": _error(
+                        "A field refused (the detail begins with its name): a bad cron, "
+                        "zone, reasoner, input, overlap, catchup_window, session_id, or a "
+                        "field no schedule has"
+                    ),
+                    "503": UNREACHABLE,
+                },
+            },
+        },
+        "/schedules/{schedule_id}": {
+            "get": {
+                "summary": "One schedule",
+                "parameters": [SCHEDULE_ID],
+                "responses": {
+                    "200": _json(schedule, "The schedule"),
+                    "404": unknown,
+                    "503": UNREACHABLE,
+                },
+            },
+            "patch": {
+                "summary": "Change a schedule (a declared one: only `enabled`)",
+                "parameters": [SCHEDULE_ID],
+                "requestBody": bodies["change"],
+                "responses": {
+                    "200": _json(schedule, "Changed"),
+                    **BODY_ERRORS,
+                    "413": _error("Body, or its input, over the size limit"),
+                    "403": declared_only,
+                    "404": unknown,
+                    "422": _error(
+                        "A field refused (the detail begins with its name), or a field "
+                        "other than enabled for a declared schedule"
+                    ),
+                    "503": UNREACHABLE,
+                },
+            },
+            "delete": {
+                "summary": "Delete a schedule made at run time",
+                "parameters": [SCHEDULE_ID],
+                "responses": {
+                    "204": {"description": "Deleted"},
+                    "403": declared_only,
+                    "404": unknown,
+                    "409": _error("A declared schedule: PATCH enabled=false instead"),
+                    "503": UNREACHABLE,
+                },
+            },
+        },
+        "/schedules/{schedule_id}/trigger": {
+            "post": {
+                "summary": "Fire it now (whether enabled or not), obeying its overlap",
+                "parameters": [SCHEDULE_ID],
+                "responses": {
+                    "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+                    "403": declared_only,
+                    "404": unknown,
+                    "409": _error(
+                        "The previous firing is still running (overlap skip or buffer_one): "
+                        "the body also names its execution_id; or its session is being "
+                        "released; or this moment's firing was started and forgotten"
+                    ),
+                    "422": _error("Its input no longer binds the reasoner"),
+                    "429": _error("Too many executions in flight (Retry-After)"),
+                    "503": _error("Not started: shutting down, or the store is unreachable"),
+                },
+            }
+        },
+    }

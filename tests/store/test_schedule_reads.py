@@ -1,0 +1,124 @@
+"""What a change of one schedule costs every replica's ticker (runtime/schedules.py
+`ScheduleTicker.sync`): the changed document, never every tenant's.
+
+Two tickers share one memory store here, as two replicas share a Redis (the Redis case runs
+on real replicas, counted by MONITOR: tests/process/test_schedule_bounds.py). The reads are
+counted at the store, not timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from agent_server import Agent, Schedule
+from agent_server.model.principal import Principal
+from agent_server.runtime.schedules import Entry, ScheduleTicker
+from agent_server.store.memory import MemoryStore
+
+
+class CountingStore(MemoryStore):
+    """The memory store, with the documents each read asked for (None: all of them)."""
+
+    def __init__(self) -> None:
+        super().__init__("r1")
+        self.reads: list[list[str] | None] = []
+
+    async def schedule_documents(self, keys: Collection[str] | None = None) -> dict[str, str]:
+        if keys is None:
+            self.reads.append(None)
+            return await super().schedule_documents()
+        self.reads.append(sorted(keys))
+        return await super().schedule_documents(keys)
+
+
+def ticker(store: MemoryStore) -> ScheduleTicker:
+    agent = Agent("reads")
+
+    @agent.reasoner()
+    async def work(n: int = 0) -> int:
+        return n
+
+    return ScheduleTicker(
+        None,  # type: ignore[arg-type]  # sync starts nothing
+        store,
+        agent.reasoners,
+        observe=lambda outcome, lag: None,
+        draining=lambda: False,
+        idempotency_ttl=60.0,
+    )
+
+
+async def test_a_change_makes_the_other_ticker_read_only_the_changed_document() -> None:
+    store = CountingStore()
+    here, there = ticker(store), ticker(store)
+    made: list[Entry] = []
+    for index in range(40):
+        tenant = ("acme", "globex")[index % 2]
+        entry = Entry(
+            f"s{index:02d}",
+            "work",
+            Schedule("0 0 1 1 *", input={"n": index}),
+            principal=Principal(f"user{index}", tenant),
+        )
+        await here.keep(entry)
+        made.append(entry)
+    await there.sync()
+    assert len(there.entries) == 40
+    store.reads.clear()
+    changed = made[13]
+    await here.keep(
+        Entry(
+            changed.schedule_id,
+            "work",
+            Schedule("0 0 1 1 *", input={"n": -1}),
+            principal=changed.principal,
+        )
+    )
+    await there.sync()
+    await there.sync()  # nothing changed since: nothing read
+    assert store.reads == [[changed.key]]
+    assert dict(there.entries[changed.key].schedule.input) == {"n": -1}
+    # A deletion is read without any document.
+    store.reads.clear()
+    gone = made[20]
+    assert await store.delete_schedule(gone.key, gone.tenant)
+    await there.sync()
+    assert gone.key not in there.entries and len(there.entries) == 39
+    assert store.reads in ([], [[]])
+
+
+async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room() -> None:
+    from agent_server.store.base import ScheduleLimit
+
+    store = MemoryStore("r1")
+    for index in range(3):
+        await store.put_schedule(f"k{index}", "{}", tenant="acme", limit=3)
+    version = await store.schedules_version()
+    try:
+        await store.put_schedule("k3", "{}", tenant="acme", limit=3)
+    except ScheduleLimit as exc:
+        assert exc.limit == 3
+    else:
+        raise AssertionError("a fourth schedule was kept")
+    assert await store.schedules_version() == version
+    assert sorted(await store.schedule_versions()) == ["k0", "k1", "k2"]
+    await store.put_schedule("k1", '{"changed": true}', tenant="acme", limit=3)  # a change
+    await store.put_schedule("x", "{}", tenant="globex", limit=3)  # another tenant's count
+    assert await store.delete_schedule("k0", "acme")
+    await store.put_schedule("k3", "{}", tenant="acme", limit=3)
+    documents: dict[str, Any] = await store.schedule_documents()
+    assert sorted(documents) == ["k1", "k2", "k3", "x"]
+
+
+async def test_a_schedule_made_here_and_deleted_elsewhere_before_any_read_stops_here() -> None:
+    """The version of a document made here was never read here: its deletion by another
+    replica is still seen (the document gone from the versions)."""
+    store = MemoryStore("r1")
+    here = ticker(store)
+    entry = Entry("s1", "work", Schedule("0 0 1 1 *"), principal=Principal("u", "acme"))
+    await here.keep(entry)
+    assert entry.key in here.entries
+    assert await store.delete_schedule(entry.key, entry.tenant)  # on another replica
+    await here.sync()
+    assert entry.key not in here.entries
