@@ -45,6 +45,12 @@ async def secret() -> dict[str, str]:
 
 
 @agent.reasoner()
+async def sized(size: int) -> str:
+    """A result of `size` characters: what reading its record whole costs shows."""
+    return "x" * size
+
+
+@agent.reasoner()
 async def hold(seconds: float = 60.0) -> str:
     """Runs until cancelled (or `seconds`)."""
     await asyncio.sleep(seconds)
