@@ -40,12 +40,22 @@ def _error(description: str) -> dict[str, Any]:
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 
+#: A start's 202: the execution, or only its id to a caller that may not read it.
+STARTED = {"anyOf": [_ref("Execution"), _ref("Accepted")]}
+
 #: The execution's JSON, from its fields' declaration.
 EXECUTION_SCHEMA: dict[str, Any] = record.schema()
 
 BASE_SCHEMAS: dict[str, Any] = {
     "Execution": EXECUTION_SCHEMA,
     "Error": {"type": "object", "required": ["detail"], "properties": {"detail": {}}},
+    # A start's answer to a caller that may start but not read (docs/security.md).
+    "Accepted": {
+        "type": "object",
+        "required": ["execution_id"],
+        "properties": {"execution_id": {"type": "string"}},
+        "additionalProperties": False,
+    },
     "SessionRelease": {
         "type": "object",
         "required": ["session_id", "cancelled", "abandoned", "forgotten", "elapsed_seconds"],
@@ -225,9 +235,10 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
             },
             "202": {
                 **_json(
-                    _ref("Execution"),
+                    STARTED,
                     "Its reasoner waits for input (`input_required`): answer it at "
-                    "`Location` + `/input`; it goes on",
+                    "`Location` + `/input`; it goes on. To a caller that may start but not "
+                    "read: the id alone (`Accepted`), and it runs",
                 ),
                 "links": EXECUTION_LINKS,
             },
@@ -250,7 +261,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "requestBody": body,
         "responses": {
             "202": {
-                **_json(_ref("Execution"), "Started, or queued (?delay=, --queue-when-full)"),
+                **_json(STARTED, "Started, or queued (?delay=, --queue-when-full)"),
                 "links": EXECUTION_LINKS,
             },
             **START_ERRORS,
@@ -412,7 +423,7 @@ def _schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> di
                 "summary": "Fire it now (whether enabled or not), obeying its overlap",
                 "parameters": [SCHEDULE_ID],
                 "responses": {
-                    "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+                    "202": {**_json(STARTED, "Started"), "links": EXECUTION_LINKS},
                     "403": declared_only,
                     "404": unknown,
                     "409": _error(

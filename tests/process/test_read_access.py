@@ -35,6 +35,7 @@ from a2a.types.a2a_pb2 import (
 )
 from mcp.shared.exceptions import MCPError
 
+from agent_server.client import AgentClient, Forbidden
 from tests.apps.tenancy_app import SECRET
 from tests.process.test_a2a import card_of, message, result_of, send, send_request
 from tests.process.test_mcp import Ack, CancelTask, TaskParams, call_as_task, get_task, session
@@ -110,6 +111,19 @@ def test_rest_starts_answer_their_acceptance_and_nothing_more(server: ServerProc
         assert ended(server, execution_id)["result"] == {"secret": SECRET}, path
         refused = call(server, BLIND, "GET", f"/executions/{execution_id}")
         assert refused.status_code == 403 and SECRET not in refused.text
+
+
+def test_the_client_shows_an_acceptance_and_meets_the_403_when_it_reads(
+    server: ServerProcess,
+) -> None:
+    with AgentClient(server.url, token=BLIND, retry_for=5.0) as client:
+        handle = client.start("secret", {})
+        assert handle.execution.status == "accepted"
+        assert SECRET not in repr(handle.execution)
+        assert ended(server, handle.execution_id)["result"] == {"secret": SECRET}
+        with pytest.raises(Forbidden) as refused:
+            client.run("secret", {})
+        assert SECRET not in str(refused.value)
 
 
 def test_a_cancel_or_an_answer_asks_read_first_and_does_nothing_when_denied(
