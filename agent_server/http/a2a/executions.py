@@ -192,13 +192,14 @@ class A2AExecutions:
         latest = await self.store.get(execution.execution_id) if nobody else execution
         latest = latest or execution
         if latest.is_terminal:
-            return latest
+            return await self.api.access.allowed_for(principal, "read", latest)
         try:
             async with asyncio.timeout(CANCEL_WAIT):
                 latest = await self.store.wait(latest, None)
         except TimeoutError:
             pass
-        return await self.store.get(execution.execution_id) or latest
+        latest = await self.store.get(execution.execution_id) or latest
+        return await self.api.access.allowed_for(principal, "read", latest)  # as it is now
 
     async def answer(
         self, principal: Principal | None, execution: Execution, value: Any
