@@ -38,6 +38,7 @@ from agent_server.client.models import (
     Unavailable,
     WaitTimeout,
     error_from_response,
+    is_acceptance,
     is_execution,
     response_body,
 )
@@ -259,6 +260,8 @@ class Core:
         if followed is not None:  # its end is read where the Location says, not here
             return (yield from self._wait(followed, deadline))
         body = response_body(response)
+        if is_acceptance(response, body):  # started; reading it is the caller's 403 to meet
+            return (yield from self._wait(str(body["execution_id"]), deadline))
         if not is_execution(body):
             raise error_from_response(response)
         execution = Execution.from_json(body)

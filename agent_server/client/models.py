@@ -20,6 +20,9 @@ TERMINAL = frozenset(status.value for status in states.TERMINAL)
 #: The status of an execution whose reasoner waits for input (docs/input.md).
 INPUT_REQUIRED = states.ExecutionStatus.INPUT_REQUIRED.value
 _S = states.ExecutionStatus
+#: The status this client gives a start the server answered with its id alone: the caller
+#: may start it but not read it (docs/security.md#what-each-call-asks); reading it is 403.
+ACCEPTED = "accepted"
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Execution:
         """Every field the record declares (agent_server/model/record.py), read by name."""
         values = {name: body.get(name, default) for name, default in _DEFAULTS.items()}
         values["execution_id"] = str(body["execution_id"])
-        values["status"] = str(body["status"])
+        values["status"] = str(body.get("status", ACCEPTED))
         values["reasoner"] = str(values["reasoner"])
         values["attempt"] = int(values["attempt"])
         return cls(**values, json=body)
@@ -317,6 +320,11 @@ def response_body(response: httpx.Response) -> Any:
 
 def is_execution(body: Any) -> bool:
     return isinstance(body, dict) and "execution_id" in body and "status" in body
+
+
+def is_acceptance(response: httpx.Response, body: Any) -> bool:
+    """A start's 202 with its id alone: the caller may start it, not read it."""
+    return response.status_code == 202 and isinstance(body, dict) and set(body) == {"execution_id"}
 
 
 def error_from_response(response: httpx.Response) -> AgentServerError:

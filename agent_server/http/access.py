@@ -8,6 +8,11 @@ the principal sees (and refuses a start, a list or a release); for `list` it may
 filter instead (a mapping, `{"owner": identity}`) that the store applies. It never widens
 the tenant rule. A server without authentication has no principal: every rule is off.
 docs/security.md#authorization.
+
+`read` is asked wherever a record or a result is handed out, on every front (`reads`,
+`acceptance`): a call on an execution asks it before it acts, and again on a later record it
+answers with (a wait's); a start whose caller may not read it answers only its acceptance,
+the id. docs/security.md#what-each-call-asks lists the actions of every call.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from agent_server.http.auth import principal_of
 from agent_server.http.routing import ApiError
 from agent_server.model.execution import Execution
 from agent_server.model.principal import Principal
+from agent_server.store.base import ExecutionStore
 
 logger = logging.getLogger("agent_server.auth")
 
@@ -74,6 +80,40 @@ class Access:
         if principal is None or principal.is_admin:
             return True
         return execution.tenant == principal.tenant
+
+    @staticmethod
+    def reach(principal: Principal | None) -> str | None:
+        """The one tenant whose records the principal reads, for the store to apply before
+        it reads a record (so another tenant's id costs what an unknown one does); None for
+        every tenant's (an admin, or a server without authentication)."""
+        if principal is None or principal.is_admin:
+            return None
+        return principal.tenant
+
+    async def find(
+        self, store: ExecutionStore, principal: Principal | None, execution_id: str, *actions: str
+    ) -> Execution | None:
+        """The execution a caller names by id, None when unknown or another tenant's (the
+        store tells them apart from neither), once each of `actions` is allowed on it, in
+        order (`Denied`): every front's way from an id to a record."""
+        execution = await store.get(execution_id, self.reach(principal))
+        if execution is None or not self.sees(principal, execution):
+            return None
+        for action in actions:
+            await self.allowed_for(principal, action, execution)
+        return execution
+
+    def asks(self, principal: Principal | None) -> bool:
+        """Whether `@agent.authorize` has a say for this caller (a function, a principal)."""
+        return self.authorize is not None and principal is not None
+
+    async def reads(self, principal: Principal | None, execution: Execution) -> bool:
+        """Whether the record may be handed out to the caller: `read` allowed on it, asked
+        of the record as it is handed out (no error either way)."""
+        if not self.asks(principal):
+            return True
+        assert principal is not None
+        return await self._verdict(principal, "read", execution.to_json()) is True
 
     def visible(self, scope: Scope, execution: Execution | None) -> Execution:
         """The execution when the request's principal sees it, else the 404 of an unknown

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.access import Access
+from agent_server.http.access import UNKNOWN_EXECUTION, Access
 from agent_server.http.params import (
     MAX_LIST_BYTES,
     MAX_LIST_LIMIT,
@@ -60,10 +60,10 @@ class Executions:
         # Finite, and any size: a wait past MAX_WAIT_SECONDS is capped, as documented.
         wait = float_param(request, "wait", minimum=0.0, maximum=math.inf)
         if wait is not None and wait > 0 and not execution.reached_end(asked=True):
-            return await self._long_poll(execution, min(wait, MAX_WAIT_SECONDS))
+            return await self._long_poll(request, execution, min(wait, MAX_WAIT_SECONDS))
         return execution_response(execution)
 
-    async def _long_poll(self, execution: Execution, timeout: float) -> Response:
+    async def _long_poll(self, request: Request, execution: Execution, timeout: float) -> Response:
         """The execution once terminal or waiting for input (`input_required`: someone must
         answer before it can end), or after `timeout`; when the listener closes first
         (shutdown), as it is now, with `Connection: close`, so the client polls again on
@@ -84,10 +84,11 @@ class Executions:
                 await asyncio.gather(waiting, return_exceptions=True)
         if waiting.cancelled():
             return execution_response(execution, headers={"Connection": "close"})
-        return execution_response(waiting.result())
+        return await self.handed(request, waiting.result())
 
     async def cancel_execution(self, request: Request) -> Response:
-        execution = await self.find(request, "cancel")
+        # Its answer is the record: `read` is asked too, before anything is done.
+        execution = await self.find(request, "read", "cancel")
         if execution.is_terminal:
             return execution_response(execution)
         nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
@@ -96,9 +97,9 @@ class Executions:
             # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
             now = await self.store.get(execution.execution_id)
             if now is not None and now.is_terminal:
-                return execution_response(now)
-            return execution_response(now or execution, 202)
-        return execution_response(execution, 202)
+                return await self.handed(request, now)
+            return await self.handed(request, now or execution, 202)
+        return await self.handed(request, execution, 202)
 
     async def delete_execution(self, request: Request) -> Response:
         execution = await self.find(request, "delete")
@@ -139,13 +140,28 @@ class Executions:
         headers = page_headers(request, following, truncated=shown < len(found))
         return Response(body, media_type="application/json", headers=headers)
 
-    async def find(self, request: Request, action: str) -> Execution:
+    async def find(self, request: Request, *actions: str) -> Execution:
         """The execution the path names, when the request's principal may see it (else the
-        404 of an unknown id, whoever's it is) and do `action` to it (else 403)."""
-        execution = await self.store.get(request.path_params["execution_id"])
-        return await self.access.allowed(
-            request.scope, action, self.access.visible(request.scope, execution)
-        )
+        404 of an unknown id, whoever's it is: the store tells them apart from neither) and
+        do each of `actions` to it (else 403)."""
+        principal = self.access.principal(request.scope)
+        execution_id = request.path_params["execution_id"]
+        found = await self.access.find(self.store, principal, execution_id, *actions)
+        if found is None:
+            raise ApiError(404, UNKNOWN_EXECUTION)
+        return found
+
+    async def handed(
+        self,
+        request: Request,
+        execution: Execution,
+        status_code: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """A record the call came to after the one it found (a wait's, a cancel's), `read`
+        asked on it as it is now (403 when denied)."""
+        await self.access.allowed(request.scope, "read", execution)
+        return execution_response(execution, status_code, headers)
 
     async def execution_events(self, request: Request) -> EventStream:
         cursor = event_cursor(request)

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from agent_server.http import answers
 from agent_server.http.executions import Executions
 from agent_server.http.params import first_values, read_json
-from agent_server.http.routing import ApiError, execution_response
+from agent_server.http.routing import ApiError
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import shown
 from agent_server.model.execution import ExecutionStatus
@@ -34,7 +34,8 @@ class Inputs:
         request_id, value = _answer_body(
             await read_json(request.receive, headers, self.max_body_size)
         )
-        execution = await self.executions.find(request, "answer")
+        # Its answer is the record: `read` is asked too, before anything is done.
+        execution = await self.executions.find(request, "read", "answer")
         pending = execution.input_request
         waiting = execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None
         pending_id = int(pending["request_id"]) if waiting and pending is not None else None
@@ -50,7 +51,7 @@ class Inputs:
             # value for that request is taken again (202, nothing handed twice).
             again = await self.store.answer(execution, request_id, value)
             if again is not None:
-                return execution_response(again, 202)
+                return await self.executions.handed(request, again, 202)
         if pending is None or pending_id is None:
             raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
         if request_id is not None and request_id != pending_id:
@@ -59,7 +60,7 @@ class Inputs:
         taken = await self.store.answer(execution, pending_id, value)
         if taken is None:
             raise ApiError(409, f"request {pending_id} was answered already (or ended)")
-        return execution_response(taken, 202)
+        return await self.executions.handed(request, taken, 202)
 
     async def _check_answer(self, pending: dict[str, Any], value: Any) -> None:
         """422 unless `value` fits the request's JSON schema, checked the same way on every

@@ -62,11 +62,13 @@ from agent_server.http.mcp_requests import (
 )
 from agent_server.http.mcp_tools import (
     TASKS_EXTENSION,
+    accepted_task,
     answer_value,
     task,
     tool,
     tool_error,
     tool_result,
+    unread_call,
 )
 from agent_server.http.params import read_body, validation_detail
 from agent_server.http.routing import JSONResponse
@@ -261,11 +263,16 @@ class McpEndpoint:
             execution = await self._start(
                 principal, reasoner, arguments, body, concurrency, may_queue=True
             )
-            view = task(execution, self.result_ttl)
+            if await self.access.reads(principal, execution):
+                view = task(execution, self.result_ttl)
+            else:  # it may be started, not read: its acceptance alone
+                view = accepted_task(execution)
             return {"resultType": "task", **{k: view[k] for k in _TASK_FIELDS if k in view}}
         execution = await self._start(
             principal, reasoner, arguments, body, concurrency, may_queue=False
         )
+        if not await self.access.reads(principal, execution):
+            return unread_call(execution)  # it runs, unwatched
         return await self._answer_call(ctx, execution)
 
     async def _answer_call(
@@ -282,6 +289,8 @@ class McpEndpoint:
             feed = EventFeed(self.registry, self.store, execution)
             following = with_progress(ctx, token, feed, following)
         ended = await following
+        if ended is not None and not await self.access.reads(caller_of(ctx), ended):
+            return unread_call(ended)  # `read` asked of what the call would hand out
         if ended is None:
             return tool_error(
                 f"the server is shutting down: execution {execution.execution_id} did not end "
@@ -313,7 +322,7 @@ class McpEndpoint:
         must own the execution `requestState` names."""
         execution_id, request_id = asked_in(params.request_state or "")
         principal = caller_of(ctx)
-        execution = await self._read(execution_id)
+        execution = await self._read(execution_id, principal)
         if (
             execution is None
             or execution.reasoner != params.name
@@ -351,16 +360,17 @@ class McpEndpoint:
             execution = taken or execution
         return await self._answer_call(ctx, execution, may_cancel=may_cancel)
 
-    async def _read(self, execution_id: str) -> Execution | None:
+    async def _read(self, execution_id: str, principal: Principal | None) -> Execution | None:
         """The execution by a client's id (a task id, a `requestState`'s); None for an id no
         store key can hold (a lone surrogate: JSON carries one, UTF-8 cannot), which no
-        execution has."""
+        execution has, and for another tenant's (the store tells it from an unknown one
+        before it reads the record)."""
         try:
             execution_id.encode()
         except UnicodeEncodeError:
             return None
         try:
-            return await self.store.get(execution_id)
+            return await self.store.get(execution_id, self.access.reach(principal))
         except StoreUnavailable:
             raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
 
@@ -478,7 +488,7 @@ class McpEndpoint:
                 {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
             )
         principal = caller_of(ctx)
-        execution = await self._read(task_id)
+        execution = await self._read(task_id, principal)
         if execution is None or not self.access.sees(principal, execution):
             raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
         return await self._allowed(principal, "read", execution)
@@ -573,7 +583,7 @@ class McpEndpoint:
             )
         ids = task_ids(wanted)
         principal = caller_of(ctx)
-        read = [await self._read(i) for i in ids]
+        read = [await self._read(i, principal) for i in ids]
         found = [e for e in read if e is not None and await self._reads(principal, e)]
         meta = {SUBSCRIPTION_ID: ctx.request_id}
         honored = {"taskIds": [e.execution_id for e in found]}

@@ -170,6 +170,29 @@ def task(execution: Execution, result_ttl: float) -> dict[str, Any]:
     return view
 
 
+def accepted_task(execution: Execution) -> dict[str, Any]:
+    """A new task as a caller that may start it but not read it is answered: its id,
+    `working` (accepted) and its creation, nothing else of the record (docs/security.md)."""
+    created = _iso(execution.created_at)
+    return {
+        "taskId": execution.execution_id,
+        "status": TaskStatus.WORKING.value,
+        "createdAt": created,
+        "lastUpdatedAt": created,
+        "ttlMs": None,
+        "pollIntervalMs": POLL_INTERVAL_MS,
+    }
+
+
+def unread_call(execution: Execution) -> dict[str, Any]:
+    """A plain call's answer to a caller that may start the tool but not read its result:
+    a tool error naming the execution, which runs on (docs/security.md)."""
+    return tool_error(
+        f"execution {execution.execution_id} was started, but this caller may not read it "
+        "(authorize denies read): its result is not shown"
+    )
+
+
 def ttl_ms(execution: Execution, result_ttl: float) -> int | None:
     """Milliseconds from its creation until its record may be forgotten; None while it runs."""
     if execution.finished_at is None:

@@ -14,6 +14,7 @@ from agent_server.http.auth import OPEN_PATHS
 from agent_server.http.openapi_parts import (
     EXECUTION_LINKS,
     REF_TEMPLATE,
+    STARTED,
     _error,
     _hoist,
     _json,
@@ -40,6 +41,13 @@ EXECUTION_SCHEMA: dict[str, Any] = record.schema()
 BASE_SCHEMAS: dict[str, Any] = {
     "Execution": EXECUTION_SCHEMA,
     "Error": {"type": "object", "required": ["detail"], "properties": {"detail": {}}},
+    # A start's answer to a caller that may start but not read (docs/security.md).
+    "Accepted": {
+        "type": "object",
+        "required": ["execution_id"],
+        "properties": {"execution_id": {"type": "string"}},
+        "additionalProperties": False,
+    },
     "SessionRelease": {
         "type": "object",
         "required": ["session_id", "cancelled", "abandoned", "forgotten", "elapsed_seconds"],
@@ -204,9 +212,10 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
             },
             "202": {
                 **_json(
-                    _ref("Execution"),
+                    STARTED,
                     "Its reasoner waits for input (`input_required`): answer it at "
-                    "`Location` + `/input`; it goes on",
+                    "`Location` + `/input`; it goes on. To a caller that may start but not "
+                    "read: the id alone (`Accepted`), and it runs",
                 ),
                 "links": EXECUTION_LINKS,
             },
@@ -229,7 +238,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "requestBody": body,
         "responses": {
             "202": {
-                **_json(_ref("Execution"), "Started, or queued (?delay=, --queue-when-full)"),
+                **_json(STARTED, "Started, or queued (?delay=, --queue-when-full)"),
                 "links": EXECUTION_LINKS,
             },
             **START_ERRORS,

@@ -12,6 +12,10 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+#: A start's 202: the execution, or only its id to a caller that may not read it.
+STARTED = {"anyOf": [_ref("Execution"), _ref("Accepted")]}
+
+
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 

@@ -9,6 +9,7 @@ from typing import Any
 from agent_server.http.openapi_parts import (
     EXECUTION_LINKS,
     REF_TEMPLATE,
+    STARTED,
     _error,
     _hoist,
     _json,
@@ -205,7 +206,7 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 "summary": "Fire it now (whether enabled or not), obeying its overlap",
                 "parameters": [SCHEDULE_ID],
                 "responses": {
-                    "202": {**_json(_ref("Execution"), "Started"), "links": EXECUTION_LINKS},
+                    "202": {**_json(STARTED, "Started"), "links": EXECUTION_LINKS},
                     "403": declared_only,
                     "404": unknown,
                     "409": _error(

@@ -136,3 +136,10 @@ def execution_response(
 ) -> JSONResponse:
     """The execution's JSON, the one body every route about an execution answers with."""
     return JSONResponse(execution.to_json(), status_code=status_code, headers=headers)
+
+
+def acceptance(scope: Scope, execution_id: str) -> JSONResponse:
+    """A start's answer to a caller `@agent.authorize` lets start but not read: 202, the id
+    and its Location, nothing of the record (docs/security.md#what-each-call-asks)."""
+    location = execution_location(scope, execution_id)
+    return JSONResponse({"execution_id": execution_id}, 202, {"Location": location})

@@ -33,6 +33,7 @@ from agent_server.http.routing import (
     RETRY_AFTER_SECONDS,
     ApiError,
     JSONResponse,
+    acceptance,
     execution_location,
     execution_response,
     in_doubt,
@@ -138,13 +139,16 @@ class Runs:
         if wants_events(request.scope["headers"]):
             return await self.run_streamed(request)
         execution, started = await self._start(request)
+        if not await self.access.reads(self.access.principal(request.scope), execution):
+            return acceptance(request.scope, execution.execution_id)  # it runs, unwatched
         location = execution_location(request.scope, execution.execution_id)
         try:
             ended = await self._wait_or_disconnect(execution, request)
         except _ListenerClosed:
             # Shutdown, and its work waits in the queue (or runs elsewhere): another replica
             # may run it, and the client follows it there.
-            return execution_response(
+            return await self._handed(
+                request.scope,
                 execution,
                 503,
                 {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
@@ -158,7 +162,7 @@ class Runs:
         if ended is None:
             if started:  # a repeat of an idempotent request leaves the first one's work be
                 await self._cancel_for_caller(execution)
-            return execution_response(execution, 499)  # nobody is listening any more
+            return await self._handed(request.scope, execution, 499)  # nobody is listening any more
         execution = ended
         if execution.is_terminal and not await self._recorded(execution):
             # No verdict the store may contradict: the client reads the record there.
@@ -176,13 +180,15 @@ class Runs:
             )
         status_code = SYNC_ANSWER[execution.status]
         if execution.status is ExecutionStatus.INPUT_REQUIRED:  # it goes on once answered
-            return execution_response(
+            return await self._handed(
+                request.scope,
                 execution,
                 status_code,
                 {"Location": execution_location(request.scope, execution.execution_id)},
             )
         if execution.status is ExecutionStatus.QUEUED:  # handed off: follow it elsewhere
-            return execution_response(
+            return await self._handed(
+                request.scope,
                 execution,
                 status_code,
                 {
@@ -192,12 +198,22 @@ class Runs:
                 },
             )
         if execution.status_reason is CancelReason.SHUTDOWN:  # ask another replica
-            return execution_response(
+            return await self._handed(
+                request.scope,
                 execution,
                 503,
                 {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"},
             )
-        return execution_response(execution, status_code)
+        return await self._handed(request.scope, execution, status_code)
+
+    async def _handed(
+        self, scope: Scope, execution: Execution, status: int, headers: dict[str, str] | None = None
+    ) -> Response:
+        """A sync run's record as it answers it, `read` asked on it as it is now (its end, an
+        ask, a hand-off): else the start's acceptance (the caller started it, reads nothing)."""
+        if not await self.access.reads(self.access.principal(scope), execution):
+            return acceptance(scope, execution.execution_id)
+        return execution_response(execution, status, headers)
 
     async def _cancel_for_caller(self, execution: Execution) -> None:
         """The caller of a sync run left: its work is cancelled wherever it is, running here
@@ -220,11 +236,13 @@ class Runs:
         store is once written, within RECORD_WAIT and before the listener closes."""
         return await recorded_before_close(self.store, execution, self.streams.closing)
 
-    async def run_streamed(self, request: Request) -> EventStream:
+    async def run_streamed(self, request: Request) -> Response | EventStream:
         """Start and stream the run: `event: start` (the execution JSON, so a client can
         resume on any replica), its events, then `event: end`. The run does not depend on
         the stream: a client that goes away reconnects to `/executions/{id}/events`."""
         execution, _ = await self._start(request)
+        if not await self.access.reads(self.access.principal(request.scope), execution):
+            return acceptance(request.scope, execution.execution_id)  # it runs, unwatched
         first = named("start", execution.to_json())
         return self.executions.stream(execution, 0, first)
 
@@ -232,6 +250,8 @@ class Runs:
         delay = delay_param(request)
         accepted: list[dict[str, Any]] = []
         execution, _ = await self._start(request, delay=delay, may_queue=True, shown=accepted)
+        if not await self.access.reads(self.access.principal(request.scope), execution):
+            return acceptance(request.scope, execution.execution_id)
         location = execution_location(request.scope, execution.execution_id)
         # The execution as it was accepted: an end it reached since (a quick reasoner, while
         # this handler waited its turn) may not be in the store yet, and a 202 is no verdict.

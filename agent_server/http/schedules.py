@@ -28,7 +28,7 @@ from agent_server.http.params import (
     read_json,
     schedule_cursor,
 )
-from agent_server.http.routing import ApiError, JSONResponse, in_doubt
+from agent_server.http.routing import ApiError, JSONResponse, acceptance, in_doubt
 from agent_server.http.runs import _admission_error
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
@@ -185,7 +185,14 @@ class Schedules:
             raise ApiError(422, f"input: {firing.problem}")
         if firing.execution is None:  # this very millisecond's firing, since forgotten
             raise ApiError(409, "this moment's firing was started and forgotten: trigger again")
-        return JSONResponse(firing.execution.to_json(), status_code=202)
+        # Answered as a start: the record to a caller that may read it; else the id of
+        # what it started, and a repeat's (an earlier firing's) not even that (403).
+        execution = firing.execution
+        if not await self.access.reads(self.access.principal(request.scope), execution):
+            if firing.outcome != "started":
+                raise Denied("read")
+            return acceptance(request.scope, execution.execution_id)
+        return JSONResponse(execution.to_json(), status_code=202)
 
     async def _find(self, request: Request, operation: str) -> Entry:
         """The schedule the path names, when the caller sees it (404 otherwise), once

@@ -419,8 +419,11 @@ class ExecutionStore(abc.ABC):
         return True
 
     @abc.abstractmethod
-    async def get(self, execution_id: str) -> Execution | None:
-        """The execution, or None when unknown (never existed, forgotten or expired)."""
+    async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
+        """The execution, or None when unknown (never existed, forgotten or expired); with
+        `tenant`, None too when another tenant's, decided before the record is read, so
+        another tenant's id costs what an unknown one does (docs/security.md#tenants).
+        `tenant` None reads every tenant's (an admin, a server without authentication)."""
 
     @abc.abstractmethod
     async def wait(

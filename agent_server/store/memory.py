@@ -463,9 +463,12 @@ class MemoryStore(ExecutionStore):
             self._webhooks_due.clear()
         return len(self._webhooks)
 
-    async def get(self, execution_id: str) -> Execution | None:
+    async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
         self._expire()
-        return self._executions.get(execution_id)
+        execution = self._executions.get(execution_id)
+        if execution is None or (tenant is not None and execution.tenant != tenant):
+            return None
+        return execution
 
     async def wait(
         self, execution: Execution, timeout: float | None, asked: bool = False

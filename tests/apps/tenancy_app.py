@@ -13,6 +13,9 @@ from agent_server import Agent, ExecutionContext, Principal
 
 agent = Agent("tenancy-tests")
 
+#: What `secret` answers: a value no caller sends, so a test sees whether a result was shown.
+SECRET = "only-readers-see-this-5c0d9e"
+
 #: What a `readonly` principal may do.
 READ_ONLY_ACTIONS = frozenset({"read", "list"})
 
@@ -33,6 +36,18 @@ async def read_only(principal: Principal, action: str, resource: dict[str, Any])
 @agent.reasoner()
 async def echo(text: str) -> dict[str, str]:
     return {"text": text}
+
+
+@agent.reasoner()
+async def secret() -> dict[str, str]:
+    """A result of its own, shown only to who may read it."""
+    return {"secret": SECRET}
+
+
+@agent.reasoner()
+async def sized(size: int) -> str:
+    """A result of `size` characters: what reading its record whole costs shows."""
+    return "x" * size
 
 
 @agent.reasoner()

@@ -149,12 +149,13 @@ class A2AExecutions:
         return execution
 
     async def find(self, principal: Principal | None, execution_id: str) -> Execution | None:
-        """The execution, or None when unknown or another tenant's; 403 when `read` is
-        denied on it."""
-        execution = await self.store.get(execution_id)
-        if execution is None or not self.api.access.sees(principal, execution):
-            return None
-        return await self.api.access.allowed_for(principal, "read", execution)
+        """The execution, or None when unknown or another tenant's (the store tells them
+        apart from neither); 403 when `read` is denied on it."""
+        return await self.api.access.find(self.store, principal, execution_id, "read")
+
+    async def reads(self, principal: Principal | None, execution: Execution) -> bool:
+        """Whether the task may be handed to the caller as it is now (`read` allowed)."""
+        return await self.api.access.reads(principal, execution)
 
     async def page(
         self,
@@ -193,13 +194,14 @@ class A2AExecutions:
         latest = await self.store.get(execution.execution_id) if nobody else execution
         latest = latest or execution
         if latest.is_terminal:
-            return latest
+            return await self.api.access.allowed_for(principal, "read", latest)
         try:
             async with asyncio.timeout(CANCEL_WAIT):
                 latest = await self.store.wait(latest, None)
         except TimeoutError:
             pass
-        return await self.store.get(execution.execution_id) or latest
+        latest = await self.store.get(execution.execution_id) or latest
+        return await self.api.access.allowed_for(principal, "read", latest)  # as it is now
 
     async def answer(
         self, principal: Principal | None, execution: Execution, value: Any

@@ -49,6 +49,7 @@ from agent_server.http.a2a.events import EventUpdates
 from agent_server.http.a2a.executions import A2AExecutions, Bad, mark
 from agent_server.http.a2a.tasks import (
     STATUSES_OF,
+    accepted_task,
     answer_of,
     input_of,
     result_artifact,
@@ -56,6 +57,7 @@ from agent_server.http.a2a.tasks import (
     task_of,
     task_state,
 )
+from agent_server.http.access import Denied
 from agent_server.http.auth import principal_of
 from agent_server.http.http_limits import client_gone
 from agent_server.http.routing import ApiError
@@ -288,7 +290,9 @@ class ExecutionsHandler(RequestHandler):
         blocking = not params.configuration.return_immediately
 
         async def send() -> Task:
-            execution, _ = await self._begin(params, context, may_queue=not blocking)
+            execution, started = await self._begin(params, context, may_queue=not blocking)
+            if not await self.executions.reads(_principal(context), execution):
+                return self._unread(execution, started)  # it runs, unwatched
             if not blocking:
                 return task_of(execution)
             request = _request(context)
@@ -299,16 +303,31 @@ class ExecutionsHandler(RequestHandler):
                 if reader is not None:
                     reader.cancel()
                     await asyncio.gather(reader, return_exceptions=True)
+            if not await self.executions.reads(_principal(context), settled):
+                return self._unread(settled, started)
             return task_of(settled)
 
         task: Task = await self._guarded(send)
         return task
 
+    @staticmethod
+    def _unread(execution: Execution, started: bool) -> Task:
+        """What a caller that may not read the task is answered: a task it started, as
+        accepted (its id alone); a task it answered, the 403 of `read`."""
+        if not started:
+            raise Denied("read")
+        return accepted_task(execution)
+
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
         """The task, then an event at each change, until it ends or waits for input."""
-        execution, _ = await self._guarded(lambda: self._begin(params, context, may_queue=False))
+        execution, started = await self._guarded(
+            lambda: self._begin(params, context, may_queue=False)
+        )
+        if not await self._guarded(lambda: self.executions.reads(_principal(context), execution)):
+            yield self._unread(execution, started)  # it runs, unwatched: the stream ends
+            return
         first, seen = task_of(execution), mark(execution)
         yield first
         async for event in self._updates(context, execution, seen, stop_at_input=True):

@@ -201,6 +201,13 @@ def task_of(execution: Execution) -> Task:
     return task
 
 
+def accepted_task(execution: Execution) -> Task:
+    """A new task as a caller that may start it but not read it is answered: its id, its
+    context and `submitted` (accepted), nothing of the record (docs/security.md)."""
+    status = TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)
+    return Task(id=execution.execution_id, context_id=execution.session_id or "", status=status)
+
+
 def _integral(value: Any) -> Any:
     """JSON as it was sent: protobuf's Value holds every number as a double, so `5` arrives
     as `5.0`; an integral double is an integer again (a float field takes it all the same)."""

@@ -51,14 +51,16 @@ class Reads(StorePart):
     def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
         self._notices.drop_notice(execution_id, waiter)
 
-    async def get(self, execution_id: str) -> Execution | None:
-        """One script: the record, moved to lost first if its owner stopped renewing."""
-        return (await self._read([execution_id]))[0]
+    async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
+        """One script: the record, moved to lost first if its owner stopped renewing; with
+        `tenant`, another tenant's is unknown, its tenant read before the rest (get.lua)."""
+        return (await self._read([execution_id], tenant))[0]
 
-    async def _read(self, ids: Sequence[str]) -> list[Execution | None]:
+    async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""
+        wanted = "" if tenant is None else f"={tenant}"
         with self._link.operation("get"):
-            rows = await self._link.script("get", self.keys.for_ids(ids), *ids)
+            rows = await self._link.script("get", self.keys.for_ids(ids), wanted, *ids)
         found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
         return found or [None] * len(ids)
 
