@@ -18,7 +18,10 @@ and moves both connections off a node they no longer name.
 
 The same watch counts the replicas the sentinels could promote (`promotable`): a told write
 is acknowledged once every one of them holds it (`WAIT n`), since a failover may promote any
-of them, the one that is behind included (bench/RESULTS.md, "the hole in `WAIT 1`").
+of them, the one that is behind included (bench/RESULTS.md, "the hole in `WAIT 1`"). And a
+`WAIT` is trusted only once a look at every sentinel, begun after it answered, names the node
+the primary with no failover under way (`Lookout`): during a failover the old primary's
+`WAIT` proves nothing (docs/replicas.md, "A failover under way tells nothing").
 """
 
 from __future__ import annotations

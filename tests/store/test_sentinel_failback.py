@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_server.store.sentinel import confirms
 from tests.store.test_sentinel import (
     PASSWORD,
     POLL,
@@ -209,9 +210,9 @@ class FailoverWatch:
             self._thread.join(timeout=WAIT)
 
 
-async def kill_and_restart(redises: Redises, answers: Answers) -> None:
+async def kill_and_restart(redises: Redises) -> None:
     """SIGKILL to the primary, the replica promoted; the killed one started again as it was
-    (a primary), converted by the sentinels and in sync; some starts told meanwhile."""
+    (a primary), for the sentinels to convert."""
     first, second = redises.primary, redises.replica
     await asyncio.to_thread(first.kill)
     await announced(redises, ("127.0.0.1", first.port))
@@ -259,7 +260,7 @@ def test_a_failover_back_to_a_restarted_primary_tells_nothing_until_it_is_done(
         watch = FailoverWatch(redises)
 
         async def fault() -> None:
-            await kill_and_restart(redises, answers)
+            await kill_and_restart(redises)
             await asyncio.to_thread(
                 wait_until,
                 lambda: (
@@ -303,7 +304,7 @@ def test_a_promoted_replica_converted_back_by_a_sentinel_not_yet_told_tells_noth
         seen: dict[str, float] = {}
 
         async def fault() -> None:
-            await kill_and_restart(redises, answers)
+            await kill_and_restart(redises)
             # `late` has seen the restarted node a primary; it looks again only when told to.
             await asyncio.to_thread(
                 wait_until,
@@ -368,3 +369,13 @@ def test_a_promoted_replica_converted_back_by_a_sentinel_not_yet_told_tells_noth
         finally:
             for agent in agents:
                 agent.close()
+
+
+def test_a_look_confirms_only_a_node_more_than_half_name_with_no_failover() -> None:
+    here, there = ("10.0.0.1", 6379), ("10.0.0.2", 6379)
+    assert confirms([(here, False), (here, False), None], here)
+    assert not confirms([(here, False), None, None], here)  # half or fewer answered
+    assert not confirms([(here, False), (there, False), (here, False)], here)  # one disagrees
+    assert not confirms([(here, False), (here, True), (here, False)], here)  # a leader's failover
+    assert not confirms([(here, False)] * 3, None)  # the write's node unknown
+    assert confirms([(here, False)], here)
