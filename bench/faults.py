@@ -1,8 +1,9 @@
 """Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults/ (three
 replicas behind haproxy on a Redis primary and two replicas under three sentinels, or with
 `--plain` on one Redis, AOF either way; a load of clients keeping a history; a seeded
-schedule of kills, rollouts, pauses, Redis restarts, failovers and cuts; then the checker),
-for longer and over several seeds. Prints per seed the counts (calls, executions, each kind
+schedule of kills, rollouts, pauses, Redis restarts, failovers, failbacks (the primary
+killed, restarted as it was, then failed over to) and cuts; then the checker), for longer
+and over several seeds. Prints per seed the counts (calls, executions, each kind
 of fault, violations by invariant) and the violations; the exit code is 1 if any seed broke
 one.
 
