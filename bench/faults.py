@@ -1,8 +1,9 @@
 """Long fault-injection runs (docs/replicas.md): the harness of tests/support/faults/ (three
 replicas behind haproxy on a Redis primary and two replicas under three sentinels, or with
 `--plain` on one Redis, AOF either way; a load of clients keeping a history; a seeded
-schedule of kills, rollouts, pauses, Redis restarts, failovers and cuts; then the checker),
-for longer and over several seeds. Prints per seed the counts (calls, executions, each kind
+schedule of kills, rollouts, pauses, Redis restarts, failovers, failbacks (the primary
+killed, restarted as it was, then failed over to) and cuts; then the checker), for longer
+and over several seeds. Prints per seed the counts (calls, executions, each kind
 of fault, violations by invariant) and the violations; the exit code is 1 if any seed broke
 one.
 
@@ -24,6 +25,10 @@ import time
 from pathlib import Path
 
 from bench.common import OUT_DIR, ROOT, log
+
+#: Times a seed is started before a failure of the harness itself ends the run: on a shared
+#: machine a replica can miss its start-up bound (the traceback of each is printed).
+STARTS = 3
 
 
 def seeds(seed: int, span: str | None) -> list[int]:
@@ -63,19 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[int] = []
     totals: dict[str, int] = {}
     for seed in seeds(args.seed, args.seeds):
-        directory = out / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        directory.mkdir()
-        log(f"seed {seed}: {args.seconds:g}s of faults in {directory}")
-        run = faults.run_faults(
-            seed,
-            args.seconds,
-            directory,
-            clients=args.clients,
-            source=args.source.resolve() if args.source else None,
-            sentinel=not args.plain,
-            redis_replicas=args.redis_replicas,
-            log=log,
-        )
+        for chance in range(1, STARTS + 1):
+            directory = out / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            directory.mkdir()
+            log(f"seed {seed}: {args.seconds:g}s of faults in {directory}")
+            try:
+                run = faults.run_faults(
+                    seed,
+                    args.seconds,
+                    directory,
+                    clients=args.clients,
+                    source=args.source.resolve() if args.source else None,
+                    sentinel=not args.plain,
+                    redis_replicas=args.redis_replicas,
+                    log=log,
+                )
+                break
+            except RuntimeError as exc:  # the harness itself failed: the seed runs again
+                log(f"seed {seed}: {exc}" + ("; starting it again" if chance < STARTS else ""))
+                if chance == STARTS:
+                    raise
         print(run.report(limit=10), flush=True)
         print(f"  outcomes: {dict(sorted(run.outcomes.items()))}", flush=True)
         for invariant, count in run.by_invariant().items():

@@ -366,16 +366,25 @@ class RedisLink:
         """One write and the reply of the acknowledgement that followed it on the same
         connection (an exception in its place when there was none: the write may have
         happened all the same). The write's own failure raises, as `call`'s does."""
+        answer, acked, _ = await self.call_acked_at(*args)
+        return answer, acked
+
+    async def call_acked_at(
+        self, *args: str | bytes | int | float
+    ) -> tuple[Any, Any, Address | None]:
+        """`call_acked`, and where (a located link) the write went: the node whose state
+        decides whether the acknowledgement can be trusted."""
         protocol = self._protocol
         if protocol is None or not protocol.open:
             protocol = await self._connect()
+        where = protocol.address
         reply, acked = protocol.send_acked(_pack(args))
         try:
             answer = await reply
             try:
-                return answer, await acked
+                return answer, await acked, where
             except Exception as exc:
-                return answer, exc
+                return answer, exc, where
         finally:
             for future in (reply, acked):  # a caller that went away: the replies are skipped
                 future.cancel()

@@ -18,7 +18,10 @@ and moves both connections off a node they no longer name.
 
 The same watch counts the replicas the sentinels could promote (`promotable`): a told write
 is acknowledged once every one of them holds it (`WAIT n`), since a failover may promote any
-of them, the one that is behind included (bench/RESULTS.md, "the hole in `WAIT 1`").
+of them, the one that is behind included (bench/RESULTS.md, "the hole in `WAIT 1`"). And a
+`WAIT` is trusted only once a look at every sentinel, begun after it answered, names the node
+the primary with no failover under way (`Lookout`): during a failover the old primary's
+`WAIT` proves nothing (docs/replicas.md, "A failover under way tells nothing").
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import ipaddress
 import logging
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -266,6 +269,103 @@ async def _ask(sentinel: Address, budget: float, *command: str) -> Any:
             return await link.call("SENTINEL", *command)
     finally:
         await link.close()
+
+
+#: What one sentinel said in a look: the primary it names, and whether it shows a failover
+#: under way; None when it did not answer in time.
+Seen = tuple[Address, bool] | None
+
+
+def confirms(seen: Sequence[Seen], address: Address | None) -> bool:
+    """Whether a look lets a write acknowledged on `address` be told: more than half the
+    sentinels answered, each names `address` the primary, and none shows a failover."""
+    answered = [each for each in seen if each is not None]
+    if address is None or 2 * len(answered) <= len(seen):
+        return False
+    return all(named == address and not failing for named, failing in answered)
+
+
+class Lookout:
+    """Every sentinel of the URL asked at once where the primary is and whether a failover
+    is under way (`SENTINEL MASTER`): a told write's `WAIT` is trusted only if a look begun
+    after its reply confirms the node it went to (`confirms`).
+
+    A failover begins on its leader alone (`failover_in_progress` on the primary it sees)
+    before a replica is promoted, and the others learn of it only from its announcement: the
+    old primary's `WAIT` counts are no proof from then until every sentinel names the new
+    primary, since a replica may be promoted, converted back by a sentinel that has not heard
+    (its last look at it a primary), or resynced, while the old primary goes on taking
+    writes. Looks are shared: one at a time, and every write acknowledged while one runs
+    waits for the next, which begins after them."""
+
+    def __init__(self, target: SentinelURL, budget: float) -> None:
+        self.service = target.service
+        self.budget = budget
+        self.links = [
+            RedisLink(f"redis://{host_port(each)}/0", connect_timeout=budget, timeout=budget)
+            for each in target.sentinels
+        ]
+        self._running: asyncio.Task[list[Seen]] | None = None
+        self._next: asyncio.Future[list[Seen]] | None = None
+
+    async def confirm(self, address: Address | None) -> bool:
+        """A look begun now, or after the one running: whether it confirms `address`."""
+        return confirms(await asyncio.shield(self._fresh()), address)
+
+    def _fresh(self) -> asyncio.Future[list[Seen]]:
+        if self._running is None:
+            return self._start()
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        return self._next
+
+    def _start(self) -> asyncio.Task[list[Seen]]:
+        task = asyncio.ensure_future(self._look())
+        self._running = task
+        task.add_done_callback(self._ran)
+        return task
+
+    def _ran(self, task: asyncio.Task[list[Seen]]) -> None:
+        self._running = None
+        waiting, self._next = self._next, None
+        if waiting is None:
+            return
+        following = self._start()
+
+        def hand_on(done: asyncio.Task[list[Seen]]) -> None:
+            if waiting.done():
+                return
+            if done.cancelled():
+                waiting.cancel()
+            elif done.exception() is not None:
+                waiting.set_exception(cast(BaseException, done.exception()))
+            else:
+                waiting.set_result(done.result())
+
+        following.add_done_callback(hand_on)
+
+    async def _look(self) -> list[Seen]:
+        return list(await asyncio.gather(*(self._ask(link) for link in self.links)))
+
+    async def _ask(self, link: RedisLink) -> Seen:
+        try:
+            async with asyncio.timeout(self.budget):
+                reply = await link.call("SENTINEL", "MASTER", self.service)
+        except (TimeoutError, ConnectionError, ResponseError, OSError):
+            return None
+        state = _fields(reply)
+        if not state.get("port", "").isdigit():
+            return None
+        flags = set(state.get("flags", "").split(","))
+        return (state.get("ip", ""), int(state["port"])), bool(FAILING_OVER & flags)
+
+    async def close(self) -> None:
+        for task in (self._running, self._next):
+            if task is not None:
+                task.cancel()
+        for link in self.links:
+            with contextlib.suppress(Exception):
+                await link.close()
 
 
 class _Sentinel(Sentinel):

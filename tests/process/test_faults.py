@@ -2,8 +2,9 @@
 primary and one replica (AOF) under three real sentinels, a load of clients keeping a history
 (runs, starts, cancels, parked asks of one and two questions, delayed starts, limited starts,
 session-enqueued messages), a short seeded schedule of faults (kill -9, rollouts, replicas
-paused past their lease, a Redis node paused and restarted, a planned failover and a
-kill -9 of the primary, the links to Redis cut), then the checker of tests/support/faults/.
+paused past their lease, a Redis node paused and restarted, a planned failover, a
+kill -9 of the primary, a failback (the primary killed, restarted as it was, converted by the
+sentinels, then failed over to), the links to Redis cut), then the checker of tests/support/faults/.
 A failure prints the seed and every violation.
 
 `AGENT_SERVER_FAULT_SEED` runs another seed's schedule, `AGENT_SERVER_FAULT_SECONDS` a longer
@@ -35,7 +36,7 @@ from tests.support.faults import (
 from tests.support.process import need
 
 SEED = int(os.environ.get("AGENT_SERVER_FAULT_SEED", "1"))
-#: Seconds of faults; the schedule goes on past them until each of the eight kinds has come
+#: Seconds of faults; the schedule goes on past them until each of the nine kinds has come
 #: once (a failover's settling counts in its fault).
 SECONDS = float(os.environ.get("AGENT_SERVER_FAULT_SECONDS", "70"))
 #: Redis replicas under Sentinel here: one. With two (the harness's default, as in production,

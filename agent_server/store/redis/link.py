@@ -136,6 +136,9 @@ class Link:
         #: With Sentinel, the told writes' connection (another twin): each write is answered
         #: once the replicas hold it (`told`), and no other command waits behind its `WAIT`.
         self.acked: RedisLink | None = None
+        #: With Sentinel, the sentinels asked after each `WAIT` whether it can be trusted:
+        #: a failover under way, or another primary named, makes the write in doubt.
+        self.lookout: sentinel.Lookout | None = None
         #: With Sentinel, how many replicas hold a write before it is told: every one the
         #: sentinels could promote (at least one), as their watch last counted.
         self.replicas_needed = 1
@@ -201,6 +204,9 @@ class Link:
         self.probe = link.twin()
         if self.acked_channel is not None:
             self.acked = link.twin(ack=self.acknowledgement)
+            if sentinel.is_sentinel_url(self.url):
+                budget = REPLICA_WAIT_MS / 1000
+                self.lookout = sentinel.Lookout(sentinel.parse_url(self.url), budget)
 
     def acknowledging(self, replicas: int) -> list[list[str | int]]:
         """The commands after a group of told writes: a publish (so a write-free `WAIT`
@@ -248,6 +254,9 @@ class Link:
                 with contextlib.suppress(Exception):
                     await each.close()
         self.link = self.subscriber = self.probe = self.acked = None
+        lookout, self.lookout = self.lookout, None
+        if lookout is not None:
+            await lookout.close()
 
     def operation(self, name: str, probe: bool = False, since: float | None = None) -> Operation:
         """Time and report one operation (from `since`, a `time.perf_counter()`, if given);
@@ -317,14 +326,20 @@ class Link:
         no replica to promote. With it, False when `WAIT` found fewer than every replica the
         sentinels could promote within REPLICA_WAIT_MS (or the connection went before it
         answered): the write may survive or vanish. A count that changed meanwhile is met
-        only at its larger value."""
+        only at its larger value. Even then False unless the sentinels, asked after the
+        `WAIT` answered, show no failover under way and name the node the write went to the
+        primary (`sentinel.Lookout`): from a failover's beginning until every sentinel names
+        the new primary, the old one's `WAIT` proves nothing."""
         link = self.acked
         if link is None:
             return await self.script(name, keys, *args), True
         needed = self.replicas_needed
         try:
-            reply, acked = await link.call_acked(*self.command(name, keys, args))
+            reply, acked, where = await link.call_acked_at(*self.command(name, keys, args))
         except NoScriptError:
             await self.load_scripts(link)
-            reply, acked = await link.call_acked(*self.command(name, keys, args))
-        return reply, on_a_replica(acked, max(needed, self.replicas_needed))
+            reply, acked, where = await link.call_acked_at(*self.command(name, keys, args))
+        held = on_a_replica(acked, max(needed, self.replicas_needed))
+        if held and self.lookout is not None:
+            held = await self.lookout.confirm(where)
+        return reply, held

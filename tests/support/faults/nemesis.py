@@ -148,12 +148,14 @@ class Nemesis:
             finally:
                 cluster.redis.restore()
             event("cut", "proxy", "end")
-        elif fault.kind in ("failover", "kill-primary") and isinstance(
+        elif fault.kind in ("failover", "kill-primary", "failback") and isinstance(
             cluster.redis, SentinelRedis
         ):
             event(fault.kind, "redis", "begin")
             if fault.kind == "failover":
                 detail = cluster.redis.failover()
+            elif fault.kind == "failback":
+                detail = cluster.redis.failback(early=fault.mode == "reset")
             else:
                 detail = cluster.redis.kill_primary()
             # The fault is over once a replica is in sync again (a told write needs one):

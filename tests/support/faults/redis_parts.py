@@ -13,7 +13,9 @@ to the ports of the nodes' proxies, so the replicas follow a failover through th
 The nemesis pauses or restarts any one node (the primary or a replica, by the schedule's
 seeded index), kills the current primary (whichever node the sentinels name) with SIGKILL
 (the sentinels promote a replica; the killed node comes back as a replica of the new
-primary), or asks for a planned failover (`SENTINEL FAILOVER`).
+primary), asks for a planned failover (`SENTINEL FAILOVER`), or does both in turn (a
+failback: the killed primary restarted as it was, converted by the sentinels, then failed
+over to, as in issue 51).
 """
 
 from __future__ import annotations
@@ -383,7 +385,14 @@ class SentinelRedis:
     """A primary and `replicas` replicas (AOF each; two by default), three sentinels (quorum
     2), a proxy in front of each: `--store redis+sentinel://<the sentinels' proxies>/faults/0`."""
 
-    kinds: tuple[str, ...] = ("pause-redis", "restart-redis", "cut", "failover", "kill-primary")
+    kinds: tuple[str, ...] = (
+        "pause-redis",
+        "restart-redis",
+        "cut",
+        "failover",
+        "kill-primary",
+        "failback",
+    )
 
     def __init__(self, directory: Path, replicas: int = REDIS_REPLICAS) -> None:
         assert replicas >= 1, "Sentinel needs a replica to promote"
@@ -528,6 +537,39 @@ class SentinelRedis:
             f":{node.port} killed, "
             + (f":{promoted} promoted" if promoted else f"none promoted in {FAILOVER_WAIT:g}s")
             + "; restarted"
+            + (f"; {unsettled}" if unsettled else "")
+        )
+
+    def failback(self, early: bool) -> str:
+        """SIGKILL to the current primary (the replicas in sync first); once the sentinels
+        name another, the killed one starts again on its AOF as it was, a primary, which the
+        sentinels turn into a replica (about ten seconds); once it is in sync, `SENTINEL
+        FAILOVER` (with one Redis replica, back to it). `early`: as soon as the node itself
+        says it is in sync, before every sentinel has looked at it as a replica (one that
+        last saw it a primary may convert it back once promoted); else once settled."""
+        unsettled = self.settle()
+        node = self.primary()
+        assert node.proc is not None
+        node.proc.kill()
+        node.proc.wait(timeout=START_TIMEOUT)
+        node.proc = None
+        others = {other.port for other in self.others(node)}
+        promoted = _wait(lambda: (port := self.named()) in others and port, FAILOVER_WAIT)
+        node.replica_of = None  # as it was: the sentinels convert it
+        node.start()
+        if early:
+            synced = _wait(lambda: node.role() == ("slave", promoted, "connected"), SETTLE_WAIT)
+            converted = "in sync" if synced else f"not in sync after {SETTLE_WAIT:g}s"
+        else:
+            converted = self.settle() or "settled"
+        node.replica_of = promoted or None
+        old = self.named()
+        reply = self.sentinels[0].ask("failover", SERVICE)
+        new = _wait(lambda: (port := self.named()) != old and port, FAILOVER_WAIT)
+        return (
+            f":{node.port} killed, :{promoted or '?'} promoted; restarted a primary, "
+            f"{converted}; failover from :{old} "
+            + (f"to :{new or '?'}" if reply is not None else "refused")
             + (f"; {unsettled}" if unsettled else "")
         )
 
