@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.apps.tests_app import make_agent
+from tests.support.postgres_server import PostgresServer
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 
@@ -73,3 +74,25 @@ def redis_url(redis_server: object) -> str:
         redis_server.start()
     assert redis_server.command("FLUSHALL") == b"+OK\r\n"
     return redis_server.url
+
+
+# -- a real PostgreSQL for the store tests ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[object]:
+    """One real `postgres` per test module (Debian's package; `.ci/run` installs it), run
+    as the unprivileged `postgres` user; the store connects as an ordinary role."""
+    server = PostgresServer()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: object) -> str:
+    """The module's Postgres with an empty database for this test."""
+    assert isinstance(postgres_server, PostgresServer)
+    if postgres_server.proc is None or not postgres_server.ready():
+        postgres_server.start()
+    postgres_server.reset()
+    return postgres_server.url

@@ -29,6 +29,7 @@ from agent_server.runtime.jwt_keys import (
     load_secret_file,
 )
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
+from agent_server.store.urls import check_store_url
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
@@ -128,7 +129,19 @@ class Settings(BaseSettings):
         default=SecretStr("memory"),
         description="Where execution records live: memory, or a redis:// / rediss:// URL "
         "shared by every replica (redis+sentinel://host:26379,host2:26379/SERVICE/DB through "
-        "Sentinel).",
+        "Sentinel), or a postgresql:// (postgres://) URL (docs/postgres.md).",
+    )
+    store_pool_size: int = Field(
+        default=10,
+        ge=2,
+        le=1000,
+        description="Postgres: connections a replica holds at most (docs/postgres.md: "
+        "replicas x this must stay under max_connections).",
+    )
+    store_notify: Literal["listen", "poll"] = Field(
+        default="listen",
+        description="Postgres: listen (LISTEN/NOTIFY, a poll of at most 1 s behind it), or "
+        "poll alone (behind a pooler in transaction mode).",
     )
     replica_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
@@ -451,34 +464,7 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        if url.lower().startswith("redis+sentinel://"):
-            from agent_server.store.sentinel import parse_url  # redis-py only when asked for
-
-            parse_url(url)  # a malformed one fails the start; its message omits the password
-            return value
-        if url == "memory":
-            return value
-        # Parsed here, so a malformed URL stops the start with one line (exit 2) that never
-        # echoes a piece of it: with '#', '?' or '/' in a password, the parsers' own messages
-        # quote what they took for the port, which is the password.
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises for a port that is not a number
-        except ValueError:
-            raise ValueError(
-                "store URL is malformed (a password with '#', '?', '/' or '@' must be "
-                "percent-encoded)"
-            ) from None
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                "store must be memory, or a redis://, rediss:// or redis+sentinel:// URL"
-            )
-        if parts.scheme != "unix" and not parts.hostname:
-            raise ValueError("store URL names no host")
-        database = parts.path.lstrip("/")
-        if database and not database.isdigit():
-            raise ValueError("store URL's database must be a number (redis://host:6379/0)")
+        check_store_url(value.get_secret_value())  # one line (exit 2), never the password
         return value
 
     @field_validator("public_url")
