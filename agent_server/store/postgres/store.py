@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -245,19 +246,22 @@ class PostgresStore(Records, Owner, Webhooks):
         await self._notify(conn, f"e:{execution.execution_id}")
 
     async def _keep_alive(self) -> None:
-        """Every third of a lease: renew, judge, read what notices may have missed (cancels
-        and answers for this replica, ends for its waiters), expire parked requests, and
-        retention; while Postgres is down, probe it."""
+        """Renew every third of a lease; at most every second judge, read what notices may
+        have missed (cancels and answers for this replica, ends for its waiters), expire
+        parked requests, and retention; while Postgres is down, probe it."""
         interval = max(0.05, min(self.lease_ttl / 3, POLL_SECONDS))
         passes = 0
+        renewed = -float("inf")
         while True:
             try:
                 if not self._link.up and not await self._link.probe():
                     await asyncio.sleep(min(interval, 0.5))
                     continue
-                alive = await self._renew()
-                if self.observer is not None:
-                    self.observer.replicas_alive(alive)
+                if time.monotonic() - renewed >= self.lease_ttl / 3:
+                    alive = await self._renew()
+                    renewed = time.monotonic()
+                    if self.observer is not None:
+                        self.observer.replicas_alive(alive)
                 async with self._link.tx("judge") as conn:
                     await self._judge(conn)
                 await self._poll_requests()
@@ -416,17 +420,25 @@ class PostgresStore(Records, Owner, Webhooks):
         end (with `asked`, or waits for input) or `timeout` passed."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        current = execution
+        current, first = execution, True
         while True:
-            if current.reached_end(asked):
-                return current
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return current
+            # Registered before the read: a notice that comes while it reads is not lost.
             waiter: asyncio.Future[None] = loop.create_future()
             waiters = self._waiters.setdefault(execution.execution_id, set())
             waiters.add(waiter)
             try:
+                if not first:
+                    with contextlib.suppress(StoreUnavailable):
+                        found = await self.get(execution.execution_id)
+                        if found is None:
+                            return current
+                        current = found
+                first = False
+                if current.reached_end(asked):
+                    return current
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return current
                 bound = POLL_SECONDS if remaining is None else min(POLL_SECONDS, remaining)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(waiter), bound)
@@ -434,13 +446,6 @@ class PostgresStore(Records, Owner, Webhooks):
                 waiters.discard(waiter)
                 if not waiters:
                     self._waiters.pop(execution.execution_id, None)
-            try:
-                found = await self.get(execution.execution_id)
-            except StoreUnavailable:
-                continue
-            if found is None:
-                return current
-            current = found
 
     async def events_since(
         self, execution_id: str, cursor: int, limit: int
