@@ -9,15 +9,20 @@ import sys
 
 import click
 
-from agent_server.process.cli_client import CONTEXT
+from agent_server.process.cli_client import CONTEXT, ClientCommand, ClientGroup
+
+#: The exit codes `store migrate` ends with, in its help.
+EXITS = """\b
+Exit codes: 0 migrated, or nothing to do; 1 the database cannot be reached;
+2 a usage error, a URL that is not Postgres's, or a schema newer than this release."""
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(name="store", cls=ClientGroup, context_settings=CONTEXT)
 def store() -> None:
     """The shared store's upkeep."""
 
 
-@store.command()
+@store.command(cls=ClientCommand, epilog=EXITS)
 @click.argument("url", envvar="AGENT_SERVER_STORE")
 def migrate(url: str) -> None:
     """Apply the migrations a Postgres store's database lacks (exit 0, also when there is

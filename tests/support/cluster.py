@@ -1,6 +1,6 @@
-"""Three real `agent-server run` replicas on one real Redis behind a real haproxy, as a
-Kubernetes Service spreads requests over pods and follows their readiness; and the polls and
-metric reads the multi-replica tests make of them."""
+"""Three real `agent-server run` replicas on one real Redis (or Postgres) behind a real
+haproxy, as a Kubernetes Service spreads requests over pods and follows their readiness; and
+the polls and metric reads the multi-replica tests make of them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from tests.support.haproxy import Haproxy
+from tests.support.postgres_server import PostgresServer
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import RedisServer
 
@@ -50,12 +51,13 @@ class Replica(ServerProcess):
 
 
 class Cluster:
-    """Three replicas, one Redis, one haproxy; replicas can be restarted on their port."""
+    """Three replicas, one Redis (or one Postgres: `redis` is then that server), one haproxy;
+    replicas can be restarted on their port."""
 
     def __init__(
         self,
         tmp_path: Path,
-        redis: RedisServer,
+        redis: RedisServer | PostgresServer,
         extra: list[str],
         env: dict[str, str] | None = None,
         app: str = "tests_app:agent",
@@ -109,7 +111,7 @@ class Cluster:
 @contextlib.contextmanager
 def started_cluster(
     tmp_path: Path,
-    redis: RedisServer,
+    redis: RedisServer | PostgresServer,
     *flags: str,
     env: dict[str, str] | None = None,
     app: str = "tests_app:agent",

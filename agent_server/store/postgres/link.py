@@ -23,6 +23,9 @@ from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.postgres.codec import describe_url, scrub
 
 logger = logging.getLogger("agent_server.store")
+# The pool's own reconnect warnings repeat every attempt during an outage: the store says
+# once that Postgres cannot be reached, and once that it is back.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 #: Seconds a connection may take to open, and a statement's transaction to finish.
 CONNECT_TIMEOUT = 3.0
