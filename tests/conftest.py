@@ -3,8 +3,9 @@ Redis. What they are built from lives in tests/support/; the apps they serve in 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -96,3 +97,18 @@ def postgres_url(postgres_server: object) -> str:
         postgres_server.start()
     postgres_server.reset()
     return postgres_server.url
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+def shared_store(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """`shared_store(replica_id, observer, **options)`: a store shared by replicas (not yet
+    open), on the test's own empty Redis or Postgres: a suite written with it runs on both."""
+    from tests.support.stores import open_postgres, open_redis
+
+    url = request.getfixturevalue(f"{request.param}_url")
+    opener = open_redis if request.param == "redis" else open_postgres
+
+    def make(replica_id: str, seen: Any, **options: Any) -> Any:
+        return opener(url, replica_id, seen, **options)
+
+    return make

@@ -559,3 +559,60 @@ async def test_a_schema_newer_than_the_code_is_refused(
 def test_the_store_role_is_no_superuser(postgres_server: PostgresServer, postgres_url: str) -> None:
     rows = postgres_server.admin("SELECT rolsuper FROM pg_roles WHERE rolname = 'agent'")
     assert rows == [(False,)]
+
+
+async def test_a_pause_of_postgres_past_every_lease_judges_no_live_owner(
+    own_postgres: PostgresServer,
+) -> None:
+    """Invariant 2 of section 12: a pause of the store (SIGSTOP, longer than every lease)
+    stops every renewal alike; once it answers again nobody judges until each live replica
+    has renewed for a whole lease, so the running work of a live owner is never lost."""
+    a_seen, b_seen = Recorder(), Recorder()
+    a = open_postgres(own_postgres.url, "A", a_seen, lease_ttl=0.6)
+    b = open_postgres(own_postgres.url, "B", b_seen, lease_ttl=0.6)
+    await a.open()
+    await b.open()
+    try:
+        execution = Execution("sleep", None, "A")
+        await a.create(execution)
+        own_postgres.pause()
+        try:
+            await asyncio.sleep(2.0)  # the fault itself: three leases without an answer
+        finally:
+            own_postgres.resume()
+
+        async def renewed_twice() -> bool:
+            return len(a_seen.alive) >= 3 and len(b_seen.alive) >= 3
+
+        await eventually(renewed_twice, timeout=15.0)
+        await asyncio.sleep(1.5)  # more than a whole lease of renewals: judging allowed now
+        found = await b.get(execution.execution_id)
+        assert found is not None and found.status is ExecutionStatus.RUNNING
+        assert a_seen.lost == b_seen.lost == []
+        execution.finish(ExecutionStatus.SUCCEEDED, result="alive")
+        a.end(execution)
+        assert await a.recorded(execution, 10.0)
+    finally:
+        await closed(a)
+        await closed(b)
+
+
+async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
+    postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    a = open_postgres(postgres_url, "A", Recorder(), lease_ttl=60.0)
+    await a.open()
+    try:
+        expire(postgres_server, "A", "epoch")
+        with pytest.raises(StoreUnavailable, match="lease lapsed"):
+            await a.create(Execution("echo", None, "A"))
+
+        async def accepted() -> bool:
+            try:
+                return await a.create(Execution("echo", None, "A")) is None
+            except StoreUnavailable:
+                return False
+
+        assert await eventually(accepted)  # renewed at its next pass, not a lease later
+    finally:
+        await closed(a)

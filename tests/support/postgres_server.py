@@ -170,11 +170,22 @@ class PostgresServer:
                 self.kill()
         self.proc = None
 
+    def pause(self) -> None:
+        """SIGSTOP of the postmaster and every backend: connections stay open, nothing
+        answers (SIGKILL still ends them)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """kill -9 of the postmaster and every backend (its process group)."""
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGCONT)
             self.proc.wait(timeout=START_TIMEOUT)
         self.proc = None
         # Backends orphaned by the kill leave at once with their postmaster gone; a stale

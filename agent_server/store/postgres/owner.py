@@ -332,8 +332,11 @@ class Owner(PgPart):
                 " AND r.session = e.session AND r.expires_at > now()),"
                 " extract(epoch FROM due_at)"
                 " FROM executions e WHERE agent = %s AND status = 'queued' AND due_at <= now()"
+                # Only while this replica's lease holds (a paused one renews first).
+                " AND EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
+                " AND r.replica = %s AND r.expires_at > now())"
                 " ORDER BY due_at, queued_seq LIMIT %s FOR UPDATE SKIP LOCKED",
-                (self.agent, CLAIM_WINDOW),
+                (self.agent, self.replica_id, CLAIM_WINDOW),
             )
             rows = await cursor.fetchall()
             taken: Execution | None = None

@@ -65,6 +65,11 @@ class PgPart(ExecutionStore):
     _waiters: dict[str, set[asyncio.Future[None]]]
     _queued_event: asyncio.Event
 
+    def _renew_soon(self) -> None:
+        """This replica's lease lapsed (a pause): renew at the next pass, not a third of a
+        lease later."""
+        raise NotImplementedError
+
     def _wake(self, execution_id: str) -> None:
         for waiter in self._waiters.get(execution_id, ()):
             if not waiter.done():

@@ -22,6 +22,7 @@ from agent_server.store.base import (
     QueueFull,
     SessionReleasing,
     SessionTaken,
+    StoreUnavailable,
     new_schedules_version,
 )
 from agent_server.store.postgres import codec
@@ -36,11 +37,15 @@ LIVE = "(expires_at IS NULL OR expires_at > now())"
 _INSERT = (
     "INSERT INTO executions (agent, id, status, reasoner, session, tenant, started_by,"
     " schedule_id, created_at, replica, attempt, ckey, climit, doc, take, gated, due_at,"
-    " queued_seq) VALUES (%(agent)s, %(id)s, %(status)s, %(reasoner)s, %(session)s,"
+    " queued_seq) SELECT %(agent)s, %(id)s, %(status)s, %(reasoner)s, %(session)s,"
     " %(tenant)s, %(started_by)s, %(schedule_id)s, %(created_at)s, %(replica)s,"
     " %(attempt)s, %(ckey)s, %(climit)s, %(doc)s, %(take)s, %(gated)s,"
     " CASE WHEN %(queued)s THEN now() + make_interval(secs => %(delay)s) END,"
-    " CASE WHEN %(queued)s THEN nextval('executions_queue_seq') END)"
+    " CASE WHEN %(queued)s THEN nextval('executions_queue_seq') END"
+    # Running here only while this replica's lease holds: one that lapsed (a pause) would
+    # be judged lost at once by the others; it renews first.
+    " WHERE %(queued)s OR EXISTS (SELECT 1 FROM replicas WHERE agent = %(agent)s"
+    " AND replica = %(replica)s AND expires_at > now())"
     " RETURNING extract(epoch FROM due_at)"
 )
 
@@ -102,6 +107,11 @@ class Records(PgPart):
                 delay=delay,
             )
             cursor = await conn.execute(_INSERT, values)
+            if not cursor.rowcount:
+                self._renew_soon()
+                raise StoreUnavailable(
+                    f"replica {execution.replica}'s lease lapsed: it renews before it starts work"
+                )
             due = await cursor.fetchone()
             if idempotency is not None and key is not None:
                 await conn.execute(

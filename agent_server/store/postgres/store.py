@@ -88,7 +88,8 @@ class PostgresStore(Records, Owner, Webhooks):
         self.fenced = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
-        self._renewed = asyncio.Event()
+        #: Set when the next liveness pass must renew, whenever the last renewal was.
+        self._renew_now = False
 
     @property
     def up(self) -> bool:
@@ -98,8 +99,12 @@ class PostgresStore(Records, Owner, Webhooks):
     def shared(self) -> bool:
         return True
 
+    def _renew_soon(self) -> None:
+        self._renew_now = True
+
     def _on_up(self) -> None:
         self._owed_event.set()
+        self._renew_now = True  # back from an outage: the lease first
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -257,7 +262,8 @@ class PostgresStore(Records, Owner, Webhooks):
                 if not self._link.up and not await self._link.probe():
                     await asyncio.sleep(min(interval, 0.5))
                     continue
-                if time.monotonic() - renewed >= self.lease_ttl / 3:
+                if self._renew_now or time.monotonic() - renewed >= self.lease_ttl / 3:
+                    self._renew_now = False
                     alive = await self._renew()
                     renewed = time.monotonic()
                     if self.observer is not None:
