@@ -112,3 +112,11 @@ def shared_store(request: pytest.FixtureRequest) -> Callable[..., Any]:
         return opener(url, replica_id, seen, **options)
 
     return make
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The URL of an empty shared store, Redis then Postgres: a suite of real replicas
+    written with it runs on both."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url

@@ -616,3 +616,38 @@ async def test_an_owner_whose_lease_lapsed_takes_no_new_work_until_it_renews(
         assert await eventually(accepted)  # renewed at its next pass, not a lease later
     finally:
         await closed(a)
+
+
+async def test_without_listen_the_poll_wakes_waiters_and_delivers_cancels_within_its_bound(
+    postgres_url: str,
+) -> None:
+    """`--store-notify poll` (a pooler in transaction mode forbids LISTEN): no connection
+    listens, and the bounded poll (at most a second) still wakes a waiter on another
+    replica at the end and delivers a cancel to the owner."""
+    cancels: list[tuple[str, CancelReason, float | None]] = []
+    a = open_postgres(postgres_url, "A", Recorder(), notify="poll")
+    b = open_postgres(postgres_url, "B", Recorder(), notify="poll")
+    a.deliver_cancels(lambda *args: cancels.append(args))
+    await a.open()
+    await b.open()
+    try:
+        assert all(task.get_name() != "store-listen" for task in (*a._tasks, *b._tasks))
+        execution = Execution("sleep", None, "A")
+        await a.create(execution)
+        seen = await b.get(execution.execution_id)
+        assert seen is not None
+        await b.request_cancel(seen, CancelReason.REQUEST, None)
+        began = time.monotonic()
+        await eventually(lambda: asyncio.sleep(0, bool(cancels)))
+        assert time.monotonic() - began < 1.0 + 0.8  # the poll's bound, and slack
+        waiter = asyncio.create_task(b.wait(seen, 10.0))
+        await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._waiters))
+        execution.finish(ExecutionStatus.CANCELLED, reason=CancelReason.REQUEST)
+        a.end(execution)
+        ended = time.monotonic()
+        found = await asyncio.wait_for(waiter, 5.0)
+        assert found.status is ExecutionStatus.CANCELLED
+        assert time.monotonic() - ended < 1.0 + 0.8
+    finally:
+        await closed(a)
+        await closed(b)

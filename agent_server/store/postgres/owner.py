@@ -206,6 +206,9 @@ class Owner(PgPart):
                         "INSERT INTO events (agent, execution_id, seq, event, data)"
                         " SELECT %(agent)s, %(id)s, %(seq)s, %(event)s, %(data)s"
                         f" WHERE EXISTS (SELECT 1 FROM executions WHERE {_FENCE})"
+                        # The attempt that parked it: its events still owed are written.
+                        " OR EXISTS (SELECT 1 FROM executions WHERE agent = %(agent)s"
+                        " AND id = %(id)s AND parked_by = %(owner)s || '|' || %(attempt)s)"
                         " ON CONFLICT DO NOTHING",
                         args,
                     )
@@ -471,16 +474,19 @@ class Owner(PgPart):
                 if found is not None:
                     return found
                 request = question.request
+                # Parked: owned by nobody, and its next run is the next attempt.
+                attempt = execution.attempt + 1 if park else execution.attempt
                 doc = codec.encode_with(
                     execution, status="input_required", input_request=request,
-                    replica="" if park else execution.replica)  # fmt: skip
+                    replica="" if park else execution.replica, attempt=attempt)  # fmt: skip
                 await conn.execute(
                     "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
-                    " ledger = %s, ask_expires = CASE WHEN %s THEN now() +"
-                    " make_interval(secs => %s) END WHERE agent = %s AND id = %s",
-                    ("" if park else execution.replica, doc, codec.ledger_dumps(ledger),
-                     park and timeout is not None, timeout or 0.0, self.agent,
-                     execution.execution_id),
+                    " attempt = %s, parked_by = %s, ledger = %s, ask_expires = CASE WHEN %s"
+                    " THEN now() + make_interval(secs => %s) END WHERE agent = %s AND id = %s",
+                    ("" if park else execution.replica, doc, attempt,
+                     f"{execution.replica}|{execution.attempt}" if park else None,
+                     codec.ledger_dumps(ledger), park and timeout is not None, timeout or 0.0,
+                     self.agent, execution.execution_id),
                 )  # fmt: skip
                 if execution.webhook_url is not None:
                     data = execution.to_json()

@@ -27,6 +27,7 @@ CREATE TABLE executions (
     retries      integer NOT NULL DEFAULT 0,
     ledger       text,              -- its requests for input, until it ends
     ask_expires  timestamptz,       -- a parked request's timeout
+    parked_by    text,              -- "{owner}|{attempt}" that parked it: its events still land
     -- Retention: a finished record is read until `expires_at`.
     finished     timestamptz,
     expires_at   timestamptz,
