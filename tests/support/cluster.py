@@ -61,10 +61,14 @@ class Cluster:
         extra: list[str],
         env: dict[str, str] | None = None,
         app: str = "tests_app:agent",
+        store: str | None = None,
     ) -> None:
         need("haproxy", package="haproxy")  # before any replica starts, so none is left behind
         self.tmp_path = tmp_path
         self.redis = redis
+        #: The replicas' `--store`: the server's own URL, or another store (a Postgres while
+        #: `redis` stays the tests' witness).
+        self.store = store or redis.url
         self.extra = extra
         self.env = env or {}
         self.app = app
@@ -92,7 +96,7 @@ class Cluster:
         return Replica(
             self.ports[index],
             f"r{index}-{self.incarnations}",
-            self.redis.url,
+            self.store,
             marker_dir,
             self.extra,
             self.env,
@@ -115,10 +119,11 @@ def started_cluster(
     *flags: str,
     env: dict[str, str] | None = None,
     app: str = "tests_app:agent",
+    store: str | None = None,
 ) -> Iterator[Cluster]:
     """Three replicas of `app` with `flags` on `redis` behind haproxy, closed at the end
     whatever happened: the body of every cluster fixture."""
-    cluster = Cluster(tmp_path, redis, list(flags), env, app)
+    cluster = Cluster(tmp_path, redis, list(flags), env, app, store)
     try:
         yield cluster
     finally:
