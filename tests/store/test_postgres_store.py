@@ -651,3 +651,40 @@ async def test_without_listen_the_poll_wakes_waiters_and_delivers_cancels_within
     finally:
         await closed(a)
         await closed(b)
+
+
+async def test_retention_weighs_as_well_as_counts(postgres_url: str) -> None:
+    """`--max-retained-bytes`: finished records past the budget of results and errors go,
+    oldest first; the newest stays even when it alone is over. Big ends leave the outbox in
+    transactions of a few MiB each."""
+    store = open_postgres(postgres_url, "A", Recorder(), max_retained_bytes=1_000_000)
+    await store.open()
+    try:
+        ids = []
+        for index in range(12):  # 12 x 200 kB: 2.4 MB of results
+            execution = Execution("sleep", None, "A")
+            await store.create(execution)
+            execution.finish(ExecutionStatus.SUCCEEDED, result="r" * 200_000 + str(index))
+            store.end(execution)
+            assert await store.recorded(execution, 10.0)
+            ids.append(execution.execution_id)
+        kept = [e.execution_id for e in await store.list_executions(limit=100)]
+        assert 3 <= len(kept) <= 5, len(kept)
+        assert kept == list(reversed(ids))[: len(kept)]
+        huge = [Execution("sleep", None, "A") for _ in range(4)]
+        for execution in huge:
+            await store.create(execution)
+        batches = [len(store._batch())]
+        for execution in huge:
+            execution.finish(ExecutionStatus.SUCCEEDED, result="h" * 3_000_000)
+            store.end(execution)
+        batches.append(len(store._batch()))
+        assert batches[1] <= 2  # 4 MiB a transaction: two 3 MB ends at most
+        for execution in huge:
+            assert await store.recorded(execution, 20.0)
+        listed = [e.execution_id for e in await store.list_executions(limit=100)]
+        assert listed == [huge[-1].execution_id]
+        found = await store.get(huge[-1].execution_id)
+        assert found is not None and found.result == "h" * 3_000_000
+    finally:
+        await closed(store)

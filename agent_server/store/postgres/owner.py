@@ -34,8 +34,10 @@ logger = logging.getLogger("agent_server.store")
 
 #: Events the outbox holds at most: past it an event is dropped (counted), never an end.
 EVENTS_PENDING = 10_000
-#: Writes of one outbox transaction at most.
+#: Writes of one outbox transaction at most, and the bytes of their documents past which a
+#: batch takes no more.
 BATCH = 200
+BATCH_BYTES = 4 * 1024 * 1024
 #: Backoff of the outbox (and of the owner's own writes) while Postgres is down.
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 #: Candidates one claim looks at.
@@ -164,7 +166,7 @@ class Owner(PgPart):
             if not self._owed:
                 self._owed_event.clear()
                 await self._owed_event.wait()
-            batch = [self._owed[i] for i in range(min(BATCH, len(self._owed)))]
+            batch = self._batch()
             try:
                 outcomes = await self._write(batch)
             except StoreUnavailable:
@@ -194,6 +196,19 @@ class Owner(PgPart):
                     future.set_result(written)
             if any(o.kind == "end" and o.args["webhook"] for o in batch) and self.on_webhook:
                 self.on_webhook()
+
+    def _batch(self) -> list[Owed]:
+        """The next writes, in order: at most BATCH, and about BATCH_BYTES of documents (a
+        burst of big results leaves in transactions that each end well within the command
+        timeout, never one that times out again and again)."""
+        batch: list[Owed] = []
+        size = 0
+        for owed in self._owed:
+            if batch and (len(batch) >= BATCH or size >= BATCH_BYTES):
+                break
+            batch.append(owed)
+            size += len(owed.args.get("doc") or "") + len(owed.args.get("data") or "")
+        return batch
 
     async def _write(self, batch: list[Owed]) -> list[bool]:
         outcomes: list[bool] = []
@@ -263,12 +278,20 @@ class Owner(PgPart):
         return outcomes
 
     async def _trim(self, conn: Conn) -> None:
-        """At most `max_retained` finished records: the oldest go (bounded per call)."""
+        """At most `max_retained` finished records, and at most `max_retained_bytes` of
+        their results and errors (the newest stays, even alone over it): the oldest go,
+        bounded per call."""
         await conn.execute(
-            "DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id FROM executions"
-            " WHERE agent = %(agent)s AND finished IS NOT NULL ORDER BY finished DESC, id DESC"
-            " OFFSET %(keep)s LIMIT 1000)",
-            {"agent": self.agent, "keep": max(0, self.max_retained)},
+            "DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id FROM"
+            " (SELECT id, row_number() OVER w AS n, sum(result_bytes) OVER w AS total"
+            " FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
+            " WINDOW w AS (ORDER BY finished DESC, id DESC)) kept"
+            " WHERE n > %(keep)s OR (total > %(bytes)s AND n > 1) LIMIT 1000)",
+            {
+                "agent": self.agent,
+                "keep": max(0, self.max_retained),
+                "bytes": max(0, self.max_retained_bytes),
+            },
         )
 
     # -- the owner's own writes, waiting an outage out ---------------------------------------

@@ -54,6 +54,7 @@ class PgPart(ExecutionStore):
     replica_id: str
     result_ttl: float
     max_retained: int
+    max_retained_bytes: int
     lease_ttl: float
     max_events: int
     observer: StoreObserver | None
