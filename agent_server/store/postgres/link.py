@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.postgres.codec import describe_url, scrub
@@ -38,6 +38,7 @@ FAILURES: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,
     psycopg.InterfaceError,
     PoolTimeout,
+    PoolClosed,  # closing at shutdown while a request still reads: 503, never a 500
     TimeoutError,
     OSError,
 )

@@ -361,6 +361,17 @@ class Owner(PgPart):
                 # Only while this replica's lease holds (a paused one renews first).
                 " AND EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
                 " AND r.replica = %s AND r.expires_at > now())"
+                # Work whose key is full, or whose session's turn has not come, is not looked
+                # at: a new key behind any number of blocked ones is claimed at once (both
+                # are checked again under the key's lock below).
+                " AND (ckey IS NULL OR (SELECT count(*) FROM executions h WHERE"
+                " h.agent = e.agent AND h.ckey = e.ckey"
+                " AND h.status IN ('running', 'input_required')) < greatest(e.climit, 1))"
+                " AND (NOT gated OR NOT EXISTS (SELECT 1 FROM executions o WHERE"
+                " o.agent = e.agent AND o.session = e.session AND o.id <> e.id"
+                " AND o.status IN ('queued', 'running', 'input_required')"
+                " AND o.created_at <= e.created_at"
+                " AND (o.status <> 'queued' OR o.created_at < e.created_at)))"
                 " ORDER BY due_at, queued_seq LIMIT %s FOR UPDATE SKIP LOCKED",
                 (self.agent, self.replica_id, CLAIM_WINDOW),
             )

@@ -45,6 +45,8 @@ CREATE INDEX executions_held ON executions (agent, replica)
     WHERE status IN ('running', 'input_required');
 CREATE INDEX executions_keyed ON executions (agent, ckey)
     WHERE ckey IS NOT NULL AND status IN ('running', 'input_required');
+CREATE INDEX executions_turns ON executions (agent, session, created_at)
+    WHERE session IS NOT NULL AND status IN ('queued', 'running', 'input_required');
 CREATE INDEX executions_finished ON executions (agent, finished) WHERE finished IS NOT NULL;
 CREATE INDEX executions_parked ON executions (agent, ask_expires) WHERE ask_expires IS NOT NULL;
 CREATE SEQUENCE executions_queue_seq;
