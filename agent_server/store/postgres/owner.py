@@ -47,6 +47,10 @@ _FENCE = "agent = %(agent)s AND id = %(id)s AND replica = %(owner)s AND attempt 
     " AND status IN ('running', 'input_required')"  # fmt: skip
 
 T = TypeVar("T")
+#: Statuses as a record's document writes them.
+QUEUED = ExecutionStatus.QUEUED.value
+RUNNING = ExecutionStatus.RUNNING.value
+INPUT_REQUIRED = ExecutionStatus.INPUT_REQUIRED.value
 
 
 @dataclass
@@ -107,7 +111,7 @@ class Owner(PgPart):
     def _queue_next(self, execution: Execution, delay: float | None) -> None:
         doc = codec.encode_with(
             execution,
-            status="queued",
+            status=QUEUED,
             replica="",
             attempt=execution.attempt + 1,
             input_request=None,
@@ -123,7 +127,7 @@ class Owner(PgPart):
             execution.reasoner,
         )
         self._put("unclaim", execution, take=execution.take, doc=codec.encode_with(
-            execution, status="queued", replica=""))  # fmt: skip
+            execution, status=QUEUED, replica=""))  # fmt: skip
 
     def writes_owed(self) -> int:
         return len(self._owed)
@@ -511,7 +515,7 @@ class Owner(PgPart):
                 # Parked: owned by nobody, and its next run is the next attempt.
                 attempt = execution.attempt + 1 if park else execution.attempt
                 doc = codec.encode_with(
-                    execution, status="input_required", input_request=request,
+                    execution, status=INPUT_REQUIRED, input_request=request,
                     replica="" if park else execution.replica, attempt=attempt)  # fmt: skip
                 await conn.execute(
                     "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
@@ -524,7 +528,7 @@ class Owner(PgPart):
                 )  # fmt: skip
                 if execution.webhook_url is not None:
                     data = execution.to_json()
-                    data.update(status="input_required", input_request=request)
+                    data.update(status=INPUT_REQUIRED, input_request=request)
                     delivery = f"{execution.execution_id}.input.{execution.attempt}"
                     await self._owe_webhook(
                         conn, execution, f"{delivery}.{request['request_id']}",
@@ -567,7 +571,7 @@ class Owner(PgPart):
                 found = read_row(row)
                 held = found.replica == execution.replica and found.attempt == execution.attempt
                 if held and found.status is ExecutionStatus.INPUT_REQUIRED:
-                    doc = codec.encode_with(found, status="running", input_request=None)
+                    doc = codec.encode_with(found, status=RUNNING, input_request=None)
                     await conn.execute(
                         "UPDATE executions SET status = 'running', doc = %s, ledger = %s"
                         " WHERE agent = %s AND id = %s",

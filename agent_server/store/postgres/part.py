@@ -7,14 +7,13 @@ import asyncio
 from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.status import TERMINAL as STATUS_TERMINAL
 from agent_server.store.base import ExecutionStore, StoreObserver
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn, Link
 
-#: Statuses whose record an attempt holds (its owner's liveness decides its fate).
-HELD = ("running", "input_required")
-#: Statuses no attempt will move again.
-TERMINAL = ("succeeded", "failed", "cancelled", "lost")
+#: Statuses no attempt will move again (their names, as the rows keep them).
+TERMINAL = frozenset(status.value for status in STATUS_TERMINAL)
 #: The columns every statement that returns a record reads, in this order.
 ROW = "doc, status, replica, attempt"
 
