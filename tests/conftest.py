@@ -3,13 +3,15 @@ Redis. What they are built from lives in tests/support/; the apps they serve in 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.apps.tests_app import make_agent
+from tests.support.postgres_server import PostgresServer
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer
 
@@ -73,3 +75,48 @@ def redis_url(redis_server: object) -> str:
         redis_server.start()
     assert redis_server.command("FLUSHALL") == b"+OK\r\n"
     return redis_server.url
+
+
+# -- a real PostgreSQL for the store tests ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[object]:
+    """One real `postgres` per test module (Debian's package; `.ci/run` installs it), run
+    as the unprivileged `postgres` user; the store connects as an ordinary role."""
+    server = PostgresServer()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: object) -> str:
+    """The module's Postgres with an empty database for this test."""
+    assert isinstance(postgres_server, PostgresServer)
+    if postgres_server.proc is None or not postgres_server.ready():
+        postgres_server.start()
+    postgres_server.reset()
+    return postgres_server.url
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+def shared_store(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """`shared_store(replica_id, observer, **options)`: a store shared by replicas (not yet
+    open), on the test's own empty Redis or Postgres: a suite written with it runs on both."""
+    from tests.support.stores import open_postgres, open_redis
+
+    url = request.getfixturevalue(f"{request.param}_url")
+    opener = open_redis if request.param == "redis" else open_postgres
+
+    def make(replica_id: str, seen: Any, **options: Any) -> Any:
+        return opener(url, replica_id, seen, **options)
+
+    return make
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The URL of an empty shared store, Redis then Postgres: a suite of real replicas
+    written with it runs on both."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url

@@ -34,7 +34,7 @@ from agent_server.model.scheduling import RetryPolicy
 from agent_server.model.versions import VERSION_VARIABLE, Migrate, Rule, advert, version_rule
 from agent_server.model.waiting import Closing
 from agent_server.runtime.durable import QueueTaker
-from agent_server.runtime.exits import finish_process
+from agent_server.runtime.exits import ExitCode, exit_with_line, finish_process
 from agent_server.runtime.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.runtime.loop_errors import install_loop_error_handler
 from agent_server.runtime.loop_lag import LoopLagSampler, reasoner_codes
@@ -49,7 +49,7 @@ from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.runtime.tracing import Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
-from agent_server.store import ExecutionStore, open_store
+from agent_server.store import ExecutionStore, SchemaTooNew, open_store
 
 if TYPE_CHECKING:
     from agent_server.http.mcp_server import McpEndpoint
@@ -421,7 +421,10 @@ class Agent:
         parts = self._built  # resolve settings now: a bad environment fails startup
         install_loop_error_handler()  # errors of tasks reasoners dropped become our log lines
         configure_unless_configured(self.settings.log_level, self.settings.log_format)
-        await parts.store.open()
+        try:
+            await parts.store.open()
+        except SchemaTooNew as exc:  # a later release migrated the database: one line, exit 2
+            exit_with_line(f"agent-server: {exc}", ExitCode.INVALID_SETTINGS)
         parts.taker.start()
         parts.schedules.start()
         if parts.webhooks is not None:
@@ -543,6 +546,8 @@ class _Parts:
             observer=metrics,
             max_answer_bytes=settings.max_answer_bytes,
             max_inflight=settings.max_inflight,
+            pool_size=settings.store_pool_size,
+            notify=settings.store_notify,
         )
         streams_closing = Closing()
         tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables

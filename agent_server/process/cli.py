@@ -13,6 +13,7 @@ import click
 
 from agent_server.process.cli_client import COMMANDS, CONTEXT
 from agent_server.process.cli_schedules import schedules
+from agent_server.process.cli_store import store
 
 #: The server's commands: name -> attribute of `agent_server.process.cli_server`.
 SERVER_COMMANDS = {"run": "run", "drill": "drill_command"}
@@ -52,5 +53,5 @@ def main(ctx: click.Context) -> None:
         ctx.exit(0)
 
 
-for _command in [*COMMANDS, schedules]:
+for _command in [*COMMANDS, schedules, store]:
     main.add_command(_command)

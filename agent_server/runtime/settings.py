@@ -30,6 +30,7 @@ from agent_server.runtime.jwt_keys import (
 )
 from agent_server.runtime.setting_checks import check_origins, check_store_url
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
+from agent_server.store.urls import check_store_url
 
 #: Seconds kept between the end of the planned shutdown and the platform's SIGKILL.
 SHUTDOWN_MARGIN = 1.0
@@ -129,7 +130,19 @@ class Settings(BaseSettings):
         default=SecretStr("memory"),
         description="Where execution records live: memory, or a redis:// / rediss:// URL "
         "shared by every replica (redis+sentinel://host:26379,host2:26379/SERVICE/DB through "
-        "Sentinel).",
+        "Sentinel), or a postgresql:// (postgres://) URL (docs/postgres.md).",
+    )
+    store_pool_size: int = Field(
+        default=10,
+        ge=2,
+        le=1000,
+        description="Postgres: connections a replica holds at most (docs/postgres.md: "
+        "replicas x this must stay under max_connections).",
+    )
+    store_notify: Literal["listen", "poll"] = Field(
+        default="listen",
+        description="Postgres: listen (LISTEN/NOTIFY, a poll of at most 1 s behind it), or "
+        "poll alone (behind a pooler in transaction mode).",
     )
     replica_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{secrets.token_hex(3)}",
@@ -462,7 +475,7 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: SecretStr) -> SecretStr:
-        check_store_url(value.get_secret_value())
+        check_store_url(value.get_secret_value())  # one line (exit 2), never the password
         return value
 
     @field_validator("public_url")

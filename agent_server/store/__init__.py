@@ -10,6 +10,7 @@ from agent_server.store.base import (
     ExecutionStore,
     ListCursor,
     Page,
+    SchemaTooNew,
     SessionReleasing,
     StoreInDoubt,
     StoreObserver,
@@ -25,6 +26,7 @@ __all__ = [
     "ListCursor",
     "MemoryStore",
     "Page",
+    "SchemaTooNew",
     "SessionReleasing",
     "StoreInDoubt",
     "StoreObserver",
@@ -46,10 +48,14 @@ def open_store(
     observer: StoreObserver | None = None,
     max_answer_bytes: int = MAX_ANSWER_BYTES,
     max_inflight: int = 0,
+    pool_size: int = 10,
+    notify: str = "listen",
 ) -> ExecutionStore:
-    """The store `--store` names: `memory`, or a `redis://`, `rediss://` or
-    `redis+sentinel://` URL. Redis's outbox keeps an end for every execution that may be in
-    flight (`max_inflight`), and at least OUTBOX_LIMIT."""
+    """The store `--store` names: `memory`, a `redis://`, `rediss://` or `redis+sentinel://`
+    URL, or a `postgresql://` (`postgres://`) URL. Redis's outbox keeps an end for every
+    execution that may be in flight (`max_inflight`), and at least OUTBOX_LIMIT; Postgres
+    holds at most `pool_size` connections (and one more to LISTEN, unless `notify` is
+    `poll`)."""
     if url == "memory":
         return MemoryStore(
             replica_id,
@@ -57,6 +63,24 @@ def open_store(
             max_retained=max_retained,
             max_retained_bytes=max_retained_bytes,
             max_answer_bytes=max_answer_bytes,
+        )
+    if url.startswith(("postgresql://", "postgres://")):
+        # Only when asked for: it needs psycopg.
+        from agent_server.store.postgres import PostgresStore
+
+        return PostgresStore(
+            url,
+            replica_id=replica_id,
+            agent_name=agent_name,
+            result_ttl=result_ttl,
+            max_retained=max_retained,
+            max_retained_bytes=max_retained_bytes,
+            lease_ttl=lease_ttl,
+            observer=observer,
+            max_events=max_events,
+            max_answer_bytes=max_answer_bytes,
+            pool_size=pool_size,
+            notify=notify,
         )
     # Only when asked for: it needs redis-py.
     from agent_server.store.redis import OUTBOX_LIMIT, RedisStore

@@ -64,6 +64,11 @@ class StoreUnavailable(Exception):
     """The shared store cannot be reached now: new work and reads get 503."""
 
 
+class SchemaTooNew(Exception):
+    """The store's schema is newer than this code knows (a database migrated by a later
+    release): the start stops with one line (exit 2) rather than write rows it cannot read."""
+
+
 class StoreInDoubt(StoreUnavailable):
     """A write Redis ran that no replica was seen to hold in time (Sentinel): a failover may
     keep it or lose it, so the client is told neither. 503 + `Location` (the execution's

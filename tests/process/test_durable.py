@@ -32,13 +32,19 @@ WAIT = 10.0
 STEPS = 20
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
+@pytest.fixture(params=["redis", "postgres"])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    """Three replicas on Redis, then on Postgres; either way the reasoners report their steps
+    to the test's Redis (`steps_done`), a witness apart from the store."""
+    store = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
     with started_cluster(
         tmp_path,
         redis_server,
         *("--grace-period", "8", "--drain-timeout", "1", "--cancel-timeout", "1"),
         env={"TESTS_REDIS_URL": redis_server.url},
+        store=store,
     ) as running:
         yield running
 

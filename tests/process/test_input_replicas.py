@@ -1,8 +1,9 @@
 """Waiting for input across replicas: two real `agent-server run` processes on one real
-Redis. The ask is recorded on its owner (A), any replica answers (B), exactly one answer
-per request wins when replicas race (decided in one Lua script), and the answer reaches the
-owner's waiting `ctx.ask` through pub/sub; cancel, DELETE, timeouts and events as in one
-process.
+Redis, and (each test given `pair` or `store_url`) on one real Postgres. The ask is recorded
+on its owner (A), any replica answers (B), exactly one answer per request wins when replicas
+race (decided in one Lua script, or one transaction), and the answer reaches the owner's
+waiting `ctx.ask` through pub/sub (a notice and a row); cancel, DELETE, timeouts and events as
+in one process.
 
 Parked waits (section 13): a resumable reasoner that asks holds no task. The asking
 replica's drain never waits for the person, the record is owned by nobody (never judged
@@ -29,8 +30,6 @@ from tests.support.shutdown import shutdown_report
 WAIT = 20.0
 Start = Callable[..., ServerProcess]
 
-pytestmark = pytest.mark.redis
-
 
 #: A short lease, so that a dead owner is judged within a test.
 LEASE = ("--lease-ttl", "1")
@@ -39,12 +38,12 @@ SHORT_DRAIN = ("--unready-delay", "0", "--drain-timeout", "0.5", "--grace-period
 
 
 @pytest.fixture
-def pair(server_factory: Start, redis_url: str) -> tuple[ServerProcess, ServerProcess]:
+def pair(server_factory: Start, store_url: str) -> tuple[ServerProcess, ServerProcess]:
     a = server_factory(
-        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *SHORT_DRAIN
+        "input_app:agent", "--store", store_url, "--replica-id", "A", *LEASE, *SHORT_DRAIN
     )
     b = server_factory(
-        "input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
+        "input_app:agent", "--store", store_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
     )
     return a, b
 
@@ -217,12 +216,12 @@ LONG_DRAIN = ("--unready-delay", "0.5", "--drain-timeout", "60", "--grace-period
 
 
 def test_a_parked_wait_holds_no_drain_and_resumes_on_another_replica(
-    server_factory: Start, redis_url: str
+    server_factory: Start, store_url: str
 ) -> None:
     a = server_factory(
-        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
+        "input_app:agent", "--store", store_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
     )
-    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    b = server_factory("input_app:agent", "--store", store_url, "--replica-id", "B", *LEASE)
     execution_id = start(a, "approve_later", {"amount": 7})
     waiting = poll(b, execution_id)
     assert waiting["status"] == "input_required"
@@ -252,12 +251,12 @@ def test_a_parked_wait_holds_no_drain_and_resumes_on_another_replica(
     assert done["result"] == {"approved": True, "amount": 7, "attempt": 2}
 
 
-def test_two_asks_with_a_kill_between_the_answers(server_factory: Start, redis_url: str) -> None:
+def test_two_asks_with_a_kill_between_the_answers(server_factory: Start, store_url: str) -> None:
     """Request 1's answer resumes attempt 2, which checkpoints past it and parks at request
     2; A is killed; request 2's answer resumes attempt 3 on B, which starts from the
     checkpoint, so only request 2 is replayed (numbered on from the checkpoint)."""
-    a = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE)
-    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    a = server_factory("input_app:agent", "--store", store_url, "--replica-id", "A", *LEASE)
+    b = server_factory("input_app:agent", "--store", store_url, "--replica-id", "B", *LEASE)
     execution_id = start(a, "stepwise")
     assert poll(b, execution_id)["input_request"]["request_id"] == 1
     assert answer(b, execution_id, {"value": 3}).status_code == 202
@@ -275,10 +274,10 @@ def test_two_asks_with_a_kill_between_the_answers(server_factory: Start, redis_u
 
 
 def test_a_parked_request_times_out_and_a_parked_one_is_cancelled(
-    server_factory: Start, redis_url: str
+    server_factory: Start, store_url: str
 ) -> None:
     b = server_factory(
-        "input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
+        "input_app:agent", "--store", store_url, "--replica-id", "B", *LEASE, *SHORT_DRAIN
     )
     impatient = start(b, "patient", {"timeout": 0.5})
     held = start(b, "approve_later")
@@ -318,24 +317,25 @@ def test_a_parked_request_times_out_and_a_parked_one_is_cancelled(
 
 
 def test_a_replica_draining_with_a_parked_execution_leaves_it_to_the_next(
-    server_factory: Start, redis_url: str
+    server_factory: Start, store_url: str
 ) -> None:
     """What parked during a drain is resumed by a replica that starts later."""
     a = server_factory(
-        "input_app:agent", "--store", redis_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
+        "input_app:agent", "--store", store_url, "--replica-id", "A", *LEASE, *LONG_DRAIN
     )
     execution_id = start(a, "asks_at_drain")
     a.signal(signal.SIGTERM)
     code, _ = a.wait_exit(WAIT)
     assert code == 0, a.stderr()
     assert shutdown_report(a)["parked"] == 1
-    b = server_factory("input_app:agent", "--store", redis_url, "--replica-id", "B", *LEASE)
+    b = server_factory("input_app:agent", "--store", store_url, "--replica-id", "B", *LEASE)
     assert poll(b, execution_id)["input_request"]["prompt"] == "still there?"
     assert answer(b, execution_id, {"value": "yes"}).status_code == 202
     done = ended(b, execution_id)
     assert (done["status"], done["result"], done["replica"]) == ("succeeded", "yes", "B")
 
 
+@pytest.mark.redis
 def test_a_stream_on_the_replica_that_parks_sends_its_reader_elsewhere(
     server_factory: Start, redis_url: str
 ) -> None:
@@ -389,6 +389,7 @@ def test_asking_again_from_the_top_gets_each_answer_back_in_order(
     assert done["result"] == {"first": "one", "second": "two", "attempt": 3}
 
 
+@pytest.mark.redis
 def test_a_changed_question_fails_with_ask_mismatch_never_the_old_answer(
     server_factory: Start, redis_url: str
 ) -> None:
@@ -456,6 +457,7 @@ def kept_answer_bytes(fields: dict[str, bytes]) -> int:
     return sum(len(value) for name, value in fields.items() if name.startswith("answer:"))
 
 
+@pytest.mark.redis
 def test_answers_are_bounded_in_bytes_and_deleted_at_the_end(
     server_factory: Start, redis_url: str
 ) -> None:
@@ -541,6 +543,7 @@ def test_a_hostile_pattern_answer_cannot_stall_a_replica(
         assert ended(a, execution_id)["result"] == "sam.smith@example.org"
 
 
+@pytest.mark.redis
 def test_a_waiter_whose_record_vanished_ends_and_frees_its_slot(
     server_factory: Start, redis_server: Any, redis_url: str
 ) -> None:

@@ -90,10 +90,13 @@ def test_memory_store_fires_each_time_once_with_schedule_id_and_scheduled_at(
         server.close()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, redis_url: str, redis_server: RedisServer) -> Iterator[Cluster]:
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """Three replicas on one Redis, then on one Postgres."""
+    request.getfixturevalue(f"{request.param}_url")  # emptied for this test
+    server = request.getfixturevalue(f"{request.param}_server")
     with started_cluster(
-        tmp_path, redis_server, env={"SCHEDULE_MARKS": str(tmp_path)}, app=APP
+        tmp_path, server, env={"SCHEDULE_MARKS": str(tmp_path)}, app=APP
     ) as cluster:
         yield cluster
 
@@ -214,10 +217,11 @@ def overlapping(spans: dict[str, list[float]]) -> int:
     )
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
-def test_each_overlap_policy(tmp_path: Path, store: str, redis_url: str) -> None:
+@pytest.mark.parametrize("store", ["memory", "redis", "postgres"])
+def test_each_overlap_policy(tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
     """Every second a firing; each execution runs 2.5 s."""
-    args = [APP] if store == "memory" else [APP, "--store", redis_url, "--lease-ttl", "1"]
+    url = "memory" if store == "memory" else request.getfixturevalue(f"{store}_url")
+    args = [APP] if store == "memory" else [APP, "--store", url, "--lease-ttl", "1"]
     env = {
         "SCHEDULE_MARKS": str(tmp_path),
         "SCHEDULES": "slow_skip,slow_buffer,slow_all,slow_cancel",
@@ -275,9 +279,10 @@ KEYS = {
 }
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
-def test_the_schedules_api(tmp_path: Path, store: str, redis_url: str) -> None:
-    args = [APP] if store == "memory" else [APP, "--store", redis_url, "--lease-ttl", "1"]
+@pytest.mark.parametrize("store", ["memory", "redis", "postgres"])
+def test_the_schedules_api(tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    url = "memory" if store == "memory" else request.getfixturevalue(f"{store}_url")
+    args = [APP] if store == "memory" else [APP, "--store", url, "--lease-ttl", "1"]
     server = ServerProcess(args, {"SCHEDULE_MARKS": str(tmp_path)}, tmp_path)
     try:
         server.wait_ready()

@@ -1,4 +1,4 @@
-"""A schedule's marks in a real Redis, written by several replicas at once.
+"""A schedule's marks in a real Redis and a real Postgres, written by several replicas at once.
 
 Invariant: `handled` and `started` never go back. A replica writes the fire time it handled
 only when it is later than the one kept, whichever replica's write lands last; `created` is
@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
+from typing import Any
 
-from tests.support.stores import Recorder, closed, open_redis
+from tests.support.stores import Recorder, closed
 
+#: Opens a store shared by replicas (the `shared_store` fixture: Redis, then Postgres).
+Shared = Callable[..., Any]
 REPLICAS = 4
 ROUNDS = 30
 
 
-async def test_marks_never_go_back_whichever_replica_writes_last(redis_url: str) -> None:
-    stores = [open_redis(redis_url, f"r{n}", Recorder()) for n in range(REPLICAS)]
+async def test_marks_never_go_back_whichever_replica_writes_last(
+    shared_store: Callable[..., Any],
+) -> None:
+    stores = [shared_store(f"r{n}", Recorder()) for n in range(REPLICAS)]
     for store in stores:
         await store.open()
     shuffle = random.Random(7)
@@ -51,13 +57,15 @@ async def test_marks_never_go_back_whichever_replica_writes_last(redis_url: str)
             await closed(store)
 
 
-async def test_a_trigger_moves_started_only_and_both_stores_agree(redis_url: str) -> None:
+async def test_a_trigger_moves_started_only_and_both_stores_agree(
+    shared_store: Callable[..., Any],
+) -> None:
     """A trigger's time is no fire time: it becomes the latest started (what every
     replica's overlap decision reads) and leaves `handled` (where catch-up starts) alone;
     neither goes back. The process's store keeps the same rule."""
     from agent_server.store.memory import MemoryStore
 
-    shared = open_redis(redis_url, "r0", Recorder())
+    shared = shared_store("r0", Recorder())
     await shared.open()
     try:
         for store in (shared, MemoryStore("m")):
@@ -74,14 +82,16 @@ async def test_a_trigger_moves_started_only_and_both_stores_agree(redis_url: str
         await closed(shared)
 
 
-async def test_marks_handled_with_another_cron_move_on_to_the_change(redis_url: str) -> None:
+async def test_marks_handled_with_another_cron_move_on_to_the_change(
+    shared_store: Callable[..., Any],
+) -> None:
     """A replica whose schedule has another timing (cron and zone) than the one the marks
     were handled with (a release changed a declared cron) moves `handled` on to its now:
     the new cron's fire times start at the change. Marks kept before timings were kept
     just take it; the same timing moves nothing."""
     from agent_server.store.memory import MemoryStore
 
-    shared = open_redis(redis_url, "r0", Recorder())
+    shared = shared_store("r0", Recorder())
     await shared.open()
     try:
         for store in (shared, MemoryStore("m")):

@@ -34,10 +34,20 @@ from agent_server.store import (
     SessionReleasing,
     StoreUnavailable,
 )
+from agent_server.store.postgres import PostgresStore, codec
 from agent_server.store.redis import RedisStore
 from tests.support.process import free_port
 from tests.support.redis_server import RedisServer
-from tests.support.stores import AGENT, BOUND, Recorder, closed, eventually, open_redis, resumable
+from tests.support.stores import (
+    AGENT,
+    BOUND,
+    Recorder,
+    closed,
+    eventually,
+    open_postgres,
+    open_redis,
+    resumable,
+)
 
 #: Marks the tests that need a real redis-server (skipped when it is missing; failed in CI).
 needs_redis = pytest.mark.redis
@@ -76,10 +86,14 @@ def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     """Whether a waiter for the execution is registered (private state, read only)."""
     if isinstance(store, RedisStore):
         return execution.execution_id in store._notices.waiters
+    if isinstance(store, PostgresStore):
+        return execution.execution_id in store._waiters
     return execution._done is not None
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=needs_redis)])
+@pytest.fixture(
+    params=["memory", pytest.param("redis", marks=needs_redis), pytest.param("postgres")]
+)
 async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     """`await replicas(result_ttl=..., max_retained=..., lease_ttl=...)`: two open replicas
     of one agent; everything opened is closed at the end."""
@@ -103,15 +117,16 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
                 max_answer_bytes=max_answer_bytes,
             )
         else:
-            url = request.getfixturevalue("redis_url")
             options = {
                 "result_ttl": result_ttl,
                 "max_retained": max_retained,
                 "lease_ttl": lease_ttl,
                 "max_answer_bytes": max_answer_bytes,
             }
-            a = open_redis(url, "A", a_seen, **options)
-            b = open_redis(url, "B", b_seen, **options)
+            shared = open_redis if request.param == "redis" else open_postgres
+            url = request.getfixturevalue(f"{request.param}_url")
+            a = shared(url, "A", a_seen, **options)
+            b = shared(url, "B", b_seen, **options)
         a.deliver_cancels(lambda *args: cancels.append(args))
         for store in {id(a): a, id(b): b}.values():
             await store.open()
@@ -150,7 +165,18 @@ async def asked_and_answered(
 
 
 async def kept_requests(store: ExecutionStore, execution: Execution) -> list[str]:
-    """The requests' fields of the record (`answer:N`, `ident:N`, `label:N`), on Redis."""
+    """The requests' fields of the record (`answer:N`, `ident:N`, `label:N`), on Redis; in
+    the ledger's row on Postgres, named alike."""
+    if isinstance(store, PostgresStore):
+        async with store._link.tx("test") as conn:
+            cursor = await conn.execute(
+                "SELECT ledger FROM executions WHERE id = %s", (execution.execution_id,)
+            )
+            row = await cursor.fetchone()
+        ledger = codec.ledger_loads(None if row is None else row[0])
+        return [f"ident:{n}" for n in ledger.entries] + [
+            f"answer:{n}" for n, entry in ledger.entries.items() if entry.answered
+        ]
     if not isinstance(store, RedisStore):
         ledger = execution.ledger
         return (
@@ -190,7 +216,7 @@ async def test_a_replayed_ask_is_matched_by_its_identity(replicas: Factory) -> N
     assert set(await kept_requests(r.a, execution)) >= {"ident:1", "answer:2", "answer:3"}
     execution.finish(ExecutionStatus.SUCCEEDED, result=None)
     await r.ended(execution)
-    if isinstance(r.a, RedisStore):
+    if isinstance(r.a, (RedisStore, PostgresStore)):
         assert await kept_requests(r.a, execution) == []
     else:
         assert execution.ledger is None

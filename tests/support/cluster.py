@@ -1,6 +1,6 @@
-"""Three real `agent-server run` replicas on one real Redis behind a real haproxy, as a
-Kubernetes Service spreads requests over pods and follows their readiness; and the polls and
-metric reads the multi-replica tests make of them."""
+"""Three real `agent-server run` replicas on one real Redis (or Postgres) behind a real
+haproxy, as a Kubernetes Service spreads requests over pods and follows their readiness; and
+the polls and metric reads the multi-replica tests make of them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from tests.support.haproxy import Haproxy
+from tests.support.postgres_server import PostgresServer
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import RedisServer
 
@@ -50,19 +51,24 @@ class Replica(ServerProcess):
 
 
 class Cluster:
-    """Three replicas, one Redis, one haproxy; replicas can be restarted on their port."""
+    """Three replicas, one Redis (or one Postgres: `redis` is then that server), one haproxy;
+    replicas can be restarted on their port."""
 
     def __init__(
         self,
         tmp_path: Path,
-        redis: RedisServer,
+        redis: RedisServer | PostgresServer,
         extra: list[str],
         env: dict[str, str] | None = None,
         app: str = "tests_app:agent",
+        store: str | None = None,
     ) -> None:
         need("haproxy", package="haproxy")  # before any replica starts, so none is left behind
         self.tmp_path = tmp_path
         self.redis = redis
+        #: The replicas' `--store`: the server's own URL, or another store (a Postgres while
+        #: `redis` stays the tests' witness).
+        self.store = store or redis.url
         self.extra = extra
         self.env = env or {}
         self.app = app
@@ -90,7 +96,7 @@ class Cluster:
         return Replica(
             self.ports[index],
             f"r{index}-{self.incarnations}",
-            self.redis.url,
+            self.store,
             marker_dir,
             self.extra,
             self.env,
@@ -109,14 +115,15 @@ class Cluster:
 @contextlib.contextmanager
 def started_cluster(
     tmp_path: Path,
-    redis: RedisServer,
+    redis: RedisServer | PostgresServer,
     *flags: str,
     env: dict[str, str] | None = None,
     app: str = "tests_app:agent",
+    store: str | None = None,
 ) -> Iterator[Cluster]:
     """Three replicas of `app` with `flags` on `redis` behind haproxy, closed at the end
     whatever happened: the body of every cluster fixture."""
-    cluster = Cluster(tmp_path, redis, list(flags), env, app)
+    cluster = Cluster(tmp_path, redis, list(flags), env, app, store)
     try:
         yield cluster
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent_server.model.execution import Execution
 from agent_server.store import ExecutionStore
+from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
 
 AGENT = "contract"
@@ -72,6 +73,10 @@ async def closed(store: ExecutionStore) -> None:
 
 def open_redis(url: str, replica_id: str, seen: Recorder, **options: Any) -> RedisStore:
     return RedisStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
+
+
+def open_postgres(url: str, replica_id: str, seen: Recorder, **options: Any) -> PostgresStore:
+    return PostgresStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
 
 
 def resumable(replica: str, session_id: str | None = None) -> Execution:

@@ -1,0 +1,641 @@
+"""The owner's side of an execution: the outbox (events, ends, hand-offs, retries and
+unclaims, written in order, each fenced in its `WHERE` by owner and attempt: zero rows is a
+fenced write, counted), claims of due work by `FOR UPDATE SKIP LOCKED` honouring
+concurrency keys and session turns, checkpoints, and requests for input with their
+answers; part of `PostgresStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agent_server.model import jsoncodec
+from agent_server.model.asks import Found, Question, Reply
+from agent_server.model.context import StaleAttempt
+from agent_server.model.events import Event
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.waiting import Closing, Wakeup
+from agent_server.store.base import (
+    FINISHED_EVENT,
+    INPUT_REQUIRED_EVENT,
+    StoreUnavailable,
+)
+from agent_server.store.postgres import codec
+from agent_server.store.postgres.link import Conn
+from agent_server.store.postgres.part import ROW, PgPart, read_row
+
+logger = logging.getLogger("agent_server.store")
+
+#: Events the outbox holds at most: past it an event is dropped (counted), never an end.
+EVENTS_PENDING = 10_000
+#: Writes of one outbox transaction at most, and the bytes of their documents past which a
+#: batch takes no more.
+BATCH = 200
+BATCH_BYTES = 4 * 1024 * 1024
+#: Backoff of the outbox (and of the owner's own writes) while Postgres is down.
+BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: Candidates one claim looks at.
+CLAIM_WINDOW = 32
+
+_FENCE = "agent = %(agent)s AND id = %(id)s AND replica = %(owner)s AND attempt = %(attempt)s" \
+    " AND status IN ('running', 'input_required')"  # fmt: skip
+
+T = TypeVar("T")
+#: Statuses as a record's document writes them.
+QUEUED = ExecutionStatus.QUEUED.value
+RUNNING = ExecutionStatus.RUNNING.value
+INPUT_REQUIRED = ExecutionStatus.INPUT_REQUIRED.value
+
+
+@dataclass
+class Owed:
+    """A write the owner owes the store, its arguments taken when it was owed."""
+
+    kind: str
+    execution: Execution
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class Owner(PgPart):
+    """The outbox, claims and input of `PostgresStore`."""
+
+    _owed: deque[Owed]
+    _owed_event: asyncio.Event
+    _events_owed: int
+    events_dropped: int
+    fenced: int
+
+    # -- the outbox ---------------------------------------------------------------------------
+
+    def _put(self, kind: str, execution: Execution, **args: Any) -> None:
+        args.update(
+            agent=self.agent,
+            id=execution.execution_id,
+            owner=execution.replica,
+            attempt=execution.attempt,
+        )
+        self._owed.append(Owed(kind, execution, args))
+        self._owed_event.set()
+
+    def emit(self, execution: Execution, event: Event) -> None:
+        if self._events_owed >= EVENTS_PENDING:
+            self.events_dropped += 1
+            return
+        self._events_owed += 1
+        self._put("emit", execution, seq=event.id, event=event.event, data=event.data)
+
+    def end(self, execution: Execution) -> None:
+        execution.recorded = asyncio.get_running_loop().create_future()
+        self._put(
+            "end",
+            execution,
+            status=execution.status.value,
+            doc=codec.encode(execution),
+            bytes=codec.result_bytes(execution),
+            webhook=execution.webhook_url,
+            data=None if execution.webhook_url is None else codec.dumps(execution.to_json()),
+        )
+
+    def hand_off(self, execution: Execution) -> None:
+        self._queue_next(execution, None)
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        self._queue_next(execution, max(0.0, delay))
+
+    def _queue_next(self, execution: Execution, delay: float | None) -> None:
+        doc = codec.encode_with(
+            execution,
+            status=QUEUED,
+            replica="",
+            attempt=execution.attempt + 1,
+            input_request=None,
+            scheduled_at=None if delay is None else time.time() + delay,
+        )
+        self._put("next", execution, doc=doc, delay=delay or 0.0)
+
+    def give_back(self, execution: Execution) -> None:
+        """Taken, never begun here: back to the head of the queue, the same attempt."""
+        logger.info(
+            "execution %s (%s): taken from the queue as admission closed; it does not start here",
+            execution.execution_id,
+            execution.reasoner,
+        )
+        self._put("unclaim", execution, take=execution.take, doc=codec.encode_with(
+            execution, status=QUEUED, replica=""))  # fmt: skip
+
+    def writes_owed(self) -> int:
+        return len(self._owed)
+
+    async def recorded(
+        self, execution: Execution, timeout: float, closing: Closing | None = None
+    ) -> bool:
+        """Whether the end is written within `timeout` seconds (and before `closing` is
+        set): False when it was refused (fenced) or is still owed."""
+        future = execution.recorded
+        if future is None:
+            return False
+        if not future.done() and not (closing is not None and closing.is_set()):
+            waiter = Wakeup(loop=asyncio.get_running_loop())
+            timer = waiter.get_loop().call_later(timeout, waiter, None)
+            future.add_done_callback(waiter)
+            if closing is not None:
+                closing.waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                future.remove_done_callback(waiter)
+                if closing is not None:
+                    closing.waiters.discard(waiter)
+        return future.done() and bool(future.result())
+
+    async def flush(self, deadline: float) -> list[Execution]:
+        """Write the outbox until `deadline` (monotonic); the ends still owed then."""
+        while self._owed and time.monotonic() < deadline:
+            self._owed_event.set()
+            await asyncio.sleep(0.01)
+        return [o.execution for o in self._owed if o.kind == "end"]
+
+    async def _write_owed(self) -> None:
+        """The outbox's writer: batches in order, one transaction each; while Postgres is
+        down they wait (backing off) and are written once it answers."""
+        backoff = BACKOFF_FIRST
+        while True:
+            if not self._owed:
+                self._owed_event.clear()
+                await self._owed_event.wait()
+            batch = self._batch()
+            try:
+                outcomes = await self._write(batch)
+            except StoreUnavailable:
+                if self.observer is not None:
+                    self.observer.write_retried("connection")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            backoff = BACKOFF_FIRST
+            for owed, written in zip(batch, outcomes, strict=True):
+                self._owed.popleft()
+                if owed.kind == "emit":
+                    self._events_owed -= 1
+                if not written and owed.kind != "emit":
+                    self.fenced += 1
+                    logger.warning(
+                        "execution %s: the %s of attempt %d refused: the record is no "
+                        "longer this attempt's",
+                        owed.execution.execution_id,
+                        owed.kind,
+                        owed.args["attempt"],
+                    )
+                    if self.observer is not None:
+                        self.observer.fenced_write(owed.execution)
+                future = owed.execution.recorded if owed.kind == "end" else None
+                if future is not None and not future.done():
+                    future.set_result(written)
+            if any(o.kind == "end" and o.args["webhook"] for o in batch) and self.on_webhook:
+                self.on_webhook()
+
+    def _batch(self) -> list[Owed]:
+        """The next writes, in order: at most BATCH, and about BATCH_BYTES of documents (a
+        burst of big results leaves in transactions that each end well within the command
+        timeout, never one that times out again and again)."""
+        batch: list[Owed] = []
+        size = 0
+        for owed in self._owed:
+            if batch and (len(batch) >= BATCH or size >= BATCH_BYTES):
+                break
+            batch.append(owed)
+            size += len(owed.args.get("doc") or "") + len(owed.args.get("data") or "")
+        return batch
+
+    async def _write(self, batch: list[Owed]) -> list[bool]:
+        outcomes: list[bool] = []
+        async with self._link.tx("outbox") as conn:
+            ended = False
+            for owed in batch:
+                args = owed.args
+                if owed.kind == "emit":
+                    cursor = await conn.execute(
+                        "INSERT INTO events (agent, execution_id, seq, event, data)"
+                        " SELECT %(agent)s, %(id)s, %(seq)s, %(event)s, %(data)s"
+                        f" WHERE EXISTS (SELECT 1 FROM executions WHERE {_FENCE})"
+                        # The attempt that parked it: its events still owed are written.
+                        " OR EXISTS (SELECT 1 FROM executions WHERE agent = %(agent)s"
+                        " AND id = %(id)s AND parked_by = %(owner)s || '|' || %(attempt)s)"
+                        " ON CONFLICT DO NOTHING",
+                        args,
+                    )
+                    if cursor.rowcount:
+                        await conn.execute(
+                            "DELETE FROM events WHERE agent = %(agent)s AND execution_id = %(id)s"
+                            " AND seq <= %(seq)s - %(keep)s",
+                            {**args, "keep": self.max_events},
+                        )
+                        await self._notify(conn, f"v:{args['id']}")
+                    outcomes.append(True)
+                    continue
+                if owed.kind == "end":
+                    cursor = await conn.execute(
+                        "UPDATE executions SET status = %(status)s, doc = %(doc)s,"
+                        " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
+                        " finished = clock_timestamp(),"
+                        " expires_at = now() + make_interval(secs => %(ttl)s),"
+                        f" result_bytes = %(bytes)s WHERE {_FENCE}",
+                        {**args, "ttl": self.result_ttl},
+                    )
+                    if cursor.rowcount and args["webhook"]:
+                        await self._owe_webhook(
+                            conn, owed.execution, f"{args['id']}.finished", FINISHED_EVENT,
+                            args["data"])  # fmt: skip
+                    ended = ended or bool(cursor.rowcount)
+                elif owed.kind == "next":
+                    cursor = await conn.execute(
+                        "UPDATE executions SET status = 'queued', replica = '',"
+                        " attempt = attempt + 1, doc = %(doc)s, unbegun = false,"
+                        " due_at = now() + make_interval(secs => %(delay)s),"
+                        " queued_seq = nextval('executions_queue_seq'), ask_expires = NULL"
+                        f" WHERE {_FENCE}",
+                        args,
+                    )
+                    if cursor.rowcount:
+                        await self._notify(conn, "q")
+                else:  # unclaim: the same attempt, at the head of the queue
+                    cursor = await conn.execute(
+                        "UPDATE executions SET status = 'queued', replica = '', doc = %(doc)s,"
+                        " unbegun = false, due_at = 'epoch', take = ''"
+                        f" WHERE {_FENCE} AND take = %(take)s",
+                        args,
+                    )
+                    if cursor.rowcount:
+                        await self._notify(conn, "q")
+                if cursor.rowcount:
+                    await self._notify(conn, f"e:{args['id']}")
+                outcomes.append(bool(cursor.rowcount))
+            if ended:
+                await self._trim(conn)
+        return outcomes
+
+    async def _trim(self, conn: Conn) -> None:
+        """At most `max_retained` finished records, and at most `max_retained_bytes` of
+        their results and errors (the newest stays, even alone over it): the oldest go,
+        bounded per call."""
+        await conn.execute(
+            "DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id FROM"
+            " (SELECT id, row_number() OVER w AS n, sum(result_bytes) OVER w AS total"
+            " FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
+            " WINDOW w AS (ORDER BY finished DESC, id DESC)) kept"
+            " WHERE n > %(keep)s OR (total > %(bytes)s AND n > 1) LIMIT 1000)",
+            {
+                "agent": self.agent,
+                "keep": max(0, self.max_retained),
+                "bytes": max(0, self.max_retained_bytes),
+            },
+        )
+
+    # -- the owner's own writes, waiting an outage out ---------------------------------------
+
+    async def _waiting_out(self, write: Callable[[], Awaitable[T]]) -> T:
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable:
+                if not self._link.is_open:
+                    raise
+                if self.observer is not None:
+                    self.observer.write_retried("connection")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _stale(self, operation: str, execution: Execution) -> StaleAttempt:
+        self.fenced += 1
+        if self.observer is not None:
+            self.observer.fenced_write(execution)
+        return StaleAttempt(
+            f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
+            f"owns it ({operation} refused)"
+        )
+
+    async def checkpoint(self, execution: Execution, state: str) -> None:
+        args = {
+            "agent": self.agent,
+            "id": execution.execution_id,
+            "owner": execution.replica,
+            "attempt": execution.attempt,
+            "doc": codec.encode_with(
+                execution,
+                checkpoint=state,
+                checkpoint_version=execution.version,
+            ),
+        }
+
+        async def write() -> int:
+            async with self._link.tx("checkpoint") as conn:
+                cursor = await conn.execute(
+                    f"UPDATE executions SET doc = %(doc)s WHERE {_FENCE}", args
+                )
+                return cursor.rowcount
+
+        if not await self._waiting_out(write):
+            raise self._stale("checkpoint", execution)
+        execution.checkpoint = state
+        execution.checkpoint_version = execution.version
+
+    # -- claims --------------------------------------------------------------------------------
+
+    async def claim(self) -> Execution | None:
+        """One transaction: the queued execution due first whose concurrency key has a
+        free slot and whose session's turn has come, taken by this replica (rows other
+        claims hold are skipped, keys serialised by an advisory lock); queued work of a
+        session being released ends cancelled on the way."""
+        token = uuid.uuid4().hex
+        async with self._link.tx("claim") as conn:
+            cursor = await conn.execute(
+                f"SELECT {ROW}, ckey, climit, gated, session, created_at,"
+                " EXISTS (SELECT 1 FROM releases r WHERE r.agent = e.agent"
+                " AND r.session = e.session AND r.expires_at > now()),"
+                " extract(epoch FROM due_at)"
+                " FROM executions e WHERE agent = %s AND status = 'queued' AND due_at <= now()"
+                # Only while this replica's lease holds (a paused one renews first).
+                " AND EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
+                " AND r.replica = %s AND r.expires_at > now())"
+                # Work whose key is full, or whose session's turn has not come, is not looked
+                # at: a new key behind any number of blocked ones is claimed at once (both
+                # are checked again under the key's lock below).
+                " AND (ckey IS NULL OR (SELECT count(*) FROM executions h WHERE"
+                " h.agent = e.agent AND h.ckey = e.ckey"
+                " AND h.status IN ('running', 'input_required')) < greatest(e.climit, 1))"
+                " AND (NOT gated OR NOT EXISTS (SELECT 1 FROM executions o WHERE"
+                " o.agent = e.agent AND o.session = e.session AND o.id <> e.id"
+                " AND o.status IN ('queued', 'running', 'input_required')"
+                " AND o.created_at <= e.created_at"
+                " AND (o.status <> 'queued' OR o.created_at < e.created_at)))"
+                " ORDER BY due_at, queued_seq LIMIT %s FOR UPDATE SKIP LOCKED",
+                (self.agent, self.replica_id, CLAIM_WINDOW),
+            )
+            rows = await cursor.fetchall()
+            taken: Execution | None = None
+            blocked = False
+            for row in rows:
+                execution = read_row(row)
+                ckey, climit, gated, session, created_at, releasing, due = row[4:11]
+                if releasing:
+                    execution.cancel_queued(CancelReason.SESSION_RELEASED)
+                    await self._finish(conn, execution)
+                    continue
+                if gated and not await self._turn(conn, execution.execution_id, session,
+                                                  created_at):  # fmt: skip
+                    blocked = True
+                    continue
+                if ckey is not None and not await self._slot(conn, ckey, int(climit)):
+                    blocked = True
+                    continue
+                taken = execution
+                scheduled = execution.scheduled_at
+                execution.claim(self.replica_id)
+                execution.take = token
+                await conn.execute(
+                    "UPDATE executions SET status = 'running', replica = %s, take = %s,"
+                    " unbegun = true, due_at = NULL, doc = %s WHERE agent = %s AND id = %s",
+                    (self.replica_id, token, codec.encode(execution), self.agent,
+                     execution.execution_id),
+                )  # fmt: skip
+                cursor = await conn.execute(
+                    "SELECT coalesce(max(seq), 0) FROM events WHERE agent = %s"
+                    " AND execution_id = %s",
+                    (self.agent, execution.execution_id),
+                )
+                last = await cursor.fetchone()
+                execution.event_log(self.max_events).last_id = int(last[0]) if last else 0
+                await self._notify(conn, f"e:{execution.execution_id}")
+                waited_from = scheduled if scheduled else float(due or created_at)
+                break
+            if taken is None:
+                cursor = await conn.execute(
+                    "SELECT extract(epoch FROM min(due_at) - now()) FROM executions"
+                    " WHERE agent = %s AND status = 'queued'",
+                    (self.agent,),
+                )
+                row = await cursor.fetchone()
+        if taken is None:
+            loop = asyncio.get_running_loop()
+            due_in = None if row is None or row[0] is None else max(0.0, float(row[0]))
+            if blocked:
+                due_in = 1.0 if due_in is None else min(due_in, 1.0)
+            self._due_at = None if due_in is None else loop.time() + due_in
+            return None
+        taken.resumable = True
+        taken.started_monotonic = time.monotonic() - max(0.0, time.time() - taken.created_at)
+        if self.on_unqueued is not None and (taken.scheduled_at or taken.attempt == 1):
+            self.on_unqueued(taken, max(0.0, time.time() - waited_from))
+        return taken
+
+    async def _turn(self, conn: Conn, execution_id: str, session: str, created: float) -> bool:
+        """Its session's turn: no earlier execution of the session is still to end."""
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"{self.agent}\x1fsession\x1f{session}",),
+        )
+        cursor = await conn.execute(
+            "SELECT 1 FROM executions WHERE agent = %s AND session = %s AND id <> %s"
+            " AND status IN ('queued', 'running', 'input_required') AND created_at <= %s"
+            " AND (status <> 'queued' OR created_at < %s) LIMIT 1",
+            (self.agent, session, execution_id, created, created),
+        )
+        return await cursor.fetchone() is None
+
+    async def _slot(self, conn: Conn, key: str, limit: int) -> bool:
+        """A free slot of the concurrency key (held slots counted under its lock)."""
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"{self.agent}\x1fckey\x1f{key}",),
+        )
+        cursor = await conn.execute(
+            "SELECT count(*) FROM executions WHERE agent = %s AND ckey = %s"
+            " AND status IN ('running', 'input_required')",
+            (self.agent, key),
+        )
+        row = await cursor.fetchone()
+        return row is None or int(row[0]) < max(1, limit)
+
+    async def begin(self, execution: Execution) -> bool:
+        """Its body begins: the take's mark cleared, fenced by owner, attempt and take."""
+        try:
+            async with self._link.tx("begin") as conn:
+                cursor = await conn.execute(
+                    "UPDATE executions SET unbegun = false WHERE agent = %s AND id = %s"
+                    " AND replica = %s AND attempt = %s AND take = %s AND status = 'running'",
+                    (self.agent, execution.execution_id, self.replica_id, execution.attempt,
+                     execution.take),
+                )  # fmt: skip
+        except StoreUnavailable:
+            self.give_back(execution)
+            return False
+        return bool(cursor.rowcount)
+
+    def due_in(self) -> float | None:
+        if self._due_at is None:
+            return None
+        return max(0.0, self._due_at - asyncio.get_running_loop().time())
+
+    async def wait_queued(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(min(timeout, 1.0)):  # the bounded poll
+                await self._queued_event.wait()
+        except TimeoutError:
+            pass
+        self._queued_event.clear()
+
+    # -- requests for input ---------------------------------------------------------------------
+
+    async def ask(
+        self, execution: Execution, question: Question, park: bool, timeout: float | None
+    ) -> Reply:
+        async def write() -> Reply | None:
+            async with self._link.tx("ask") as conn:
+                cursor = await conn.execute(
+                    f"SELECT ledger FROM executions e WHERE {_FENCE} FOR UPDATE",
+                    {"agent": self.agent, "id": execution.execution_id,
+                     "owner": execution.replica, "attempt": execution.attempt},
+                )  # fmt: skip
+                row = await cursor.fetchone()
+                if row is None:
+                    return None
+                ledger = codec.ledger_loads(row[0])
+                found = ledger.find(question)
+                if found is not None:
+                    return found
+                request = question.request
+                # Parked: owned by nobody, and its next run is the next attempt.
+                attempt = execution.attempt + 1 if park else execution.attempt
+                doc = codec.encode_with(
+                    execution, status=INPUT_REQUIRED, input_request=request,
+                    replica="" if park else execution.replica, attempt=attempt)  # fmt: skip
+                await conn.execute(
+                    "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
+                    " attempt = %s, parked_by = %s, ledger = %s, ask_expires = CASE WHEN %s"
+                    " THEN now() + make_interval(secs => %s) END WHERE agent = %s AND id = %s",
+                    ("" if park else execution.replica, doc, attempt,
+                     f"{execution.replica}|{execution.attempt}" if park else None,
+                     codec.ledger_dumps(ledger), park and timeout is not None, timeout or 0.0,
+                     self.agent, execution.execution_id),
+                )  # fmt: skip
+                if execution.webhook_url is not None:
+                    data = execution.to_json()
+                    data.update(status=INPUT_REQUIRED, input_request=request)
+                    delivery = f"{execution.execution_id}.input.{execution.attempt}"
+                    await self._owe_webhook(
+                        conn, execution, f"{delivery}.{request['request_id']}",
+                        INPUT_REQUIRED_EVENT, codec.dumps(data))  # fmt: skip
+                await self._notify(conn, f"e:{execution.execution_id}")
+                return Reply(Found.PARKED if park else Found.WAIT, question.request_id)
+
+        reply = await self._waiting_out(write)
+        if reply is None:
+            raise self._stale("ask", execution)
+        if execution.webhook_url is not None and self.on_webhook is not None:
+            self.on_webhook()
+        return reply
+
+    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        return await self._look(execution, request_id, close=True)
+
+    async def poll_answer(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
+        return await self._look(execution, request_id, close=False)
+
+    async def _look(
+        self, execution: Execution, request_id: int, *, close: bool
+    ) -> tuple[bool, Any]:
+        async def write() -> tuple[bool, Any]:
+            async with self._link.tx("expire") as conn:
+                cursor = await conn.execute(
+                    f"SELECT {ROW}, ledger FROM executions WHERE agent = %s AND id = %s FOR UPDATE",
+                    (self.agent, execution.execution_id),
+                )
+                row = await cursor.fetchone()
+                if row is None:
+                    return False, None
+                ledger = codec.ledger_loads(row[4])
+                entry = ledger.entries.get(request_id)
+                if entry is not None and entry.answered:
+                    return True, entry.value
+                if not close:
+                    return False, None
+                ledger.expire(request_id)
+                found = read_row(row)
+                held = found.replica == execution.replica and found.attempt == execution.attempt
+                if held and found.status is ExecutionStatus.INPUT_REQUIRED:
+                    doc = codec.encode_with(found, status=RUNNING, input_request=None)
+                    await conn.execute(
+                        "UPDATE executions SET status = 'running', doc = %s, ledger = %s"
+                        " WHERE agent = %s AND id = %s",
+                        (doc, codec.ledger_dumps(ledger), self.agent, execution.execution_id),
+                    )
+                else:
+                    await conn.execute(
+                        "UPDATE executions SET ledger = %s WHERE agent = %s AND id = %s",
+                        (codec.ledger_dumps(ledger), self.agent, execution.execution_id),
+                    )
+                return False, None
+
+        return await self._waiting_out(write)
+
+    async def answer(
+        self, execution: Execution, request_id: int | None, value: Any
+    ) -> Execution | None:
+        """One transaction on the locked row: taken only while it waits for that request
+        (exactly one answer per request across replicas), kept in its ledger (bounded in
+        bytes); a parked execution is queued, a held one's owner is told (a row and a
+        notice). The same answer again is taken again, told to nobody."""
+        async with self._link.tx("answer") as conn:
+            cursor = await conn.execute(
+                f"SELECT {ROW}, ledger FROM executions WHERE agent = %s AND id = %s FOR UPDATE",
+                (self.agent, execution.execution_id),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            found = read_row(row)
+            ledger = codec.ledger_loads(row[4])
+            pending = found.input_request or {}
+            number = pending.get("request_id") if request_id is None else request_id
+            if not isinstance(number, int):
+                return None
+            waiting = (
+                found.status is ExecutionStatus.INPUT_REQUIRED
+                and pending.get("request_id") == number
+            )
+            if not waiting:
+                entry = ledger.entries.get(number)
+                same = entry is not None and entry.answered and jsoncodec.canonical(
+                    entry.value) == jsoncodec.canonical(value)  # fmt: skip
+                return found if same else None
+            size = len(jsoncodec.dumps(value))
+            ledger.keep(number, value, size, self.max_answer_bytes)
+            parked = found.replica == ""
+            found.status = ExecutionStatus.QUEUED if parked else ExecutionStatus.RUNNING
+            found.input_request = None
+            await conn.execute(
+                "UPDATE executions SET status = %s, doc = %s, ledger = %s, ask_expires = NULL,"
+                " due_at = CASE WHEN %s THEN now() END, queued_seq = CASE WHEN %s THEN"
+                " nextval('executions_queue_seq') END WHERE agent = %s AND id = %s",
+                (found.status.value, codec.encode(found), codec.ledger_dumps(ledger), parked,
+                 parked, self.agent, execution.execution_id),
+            )  # fmt: skip
+            if parked:
+                await self._notify(conn, "q")
+            else:
+                await conn.execute(
+                    "INSERT INTO answers (agent, replica, execution_id, request_id, value)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (self.agent, found.replica, found.execution_id, number, codec.dumps(value)),
+                )
+                await self._notify(conn, f"a:{found.replica}")
+            await self._notify(conn, f"e:{found.execution_id}")
+        return found

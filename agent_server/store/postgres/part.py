@@ -1,0 +1,114 @@
+"""What the parts of `PostgresStore` share: the settings and parts its `__init__` makes, and
+the row helpers every part writes with."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.status import TERMINAL as STATUS_TERMINAL
+from agent_server.store.base import ExecutionStore, StoreObserver
+from agent_server.store.postgres import codec
+from agent_server.store.postgres.link import Conn, Link
+
+#: Statuses no attempt will move again (their names, as the rows keep them).
+TERMINAL = frozenset(status.value for status in STATUS_TERMINAL)
+#: The columns every statement that returns a record reads, in this order.
+ROW = "doc, status, replica, attempt"
+
+
+def read_row(row: Any) -> Execution:
+    """The record from `ROW`'s columns (the columns are the truth where a statement moved
+    the record without rewriting the document)."""
+    execution = codec.decode(row[0])
+    execution.status = ExecutionStatus(row[1])
+    execution.replica = row[2]
+    execution.attempt = int(row[3])
+    return execution
+
+
+def columns(execution: Execution) -> dict[str, Any]:
+    """The columns written with the document, from the same object."""
+    return {
+        "status": execution.status.value,
+        "reasoner": execution.reasoner,
+        "session": execution.session_name,
+        "tenant": execution.tenant,
+        "started_by": execution.owner,
+        "schedule_id": execution.schedule_id,
+        "created_at": execution.created_at,
+        "replica": execution.replica,
+        "attempt": execution.attempt,
+        "ckey": execution.concurrency_key,
+        "climit": execution.concurrency_limit,
+        "doc": codec.encode(execution),
+    }
+
+
+class PgPart(ExecutionStore):
+    """The attributes a part of `PostgresStore` reads, all set by its `__init__`."""
+
+    agent: str
+    replica_id: str
+    result_ttl: float
+    max_retained: int
+    max_retained_bytes: int
+    lease_ttl: float
+    max_events: int
+    observer: StoreObserver | None
+    listen: bool
+    _link: Link
+    channel: str
+    _due_at: float | None
+    #: Waiters on this replica: execution id -> futures woken by its notices.
+    _waiters: dict[str, set[asyncio.Future[None]]]
+    _queued_event: asyncio.Event
+
+    def _renew_soon(self) -> None:
+        """This replica's lease lapsed (a pause): renew at the next pass, not a third of a
+        lease later."""
+        raise NotImplementedError
+
+    def _wake(self, execution_id: str) -> None:
+        for waiter in self._waiters.get(execution_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _notify(self, conn: Conn, payload: str) -> None:
+        """A wake-up hint (ids only, never records) sent when the transaction commits."""
+        await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
+
+    async def _finish(self, conn: Conn, execution: Execution) -> None:
+        """Write a terminal record a statement decided (not its owner's end): finished on
+        the database's clock, expiring after the result TTL, its waiters told."""
+        values = columns(execution)
+        values.update(
+            agent=self.agent,
+            id=execution.execution_id,
+            ttl=self.result_ttl,
+            bytes=codec.result_bytes(execution),
+        )
+        await conn.execute(
+            "UPDATE executions SET status = %(status)s, replica = %(replica)s,"
+            " attempt = %(attempt)s, doc = %(doc)s, due_at = NULL, ledger = NULL,"
+            " ask_expires = NULL, unbegun = false, finished = clock_timestamp(),"
+            " expires_at = now() + make_interval(secs => %(ttl)s),"
+            " result_bytes = %(bytes)s WHERE agent = %(agent)s AND id = %(id)s",
+            values,
+        )
+        await self._notify(conn, f"e:{execution.execution_id}")
+
+    async def _owe_webhook(
+        self, conn: Conn, execution: Execution, delivery_id: str, kind: str, data: str
+    ) -> None:
+        await conn.execute(
+            "INSERT INTO webhooks (agent, delivery_id, type, url, at, due_at, data, trace,"
+            " attempt) VALUES (%s, %s, %s, %s, extract(epoch FROM now()), now(), %s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            (self.agent, delivery_id, kind, execution.webhook_url, data, execution.trace,
+             execution.attempt),
+        )  # fmt: skip
+
+    async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
+        raise NotImplementedError

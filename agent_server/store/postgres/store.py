@@ -1,0 +1,480 @@
+"""The postgres store: the records of one agent shared by its replicas through one
+PostgreSQL database (DESIGN section 26, docs/postgres.md).
+
+Postgres is the engine: every transition is one transaction on rows, fenced in its `WHERE`
+(owner, attempt, status, take); claims take due work with `FOR UPDATE SKIP LOCKED`; leases,
+due times and expiry are on the database's clock; `LISTEN`/`NOTIFY` is a wake-up hint that
+carries ids only, and a poll of at most a second serves when a notice is lost or `LISTEN` is
+off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` composes its
+parts: the connections (`link.py`), records and lists (`records.py`), the owner's writes,
+claims and input (`owner.py`), and here the replica's liveness, the verdict on dead owners,
+the notices and retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import psycopg
+
+from agent_server.model.asks import MAX_ANSWER_BYTES
+from agent_server.model.events import Event
+from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
+from agent_server.store.postgres import codec, schema
+from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Conn, Link
+from agent_server.store.postgres.owner import Owner
+from agent_server.store.postgres.part import ROW, read_row
+from agent_server.store.postgres.records import Records
+from agent_server.store.postgres.webhooks import Webhooks
+
+logger = logging.getLogger("agent_server.store")
+
+#: The bound of the poll that stands in for a lost (or absent) notice.
+POLL_SECONDS = 1.0
+#: What a failed open, and a failed LISTEN connection, may raise.
+OPEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, StoreUnavailable, psycopg.Error)
+LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
+#: Rows one retention pass deletes at most (bounded deletes, no long lock).
+RETENTION_BATCH = 1000
+
+
+class PostgresStore(Records, Owner, Webhooks):
+    """Records in Postgres, shared by every replica of the agent; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        replica_id: str,
+        agent_name: str,
+        result_ttl: float = 3600.0,
+        max_retained: int = 10_000,
+        max_retained_bytes: int = 256 * 1024 * 1024,
+        lease_ttl: float = 10.0,
+        observer: StoreObserver | None = None,
+        max_events: int = 1000,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        pool_size: int = 10,
+        notify: str = "listen",
+    ) -> None:
+        self.url = url
+        self.where = codec.describe_url(url)
+        self.agent = agent_name
+        self.replica_id = replica_id
+        self.result_ttl = result_ttl
+        self.max_retained = max_retained
+        self.max_retained_bytes = max_retained_bytes
+        self.lease_ttl = lease_ttl
+        self.observer = observer
+        self.max_events = max_events
+        self.max_answer_bytes = max_answer_bytes
+        self.listen = notify != "poll"
+        self.channel = "agent_server_" + hashlib.sha256(agent_name.encode()).hexdigest()[:24]
+        self._link = Link(url, pool_size=pool_size, observer=observer, on_up=self._on_up)
+        self._due_at = None
+        self._waiters = {}
+        self._queued_event = asyncio.Event()
+        self._owed = deque()
+        self._owed_event = asyncio.Event()
+        self._events_owed = 0
+        self.events_dropped = 0
+        self.fenced = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: Set when the next liveness pass must renew, whenever the last renewal was.
+        self._renew_now = False
+
+    @property
+    def up(self) -> bool:
+        return self._link.up
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    def _renew_soon(self) -> None:
+        self._renew_now = True
+
+    def _on_up(self) -> None:
+        self._owed_event.set()
+        self._renew_now = True  # back from an outage: the lease first
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (bounded), apply the migrations an empty (or older) database lacks,
+        announce this replica, and start the liveness, outbox and notices."""
+        try:
+            await self._link.open()
+            async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
+                async with self._link.tx("migrate") as conn:
+                    await conn.set_autocommit(True)
+                    await schema.migrate(conn)
+                    await conn.set_autocommit(False)
+                await self._renew()
+                listening = await self._listening() if self.listen else None
+        except SchemaTooNew:
+            await self._link.close()
+            raise
+        except OPEN_FAILURES as exc:
+            await self._link.close()
+            reason = self._link.scrub(str(exc).strip() or type(exc).__name__)
+            raise StoreUnavailable(f"cannot reach Postgres at {self.where}: {reason}") from None
+        self._link.set_up(True)
+        self._tasks = [
+            asyncio.create_task(self._keep_alive(), name="store-liveness"),
+            asyncio.create_task(self._write_owed(), name="store-outbox"),
+        ]
+        if self.listen:
+            self._tasks.append(asyncio.create_task(self._listen(listening), name="store-listen"))
+
+    async def close(self) -> None:
+        """Stop the background work, end this replica's liveness (its running records read
+        lost at once), and disconnect."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=COMMAND_TIMEOUT)
+        if self._link.is_open:
+            with contextlib.suppress(StoreUnavailable):
+                async with self._link.tx("close") as conn:
+                    await conn.execute(
+                        "UPDATE replicas SET expires_at = 'epoch' WHERE agent = %s"
+                        " AND replica = %s",
+                        (self.agent, self.replica_id),
+                    )
+        await self._link.close()
+        for waiters in (*self._waiters.values(), *self._event_waiters.values()):
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    # -- liveness and the verdict on dead owners --------------------------------------------
+
+    async def _renew(self) -> int:
+        """This replica's lease, on the database's clock; `since` starts again after a gap
+        of over half a lease (an outage: nobody judges until every owner renewed)."""
+        async with self._link.tx("renew") as conn:
+            await conn.execute(
+                "INSERT INTO replicas AS r (agent, replica, expires_at, renewed_at, since,"
+                " lease, advert) VALUES (%(a)s, %(r)s, now() + make_interval(secs => %(l)s),"
+                " now(), now(), %(l)s, %(v)s) ON CONFLICT (agent, replica) DO UPDATE SET"
+                " expires_at = now() + make_interval(secs => %(l)s), renewed_at = now(),"
+                " since = CASE WHEN r.renewed_at >= now() - make_interval(secs => %(l)s / 2)"
+                " AND r.expires_at > 'epoch' THEN r.since ELSE now() END,"
+                " lease = %(l)s, advert = %(v)s",
+                {"a": self.agent, "r": self.replica_id, "l": self.lease_ttl, "v": self.advert},
+            )
+            cursor = await conn.execute(
+                "SELECT count(*) FROM replicas WHERE agent = %s AND expires_at > now()",
+                (self.agent,),
+            )
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
+        """Move the held records of owners whose lease lapsed (once: the rows are locked,
+        the status rechecked), if this replica may judge: it renewed for a whole lease and
+        lately. Unbegun takes go back to the queue, resumable work with attempts left is
+        queued as its next attempt, the rest is lost (counted here)."""
+        cursor = await conn.execute(
+            "SELECT 1 FROM replicas WHERE agent = %(a)s AND replica = %(r)s"
+            " AND renewed_at >= now() - make_interval(secs => lease / 2)"
+            " AND since <= now() - make_interval(secs => lease)",
+            {"a": self.agent, "r": self.replica_id},
+        )
+        if await cursor.fetchone() is None:
+            return []
+        only = "" if ids is None else " AND e.id = ANY(%(ids)s)"
+        cursor = await conn.execute(
+            f"SELECT {ROW}, unbegun, retries FROM executions e WHERE agent = %(a)s"
+            " AND status IN ('running', 'input_required') AND replica <> ''"
+            " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
+            f" AND r.replica = e.replica AND r.expires_at > now()){only}"
+            " LIMIT 1000 FOR UPDATE SKIP LOCKED",
+            {"a": self.agent, "ids": ids},
+        )
+        moved: list[Execution] = []
+        for row in await cursor.fetchall():
+            execution = read_row(row)
+            unbegun, retries = bool(row[4]), int(row[5])
+            owner = execution.replica
+            if unbegun and execution.status is ExecutionStatus.RUNNING:
+                execution.status, execution.replica = ExecutionStatus.QUEUED, ""
+                await self._requeue(conn, execution, retries, "'epoch'")
+            elif retries + 1 < execution.max_attempts:
+                execution.status, execution.replica = ExecutionStatus.QUEUED, ""
+                execution.attempt += 1
+                execution.input_request = None
+                await self._requeue(conn, execution, retries + 1, "now()")
+                logger.warning(
+                    "execution %s (%s): its owner stopped renewing its liveness; attempt %d queued",
+                    execution.execution_id,
+                    execution.reasoner,
+                    execution.attempt,
+                )
+            else:
+                execution.status = ExecutionStatus.LOST
+                execution.status_reason = None
+                execution.error = {
+                    "type": "ExecutionLost",
+                    "message": f"replica {owner} stopped renewing its liveness",
+                }
+                execution.input_request = None
+                cursor = await conn.execute("SELECT extract(epoch FROM now())")
+                now = await cursor.fetchone()
+                execution.finished_at = float(now[0]) if now else None
+                execution._duration = None
+                await self._finish(conn, execution)
+                if self.observer is not None:
+                    self.observer.execution_lost(execution)
+            moved.append(execution)
+        return moved
+
+    async def _requeue(self, conn: Conn, execution: Execution, retries: int, due: str) -> None:
+        await conn.execute(
+            "UPDATE executions SET status = 'queued', replica = '', attempt = %s, doc = %s,"
+            f" retries = %s, unbegun = false, take = '', due_at = {due},"
+            " queued_seq = nextval('executions_queue_seq') WHERE agent = %s AND id = %s",
+            (execution.attempt, codec.encode(execution), retries, self.agent,
+             execution.execution_id),
+        )  # fmt: skip
+        await self._notify(conn, "q")
+        await self._notify(conn, f"e:{execution.execution_id}")
+
+    async def _keep_alive(self) -> None:
+        """Renew every third of a lease; at most every second judge, read what notices may
+        have missed (cancels and answers for this replica, ends for its waiters), expire
+        parked requests, and retention; while Postgres is down, probe it."""
+        interval = max(0.05, min(self.lease_ttl / 3, POLL_SECONDS))
+        passes = 0
+        renewed = -float("inf")
+        while True:
+            try:
+                if not self._link.up and not await self._link.probe():
+                    await asyncio.sleep(min(interval, 0.5))
+                    continue
+                if self._renew_now or time.monotonic() - renewed >= self.lease_ttl / 3:
+                    self._renew_now = False
+                    alive = await self._renew()
+                    renewed = time.monotonic()
+                    if self.observer is not None:
+                        self.observer.replicas_alive(alive)
+                async with self._link.tx("judge") as conn:
+                    await self._judge(conn)
+                await self._poll_requests()
+                await self._expire_parked()
+                passes += 1
+                if passes % 10 == 0:
+                    await self._retention()
+                self._queued_event.set()  # the bounded poll of the queue
+                self._poll_waiters()
+            except StoreUnavailable:
+                pass
+            except Exception:  # a bug, not an outage: say so and go on
+                logger.exception("the store's liveness pass failed")
+            await asyncio.sleep(interval)
+
+    async def _poll_requests(self) -> None:
+        """Cancels and answers for this replica, deleted as they are read (delivered
+        once); a notice only makes this come sooner."""
+        async with self._link.tx("requests") as conn:
+            cursor = await conn.execute(
+                "DELETE FROM cancels WHERE agent = %s AND replica = %s"
+                " RETURNING execution_id, reason, settle_within",
+                (self.agent, self.replica_id),
+            )
+            cancels = await cursor.fetchall()
+            cursor = await conn.execute(
+                "DELETE FROM answers WHERE agent = %s AND replica = %s"
+                " RETURNING execution_id, request_id, value",
+                (self.agent, self.replica_id),
+            )
+            answers = await cursor.fetchall()
+        for execution_id, reason, within in cancels:
+            if self.on_cancel is not None:
+                self.on_cancel(execution_id, CancelReason(reason), within)
+        for execution_id, request_id, value in answers:
+            if self.on_answer is None or not self.on_answer(
+                execution_id, int(request_id), codec.loads(value)
+            ):
+                logger.warning(
+                    "the answer to request %d of execution %s reached no waiting ask here",
+                    request_id,
+                    execution_id,
+                )
+
+    async def _expire_parked(self) -> None:
+        """A parked request past its timeout: queued again, the request marked expired (its
+        next attempt's ask times out at once)."""
+        async with self._link.tx("expire") as conn:
+            cursor = await conn.execute(
+                f"SELECT {ROW}, ledger FROM executions WHERE agent = %s AND ask_expires <= now()"
+                " AND status = 'input_required' AND replica = '' FOR UPDATE SKIP LOCKED"
+                " LIMIT 100",
+                (self.agent,),
+            )
+            for row in await cursor.fetchall():
+                execution = read_row(row)
+                ledger = codec.ledger_loads(row[4])
+                pending = execution.input_request or {}
+                if isinstance(pending.get("request_id"), int):
+                    ledger.expire(pending["request_id"])
+                execution.status, execution.input_request = ExecutionStatus.QUEUED, None
+                await conn.execute(
+                    "UPDATE executions SET status = 'queued', doc = %s, ledger = %s,"
+                    " ask_expires = NULL, due_at = now(),"
+                    " queued_seq = nextval('executions_queue_seq') WHERE agent = %s AND id = %s",
+                    (codec.encode(execution), codec.ledger_dumps(ledger), self.agent,
+                     execution.execution_id),
+                )  # fmt: skip
+                await self._notify(conn, "q")
+
+    async def _retention(self) -> None:
+        """Bounded deletes of what expired: finished records past the TTL (their events
+        with them), idempotency keys, releases' answers."""
+        async with self._link.tx("retention") as conn:
+            await conn.execute(
+                "WITH gone AS (DELETE FROM executions WHERE agent = %(a)s AND id IN (SELECT id"
+                " FROM executions WHERE agent = %(a)s AND expires_at <= now() LIMIT %(n)s)"
+                " RETURNING id) DELETE FROM events WHERE agent = %(a)s"
+                " AND execution_id IN (SELECT id FROM gone)",
+                {"a": self.agent, "n": RETENTION_BATCH},
+            )
+            await conn.execute(
+                "DELETE FROM idempotency WHERE agent = %s AND expires_at <= now()", (self.agent,)
+            )
+            await conn.execute(
+                "DELETE FROM release_answers WHERE agent = %s AND expires_at <= now()",
+                (self.agent,),
+            )
+
+    # -- notices and waiters ------------------------------------------------------------------
+
+    async def _listening(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own that LISTENs on the agent's channel."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.url, autocommit=True, connect_timeout=max(1, round(CONNECT_TIMEOUT))
+        )
+        try:
+            await conn.execute(f'LISTEN "{self.channel}"'.encode())
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any] | None) -> None:
+        """Read notices (reconnecting with a bounded backoff); a notice only wakes: whoever
+        is woken reads the store."""
+        backoff = 0.1
+        while True:
+            try:
+                if conn is None:
+                    conn = await self._listening()
+                    backoff = 0.1
+                    self._poll_waiters()  # what ended while nobody listened
+                async with conn:
+                    async for notice in conn.notifies():
+                        self._noticed(notice.payload)
+            except asyncio.CancelledError:
+                raise
+            except LISTEN_FAILURES:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, POLL_SECONDS)
+            conn = None
+
+    def _noticed(self, payload: str) -> None:
+        kind, _, rest = payload.partition(":")
+        if kind == "e":
+            self._wake(rest)
+            self._wake_events(rest)
+        elif kind == "v":
+            self._wake_events(rest)
+        elif kind == "q":
+            self._queued_event.set()
+        elif kind in ("c", "a") and rest == self.replica_id:
+            asyncio.get_running_loop().create_task(self._poll_quietly())
+
+    async def _poll_quietly(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self._poll_requests()
+
+    def _poll_waiters(self) -> None:
+        """The bounded poll: every waiter reads again (a lost notice costs one interval)."""
+        for execution_id in list(self._waiters):
+            self._wake(execution_id)
+        for execution_id in list(self._event_waiters):
+            self._wake_events(execution_id)
+
+    def _wake_events(self, execution_id: str) -> None:
+        for waiter in self._event_waiters.pop(execution_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(
+        self, execution: Execution, timeout: float | None, asked: bool = False
+    ) -> Execution:
+        """Read, then wait for a notice (or the poll) and read again, until it reached its
+        end (with `asked`, or waits for input) or `timeout` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        current, first = execution, True
+        while True:
+            # Registered before the read: a notice that comes while it reads is not lost.
+            waiter: asyncio.Future[None] = loop.create_future()
+            waiters = self._waiters.setdefault(execution.execution_id, set())
+            waiters.add(waiter)
+            try:
+                if not first:
+                    with contextlib.suppress(StoreUnavailable):
+                        found = await self.get(execution.execution_id)
+                        if found is None:
+                            return current
+                        current = found
+                first = False
+                if current.reached_end(asked):
+                    return current
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return current
+                bound = POLL_SECONDS if remaining is None else min(POLL_SECONDS, remaining)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), bound)
+            finally:
+                waiters.discard(waiter)
+                if not waiters:
+                    self._waiters.pop(execution.execution_id, None)
+
+    async def events_since(
+        self, execution_id: str, cursor: int, limit: int
+    ) -> tuple[int, list[Event]]:
+        async with self._link.tx("events") as conn:
+            rows = await conn.execute(
+                "SELECT seq, event, data FROM events WHERE agent = %s AND execution_id = %s"
+                " AND seq > %s ORDER BY seq LIMIT %s",
+                (self.agent, execution_id, cursor, limit),
+            )
+            events = [Event(int(r[0]), r[1], r[2]) for r in await rows.fetchall()]
+        missed = events[0].id - cursor - 1 if events else 0
+        return max(0, missed), events
+
+    def event_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        self._event_waiters.setdefault(execution_id, set()).add(waiter)
+
+    def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
+        waiters = self._event_waiters.get(execution_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._event_waiters[execution_id]
+
+    def withdraw(self) -> None:
+        self.advert = ""
