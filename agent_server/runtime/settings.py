@@ -28,7 +28,7 @@ from agent_server.runtime.jwt_keys import (
     load_public_key_file,
     load_secret_file,
 )
-from agent_server.runtime.setting_checks import check_origins, check_store_url
+from agent_server.runtime.setting_checks import check_origins
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
 from agent_server.store.urls import check_store_url
 

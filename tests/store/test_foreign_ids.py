@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.store import ExecutionStore, MemoryStore
 from agent_server.store.redis import RedisStore
-from tests.support.stores import Recorder, closed, open_redis
+from tests.support.stores import Recorder, closed, open_postgres, open_redis
 
 #: A result big enough that reading the record whole shows in any count (1 MiB).
 BIG = 1024 * 1024
@@ -42,13 +42,15 @@ async def recorded(store: ExecutionStore, execution: Execution) -> None:
     assert await store.flush(10**9) == []
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
     opened: ExecutionStore
     if request.param == "memory":
         opened = MemoryStore("r1")
-    else:
+    elif request.param == "redis":
         opened = open_redis(request.getfixturevalue("redis_url"), "r1", Recorder())
+    else:
+        opened = open_postgres(request.getfixturevalue("postgres_url"), "r1", Recorder())
     await opened.open()
     try:
         yield opened

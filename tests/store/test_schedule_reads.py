@@ -8,13 +8,17 @@ counted at the store, not timed.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
+
+import pytest
 
 from agent_server import Agent, Schedule
 from agent_server.model.principal import Principal
 from agent_server.runtime.schedules import Entry, ScheduleTicker
+from agent_server.store import ExecutionStore
 from agent_server.store.memory import MemoryStore
+from tests.support.stores import Recorder, closed, open_postgres, open_redis
 
 
 class CountingStore(MemoryStore):
@@ -88,10 +92,36 @@ async def test_a_change_makes_the_other_ticker_read_only_the_changed_document() 
     assert store.reads in ([], [[]])
 
 
-async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room() -> None:
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        "postgres",
+    ]
+)
+async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
+    """Each store, open: the count is the store's own (a script on Redis, a transaction
+    under a lock on Postgres), so each is tried."""
+    opened: ExecutionStore
+    if request.param == "memory":
+        opened = MemoryStore("r1")
+    elif request.param == "redis":
+        opened = open_redis(request.getfixturevalue("redis_url"), "r1", Recorder())
+    else:
+        opened = open_postgres(request.getfixturevalue("postgres_url"), "r1", Recorder())
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await closed(opened)
+
+
+async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room(
+    any_store: ExecutionStore,
+) -> None:
     from agent_server.store.base import ScheduleLimit
 
-    store = MemoryStore("r1")
+    store = any_store
     for index in range(3):
         await store.put_schedule(f"k{index}", "{}", tenant="acme", limit=3)
     version = await store.schedules_version()
@@ -109,6 +139,10 @@ async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room() -
     await store.put_schedule("k3", "{}", tenant="acme", limit=3)
     documents: dict[str, Any] = await store.schedule_documents()
     assert sorted(documents) == ["k1", "k2", "k3", "x"]
+    assert documents["k1"] == '{"changed": true}'
+    versions = await store.schedule_versions()
+    assert sorted(versions) == ["k1", "k2", "k3", "x"] and len(set(versions.values())) == 4
+    assert await store.schedule_documents(["k2", "gone"]) == {"k2": "{}"}
 
 
 async def test_a_schedule_made_here_and_deleted_elsewhere_before_any_read_stops_here() -> None:

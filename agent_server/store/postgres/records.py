@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
@@ -20,6 +21,7 @@ from agent_server.store.base import (
     Marks,
     Page,
     QueueFull,
+    ScheduleLimit,
     SessionReleasing,
     SessionTaken,
     StoreUnavailable,
@@ -173,15 +175,19 @@ class Records(PgPart):
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def get(self, execution_id: str) -> Execution | None:
-        """The record, moved first (once, whoever reads) if its owner stopped renewing."""
+    async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
+        """The record, moved first (once, whoever reads) if its owner stopped renewing. With
+        `tenant`, another tenant's row is left unread by the same index lookup that finds
+        none for an unknown id: a foreign id costs what an unknown one does."""
+        tenant_only = "" if tenant is None else " AND tenant = %s"
+        arguments = (self.agent, execution_id) + (() if tenant is None else (tenant,))
         async with self._link.tx("get") as conn:
             cursor = await conn.execute(
                 f"SELECT {ROW}, status IN ('running', 'input_required') AND replica <> ''"
                 " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
                 " AND r.replica = e.replica AND r.expires_at > now())"
-                f" FROM executions e WHERE agent = %s AND id = %s AND {LIVE}",
-                (self.agent, execution_id),
+                f" FROM executions e WHERE agent = %s AND id = %s{tenant_only} AND {LIVE}",
+                arguments,
             )
             row = await cursor.fetchone()
             if row is None:
@@ -436,16 +442,48 @@ class Records(PgPart):
                  "s": started, "timing": timing},
             )  # fmt: skip
 
-    async def put_schedule(self, schedule_key: str, document: str) -> None:
+    async def put_schedule(
+        self,
+        schedule_key: str,
+        document: str,
+        *,
+        tenant: str | None = None,
+        limit: int | None = None,
+    ) -> str:
+        """One transaction: with `limit`, the tenant's count under a lock of its own (two
+        replicas making the last one at once make one), then the document, its version and
+        the store's. A change of one kept is never refused."""
+        version = new_schedules_version()
         async with self._link.tx("schedules") as conn:
+            if limit is not None:
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"schedules|{self.agent}|{tenant}",),
+                )
+                cursor = await conn.execute(
+                    "SELECT (SELECT count(*) FROM schedules WHERE agent = %(agent)s AND counted"
+                    " AND tenant IS NOT DISTINCT FROM %(tenant)s),"
+                    " EXISTS (SELECT 1 FROM schedules WHERE agent = %(agent)s AND key = %(key)s)",
+                    {"agent": self.agent, "tenant": tenant, "key": schedule_key},
+                )
+                row = await cursor.fetchone()
+                assert row is not None
+                if not row[1] and int(row[0]) >= limit:
+                    raise ScheduleLimit(limit)
             await conn.execute(
-                "INSERT INTO schedules (agent, key, document) VALUES (%s, %s, %s)"
-                " ON CONFLICT (agent, key) DO UPDATE SET document = excluded.document",
-                (self.agent, schedule_key, document),
+                "INSERT INTO schedules (agent, key, document, version, tenant, counted)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (agent, key) DO UPDATE SET document = excluded.document,"
+                " version = excluded.version,"
+                " tenant = CASE WHEN excluded.counted THEN excluded.tenant"
+                " ELSE schedules.tenant END,"
+                " counted = schedules.counted OR excluded.counted",
+                (self.agent, schedule_key, document, version, tenant, limit is not None),
             )
-            await self._new_version(conn)
+            await self._new_version(conn, version)
+        return version
 
-    async def delete_schedule(self, schedule_key: str) -> bool:
+    async def delete_schedule(self, schedule_key: str, tenant: str | None = None) -> bool:
         async with self._link.tx("schedules") as conn:
             cursor = await conn.execute(
                 "DELETE FROM schedules WHERE agent = %s AND key = %s RETURNING 1",
@@ -456,14 +494,14 @@ class Records(PgPart):
                 "DELETE FROM schedule_marks WHERE agent = %s AND key = %s",
                 (self.agent, schedule_key),
             )
-            await self._new_version(conn)
+            await self._new_version(conn, new_schedules_version())
         return found
 
-    async def _new_version(self, conn: Conn) -> None:
+    async def _new_version(self, conn: Conn, version: str) -> None:
         await conn.execute(
             "INSERT INTO schedules_version (agent, version) VALUES (%s, %s)"
             " ON CONFLICT (agent) DO UPDATE SET version = excluded.version",
-            (self.agent, new_schedules_version()),
+            (self.agent, version),
         )
 
     async def schedules_version(self) -> str:
@@ -474,9 +512,23 @@ class Records(PgPart):
             row = await cursor.fetchone()
         return "" if row is None else str(row[0])
 
-    async def schedule_documents(self) -> dict[str, str]:
+    async def schedule_versions(self) -> dict[str, str]:
         async with self._link.tx("schedules") as conn:
             cursor = await conn.execute(
-                "SELECT key, document FROM schedules WHERE agent = %s", (self.agent,)
+                "SELECT key, version FROM schedules WHERE agent = %s", (self.agent,)
             )
+            return {str(key): str(version) for key, version in await cursor.fetchall()}
+
+    async def schedule_documents(self, keys: Collection[str] | None = None) -> dict[str, str]:
+        """The documents of `keys` that exist (every one when None)."""
+        async with self._link.tx("schedules") as conn:
+            if keys is None:
+                cursor = await conn.execute(
+                    "SELECT key, document FROM schedules WHERE agent = %s", (self.agent,)
+                )
+            else:
+                cursor = await conn.execute(
+                    "SELECT key, document FROM schedules WHERE agent = %s AND key = ANY(%s)",
+                    (self.agent, list(keys)),
+                )
             return {str(key): str(document) for key, document in await cursor.fetchall()}

@@ -134,8 +134,12 @@ CREATE TABLE schedules (
     agent        text NOT NULL,
     key          text NOT NULL,
     document     text NOT NULL,
+    version      text NOT NULL,     -- its own: a replica reads again only what changed
+    tenant       text,              -- counted in its tenant's schedules (--max-schedules)
+    counted      boolean NOT NULL DEFAULT false,
     PRIMARY KEY (agent, key)
 );
+CREATE INDEX schedules_tenant ON schedules (agent, tenant) WHERE counted;
 CREATE TABLE schedule_marks (
     agent        text NOT NULL,
     key          text NOT NULL,
