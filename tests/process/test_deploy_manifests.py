@@ -1,5 +1,6 @@
 """The deployment files agree with the server: the rendered Kubernetes manifests (kustomize
-base with its Redis store, and every example overlay), the Dockerfile and the Grafana dashboard.
+base with its Redis store, and every example overlay; the Postgres one's own checks are in
+test_deploy_postgres.py), the Dockerfile and the Grafana dashboard.
 
 The manifests are rendered with `kubectl kustomize` (skipped when kubectl is absent: deploy/ci.sh
 installs it) and validated with `kubernetes-validate --strict` (skipped when absent; deploy/ci.sh
@@ -11,6 +12,7 @@ replicas only on a shared store. The Redis container's arguments and probes run 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -36,15 +38,19 @@ EXAMPLES = ROOT / "deploy" / "examples"
 EXAMPLE = EXAMPLES / "long-running"
 REPLICAS = EXAMPLES / "replicas"
 SINGLE_POD = EXAMPLES / "single-pod-memory"
+POSTGRES = EXAMPLES / "postgres"
 #: Every kustomization that ships, by the fixture that renders it.
 KUSTOMIZATIONS = {
     "base": BASE,
     "example": EXAMPLE,
     "replicas": REPLICAS,
     "single_pod": SINGLE_POD,
+    "postgres": POSTGRES,
 }
-#: The ones sharing the base's Redis (all but the memory-store single pod).
+#: The ones sharing the base's Redis (all but the memory-store single pod and Postgres).
 WITH_REDIS = ["base", "example", "replicas"]
+#: The ones whose replicas share a store (Postgres: tests/process/test_deploy_postgres.py).
+SHARED = [*WITH_REDIS, "postgres"]
 #: What the downward API gives `fieldRef: metadata.name` on Kubernetes: the pod's name.
 POD_NAME = "agent-server-5d8f7c9b4-x7k2p"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-server.json"
@@ -88,6 +94,11 @@ def replicas() -> list[Manifest]:
 @pytest.fixture(scope="module")
 def single_pod() -> list[Manifest]:
     return render(SINGLE_POD)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> list[Manifest]:
+    return render(POSTGRES)
 
 
 def one(manifests: list[Manifest], kind: str, name: str | None = None) -> Manifest:
@@ -140,6 +151,9 @@ def container_env(manifests: list[Manifest], name: str = "agent-server") -> dict
         assert ref in config_maps, f"envFrom names ConfigMap {ref!r}, which is not rendered"
         env.update(config_maps[ref].get("data", {}))
     for item in container.get("env", []):
+        if "secretKeyRef" in item.get("valueFrom", {}):
+            env[item["name"]] = secret_value(manifests, item["valueFrom"]["secretKeyRef"])
+            continue
         if "valueFrom" in item:
             field = item["valueFrom"].get("fieldRef", {}).get("fieldPath")
             assert field == "metadata.name", f"env {item['name']}: unexpected {item['valueFrom']}"
@@ -148,6 +162,15 @@ def container_env(manifests: list[Manifest], name: str = "agent-server") -> dict
         assert "value" in item, f"env {item['name']} is not a plain value"
         env[item["name"]] = item["value"]
     return env
+
+
+def secret_value(manifests: list[Manifest], ref: Manifest) -> str:
+    """What a `secretKeyRef` gives a container: the key of a Secret rendered beside it."""
+    secret = one(manifests, "Secret", ref["name"])
+    if ref["key"] in secret.get("stringData", {}):
+        return str(secret["stringData"][ref["key"]])
+    assert ref["key"] in secret.get("data", {}), f"Secret {ref['name']} has no {ref['key']}"
+    return base64.b64decode(secret["data"][ref["key"]]).decode()
 
 
 def server_settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -406,7 +429,7 @@ def test_strict_validation_refuses_a_misspelt_field(
 
 REDIS = "agent-server-redis"
 #: Store URL schemes whose records every replica shares (anything else is a process's own).
-SHARED_SCHEMES = ("redis", "rediss", "redis+sentinel")
+SHARED_SCHEMES = ("redis", "rediss", "redis+sentinel", "postgresql", "postgres")
 
 
 def redis_container(manifests: list[Manifest]) -> Manifest:
@@ -481,7 +504,7 @@ def test_the_replicas_share_the_redis_that_ships_with_them(
     assert settings_of(manifests, monkeypatch).store_url == store
 
 
-@pytest.mark.parametrize("which", WITH_REDIS)
+@pytest.mark.parametrize("which", SHARED)
 def test_the_replica_id_is_the_pod_name(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,7 +515,7 @@ def test_the_replica_id_is_the_pod_name(
     assert settings_of(manifests, monkeypatch).replica_id == POD_NAME
 
 
-@pytest.mark.parametrize("which", WITH_REDIS)
+@pytest.mark.parametrize("which", SHARED)
 def test_rollouts_and_drains_keep_replicas_serving(
     which: str, request: pytest.FixtureRequest
 ) -> None:
