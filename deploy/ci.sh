@@ -7,7 +7,8 @@
 #   2. hadolint Dockerfile;
 #   3. kubectl kustomize deploy/kubernetes (the agent-server Deployment and its Redis store) |
 #      kubernetes-validate --strict, and the same for every example overlay in deploy/examples/
-#      (long-running, with the ServiceMonitor component; replicas; single-pod-memory);
+#      (long-running, with the ServiceMonitor component; postgres, on a Postgres StatefulSet
+#      instead of Redis; replicas; single-pod-memory);
 #   4. deploy/test-image.sh: build the image, run it, stop it, check it drained.
 #
 # Run from anywhere: bash deploy/ci.sh. Scratch: $AGENT_SERVER_SCRATCH [/tmp/agent-server-image].
