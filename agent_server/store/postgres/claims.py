@@ -194,6 +194,11 @@ class Claims(PgPart):
             execution.checkpoint_version = None
             execution.checkpoint_asks = 0
             execution.attempt += 1
+        if rule is Rule.MIGRATE:  # migrated in the taker's memory only (part.py `_unread`)
+            self._unread[execution.execution_id] = (
+                execution.checkpoint,
+                execution.checkpoint_version,
+            )
         served = mine.get(execution.reasoner)
         if isinstance(served, list) and served:
             execution.version = served[0] or None  # the code that runs this attempt

@@ -88,6 +88,7 @@ class Owner(PgPart):
 
     def end(self, execution: Execution) -> None:
         execution.recorded = asyncio.get_running_loop().create_future()
+        self._unread.pop(execution.execution_id, None)
         self._put(
             "end",
             execution,
@@ -112,6 +113,7 @@ class Owner(PgPart):
             attempt=execution.attempt + 1,
             input_request=None,
             scheduled_at=None if delay is None else time.time() + delay,
+            **self._as_stored(execution, last=True),
         )
         self._put("next", execution, doc=doc, delay=delay or 0.0)
 
@@ -123,7 +125,8 @@ class Owner(PgPart):
             execution.reasoner,
         )
         self._put("unclaim", execution, take=execution.take, doc=codec.encode_with(
-            execution, status=QUEUED, replica=""))  # fmt: skip
+            execution, status=QUEUED, replica="",
+            **self._as_stored(execution, last=True)))  # fmt: skip
 
     def writes_owed(self) -> int:
         return len(self._owed)
@@ -344,6 +347,7 @@ class Owner(PgPart):
 
         if not await self._waiting_out(write):
             raise self._stale("checkpoint", execution)
+        self._unread.pop(execution.execution_id, None)  # its own from now on
         execution.checkpoint = state
         execution.checkpoint_version = execution.version
 
@@ -371,7 +375,8 @@ class Owner(PgPart):
                 attempt = execution.attempt + 1 if park else execution.attempt
                 doc = codec.encode_with(
                     execution, status=INPUT_REQUIRED, input_request=request,
-                    replica="" if park else execution.replica, attempt=attempt)  # fmt: skip
+                    replica="" if park else execution.replica, attempt=attempt,
+                    **self._as_stored(execution, last=park))  # fmt: skip
                 await conn.execute(
                     "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
                     " attempt = %s, parked_by = %s, ledger = %s, ask_expires = CASE WHEN %s"

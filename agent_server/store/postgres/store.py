@@ -92,6 +92,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
         #: Set when the next liveness pass must renew, whenever the last renewal was.
         self._renew_now = False
         self._waiting = set()
+        self._unread = {}
         #: The advert the last renewal wrote: a change is told to the other replicas.
         self._advertised = ""
 
