@@ -1,12 +1,13 @@
 """Versions: new code never silently resumes what old code checkpointed.
 
 Real `agent-server run` processes of two versions of one app (tests/apps/versions_app.py) on
-one real Redis. v1 runs a resumable job that checkpoints `{"done": n}`; it is moved to v2
-(whose shape is `{"steps": n}`) by a hand-off at SIGTERM or a retry after kill -9, and v2
-meets the checkpoint by what it declares: compatible, migrate, a migration that raises,
-restart, fail; or the work waits for a live v1 replica. The witness is the body's own note
-(to the test's Redis) of the checkpoint each attempt began from, with its version: v2 never
-begins from a v1 checkpoint unless it declared it reads one.
+one real Redis, then on one real Postgres (`store_url`). v1 runs a resumable job that
+checkpoints `{"done": n}`; it is moved to v2 (whose shape is `{"steps": n}`) by a hand-off at
+SIGTERM or a retry after kill -9, and v2 meets the checkpoint by what it declares:
+compatible, migrate, a migration that raises, restart, fail; or the work waits for a live v1
+replica. The witness is the body's own note (to the test's Redis, whichever store the
+replicas share) of the checkpoint each attempt began from, with its version: v2 never begins
+from a v1 checkpoint unless it declared it reads one.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ FLAGS = ("--grace-period", "8", "--drain-timeout", "0.5", "--cancel-timeout", "1
 
 
 class Versions:
-    """Starts replicas of a version on the test's Redis, and closes them all at the end."""
+    """Starts replicas of a version on the test's store, and closes them all at the end."""
 
-    def __init__(self, tmp_path: Path, redis: RedisServer, rule: str) -> None:
+    def __init__(self, tmp_path: Path, redis: RedisServer, store: str, rule: str) -> None:
         self.tmp_path = tmp_path
         self.redis = redis
+        self.store = store
         self.rule = rule
         self.started: list[Replica] = []
 
@@ -50,7 +52,7 @@ class Versions:
         replica = Replica(
             free_port(),
             f"{version}-{index}",
-            self.redis.url,
+            self.store,
             marker_dir,
             [*FLAGS, *extra],
             env,
@@ -69,12 +71,42 @@ class Versions:
         reply = self.redis.command("LRANGE", f"tests:versions:{execution_id}", "0", "-1") or b""
         return [json.loads(line) for line in reply.decode().split("\r\n") if line.startswith("{")]
 
+    def record(self, execution_id: str, field: str) -> str | None:
+        """A field of the execution's record as the store keeps it: the Redis hash's, or
+        the Postgres row's (its document's, or a column of its own)."""
+        if not self.store.startswith("postgres"):
+            key = f"{{agent-server:versions}}:x:{execution_id}"
+            reply = self.redis.command("HGET", key, field) or b""
+            return (
+                reply.decode().split("\r\n")[1]
+                if reply.startswith(b"$") and reply != b"$-1\r\n"
+                else None
+            )
+        import psycopg
+
+        with psycopg.connect(self.store, connect_timeout=5) as conn:
+            if field == "checkpoint_aside":
+                row = conn.execute(
+                    "SELECT checkpoint_aside FROM executions WHERE id = %s", (execution_id,)
+                ).fetchone()
+                return None if row is None else row[0]
+            row = conn.execute(
+                "SELECT doc FROM executions WHERE id = %s", (execution_id,)
+            ).fetchone()
+        value = None if row is None else json.loads(row[0]).get(field)
+        return None if value is None else str(value)
+
 
 @pytest.fixture
 def versions(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, redis_server: RedisServer
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    redis_url: str,
+    redis_server: RedisServer,
+    store_url: str,
 ) -> Iterator[Versions]:
-    running = Versions(tmp_path, redis_server, getattr(request, "param", "fail"))
+    """Replicas on Redis, then on Postgres; the witness's notes on the Redis either way."""
+    running = Versions(tmp_path, redis_server, store_url, getattr(request, "param", "fail"))
     try:
         yield running
     finally:
@@ -92,9 +124,8 @@ def start_job(replica: Replica, count: int = 40) -> str:
 
 def checkpointed(versions: Versions, execution_id: str) -> None:
     """Until v1 has written a checkpoint (its steps are in the record)."""
-    key = f"{{agent-server:versions}}:x:{execution_id}"
     wait_for(
-        lambda: versions.redis.command("HGET", key, "checkpoint_version") == b"$2\r\nv1\r\n",
+        lambda: versions.record(execution_id, "checkpoint_version") == "v1",
         what="a checkpoint of v1",
     )
 
@@ -202,9 +233,8 @@ def test_restart_runs_from_the_start_with_the_next_attempt(versions: Versions, h
         ("v1", 1, True),
         ("v2", 3, True),
     ], notes
-    key = f"{{agent-server:versions}}:x:{execution_id}"
-    aside = versions.redis.command("HGET", key, "checkpoint_aside") or b""
-    assert b'"done"' in aside  # v1's checkpoint, set aside, not read
+    aside = versions.record(execution_id, "checkpoint_aside") or ""
+    assert '"done"' in aside  # v1's checkpoint, set aside, not read
     assert metric(new.url, "agent_server_version_rules_total", rule="restart") == 1
 
 

@@ -1,15 +1,13 @@
 """The owner's side of an execution: the outbox (events, ends, hand-offs, retries and
 unclaims, written in order, each fenced in its `WHERE` by owner and attempt: zero rows is a
-fenced write, counted), claims of due work by `FOR UPDATE SKIP LOCKED` honouring
-concurrency keys and session turns, checkpoints, and requests for input with their
-answers; part of `PostgresStore`."""
+fenced write, counted), checkpoints, and requests for input with their answers; part of
+`PostgresStore` (its claims are claims.py's)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from agent_server.model import jsoncodec
 from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.context import StaleAttempt
 from agent_server.model.events import Event
-from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.waiting import Closing, Wakeup
 from agent_server.store.base import (
     FINISHED_EVENT,
@@ -40,8 +38,6 @@ BATCH = 200
 BATCH_BYTES = 4 * 1024 * 1024
 #: Backoff of the outbox (and of the owner's own writes) while Postgres is down.
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
-#: Candidates one claim looks at.
-CLAIM_WINDOW = 32
 
 _FENCE = "agent = %(agent)s AND id = %(id)s AND replica = %(owner)s AND attempt = %(attempt)s" \
     " AND status IN ('running', 'input_required')"  # fmt: skip
@@ -63,7 +59,7 @@ class Owed:
 
 
 class Owner(PgPart):
-    """The outbox, claims and input of `PostgresStore`."""
+    """The outbox, checkpoints and input of `PostgresStore`."""
 
     _owed: deque[Owed]
     _owed_event: asyncio.Event
@@ -92,6 +88,7 @@ class Owner(PgPart):
 
     def end(self, execution: Execution) -> None:
         execution.recorded = asyncio.get_running_loop().create_future()
+        self._unread.pop(execution.execution_id, None)
         self._put(
             "end",
             execution,
@@ -116,6 +113,7 @@ class Owner(PgPart):
             attempt=execution.attempt + 1,
             input_request=None,
             scheduled_at=None if delay is None else time.time() + delay,
+            **self._as_stored(execution, last=True),
         )
         self._put("next", execution, doc=doc, delay=delay or 0.0)
 
@@ -127,7 +125,8 @@ class Owner(PgPart):
             execution.reasoner,
         )
         self._put("unclaim", execution, take=execution.take, doc=codec.encode_with(
-            execution, status=QUEUED, replica=""))  # fmt: skip
+            execution, status=QUEUED, replica="",
+            **self._as_stored(execution, last=True)))  # fmt: skip
 
     def writes_owed(self) -> int:
         return len(self._owed)
@@ -333,164 +332,24 @@ class Owner(PgPart):
                 checkpoint=state,
                 checkpoint_version=execution.version,
             ),
+            "version": execution.version or "",
         }
 
         async def write() -> int:
             async with self._link.tx("checkpoint") as conn:
+                # The column the claims read the checkpoint's version from (claims.py).
                 cursor = await conn.execute(
-                    f"UPDATE executions SET doc = %(doc)s WHERE {_FENCE}", args
+                    "UPDATE executions SET doc = %(doc)s, checkpoint_version = %(version)s"
+                    f" WHERE {_FENCE}",
+                    args,
                 )
                 return cursor.rowcount
 
         if not await self._waiting_out(write):
             raise self._stale("checkpoint", execution)
+        self._unread.pop(execution.execution_id, None)  # its own from now on
         execution.checkpoint = state
         execution.checkpoint_version = execution.version
-
-    # -- claims --------------------------------------------------------------------------------
-
-    async def claim(self) -> Execution | None:
-        """One transaction: the queued execution due first whose concurrency key has a
-        free slot and whose session's turn has come, taken by this replica (rows other
-        claims hold are skipped, keys serialised by an advisory lock); queued work of a
-        session being released ends cancelled on the way."""
-        token = uuid.uuid4().hex
-        async with self._link.tx("claim") as conn:
-            cursor = await conn.execute(
-                f"SELECT {ROW}, ckey, climit, gated, session, created_at,"
-                " EXISTS (SELECT 1 FROM releases r WHERE r.agent = e.agent"
-                " AND r.session = e.session AND r.expires_at > now()),"
-                " extract(epoch FROM due_at)"
-                " FROM executions e WHERE agent = %s AND status = 'queued' AND due_at <= now()"
-                # Only while this replica's lease holds (a paused one renews first).
-                " AND EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
-                " AND r.replica = %s AND r.expires_at > now())"
-                # Work whose key is full, or whose session's turn has not come, is not looked
-                # at: a new key behind any number of blocked ones is claimed at once (both
-                # are checked again under the key's lock below).
-                " AND (ckey IS NULL OR (SELECT count(*) FROM executions h WHERE"
-                " h.agent = e.agent AND h.ckey = e.ckey"
-                " AND h.status IN ('running', 'input_required')) < greatest(e.climit, 1))"
-                " AND (NOT gated OR NOT EXISTS (SELECT 1 FROM executions o WHERE"
-                " o.agent = e.agent AND o.session = e.session AND o.id <> e.id"
-                " AND o.status IN ('queued', 'running', 'input_required')"
-                " AND o.created_at <= e.created_at"
-                " AND (o.status <> 'queued' OR o.created_at < e.created_at)))"
-                " ORDER BY due_at, queued_seq LIMIT %s FOR UPDATE SKIP LOCKED",
-                (self.agent, self.replica_id, CLAIM_WINDOW),
-            )
-            rows = await cursor.fetchall()
-            taken: Execution | None = None
-            blocked = False
-            for row in rows:
-                execution = read_row(row)
-                ckey, climit, gated, session, created_at, releasing, due = row[4:11]
-                if releasing:
-                    execution.cancel_queued(CancelReason.SESSION_RELEASED)
-                    await self._finish(conn, execution)
-                    continue
-                if gated and not await self._turn(conn, execution.execution_id, session,
-                                                  created_at):  # fmt: skip
-                    blocked = True
-                    continue
-                if ckey is not None and not await self._slot(conn, ckey, int(climit)):
-                    blocked = True
-                    continue
-                taken = execution
-                scheduled = execution.scheduled_at
-                execution.claim(self.replica_id)
-                execution.take = token
-                await conn.execute(
-                    "UPDATE executions SET status = 'running', replica = %s, take = %s,"
-                    " unbegun = true, due_at = NULL, doc = %s WHERE agent = %s AND id = %s",
-                    (self.replica_id, token, codec.encode(execution), self.agent,
-                     execution.execution_id),
-                )  # fmt: skip
-                cursor = await conn.execute(
-                    "SELECT coalesce(max(seq), 0) FROM events WHERE agent = %s"
-                    " AND execution_id = %s",
-                    (self.agent, execution.execution_id),
-                )
-                last = await cursor.fetchone()
-                execution.event_log(self.max_events).last_id = int(last[0]) if last else 0
-                await self._notify(conn, f"e:{execution.execution_id}")
-                waited_from = scheduled if scheduled else float(due or created_at)
-                break
-            if taken is None:
-                cursor = await conn.execute(
-                    "SELECT extract(epoch FROM min(due_at) - now()) FROM executions"
-                    " WHERE agent = %s AND status = 'queued'",
-                    (self.agent,),
-                )
-                row = await cursor.fetchone()
-        if taken is None:
-            loop = asyncio.get_running_loop()
-            due_in = None if row is None or row[0] is None else max(0.0, float(row[0]))
-            if blocked:
-                due_in = 1.0 if due_in is None else min(due_in, 1.0)
-            self._due_at = None if due_in is None else loop.time() + due_in
-            return None
-        taken.resumable = True
-        taken.started_monotonic = time.monotonic() - max(0.0, time.time() - taken.created_at)
-        if self.on_unqueued is not None and (taken.scheduled_at or taken.attempt == 1):
-            self.on_unqueued(taken, max(0.0, time.time() - waited_from))
-        return taken
-
-    async def _turn(self, conn: Conn, execution_id: str, session: str, created: float) -> bool:
-        """Its session's turn: no earlier execution of the session is still to end."""
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            (f"{self.agent}\x1fsession\x1f{session}",),
-        )
-        cursor = await conn.execute(
-            "SELECT 1 FROM executions WHERE agent = %s AND session = %s AND id <> %s"
-            " AND status IN ('queued', 'running', 'input_required') AND created_at <= %s"
-            " AND (status <> 'queued' OR created_at < %s) LIMIT 1",
-            (self.agent, session, execution_id, created, created),
-        )
-        return await cursor.fetchone() is None
-
-    async def _slot(self, conn: Conn, key: str, limit: int) -> bool:
-        """A free slot of the concurrency key (held slots counted under its lock)."""
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            (f"{self.agent}\x1fckey\x1f{key}",),
-        )
-        cursor = await conn.execute(
-            "SELECT count(*) FROM executions WHERE agent = %s AND ckey = %s"
-            " AND status IN ('running', 'input_required')",
-            (self.agent, key),
-        )
-        row = await cursor.fetchone()
-        return row is None or int(row[0]) < max(1, limit)
-
-    async def begin(self, execution: Execution) -> bool:
-        """Its body begins: the take's mark cleared, fenced by owner, attempt and take."""
-        try:
-            async with self._link.tx("begin") as conn:
-                cursor = await conn.execute(
-                    "UPDATE executions SET unbegun = false WHERE agent = %s AND id = %s"
-                    " AND replica = %s AND attempt = %s AND take = %s AND status = 'running'",
-                    (self.agent, execution.execution_id, self.replica_id, execution.attempt,
-                     execution.take),
-                )  # fmt: skip
-        except StoreUnavailable:
-            self.give_back(execution)
-            return False
-        return bool(cursor.rowcount)
-
-    def due_in(self) -> float | None:
-        if self._due_at is None:
-            return None
-        return max(0.0, self._due_at - asyncio.get_running_loop().time())
-
-    async def wait_queued(self, timeout: float) -> None:
-        try:
-            async with asyncio.timeout(min(timeout, 1.0)):  # the bounded poll
-                await self._queued_event.wait()
-        except TimeoutError:
-            pass
-        self._queued_event.clear()
 
     # -- requests for input ---------------------------------------------------------------------
 
@@ -516,7 +375,8 @@ class Owner(PgPart):
                 attempt = execution.attempt + 1 if park else execution.attempt
                 doc = codec.encode_with(
                     execution, status=INPUT_REQUIRED, input_request=request,
-                    replica="" if park else execution.replica, attempt=attempt)  # fmt: skip
+                    replica="" if park else execution.replica, attempt=attempt,
+                    **self._as_stored(execution, last=park))  # fmt: skip
                 await conn.execute(
                     "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
                     " attempt = %s, parked_by = %s, ledger = %s, ask_expires = CASE WHEN %s"

@@ -64,6 +64,19 @@ class PgPart(ExecutionStore):
     #: Waiters on this replica: execution id -> futures woken by its notices.
     _waiters: dict[str, set[asyncio.Future[None]]]
     _queued_event: asyncio.Event
+    #: Per execution id, the checkpoint (and its version) a migrating take was given, as
+    #: stored: the owner's writes keep it, never the migrated state in memory, until the
+    #: body's first checkpoint (a hand-off before it is migrated again from the same one).
+    _unread: dict[str, tuple[str | None, str | None]]
+
+    def _as_stored(self, execution: Execution, *, last: bool) -> dict[str, Any]:
+        """The checkpoint fields a document of `execution` is written with: the stored ones
+        while a migration's are unread ({} otherwise); `last`: this attempt's last write."""
+        kept = self._unread.pop if last else self._unread.get
+        stored = kept(execution.execution_id, None)
+        if stored is None:
+            return {}
+        return {"checkpoint": stored[0], "checkpoint_version": stored[1]}
 
     def _renew_soon(self) -> None:
         """This replica's lease lapsed (a pause): renew at the next pass, not a third of a

@@ -6,9 +6,9 @@ Postgres is the engine: every transition is one transaction on rows, fenced in i
 due times and expiry are on the database's clock; `LISTEN`/`NOTIFY` is a wake-up hint that
 carries ids only, and a poll of at most a second serves when a notice is lost or `LISTEN` is
 off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` composes its
-parts: the connections (`link.py`), records and lists (`records.py`), the owner's writes,
-claims and input (`owner.py`), and here the replica's liveness, the verdict on dead owners,
-the notices and retention.
+parts: the connections (`link.py`), records and lists (`records.py`), the owner's writes
+and input (`owner.py`), claims (`claims.py`, versions included), and here the replica's
+liveness, the verdict on dead owners, the notices and retention.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from agent_server.model.events import Event
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
 from agent_server.store.postgres import codec, schema
+from agent_server.store.postgres.claims import Claims
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Conn, Link
 from agent_server.store.postgres.owner import Owner
 from agent_server.store.postgres.part import ROW, read_row
@@ -45,7 +46,7 @@ LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
 RETENTION_BATCH = 1000
 
 
-class PostgresStore(Records, Owner, Webhooks):
+class PostgresStore(Records, Owner, Claims, Webhooks):
     """Records in Postgres, shared by every replica of the agent; see the module docstring."""
 
     def __init__(
@@ -90,6 +91,10 @@ class PostgresStore(Records, Owner, Webhooks):
         self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Set when the next liveness pass must renew, whenever the last renewal was.
         self._renew_now = False
+        self._waiting = set()
+        self._unread = {}
+        #: The advert the last renewal wrote: a change is told to the other replicas.
+        self._advertised = ""
 
     @property
     def up(self) -> bool:
@@ -173,11 +178,14 @@ class PostgresStore(Records, Owner, Webhooks):
                 " lease = %(l)s, advert = %(v)s",
                 {"a": self.agent, "r": self.replica_id, "l": self.lease_ttl, "v": self.advert},
             )
+            if self.advert != self._advertised:  # work may wait for it, or no longer
+                await self._notify(conn, "q")
             cursor = await conn.execute(
                 "SELECT count(*) FROM replicas WHERE agent = %s AND expires_at > now()",
                 (self.agent,),
             )
             row = await cursor.fetchone()
+        self._advertised = self.advert
         return int(row[0]) if row else 0
 
     async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
@@ -477,4 +485,7 @@ class PostgresStore(Records, Owner, Webhooks):
                 del self._event_waiters[execution_id]
 
     def withdraw(self) -> None:
+        """Renewed at the next pass without its versions: the other replicas' claims stop
+        leaving work for this one (claims.py)."""
         self.advert = ""
+        self._renew_now = True

@@ -28,6 +28,10 @@ CREATE TABLE executions (
     ledger       text,              -- its requests for input, until it ends
     ask_expires  timestamptz,       -- a parked request's timeout
     parked_by    text,              -- "{owner}|{attempt}" that parked it: its events still land
+    -- Versions (claims.py): the version that wrote its checkpoint ('' unversioned; NULL while
+    -- it has none), and a checkpoint no replica could read, set aside by a restart.
+    checkpoint_version text,
+    checkpoint_aside text,
     -- Retention: a finished record is read until `expires_at`.
     finished     timestamptz,
     expires_at   timestamptz,
