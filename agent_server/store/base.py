@@ -266,6 +266,9 @@ class ExecutionStore(abc.ABC):
         not be written (none for the memory store)."""
         return []
 
+    #: The most replicas `GET /replicas` shows (a shared store's read is bounded by it).
+    REPLICA_STATES = 100
+
     #: How this replica describes itself to the others (`GET /replicas`): set by `describe`.
     state: Callable[[], dict[str, Any]] | None = None
 

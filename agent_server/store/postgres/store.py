@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
+import orjson
 import psycopg
 
 from agent_server.model.asks import MAX_ANSWER_BYTES
@@ -170,13 +171,20 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
         async with self._link.tx("renew") as conn:
             await conn.execute(
                 "INSERT INTO replicas AS r (agent, replica, expires_at, renewed_at, since,"
-                " lease, advert) VALUES (%(a)s, %(r)s, now() + make_interval(secs => %(l)s),"
-                " now(), now(), %(l)s, %(v)s) ON CONFLICT (agent, replica) DO UPDATE SET"
+                " lease, advert, state) VALUES (%(a)s, %(r)s,"
+                " now() + make_interval(secs => %(l)s), now(), now(), %(l)s, %(v)s, %(s)s)"
+                " ON CONFLICT (agent, replica) DO UPDATE SET"
                 " expires_at = now() + make_interval(secs => %(l)s), renewed_at = now(),"
                 " since = CASE WHEN r.renewed_at >= now() - make_interval(secs => %(l)s / 2)"
                 " AND r.expires_at > 'epoch' THEN r.since ELSE now() END,"
-                " lease = %(l)s, advert = %(v)s",
-                {"a": self.agent, "r": self.replica_id, "l": self.lease_ttl, "v": self.advert},
+                " lease = %(l)s, advert = %(v)s, state = %(s)s",
+                {
+                    "a": self.agent,
+                    "r": self.replica_id,
+                    "l": self.lease_ttl,
+                    "v": self.advert,
+                    "s": self._state_text(),
+                },
             )
             if self.advert != self._advertised:  # work may wait for it, or no longer
                 await self._notify(conn, "q")
@@ -187,6 +195,31 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
             row = await cursor.fetchone()
         self._advertised = self.advert
         return int(row[0]) if row else 0
+
+    def _state_text(self) -> str:
+        """What `GET /replicas` shows of this replica on the others, written with each
+        renewal ('' until `describe`)."""
+        if self.state is None:
+            return ""
+        return orjson.dumps(self.state()).decode()
+
+    async def replica_states(self) -> list[dict[str, Any]]:
+        """What each live replica wrote of itself with its last renewal (at most
+        REPLICA_STATES), live by the database's clock."""
+        async with self._link.tx("replicas") as conn:
+            cursor = await conn.execute(
+                "SELECT state FROM replicas WHERE agent = %s AND expires_at > now()"
+                " AND state <> '' ORDER BY replica LIMIT %s",
+                (self.agent, self.REPLICA_STATES),
+            )
+            rows = await cursor.fetchall()
+        found: list[dict[str, Any]] = []
+        for (text,) in rows:
+            with contextlib.suppress(ValueError):
+                state = orjson.loads(text)
+                if isinstance(state, dict):
+                    found.append(state)
+        return found
 
     async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
         """Move the held records of owners whose lease lapsed (once: the rows are locked,

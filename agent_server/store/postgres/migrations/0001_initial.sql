@@ -73,6 +73,7 @@ CREATE TABLE replicas (
     since        timestamptz NOT NULL,  -- when its current run of renewals began
     lease        double precision NOT NULL,
     advert       text NOT NULL DEFAULT '',
+    state        text NOT NULL DEFAULT '',  -- what GET /replicas shows of it (JSON)
     PRIMARY KEY (agent, replica)
 );
 
