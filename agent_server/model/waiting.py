@@ -120,3 +120,27 @@ class Wakeup(asyncio.Future[None]):
     def __call__(self, _: object) -> None:
         if not self.done():
             self.set_result(None)
+
+
+async def recorded_within(
+    future: asyncio.Future[bool] | None, timeout: float, closing: Closing | None = None
+) -> bool:
+    """Whether `future` (an execution's `recorded`: its end written, or refused) came true
+    within `timeout` seconds and before `closing` was set. One future woken by the end, the
+    timer or the close: no task, no asyncio.wait. The shared stores' `recorded`."""
+    if future is None:
+        return False
+    if not future.done() and not (closing is not None and closing.is_set()):
+        waiter = Wakeup(loop=asyncio.get_running_loop())
+        timer = waiter.get_loop().call_later(timeout, waiter, None)
+        future.add_done_callback(waiter)
+        if closing is not None:
+            closing.waiters.add(waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            future.remove_done_callback(waiter)
+            if closing is not None:
+                closing.waiters.discard(waiter)
+    return future.done() and bool(future.result())

@@ -18,7 +18,7 @@ from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.context import StaleAttempt
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
-from agent_server.model.waiting import Closing, Wakeup
+from agent_server.model.waiting import Closing, recorded_within
 from agent_server.store.base import (
     FINISHED_EVENT,
     INPUT_REQUIRED_EVENT,
@@ -136,23 +136,7 @@ class Owner(PgPart):
     ) -> bool:
         """Whether the end is written within `timeout` seconds (and before `closing` is
         set): False when it was refused (fenced) or is still owed."""
-        future = execution.recorded
-        if future is None:
-            return False
-        if not future.done() and not (closing is not None and closing.is_set()):
-            waiter = Wakeup(loop=asyncio.get_running_loop())
-            timer = waiter.get_loop().call_later(timeout, waiter, None)
-            future.add_done_callback(waiter)
-            if closing is not None:
-                closing.waiters.add(waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                future.remove_done_callback(waiter)
-                if closing is not None:
-                    closing.waiters.discard(waiter)
-        return future.done() and bool(future.result())
+        return await recorded_within(execution.recorded, timeout, closing)
 
     async def flush(self, deadline: float) -> list[Execution]:
         """Write the outbox until `deadline` (monotonic); the ends still owed then."""

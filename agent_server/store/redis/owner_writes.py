@@ -7,7 +7,7 @@ import asyncio
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution
-from agent_server.model.waiting import Closing, Wakeup
+from agent_server.model.waiting import Closing, recorded_within
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
 
@@ -51,24 +51,7 @@ class OwnerWrites(StorePart):
     ) -> bool:
         """Whether the end is in Redis within `timeout` seconds (and before `closing` is
         set): False when it was refused (fenced), could not be kept, or is still owed."""
-        future = execution.recorded
-        if future is None:
-            return False
-        if not future.done() and not (closing is not None and closing.is_set()):
-            # One future woken by the end, the timer or the close: no task, no asyncio.wait.
-            waiter = Wakeup(loop=asyncio.get_running_loop())
-            timer = waiter.get_loop().call_later(timeout, waiter, None)
-            future.add_done_callback(waiter)
-            if closing is not None:
-                closing.waiters.add(waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                future.remove_done_callback(waiter)
-                if closing is not None:
-                    closing.waiters.discard(waiter)
-        return future.done() and future.result()
+        return await recorded_within(execution.recorded, timeout, closing)
 
     def hand_off(self, execution: Execution) -> None:
         """Through the outbox, fenced: the record goes to `queued` with attempt + 1."""
