@@ -83,9 +83,9 @@ class Execution(LiveState):
     schedule_id: str | None
     #: The version of the code that ran its latest attempt (docs/durable.md, "Versions").
     version: str | None
-    #: Resumable executions only: the request body (to bind a later attempt's arguments
-    #: again), the last checkpoint (JSON text) and how many attempts an owner's death may
-    #: cost. None, None, 1 for the others.
+    #: The request body (a later attempt, or a first run elsewhere, binds its arguments
+    #: again; None for none); resumable executions only: the last checkpoint (JSON text) and
+    #: how many attempts an owner's death may cost (None and 1 for the others).
     body: Any
     max_attempts: int
     checkpoint: str | None

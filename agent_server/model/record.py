@@ -79,8 +79,8 @@ class Written(enum.Enum):
     BY_SCRIPTS = "by_scripts"
     #: With the record, when set (not None).
     WITH_RECORD = "with_record"
-    #: With the record, for a resumable execution or one with a body: their presence marks
-    #: it resumable (judge.lua and owned.lua read `max_attempts`).
+    #: With the record, for a resumable execution or one with a body (every start with
+    #: input): judge.lua and owned.lua read `max_attempts` (1: not resumable).
     WITH_BODY = "with_body"
 
 
@@ -217,7 +217,8 @@ STORED: tuple[Field, ...] = (
     #: while unversioned or before a first run (docs/durable.md, "Versions").
     Field(name="version", kind=Kind.TEXT_OR_NONE, shown=_VALUE, schema=_NULLABLE_STRING),
     # -- hash-only ------------------------------------------------------------------------
-    #: A resumable execution's request body (a later attempt binds its arguments again).
+    #: The request body (a later attempt, or a first run elsewhere, binds its arguments
+    #: again).
     Field(name="body", kind=Kind.JSON, kept=_HASH, written=Written.WITH_BODY),
     #: How many attempts an owner's death may cost (1: not resumable).
     Field(name="max_attempts", kind=Kind.COUNT, kept=_HASH, written=Written.WITH_BODY,

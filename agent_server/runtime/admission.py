@@ -135,8 +135,10 @@ class Admission:
         if reasoner.resumable:
             execution.resumable = True
             execution.max_attempts = reasoner.max_attempts
-        if reasoner.resumable or reasoner.retry is not None or queue:
-            execution.body = body  # a later attempt, or this one elsewhere, binds it again
+        # Kept with every record: a later attempt binds it again, and so does a first run
+        # elsewhere (a start whose caller was cut while its create was on its way, put back
+        # on the queue by the repair), and the console's Run again starts from it.
+        execution.body = body
         if self.tracing.enabled:  # the request's span: every attempt joins its trace
             execution.trace = self.tracing.start_context()
         # A start may wait for two things, each decided by the store's claim: its session's
@@ -168,7 +170,6 @@ class Admission:
             # The store may have recorded it all the same (its answer was lost): if so it
             # asks, through `adopt`, for it to run here after all, or queues it with its
             # body for any replica to run.
-            execution.body = body
             self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
             while len(self._unanswered) > UNANSWERED_LIMIT:
                 self._unanswered.popitem(last=False)

@@ -18,8 +18,10 @@ import pytest
 
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
+from agent_server.model.reasoner import Reasoner
 from agent_server.model.waiting import Closing
 from agent_server.store.base import StoreUnavailable
+from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 from tests.support.faults import CutProxy
 from tests.support.redis_server import RedisServer
@@ -246,6 +248,69 @@ async def test_a_create_whose_answer_was_lost_runs_or_ends_visibly(
         claimed = await b.claim()
         assert claimed is not None and claimed.execution_id == execution.execution_id
         assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, {"seconds": 0.25})
+
+
+async def needs_key(key: str) -> dict[str, str]:
+    """A reasoner whose input has a required field: run with no input, it fails to bind."""
+    return {"key": key}
+
+
+@pytest.mark.parametrize("put_back_by", ["repair", "close"])
+async def test_a_start_cut_while_redis_runs_its_create_runs_once_elsewhere_with_its_input(
+    own_redis: RedisServer, put_back_by: str
+) -> None:
+    """Accepted work runs with the input it was accepted with. A synchronous start of a
+    plain reasoner (not resumable) whose request is cut while its create is on its way (the
+    listener's close at shutdown cuts it: 503 + Location; or its client left), Redis
+    running the create all the same: the record is `running` under A with no task. Put back
+    on the queue by A's repair while A lives, or at A's close (a rolled replica), its first
+    run elsewhere binds the request's own input: never no input at all (which fails a
+    required field, `failed` though nothing of it ran)."""
+    proxy = CutProxy(own_redis.port)
+    proxy.start()
+    a = open_redis(proxy.url, "A", Recorder(), lease_ttl=8.0)
+    b = open_redis(own_redis.url, "B", Recorder(), lease_ttl=8.0)
+    await a.open()
+    await b.open()
+    try:
+        registry = InFlightRegistry(a, max_inflight=10)
+        a.deliver_orphans(registry.runs, registry.adopt)
+        reasoner = Reasoner(needs_key, "needs_key", None)
+        body = {"key": "k-1"}
+        announced: list[Execution] = []
+        proxy.stall(b"", 1.0)  # every reply A reads is late: its create's too
+        start = asyncio.create_task(
+            registry.start_once(reasoner, reasoner.bind(body), body=body, announce=announced.append)
+        )
+
+        async def created() -> Execution | None:  # by Redis, read past the proxy
+            return None if not announced else await b.get(announced[0].execution_id)
+
+        record = await eventually(created, timeout=BOUND)
+        assert record.status is ExecutionStatus.RUNNING and not start.done()
+        start.cancel()  # the caller is cut: its create's answer is never read
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        proxy.unstall()
+        if put_back_by == "close":
+            await closed(a)
+
+        async def queued() -> Execution | None:
+            found = await b.get(record.execution_id)
+            assert found is not None
+            return found if found.status is ExecutionStatus.QUEUED else None
+
+        found = await eventually(queued, timeout=BOUND)
+        assert (found.replica, found.attempt) == ("", 1)
+        assert not registry.runs(record.execution_id)
+        claimed = await b.claim()
+        assert claimed is not None and claimed.execution_id == record.execution_id
+        assert (claimed.attempt, claimed.body) == (1, body)
+        assert reasoner.bind(claimed.body) == {"key": "k-1"}
+    finally:
+        await closed(b)
+        await closed(a)
+        proxy.stop()
 
 
 @pytest.mark.parametrize("body", [{"seconds": 0.25}, None])

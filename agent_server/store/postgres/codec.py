@@ -125,7 +125,7 @@ def encode(execution: Execution) -> str:
 def decode(doc: str) -> Execution:
     """The execution a row's document holds (a copy, as another replica reads it)."""
     execution = _from_doc(loads(doc))
-    if execution.body is not None or execution.max_attempts > 1:
+    if execution.max_attempts > 1:  # every record keeps its body: that says nothing
         execution.resumable = True
     return execution
 

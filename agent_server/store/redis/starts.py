@@ -85,8 +85,10 @@ class Starts(StorePart):
                     key_ttl,
                     *pairs,
                 )
-        except StoreUnavailable:
-            # Sent, perhaps: Redis may run it yet (a pause). The repair settles it.
+        except (StoreUnavailable, asyncio.CancelledError):
+            # Sent, perhaps: Redis may run it yet (a pause), or ran it as its caller was cut
+            # (the listener's close at shutdown, a client gone). The repair settles it: run
+            # here if the registry still has it, else queued for its first run elsewhere.
             liveness.doubt(execution, self._outbox.limit)
             raise
         finally:

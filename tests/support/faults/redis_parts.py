@@ -205,6 +205,10 @@ class CutProxy:
         self._stalls = times
         self._stall = (marker, seconds)
 
+    def unstall(self) -> None:
+        """Hold no more replies (those held now go on when their time is up)."""
+        self._stall = None
+
     def cut(self, mode: str) -> None:
         self._call(self._cut(mode))
 
