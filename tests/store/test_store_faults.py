@@ -20,8 +20,8 @@ from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.waiting import Closing
-from agent_server.store.base import StoreUnavailable
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.store.base import StoreUnavailable
 from agent_server.store.redis import COMMAND_TIMEOUT, RedisStore
 from tests.support.faults import CutProxy
 from tests.support.redis_server import RedisServer
