@@ -5,6 +5,10 @@ Every operation is one transaction on a pooled connection, bounded by COMMAND_TI
 connection refused, reset or silent is StoreUnavailable (readiness turns 503, new work 503 +
 Retry-After, the owner's writes wait in the outbox), and the store is down until a probe
 (`SELECT 1` after the pool dropped its broken connections) succeeds again.
+
+The pool's connections are in autocommit: an operation that is one statement (a read, a
+plain create, one end) is one round trip (`tx(..., one=True)`; a statement is atomic on its
+own), and one of several statements pays BEGIN and COMMIT (`conn.transaction()`).
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class Link:
             open=False,
             timeout=COMMAND_TIMEOUT,
             reconnect_timeout=3600 * 24 * 365,
-            kwargs={"connect_timeout": max(1, round(CONNECT_TIMEOUT)), "autocommit": False},
+            kwargs={"connect_timeout": max(1, round(CONNECT_TIMEOUT)), "autocommit": True},
             name="agent-server-store",
         )
         await self.pool.open(wait=True, timeout=CONNECT_TIMEOUT + 1)
@@ -107,9 +111,10 @@ class Link:
         return StoreUnavailable(f"cannot reach Postgres at {self.where}: {reason}")
 
     @asynccontextmanager
-    async def tx(self, operation: str) -> AsyncIterator[Conn]:
+    async def tx(self, operation: str, *, one: bool = False) -> AsyncIterator[Conn]:
         """One transaction (committed at the end of the block, rolled back on an error),
-        bounded; a failure to reach Postgres is StoreUnavailable and marks it down."""
+        bounded; a failure to reach Postgres is StoreUnavailable and marks it down. With
+        `one`, the block runs a single statement, atomic by itself: no BEGIN, no COMMIT."""
         pool = self.pool
         if pool is None:
             raise StoreUnavailable(f"the store at {self.where} is closed")
@@ -117,7 +122,11 @@ class Link:
         ok = False
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT), pool.connection() as conn:
-                yield conn
+                if one:
+                    yield conn
+                else:
+                    async with conn.transaction():
+                        yield conn
             ok = True
         except FAILURES as exc:
             self.set_up(False)

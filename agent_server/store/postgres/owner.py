@@ -38,6 +38,8 @@ BATCH = 200
 BATCH_BYTES = 4 * 1024 * 1024
 #: Backoff of the outbox (and of the owner's own writes) while Postgres is down.
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: Finished records one trim looks at (and deletes) at most, oldest first.
+TRIM_SCAN = 1000
 
 _FENCE = "agent = %(agent)s AND id = %(id)s AND replica = %(owner)s AND attempt = %(attempt)s" \
     " AND status IN ('running', 'input_required')"  # fmt: skip
@@ -181,6 +183,10 @@ class Owner(PgPart):
                 future = owed.execution.recorded if owed.kind == "end" else None
                 if future is not None and not future.done():
                     future.set_result(written)
+                if written and owed.kind == "end" and owed.execution.execution_id in self._waiters:
+                    # Its waiters here take the record as written, one copy for them all
+                    # as one read would be (the notice still tells the other replicas').
+                    self._wake(owed.execution.execution_id, codec.decode(owed.args["doc"]))
             if any(o.kind == "end" and o.args["webhook"] for o in batch) and self.on_webhook:
                 self.on_webhook()
 
@@ -198,9 +204,12 @@ class Owner(PgPart):
         return batch
 
     async def _write(self, batch: list[Owed]) -> list[bool]:
+        """One transaction for the batch; a batch of one end (the common case, one at a
+        time) is one statement, one round trip: atomic by itself."""
         outcomes: list[bool] = []
-        async with self._link.tx("outbox") as conn:
-            ended = False
+        one = len(batch) == 1 and batch[0].kind == "end" and not batch[0].args["webhook"]
+        async with self._link.tx("outbox", one=one) as conn:
+            retained: tuple[int, int] | None = None
             for owed in batch:
                 args = owed.args
                 if owed.kind == "emit":
@@ -224,20 +233,14 @@ class Owner(PgPart):
                     outcomes.append(True)
                     continue
                 if owed.kind == "end":
-                    cursor = await conn.execute(
-                        "UPDATE executions SET status = %(status)s, doc = %(doc)s,"
-                        " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
-                        " finished = clock_timestamp(),"
-                        " expires_at = now() + make_interval(secs => %(ttl)s),"
-                        f" result_bytes = %(bytes)s WHERE {_FENCE}",
-                        {**args, "ttl": self.result_ttl},
-                    )
-                    if cursor.rowcount and args["webhook"]:
+                    written, retained = await self._end(conn, args)
+                    if written and args["webhook"]:
                         await self._owe_webhook(
                             conn, owed.execution, f"{args['id']}.finished", FINISHED_EVENT,
                             args["data"])  # fmt: skip
-                    ended = ended or bool(cursor.rowcount)
-                elif owed.kind == "next":
+                    outcomes.append(written)
+                    continue
+                if owed.kind == "next":
                     cursor = await conn.execute(
                         "UPDATE executions SET status = 'queued', replica = '',"
                         " attempt = attempt + 1, doc = %(doc)s, unbegun = false,"
@@ -260,24 +263,57 @@ class Owner(PgPart):
                 if cursor.rowcount:
                     await self._notify(conn, f"e:{args['id']}")
                 outcomes.append(bool(cursor.rowcount))
-            if ended:
-                await self._trim(conn)
+            if retained is not None:
+                await self._trim(conn, *retained)
         return outcomes
 
-    async def _trim(self, conn: Conn) -> None:
+    async def _end(self, conn: Conn, args: dict[str, Any]) -> tuple[bool, tuple[int, int]]:
+        """One statement: the end written (fenced), its waiters told, and what the agent
+        retains once it is (the `retained` row, as its trigger will leave it)."""
+        cursor = await conn.execute(
+            "WITH done AS (UPDATE executions SET status = %(status)s, doc = %(doc)s,"
+            " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
+            " finished = clock_timestamp(),"
+            " expires_at = now() + make_interval(secs => %(ttl)s),"
+            f" result_bytes = %(bytes)s WHERE {_FENCE} RETURNING id, result_bytes),"
+            " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done)"
+            " SELECT (SELECT count(*) FROM done) + 0 * (SELECT count(*) FROM told),"
+            " coalesce(r.records, 0) + (SELECT count(*) FROM done),"
+            " coalesce(r.bytes, 0) + (SELECT coalesce(sum(result_bytes), 0) FROM done)"
+            " FROM (VALUES (1)) AS one (x) LEFT JOIN retained r ON r.agent = %(agent)s",
+            {**args, "ttl": self.result_ttl, "channel": self.channel},
+        )
+        row = await cursor.fetchone()
+        assert row is not None  # one row, whatever the update did
+        return bool(row[0]), (int(row[1]), int(row[2]))
+
+    async def _trim(self, conn: Conn, records: int, size: int) -> None:
         """At most `max_retained` finished records, and at most `max_retained_bytes` of
-        their results and errors (the newest stays, even alone over it): the oldest go,
-        bounded per call."""
+        their results and errors (the newest stays, even alone over it): when the counts
+        say so, the oldest go (their events with them), at most TRIM_SCAN a statement, by
+        the index of finished records. Past the count it trims a hundredth below it, so a
+        full store trims once in that many ends, not at each."""
+        excess = records - max(0, self.max_retained)
+        if excess > 0:
+            excess += self.max_retained // 100
+        over = size - max(0, self.max_retained_bytes)
+        if excess <= 0 and over <= 0:
+            return
         await conn.execute(
-            "DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id FROM"
-            " (SELECT id, row_number() OVER w AS n, sum(result_bytes) OVER w AS total"
-            " FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
-            " WINDOW w AS (ORDER BY finished DESC, id DESC)) kept"
-            " WHERE n > %(keep)s OR (total > %(bytes)s AND n > 1) LIMIT 1000)",
+            "WITH oldest AS (SELECT id, row_number() OVER w AS n,"
+            " sum(result_bytes) OVER w - result_bytes AS before FROM (SELECT id, finished,"
+            " result_bytes FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
+            " ORDER BY finished, id LIMIT %(scan)s) AS o WINDOW w AS (ORDER BY finished, id)),"
+            " gone AS (DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id"
+            " FROM oldest WHERE (n <= %(excess)s OR before < %(over)s) AND n < %(records)s)"
+            " RETURNING id)"
+            " DELETE FROM events WHERE agent = %(agent)s AND execution_id IN (SELECT id FROM gone)",
             {
                 "agent": self.agent,
-                "keep": max(0, self.max_retained),
-                "bytes": max(0, self.max_retained_bytes),
+                "scan": TRIM_SCAN,
+                "excess": excess,
+                "over": over,
+                "records": records,
             },
         )
 

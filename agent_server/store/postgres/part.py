@@ -62,7 +62,9 @@ class PgPart(ExecutionStore):
     channel: str
     _due_at: float | None
     #: Waiters on this replica: execution id -> futures woken by its notices.
-    _waiters: dict[str, set[asyncio.Future[None]]]
+    #: Each waiter is given the record when this process wrote its end (its own copy, as
+    #: written: no read needed), else None (a notice or the poll: read it).
+    _waiters: dict[str, set[asyncio.Future[Execution | None]]]
     _queued_event: asyncio.Event
     #: Per execution id, the checkpoint (and its version) a migrating take was given, as
     #: stored: the owner's writes keep it, never the migrated state in memory, until the
@@ -83,10 +85,10 @@ class PgPart(ExecutionStore):
         lease later."""
         raise NotImplementedError
 
-    def _wake(self, execution_id: str) -> None:
+    def _wake(self, execution_id: str, written: Execution | None = None) -> None:
         for waiter in self._waiters.get(execution_id, ()):
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(written)
 
     async def _notify(self, conn: Conn, payload: str) -> None:
         """A wake-up hint (ids only, never records) sent when the transaction commits."""

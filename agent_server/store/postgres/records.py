@@ -63,7 +63,9 @@ class Records(PgPart):
         so one execution per key across replicas)."""
         session = execution.session_name
         queued = execution.status is ExecutionStatus.QUEUED
-        async with self._link.tx("enqueue" if queued else "create") as conn:
+        # A plain start (no session, no key, not queued) is its INSERT alone: one round trip.
+        plain = session is None and idempotency is None and not queued
+        async with self._link.tx("enqueue" if queued else "create", one=plain) as conn:
             if session is not None:
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -181,7 +183,7 @@ class Records(PgPart):
         none for an unknown id: a foreign id costs what an unknown one does."""
         tenant_only = "" if tenant is None else " AND tenant = %s"
         arguments = (self.agent, execution_id) + (() if tenant is None else (tenant,))
-        async with self._link.tx("get") as conn:
+        async with self._link.tx("get", one=True) as conn:
             cursor = await conn.execute(
                 f"SELECT {ROW}, status IN ('running', 'input_required') AND replica <> ''"
                 " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
@@ -190,13 +192,14 @@ class Records(PgPart):
                 arguments,
             )
             row = await cursor.fetchone()
-            if row is None:
-                return None
-            if row[4]:
+        if row is None:
+            return None
+        if row[4]:  # its owner stopped renewing: judged in a transaction (rows locked)
+            async with self._link.tx("judge") as conn:
                 moved = await self._judge(conn, [execution_id])
-                if moved:
-                    return moved[0]
-            return read_row(row)
+            if moved:
+                return moved[0]
+        return read_row(row)
 
     async def page(
         self,
@@ -237,7 +240,7 @@ class Records(PgPart):
         if after is not None:
             where.append("(created_at, id) < (%(since)s, %(since_id)s)")
             params.update(since=after.created_at, since_id=after.execution_id)
-        async with self._link.tx("list") as conn:
+        async with self._link.tx("list", one=True) as conn:
             cursor = await conn.execute(
                 f"SELECT {ROW}, created_at, id, result_bytes FROM executions"
                 f" WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC"

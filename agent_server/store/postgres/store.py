@@ -120,10 +120,8 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
         try:
             await self._link.open()
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
-                async with self._link.tx("migrate") as conn:
-                    await conn.set_autocommit(True)
-                    await schema.migrate(conn)
-                    await conn.set_autocommit(False)
+                async with self._link.tx("migrate", one=True) as conn:
+                    await schema.migrate(conn)  # its own transaction
                 await self._renew()
                 listening = await self._listening() if self.listen else None
         except SchemaTooNew:
@@ -158,8 +156,10 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
                         (self.agent, self.replica_id),
                     )
         await self._link.close()
-        for waiters in (*self._waiters.values(), *self._event_waiters.values()):
-            for waiter in waiters:
+        for execution_id in list(self._waiters):
+            self._wake(execution_id)
+        for event_waiters in self._event_waiters.values():
+            for waiter in event_waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
@@ -464,13 +464,14 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
         self, execution: Execution, timeout: float | None, asked: bool = False
     ) -> Execution:
         """Read, then wait for a notice (or the poll) and read again, until it reached its
-        end (with `asked`, or waits for input) or `timeout` passed."""
+        end (with `asked`, or waits for input) or `timeout` passed. An end this process wrote
+        wakes its waiters with the record as written: no read."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         current, first = execution, True
         while True:
             # Registered before the read: a notice that comes while it reads is not lost.
-            waiter: asyncio.Future[None] = loop.create_future()
+            waiter: asyncio.Future[Execution | None] = loop.create_future()
             waiters = self._waiters.setdefault(execution.execution_id, set())
             waiters.add(waiter)
             try:
@@ -488,7 +489,9 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
                     return current
                 bound = POLL_SECONDS if remaining is None else min(POLL_SECONDS, remaining)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(waiter), bound)
+                    written = await asyncio.wait_for(asyncio.shield(waiter), bound)
+                    if written is not None and written.reached_end(asked):
+                        return written
             finally:
                 waiters.discard(waiter)
                 if not waiters:
