@@ -24,7 +24,7 @@ source tree (DIR holds an `agent_server/` package), for before/after under the s
 `--gc-log` (mix) adds the garbage-collection pauses the server spent after SIGTERM.
 
 Usage: python -m bench.scale [--scales 1000,10000,100000] [--rounds 3] [--parts mix,park,retained]
-                             [--compare DIR] [--gc-log]
+                             [--compare DIR] [--gc-log] [--redis | --postgres] [--grace S]
 """
 
 from __future__ import annotations
@@ -238,11 +238,8 @@ def run_mix(
     def request(index: int) -> bytes:
         return swallow if index % 10 == 9 else cooperative
 
-    if store is not None:  # each run on an empty Redis: the runs before leave their records
-        import redis
-
-        with redis.Redis.from_url(store) as client:
-            client.flushall()
+    if store is not None:  # each run on an empty store: the runs before leave their records
+        empty(store)
     launched = _launch(
         "agent-server",
         n,
@@ -587,6 +584,29 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def empty(store: str) -> None:
+    """Empty the shared store at `store`: every Redis key, or every Postgres table's rows
+    (the schema stays)."""
+    if store.startswith("redis"):
+        import redis
+
+        with redis.Redis.from_url(store) as client:
+            client.flushall()
+        return
+    import psycopg
+
+    with psycopg.connect(store, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                " AND tablename <> 'agent_server_schema'"
+            )
+        ]
+        if tables:
+            conn.execute(f"TRUNCATE {', '.join(tables)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scales", default="1000,10000,100000")
@@ -596,6 +616,9 @@ def main() -> None:
     parser.add_argument("--gc-log", action="store_true", help="mix: log GC pauses")
     parser.add_argument(
         "--redis", action="store_true", help="mix: the Redis store, on a redis-server of its own"
+    )
+    parser.add_argument(
+        "--postgres", action="store_true", help="mix: the Postgres store, on a server of its own"
     )
     parser.add_argument(
         "--grace",
@@ -608,6 +631,12 @@ def main() -> None:
     scales = tuple(int(s) for s in args.scales.split(","))
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(RedisServer()).url if args.redis else None
+        if args.postgres:
+            from tests.support.postgres_server import PostgresServer
+
+            postgres = PostgresServer()
+            stack.callback(postgres.remove)
+            store = postgres.url
         data = run(
             scales=scales,
             rounds=args.rounds,

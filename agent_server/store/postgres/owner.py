@@ -204,88 +204,115 @@ class Owner(PgPart):
         return batch
 
     async def _write(self, batch: list[Owed]) -> list[bool]:
-        """One transaction for the batch; a batch of one end (the common case, one at a
-        time) is one statement, one round trip: atomic by itself."""
+        """One transaction for the batch, in order; each run of ends in it is one statement
+        (a drain's thousands of ends leave in a few round trips), and a batch that is only
+        ends without webhooks is that statement alone, atomic by itself."""
         outcomes: list[bool] = []
-        one = len(batch) == 1 and batch[0].kind == "end" and not batch[0].args["webhook"]
+        one = all(o.kind == "end" and not o.args["webhook"] for o in batch)
         async with self._link.tx("outbox", one=one) as conn:
             retained: tuple[int, int] | None = None
-            for owed in batch:
-                args = owed.args
-                if owed.kind == "emit":
-                    cursor = await conn.execute(
-                        "INSERT INTO events (agent, execution_id, seq, event, data)"
-                        " SELECT %(agent)s, %(id)s, %(seq)s, %(event)s, %(data)s"
-                        f" WHERE EXISTS (SELECT 1 FROM executions WHERE {_FENCE})"
-                        # The attempt that parked it: its events still owed are written.
-                        " OR EXISTS (SELECT 1 FROM executions WHERE agent = %(agent)s"
-                        " AND id = %(id)s AND parked_by = %(owner)s || '|' || %(attempt)s)"
-                        " ON CONFLICT DO NOTHING",
-                        args,
-                    )
-                    if cursor.rowcount:
-                        await conn.execute(
-                            "DELETE FROM events WHERE agent = %(agent)s AND execution_id = %(id)s"
-                            " AND seq <= %(seq)s - %(keep)s",
-                            {**args, "keep": self.max_events},
-                        )
-                        await self._notify(conn, f"v:{args['id']}")
-                    outcomes.append(True)
-                    continue
+            index = 0
+            while index < len(batch):
+                owed = batch[index]
                 if owed.kind == "end":
-                    written, retained = await self._end(conn, args)
-                    if written and args["webhook"]:
-                        await self._owe_webhook(
-                            conn, owed.execution, f"{args['id']}.finished", FINISHED_EVENT,
-                            args["data"])  # fmt: skip
-                    outcomes.append(written)
+                    run = [owed]
+                    while index + len(run) < len(batch) and batch[index + len(run)].kind == "end":
+                        run.append(batch[index + len(run)])
+                    written, retained = await self._ends(conn, run)
+                    for done, ended in zip(written, run, strict=True):
+                        if done and ended.args["webhook"]:
+                            await self._owe_webhook(
+                                conn, ended.execution, f"{ended.args['id']}.finished",
+                                FINISHED_EVENT, ended.args["data"])  # fmt: skip
+                    outcomes.extend(written)
+                    index += len(run)
                     continue
-                if owed.kind == "next":
-                    cursor = await conn.execute(
-                        "UPDATE executions SET status = 'queued', replica = '',"
-                        " attempt = attempt + 1, doc = %(doc)s, unbegun = false,"
-                        " due_at = now() + make_interval(secs => %(delay)s),"
-                        " queued_seq = nextval('executions_queue_seq'), ask_expires = NULL"
-                        f" WHERE {_FENCE}",
-                        args,
-                    )
-                    if cursor.rowcount:
-                        await self._notify(conn, "q")
-                else:  # unclaim: the same attempt, at the head of the queue
-                    cursor = await conn.execute(
-                        "UPDATE executions SET status = 'queued', replica = '', doc = %(doc)s,"
-                        " unbegun = false, due_at = 'epoch', take = ''"
-                        f" WHERE {_FENCE} AND take = %(take)s",
-                        args,
-                    )
-                    if cursor.rowcount:
-                        await self._notify(conn, "q")
-                if cursor.rowcount:
-                    await self._notify(conn, f"e:{args['id']}")
-                outcomes.append(bool(cursor.rowcount))
+                index += 1
+                outcomes.append(await self._write_one(conn, owed))
             if retained is not None:
                 await self._trim(conn, *retained)
         return outcomes
 
-    async def _end(self, conn: Conn, args: dict[str, Any]) -> tuple[bool, tuple[int, int]]:
-        """One statement: the end written (fenced), its waiters told, and what the agent
-        retains once it is (the `retained` row, as its trigger will leave it)."""
+    async def _write_one(self, conn: Conn, owed: Owed) -> bool:
+        """An event, a hand-off or retry (`next`), or an unclaim, fenced."""
+        args = owed.args
+        if owed.kind == "emit":
+            cursor = await conn.execute(
+                "INSERT INTO events (agent, execution_id, seq, event, data)"
+                " SELECT %(agent)s, %(id)s, %(seq)s, %(event)s, %(data)s"
+                f" WHERE EXISTS (SELECT 1 FROM executions WHERE {_FENCE})"
+                # The attempt that parked it: its events still owed are written.
+                " OR EXISTS (SELECT 1 FROM executions WHERE agent = %(agent)s"
+                " AND id = %(id)s AND parked_by = %(owner)s || '|' || %(attempt)s)"
+                " ON CONFLICT DO NOTHING",
+                args,
+            )
+            if cursor.rowcount:
+                await conn.execute(
+                    "DELETE FROM events WHERE agent = %(agent)s AND execution_id = %(id)s"
+                    " AND seq <= %(seq)s - %(keep)s",
+                    {**args, "keep": self.max_events},
+                )
+                await self._notify(conn, f"v:{args['id']}")
+            return True
+        if owed.kind == "next":
+            cursor = await conn.execute(
+                "UPDATE executions SET status = 'queued', replica = '',"
+                " attempt = attempt + 1, doc = %(doc)s, unbegun = false,"
+                " due_at = now() + make_interval(secs => %(delay)s),"
+                " queued_seq = nextval('executions_queue_seq'), ask_expires = NULL"
+                f" WHERE {_FENCE}",
+                args,
+            )
+        else:  # unclaim: the same attempt, at the head of the queue
+            cursor = await conn.execute(
+                "UPDATE executions SET status = 'queued', replica = '', doc = %(doc)s,"
+                " unbegun = false, due_at = 'epoch', take = ''"
+                f" WHERE {_FENCE} AND take = %(take)s",
+                args,
+            )
+        if cursor.rowcount:
+            await self._notify(conn, "q")
+            await self._notify(conn, f"e:{args['id']}")
+        return bool(cursor.rowcount)
+
+    async def _ends(self, conn: Conn, run: list[Owed]) -> tuple[list[bool], tuple[int, int]]:
+        """One statement for a run of ends: each written (fenced by owner, attempt and
+        status), its waiters told, and what the agent retains once they are (the
+        `retained` row, as its trigger will leave it). Which were written, in order."""
         cursor = await conn.execute(
-            "WITH done AS (UPDATE executions SET status = %(status)s, doc = %(doc)s,"
+            "WITH given AS (SELECT * FROM unnest(%(ids)s::text[], %(owners)s::text[],"
+            " %(attempts)s::integer[], %(statuses)s::text[], %(docs)s::text[],"
+            " %(sizes)s::bigint[]) AS g (id, owner, attempt, status, doc, size)),"
+            " done AS (UPDATE executions e SET status = g.status, doc = g.doc,"
             " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
             " finished = clock_timestamp(),"
-            " expires_at = now() + make_interval(secs => %(ttl)s),"
-            f" result_bytes = %(bytes)s WHERE {_FENCE} RETURNING id, result_bytes),"
+            " expires_at = now() + make_interval(secs => %(ttl)s), result_bytes = g.size"
+            " FROM given g WHERE e.agent = %(agent)s AND e.id = g.id AND e.replica = g.owner"
+            " AND e.attempt = g.attempt AND e.status IN ('running', 'input_required')"
+            " RETURNING e.id, e.result_bytes),"
             " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done)"
-            " SELECT (SELECT count(*) FROM done) + 0 * (SELECT count(*) FROM told),"
+            " SELECT (SELECT coalesce(array_agg(id), '{}') FROM done),"
+            " 0 * (SELECT count(*) FROM told),"
             " coalesce(r.records, 0) + (SELECT count(*) FROM done),"
             " coalesce(r.bytes, 0) + (SELECT coalesce(sum(result_bytes), 0) FROM done)"
             " FROM (VALUES (1)) AS one (x) LEFT JOIN retained r ON r.agent = %(agent)s",
-            {**args, "ttl": self.result_ttl, "channel": self.channel},
+            {
+                "ids": [o.args["id"] for o in run],
+                "owners": [o.args["owner"] for o in run],
+                "attempts": [o.args["attempt"] for o in run],
+                "statuses": [o.args["status"] for o in run],
+                "docs": [o.args["doc"] for o in run],
+                "sizes": [o.args["bytes"] for o in run],
+                "ttl": self.result_ttl,
+                "channel": self.channel,
+                "agent": self.agent,
+            },
         )
         row = await cursor.fetchone()
         assert row is not None  # one row, whatever the update did
-        return bool(row[0]), (int(row[1]), int(row[2]))
+        written = set(row[0])
+        return [o.args["id"] in written for o in run], (int(row[2]), int(row[3]))
 
     async def _trim(self, conn: Conn, records: int, size: int) -> None:
         """At most `max_retained` finished records, and at most `max_retained_bytes` of
