@@ -3,8 +3,9 @@
 Handlers are thin, translating between HTTP and the registry and the store, and know nothing
 of signals: they start work through the registry (admission, draining), read records from
 the store (whichever replica ran them), and read the phase. The groups: runs
-(`runs.py`), recorded executions and their events (`executions.py`), input
-(`inputs.py`), sessions (`sessions.py`), probes, metrics and the schema (`health.py`).
+(`runs.py`), recorded executions and their events (`executions.py`), input (`inputs.py`:
+an answer, and what it was started with), sessions (`sessions.py`), probes, metrics and
+the schema (`health.py`).
 Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
 """
 
@@ -46,6 +47,7 @@ ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("DELETE", "/executions/{execution_id}"): (204, 404, 409, 503),
     ("POST", "/executions/{execution_id}/cancel"): (200, 202, 404, 503),
     ("POST", "/executions/{execution_id}/input"): (202, 400, 404, 409, 422, 503),
+    ("GET", "/executions/{execution_id}/input"): (200, 404, 503),
     ("GET", "/executions/{execution_id}/events"): (200, 400, 404, 503),
     ("GET", "/reasoners"): (200,),
     ("GET", "/executions"): (200, 422, 503),
@@ -155,7 +157,7 @@ class Api:
             ("/executions/{execution_id}", self.executions.execution, ["GET", "DELETE"]),
             ("/executions/{execution_id}/cancel", self.executions.cancel_execution, ["POST"]),
             ("/executions/{execution_id}/events", self.executions.execution_events, ["GET"]),
-            ("/executions/{execution_id}/input", self.inputs.answer_input, ["POST"]),
+            ("/executions/{execution_id}/input", self.inputs.input, ["GET", "POST"]),
             ("/reasoners", self.runs.list_reasoners, ["GET"]),
             ("/executions", self.executions.list_executions, ["GET"]),
             ("/sessions/{session_id}", self.sessions.release_session, ["DELETE"]),

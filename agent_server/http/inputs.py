@@ -1,5 +1,6 @@
-"""`POST /executions/{id}/input`: the answer to an execution's pending request (`ctx.ask`),
-checked against the request's schema and taken once, whichever replica is asked."""
+"""`/executions/{id}/input`: `POST`, the answer to an execution's pending request
+(`ctx.ask`), checked against the request's schema and taken once, whichever replica is asked;
+`GET`, the input it was started with (what Run again starts a new execution with)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agent_server.http import answers
+from agent_server.http.access import UNKNOWN_EXECUTION
 from agent_server.http.executions import Executions
 from agent_server.http.params import first_values, read_json
-from agent_server.http.routing import ApiError
+from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import shown
 from agent_server.model.execution import ExecutionStatus
@@ -25,6 +27,22 @@ class Inputs:
         self.store = store
         self.executions = executions
         self.max_body_size = max_body_size
+
+    async def input(self, request: Request) -> Response:
+        """One route for both methods, so a 405 names them both in `Allow`."""
+        if request.method == "POST":
+            return await self.answer_input(request)
+        return await self.start_input(request)
+
+    async def start_input(self, request: Request) -> Response:
+        """`GET /executions/{id}/input`: the JSON body it was started with (`null` for none),
+        to whoever may `read` its record (the record's 404 and 403 otherwise). Read apart
+        from the record, so no list, wait or event carries it."""
+        execution = await self.executions.find(request, "read")
+        known, body = await self.store.input_of(execution)
+        if not known:  # forgotten since it was found
+            raise ApiError(404, UNKNOWN_EXECUTION)
+        return JSONResponse(body)
 
     async def answer_input(self, request: Request) -> Response:
         """`POST /executions/{id}/input`: the answer to its pending request, taken once

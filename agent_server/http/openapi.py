@@ -133,6 +133,7 @@ OPERATION_IDS = {
     ("/executions/{execution_id}", "delete"): "deleteExecution",
     ("/executions/{execution_id}/cancel", "post"): "cancelExecution",
     ("/executions/{execution_id}/events", "get"): "streamExecutionEvents",
+    ("/executions/{execution_id}/input", "get"): "getExecutionInput",
     ("/executions/{execution_id}/input", "post"): "answerInput",
     ("/sessions/{session_id}", "delete"): "releaseSession",
     ("/healthz", "get"): "healthz",
@@ -399,6 +400,15 @@ def openapi_document(
                 }
             },
             "/executions/{execution_id}/input": {
+                "get": {
+                    "summary": "The input it was started with: the start's JSON body, null "
+                    "for none (what a new start with the same input sends)",
+                    "parameters": [EXECUTION_ID],
+                    "responses": {
+                        "200": _json({}, "The start's body, as JSON"),
+                        "404": _error("Unknown execution"),
+                    },
+                },
                 "post": {
                     "summary": "Answer the execution's pending request for input (ctx.ask): "
                     "one answer per request wins, on every replica",
@@ -440,7 +450,7 @@ def openapi_document(
                         "415": _error("Body is not JSON"),
                         "422": _error("Malformed body, or a value that fails the schema"),
                     },
-                }
+                },
             },
             "/executions/{execution_id}/events": {
                 "get": {

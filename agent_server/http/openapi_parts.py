@@ -25,11 +25,13 @@ def _error(description: str) -> dict[str, Any]:
 
 
 #: The execution a response carries is reachable at these operations (OpenAPI links):
-#: clients and stateful fuzzers follow them from a start to its poll, cancel and delete.
+#: clients and stateful fuzzers follow them from a start to its poll, input, cancel and
+#: delete.
 EXECUTION_LINKS = {
     name: {"operationId": operation, "parameters": {"execution_id": "$response.body#/execution_id"}}
     for name, operation in [
         ("GetExecution", "getExecution"),
+        ("GetExecutionInput", "getExecutionInput"),
         ("CancelExecution", "cancelExecution"),
         ("DeleteExecution", "deleteExecution"),
         ("AnswerInput", "answerInput"),

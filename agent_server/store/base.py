@@ -433,6 +433,13 @@ class ExecutionStore(abc.ABC):
         another tenant's id costs what an unknown one does (docs/security.md#tenants).
         `tenant` None reads every tenant's (an admin, a server without authentication)."""
 
+    async def input_of(self, execution: Execution) -> tuple[bool, Any]:
+        """The body `execution` (as `get` found it) was started with, None for none; False
+        first when its record is gone meanwhile. `get` restores it on a store that keeps it
+        in the record's document (memory, Postgres); Redis reads it apart, here only, so no
+        other read carries it (`GET /executions/{id}/input`)."""
+        return True, execution.body
+
     @abc.abstractmethod
     async def wait(
         self, execution: Execution, timeout: float | None, asked: bool = False

@@ -7,10 +7,11 @@ The invariants: the page loads without a token and asks for one, keeps it for th
 it shows and does exactly what the API lets that token (a tenant sees its own, the admin
 all); the list shows new executions and status changes without a reload; an execution's
 page draws its attempts, answers a request through the form its schema makes (typed values
-reach the reasoner), cancels and runs again; every value (input, prompt, result, error,
-event) is shown as text, so markup in it runs nothing; the replicas view shows the replica,
-its in-flight count and its drain; no request leaves loopback, the token reaches no URL and
-no log line; a strict CSP is sent; `--no-console` is a 404.
+reach the reasoner), cancels, and runs again with the input the server kept; every value
+(input, prompt, result, error, event) is shown as text, so markup in it runs nothing; the
+replicas view shows the replica, its in-flight count and its drain; no request leaves
+loopback, the token reaches no URL and no log line; a strict CSP is sent; `--no-console` is
+a 404.
 """
 
 from __future__ import annotations
@@ -263,29 +264,56 @@ def test_an_execution_is_drawn_and_its_request_answered_through_the_form(
     assert console_errors(browser) == []
 
 
-def test_cancel_and_run_again(server_factory: Start, tmp_path: Path, browser: Any) -> None:
-    server = serve(server_factory, tmp_path)
-    open_console(browser, server, ALICE)
-    css(browser, "#start summary").click()
-    from selenium.webdriver.support.ui import Select
+def rerun_ready(driver: Any, execution_id: str) -> None:
+    """The page shows `execution_id`, its Run again field filled from the server."""
+    wait_until(
+        driver,
+        lambda d: (
+            text_of(d, "#record dd") == execution_id
+            and d.execute_script("return document.getElementById('rerun-input').value") != ""
+        ),
+    )
 
-    Select(css(browser, "#start-reasoner")).select_by_value("echo")
-    box = css(browser, "#start-input")
-    box.clear()
-    box.send_keys('{"text": "once more"}')
-    browser.find_element("xpath", '//details[@id="start"]//button[text()="Start"]').click()
+
+def test_cancel_and_run_again(server_factory: Start, tmp_path: Path, browser: Any) -> None:
+    """Run again on an execution this tab never started: its input is the one the server
+    kept (`GET /executions/{id}/input`), and the new execution ends as the first did; the
+    field stays editable, and an edited input is what the next run gets."""
+    server = serve(server_factory, tmp_path)
+    body = {"text": f"once more {MARKUP} ✓ \u2028"}
+    first = start(server, ALICE, "echo", body)
+    open_console(browser, server, ALICE, f"#/executions/{first['execution_id']}")
     wait_until(browser, lambda d: page_status(d) == "succeeded")
-    first_id = browser.execute_script("return location.hash").split("/")[-1]
-    assert json.loads(css(browser, "#rerun-input").get_attribute("value")) == {"text": "once more"}
+    rerun_ready(browser, first["execution_id"])
+    assert json.loads(css(browser, "#rerun-input").get_attribute("value")) == body
+    assert text_of(browser, "#rerun-hint") == "The input it was started with."
     browser.find_element("xpath", '//button[text()="Run again"]').click()
     wait_until(
-        browser, lambda d: d.execute_script("return location.hash").split("/")[-1] != first_id
+        browser,
+        lambda d: d.execute_script("return location.hash").split("/")[-1] != first["execution_id"],
     )
     second_id = browser.execute_script("return location.hash").split("/")[-1]
     wait_until(browser, lambda d: page_status(d) == "succeeded")
     with api(server, ALICE) as client:
+        before = client.get(f"/executions/{first['execution_id']}").json()
         again = client.get(f"/executions/{second_id}").json()
-    assert again["reasoner"] == "echo" and again["result"] == {"text": "once more"}
+        kept = client.get(f"/executions/{second_id}/input")
+    assert (again["reasoner"], again["status"]) == ("echo", "succeeded")
+    assert again["result"] == before["result"] == body
+    assert kept.status_code == 200 and kept.json() == body
+    assert f"{server.url}/executions/{first['execution_id']}/input" in requested_urls(browser)
+    # The field is the user's to change: an edited input is the one the next run gets.
+    rerun_ready(browser, second_id)
+    box = css(browser, "#rerun-input")
+    box.clear()
+    box.send_keys('{"text": "edited"}')
+    browser.find_element("xpath", '//button[text()="Run again"]').click()
+    wait_until(
+        browser, lambda d: d.execute_script("return location.hash").split("/")[-1] != second_id
+    )
+    wait_until(browser, lambda d: page_status(d) == "succeeded")
+    assert json.loads(text_of(browser, "#result")) == {"text": "edited"}
+    nothing_injected(browser)
 
     held = start(server, ALICE, "hold", {})
     browser.get(f"{server.url}/console#/executions/{held['execution_id']}")

@@ -255,6 +255,28 @@ async def test_end_then_get(replicas: Factory) -> None:
     assert found.status_reason is CancelReason.SHUTDOWN and found.abandoned
 
 
+async def test_the_input_a_start_kept_is_read_by_any_replica(replicas: Factory) -> None:
+    """`input_of` (GET /executions/{id}/input): the body it was created with, as another
+    replica finds it, running or ended; None for a start without one; a record forgotten
+    since it was found is gone (False) where the body is read apart."""
+    r = await replicas()
+    body = {"text": "hé \u2028", "n": [1, 2**70, 0.5], "nested": {"deep": [None, True]}}
+    kept, bare = r.new(), r.new()
+    kept.body = body
+    for execution in (kept, bare):
+        await r.a.create(execution)
+    found = await r.b.get(kept.execution_id)
+    assert found is not None and await r.b.input_of(found) == (True, body)
+    kept.finish(ExecutionStatus.SUCCEEDED, result="done")
+    ended = await r.ended(kept)
+    assert await r.b.input_of(ended) == (True, body)
+    no_body = await r.b.get(bare.execution_id)
+    assert no_body is not None and await r.b.input_of(no_body) == (True, None)
+    assert await r.a.forget(kept.execution_id)
+    if r.kind == "redis":
+        assert await r.b.input_of(ended) == (False, None)
+
+
 async def test_list_newest_first_with_filters_and_limit(replicas: Factory) -> None:
     r = await replicas()
     base = time.time()

@@ -1,15 +1,16 @@
 // One execution: its record, its attempts as a picture, its events live, the form of a
 // pending request for input, Cancel and Run again.
 //
-// The record keeps the latest attempt only (number, replica, version) and no input: the
-// picture is drawn from it, from its `input_required` events, and from what this tab saw
-// while the page was open (kept for the tab); attempts before those are drawn without a
-// replica ("not recorded").
+// The record keeps the latest attempt only (number, replica, version): the picture is drawn
+// from it, from its `input_required` events, and from what this tab saw while the page was
+// open (kept for the tab); attempts before those are drawn without a replica ("not
+// recorded"). Run again starts from the input the server kept
+// (`GET /executions/{id}/input`), in a field that stays editable.
 "use strict";
 
-import { call, followEvents } from "./api.js";
+import { Unauthorized, call, followEvents } from "./api.js";
 import { requestForm } from "./schema_form.js";
-import { executionLink, h, isTerminal, knownInput, rememberInput, start, statusBadge, svg } from "./views.js";
+import { h, isTerminal, start, statusBadge, svg } from "./views.js";
 
 const SEEN_KEY = "agent-server-console-attempts";
 const RECORD_POLL_MS = 2000;
@@ -256,22 +257,14 @@ export async function executionView(main, id, ctx) {
   };
 
   await refresh();
-  const known = knownInput(id);
-  if (known !== undefined) {
-    rerunInput.value = JSON.stringify(known);
-    rerunHint.textContent = "The input this tab started it with.";
-  } else {
+  try {
+    const kept = await call("GET", `executions/${encodeURIComponent(id)}/input`);
+    rerunInput.value = JSON.stringify(kept.body);
+    rerunHint.textContent = kept.body === null ? "It was started with no input." : "The input it was started with.";
+  } catch (error) {
+    if (error instanceof Unauthorized) throw error;
     rerunInput.value = "{}";
-    rerunHint.textContent = "The server keeps no execution's input: this tab did not start this one, so give the input.";
-    if (record.schedule_id) {
-      try {
-        const schedule = await call("GET", `schedules/${encodeURIComponent(record.schedule_id)}`);
-        rerunInput.value = JSON.stringify(schedule.body.input);
-        rerunHint.textContent = "The input of its schedule.";
-      } catch (error) {
-        // the schedule is gone: the input stays to be given
-      }
-    }
+    rerunHint.textContent = `Its input could not be read (${error.message}): give it.`;
   }
   ctx.every(RECORD_POLL_MS, async () => {
     if (!isTerminal(record.status)) await refresh();

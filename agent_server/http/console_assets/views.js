@@ -8,7 +8,6 @@ export const STATUSES = ["queued", "running", "input_required", "succeeded", "fa
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "lost"]);
 //: How often an open list looks again (a bounded poll of the page it shows: no list stream).
 export const POLL_MS = 2000;
-const INPUTS_KEY = "agent-server-console-inputs";
 
 export function isTerminal(status) {
   return TERMINAL.has(status);
@@ -45,24 +44,9 @@ export function executionLink(id) {
   return h("a", { href: `#/executions/${encodeURIComponent(id)}`, class: "mono", title: id }, id.slice(0, 8));
 }
 
-/** The input a run from this tab was started with, by execution id (the record keeps none). */
-export function knownInput(id) {
-  const kept = JSON.parse(sessionStorage.getItem(INPUTS_KEY) || "{}");
-  return Object.prototype.hasOwnProperty.call(kept, id) ? kept[id] : undefined;
-}
-
-export function rememberInput(id, input) {
-  const kept = JSON.parse(sessionStorage.getItem(INPUTS_KEY) || "{}");
-  kept[id] = input;
-  const ids = Object.keys(kept);
-  for (const old of ids.slice(0, Math.max(0, ids.length - 200))) delete kept[old];
-  sessionStorage.setItem(INPUTS_KEY, JSON.stringify(kept));
-}
-
 /** Start `reasoner` with `input` in the background; the new execution. */
 export async function start(reasoner, input, sessionId) {
   const answer = await call("POST", `reasoners/${encodeURIComponent(reasoner)}/async`, { body: input });
-  rememberInput(answer.body.execution_id, input);
   return answer.body;
 }
 

@@ -56,6 +56,20 @@ class Reads(StorePart):
         `tenant`, another tenant's is unknown, its tenant read before the rest (get.lua)."""
         return (await self._read([execution_id], tenant))[0]
 
+    async def input_of(self, execution: Execution) -> tuple[bool, Any]:
+        """One HMGET of the record's hash: its `body` field, which no script's record carries
+        (a start without one writes none: None); False when the record is gone meanwhile."""
+        with self._link.operation("input"):
+            found, body = await cast(
+                Awaitable[list[Any]],
+                self._link.redis.hmget(
+                    self.keys.record(execution.execution_id), ["execution_id", "body"]
+                ),
+            )
+        if found is None:
+            return False, None
+        return True, codec.READERS["body"](body)
+
     async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""
         wanted = "" if tenant is None else f"={tenant}"
