@@ -116,8 +116,8 @@ class Settings(BaseSettings):
         default=256 * 1024 * 1024,
         ge=0,
         le=2**50,
-        description="Bytes of results and errors (as JSON) finished executions keep at most, "
-        "across the agent; the oldest go first.",
+        description="Bytes of inputs, results and errors (as JSON) finished executions keep at "
+        "most, across the agent; the oldest go first.",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Lowest level logged."

@@ -332,9 +332,12 @@ class MemoryStore(ExecutionStore):
         self._due.discard(execution.execution_id)
         if self._keyed:
             self._notice().set()  # a slot may be free (its key's, or a session's): look
+        # What it keeps of its own counts against max_retained_bytes: input, result, error.
         size = len(jsoncodec.dumps(execution.result))
         if execution.error is not None:
             size += len(jsoncodec.dumps(execution.error))
+        if execution.body is not None:
+            size += len(jsoncodec.dumps(execution.body))
         self._finished[execution.execution_id] = size
         self._finished_bytes += size
         self._expire()

@@ -104,6 +104,7 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
         max_retained: int = 10_000,
         lease_ttl: float = 10.0,
         max_answer_bytes: int = 16 * 1024 * 1024,
+        max_retained_bytes: int = 256 * 1024 * 1024,
     ) -> Replicas:
         cancels: list[tuple[str, CancelReason, float | None]] = []
         a_seen, b_seen = Recorder(), Recorder()
@@ -115,6 +116,7 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
                 result_ttl=result_ttl,
                 max_retained=max_retained,
                 max_answer_bytes=max_answer_bytes,
+                max_retained_bytes=max_retained_bytes,
             )
         else:
             options = {
@@ -122,6 +124,7 @@ async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
                 "max_retained": max_retained,
                 "lease_ttl": lease_ttl,
                 "max_answer_bytes": max_answer_bytes,
+                "max_retained_bytes": max_retained_bytes,
             }
             shared = open_redis if request.param == "redis" else open_postgres
             url = request.getfixturevalue(f"{request.param}_url")
@@ -569,6 +572,31 @@ async def test_max_retained_drops_the_oldest_finished(replicas: Factory) -> None
     listed = {e.execution_id for e in await r.b.list_executions(limit=10)}
     assert listed == {running.execution_id, made[1].execution_id, made[2].execution_id}
     assert {e.execution_id for e in await r.b.session("s1")} == listed - {running.execution_id}
+
+
+async def test_retained_bytes_count_what_a_record_keeps_its_input_too(
+    replicas: Factory,
+) -> None:
+    """Every record keeps its start's input: `max_retained_bytes` weighs it with the result
+    and error, so records of big inputs and small results cannot outgrow the budget. Four
+    ends of 40 kB inputs against a 100 kB budget: the oldest go, the newest stay."""
+    r = await replicas(max_retained_bytes=100_000)
+    made = [r.new() for _ in range(4)]
+    for index, execution in enumerate(made):
+        execution.body = {"text": str(index) * 40_000}
+        await r.a.create(execution)
+    for execution in made:
+        execution.finish(ExecutionStatus.SUCCEEDED, result="ok")
+        r.a.end(execution)
+        await eventually(lambda e=execution: terminal(r.b, e.execution_id))
+
+    async def trimmed() -> bool:
+        return all([await r.b.get(e.execution_id) is None for e in made[:2]])
+
+    await eventually(trimmed)
+    for execution in made[2:]:
+        found = await r.b.get(execution.execution_id)
+        assert found is not None and found.result == "ok"
 
 
 # -- redis only: lost, fencing, outage --------------------------------------------------------

@@ -138,6 +138,15 @@ def result_bytes(execution: Execution) -> int:
     return size
 
 
+def kept_bytes(execution: Execution) -> int:
+    """Bytes of what a finished record keeps of its own: its input, result and error as
+    JSON (what `--max-retained-bytes` counts)."""
+    size = result_bytes(execution)
+    if execution.body is not None:
+        size += len(jsoncodec.dumps(execution.body))
+    return size
+
+
 def encode_with(execution: Execution, **changes: Any) -> str:
     """The document of `execution` with some fields as a statement moves them (by name)."""
     doc = _to_doc(execution)

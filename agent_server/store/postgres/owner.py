@@ -97,6 +97,7 @@ class Owner(PgPart):
             status=execution.status.value,
             doc=codec.encode(execution),
             bytes=codec.result_bytes(execution),
+            kept=codec.kept_bytes(execution),
             webhook=execution.webhook_url,
             data=None if execution.webhook_url is None else codec.dumps(execution.to_json()),
         )
@@ -283,19 +284,21 @@ class Owner(PgPart):
         cursor = await conn.execute(
             "WITH given AS (SELECT * FROM unnest(%(ids)s::text[], %(owners)s::text[],"
             " %(attempts)s::integer[], %(statuses)s::text[], %(docs)s::text[],"
-            " %(sizes)s::bigint[]) AS g (id, owner, attempt, status, doc, size)),"
+            " %(sizes)s::bigint[], %(kept)s::bigint[])"
+            " AS g (id, owner, attempt, status, doc, size, kept)),"
             " done AS (UPDATE executions e SET status = g.status, doc = g.doc,"
             " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
             " finished = clock_timestamp(),"
-            " expires_at = now() + make_interval(secs => %(ttl)s), result_bytes = g.size"
+            " expires_at = now() + make_interval(secs => %(ttl)s), result_bytes = g.size,"
+            " kept_bytes = g.kept"
             " FROM given g WHERE e.agent = %(agent)s AND e.id = g.id AND e.replica = g.owner"
             " AND e.attempt = g.attempt AND e.status IN ('running', 'input_required')"
-            " RETURNING e.id, e.result_bytes),"
+            " RETURNING e.id, e.kept_bytes),"
             " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done)"
             " SELECT (SELECT coalesce(array_agg(id), '{}') FROM done),"
             " 0 * (SELECT count(*) FROM told),"
             " coalesce(r.records, 0) + (SELECT count(*) FROM done),"
-            " coalesce(r.bytes, 0) + (SELECT coalesce(sum(result_bytes), 0) FROM done)"
+            " coalesce(r.bytes, 0) + (SELECT coalesce(sum(kept_bytes), 0) FROM done)"
             " FROM (VALUES (1)) AS one (x) LEFT JOIN retained r ON r.agent = %(agent)s",
             {
                 "ids": [o.args["id"] for o in run],
@@ -304,6 +307,7 @@ class Owner(PgPart):
                 "statuses": [o.args["status"] for o in run],
                 "docs": [o.args["doc"] for o in run],
                 "sizes": [o.args["bytes"] for o in run],
+                "kept": [o.args["kept"] for o in run],
                 "ttl": self.result_ttl,
                 "channel": self.channel,
                 "agent": self.agent,
@@ -316,7 +320,7 @@ class Owner(PgPart):
 
     async def _trim(self, conn: Conn, records: int, size: int) -> None:
         """At most `max_retained` finished records, and at most `max_retained_bytes` of
-        their results and errors (the newest stays, even alone over it): when the counts
+        their inputs, results and errors (the newest stays, even alone over it): when the counts
         say so, the oldest go (their events with them), at most TRIM_SCAN a statement, by
         the index of finished records. Past the count it trims a hundredth below it, so a
         full store trims once in that many ends, not at each."""
@@ -328,8 +332,8 @@ class Owner(PgPart):
             return
         await conn.execute(
             "WITH oldest AS (SELECT id, row_number() OVER w AS n,"
-            " sum(result_bytes) OVER w - result_bytes AS before FROM (SELECT id, finished,"
-            " result_bytes FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
+            " sum(kept_bytes) OVER w - kept_bytes AS before FROM (SELECT id, finished,"
+            " kept_bytes FROM executions WHERE agent = %(agent)s AND finished IS NOT NULL"
             " ORDER BY finished, id LIMIT %(scan)s) AS o WINDOW w AS (ORDER BY finished, id)),"
             " gone AS (DELETE FROM executions WHERE agent = %(agent)s AND id IN (SELECT id"
             " FROM oldest WHERE (n <= %(excess)s OR before < %(over)s) AND n < %(records)s)"

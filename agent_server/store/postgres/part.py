@@ -103,13 +103,15 @@ class PgPart(ExecutionStore):
             id=execution.execution_id,
             ttl=self.result_ttl,
             bytes=codec.result_bytes(execution),
+            kept=codec.kept_bytes(execution),
         )
         await conn.execute(
             "UPDATE executions SET status = %(status)s, replica = %(replica)s,"
             " attempt = %(attempt)s, doc = %(doc)s, due_at = NULL, ledger = NULL,"
             " ask_expires = NULL, unbegun = false, finished = clock_timestamp(),"
             " expires_at = now() + make_interval(secs => %(ttl)s),"
-            " result_bytes = %(bytes)s WHERE agent = %(agent)s AND id = %(id)s",
+            " result_bytes = %(bytes)s, kept_bytes = %(kept)s"
+            " WHERE agent = %(agent)s AND id = %(id)s",
             values,
         )
         await self._notify(conn, f"e:{execution.execution_id}")

@@ -36,6 +36,7 @@ CREATE TABLE executions (
     finished     timestamptz,
     expires_at   timestamptz,
     result_bytes bigint NOT NULL DEFAULT 0,
+    kept_bytes   bigint NOT NULL DEFAULT 0,  -- its input, result and error (--max-retained-bytes)
     doc          text NOT NULL,     -- every field Execution holds (codec.py)
     PRIMARY KEY (agent, id)
 );
@@ -60,7 +61,7 @@ CREATE SEQUENCE executions_queue_seq;
 CREATE TABLE retained (
     agent        text PRIMARY KEY,
     records      bigint NOT NULL DEFAULT 0,  -- finished records kept (expired or not)
-    bytes        bigint NOT NULL DEFAULT 0   -- their results and errors, as JSON
+    bytes        bigint NOT NULL DEFAULT 0   -- their inputs, results and errors, as JSON
 );
 CREATE FUNCTION executions_retained() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -70,12 +71,12 @@ DECLARE
 BEGIN
     IF TG_OP <> 'INSERT' AND OLD.finished IS NOT NULL THEN
         records := records - 1;
-        bytes := bytes - OLD.result_bytes;
+        bytes := bytes - OLD.kept_bytes;
         agent_of := OLD.agent;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.finished IS NOT NULL THEN
         records := records + 1;
-        bytes := bytes + NEW.result_bytes;
+        bytes := bytes + NEW.kept_bytes;
         agent_of := NEW.agent;
     END IF;
     IF records <> 0 OR bytes <> 0 THEN
@@ -86,7 +87,7 @@ BEGIN
     RETURN NULL;
 END $$;
 CREATE TRIGGER executions_retained
-    AFTER INSERT OR DELETE OR UPDATE OF finished, result_bytes ON executions
+    AFTER INSERT OR DELETE OR UPDATE OF finished, kept_bytes ON executions
     FOR EACH ROW EXECUTE FUNCTION executions_retained();
 
 CREATE TABLE idempotency (

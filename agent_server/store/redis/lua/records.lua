@@ -48,7 +48,7 @@ local function drop(entry, rec, ev)
   if sep then redis.call('ZREM', P .. 'tenant:' .. string.sub(rest, 1, sep - 1), id) end
   if sid ~= '' then redis.call('ZREM', P .. 'session:' .. rest, id) end
   redis.call('ZREM', FINISHED, entry)
-  -- `sizes`: the bytes of each finished record's result and error, and their total under
+  -- `sizes`: the bytes of each finished record's input, result and error, and their total under
   -- '#': retention by bytes (the record may have expired already: its size stays here).
   local size = redis.call('HGET', SIZES, id)
   if size then
@@ -138,7 +138,8 @@ end
 
 -- The record has just become terminal: move it between indexes, start its TTL, notify.
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
--- size: the bytes of its result and error, when the caller knows them (end.lua wrote them).
+-- size: the bytes of its result and error, when the caller knows them (end.lua wrote them);
+-- its input's are added here.
 local function finish(rec, ev, id, sid, owned, size)
   -- What it needs of the record, in one read: its tenant, its requests, its concurrency
   -- key, its webhook.
@@ -161,7 +162,9 @@ local function finish(rec, ev, id, sid, owned, size)
   if LAST >= score then score = LAST + 1 end
   LAST = score
   redis.call('ZADD', FINISHED, score, member(id, tenant, sid or ''))
-  size = size or redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error')
+  -- What it keeps of its own counts against max_retained_bytes: its input too.
+  size = (size or redis.call('HSTRLEN', rec, 'result') + redis.call('HSTRLEN', rec, 'error'))
+    + redis.call('HSTRLEN', rec, 'body')
   redis.call('HSET', SIZES, id, size)
   redis.call('HINCRBY', SIZES, '#', size)
   redis.call('PEXPIRE', rec, TTL)
