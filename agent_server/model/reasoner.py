@@ -228,11 +228,6 @@ class Reasoner:
         return key[len("header:") :] if key is not None and key.startswith("header:") else None
 
     @property
-    def wants_context(self) -> bool:
-        """Whether the function takes an ExecutionContext parameter."""
-        return bool(self._context_params)
-
-    @property
     def emits(self) -> bool:
         """Whether its runs may emit events: it takes a context, or it is a generator."""
         return self.is_generator or bool(self._context_params)
