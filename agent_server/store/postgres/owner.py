@@ -38,6 +38,8 @@ BATCH = 200
 BATCH_BYTES = 4 * 1024 * 1024
 #: Backoff of the outbox (and of the owner's own writes) while Postgres is down.
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
+#: The types of an end's values in its statement (`_ends`), in their order.
+_TYPES = ("text", "text", "integer", "text", "text", "bigint", "bigint")
 #: Finished records one trim looks at (and deletes) at most, oldest first.
 TRIM_SCAN = 1000
 
@@ -280,12 +282,24 @@ class Owner(PgPart):
     async def _ends(self, conn: Conn, run: list[Owed]) -> tuple[list[bool], tuple[int, int]]:
         """One statement for a run of ends: each written (fenced by owner, attempt and
         status), its waiters told, and what the agent retains once they are (the
-        `retained` row, as its trigger will leave it). Which were written, in order."""
+        `retained` row, as its trigger will leave it). Which were written, in order. One
+        end's values go as plain parameters, a run's as arrays (unnest)."""
+        fields = ("id", "owner", "attempt", "status", "doc", "bytes", "kept")
+        params: dict[str, Any] = {
+            "ttl": self.result_ttl,
+            "channel": self.channel,
+            "agent": self.agent,
+        }
+        typed = list(zip(fields, _TYPES, strict=True))
+        if len(run) == 1:
+            given = "SELECT " + ", ".join(f"%(g_{f})s::{t}" for f, t in typed)
+            params.update({f"g_{f}": run[0].args[f] for f in fields})
+        else:
+            arrays = ", ".join(f"%(g_{f})s::{t}[]" for f, t in typed)
+            given = f"SELECT * FROM unnest({arrays})"
+            params.update({f"g_{f}": [o.args[f] for o in run] for f in fields})
         cursor = await conn.execute(
-            "WITH given AS (SELECT * FROM unnest(%(ids)s::text[], %(owners)s::text[],"
-            " %(attempts)s::integer[], %(statuses)s::text[], %(docs)s::text[],"
-            " %(sizes)s::bigint[], %(kept)s::bigint[])"
-            " AS g (id, owner, attempt, status, doc, size, kept)),"
+            f"WITH given (id, owner, attempt, status, doc, size, kept) AS ({given}),"
             " done AS (UPDATE executions e SET status = g.status, doc = g.doc,"
             " due_at = NULL, ledger = NULL, ask_expires = NULL, unbegun = false,"
             " finished = clock_timestamp(),"
@@ -300,18 +314,7 @@ class Owner(PgPart):
             " coalesce(r.records, 0) + (SELECT count(*) FROM done),"
             " coalesce(r.bytes, 0) + (SELECT coalesce(sum(kept_bytes), 0) FROM done)"
             " FROM (VALUES (1)) AS one (x) LEFT JOIN retained r ON r.agent = %(agent)s",
-            {
-                "ids": [o.args["id"] for o in run],
-                "owners": [o.args["owner"] for o in run],
-                "attempts": [o.args["attempt"] for o in run],
-                "statuses": [o.args["status"] for o in run],
-                "docs": [o.args["doc"] for o in run],
-                "sizes": [o.args["bytes"] for o in run],
-                "kept": [o.args["kept"] for o in run],
-                "ttl": self.result_ttl,
-                "channel": self.channel,
-                "agent": self.agent,
-            },
+            params,
         )
         row = await cursor.fetchone()
         assert row is not None  # one row, whatever the update did
