@@ -24,9 +24,18 @@ from agent_server.model.execution import CancelReason, Execution, ExecutionStatu
 from agent_server.store import ExecutionStore, SchemaTooNew, StoreUnavailable
 from agent_server.store.base import Idempotency, IdempotencyForgotten, IdempotencyMismatch
 from agent_server.store.postgres import PostgresStore
+from tests.support.faults import CutProxy
 from tests.support.postgres_server import PostgresServer
 from tests.support.process import free_port
-from tests.support.stores import AGENT, Recorder, closed, eventually, open_postgres, resumable
+from tests.support.stores import (
+    AGENT,
+    Recorder,
+    closed,
+    eventually,
+    open_postgres,
+    proxied,
+    resumable,
+)
 
 
 async def terminal(store: ExecutionStore, execution_id: str) -> Execution | None:
@@ -688,3 +697,83 @@ async def test_retention_weighs_as_well_as_counts(postgres_url: str) -> None:
         assert found is not None and found.result == "h" * 3_000_000
     finally:
         await closed(store)
+
+
+async def test_a_create_cut_as_it_commits_is_put_back_by_the_close_not_judged_lost(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """A's create commits while its caller is cut (the reply to its COMMIT held, then the
+    task cancelled), and A's liveness stops before its repair could run: the row is
+    `running` under A, which runs nothing for it. A's close puts it back on the queue for
+    its first run, with its body, before its lease ends; left to the judge, a create (its
+    body may have begun, for all the row says) would end `lost` unrun."""
+    proxy = CutProxy(postgres_server.port)
+    proxy.start()
+    a = open_postgres(proxied(postgres_url, proxy.port), "A", Recorder(), lease_ttl=8.0)
+    b_seen = Recorder()
+    b = open_postgres(postgres_url, "B", b_seen, lease_ttl=8.0)
+    await a.open()
+    await b.open()
+    try:
+        a.deliver_orphans(lambda _: False, lambda _: False)
+        execution = Execution("sleep", None, "A")
+        execution.body = {"seconds": 0.25}
+        proxy.stall(b"COMMIT\x00", 3.0)
+        create = asyncio.create_task(a.create(execution))
+        await wait_status(b, execution.execution_id, ExecutionStatus.RUNNING)
+        for task in a._tasks:  # its liveness stops: only the close is left to repair
+            task.cancel()
+        await asyncio.gather(*a._tasks, return_exceptions=True)
+        create.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await create
+        proxy.unstall()
+        found = await b.get(execution.execution_id)
+        assert found is not None and (found.status, found.replica) == (
+            ExecutionStatus.RUNNING,
+            "A",
+        )
+        await closed(a)
+        found = await b.get(execution.execution_id)  # at once: put back before the lease ended
+        assert found is not None
+        assert (found.status, found.replica, found.attempt) == (ExecutionStatus.QUEUED, "", 1)
+        claimed = await b.claim()
+        assert claimed is not None and (claimed.attempt, claimed.body) == (1, execution.body)
+        assert b_seen.lost == []
+    finally:
+        await closed(b)
+        await closed(a)
+        proxy.stop()
+
+
+async def test_an_earlier_process_s_claim_never_begun_runs_as_its_first_run(
+    postgres_url: str,
+) -> None:
+    """A replica id used again: the earlier process claimed a queued start but never
+    began it (its begin never committed), and is gone. The row says so (`unbegun`): the
+    new process's repair puts it back with its attempt unchanged, as the judge does a dead
+    owner's unbegun take; not attempt 2 (a plain reasoner refuses it), nor `lost`."""
+    b = open_postgres(postgres_url, "B", Recorder(), lease_ttl=8.0)
+    earlier = open_postgres(postgres_url, "A", Recorder(), lease_ttl=8.0)
+    await b.open()
+    await earlier.open()
+    later = None
+    try:
+        execution = Execution("sleep", None, "B")
+        execution.body = {"seconds": 0.25}
+        execution.enqueue(None)
+        assert await b.create(execution, max_queued=10) is None
+        taken = await earlier.claim()
+        assert taken is not None and taken.execution_id == execution.execution_id
+        later = open_postgres(postgres_url, "A", Recorder(), lease_ttl=8.0)
+        await later.open()
+        later.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
+        found = await wait_status(b, execution.execution_id, ExecutionStatus.QUEUED)
+        assert (found.replica, found.attempt) == ("", 1)
+        claimed = await b.claim()
+        assert claimed is not None and (claimed.attempt, claimed.body) == (1, execution.body)
+        assert not await earlier.begin(taken)  # fenced: the take is no longer its
+    finally:
+        for store in (later, earlier, b):
+            if store is not None:
+                await closed(store)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from agent_server.model.execution import Execution
 from agent_server.store import ExecutionStore
@@ -77,6 +78,13 @@ def open_redis(url: str, replica_id: str, seen: Recorder, **options: Any) -> Red
 
 def open_postgres(url: str, replica_id: str, seen: Recorder, **options: Any) -> PostgresStore:
     return PostgresStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
+
+
+def proxied(url: str, port: int) -> str:
+    """A store's `url` with `port` (a proxy's, in front of the store) in place of its own."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{host}:{port}"))
 
 
 def resumable(replica: str, session_id: str | None = None) -> Execution:

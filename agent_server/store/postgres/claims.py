@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from typing import Any
 
 from agent_server.model.execution import CancelReason, Execution
@@ -95,7 +94,17 @@ class Claims(PgPart):
         (module docstring), taken by this replica (rows other claims hold are skipped,
         keys serialised by an advisory lock); queued work of a session being released ends
         cancelled on the way."""
-        token = uuid.uuid4().hex
+        token = self._token()  # kept with what it takes: whose it is, which claim
+        self._claiming.add(token)
+        try:
+            return await self._claim(token)
+        except (StoreUnavailable, asyncio.CancelledError):
+            self._doubt()  # its COMMIT may have run: taken here, never to start here
+            raise
+        finally:
+            self._claiming.discard(token)
+
+    async def _claim(self, token: str) -> Execution | None:
         mine = advertised(self.advert)
         args = {
             "agent": self.agent,
@@ -261,7 +270,10 @@ class Claims(PgPart):
         return row is None or int(row[0]) < max(1, limit)
 
     async def begin(self, execution: Execution) -> bool:
-        """Its body begins: the take's mark cleared, fenced by owner, attempt and take."""
+        """Its body begins: the take's mark cleared, fenced by owner, attempt and take. On
+        its way, the repair leaves the take alone; without an answer the body does not
+        begin, and the take goes back (an unclaim, or the repair if its caller was cut)."""
+        self._claiming.add(execution.take)
         try:
             async with self._link.tx("begin") as conn:
                 cursor = await conn.execute(
@@ -273,6 +285,11 @@ class Claims(PgPart):
         except StoreUnavailable:
             self.give_back(execution)
             return False
+        except asyncio.CancelledError:
+            self._doubt()
+            raise
+        finally:
+            self._claiming.discard(execution.take)
         return bool(cursor.rowcount)
 
     def due_in(self) -> float | None:

@@ -4,6 +4,7 @@ the row helpers every part writes with."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
@@ -16,6 +17,8 @@ from agent_server.store.postgres.link import Conn, Link
 TERMINAL = frozenset(status.value for status in STATUS_TERMINAL)
 #: The columns every statement that returns a record reads, in this order.
 ROW = "doc, status, replica, attempt"
+#: What follows the incarnation in a create's take token (a claim's is hex alone).
+START = "s"
 
 
 def read_row(row: Any) -> Execution:
@@ -70,6 +73,23 @@ class PgPart(ExecutionStore):
     #: stored: the owner's writes keep it, never the migrated state in memory, until the
     #: body's first checkpoint (a hand-off before it is migrated again from the same one).
     _unread: dict[str, tuple[str | None, str | None]]
+
+    #: This process among those that used its replica id: every take (a create, a claim)
+    #: writes a token opening with it into its row (`take`), so the repair knows which
+    #: takes are this process's (repair.py).
+    incarnation: str
+    #: Ids whose create is on its way, and tokens of claims (and begins) on their way: not
+    #: orphans, whatever the rows say (their answer, read after the repair's, starts them).
+    _creating: set[str]
+    _claiming: set[str]
+
+    def _token(self, *, start: bool = False) -> str:
+        """A take's token: this process's incarnation, `START` for a create, then its own."""
+        return f"{self.incarnation}{START if start else ''}{os.urandom(8).hex()}"
+
+    def _doubt(self) -> None:
+        """A take got no answer it can trust: the repair looks (repair.py)."""
+        raise NotImplementedError
 
     def _as_stored(self, execution: Execution, *, last: bool) -> dict[str, Any]:
         """The checkpoint fields a document of `execution` is written with: the stored ones

@@ -4,6 +4,7 @@ releases, cancel requests, and schedules with their marks; part of `PostgresStor
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Collection
@@ -61,6 +62,29 @@ class Records(PgPart):
         """One transaction: refused while its session is released; with a key already used
         for the same request, that execution; else the record (and the key: a unique row,
         so one execution per key across replicas)."""
+        queued = execution.status is ExecutionStatus.QUEUED
+        # The take's token: this process took it (the repair's evidence that its body began
+        # here or never did, repair.py).
+        execution.take = execution.take or self._token(start=True)
+        if queued:
+            return await self._create(execution, idempotency, max_queued)
+        execution_id = execution.execution_id
+        self._creating.add(execution_id)
+        try:
+            return await self._create(execution, idempotency, max_queued)
+        except (StoreUnavailable, asyncio.CancelledError):
+            # Its COMMIT may have run (a reset or a timeout as it was answered), or its
+            # caller was cut as it ran (the listener's close at shutdown, a client gone):
+            # the repair runs it here if the registry still has it, else queues it for its
+            # first run elsewhere.
+            self._doubt()
+            raise
+        finally:
+            self._creating.discard(execution_id)
+
+    async def _create(
+        self, execution: Execution, idempotency: Idempotency | None, max_queued: int
+    ) -> Execution | None:
         session = execution.session_name
         queued = execution.status is ExecutionStatus.QUEUED
         # A plain start (no session, no key, not queued) is its INSERT alone: one round trip.
@@ -101,7 +125,6 @@ class Records(PgPart):
             if execution.scheduled_at is not None:
                 delay = max(0.0, execution.scheduled_at - time.time())
             values = columns(execution)
-            execution.take = execution.take or uuid.uuid4().hex
             values.update(
                 agent=self.agent,
                 id=execution.execution_id,

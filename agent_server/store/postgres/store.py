@@ -7,8 +7,10 @@ due times and expiry are on the database's clock; `LISTEN`/`NOTIFY` is a wake-up
 carries ids only, and a poll of at most a second serves when a notice is lost or `LISTEN` is
 off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` composes its
 parts: the connections (`link.py`), records and lists (`records.py`), the owner's writes
-and input (`owner.py`), claims (`claims.py`, versions included), and here the replica's
-liveness, the verdict on dead owners, the notices and retention.
+and input (`owner.py`), claims (`claims.py`, versions included), the verdicts on held rows
+nobody runs (`repair.py`: a dead owner's, and this replica's takes whose answer was lost),
+and here the replica's liveness (which runs the judge and the repair), the notices and
+retention.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from collections import deque
 from typing import Any
@@ -30,10 +33,11 @@ from agent_server.model.execution import CancelReason, Execution, ExecutionStatu
 from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
 from agent_server.store.postgres import codec, schema
 from agent_server.store.postgres.claims import Claims
-from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Conn, Link
+from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Link
 from agent_server.store.postgres.owner import Owner
 from agent_server.store.postgres.part import ROW, read_row
 from agent_server.store.postgres.records import Records
+from agent_server.store.postgres.repair import Repair
 from agent_server.store.postgres.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
@@ -47,7 +51,7 @@ LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
 RETENTION_BATCH = 1000
 
 
-class PostgresStore(Records, Owner, Claims, Webhooks):
+class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
     """Records in Postgres, shared by every replica of the agent; see the module docstring."""
 
     def __init__(
@@ -96,6 +100,16 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
         self._unread = {}
         #: The advert the last renewal wrote: a change is told to the other replicas.
         self._advertised = ""
+        # The repair of takes nobody runs (repair.py): due at open, as the replica id may
+        # have been used before.
+        self.incarnation = os.urandom(4).hex()
+        self._creating = set()
+        self._claiming = set()
+        self._runs = None
+        self._adopt = None
+        self._repair_due = True
+        self._doubt_until = 0.0
+        self._repaired_at = -float("inf")
 
     @property
     def up(self) -> bool:
@@ -140,14 +154,16 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
             self._tasks.append(asyncio.create_task(self._listen(listening), name="store-listen"))
 
     async def close(self) -> None:
-        """Stop the background work, end this replica's liveness (its running records read
-        lost at once), and disconnect."""
+        """Stop the background work, put back on the queue what this process took but never
+        began, end this replica's liveness (its other running records are judged at once),
+        and disconnect."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=COMMAND_TIMEOUT)
         if self._link.is_open:
+            await self._release_takes()
             with contextlib.suppress(StoreUnavailable):
                 async with self._link.tx("close") as conn:
                     await conn.execute(
@@ -163,7 +179,24 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
                 if not waiter.done():
                     waiter.set_result(None)
 
-    # -- liveness and the verdict on dead owners --------------------------------------------
+    async def _release_takes(self) -> None:
+        """At close, before the lease ends: the takes of this process whose body never
+        began go back to the queue for their first run elsewhere (repair.py); left held by
+        a replica that stops renewing, a create would be judged `lost` unrun. What
+        Postgres cannot settle in time is named, and the judge ends it."""
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT):
+                await self._repair(closing=True)
+        except (StoreUnavailable, TimeoutError) as exc:
+            logger.warning(
+                "replica %s closes with the takes it never began unsettled: Postgres at %s "
+                "did not answer in time (%s); whatever it recorded of them the judge ends",
+                self.replica_id,
+                self.where,
+                type(exc).__name__,
+            )
+
+    # -- liveness ----------------------------------------------------------------------------
 
     async def _renew(self) -> int:
         """This replica's lease, on the database's clock; `since` starts again after a gap
@@ -221,80 +254,11 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
                     found.append(state)
         return found
 
-    async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
-        """Move the held records of owners whose lease lapsed (once: the rows are locked,
-        the status rechecked), if this replica may judge: it renewed for a whole lease and
-        lately. Unbegun takes go back to the queue, resumable work with attempts left is
-        queued as its next attempt, the rest is lost (counted here)."""
-        cursor = await conn.execute(
-            "SELECT 1 FROM replicas WHERE agent = %(a)s AND replica = %(r)s"
-            " AND renewed_at >= now() - make_interval(secs => lease / 2)"
-            " AND since <= now() - make_interval(secs => lease)",
-            {"a": self.agent, "r": self.replica_id},
-        )
-        if await cursor.fetchone() is None:
-            return []
-        only = "" if ids is None else " AND e.id = ANY(%(ids)s)"
-        cursor = await conn.execute(
-            f"SELECT {ROW}, unbegun, retries FROM executions e WHERE agent = %(a)s"
-            " AND status IN ('running', 'input_required') AND replica <> ''"
-            " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
-            f" AND r.replica = e.replica AND r.expires_at > now()){only}"
-            " LIMIT 1000 FOR UPDATE SKIP LOCKED",
-            {"a": self.agent, "ids": ids},
-        )
-        moved: list[Execution] = []
-        for row in await cursor.fetchall():
-            execution = read_row(row)
-            unbegun, retries = bool(row[4]), int(row[5])
-            owner = execution.replica
-            if unbegun and execution.status is ExecutionStatus.RUNNING:
-                execution.status, execution.replica = ExecutionStatus.QUEUED, ""
-                await self._requeue(conn, execution, retries, "'epoch'")
-            elif retries + 1 < execution.max_attempts:
-                execution.status, execution.replica = ExecutionStatus.QUEUED, ""
-                execution.attempt += 1
-                execution.input_request = None
-                await self._requeue(conn, execution, retries + 1, "now()")
-                logger.warning(
-                    "execution %s (%s): its owner stopped renewing its liveness; attempt %d queued",
-                    execution.execution_id,
-                    execution.reasoner,
-                    execution.attempt,
-                )
-            else:
-                execution.status = ExecutionStatus.LOST
-                execution.status_reason = None
-                execution.error = {
-                    "type": "ExecutionLost",
-                    "message": f"replica {owner} stopped renewing its liveness",
-                }
-                execution.input_request = None
-                cursor = await conn.execute("SELECT extract(epoch FROM now())")
-                now = await cursor.fetchone()
-                execution.finished_at = float(now[0]) if now else None
-                execution._duration = None
-                await self._finish(conn, execution)
-                if self.observer is not None:
-                    self.observer.execution_lost(execution)
-            moved.append(execution)
-        return moved
-
-    async def _requeue(self, conn: Conn, execution: Execution, retries: int, due: str) -> None:
-        await conn.execute(
-            "UPDATE executions SET status = 'queued', replica = '', attempt = %s, doc = %s,"
-            f" retries = %s, unbegun = false, take = '', due_at = {due},"
-            " queued_seq = nextval('executions_queue_seq') WHERE agent = %s AND id = %s",
-            (execution.attempt, codec.encode(execution), retries, self.agent,
-             execution.execution_id),
-        )  # fmt: skip
-        await self._notify(conn, "q")
-        await self._notify(conn, f"e:{execution.execution_id}")
-
     async def _keep_alive(self) -> None:
-        """Renew every third of a lease; at most every second judge, read what notices may
-        have missed (cancels and answers for this replica, ends for its waiters), expire
-        parked requests, and retention; while Postgres is down, probe it."""
+        """Renew every third of a lease; at most every second judge, repair this replica's
+        takes nobody runs when it is due (repair.py), read what notices may have missed
+        (cancels and answers for this replica, ends for its waiters), expire parked
+        requests, and retention; while Postgres is down, probe it."""
         interval = max(0.05, min(self.lease_ttl / 3, POLL_SECONDS))
         passes = 0
         renewed = -float("inf")
@@ -311,6 +275,8 @@ class PostgresStore(Records, Owner, Claims, Webhooks):
                         self.observer.replicas_alive(alive)
                 async with self._link.tx("judge") as conn:
                     await self._judge(conn)
+                if self._repair_wanted():
+                    await self._repair()
                 await self._poll_requests()
                 await self._expire_parked()
                 passes += 1
