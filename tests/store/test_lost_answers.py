@@ -4,7 +4,8 @@ Postgres alike.
 
 A `CutProxy` (a plain TCP proxy) stands between replica A and the store, and holds the
 reply to A's write while replica B, connected directly, already reads what it wrote: on
-Postgres the reply to `COMMIT`, so the commit reached the server and its answer is what is
+Postgres the reply that says the write is done (`COMMIT`, or a plain start's one-statement
+`INSERT`), so the write reached the server and its answer is what is
 lost; on Redis every reply. Then the caller is cut (its task cancelled: the listener's close
 at shutdown, a client gone) or the connection is reset. The row is `running` under A, which
 runs nothing for it; it must run here after all, or go back to the queue for its first run
@@ -27,6 +28,7 @@ from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store import ExecutionStore, StoreUnavailable
 from tests.support.faults import CutProxy
 from tests.support.stores import (
+    COMMITTED,
     Recorder,
     closed,
     eventually,
@@ -44,10 +46,11 @@ Opener = Callable[..., Awaitable[Any]]
 
 
 def hold_answers(proxy: CutProxy, url: str) -> None:
-    """Hold the store's answers to A: on Postgres the replies to COMMIT (the commit is on
-    the server, its answer on its way), on Redis every reply."""
+    """Hold the store's answers to A: on Postgres the replies that say a write is done
+    (COMMIT, or a plain start's INSERT: the write is on the server, its answer on its way),
+    on Redis every reply."""
     if url.startswith("postgres"):
-        proxy.stall(b"COMMIT\x00", 3.0)
+        proxy.stall(COMMITTED, 3.0)
     else:
         proxy.stall(b"", 1.0)
 

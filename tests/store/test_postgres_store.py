@@ -29,6 +29,7 @@ from tests.support.postgres_server import PostgresServer
 from tests.support.process import free_port
 from tests.support.stores import (
     AGENT,
+    COMMITTED,
     Recorder,
     closed,
     eventually,
@@ -718,7 +719,7 @@ async def test_a_create_cut_as_it_commits_is_put_back_by_the_close_not_judged_lo
         a.deliver_orphans(lambda _: False, lambda _: False)
         execution = Execution("sleep", None, "A")
         execution.body = {"seconds": 0.25}
-        proxy.stall(b"COMMIT\x00", 3.0)
+        proxy.stall(COMMITTED, 3.0)
         create = asyncio.create_task(a.create(execution))
         await wait_status(b, execution.execution_id, ExecutionStatus.RUNNING)
         for task in a._tasks:  # its liveness stops: only the close is left to repair

@@ -20,6 +20,10 @@ from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
 
 AGENT = "contract"
+#: What Postgres answers once a write is on the server: a transaction's COMMIT, or a plain
+#: start's INSERT (one statement in autocommit: its own commit). A proxy holding replies that
+#: carry either holds the answer of a write that is done.
+COMMITTED = (b"COMMIT\x00", b"INSERT 0 1\x00")
 #: Bound of every poll of the store tests unless a test says otherwise.
 BOUND = 5.0
 

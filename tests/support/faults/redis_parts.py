@@ -129,7 +129,7 @@ class CutProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="cut-proxy")
         self._server: asyncio.AbstractServer | None = None
         self._open: set[asyncio.StreamWriter] = set()
-        self._stall: tuple[bytes, float] | None = None
+        self._stall: tuple[tuple[bytes, ...], float] | None = None
         self._stalls: int | None = None
         #: How many replies were held (read from the test's thread).
         self.stalled = 0
@@ -187,7 +187,7 @@ class CutProxy:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
                 stall = self._stall
-                if replies and stall is not None and stall[0] in data:
+                if replies and stall is not None and any(m in data for m in stall[0]):
                     self.stalled += 1
                     if self._stalls is not None:
                         self._stalls -= 1
@@ -200,10 +200,13 @@ class CutProxy:
                 writer.write(data)
                 await writer.drain()
 
-    def stall(self, marker: bytes, seconds: float, times: int | None = None) -> None:
-        """Hold the replies carrying `marker` (the first `times` of them, or all)."""
+    def stall(
+        self, marker: bytes | tuple[bytes, ...], seconds: float, times: int | None = None
+    ) -> None:
+        """Hold the replies carrying `marker` (or any of several; the first `times` of
+        them, or all)."""
         self._stalls = times
-        self._stall = (marker, seconds)
+        self._stall = ((marker,) if isinstance(marker, bytes) else marker, seconds)
 
     def unstall(self) -> None:
         """Hold no more replies (those held now go on when their time is up)."""
