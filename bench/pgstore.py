@@ -52,10 +52,11 @@ STORES = ("memory", "redis", "postgres")
 
 
 def cluster_cpu_seconds(postgres: PostgresServer) -> float:
-    """CPU of every process of the cluster (the postmaster's group: backends, writers),
-    and of those already reaped (the postmaster's children's times)."""
+    """CPU of every process of the cluster: the postmaster and its children (backends,
+    writers: each leads a process group of its own, so they are found by parent), and those
+    already reaped (the postmaster's children's times)."""
     assert postgres.proc is not None
-    group = os.getpgid(postgres.proc.pid)
+    postmaster = postgres.proc.pid
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
     for entry in os.listdir("/proc"):
@@ -63,11 +64,10 @@ def cluster_cpu_seconds(postgres: PostgresServer) -> float:
             continue
         with contextlib.suppress(OSError, ValueError):
             fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-            if int(fields[2]) != group:  # pgrp
-                continue
-            total += int(fields[11]) + int(fields[12])
-            if int(entry) == postgres.proc.pid:
-                total += int(fields[13]) + int(fields[14])
+            if int(entry) == postmaster:
+                total += sum(int(f) for f in fields[11:15])
+            elif int(fields[1]) == postmaster:  # ppid
+                total += int(fields[11]) + int(fields[12])
     return total / tick
 
 

@@ -430,6 +430,32 @@ async def test_wait_is_woken_by_the_end(replicas: Factory) -> None:
     assert woke < 0.5, woke
 
 
+@pytest.mark.parametrize("side", ["owner", "other"])
+async def test_a_wait_begun_after_the_end_landed_returns_at_once(
+    replicas: Factory, side: str
+) -> None:
+    """A long-poll reads the record (running), and its end lands and is told before the
+    wait begins (the owner's write, or another replica's notice, comes between the read
+    and the wait): the wait returns the end at once, not at the next re-read a second
+    later. On the owner (`a`) the end is its own write; elsewhere (`b`) a notice."""
+    r = await replicas()
+    execution = r.new()
+    await r.a.create(execution)
+    reader = r.a if side == "owner" else r.b
+    seen = await reader.get(execution.execution_id)
+    assert seen is not None and seen.status is ExecutionStatus.RUNNING
+    execution.finish(ExecutionStatus.SUCCEEDED, result="done")
+    r.a.end(execution)
+    assert await r.a.recorded(execution, BOUND)
+    if side == "other":  # the notice has reached b: a read there finds the end
+        await eventually(lambda: terminal(r.b, execution.execution_id))
+    began = time.monotonic()
+    found = await reader.wait(seen, 10.0)
+    took = time.monotonic() - began
+    assert found.status is ExecutionStatus.SUCCEEDED and found.result == "done"
+    assert took < 0.5, took  # the re-read is a second away
+
+
 async def test_wait_times_out_with_the_execution_as_it_is(replicas: Factory) -> None:
     r = await replicas()
     execution = r.new()

@@ -186,10 +186,10 @@ class Owner(PgPart):
                 future = owed.execution.recorded if owed.kind == "end" else None
                 if future is not None and not future.done():
                     future.set_result(written)
-                if written and owed.kind == "end" and owed.execution.execution_id in self._waiters:
+                if written and owed.kind == "end":
                     # Its waiters here take the record as written, one copy for them all
                     # as one read would be (the notice still tells the other replicas').
-                    self._wake(owed.execution.execution_id, codec.decode(owed.args["doc"]))
+                    self._moved(owed.execution.execution_id, owed.args["doc"])
             if any(o.kind == "end" and o.args["webhook"] for o in batch) and self.on_webhook:
                 self.on_webhook()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 from typing import Any
 
 from agent_server.model.execution import Execution, ExecutionStatus
@@ -12,6 +13,9 @@ from agent_server.model.status import TERMINAL as STATUS_TERMINAL
 from agent_server.store.base import ExecutionStore, StoreObserver
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn, Link
+
+#: Executions that moved lately, remembered for a waiter that registers just after.
+RECENT_MOVES = 10_000
 
 #: Statuses no attempt will move again (their names, as the rows keep them).
 TERMINAL = frozenset(status.value for status in STATUS_TERMINAL)
@@ -68,6 +72,9 @@ class PgPart(ExecutionStore):
     #: Each waiter is given the record when this process wrote its end (its own copy, as
     #: written: no read needed), else None (a notice or the poll: read it).
     _waiters: dict[str, set[asyncio.Future[Execution | None]]]
+    #: The last RECENT_MOVES executions that moved, each with its record's document when
+    #: this process wrote its end (`_moved`).
+    _recent_moves: OrderedDict[str, str | None]
     _queued_event: asyncio.Event
     #: Per execution id, the checkpoint (and its version) a migrating take was given, as
     #: stored: the owner's writes keep it, never the migrated state in memory, until the
@@ -109,6 +116,19 @@ class PgPart(ExecutionStore):
         for waiter in self._waiters.get(execution_id, ()):
             if not waiter.done():
                 waiter.set_result(written)
+
+    def _moved(self, execution_id: str, doc: str | None = None) -> None:
+        """The execution moved (a notice, or an end this process wrote, its `doc` given):
+        its waiters are woken (with the record as written, decoded once for them all), and
+        one that registers just after (its read was before the move) finds it among the
+        last RECENT_MOVES."""
+        recent = self._recent_moves
+        recent[execution_id] = doc
+        recent.move_to_end(execution_id)
+        if len(recent) > RECENT_MOVES:
+            recent.popitem(last=False)
+        if execution_id in self._waiters:
+            self._wake(execution_id, None if doc is None else codec.decode(doc))
 
     async def _notify(self, conn: Conn, payload: str) -> None:
         """A wake-up hint (ids only, never records) sent when the transaction commits."""

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import orjson
@@ -86,6 +86,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
         self._link = Link(url, pool_size=pool_size, observer=observer, on_up=self._on_up)
         self._due_at = None
         self._waiters = {}
+        self._recent_moves = OrderedDict()
         self._queued_event = asyncio.Event()
         self._owed = deque()
         self._owed_event = asyncio.Event()
@@ -401,7 +402,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
     def _noticed(self, payload: str) -> None:
         kind, _, rest = payload.partition(":")
         if kind == "e":
-            self._wake(rest)
+            self._moved(rest)
             self._wake_events(rest)
         elif kind == "v":
             self._wake_events(rest)
@@ -441,6 +442,14 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
             waiters = self._waiters.setdefault(execution.execution_id, set())
             waiters.add(waiter)
             try:
+                if first and execution.execution_id in self._recent_moves:
+                    # It moved since the caller's read, perhaps: the end as this process
+                    # wrote it, else a read.
+                    doc = self._recent_moves[execution.execution_id]
+                    written = None if doc is None else codec.decode(doc)
+                    if written is not None and written.reached_end(asked):
+                        return written
+                    first = False
                 if not first:
                     with contextlib.suppress(StoreUnavailable):
                         found = await self.get(execution.execution_id)
