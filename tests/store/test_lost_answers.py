@@ -254,3 +254,32 @@ async def test_a_begun_take_of_an_earlier_process_of_the_replica_id_is_judged_as
     else:
         assert (found.status, found.attempt) == (ExecutionStatus.LOST, 1), found.to_json()
         assert found.error is not None and found.error["type"] == "ExecutionLost"
+
+
+async def test_an_earlier_process_s_claim_never_begun_runs_as_its_first_run(
+    pair: tuple[Any, Any, CutProxy, Opener],
+) -> None:
+    """A replica id used again: the earlier process claimed a queued start but never began
+    it (its begin never written), and is gone. The record says so (its `unbegun` mark): the
+    new process's repair puts it back with its attempt unchanged, as the judge does a dead
+    owner's unbegun take; not attempt 2 (a plain reasoner refuses it), nor `lost`."""
+    _, b, _, opener = pair
+    earlier = await opener("C")
+    execution = Execution("sleep", None, "B")
+    execution.body = {"seconds": 0.25}
+    execution.enqueue(None)
+    assert await b.create(execution, max_queued=10) is None
+    taken = await earlier.claim()
+    assert taken is not None and taken.execution_id == execution.execution_id
+    later = await opener("C")  # the same id, a new process; `earlier` never begins it
+    later.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
+
+    async def requeued() -> Execution | None:
+        found = await b.get(execution.execution_id)
+        return found if found is not None and found.status is ExecutionStatus.QUEUED else None
+
+    found = await eventually(requeued, timeout=BOUND)
+    assert (found.replica, found.attempt) == ("", 1)
+    claimed = await b.claim()
+    assert claimed is not None and (claimed.attempt, claimed.body) == (1, execution.body)
+    assert not await earlier.begin(taken)  # fenced: the take is no longer its

@@ -745,36 +745,3 @@ async def test_a_create_cut_as_it_commits_is_put_back_by_the_close_not_judged_lo
         await closed(b)
         await closed(a)
         proxy.stop()
-
-
-async def test_an_earlier_process_s_claim_never_begun_runs_as_its_first_run(
-    postgres_url: str,
-) -> None:
-    """A replica id used again: the earlier process claimed a queued start but never
-    began it (its begin never committed), and is gone. The row says so (`unbegun`): the
-    new process's repair puts it back with its attempt unchanged, as the judge does a dead
-    owner's unbegun take; not attempt 2 (a plain reasoner refuses it), nor `lost`."""
-    b = open_postgres(postgres_url, "B", Recorder(), lease_ttl=8.0)
-    earlier = open_postgres(postgres_url, "A", Recorder(), lease_ttl=8.0)
-    await b.open()
-    await earlier.open()
-    later = None
-    try:
-        execution = Execution("sleep", None, "B")
-        execution.body = {"seconds": 0.25}
-        execution.enqueue(None)
-        assert await b.create(execution, max_queued=10) is None
-        taken = await earlier.claim()
-        assert taken is not None and taken.execution_id == execution.execution_id
-        later = open_postgres(postgres_url, "A", Recorder(), lease_ttl=8.0)
-        await later.open()
-        later.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
-        found = await wait_status(b, execution.execution_id, ExecutionStatus.QUEUED)
-        assert (found.replica, found.attempt) == ("", 1)
-        claimed = await b.claim()
-        assert claimed is not None and (claimed.attempt, claimed.body) == (1, execution.body)
-        assert not await earlier.begin(taken)  # fenced: the take is no longer its
-    finally:
-        for store in (later, earlier, b):
-            if store is not None:
-                await closed(store)

@@ -279,7 +279,7 @@ class Liveness:
             self.repair_due = True
         owed = self._owed()
         doubted = {execution.execution_id for execution in self.in_doubt.values()}
-        for row, max_attempts, token in rows:
+        for row, max_attempts, token, unbegun in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
             if self._runs(key):
@@ -292,6 +292,10 @@ class Liveness:
                 self.repair_due = True
                 continue
             if token.startswith(self.incarnation):  # taken here: its body never began
+                self._requeue_unstarted(execution, token)
+            elif unbegun == "1" and execution.status is ExecutionStatus.RUNNING:
+                # An earlier process's claim whose body never began (begin.lua never cleared
+                # its mark): the same attempt goes back, as judge.lua puts a dead owner's.
                 self._requeue_unstarted(execution, token)
             elif int(max_attempts or 0) > 1:
                 logger.warning(
@@ -338,7 +342,7 @@ class Liveness:
         with link.operation("owned"):
             rows = await link.script("owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN)
         owed = self._owed()
-        for row, _, token in rows:
+        for row, _, token, _ in rows:
             execution = self._codec.restore(row)
             key = execution.execution_id
             if not self._runs(key) and key not in owed and token.startswith(self.incarnation):
