@@ -55,8 +55,8 @@ INVARIANTS = {
     "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
     " error: a transient refusal that failed it instead of being retried)",
     "answers": "9. every answer is one the API documents; no client call gives up, unless"
-    " refused, it ran out of time in spans without a Redis replica in sync (one replica),"
-    " refused under 5 s outside them",
+    " it ran out of time refused in spans without a Redis replica in sync (one replica),"
+    " never refused 5 s on end outside them",
     "answer-taken": "10. an execution waiting for input returns the answer it was given, and"
     " none times out once an answer was accepted (202)",
     "delayed": "11. a delayed start's body never runs before its delay has passed",
@@ -78,7 +78,7 @@ HEALED_WITHIN = 5.0
 
 def unreplicated(events: list[NemesisEvent]) -> list[tuple[float, float]]:
     """The spans in which the nemesis left no Redis replica in sync with the primary (its
-    `unreplicated` begin and end; one never ended excuses nothing, and is noted)."""
+    `unreplicated` begin and end; one still open at the end excuses nothing)."""
     spans: list[tuple[float, float]] = []
     began: float | None = None
     for event in sorted(events, key=lambda e: e.time):
