@@ -5,9 +5,9 @@ schedule of kills, rollouts, pauses, Redis restarts, failovers, failbacks (the p
 killed, restarted as it was, then failed over to) and cuts; then the checker), for longer
 and over several seeds. Prints per seed the counts (calls, executions, each kind
 of fault, violations by invariant) and the violations, and the calls that gave up only
-within spans the nemesis left without a Redis replica in sync (with `--redis-replicas 1`;
-no violation: docs/replicas.md, "How long in doubt lasts"); the exit code is 1 if any seed
-broke an invariant.
+within spans in which no told write could be acknowledged (no Redis replica in sync, or one
+the sentinels could promote out of sync; no violation: docs/replicas.md, "How long in doubt
+lasts"); the exit code is 1 if any seed broke an invariant.
 
 A passing seed's directory is removed; a failing one's is kept under bench/out/faults/ (its
 `history.jsonl` holds every exchange, nemesis action and final record, and each replica's

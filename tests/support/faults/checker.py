@@ -55,8 +55,9 @@ INVARIANTS = {
     "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
     " error: a transient refusal that failed it instead of being retried)",
     "answers": "9. every answer is one the API documents; no client call gives up, unless"
-    " it ran out of time refused in spans without a Redis replica in sync (one replica),"
-    " never refused 5 s on end outside them",
+    " it ran out of time refused in spans when no told write could be acknowledged (no Redis"
+    " replica in sync, or one the sentinels could promote out of sync), never refused 5 s on"
+    " end outside them",
     "answer-taken": "10. an execution waiting for input returns the answer it was given, and"
     " none times out once an answer was accepted (202)",
     "delayed": "11. a delayed start's body never runs before its delay has passed",
@@ -70,14 +71,15 @@ INVARIANTS = {
 }
 
 
-#: Seconds a healed cluster may take to answer a call retrying through a span without a
-#: Redis replica in sync: the client's longest backoff (2 s), a told write's `WAIT` and the
-#: look at the sentinels after it (1 s), a synchronous run's body (at most 2 s here).
+#: Seconds a healed cluster may take to answer a call retrying through a span in which no
+#: told write could be acknowledged: the client's longest backoff (2 s), a told write's
+#: `WAIT` and the look at the sentinels after it (1 s), a synchronous run's body (2 s here).
 HEALED_WITHIN = 5.0
 
 
 def unreplicated(events: list[NemesisEvent]) -> list[tuple[float, float]]:
-    """The spans in which the nemesis left no Redis replica in sync with the primary (its
+    """The spans in which no told write could be acknowledged: no Redis replica in sync with
+    the primary, or one the sentinels could promote out of sync (the history's
     `unreplicated` begin and end; one still open at the end excuses nothing)."""
     spans: list[tuple[float, float]] = []
     began: float | None = None
@@ -127,11 +129,11 @@ def refused_for(call: Call, exchanges: list[Exchange]) -> list[tuple[float, floa
 def gave_up_unreplicated(
     call: Call, exchanges: list[Exchange], spans: list[tuple[float, float]]
 ) -> bool:
-    """A call gave up honestly if, refused, it ran out of time within spans without a Redis
-    replica in sync: its refusals overlapped such spans and none of them went on for
-    HEALED_WITHIN seconds outside the spans. With one Redis replica no told write can be
-    acknowledged in such a span (docs/replicas.md, "How long in doubt lasts"); refused that
-    long in a healed cluster, it should have been answered."""
+    """A call gave up honestly if, refused, it ran out of time within spans in which no told
+    write could be acknowledged (`unreplicated`; docs/replicas.md, "How long in doubt
+    lasts"): its refusals overlapped such spans and none of them went on for HEALED_WITHIN
+    seconds outside the spans. Refused that long in a healed cluster, it should have been
+    answered."""
     stretches = refused_for(call, exchanges) if call.failed else None
     if not stretches:
         return False
@@ -506,8 +508,8 @@ def _answers(
 ) -> Iterator[Violation]:
     """7. No 404 for an execution (the test deletes none). 9. Every answer is one the API
     documents (an execution with 200, 202, 409, 500 or 503; a refusal: 429, 502, 503, 504),
-    and no client call gives up or raises, unless it gave up retrying through spans without
-    a Redis replica in sync (`gave_up_unreplicated`)."""
+    and no client call gives up or raises, unless it gave up retrying through spans in which
+    no told write could be acknowledged (`gave_up_unreplicated`)."""
     missing: dict[str, list[Exchange]] = defaultdict(list)
     for exchange in index.exchanges:
         status = exchange.status
@@ -589,8 +591,9 @@ def _delayed(
 
 
 def excused(history: History) -> list[str]:
-    """The calls that gave up within spans without a Redis replica in sync, which `check`
-    does not count as violations, each described with its refusals and the spans."""
+    """The calls that gave up within spans in which no told write could be acknowledged,
+    which `check` does not count as violations, each described with its refusals and the
+    spans."""
     spans = unreplicated(history.nemesis)
     exchanges = sorted(history.exchanges, key=lambda e: e.invoked)
     found = []

@@ -15,10 +15,10 @@ seeded index), kills the current primary (whichever node the sentinels name) wit
 (the sentinels promote a replica; the killed node comes back as a replica of the new
 primary), asks for a planned failover (`SENTINEL FAILOVER`), or does both in turn (a
 failback: the killed primary restarted as it was, converted by the sentinels, then failed
-over to). With one replica, each of those (and a restart or a pause of either node) leaves
-no replica in sync with the primary for a while, in which no told write can be
-acknowledged: `SentinelRedis.watch_replication` says when such a span begins and ends, as
-it sees it.
+over to). Each of those (and, with one replica, a restart or a pause of a node) leaves a
+replica the sentinels could promote out of sync with the primary for a while, or none in
+sync, in which no told write can be acknowledged (it waits for every such replica):
+`SentinelRedis.watch_replication` says when such a span begins and ends, as it sees it.
 """
 
 from __future__ import annotations
@@ -586,13 +586,16 @@ class SentinelRedis:
         )
 
     def replicated(self) -> int | None:
-        """The primary every sentinel names, if it answers as one and another node says it
-        is its replica, in sync (a told write can be acknowledged); else None."""
+        """The primary every sentinel names, if it answers as one, another node says it is
+        its replica in sync, and so does every node a sentinel could promote (a told write
+        can be acknowledged only then: it waits for each); else None."""
         port = self.agreed()
         if port is None:
             return None
         others = [node for node in self.nodes if node.port != port]
-        return port if any(node.role() == ("slave", port, "connected") for node in others) else None
+        synced = {node.port for node in others if node.role() == ("slave", port, "connected")}
+        promotable = {each for sentinel in self.sentinels for each in sentinel.promotable()}
+        return port if synced and promotable - {port} <= synced else None
 
     def watch_replication(self, told: Callable[[bool, str], None]) -> None:
         """Until `close`, every REPLICATION_POLL seconds, whether a told write could be

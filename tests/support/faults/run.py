@@ -101,7 +101,8 @@ class FaultRun:
     elapsed: float
     #: Calls that gave up within spans without a Redis replica in sync (no violation).
     excused: list[str] = field(default_factory=list)
-    #: The spans without a Redis replica in sync (one replica only), from the history.
+    #: The spans in which no told write could be acknowledged (Sentinel only): no Redis
+    #: replica in sync, or one the sentinels could promote out of sync.
     unreplicated: list[tuple[float, float]] = field(default_factory=list)
 
     def by_invariant(self) -> Counter[str]:
