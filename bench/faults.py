@@ -4,8 +4,10 @@ replicas behind haproxy on a Redis primary and two replicas under three sentinel
 schedule of kills, rollouts, pauses, Redis restarts, failovers, failbacks (the primary
 killed, restarted as it was, then failed over to) and cuts; then the checker), for longer
 and over several seeds. Prints per seed the counts (calls, executions, each kind
-of fault, violations by invariant) and the violations; the exit code is 1 if any seed broke
-one.
+of fault, violations by invariant) and the violations, and the calls that gave up only
+within spans in which no told write could be acknowledged (no Redis replica in sync, or one
+the sentinels could promote out of sync; no violation: docs/replicas.md, "How long in doubt
+lasts"); the exit code is 1 if any seed broke an invariant.
 
 A passing seed's directory is removed; a failing one's is kept under bench/out/faults/ (its
 `history.jsonl` holds every exchange, nemesis action and final record, and each replica's
@@ -13,7 +15,7 @@ log is in its own directory). `--source DIR` runs the replicas on the agent_serv
 checkout (put first on their PYTHONPATH).
 
 Usage: python -m bench.faults [--seconds 120] [--seed 1 | --seeds 1-20] [--clients 6]
-       [--plain] [--source DIR] [--keep]
+       [--plain] [--redis-replicas 2] [--source DIR] [--keep]
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import pytest
 from tests.apps.tests_app import EVIDENCED_LIMIT, evidenced_answer, evidenced_reply
 from tests.support.faults import (
     FAULT_KINDS,
+    Call,
     Evidence,
     Exchange,
     Final,
@@ -76,6 +77,9 @@ def test_what_clients_are_told_stays_true_under_faults(tmp_path: Path) -> None:
     assert all(run.reasoners[name] >= 3 for name in LOAD), run.reasoners
     assert sum(run.faults.values()) >= len(FAULT_KINDS), run.summary()
     assert set(run.faults) == set(FAULT_KINDS), run.summary()
+    # The kills, restarts and failovers left spans in which no told write could be
+    # acknowledged, each seen to end (the calls they excuse are in the report).
+    assert len(run.unreplicated) >= 3, run.unreplicated
 
 
 # -- the checker itself, on histories written by hand --------------------------------------
@@ -329,3 +333,27 @@ def test_the_checker_finds_session_messages_out_of_order_or_overlapping() -> Non
     assert [v.invariant for v in swapped] == ["session-order"], swapped
     overlapping = check(history, final, ran([(1, 3), (2, 4), (5, 6)]), {})
     assert [v.invariant for v in overlapping] == ["session-order"], overlapping
+
+
+def test_the_checker_excuses_a_call_given_up_only_within_spans_without_a_replica() -> None:
+    history = History()
+    # Refused (503 in doubt) from t=10 until it gave up at t=40.5.
+    history.exchanges.extend(answer("/reasoners/evidenced", 503, None, t + 10.0) for t in range(31))
+    history.calls.append(Call("raw1", "run", "evidenced", None, 10.0, 40.5, "no execution", True))
+
+    def judged(*spans: tuple[float, float]) -> set[str]:
+        history.nemesis[:] = [
+            NemesisEvent(at, "unreplicated", "redis", phase)
+            for low, high in spans
+            for at, phase in ((low, "begin"), (high, "end"))
+        ]
+        return invariants(check(history, {}, {}, {}))
+
+    assert judged() == {"answers"}
+    # Under 5 s outside the spans (a failback's two, the healed moment between them).
+    assert judged((12.0, 30.0), (30.5, 38.0)) == set()
+    # Healed 6.5 s before it gave up: it should have been answered.
+    assert judged((12.0, 30.0), (30.5, 34.0)) == {"answers"}
+    # Answered 400 at the end (no refusal, no execution): it gave up on that, not on time.
+    history.exchanges.append(answer("/reasoners/evidenced", 400, None, 40.2))
+    assert judged((5.0, 45.0)) == {"answers"}

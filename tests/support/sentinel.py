@@ -103,6 +103,15 @@ class SentinelProcess:
                 )
         return False
 
+    def promotable(self) -> set[int]:
+        """The ports of the replicas it could promote: seen up, priority not 0."""
+        return {
+            int(found["port"])
+            for found in self.ask("replicas", self.service) or []
+            if not DOWN & set(found["flags"].split(","))
+            and str(found.get("slave-priority", found.get("replica-priority", "1"))) != "0"
+        }
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

@@ -54,7 +54,10 @@ INVARIANTS = {
     "log-errors": "8. no traceback or unobserved task error in a replica's log",
     "failed-by-server": "an execution failed with an error its reasoner never raises (a store"
     " error: a transient refusal that failed it instead of being retried)",
-    "answers": "9. every answer is one the API documents; no client call gives up",
+    "answers": "9. every answer is one the API documents; no client call gives up, unless"
+    " it ran out of time refused in spans when no told write could be acknowledged (no Redis"
+    " replica in sync, or one the sentinels could promote out of sync), never refused 5 s on"
+    " end outside them",
     "answer-taken": "10. an execution waiting for input returns the answer it was given, and"
     " none times out once an answer was accepted (202)",
     "delayed": "11. a delayed start's body never runs before its delay has passed",
@@ -66,6 +69,87 @@ INVARIANTS = {
     " were accepted",
     "harness": "the harness itself: a replica that would not start or be ready again",
 }
+
+
+#: Seconds a healed cluster may take to answer a call retrying through a span in which no
+#: told write could be acknowledged: the client's longest backoff (2 s), a told write's
+#: `WAIT` and the look at the sentinels after it (1 s), a synchronous run's body (2 s here).
+HEALED_WITHIN = 5.0
+
+
+def unreplicated(events: list[NemesisEvent]) -> list[tuple[float, float]]:
+    """The spans in which no told write could be acknowledged: no Redis replica in sync with
+    the primary, or one the sentinels could promote out of sync (the history's
+    `unreplicated` begin and end; one still open at the end excuses nothing)."""
+    spans: list[tuple[float, float]] = []
+    began: float | None = None
+    for event in sorted(events, key=lambda e: e.time):
+        if event.kind != "unreplicated":
+            continue
+        if event.phase == "begin":
+            began = event.time
+        elif event.phase == "end" and began is not None:
+            spans.append((began, event.time))
+            began = None
+    return spans
+
+
+def _refused(exchange: Exchange) -> bool:
+    """No answer, or a refusal with no execution in it (503 in doubt among them)."""
+    return exchange.status is None or (
+        exchange.status in (429, 502, 503, 504) and not exchange.is_execution
+    )
+
+
+def refused_for(call: Call, exchanges: list[Exchange]) -> list[tuple[float, float]] | None:
+    """The stretches a call spent refused: from each refusal (or request unanswered) to its
+    next request, or to when it gave up. None when it was given an answer that is neither
+    an execution, a refusal nor a success (then it gave up on that answer, not for want of
+    time). A client thread makes one call at a time: its exchanges within the call's time
+    are the call's (`exchanges` in the order they were sent)."""
+    mine = [
+        e
+        for e in exchanges
+        if e.client == call.client and call.invoked <= e.invoked <= call.answered
+    ]
+    stretches: list[tuple[float, float]] = []
+    for exchange, after in zip(mine, [*mine[1:], None], strict=True):
+        if not _refused(exchange):
+            if exchange.status is not None and exchange.status >= 400 and not exchange.is_execution:
+                return None
+            continue
+        until = call.answered if after is None else after.invoked
+        if stretches and stretches[-1][1] >= exchange.invoked:
+            stretches[-1] = (stretches[-1][0], until)
+        else:
+            stretches.append((exchange.invoked, until))
+    return stretches
+
+
+def gave_up_unreplicated(
+    call: Call, exchanges: list[Exchange], spans: list[tuple[float, float]]
+) -> bool:
+    """A call gave up honestly if, refused, it ran out of time within spans in which no told
+    write could be acknowledged (`unreplicated`; docs/replicas.md, "How long in doubt
+    lasts"): its refusals overlapped such spans and none of them went on for HEALED_WITHIN
+    seconds outside the spans. Refused that long in a healed cluster, it should have been
+    answered."""
+    stretches = refused_for(call, exchanges) if call.failed else None
+    if not stretches:
+        return False
+    overlapped = False
+    for begin, end in stretches:
+        healed_from = begin
+        for low, high in sorted(spans):
+            if high <= begin or low >= end:
+                continue
+            overlapped = True
+            if low - healed_from >= HEALED_WITHIN:
+                return False
+            healed_from = max(healed_from, high)
+        if end - healed_from >= HEALED_WITHIN:
+            return False
+    return overlapped
 
 
 @dataclass
@@ -419,10 +503,13 @@ def _refused_policy(exchange: Exchange) -> bool:
     )
 
 
-def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
+def _answers(
+    index: _Index, calls: list[Call], spans: list[tuple[float, float]]
+) -> Iterator[Violation]:
     """7. No 404 for an execution (the test deletes none). 9. Every answer is one the API
     documents (an execution with 200, 202, 409, 500 or 503; a refusal: 429, 502, 503, 504),
-    and no client call gives up or raises."""
+    and no client call gives up or raises, unless it gave up retrying through spans in which
+    no told write could be acknowledged (`gave_up_unreplicated`)."""
     missing: dict[str, list[Exchange]] = defaultdict(list)
     for exchange in index.exchanges:
         status = exchange.status
@@ -444,7 +531,7 @@ def _answers(index: _Index, calls: list[Call]) -> Iterator[Violation]:
         more = f" (and {len(seen) - 1} more 404s)" if len(seen) > 1 else ""
         yield Violation("accepted-vanished", execution_id, seen[0].describe() + more)
     for call in calls:
-        if call.failed:
+        if call.failed and not gave_up_unreplicated(call, index.exchanges, spans):
             yield Violation(
                 "answers",
                 call.execution_id,
@@ -503,6 +590,29 @@ def _delayed(
                 )
 
 
+def excused(history: History) -> list[str]:
+    """The calls that gave up within spans in which no told write could be acknowledged,
+    which `check` does not count as violations, each described with its refusals and the
+    spans."""
+    spans = unreplicated(history.nemesis)
+    exchanges = sorted(history.exchanges, key=lambda e: e.invoked)
+    found = []
+    for call in history.calls:
+        if gave_up_unreplicated(call, exchanges, spans):
+            refused = refused_for(call, exchanges) or []
+            within = [
+                (low, high) for low, high in spans for b, e in refused if high > b and low < e
+            ]
+            found.append(
+                f"{call.client} {call.op} {call.reasoner} at t={call.invoked:.3f}: "
+                f"{call.outcome[:120]}; refused "
+                + ", ".join(f"{b:.1f}-{e:.1f}" for b, e in refused)
+                + "; unreplicated "
+                + ", ".join(f"{low:.1f}-{high:.1f}" for low, high in sorted(set(within)))
+            )
+    return found
+
+
 def check(
     history: History,
     final: Mapping[str, Final],
@@ -519,7 +629,7 @@ def check(
         *_accepted_runs(index, final, evidence),
         *_one_per_key(index),
         *_evidence(final, evidence),
-        *_answers(index, history.calls),
+        *_answers(index, history.calls, unreplicated(history.nemesis)),
         *_answer_taken(index, final),
         *_delayed(index, final, evidence),
         *failed_unrun(final, evidence),

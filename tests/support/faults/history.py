@@ -74,7 +74,9 @@ class Call:
 @dataclass(frozen=True)
 class NemesisEvent:
     time: float
-    kind: str  # kill9, rollout, pause-replica, pause-redis, restart-redis, cut, start, heal
+    #: A fault's kind, `start` (a replica replaced), `heal`, or `unreplicated` (a span with
+    #: no Redis replica in sync: its begin and end).
+    kind: str
     target: str  # a replica id, "redis" or "proxy"
     phase: str  # begin, end, note
     detail: str = ""

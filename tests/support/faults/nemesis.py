@@ -71,6 +71,15 @@ class Nemesis:
         self.history = history
         self.log = log
         self.counts: Counter[str] = Counter()
+        if isinstance(cluster.redis, SentinelRedis):
+            cluster.redis.watch_replication(self._replicated)
+
+    def _replicated(self, replicated: bool, detail: str) -> None:
+        """The spans in which no Redis replica is in sync with the primary, or one the
+        sentinels could promote is not (no told write can be acknowledged): in the history,
+        where the checker excuses the calls that gave up within them."""
+        phase = "end" if replicated else "begin"
+        self.history.nemesis_event("unreplicated", "redis", phase, detail)
 
     def run(self, seed: int, seconds: float) -> None:
         until = time.monotonic() + seconds

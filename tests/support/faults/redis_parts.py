@@ -15,7 +15,10 @@ seeded index), kills the current primary (whichever node the sentinels name) wit
 (the sentinels promote a replica; the killed node comes back as a replica of the new
 primary), asks for a planned failover (`SENTINEL FAILOVER`), or does both in turn (a
 failback: the killed primary restarted as it was, converted by the sentinels, then failed
-over to, as in issue 51).
+over to). Each of those (and, with one replica, a restart or a pause of a node) leaves a
+replica the sentinels could promote out of sync with the primary for a while, or none in
+sync, in which no told write can be acknowledged (it waits for every such replica):
+`SentinelRedis.watch_replication` says when such a span begins and ends, as it sees it.
 """
 
 from __future__ import annotations
@@ -383,6 +386,9 @@ def port_of(address: tuple[str, int] | None) -> int | None:
     return None if address is None else address[1]
 
 
+#: Seconds between two looks of the watch of whether a replica is in sync with the primary.
+REPLICATION_POLL = 0.1
+
 #: Redis replicas under Sentinel by default: two, as in production, so that with any one node
 #: down (killed, paused, restarting, resyncing) a replica still acknowledges told writes.
 REDIS_REPLICAS = 2
@@ -414,6 +420,8 @@ class SentinelRedis:
         self.node_proxies = [CutProxy(node.port) for node in self.nodes]
         self.sentinels: list[SentinelProcess] = []
         self.sentinel_proxies: list[CutProxy] = []
+        self._closing = threading.Event()
+        self._watch: threading.Thread | None = None
 
     @property
     def proxies(self) -> list[CutProxy]:
@@ -580,6 +588,35 @@ class SentinelRedis:
             + (f"; {unsettled}" if unsettled else "")
         )
 
+    def replicated(self) -> int | None:
+        """The primary every sentinel names, if it answers as one, another node says it is
+        its replica in sync, and so does every node a sentinel could promote (a told write
+        can be acknowledged only then: it waits for each); else None."""
+        port = self.agreed()
+        if port is None:
+            return None
+        others = [node for node in self.nodes if node.port != port]
+        synced = {node.port for node in others if node.role() == ("slave", port, "connected")}
+        promotable = {each for sentinel in self.sentinels for each in sentinel.promotable()}
+        return port if synced and promotable - {port} <= synced else None
+
+    def watch_replication(self, told: Callable[[bool, str], None]) -> None:
+        """Until `close`, every REPLICATION_POLL seconds, whether a told write could be
+        acknowledged (`replicated`): `told(False, ...)` when it stops, `told(True, ...)`
+        when it holds again. Observed, not inferred from the nemesis's steps: a span begins
+        when a look sees it (a failover's first second, before any promotion, is not in it)."""
+
+        def watch() -> None:
+            replicated = True
+            while not self._closing.wait(REPLICATION_POLL):  # polling, until closed
+                port = self.replicated()
+                if (port is not None) != replicated:
+                    replicated = port is not None
+                    told(replicated, f"a replica of :{port} in sync" if port else self.describe())
+
+        self._watch = threading.Thread(target=watch, name="replication-watch", daemon=True)
+        self._watch.start()
+
     def heal(self) -> str | None:
         """Every node running and not stopped (one that is not starts as the replica of the
         named primary), every proxy open; then settled (bounded)."""
@@ -601,6 +638,9 @@ class SentinelRedis:
         return f"sentinels name {named}; {roles}"
 
     def close(self) -> None:
+        self._closing.set()
+        if self._watch is not None:
+            self._watch.join(timeout=10)
         for proxy in self.proxies:
             proxy.stop()
         for sentinel in self.sentinels:

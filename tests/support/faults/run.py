@@ -8,12 +8,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
-from tests.support.faults.checker import check
+from tests.support.faults.checker import check, excused, unreplicated
 from tests.support.faults.cluster import LEASE_TTL, FaultCluster, FaultReplica
 from tests.support.faults.evidence import (
     Final,
@@ -99,6 +99,11 @@ class FaultRun:
     outcomes: Counter[str]
     reasoners: Counter[str]  # the executions of each reasoner
     elapsed: float
+    #: Calls that gave up within spans without a Redis replica in sync (no violation).
+    excused: list[str] = field(default_factory=list)
+    #: The spans in which no told write could be acknowledged (Sentinel only): no Redis
+    #: replica in sync, or one the sentinels could promote out of sync.
+    unreplicated: list[tuple[float, float]] = field(default_factory=list)
 
     def by_invariant(self) -> Counter[str]:
         return Counter(v.invariant for v in self.violations)
@@ -110,11 +115,13 @@ class FaultRun:
             f"seed {self.seed}: {self.seconds:g}s of faults, {self.elapsed:.0f}s in all; "
             f"{self.calls} calls, {self.exchanges} HTTP exchanges, {self.executions} "
             f"executions; faults: {faults}; violations: {len(self.violations)} ({broken})"
+            + (f"; gave up unreplicated: {len(self.excused)}" if self.excused else "")
         )
 
     def report(self, limit: int = 8) -> str:
         """The seed, the counts and the violations (at most `limit` of each invariant)."""
         lines = [self.summary(), f"server: {self.server}"]
+        lines.extend(f"  (gave up unreplicated) {each}" for each in self.excused)
         shown: Counter[str] = Counter()
         for violation in self.violations:
             shown[violation.invariant] += 1
@@ -212,6 +219,8 @@ def run_faults(
             outcomes=Counter(f.state for f in final.values()),
             reasoners=Counter(f.reasoner or "-" for f in final.values()),
             elapsed=time.monotonic() - began,
+            excused=excused(history),
+            unreplicated=unreplicated(history.nemesis),
         )
     except Exception as exc:
         raise RuntimeError(
