@@ -358,40 +358,6 @@ async def test_a_claim_redis_ran_after_its_answer_was_given_up_is_queued_again(
     assert (claimed.replica, claimed.attempt, claimed.body) == ("B", 1, body)
 
 
-@pytest.mark.parametrize("attempts", [1, 3])
-async def test_a_take_of_an_earlier_process_of_the_replica_id_is_judged_as_a_dead_owners(
-    stores: Callable[..., Awaitable[RedisStore]], attempts: int
-) -> None:
-    """A replica id used again (a pod restarted under its name): the new process finds a
-    running record the id owns that an earlier process took (a queued start it claimed)
-    and that it runs no task for. Its body may have begun there, so it is not run again
-    as a first run; nor is a non-resumable one handed to an attempt 2 its claimer refuses
-    ("not resumable here": `failed`, its failing attempt never run). As the judge has a
-    dead owner's: the next attempt queued while attempts are left, else `lost`."""
-    earlier = await stores("A", lease_ttl=8.0)
-    b = await stores("B", lease_ttl=8.0)
-    execution = Execution("sleep", None, "B")
-    execution.body, execution.max_attempts = {"seconds": 0.25}, attempts
-    execution.resumable = attempts > 1
-    execution.enqueue(None)
-    assert await b.create(execution, max_queued=10) is None
-    taken = await earlier.claim()  # its answer came: that process may have begun the body
-    assert taken is not None and taken.execution_id == execution.execution_id
-    later = await stores("A", lease_ttl=8.0)  # the same id, a new process: it repairs at open
-    later.deliver_orphans(lambda _: False, lambda _: pytest.fail("nothing to adopt"))
-
-    async def judged() -> Execution | None:
-        found = await b.get(execution.execution_id)
-        return None if found is None or found.status is ExecutionStatus.RUNNING else found
-
-    found = await eventually(judged, timeout=BOUND)
-    if attempts > 1:
-        assert (found.status, found.replica, found.attempt) == (ExecutionStatus.QUEUED, "", 2)
-    else:
-        assert (found.status, found.attempt) == (ExecutionStatus.LOST, 1), found.to_json()
-        assert found.error is not None and found.error["type"] == "ExecutionLost"
-
-
 async def test_a_create_that_never_reached_redis_stays_absent(
     own_redis: RedisServer, stores: Callable[..., Awaitable[RedisStore]]
 ) -> None:
