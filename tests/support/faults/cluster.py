@@ -126,6 +126,12 @@ class FaultCluster:
         self.haproxy: Haproxy | None = None
         self.incarnations = 0
 
+    @property
+    def redis(self) -> StoreUnderTest:
+        """The store under test, by the name the Redis-only parts of the harness use (a
+        Postgres pair is no `SentinelRedis`: their checks of it pass it by)."""
+        return self.store
+
     def server_module(self) -> str:
         """Which agent_server the replicas import (the path of its package)."""
         run = subprocess.run(
