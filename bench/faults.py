@@ -14,8 +14,13 @@ A passing seed's directory is removed; a failing one's is kept under bench/out/f
 log is in its own directory). `--source DIR` runs the replicas on the agent_server of another
 checkout (put first on their PYTHONPATH).
 
+`--store postgres` runs the same replicas, load, history and checker on a Postgres primary
+and its synchronous streaming standby (tests/support/faults/postgres_parts.py), with the
+replica-level faults and Postgres's own: kill -9 and restart of the primary, a pause of it,
+cuts of the proxies, and a failover to the standby (the old primary fenced and re-seeded).
+
 Usage: python -m bench.faults [--seconds 120] [--seed 1 | --seeds 1-20] [--clients 6]
-       [--plain] [--redis-replicas 2] [--source DIR] [--keep]
+       [--plain] [--redis-replicas 2] [--store redis|postgres] [--source DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -55,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         "--plain", action="store_true", help="one redis-server, no Sentinel (and no failover)"
     )
     parser.add_argument(
+        "--store",
+        choices=("redis", "postgres"),
+        default="redis",
+        help="the store under the replicas: Redis (Sentinel unless --plain) or a Postgres "
+        "primary with a synchronous standby",
+    )
+    parser.add_argument(
         "--redis-replicas",
         type=int,
         default=2,
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for chance in range(1, STARTS + 1):
             directory = out / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             directory.mkdir()
-            log(f"seed {seed}: {args.seconds:g}s of faults in {directory}")
+            log(f"seed {seed}: {args.seconds:g}s of faults on {args.store} in {directory}")
             try:
                 run = faults.run_faults(
                     seed,
@@ -83,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     source=args.source.resolve() if args.source else None,
                     sentinel=not args.plain,
                     redis_replicas=args.redis_replicas,
+                    store=args.store,
                     log=log,
                 )
                 break

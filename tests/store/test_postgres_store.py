@@ -407,6 +407,51 @@ async def test_queued_work_of_a_session_being_released_is_not_claimed(postgres_u
         await closed(b)
 
 
+async def test_a_delayed_start_is_due_no_sooner_than_its_delay_after_a_wait_for_its_turn(
+    postgres_url: str,
+) -> None:
+    """A delayed start of a session waits in its transaction for the session's lock (another
+    enqueue of a burst holds it): it is still due no sooner than its delay after it was
+    asked, and no claim takes it before. `now()` is the transaction's start: a due time of
+    `now()` plus what was left of the delay once the lock was got (or any slow statement
+    before the insert) came early by that wait (`python -m bench.faults --store postgres`,
+    five of seeds 301-310: bodies ran 50 to 130 ms before their delay)."""
+    import psycopg
+
+    a = open_postgres(postgres_url, "A", Recorder())
+    await a.open()
+    try:
+        execution = Execution("echo", "s-burst", "A")
+        asked = time.time()
+        execution.enqueue(asked + 0.5)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as holder:
+            await holder.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"{AGENT}\x1fsession\x1fs-burst",),
+            )
+            creating = asyncio.ensure_future(a.create(execution, max_queued=10))
+            await asyncio.sleep(0.3)  # the other enqueue's transaction, holding the lock
+            assert not creating.done()
+            await holder.commit()
+        await asyncio.wait_for(creating, 5.0)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+            cursor = await conn.execute(
+                "SELECT extract(epoch FROM due_at) FROM executions WHERE id = %s",
+                (execution.execution_id,),
+            )
+            row = await cursor.fetchone()
+        assert row is not None and row[0] is not None
+        assert float(row[0]) >= asked + 0.5 - 0.005, float(row[0]) - asked
+        assert execution.scheduled_at is not None
+        assert execution.scheduled_at >= asked + 0.5 - 0.005
+        while time.time() < asked + 0.45:
+            claimed = await a.claim()
+            assert claimed is None, f"claimed {time.time() - asked:.3f}s after it was asked"
+            await asyncio.sleep(0.02)
+    finally:
+        await closed(a)
+
+
 async def test_idempotency_keys_across_replicas(postgres_url: str) -> None:
     """The same key on two replicas at once starts one execution; a key used for another
     request is refused until it expires; a key whose execution was forgotten starts

@@ -100,14 +100,17 @@ class PostgresServer:
             f"CREATE DATABASE {DATABASE} OWNER {ROLE}",
         )
 
-    def start(self) -> None:
-        """Start it and wait (bounded) until it accepts connections."""
-        command = [
-            str(self.bin / "postgres"),
+    def options(self) -> list[str]:
+        """The postmaster's arguments (a subclass adds its own settings)."""
+        return [
             *("-D", str(self.data), "-p", str(self.port)),
             *("-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.data}"),
             *("-c", "fsync=off", "-c", "max_connections=200", "-c", "logging_collector=off"),
         ]
+
+    def start(self) -> None:
+        """Start it and wait (bounded) until it accepts connections."""
+        command = [str(self.bin / "postgres"), *self.options()]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             command,

@@ -43,7 +43,9 @@ _INSERT = (
     " queued_seq) SELECT %(agent)s, %(id)s, %(status)s, %(reasoner)s, %(session)s,"
     " %(tenant)s, %(started_by)s, %(schedule_id)s, %(created_at)s, %(replica)s,"
     " %(attempt)s, %(ckey)s, %(climit)s, %(doc)s, %(take)s, %(gated)s,"
-    " CASE WHEN %(queued)s THEN now() + make_interval(secs => %(delay)s) END,"
+    # The delay's rest from the moment it was measured (clock_timestamp(), not now(): the
+    # transaction's start, which a wait for the session's lock leaves behind).
+    " CASE WHEN %(queued)s THEN clock_timestamp() + make_interval(secs => %(delay)s) END,"
     " CASE WHEN %(queued)s THEN nextval('executions_queue_seq') END"
     # Running here only while this replica's lease holds: one that lapsed (a pause) would
     # be judged lost at once by the others; it renews first.

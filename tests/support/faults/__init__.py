@@ -1,8 +1,10 @@
 """A seeded fault-injection harness in the spirit of Jepsen (docs/replicas.md).
 
 Its modules: `cluster` (the replicas and haproxy), `redis_parts` (the Redis under test and
-its proxies), `load` (the client threads), `history` (what they saw), `nemesis` (the faults),
-`evidence` and `checker` (the invariants) and `run` (one run, end to end).
+its proxies), `postgres_parts` (the Postgres under test: a primary and its synchronous
+standby, behind the same proxies), `load` (the client threads), `history` (what they saw),
+`nemesis` (the faults), `evidence` and `checker` (the invariants) and `run` (one run, end to
+end).
 
 The parts are real and on loopback: Redis with AOF (by default a primary and two replicas under
 three real `redis-sentinel`, else one `redis-server`: `redis_parts`), small TCP
@@ -19,6 +21,12 @@ ever named is read back through a live replica, and `check` (a pure function of 
 the final records, the reasoners' own evidence files and the replicas' logs) returns the
 violations of the invariants.
 
+With `store="postgres"` (`python -m bench.faults --store postgres`) the replicas run on a
+Postgres primary and its synchronous streaming standby instead, every connection through a
+proxy; the nemesis keeps the replica-level faults and deals Postgres's own (kill -9 and
+restart of the primary, a pause of it, cuts, a failover to the standby with the old primary
+fenced and re-seeded). The load, the history and the checker are the same.
+
 `run_faults(seed, seconds, directory)` is one run (`run`); tests/process/test_faults.py runs
 a short one in CI, `python -m bench.faults` long ones.
 """
@@ -29,6 +37,7 @@ from tests.support.faults.evidence import Evidence, Final, Violation
 from tests.support.faults.history import Call, Exchange, History, NemesisEvent, Note
 from tests.support.faults.load import LoadClient
 from tests.support.faults.nemesis import Fault, Nemesis, schedule
+from tests.support.faults.postgres_parts import PostgresPair
 from tests.support.faults.redis_parts import AofRedis, CutProxy, stable_port
 from tests.support.faults.run import FaultRun, run_faults
 
@@ -50,6 +59,7 @@ __all__ = [
     "Nemesis",
     "NemesisEvent",
     "Note",
+    "PostgresPair",
     "Violation",
     "check",
     "fault_kinds",

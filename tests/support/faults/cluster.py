@@ -1,6 +1,6 @@
 """The parts of a fault run: three `agent-server run tests_app:agent` replicas on fixed
-loopback ports, on the Redis under test (through cuttable proxies), behind haproxy; and the
-kinds of fault they can be dealt."""
+loopback ports, on the store under test (Redis, or Postgres: through cuttable proxies either
+way), behind haproxy; and the kinds of fault they can be dealt."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.apps.tests_app import (
     EVIDENCE_DIR_ENV,
     REPLICA_ID_ENV,
 )
+from tests.support.faults.postgres_parts import PostgresPair
 from tests.support.faults.redis_parts import (
     REDIS_REPLICAS,
     PlainRedis,
@@ -50,9 +51,15 @@ REPLICAS = 3
 REPLICA_KINDS = ("kill9", "rollout", "pause-replica")
 #: Every kind of fault, with Sentinel; one Redis has no failover (PlainRedis.kinds).
 FAULT_KINDS = (*REPLICA_KINDS, *SentinelRedis.kinds)
+#: The stores a fault run can put under the replicas.
+STORES = ("redis", "postgres")
+
+StoreUnderTest = RedisUnderTest | PostgresPair
 
 
-def fault_kinds(sentinel: bool) -> tuple[str, ...]:
+def fault_kinds(sentinel: bool, store: str = "redis") -> tuple[str, ...]:
+    if store == "postgres":
+        return (*REPLICA_KINDS, *PostgresPair.kinds)
     return (*REPLICA_KINDS, *(SentinelRedis if sentinel else PlainRedis).kinds)
 
 
@@ -83,8 +90,9 @@ class FaultReplica(ServerProcess):
 
 
 class FaultCluster:
-    """Redis (AOF) <- proxy <- three replicas <- haproxy, all on loopback. `close` ends every
-    process it started, whatever state the run left them in (paused ones included)."""
+    """The store (Redis with AOF, or a Postgres primary and its synchronous standby) <-
+    proxies <- three replicas <- haproxy, all on loopback. `close` ends every process it
+    started, whatever state the run left them in (paused ones included)."""
 
     def __init__(
         self,
@@ -93,11 +101,17 @@ class FaultCluster:
         *,
         sentinel: bool = True,
         redis_replicas: int = REDIS_REPLICAS,
+        store: str = "redis",
     ) -> None:
+        assert store in STORES, store
         self.directory = directory
-        self.redis: RedisUnderTest = (
-            SentinelRedis(directory, redis_replicas) if sentinel else PlainRedis(directory)
-        )
+        self.store: StoreUnderTest
+        if store == "postgres":
+            self.store = PostgresPair(directory)
+        elif sentinel:
+            self.store = SentinelRedis(directory, redis_replicas)
+        else:
+            self.store = PlainRedis(directory)
         self.evidence_dir = directory / "evidence"
         self.evidence_dir.mkdir()
         self.env = {EVIDENCE_DIR_ENV: str(self.evidence_dir)}
@@ -105,12 +119,18 @@ class FaultCluster:
             path = os.environ.get("PYTHONPATH")
             self.env["PYTHONPATH"] = str(source) + (os.pathsep + path if path else "")
         self.ports = [stable_port() for _ in range(REPLICAS)]
-        self.kinds = fault_kinds(sentinel)
+        self.kinds = fault_kinds(sentinel, store)
         self.replicas: list[FaultReplica] = []
         #: Every replica ever started, in order (their logs are checked).
         self.started: list[FaultReplica] = []
         self.haproxy: Haproxy | None = None
         self.incarnations = 0
+
+    @property
+    def redis(self) -> StoreUnderTest:
+        """The store under test, by the name the Redis-only parts of the harness use (a
+        Postgres pair is no `SentinelRedis`: their checks of it pass it by)."""
+        return self.store
 
     def server_module(self) -> str:
         """Which agent_server the replicas import (the path of its package)."""
@@ -125,7 +145,7 @@ class FaultCluster:
         return run.stdout.strip() or run.stderr.strip()
 
     def open(self) -> None:
-        self.redis.open()
+        self.store.open()
         self.replicas = [self.start(index) for index in range(REPLICAS)]
         for replica in self.replicas:
             replica.wait_ready(READY_TIMEOUT)
@@ -144,7 +164,7 @@ class FaultCluster:
         replica_id = f"r{index}-{self.incarnations}"
         marker_dir = self.directory / replica_id
         marker_dir.mkdir()
-        replica = FaultReplica(self.ports[index], replica_id, self.redis.url, marker_dir, self.env)
+        replica = FaultReplica(self.ports[index], replica_id, self.store.url, marker_dir, self.env)
         self.started.append(replica)
         return replica
 
@@ -184,4 +204,4 @@ class FaultCluster:
             replica.close()
         if self.haproxy is not None:
             self.haproxy.stop()
-        self.redis.close()
+        self.store.close()

@@ -24,6 +24,7 @@ from tests.support.faults.cluster import (
 from tests.support.faults.history import (
     History,
 )
+from tests.support.faults.postgres_parts import PostgresPair
 from tests.support.faults.redis_parts import (
     SentinelRedis,
 )
@@ -49,7 +50,7 @@ def schedule(seed: int, kinds_of_faults: tuple[str, ...] = FAULT_KINDS) -> Itera
             target = rng.randrange(REPLICAS)
             if kind == "pause-replica":
                 seconds = rng.uniform(1.3, 2.2) * LEASE_TTL  # past the lease
-            elif kind == "pause-redis":
+            elif kind in ("pause-redis", "pause-postgres"):
                 seconds = rng.uniform(1.0, 4.0)
             elif kind == "cut":
                 seconds = rng.uniform(1.0, 3.0)
@@ -136,9 +137,28 @@ class Nemesis:
                 finally:
                     os.kill(replica.proc.pid, signal.SIGCONT)
                 event("pause-replica", rid, "end")
-        elif fault.kind == "pause-redis":
+        elif fault.kind == "pause-postgres" and isinstance(cluster.store, PostgresPair):
+            # The primary's postmaster and every backend, stopped: connections stay open.
+            primary, name = cluster.store.pause()
+            event("pause-postgres", "postgres", "begin", f"{name} {fault.seconds:.2f}s")
+            primary.send(signal.SIGSTOP)
+            try:
+                time.sleep(fault.seconds)
+            finally:
+                primary.send(signal.SIGCONT)
+            event("pause-postgres", "postgres", "end")
+        elif fault.kind in ("kill-postgres", "failover-postgres") and isinstance(
+            cluster.store, PostgresPair
+        ):
+            event(fault.kind, "postgres", "begin")
+            if fault.kind == "kill-postgres":
+                detail = cluster.store.kill_restart()
+            else:
+                detail = cluster.store.failover()
+            event(fault.kind, "postgres", "end", detail)
+        elif fault.kind == "pause-redis" and not isinstance(cluster.store, PostgresPair):
             # Any one node, by the schedule's index: the primary or (under Sentinel) a replica.
-            node, name = cluster.redis.pick(fault.target)
+            node, name = cluster.store.pick(fault.target)
             event("pause-redis", "redis", "begin", f"{name} {fault.seconds:.2f}s")
             node.send(signal.SIGSTOP)
             try:
@@ -148,28 +168,29 @@ class Nemesis:
             event("pause-redis", "redis", "end")
         elif fault.kind == "restart-redis":
             event("restart-redis", "redis", "begin")
-            event("restart-redis", "redis", "end", cluster.redis.restart(fault.target))
+            assert not isinstance(cluster.store, PostgresPair)
+            event("restart-redis", "redis", "end", cluster.store.restart(fault.target))
         elif fault.kind == "cut":
             event("cut", "proxy", "begin", f"{fault.mode} {fault.seconds:.2f}s")
-            cluster.redis.cut(fault.mode)
+            cluster.store.cut(fault.mode)
             try:
                 time.sleep(fault.seconds)
             finally:
-                cluster.redis.restore()
+                cluster.store.restore()
             event("cut", "proxy", "end")
         elif fault.kind in ("failover", "kill-primary", "failback") and isinstance(
-            cluster.redis, SentinelRedis
+            cluster.store, SentinelRedis
         ):
             event(fault.kind, "redis", "begin")
             if fault.kind == "failover":
-                detail = cluster.redis.failover()
+                detail = cluster.store.failover()
             elif fault.kind == "failback":
-                detail = cluster.redis.failback(early=fault.mode == "reset")
+                detail = cluster.store.failback(early=fault.mode == "reset")
             else:
-                detail = cluster.redis.kill_primary()
+                detail = cluster.store.kill_primary()
             # The fault is over once a replica is in sync again (a told write needs one):
             # a failover the sentinels aborted can leave its chosen replica a primary alone.
-            detail += f"; {cluster.redis.settle() or 'settled'}"
+            detail += f"; {cluster.store.settle() or 'settled'}"
             event(fault.kind, "redis", "end", detail)
         else:
             raise AssertionError(f"unknown fault {fault.kind}")
@@ -183,12 +204,12 @@ class Nemesis:
         self.history.nemesis_event("start", fresh.replica_id, "note", f"index {index}")
 
     def heal(self) -> None:
-        """Everything back: Redis running and not paused, the proxy open, every replica
+        """Everything back: the store running and not paused, its proxies open, every replica
         running and not paused, and ready."""
         cluster = self.cluster
-        unsettled = cluster.redis.heal()
+        unsettled = cluster.store.heal()
         if unsettled:
-            self.history.note("redis-unsettled", f"at the heal: {unsettled}")
+            self.history.note("store-unsettled", f"at the heal: {unsettled}")
         for index, replica in enumerate(cluster.replicas):
             if replica.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

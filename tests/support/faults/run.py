@@ -159,15 +159,19 @@ def run_faults(
     source: Path | None = None,
     sentinel: bool = True,
     redis_replicas: int = REDIS_REPLICAS,
+    store: str = "redis",
     log: Callable[[str], None] = _log_nothing,
 ) -> FaultRun:
     """One run: start the parts, load and faults for `seconds`, heal, stop the load,
     quiesce, read back, check. Every process it started is ended, whatever happens.
     `sentinel`: Redis is a primary and `redis_replicas` replicas under Sentinel (else one
-    redis-server)."""
+    redis-server); `store="postgres"`: a Postgres primary and its synchronous standby
+    instead (`sentinel` and `redis_replicas` unused)."""
     began = time.monotonic()
     history = History()
-    cluster = FaultCluster(directory, source, sentinel=sentinel, redis_replicas=redis_replicas)
+    cluster = FaultCluster(
+        directory, source, sentinel=sentinel, redis_replicas=redis_replicas, store=store
+    )
     stop = threading.Event()
     threads: list[LoadClient] = []
     try:
