@@ -26,7 +26,7 @@ from agent_server.store.base import (
 )
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn
-from agent_server.store.postgres.part import ROW, PgPart, read_row
+from agent_server.store.postgres.part import COUNTED, ROW, PgPart, read_row
 
 logger = logging.getLogger("agent_server.store")
 
@@ -281,9 +281,9 @@ class Owner(PgPart):
 
     async def _ends(self, conn: Conn, run: list[Owed]) -> tuple[list[bool], tuple[int, int]]:
         """One statement for a run of ends: each written (fenced by owner, attempt and
-        status), its waiters told, and what the agent retains once they are (the
-        `retained` row, as its trigger will leave it). Which were written, in order. One
-        end's values go as plain parameters, a run's as arrays (unnest)."""
+        status), its waiters told, and counted in what the agent retains (the `retained`
+        row, whose totals it returns). Which were written, in order. One end's values go
+        as plain parameters, a run's as arrays (unnest)."""
         fields = ("id", "owner", "attempt", "status", "doc", "bytes", "kept")
         params: dict[str, Any] = {
             "ttl": self.result_ttl,
@@ -308,12 +308,12 @@ class Owner(PgPart):
             " FROM given g WHERE e.agent = %(agent)s AND e.id = g.id AND e.replica = g.owner"
             " AND e.attempt = g.attempt AND e.status IN ('running', 'input_required')"
             " RETURNING e.id, e.kept_bytes),"
-            " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done)"
+            " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done),"
+            f" counted AS ({COUNTED} RETURNING records, bytes)"
             " SELECT (SELECT coalesce(array_agg(id), '{}') FROM done),"
             " 0 * (SELECT count(*) FROM told),"
-            " coalesce(r.records, 0) + (SELECT count(*) FROM done),"
-            " coalesce(r.bytes, 0) + (SELECT coalesce(sum(kept_bytes), 0) FROM done)"
-            " FROM (VALUES (1)) AS one (x) LEFT JOIN retained r ON r.agent = %(agent)s",
+            " coalesce((SELECT records FROM counted), 0),"
+            " coalesce((SELECT bytes FROM counted), 0)",
             params,
         )
         row = await cursor.fetchone()

@@ -14,6 +14,13 @@ from agent_server.store.base import ExecutionStore, StoreObserver
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn, Link
 
+#: Counts the records a statement finished (`done`: their rows' `kept_bytes`) in what the
+#: agent retains; a delete's trigger counts the other way (migrations/0001_initial.sql).
+COUNTED = (
+    "INSERT INTO retained AS r (agent, records, bytes) SELECT %(agent)s, count(*),"
+    " coalesce(sum(kept_bytes), 0) FROM done ON CONFLICT (agent) DO UPDATE"
+    " SET records = r.records + EXCLUDED.records, bytes = r.bytes + EXCLUDED.bytes"
+)
 #: Executions that moved lately, remembered for a waiter that registers just after.
 RECENT_MOVES = 10_000
 
@@ -146,12 +153,13 @@ class PgPart(ExecutionStore):
             kept=codec.kept_bytes(execution),
         )
         await conn.execute(
-            "UPDATE executions SET status = %(status)s, replica = %(replica)s,"
+            "WITH done AS (UPDATE executions SET status = %(status)s, replica = %(replica)s,"
             " attempt = %(attempt)s, doc = %(doc)s, due_at = NULL, ledger = NULL,"
             " ask_expires = NULL, unbegun = false, finished = clock_timestamp(),"
             " expires_at = now() + make_interval(secs => %(ttl)s),"
             " result_bytes = %(bytes)s, kept_bytes = %(kept)s"
-            " WHERE agent = %(agent)s AND id = %(id)s",
+            " WHERE agent = %(agent)s AND id = %(id)s AND finished IS NULL"
+            f" RETURNING kept_bytes) {COUNTED}",
             values,
         )
         await self._notify(conn, f"e:{execution.execution_id}")

@@ -56,39 +56,27 @@ CREATE INDEX executions_finished ON executions (agent, finished) WHERE finished 
 CREATE INDEX executions_parked ON executions (agent, ask_expires) WHERE ask_expires IS NOT NULL;
 CREATE SEQUENCE executions_queue_seq;
 
--- What each agent retains, counted as rows change (the trigger below): the trim of
+-- What each agent retains: its finished records and their bytes (`kept_bytes`), counted by
+-- the statements that finish records (owner.py `_ends`, part.py `_finish`: in the same
+-- statement) and, for every delete, by the trigger below (once a statement): the trim of
 -- --max-retained and --max-retained-bytes reads one row, never a scan of what is kept.
 CREATE TABLE retained (
     agent        text PRIMARY KEY,
     records      bigint NOT NULL DEFAULT 0,  -- finished records kept (expired or not)
     bytes        bigint NOT NULL DEFAULT 0   -- their inputs, results and errors, as JSON
 );
-CREATE FUNCTION executions_retained() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    records bigint := 0;
-    bytes bigint := 0;
-    agent_of text;
+CREATE FUNCTION executions_forgotten() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP <> 'INSERT' AND OLD.finished IS NOT NULL THEN
-        records := records - 1;
-        bytes := bytes - OLD.kept_bytes;
-        agent_of := OLD.agent;
-    END IF;
-    IF TG_OP <> 'DELETE' AND NEW.finished IS NOT NULL THEN
-        records := records + 1;
-        bytes := bytes + NEW.kept_bytes;
-        agent_of := NEW.agent;
-    END IF;
-    IF records <> 0 OR bytes <> 0 THEN
-        INSERT INTO retained AS r (agent, records, bytes) VALUES (agent_of, records, bytes)
-            ON CONFLICT (agent) DO UPDATE
-            SET records = r.records + EXCLUDED.records, bytes = r.bytes + EXCLUDED.bytes;
-    END IF;
+    INSERT INTO retained AS r (agent, records, bytes)
+        SELECT agent, -count(*), -sum(kept_bytes) FROM gone
+        WHERE finished IS NOT NULL GROUP BY agent
+        ON CONFLICT (agent) DO UPDATE
+        SET records = r.records + EXCLUDED.records, bytes = r.bytes + EXCLUDED.bytes;
     RETURN NULL;
 END $$;
-CREATE TRIGGER executions_retained
-    AFTER INSERT OR DELETE OR UPDATE OF finished, kept_bytes ON executions
-    FOR EACH ROW EXECUTE FUNCTION executions_retained();
+CREATE TRIGGER executions_forgotten AFTER DELETE ON executions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION executions_forgotten();
 
 CREATE TABLE idempotency (
     agent        text NOT NULL,
