@@ -289,6 +289,7 @@ class Owner(PgPart):
             "ttl": self.result_ttl,
             "channel": self.channel,
             "agent": self.agent,
+            "me": self.replica_id,
         }
         typed = list(zip(fields, _TYPES, strict=True))
         if len(run) == 1:
@@ -308,7 +309,10 @@ class Owner(PgPart):
             " FROM given g WHERE e.agent = %(agent)s AND e.id = g.id AND e.replica = g.owner"
             " AND e.attempt = g.attempt AND e.status IN ('running', 'input_required')"
             " RETURNING e.id, e.kept_bytes),"
-            " told AS (SELECT pg_notify(%(channel)s, 'e:' || id) FROM done),"
+            # The writer named after the id: its own notice wakes nobody here (it woke its
+            # waiters with the record as written), the others' replicas read.
+            " told AS (SELECT pg_notify(%(channel)s, 'e:' || id || chr(31) || %(me)s)"
+            " FROM done),"
             f" counted AS ({COUNTED} RETURNING records, bytes)"
             " SELECT (SELECT coalesce(array_agg(id), '{}') FROM done),"
             " 0 * (SELECT count(*) FROM told),"

@@ -21,6 +21,8 @@ COUNTED = (
     " coalesce(sum(kept_bytes), 0) FROM done ON CONFLICT (agent) DO UPDATE"
     " SET records = r.records + EXCLUDED.records, bytes = r.bytes + EXCLUDED.bytes"
 )
+#: Between an end notice's id and the replica that wrote the end (owner.py `_ends`).
+WRITER = "\x1f"
 #: Executions that moved lately, remembered for a waiter that registers just after.
 RECENT_MOVES = 10_000
 

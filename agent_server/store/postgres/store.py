@@ -35,7 +35,7 @@ from agent_server.store.postgres import codec, schema
 from agent_server.store.postgres.claims import Claims
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Link
 from agent_server.store.postgres.owner import Owner
-from agent_server.store.postgres.part import ROW, read_row
+from agent_server.store.postgres.part import ROW, WRITER, read_row
 from agent_server.store.postgres.records import Records
 from agent_server.store.postgres.repair import Repair
 from agent_server.store.postgres.webhooks import Webhooks
@@ -402,8 +402,10 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
     def _noticed(self, payload: str) -> None:
         kind, _, rest = payload.partition(":")
         if kind == "e":
-            self._moved(rest)
-            self._wake_events(rest)
+            execution_id, _, writer = rest.partition(WRITER)
+            if writer != self.replica_id:  # an end written here woke its waiters already
+                self._moved(execution_id)
+            self._wake_events(execution_id)
         elif kind == "v":
             self._wake_events(rest)
         elif kind == "q":
