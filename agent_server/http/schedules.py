@@ -141,9 +141,7 @@ class Schedules:
         if request.method == "DELETE":
             if entry.declared:
                 raise ApiError(409, "a declared schedule cannot be deleted: PATCH enabled=false")
-            await self.ticker.store.delete_schedule(entry.key, entry.tenant)
-            self.ticker.remove(entry.key)
-            self.ticker.wake()
+            await self.ticker.forget(entry)
             return Response(status_code=204)
         if request.method == "PATCH":
             allowed = frozenset({"enabled"}) if entry.declared else FIELDS - {"reasoner"}

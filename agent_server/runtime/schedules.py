@@ -215,18 +215,31 @@ class ScheduleTicker:
         the change gives it other fire times, its `handled` mark moves on to this moment
         first, so no replica (one reading the new document, or one coming up later) runs a
         fire time of the new cron from before it."""
-        now = self._clock()
-        old = self.entries.get(entry.key)
-        if old is not None and retimed(old.schedule, entry.schedule):
-            await self.store.schedule_fired(entry.key, now, False, timing=entry.schedule.timing)
-        entry.document = entry.to_document()
-        # A new one is refused before any mark is written; a change is never refused. Its
-        # version is held at once: this replica never reads back what it wrote.
-        self._tokens[entry.key] = await self.store.put_schedule(
-            entry.key, entry.document, tenant=entry.tenant, limit=limit
-        )
-        self.add(entry, since=now)
+        async with self._syncing:  # no sync reading meanwhile undoes it (see `forget`)
+            now = self._clock()
+            old = self.entries.get(entry.key)
+            if old is not None and retimed(old.schedule, entry.schedule):
+                await self.store.schedule_fired(entry.key, now, False, timing=entry.schedule.timing)
+            entry.document = entry.to_document()
+            # A new one is refused before any mark is written; a change is never refused.
+            # Its version is held at once: this replica never reads back what it wrote.
+            self._tokens[entry.key] = await self.store.put_schedule(
+                entry.key, entry.document, tenant=entry.tenant, limit=limit
+            )
+            self.add(entry, since=now)
         self.wake()
+
+    async def forget(self, entry: Entry) -> bool:
+        """A schedule deleted here: gone from the store and no longer fired here. Like
+        `keep`, it holds the sync's lock: a sync that read the versions or the documents
+        before the change would otherwise apply them after it, dropping a schedule just
+        made (its version not yet in what it read) or firing one just deleted."""
+        async with self._syncing:
+            found = await self.store.delete_schedule(entry.key, entry.tenant)
+            self._tokens.pop(entry.key, None)
+            self.remove(entry.key)
+        self.wake()
+        return found
 
     def wake(self) -> None:
         """Sync and tick now (a schedule changed here)."""

@@ -8,6 +8,7 @@ counted at the store, not timed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
@@ -156,3 +157,83 @@ async def test_a_schedule_made_here_and_deleted_elsewhere_before_any_read_stops_
     assert await store.delete_schedule(entry.key, entry.tenant)  # on another replica
     await here.sync()
     assert entry.key not in here.entries
+
+
+class GatedStore(CountingStore):
+    """Holds a sync at one of its reads (`gate`) until released, so a change made here can
+    land in the middle of it, as a request's change lands in the middle of the tick's
+    sync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: str | None = None
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _held(self, name: str) -> None:
+        if self.gate == name:
+            self.gate = None
+            self.reached.set()
+            await asyncio.wait_for(self.release.wait(), 5)
+
+    async def schedules_version(self) -> str:
+        found = await super().schedules_version()
+        await self._held("version")
+        return found
+
+    async def schedule_versions(self) -> dict[str, str]:
+        found = await super().schedule_versions()
+        await self._held("versions")
+        return found
+
+    async def schedule_documents(self, keys: Collection[str] | None = None) -> dict[str, str]:
+        found = await super().schedule_documents(keys)
+        await self._held("documents")
+        return found
+
+
+def _entry(key: str, n: int) -> Entry:
+    """A schedule without a tenant: its key is its id."""
+    return Entry(key, "work", Schedule("0 0 1 1 *", input={"n": n}))
+
+
+@pytest.mark.parametrize("gate", ["version", "versions", "documents"])
+@pytest.mark.parametrize("change", ["create", "change", "delete"])
+async def test_a_sync_never_undoes_a_change_made_here_while_it_read(gate: str, change: str) -> None:
+    """Invariant: what a replica's own change made holds once the change returns, whatever
+    sync was reading the store meanwhile: a schedule made here is fired (not dropped as
+    gone from versions read before it), one deleted here is not fired again (from a
+    document read before the delete), and the replica never reads back what it wrote."""
+    store = GatedStore()
+    here = ticker(store)
+    await here.keep(_entry("s0", 0))
+    if change != "create":
+        await here.keep(_entry("s1", 1))
+    # Changes elsewhere, so the sync has something to read (`documents` is reached): one
+    # of them to the schedule deleted here, whose document the sync then holds.
+    there = ticker(store)
+    await there.keep(_entry("s2", 2))
+    if change == "delete":
+        await there.keep(_entry("s1", 5))
+    store.gate = gate
+    reading = asyncio.create_task(here.sync())
+    await asyncio.wait_for(store.reached.wait(), 5)
+    if change == "delete":
+        doing = asyncio.create_task(here.forget(here.entries["s1"]))
+    else:
+        doing = asyncio.create_task(here.keep(_entry("s1", 9)))
+    # The change may wait for the sync, never the other way round.
+    await asyncio.sleep(0)
+    store.release.set()
+    await asyncio.wait_for(asyncio.gather(reading, doing), 5)
+    if change == "delete":
+        assert "s1" not in here.entries
+        await here.sync()
+        assert "s1" not in here.entries
+    else:
+        assert dict(here.entries["s1"].schedule.input) == {"n": 9}
+        store.reads.clear()
+        await here.sync()
+        assert dict(here.entries["s1"].schedule.input) == {"n": 9}
+        assert ["s1"] not in store.reads, "the replica read back what it wrote"
+    assert {"s0", "s2"} <= set(here.entries)
