@@ -25,9 +25,10 @@ from agent_server.http.params import (
     schedule_filter,
     statuses,
 )
-from agent_server.http.routing import ApiError, execution_response
+from agent_server.http.routing import ApiError, JSONResponse, execution_response
 from agent_server.http.sse import EventStream, Streams, source_of
 from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.record import isoformat
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionRunning, ExecutionStore
 
@@ -163,6 +164,18 @@ class Executions:
         await self.access.allowed(request.scope, "read", execution)
         return execution_response(execution, status_code, headers)
 
+    async def execution_history(self, request: Request) -> Response:
+        """`GET /executions/{id}/history`: its moves that neither made nor ended it (a claim,
+        a hand-off, a retry, a requeue, a park, an answer), oldest first, the last
+        status.py KEPT_MOVES, to whoever may `read` it; its record dates its start and end.
+        Read apart from the record, so no list or wait carries it (the console draws its
+        attempts from both)."""
+        execution = await self.find(request, "read")
+        known, moves = await self.store.moves_of(execution)
+        if not known:  # forgotten since it was found
+            raise ApiError(404, UNKNOWN_EXECUTION)
+        return JSONResponse([_move_json(entry) for entry in moves])
+
     async def execution_events(self, request: Request) -> EventStream:
         cursor = event_cursor(request)
         execution = await self.find(request, "read")
@@ -172,3 +185,16 @@ class Executions:
         """Its events, from where `source_of` says they are read."""
         source = source_of(self.registry, self.store, execution)
         return EventStream(self.streams, source, cursor, first)
+
+
+def _move_json(entry: list[Any]) -> dict[str, Any]:
+    """One entry of a history (status.py `kept_move`) as the API shows it."""
+    at, source, target, attempt, replica, version = entry
+    return {
+        "at": isoformat(float(at)),
+        "from": source,
+        "to": target,
+        "attempt": attempt,
+        "replica": replica,
+        "version": version,
+    }

@@ -31,6 +31,7 @@ from agent_server.model.names import (
 )
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import MAX_DELAY_SECONDS, SessionPolicy
+from agent_server.model.status import KEPT_MOVES
 from agent_server.store.cursor import CURSOR_PATTERN
 
 NULLABLE_STRING = {"type": ["string", "null"]}
@@ -40,6 +41,26 @@ EXECUTION_SCHEMA: dict[str, Any] = record.schema()
 
 BASE_SCHEMAS: dict[str, Any] = {
     "Execution": EXECUTION_SCHEMA,
+    # One entry of `GET /executions/{id}/history` (status.py `kept_move`).
+    "Move": {
+        "type": "object",
+        "required": ["at", "from", "to", "attempt", "replica", "version"],
+        "properties": {
+            "at": {"type": "string", "format": "date-time"},
+            "from": {"type": "string", "description": "a status, or parked (nobody owns it)"},
+            "to": {"type": "string", "description": "a status, or parked (nobody owns it)"},
+            "attempt": {
+                "type": "integer",
+                "description": "the attempt it begins (to running), else the one it leaves",
+            },
+            "replica": {"type": "string"},
+            "version": {
+                "type": ["string", "null"],
+                "description": "the code that ran the attempt it leaves (null: begins one)",
+            },
+        },
+        "additionalProperties": False,
+    },
     "Error": {"type": "object", "required": ["detail"], "properties": {"detail": {}}},
     # A start's answer to a caller that may start but not read (docs/security.md).
     "Accepted": {
@@ -134,6 +155,7 @@ OPERATION_IDS = {
     ("/executions/{execution_id}/cancel", "post"): "cancelExecution",
     ("/executions/{execution_id}/events", "get"): "streamExecutionEvents",
     ("/executions/{execution_id}/input", "get"): "getExecutionInput",
+    ("/executions/{execution_id}/history", "get"): "getExecutionHistory",
     ("/executions/{execution_id}/input", "post"): "answerInput",
     ("/sessions/{session_id}", "delete"): "releaseSession",
     ("/healthz", "get"): "healthz",
@@ -395,6 +417,20 @@ def openapi_document(
                     "responses": {
                         "200": _json(_ref("Execution"), "Already terminal"),
                         "202": _json(_ref("Execution"), "Cancellation requested"),
+                        "404": _error("Unknown execution"),
+                    },
+                }
+            },
+            "/executions/{execution_id}/history": {
+                "get": {
+                    "summary": "Its moves that neither made nor ended it (claims, hand-offs, "
+                    "retries, requeues, parks, answers), oldest first, the last "
+                    f"{KEPT_MOVES}: the attempts its record's start and end frame",
+                    "parameters": [EXECUTION_ID],
+                    "responses": {
+                        "200": _json(
+                            {"type": "array", "items": _ref("Move")}, "Its moves, oldest first"
+                        ),
                         "404": _error("Unknown execution"),
                     },
                 }

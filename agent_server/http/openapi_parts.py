@@ -32,6 +32,7 @@ EXECUTION_LINKS = {
     for name, operation in [
         ("GetExecution", "getExecution"),
         ("GetExecutionInput", "getExecutionInput"),
+        ("GetExecutionHistory", "getExecutionHistory"),
         ("CancelExecution", "cancelExecution"),
         ("DeleteExecution", "deleteExecution"),
         ("AnswerInput", "answerInput"),

@@ -17,7 +17,16 @@ from agent_server.model.events import EventLog
 from agent_server.model.ids import new_execution_id
 from agent_server.model.live import INITIAL, LiveState
 from agent_server.model.names import scoped
-from agent_server.model.status import END_OF, TERMINAL, Transition, move, unowned
+from agent_server.model.status import (
+    END_OF,
+    TERMINAL,
+    Transition,
+    appended,
+    kept_move,
+    move,
+    shown_status,
+    unowned,
+)
 from agent_server.model.status import CancelReason as CancelReason  # its home is status.py
 from agent_server.model.status import ExecutionStatus as ExecutionStatus  # its home is status.py
 from agent_server.model.versions import Rule
@@ -191,7 +200,9 @@ class Execution(LiveState):
         """Handed off: the next attempt runs on another replica; this object stays this
         attempt's view (its end, if it comes, is fenced). Wakes local waiters: a
         synchronous caller answers 503 with the execution's Location."""
+        source = shown_status(self.status, self.replica)
         move(self, Transition.HAND_OFF, ExecutionStatus.QUEUED)
+        self._kept(source, ExecutionStatus.QUEUED, self.attempt, self.version)
         self.moved_away = True
         if self._done is not None:
             self._done.set()
@@ -209,7 +220,9 @@ class Execution(LiveState):
         """The attempt failed and its policy runs it again: queued, due at `scheduled_at`,
         as the next attempt. `moved_away` (a shared store): whichever replica takes it runs
         it, so this object's waiters are woken to follow the store."""
+        source = shown_status(self.status, self.replica)
         move(self, Transition.RETRY, ExecutionStatus.QUEUED)
+        self._kept(source, ExecutionStatus.QUEUED, self.attempt, self.version)
         self.attempt += 1
         self.scheduled_at = scheduled_at
         self.moved_away = moved_away
@@ -222,6 +235,7 @@ class Execution(LiveState):
         """Taken from the queue (the memory store's, where the record is this object)."""
         move(self, Transition.CLAIM, ExecutionStatus.RUNNING)
         self.replica = replica
+        self._kept(ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, self.attempt, None)
 
     def cancel_queued(self, reason: CancelReason) -> None:
         """Cancelled while queued: nobody runs it, so it ends where it waited."""
@@ -276,6 +290,7 @@ class Execution(LiveState):
         in the store): wakes local waiters that return at `input_required` (a synchronous
         caller answers 202, a long-poll returns)."""
         move(self, Transition.ASK, ExecutionStatus.INPUT_REQUIRED)
+        self._kept(ExecutionStatus.RUNNING, self.status, self.attempt, self.version)
         self.input_request = request
         self._wake()
 
@@ -290,6 +305,7 @@ class Execution(LiveState):
             return False
         if self.status is ExecutionStatus.INPUT_REQUIRED:
             move(self, Transition.ANSWER, ExecutionStatus.RUNNING)
+            self._kept(ExecutionStatus.INPUT_REQUIRED, self.status, self.attempt, None)
         elif self.status is not ExecutionStatus.RUNNING:
             return False
         else:  # running: its answer came in before ask() (the store's reply) did
@@ -307,6 +323,13 @@ class Execution(LiveState):
     def resume(self) -> None:
         """The ask ended unanswered (its timeout, or its task cancelled): running again."""
         move(self, Transition.RESUME, ExecutionStatus.RUNNING)
+        self._kept(ExecutionStatus.INPUT_REQUIRED, self.status, self.attempt, None)
+
+    def _kept(self, source: str, target: str, attempt: int, version: str | None) -> None:
+        """A move into its history (status.py `kept_move`): the memory store's, whose record
+        is this object; a shared store's scripts and statements keep the record's own."""
+        entry = kept_move(time.time(), source, target, attempt, self.replica, version)
+        self.moves = appended(self.moves, entry)
 
     def _wake(self) -> None:
         """Wake the waiters of now without keeping the flag set: the execution goes on."""

@@ -34,6 +34,7 @@ INITIAL: dict[str, str] = {
     "principal": "None",
     "version_rule": "NO_RULE",
     "take": "''",
+    "moves": "None",
 }
 
 
@@ -58,6 +59,10 @@ class LiveState:
     #: The memory store's record of its requests (identity, kept answer), None until it
     #: first asks and once it ends; a shared store keeps them in the record instead.
     ledger: asks.Ledger | None
+    #: The memory store's history of its moves (status.py `KEPT_MOVES`, `kept_move`), None
+    #: until its first; a shared store keeps it in the record instead (Redis's `moves`
+    #: field, Postgres's `moves` column), written where the store moves it.
+    moves: list[list[Any]] | None
     #: Resumable: its body and checkpoints are kept, and a later attempt may run it.
     resumable: bool
     #: Its start's session policy when not `parallel` (agent_server.model.scheduling), and

@@ -253,6 +253,9 @@ STORED: tuple[Field, ...] = (
     Field(name="asking", kind=Kind.TEXT, kept=_HASH, attr=None, at_end=_CLEARED),
     #: "{owner}|{attempt}" of the attempt that parked it: its events still owed are written.
     Field(name="parked_by", kind=Kind.TEXT, kept=_HASH, attr=None),
+    #: Its history (status.py KEPT_MOVES, `kept_move`), JSON text: every move but its
+    #: creation and its end (moves.lua `kept_move`); read apart (`GET .../history`).
+    Field(name="moves", kind=Kind.JSON, kept=_HASH, attr=None),
     #: The requests for input it keeps until it ends (records.lua drops them): the highest
     #: id asked, the kept answers' bytes and the lowest id an answer may be kept for...
     Field(name="asked_top", kind=Kind.COUNT, kept=_HASH, attr=None, requests=True),

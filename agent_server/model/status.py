@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -262,6 +262,47 @@ def parked(status: ExecutionStatus, owner: str) -> bool:
 def unowned(status: ExecutionStatus, owner: str) -> bool:
     """Queued or parked: no task runs it, so it ends where it waits."""
     return status is ExecutionStatus.QUEUED or parked(status, owner)
+
+
+#: How many moves a record's history keeps (the last ones), on every store: the moves that
+#: neither create nor end it (its record dates those: `created_at`, `finished_at`), so an
+#: execution that runs once, start to end, keeps none and pays nothing. Each is one entry
+#: `[at, from, to, attempt, replica, version]` (`kept_move`). Lua: `KEPT_MOVES` (codes.lua);
+#: Postgres: the `executions_moved` trigger (migrations/0002_moves.sql), checked by
+#: tests/store/test_history.py on each store.
+KEPT_MOVES = 50
+
+
+def keeps_move(target: ExecutionStatus) -> bool:
+    """Whether a move (never a creation) to `target` joins the history: not an end."""
+    return target in ACTIVE
+
+
+def shown_status(status: ExecutionStatus, owner: str) -> str:
+    """A status as the history names it: `parked` for a record nobody owns that waits for
+    input, else the status."""
+    return PARKED if parked(status, owner) else status.value
+
+
+def kept_move(
+    at: float,
+    source: str,
+    target: str,
+    attempt: int,
+    replica: str,
+    version: str | None,
+) -> list[Any]:
+    """One entry of a record's history. `attempt` and `replica` are the attempt the move
+    concerns: the one it begins for a move to `running` (a claim, an answer, a resume),
+    else the one it leaves (a hand-off, a requeue, a retry, a park); `version` is the code
+    that ran that attempt (None for a move to `running`: its record says, once begun)."""
+    return [at, str(source), str(target), attempt, replica, version]
+
+
+def appended(history: list[list[Any]] | None, entry: list[Any]) -> list[list[Any]]:
+    """`history` with `entry` last, KEPT_MOVES at most (the oldest dropped)."""
+    kept = [*(history or ()), entry]
+    return kept[-KEPT_MOVES:]
 
 
 def diagram() -> str:

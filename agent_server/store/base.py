@@ -440,6 +440,13 @@ class ExecutionStore(abc.ABC):
         other read carries it (`GET /executions/{id}/input`)."""
         return True, execution.body
 
+    async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
+        """Its history (status.py `KEPT_MOVES`, `kept_move`): the moves that neither made nor
+        ended it, oldest first; False first when its record is gone meanwhile. The memory
+        store's record is the object, which keeps them; a shared store reads them apart
+        (`GET /executions/{id}/history`), so no other read carries them."""
+        return True, list(execution.moves or ())
+
     @abc.abstractmethod
     async def wait(
         self, execution: Execution, timeout: float | None, asked: bool = False

@@ -161,3 +161,17 @@ async def stubborn(ctx: ExecutionContext, seconds: float = 30.0) -> str:
             continue
     mark(ctx, tenant=ctx.session_id or "", event="end")
     return "stubborn"
+
+
+@agent.reasoner(retry=RetryPolicy(max_attempts=27, initial_delay=0.0, retry_on=(Flaky,)))
+async def persistent(ctx: ExecutionContext) -> int:
+    """Fails 26 times, at once each, then succeeds: more moves than a history keeps."""
+    if ctx.attempt < 27:
+        raise Flaky(f"attempt {ctx.attempt} fails")
+    return ctx.attempt
+
+
+@agent.reasoner(resumable=True)
+async def parks(ctx: ExecutionContext) -> Any:
+    """Asks once; on a shared store its task ends while it waits (parked)."""
+    return await ctx.ask("go?")

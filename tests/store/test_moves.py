@@ -4,6 +4,8 @@ what the move declares, queues through one function, and reads `parked` as Pytho
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -52,7 +54,14 @@ def test_a_script_makes_only_the_moves_the_table_holds(redis_url: str) -> None:
                     expected = {**before, "status": target.value, "mine": "yes"}
                     for name in status.clears(row.transition, target):
                         expected[name] = "null" if name == "input_request" else ""
-                    assert text(client, key) == expected, (row.transition, target)
+                    found = text(client, key)
+                    # A move but a creation or an end joins the record's history.
+                    kept = json.loads(found.pop("moves", "[]"))
+                    assert found == expected, (row.transition, target)
+                    if status.keeps_move(target):
+                        assert [entry[1:3] for entry in kept] == [[source.value, target.value]]
+                    else:
+                        assert kept == [], (row.transition, target)
                     made += 1
                 else:  # a creation is no move (created() checks those), nor anything else
                     with pytest.raises(redis.ResponseError, match="not a move"):

@@ -226,6 +226,19 @@ class Records(PgPart):
                 return moved[0]
         return read_row(row)
 
+    async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
+        """The row's `moves` (the `executions_moved` trigger keeps them, whichever statement
+        moves it: migrations/0002_moves.sql); False when the row is gone meanwhile."""
+        async with self._link.tx("history", one=True) as conn:
+            cursor = await conn.execute(
+                f"SELECT moves FROM executions WHERE agent = %s AND id = %s AND {LIVE}",
+                (self.agent, execution.execution_id),
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            return False, []
+        return True, list(row[0] or ())
+
     async def page(
         self,
         *,

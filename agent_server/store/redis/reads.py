@@ -4,6 +4,7 @@ renewing), its events, its end (waited for), and the lists; part of `RedisStore`
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
@@ -69,6 +70,20 @@ class Reads(StorePart):
         if found is None:
             return False, None
         return True, codec.READERS["body"](body)
+
+    async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
+        """One HMGET of the record's hash: its `moves` field, which moves.lua keeps and no
+        script's record carries (none yet: []); False when the record is gone meanwhile."""
+        with self._link.operation("history"):
+            found, moves = await cast(
+                Awaitable[list[Any]],
+                self._link.redis.hmget(
+                    self.keys.record(execution.execution_id), ["execution_id", "moves"]
+                ),
+            )
+        if found is None:
+            return False, []
+        return True, [] if moves is None else json.loads(moves)
 
     async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""

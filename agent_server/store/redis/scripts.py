@@ -19,11 +19,13 @@ from agent_server.model.scheduling import session_key
 from agent_server.model.status import (
     ACTIVE,
     END_OF,
+    KEPT_MOVES,
     OWNED,
     PARKED,
     TABLE,
     ExecutionStatus,
     clears,
+    keeps_move,
 )
 
 #: Every script the store calls, by the name it calls it.
@@ -147,7 +149,8 @@ def _moves() -> list[str]:
     true; false, writing nothing, for a move the table lacks; `CREATES(transition, status)`,
     when `transition` is a creation (no source) that makes `status`, the fields it clears
     (the record is written whole: its values come cleared), else nil; `END_OF[status]`,
-    the transition an end to it is; and the status a parked record shows (`PARKED_STATUS`).
+    the transition an end to it is; the status a parked record shows (`PARKED_STATUS`);
+    which moves join a record's history (`KEEPS_MOVE[target]`) and how many it keeps.
     Code rather than a table: a table of every row, built on each call of every script, was
     most of what a script's opening cost Redis, and the HSET takes the caller's pairs with
     no table built (bench/RESULTS.md, "B38b")."""
@@ -188,6 +191,9 @@ def _moves() -> list[str]:
     ends = ", ".join(f"{status.value} = '{move.value}'" for status, move in END_OF.items())
     lines.append(f"local END_OF = {{{ends}}}")
     lines.append(f"local PARKED_STATUS = '{ExecutionStatus.INPUT_REQUIRED.value}'  -- {PARKED}")
+    keeps = ", ".join(f"{s.value} = true" for s in sorted(ExecutionStatus) if keeps_move(s))
+    lines.append(f"local KEEPS_MOVE = {{{keeps}}}")
+    lines.append(f"local KEPT_MOVES = {KEPT_MOVES}")
     return lines
 
 

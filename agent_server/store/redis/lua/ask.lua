@@ -52,12 +52,14 @@ end
 local kept = kept_for(n)
 if kept then return kept end
 local top = tonumber(redis.call('HGET', rec, 'asked_top') or '0')
+-- Parked: in the move itself, so the record's history names the move a park.
+local parking = ARGV[8] == '1'
+local park = parking and {'replica', '', 'attempt', tostring(tonumber(v[3]) + 1),
+  'parked_by', v[2] .. '|' .. v[3]} or {}
 move(rec, MOVE_ASK, v[1], STATUS_INPUT_REQUIRED, 'input_request', ARGV[7], 'asking', ARGV[6], 'ident:' .. n, identity, 'label:' .. n, ARGV[11],
-  'asked_top', tostring(math.max(top, n)))
+  'asked_top', tostring(math.max(top, n)), unpack(park))
 local code = ASKED_RECORDED
-if ARGV[8] == '1' then
-  redis.call('HSET', rec, 'replica', '', 'attempt', tostring(tonumber(v[3]) + 1),
-    'parked_by', v[2] .. '|' .. v[3])
+if parking then
   redis.call('ZREM', KEYS[3], v[4])
   redis.call('SREM', KEYS[4], v[4])
   local expires = '+inf'

@@ -2,7 +2,8 @@
   (agent_server/model/status.py's table, generated into codes.lua as MOVES, CREATES and
   END_OF).
   KEYS, ARGV: none of its own (the callers pass the record's key).
-  Defines: move(rec, transition, found, target, ...), to_queued(rec, id, transition, found,
+  Defines: move(rec, transition, found, target, ...) (which keeps the record's history:
+  kept_move), to_queued(rec, id, transition, found,
   queue, head, channel, ...), created(transition, status), parked(status, owner),
   unowned(status, owner), held(status, owner), taken(rec, owner, attempt, token).
   A move the table lacks (a bug, as IllegalTransition is in Python) is an error reply,
@@ -13,11 +14,35 @@
 -- `transition` from `found` (the status the caller read) to `target`: the status, the fields
 -- the move clears and the caller's own field/value pairs (...), in one HSET (codes.lua's
 -- MOVES, the table's rows as code; it writes nothing for a move the table lacks).
+-- A move that neither creates nor ends the record (codes.lua KEEPS_MOVE[target]) joins its
+-- history, the `moves` field (status.py KEPT_MOVES, `kept_move`): `[at, from, to, attempt,
+-- replica, version]`, `parked` for a record nobody owns that waits for input, the attempt
+-- and replica it begins (to running) or leaves (`was`, read before the move), and the code
+-- that ran the attempt it leaves. The last KEPT_MOVES are kept.
+local function kept_move(rec, found, target, was)
+  local attempt, replica, version = was[1], was[2] or '', was[3] or ''
+  local now = redis.call('HMGET', rec, 'attempt', 'replica', 'moves')
+  local to = target
+  if target == STATUS_RUNNING then
+    attempt, replica, version = now[1], now[2] or '', ''
+  elseif target == PARKED_STATUS and (now[2] or '') == '' then
+    to = 'parked'
+  end
+  local from = (found == PARKED_STATUS and (was[2] or '') == '') and 'parked' or found
+  local history = now[3] and cjson.decode(now[3]) or {}
+  history[#history + 1] = {NOW_US / 1000000, from, to, tonumber(attempt), replica,
+    version ~= '' and version or cjson.null}
+  while #history > KEPT_MOVES do table.remove(history, 1) end
+  redis.call('HSET', rec, 'moves', cjson.encode(history))
+end
+
 local function move(rec, transition, found, target, ...)
+  local was = KEEPS_MOVE[target] and redis.call('HMGET', rec, 'attempt', 'replica', 'version')
   if not MOVES(rec, transition, found, target, ...) then
     error({err = 'not a move: ' .. tostring(transition) .. ' from ' .. tostring(found) ..
       ' to ' .. tostring(target)})
   end
+  if was then kept_move(rec, found, target, was) end
 end
 
 -- The one move to queued (hand-off, retry, requeue, an answer or an expiry of a parked
