@@ -189,9 +189,10 @@ class Executions:
 
 def _move_json(entry: list[Any]) -> dict[str, Any]:
     """One entry of a history (status.py `kept_move`) as the API shows it."""
-    at, source, target, attempt, replica, version = entry
+    at, source, target, attempt, replica, version, how = entry
     return {
         "at": isoformat(float(at)),
+        "move": how,
         "from": source,
         "to": target,
         "attempt": attempt,

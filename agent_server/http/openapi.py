@@ -31,7 +31,7 @@ from agent_server.model.names import (
 )
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import MAX_DELAY_SECONDS, SessionPolicy
-from agent_server.model.status import KEPT_MOVES
+from agent_server.model.status import HOW, KEPT_MOVES
 from agent_server.store.cursor import CURSOR_PATTERN
 
 NULLABLE_STRING = {"type": ["string", "null"]}
@@ -44,9 +44,10 @@ BASE_SCHEMAS: dict[str, Any] = {
     # One entry of `GET /executions/{id}/history` (status.py `kept_move`).
     "Move": {
         "type": "object",
-        "required": ["at", "from", "to", "attempt", "replica", "version"],
+        "required": ["at", "move", "from", "to", "attempt", "replica", "version"],
         "properties": {
             "at": {"type": "string", "format": "date-time"},
+            "move": {"enum": list(HOW)},
             "from": {"type": "string", "description": "a status, or parked (nobody owns it)"},
             "to": {"type": "string", "description": "a status, or parked (nobody owns it)"},
             "attempt": {

@@ -22,6 +22,7 @@ from agent_server.model.status import (
     TERMINAL,
     Transition,
     appended,
+    how_of,
     kept_move,
     move,
     shown_status,
@@ -202,7 +203,7 @@ class Execution(LiveState):
         synchronous caller answers 503 with the execution's Location."""
         source = shown_status(self.status, self.replica)
         move(self, Transition.HAND_OFF, ExecutionStatus.QUEUED)
-        self._kept(source, ExecutionStatus.QUEUED, self.attempt, self.version)
+        self._kept(Transition.HAND_OFF, source, ExecutionStatus.QUEUED, self.version)
         self.moved_away = True
         if self._done is not None:
             self._done.set()
@@ -222,7 +223,7 @@ class Execution(LiveState):
         it, so this object's waiters are woken to follow the store."""
         source = shown_status(self.status, self.replica)
         move(self, Transition.RETRY, ExecutionStatus.QUEUED)
-        self._kept(source, ExecutionStatus.QUEUED, self.attempt, self.version)
+        self._kept(Transition.RETRY, source, ExecutionStatus.QUEUED, self.version)
         self.attempt += 1
         self.scheduled_at = scheduled_at
         self.moved_away = moved_away
@@ -235,7 +236,7 @@ class Execution(LiveState):
         """Taken from the queue (the memory store's, where the record is this object)."""
         move(self, Transition.CLAIM, ExecutionStatus.RUNNING)
         self.replica = replica
-        self._kept(ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, self.attempt, None)
+        self._kept(Transition.CLAIM, ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, None)
 
     def cancel_queued(self, reason: CancelReason) -> None:
         """Cancelled while queued: nobody runs it, so it ends where it waited."""
@@ -290,7 +291,7 @@ class Execution(LiveState):
         in the store): wakes local waiters that return at `input_required` (a synchronous
         caller answers 202, a long-poll returns)."""
         move(self, Transition.ASK, ExecutionStatus.INPUT_REQUIRED)
-        self._kept(ExecutionStatus.RUNNING, self.status, self.attempt, self.version)
+        self._kept(Transition.ASK, ExecutionStatus.RUNNING, self.status, self.version)
         self.input_request = request
         self._wake()
 
@@ -305,7 +306,7 @@ class Execution(LiveState):
             return False
         if self.status is ExecutionStatus.INPUT_REQUIRED:
             move(self, Transition.ANSWER, ExecutionStatus.RUNNING)
-            self._kept(ExecutionStatus.INPUT_REQUIRED, self.status, self.attempt, None)
+            self._kept(Transition.ANSWER, ExecutionStatus.INPUT_REQUIRED, self.status, None)
         elif self.status is not ExecutionStatus.RUNNING:
             return False
         else:  # running: its answer came in before ask() (the store's reply) did
@@ -323,12 +324,13 @@ class Execution(LiveState):
     def resume(self) -> None:
         """The ask ended unanswered (its timeout, or its task cancelled): running again."""
         move(self, Transition.RESUME, ExecutionStatus.RUNNING)
-        self._kept(ExecutionStatus.INPUT_REQUIRED, self.status, self.attempt, None)
+        self._kept(Transition.RESUME, ExecutionStatus.INPUT_REQUIRED, self.status, None)
 
-    def _kept(self, source: str, target: str, attempt: int, version: str | None) -> None:
+    def _kept(self, transition: Transition, source: str, target: str, version: str | None) -> None:
         """A move into its history (status.py `kept_move`): the memory store's, whose record
         is this object; a shared store's scripts and statements keep the record's own."""
-        entry = kept_move(time.time(), source, target, attempt, self.replica, version)
+        how = how_of(transition, source, target)
+        entry = kept_move(time.time(), source, target, self.attempt, self.replica, version, how)
         self.moves = appended(self.moves, entry)
 
     def _wake(self) -> None:

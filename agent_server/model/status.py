@@ -267,7 +267,7 @@ def unowned(status: ExecutionStatus, owner: str) -> bool:
 #: How many moves a record's history keeps (the last ones), on every store: the moves that
 #: neither create nor end it (its record dates those: `created_at`, `finished_at`), so an
 #: execution that runs once, start to end, keeps none and pays nothing. Each is one entry
-#: `[at, from, to, attempt, replica, version]` (`kept_move`). Lua: `KEPT_MOVES` (codes.lua);
+#: `[at, from, to, attempt, replica, version, how]` (`kept_move`). Lua: `KEPT_MOVES` (codes.lua);
 #: Postgres: the `executions_moved` trigger (migrations/0002_moves.sql), checked by
 #: tests/store/test_history.py on each store.
 KEPT_MOVES = 50
@@ -284,6 +284,21 @@ def shown_status(status: ExecutionStatus, owner: str) -> str:
     return PARKED if parked(status, owner) else status.value
 
 
+#: What a kept move is, by the one name every store gives it (`kept_move`'s `how`): from
+#: what each store knows alike, so the same life reads the same on each.
+HOW = ("claim", "resume", "ask", "park", "answer", "expire", "retry", "hand_off", "requeue")
+
+
+def how_of(transition: Transition, source: str, target: str) -> str:
+    """A kept move's name: its transition's, but a move back to `running` from waiting for
+    input is `resume` (answered or not: the request says) and an ask that parks is `park`."""
+    if target == ExecutionStatus.RUNNING and source != ExecutionStatus.QUEUED:
+        return "resume"
+    if target == PARKED:
+        return "park"
+    return transition.value
+
+
 def kept_move(
     at: float,
     source: str,
@@ -291,12 +306,14 @@ def kept_move(
     attempt: int,
     replica: str,
     version: str | None,
+    how: str,
 ) -> list[Any]:
     """One entry of a record's history. `attempt` and `replica` are the attempt the move
-    concerns: the one it begins for a move to `running` (a claim, an answer, a resume),
-    else the one it leaves (a hand-off, a requeue, a retry, a park); `version` is the code
-    that ran that attempt (None for a move to `running`: its record says, once begun)."""
-    return [at, str(source), str(target), attempt, replica, version]
+    concerns: the one it begins for a move to `running` (a claim, a resume), else the one
+    it leaves (a hand-off, a requeue, a retry, a park); `version` is the code that ran that
+    attempt (None for a move to `running`: its record says, once begun); `how`, one of
+    HOW."""
+    return [at, str(source), str(target), attempt, replica, version, how]
 
 
 def appended(history: list[list[Any]] | None, entry: list[Any]) -> list[list[Any]]:

@@ -43,7 +43,7 @@ def assert_framed(record: dict[str, Any], moves: list[dict[str, Any]]) -> None:
     assert times[-1] <= when(record["finished_at"]) + 0.01, (record, moves)
     for move in moves:
         assert move["replica"] or move["from"] == "parked", move
-        assert set(move) == {"at", "from", "to", "attempt", "replica", "version"}, move
+        assert set(move) == {"at", "move", "from", "to", "attempt", "replica", "version"}, move
         if move["to"] == "running":
             assert move["version"] is None, move
 
@@ -62,11 +62,11 @@ def test_each_retry_leaves_its_attempt_and_each_claim_begins_the_next(served: Se
     record = served.ended(execution_id)
     assert (record["status"], record["attempt"]) == ("succeeded", 3), record
     moves = history(served, execution_id)
-    assert [(m["from"], m["to"], m["attempt"]) for m in moves] == [
-        ("running", "queued", 1),
-        ("queued", "running", 2),
-        ("running", "queued", 2),
-        ("queued", "running", 3),
+    assert [(m["move"], m["from"], m["to"], m["attempt"]) for m in moves] == [
+        ("retry", "running", "queued", 1),
+        ("claim", "queued", "running", 2),
+        ("retry", "running", "queued", 2),
+        ("claim", "queued", "running", 3),
     ], moves
     assert moves[-1]["replica"] == record["replica"]
     assert_framed(record, moves)
@@ -84,10 +84,14 @@ def test_a_history_keeps_the_last_moves_on_every_store(served: Served) -> None:
     every = [
         pair
         for attempt in range(1, 27)
-        for pair in (("running", "queued", attempt), ("queued", "running", attempt + 1))
+        for pair in (
+            ("retry", "running", "queued", attempt),
+            ("claim", "queued", "running", attempt + 1),
+        )
     ]
     assert len(every) > KEPT_MOVES
-    assert [(m["from"], m["to"], m["attempt"]) for m in moves] == every[-KEPT_MOVES:]
+    shown = [(m["move"], m["from"], m["to"], m["attempt"]) for m in moves]
+    assert shown == every[-KEPT_MOVES:]
     assert_framed(record, moves)
 
 
@@ -103,9 +107,9 @@ def test_an_ask_and_its_answer_are_moves_of_one_attempt(served: Served) -> None:
     assert answered.status_code == 202, answered.text
     record = served.ended(execution_id)
     moves = history(served, execution_id)
-    assert [(m["from"], m["to"], m["attempt"]) for m in moves] == [
-        ("running", "input_required", 1),
-        ("input_required", "running", 1),
+    assert [(m["move"], m["from"], m["to"], m["attempt"]) for m in moves] == [
+        ("ask", "running", "input_required", 1),
+        ("resume", "input_required", "running", 1),
     ], moves
     assert_framed(record, moves)
 
@@ -128,9 +132,13 @@ def test_a_parked_execution_shows_its_park_and_its_answer(served: Served) -> Non
     assert answered.status_code == 202, answered.text
     record = served.ended(execution_id)
     assert (record["status"], record["result"]) == ("succeeded", 7), record
-    moves = [(m["from"], m["to"]) for m in history(served, execution_id)]
+    moves = [(m["move"], m["from"], m["to"]) for m in history(served, execution_id)]
     assert moves in (
-        [("running", "input_required"), ("input_required", "running")],
-        [("running", "parked"), ("parked", "queued"), ("queued", "running")],
+        [("ask", "running", "input_required"), ("resume", "input_required", "running")],
+        [
+            ("park", "running", "parked"),
+            ("answer", "parked", "queued"),
+            ("claim", "queued", "running"),
+        ],
     ), moves
     assert_framed(record, history(served, execution_id))

@@ -16,10 +16,10 @@
 -- MOVES, the table's rows as code; it writes nothing for a move the table lacks).
 -- A move that neither creates nor ends the record (codes.lua KEEPS_MOVE[target]) joins its
 -- history, the `moves` field (status.py KEPT_MOVES, `kept_move`): `[at, from, to, attempt,
--- replica, version]`, `parked` for a record nobody owns that waits for input, the attempt
+-- replica, version, how]`, `parked` for a record nobody owns that waits for input, the attempt
 -- and replica it begins (to running) or leaves (`was`, read before the move), and the code
 -- that ran the attempt it leaves. The last KEPT_MOVES are kept.
-local function kept_move(rec, found, target, was)
+local function kept_move(rec, transition, found, target, was)
   local attempt, replica, version = was[1], was[2] or '', was[3] or ''
   local now = redis.call('HMGET', rec, 'attempt', 'replica', 'moves')
   local to = target
@@ -30,8 +30,13 @@ local function kept_move(rec, found, target, was)
   end
   local from = (found == PARKED_STATUS and (was[2] or '') == '') and 'parked' or found
   local history = now[3] and cjson.decode(now[3]) or {}
+  -- Its name as status.py `how_of` gives it: a move back to running from waiting for
+  -- input is a resume, an ask that parks a park.
+  local how = transition
+  if target == STATUS_RUNNING and found ~= STATUS_QUEUED then how = 'resume' end
+  if to == 'parked' then how = 'park' end
   history[#history + 1] = {NOW_US / 1000000, from, to, tonumber(attempt), replica,
-    version ~= '' and version or cjson.null}
+    version ~= '' and version or cjson.null, how}
   while #history > KEPT_MOVES do table.remove(history, 1) end
   redis.call('HSET', rec, 'moves', cjson.encode(history))
 end
@@ -42,7 +47,7 @@ local function move(rec, transition, found, target, ...)
     error({err = 'not a move: ' .. tostring(transition) .. ' from ' .. tostring(found) ..
       ' to ' .. tostring(target)})
   end
-  if was then kept_move(rec, found, target, was) end
+  if was then kept_move(rec, transition, found, target, was) end
 end
 
 -- The one move to queued (hand-off, retry, requeue, an answer or an expiry of a parked
