@@ -471,8 +471,9 @@ def test_replicas_lists_every_live_replica_of_a_shared_store(
 def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(
     server_factory: Start, tmp_path: Path, redis_url: str, browser: Any
 ) -> None:
-    """The page open on one replica sees the execution leave another at its drain: attempt
-    1 keeps the replica it ran on, attempt 2 names the one that took it."""
+    """Attempt 1 keeps the replica it ran on and its hand-off, attempt 2 names the one that
+    took it: drawn live on a page open through the drain, and from the store's history on
+    a page opened after it (what no tab saw)."""
     shared = ["--store", redis_url, "--lease-ttl", "1", "--grace-period", "10"]
     first = serve(
         server_factory, tmp_path, *shared, "--drain-timeout", "1", "--replica-id", "pod-a"
@@ -480,7 +481,8 @@ def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(
     second = serve(server_factory, tmp_path, *shared, "--replica-id", "pod-b")
     moving = start(first, ALICE, "steps", {})
     assert moving["replica"] == "pod-a"
-    open_console(browser, second, ALICE, f"#/executions/{moving['execution_id']}")
+    page = f"#/executions/{moving['execution_id']}"
+    open_console(browser, second, ALICE, page)
 
     def timeline(d: Any) -> list[str]:
         return list(
@@ -489,16 +491,29 @@ def test_a_hand_off_is_drawn_as_a_second_attempt_on_its_new_replica(
             )
         )
 
+    def drawn_handed_off(d: Any) -> bool:
+        drawn = timeline(d)
+        return "attempt 2" in drawn and "replica pod-b" in drawn and "handed off" in drawn
+
     wait_until(browser, lambda d: "replica pod-a" in timeline(d))
     first.signal(signal.SIGTERM)
-    wait_until(browser, lambda d: "attempt 2" in timeline(d) and "replica pod-b" in timeline(d))
+    wait_until(browser, drawn_handed_off)
+    # A page opened now, in a tab that saw nothing of it, draws the same from the store.
+    browser.switch_to.new_window("tab")  # no opener: nothing of the first tab's storage
+    open_console(browser, second, ALICE, page)
+    wait_until(browser, drawn_handed_off)
     drawn = timeline(browser)
     assert drawn.index("attempt 1") < drawn.index("replica pod-a") < drawn.index("attempt 2")
-    assert "hand-off or retry" in drawn
     assert "pod-a" in text_of(browser, "#attempts tbody tr:nth-child(1)")
+    assert "handed off" in text_of(browser, "#attempts tbody tr:nth-child(1)")
     assert "pod-b" in text_of(browser, "#attempts tbody tr:nth-child(2)")
     with api(second, ALICE) as client:
+        history = client.get(f"/executions/{moving['execution_id']}/history").json()
         client.post(f"/executions/{moving['execution_id']}/cancel")
+    assert [(m["move"], m["replica"]) for m in history] == [
+        ("hand_off", "pod-a"),
+        ("claim", "pod-b"),
+    ], history
     wait_until(browser, lambda d: page_status(d) == "cancelled")
 
 

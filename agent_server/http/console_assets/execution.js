@@ -1,90 +1,77 @@
 // One execution: its record, its attempts as a picture, its events live, the form of a
 // pending request for input, Cancel and Run again.
 //
-// The record keeps the latest attempt only (number, replica, version): the picture is drawn
-// from it, from its `input_required` events, and from what this tab saw while the page was
-// open (kept for the tab); attempts before those are drawn without a replica ("not
-// recorded"). Run again starts from the input the server kept
-// (`GET /executions/{id}/input`), in a field that stays editable.
+// The picture is drawn from the record (its creation, latest attempt and end) and its history
+// (`GET /executions/{id}/history`: every claim, hand-off, retry, requeue, park and answer
+// between, kept by the store), so a page opened at any time draws every attempt. Run again
+// starts from the input the server kept (`GET /executions/{id}/input`), in a field that
+// stays editable.
 "use strict";
 
 import { Unauthorized, call, followEvents } from "./api.js";
 import { requestForm } from "./schema_form.js";
 import { h, isTerminal, start, statusBadge, svg } from "./views.js";
 
-const SEEN_KEY = "agent-server-console-attempts";
 const RECORD_POLL_MS = 2000;
-
-function seenOf(id) {
-  const all = JSON.parse(sessionStorage.getItem(SEEN_KEY) || "{}");
-  return all[id] || { attempts: {}, parked: [], answered: {} };
-}
-
-function keepSeen(id, seen) {
-  const all = JSON.parse(sessionStorage.getItem(SEEN_KEY) || "{}");
-  all[id] = seen;
-  const ids = Object.keys(all);
-  for (const old of ids.slice(0, Math.max(0, ids.length - 50))) delete all[old];
-  sessionStorage.setItem(SEEN_KEY, JSON.stringify(all));
-}
-
-/** What this tab learns from a read of the record: the attempt it shows, its replica and
- * version, when it was first seen, and whether it is parked (waiting, owned by nobody). */
-function observe(seen, record) {
-  const now = Date.now();
-  const key = String(record.attempt);
-  const known = seen.attempts[key] || { first: now };
-  if (record.replica) known.replica = record.replica;
-  if (record.version !== null && record.version !== undefined) known.version = record.version;
-  known.last = now;
-  seen.attempts[key] = known;
-  if (record.status === "input_required" && !record.replica && !seen.parked.includes(record.attempt)) {
-    seen.parked.push(record.attempt);
-  }
-}
 
 function time(text) {
   return text ? Date.parse(text) : null;
 }
 
-/** The attempts as rows: number, replica, version, start, end, and what happened at its end. */
-function attemptsOf(record, seen, asks) {
-  const rows = [];
-  const created = time(record.scheduled_at) || time(record.created_at);
-  const finished = time(record.finished_at);
-  for (let n = 1; n <= record.attempt; n += 1) {
-    const saw = seen.attempts[String(n)];
-    const row = { n, replica: null, version: null, start: null, end: null, notes: [] };
-    if (saw) {
-      row.replica = saw.replica || null;
-      row.version = saw.version === undefined ? null : saw.version;
-      row.start = n === 1 ? created : saw.first;
-    } else if (n === 1) {
-      row.start = created;
+/** What each kept move says of the attempt it leaves (GET /executions/{id}/history). */
+const LEFT = {
+  retry: "retried",
+  hand_off: "handed off",
+  requeue: "requeued (its replica stopped)",
+  park: "parked",
+};
+/** The moves drawn as marks across the picture: waits for input and their ends. */
+const MARKED = { ask: "asked", park: "parked", answer: "answered", expire: "expired", resume: "resumed" };
+
+/** The attempts as rows (number, replica, version, start, end, and what ended each), from
+ * the record (its creation, its latest attempt, its end) and its history (every move
+ * between). A history keeps the last moves only: attempts before those show no start. */
+function attemptsOf(record, moves) {
+  const rows = new Map();
+  const row = (n) => {
+    if (!rows.has(n)) rows.set(n, { n, replica: null, version: null, start: null, end: null, notes: [] });
+    return rows.get(n);
+  };
+  const first = moves.length ? moves[0] : null;
+  const createdQueued = first !== null && first.move === "claim" && first.attempt === 1;
+  const complete = first === null || first.attempt === 1 || (first.attempt === 2 && first.move !== "claim");
+  if (complete && !createdQueued) row(1).start = time(record.created_at);
+  for (const move of moves) {
+    const at = time(move.at);
+    const r = row(move.attempt);
+    if (move.move === "claim") {
+      r.start = at;
+      r.replica = move.replica;
+    } else if (move.move in LEFT) {
+      r.end = at;
+      if (move.replica) r.replica = move.replica;
+      r.version = move.version;
+      r.notes.push(LEFT[move.move]);
+    } else if (move.move === "ask" && move.replica) {
+      r.replica = move.replica;
     }
-    if (n === record.attempt) {
-      row.replica = record.replica || row.replica;
-      row.version = record.version === undefined ? row.version : record.version;
-      row.end = finished;
-      if (isTerminal(record.status)) row.notes.push(record.status);
-    } else {
-      row.notes.push(seen.parked.includes(n) ? "parked, then resumed" : "hand-off or retry");
-    }
-    if (seen.parked.includes(n)) row.notes.push("parked");
-    rows.push(row);
   }
-  for (let i = 0; i < rows.length - 1; i += 1) {
-    if (rows[i].end === null && rows[i + 1].start !== null) rows[i].end = rows[i + 1].start;
-  }
-  return rows;
+  const last = row(record.attempt);
+  last.replica = record.replica || last.replica;
+  if (record.version !== null && record.version !== undefined) last.version = record.version;
+  last.end = time(record.finished_at);
+  if (isTerminal(record.status)) last.notes.push(record.status);
+  if (record.status === "queued") last.notes.push("queued");
+  if (record.status === "input_required" && !record.replica) last.notes.push("parked");
+  return [...rows.values()].sort((a, b) => a.n - b.n);
 }
 
 function clock(ms) {
   return ms === null ? "unknown" : new Date(ms).toISOString().replace("T", " ").replace("Z", "");
 }
 
-/** The picture: one bar per attempt on a time axis, asks and answers marked. */
-function timeline(record, rows, asks) {
+/** The picture: one bar per attempt on a time axis, waits for input and their ends marked. */
+function timeline(record, rows, moves) {
   const width = 760;
   const left = 250;
   const rowHeight = 34;
@@ -110,7 +97,7 @@ function timeline(record, rows, asks) {
     const y = 24 + index * rowHeight;
     const group = svg("g", { class: "attempt", "data-attempt": row.n });
     group.append(svg("text", { x: 4, y: y + 13 }, `attempt ${row.n}`));
-    group.append(svg("text", { x: 4, y: y + 27, class: "small replica" }, row.replica ? `replica ${row.replica}` : "replica not recorded"));
+    group.append(svg("text", { x: 4, y: y + 27, class: "small replica" }, row.replica ? `replica ${row.replica}` : "no replica"));
     group.append(svg("text", { x: 150, y: y + 13, class: "small" }, row.version === null || row.version === undefined ? "unversioned" : `version ${row.version}`));
     const from = row.start === null ? (index === 0 ? t0 : null) : row.start;
     const to = row.end === null ? (isTerminal(record.status) ? end : Date.now()) : row.end;
@@ -123,12 +110,13 @@ function timeline(record, rows, asks) {
     group.append(svg("text", { x: start, y: y + 30, class: "small" }, row.notes.join(", ")));
     picture.append(group);
   });
-  for (const ask of asks) {
-    const at = time(ask.asked_at);
-    if (at === null) continue;
+  for (const move of moves) {
+    const label = MARKED[move.move];
+    const at = time(move.at);
+    if (label === undefined || at === null || at < t0) continue;
     const mx = x(at);
-    picture.append(svg("line", { class: "mark", x1: mx, x2: mx, y1: 20, y2: height - 4 }, svg("title", {}, `asked request ${ask.request_id}`)));
-    picture.append(svg("text", { x: mx + 3, y: height - 4, class: "small" }, `asked #${ask.request_id}${ask.answered ? ", answered" : ""}`));
+    picture.append(svg("line", { class: "mark", x1: mx, x2: mx, y1: 20, y2: height - 4 }, svg("title", {}, `${label} at ${clock(at)}`)));
+    picture.append(svg("text", { x: mx + 3, y: height - 4, class: "small" }, label));
   }
   return picture;
 }
@@ -146,7 +134,7 @@ function attemptsTable(rows) {
           "tr",
           {},
           h("td", {}, `attempt ${row.n}`),
-          h("td", { class: "mono" }, row.replica || "not recorded"),
+          h("td", { class: "mono" }, row.replica || ""),
           h("td", {}, row.version === null || row.version === undefined ? "unversioned" : row.version),
           h("td", {}, clock(row.start)),
           h("td", {}, row.end === null ? "" : clock(row.end)),
@@ -179,8 +167,7 @@ function json(value) {
 }
 
 export async function executionView(main, id, ctx) {
-  const seen = seenOf(id);
-  const asks = new Map();
+  let moves = [];
   const events = h("ol", { id: "events", "aria-live": "polite" });
   const top = h("div");
   const eventsSection = h("section", { "aria-labelledby": "events-title" }, h("h3", { id: "events-title" }, "Events"), events);
@@ -211,8 +198,8 @@ export async function executionView(main, id, ctx) {
   const draw = () => {
     recordBox.replaceChildren(recordList(record));
     cancel.hidden = isTerminal(record.status);
-    const rows = attemptsOf(record, seen, [...asks.values()]);
-    pictureBox.replaceChildren(h("h3", { id: "timeline-heading" }, "Attempts"), timeline(record, rows, [...asks.values()]), attemptsTable(rows));
+    const rows = attemptsOf(record, moves);
+    pictureBox.replaceChildren(h("h3", { id: "timeline-heading" }, "Attempts"), timeline(record, rows, moves), attemptsTable(rows));
     resultBox.replaceChildren();
     if (record.result !== null && record.result !== undefined) {
       resultBox.append(h("h3", {}, "Result"), h("pre", { id: "result" }, json(record.result)));
@@ -243,16 +230,16 @@ export async function executionView(main, id, ctx) {
   };
 
   const refresh = async () => {
-    const answer = await call("GET", `executions/${encodeURIComponent(id)}`);
+    const [answer, kept] = await Promise.all([
+      call("GET", `executions/${encodeURIComponent(id)}`),
+      call("GET", `executions/${encodeURIComponent(id)}/history`).catch((error) => {
+        if (error instanceof Unauthorized) throw error;
+        return { body: [] };  // forgotten between the two reads: the record says so next
+      }),
+    ]);
     if (!ctx.current()) return;
     record = answer.body;
-    observe(seen, record);
-    for (const ask of asks.values()) {
-      if (!record.input_request || record.input_request.request_id !== ask.request_id || record.status !== "input_required") {
-        ask.answered = true;
-      }
-    }
-    keepSeen(id, seen);
+    moves = Array.isArray(kept.body) ? kept.body : [];
     draw();
   };
 
@@ -277,10 +264,7 @@ export async function executionView(main, id, ctx) {
         refresh().catch(ctx.report);
         return;
       }
-      if (event.event === "input_required" && event.data && typeof event.data === "object") {
-        asks.set(event.data.request_id, { request_id: event.data.request_id, asked_at: event.data.asked_at, answered: false });
-        refresh().catch(ctx.report);
-      }
+      if (event.event === "input_required") refresh().catch(ctx.report);
       const data = typeof event.data === "string" ? event.data : JSON.stringify(event.data);
       events.append(h("li", { "data-event": event.event }, h("span", { class: "mono" }, event.id === null ? "" : `#${event.id} `), h("strong", {}, event.event), " ", h("code", {}, data)));
     },
