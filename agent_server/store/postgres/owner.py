@@ -296,7 +296,9 @@ class Owner(PgPart):
             given = "SELECT " + ", ".join(f"%(g_{f})s::{t}" for f, t in typed)
             params.update({f"g_{f}": run[0].args[f] for f in fields})
         else:
-            arrays = ", ".join(f"%(g_{f})s::{t}[]" for f, t in typed)
+            # Binary: a text array is escaped element by element in Python (50 us a
+            # document), a binary one is copied (bench/RESULTS.md, "PG4").
+            arrays = ", ".join(f"%(g_{f})b::{t}[]" for f, t in typed)
             given = f"SELECT * FROM unnest({arrays})"
             params.update({f"g_{f}": [o.args[f] for o in run] for f in fields})
         cursor = await conn.execute(
