@@ -256,6 +256,8 @@ STORED: tuple[Field, ...] = (
     #: Its history (status.py KEPT_MOVES, `kept_move`), JSON text: every move but its
     #: creation and its end (moves.lua `kept_move`); read apart (`GET .../history`).
     Field(name="moves", kind=Kind.JSON, kept=_HASH, attr=None),
+    #: How many `moves` holds (Redis appends to its text, trimming at twice KEPT_MOVES).
+    Field(name="moves_n", kind=Kind.COUNT, kept=_HASH, attr=None, default=0),
     #: The requests for input it keeps until it ends (records.lua drops them): the highest
     #: id asked, the kept answers' bytes and the lowest id an answer may be kept for...
     Field(name="asked_top", kind=Kind.COUNT, kept=_HASH, attr=None, requests=True),

@@ -57,6 +57,7 @@ def test_a_script_makes_only_the_moves_the_table_holds(redis_url: str) -> None:
                     found = text(client, key)
                     # A move but a creation or an end joins the record's history.
                     kept = json.loads(found.pop("moves", "[]"))
+                    assert found.pop("moves_n", "0") == str(len(kept))
                     assert found == expected, (row.transition, target)
                     if status.keeps_move(target):
                         assert [entry[1:3] for entry in kept] == [[source.value, target.value]]
@@ -125,3 +126,30 @@ def test_parked_reads_the_same_in_lua_as_in_python(redis_url: str) -> None:
             held = each in OWNED and owner != ""  # an owner's task runs it
             expected = [int(parked), int(status.unowned(each, owner)), int(held)]
             assert read(args=[*HEADER, each.value, owner]) == expected, (each, owner)
+
+
+def test_a_history_keeps_its_last_moves_however_many_are_made(redis_url: str) -> None:
+    """Each kept move is appended to the record's `moves` (as text, never decoded) and
+    counted in `moves_n`; past twice KEPT_MOVES the oldest go at once, so what is stored
+    stays bounded and every move costs the same. The last KEPT_MOVES read back in order."""
+    client = redis.Redis.from_url(redis_url)
+    move = script(client, "move(KEYS[1], ARGV[4], ARGV[5], ARGV[6])\nreturn 1")
+    key = "x:history"
+    client.hset(key, mapping={"status": "running", "replica": "A", "attempt": "1"})
+    made = 5 * status.KEPT_MOVES + 3
+    for n in range(made):
+        source, target = ("running", "queued") if n % 2 == 0 else ("queued", "running")
+        transition = "retry" if n % 2 == 0 else "claim"
+        client.hset(key, "attempt", str(n // 2 + 1))
+        assert move(keys=[key], args=[*HEADER, transition, source, target]) == 1
+        stored = json.loads(client.hget(key, "moves") or b"[]")
+        assert len(stored) == int(client.hget(key, "moves_n") or 0)
+        assert len(stored) < 2 * status.KEPT_MOVES
+    last = json.loads(client.hget(key, "moves") or b"[]")[-status.KEPT_MOVES :]
+    expected = [
+        ("retry" if n % 2 == 0 else "claim", n // 2 + 1)
+        for n in range(made - status.KEPT_MOVES, made)
+    ]
+    assert [(entry[6], entry[3]) for entry in last] == expected
+    times = [entry[0] for entry in last]
+    assert times == sorted(times)

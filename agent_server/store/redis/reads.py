@@ -11,6 +11,7 @@ from typing import Any, cast
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import scoped
+from agent_server.model.status import KEPT_MOVES
 from agent_server.store.base import ListCursor, Page
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
@@ -72,8 +73,9 @@ class Reads(StorePart):
         return True, codec.READERS["body"](body)
 
     async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
-        """One HMGET of the record's hash: its `moves` field, which moves.lua keeps and no
-        script's record carries (none yet: []); False when the record is gone meanwhile."""
+        """One HMGET of the record's hash: its `moves` field, which moves.lua keeps (up to
+        twice KEPT_MOVES: the last KEPT_MOVES shown) and no script's record carries (none
+        yet: []); False when the record is gone meanwhile."""
         with self._link.operation("history"):
             found, moves = await cast(
                 Awaitable[list[Any]],
@@ -83,7 +85,7 @@ class Reads(StorePart):
             )
         if found is None:
             return False, []
-        return True, [] if moves is None else json.loads(moves)
+        return True, [] if moves is None else json.loads(moves)[-KEPT_MOVES:]
 
     async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""

@@ -18,10 +18,10 @@
 -- history, the `moves` field (status.py KEPT_MOVES, `kept_move`): `[at, from, to, attempt,
 -- replica, version, how]`, `parked` for a record nobody owns that waits for input, the attempt
 -- and replica it begins (to running) or leaves (`was`, read before the move), and the code
--- that ran the attempt it leaves. The last KEPT_MOVES are kept.
+-- that ran the attempt it leaves. The last KEPT_MOVES are kept (up to twice as many stored).
 local function kept_move(rec, transition, found, target, was)
   local attempt, replica, version = was[1], was[2] or '', was[3] or ''
-  local now = redis.call('HMGET', rec, 'attempt', 'replica', 'moves')
+  local now = redis.call('HMGET', rec, 'attempt', 'replica', 'moves', 'moves_n')
   local to = target
   if target == STATUS_RUNNING then
     attempt, replica, version = now[1], now[2] or '', ''
@@ -29,16 +29,24 @@ local function kept_move(rec, transition, found, target, was)
     to = 'parked'
   end
   local from = (found == PARKED_STATUS and (was[2] or '') == '') and 'parked' or found
-  local history = now[3] and cjson.decode(now[3]) or {}
   -- Its name as status.py `how_of` gives it: a move back to running from waiting for
   -- input is a resume, an ask that parks a park.
   local how = transition
   if target == STATUS_RUNNING and found ~= STATUS_QUEUED then how = 'resume' end
   if to == 'parked' then how = 'park' end
-  history[#history + 1] = {NOW_US / 1000000, from, to, tonumber(attempt), replica,
-    version ~= '' and version or cjson.null, how}
-  while #history > KEPT_MOVES do table.remove(history, 1) end
-  redis.call('HSET', rec, 'moves', cjson.encode(history))
+  local entry = cjson.encode({NOW_US / 1000000, from, to, tonumber(attempt), replica,
+    version ~= '' and version or cjson.null, how})
+  -- Appended as text, never decoded: a move costs the same however many are kept. Once
+  -- it holds twice KEPT_MOVES, the oldest go in one decode (a reader shows the last
+  -- KEPT_MOVES: reads.py `moves_of`).
+  local count = (tonumber(now[4]) or 0) + 1
+  local kept = now[3] and (string.sub(now[3], 1, -2) .. ',' .. entry .. ']') or ('[' .. entry .. ']')
+  if count >= 2 * KEPT_MOVES then
+    local all, last = cjson.decode(kept), {}
+    for i = #all - KEPT_MOVES + 1, #all do last[#last + 1] = all[i] end
+    kept, count = cjson.encode(last), KEPT_MOVES
+  end
+  redis.call('HSET', rec, 'moves', kept, 'moves_n', count)
 end
 
 local function move(rec, transition, found, target, ...)
