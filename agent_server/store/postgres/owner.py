@@ -339,6 +339,16 @@ class Owner(PgPart):
         over = size - max(0, self.max_retained_bytes)
         if excess <= 0 and over <= 0:
             return
+        async with conn.transaction():
+            await self._trim_oldest(conn, records, excess, over)
+
+    async def _trim_oldest(self, conn: Conn, records: int, excess: int, over: int) -> None:
+        """The oldest TRIM_SCAN finished records in index order (`executions_finished`,
+        migration 3), whatever the statistics say: a table that grew since its last ANALYZE
+        (minutes, at a start or under churn) has the planner fetch every finished record
+        and sort them, at each trim (bench/RESULTS.md, "PG5")."""
+        await conn.execute("SET LOCAL enable_sort = off")
+        await conn.execute("SET LOCAL enable_bitmapscan = off")
         await conn.execute(
             "WITH oldest AS (SELECT id, row_number() OVER w AS n,"
             " sum(kept_bytes) OVER w - kept_bytes AS before FROM (SELECT id, finished,"
