@@ -39,7 +39,9 @@ function attemptsOf(record, moves) {
   };
   const first = moves.length ? moves[0] : null;
   const createdQueued = first !== null && first.move === "claim" && first.attempt === 1;
-  const complete = first === null || first.attempt === 1 || (first.attempt === 2 && first.move !== "claim");
+  // A history that still holds attempt 1's first move (or none): attempt 1 began at the
+  // creation, unless it was created queued (then at its claim).
+  const complete = first === null || first.attempt === 1;
   if (complete && !createdQueued) row(1).start = time(record.created_at);
   for (const move of moves) {
     const at = time(move.at);
