@@ -59,33 +59,31 @@ class Reads(StorePart):
         return (await self._read([execution_id], tenant))[0]
 
     async def input_of(self, execution: Execution) -> tuple[bool, Any]:
-        """One HMGET of the record's hash: its `body` field, which no script's record carries
-        (a start without one writes none: None); False when the record is gone meanwhile."""
-        with self._link.operation("input"):
-            found, body = await cast(
-                Awaitable[list[Any]],
-                self._link.redis.hmget(
-                    self.keys.record(execution.execution_id), ["execution_id", "body"]
-                ),
-            )
-        if found is None:
-            return False, None
-        return True, codec.READERS["body"](body)
+        """Its `body` field, which no script's record carries (a start without one writes
+        none: None); False when the record is gone meanwhile."""
+        found, body = await self._hash_field(execution, "body", "input")
+        return found, codec.READERS["body"](body) if found else None
 
     async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
-        """One HMGET of the record's hash: its `moves` field, which moves.lua keeps (up to
-        twice KEPT_MOVES: the last KEPT_MOVES shown) and no script's record carries (none
-        yet: []); False when the record is gone meanwhile."""
-        with self._link.operation("history"):
-            found, moves = await cast(
+        """Its `moves` field, which moves.lua keeps (up to twice KEPT_MOVES: the last
+        KEPT_MOVES shown) and no script's record carries (none yet: []); False when the
+        record is gone meanwhile."""
+        found, moves = await self._hash_field(execution, "moves", "history")
+        return found, [] if moves is None else json.loads(moves)[-KEPT_MOVES:]
+
+    async def _hash_field(
+        self, execution: Execution, name: str, operation: str
+    ) -> tuple[bool, Any]:
+        """One HMGET of the record's hash: whether it is there, and field `name` (a field
+        read apart, here only, so no other read carries it)."""
+        with self._link.operation(operation):
+            found, value = await cast(
                 Awaitable[list[Any]],
                 self._link.redis.hmget(
-                    self.keys.record(execution.execution_id), ["execution_id", "moves"]
+                    self.keys.record(execution.execution_id), ["execution_id", name]
                 ),
             )
-        if found is None:
-            return False, []
-        return True, [] if moves is None else json.loads(moves)[-KEPT_MOVES:]
+        return (False, None) if found is None else (True, value)
 
     async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""
