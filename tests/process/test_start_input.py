@@ -138,3 +138,25 @@ def test_the_input_is_handed_out_as_the_record_is(server: ServerProcess) -> None
     other = call(server, ALICE, "PUT", f"/executions/{UNKNOWN_ID}/input")
     assert other.status_code == 405
     assert {"GET", "POST"} <= {m.strip() for m in other.headers["allow"].split(",")}
+
+
+def test_the_history_is_handed_out_as_the_record_is(server: ServerProcess) -> None:
+    """`GET /executions/{id}/history` asks what the record's read asks: another tenant's id
+    answers the very 404 of an unknown one, `read` refused is 403, the admin reads any
+    tenant's, no token is 401, a forgotten one is unknown."""
+    mine = started(server, "echo", {"text": TEXT})
+    assert call(server, ALICE, "GET", f"/executions/{mine}", params={"wait": 15}).status_code == 200
+    path = f"/executions/{mine}/history"
+    unknown = call(server, BOB, "GET", f"/executions/{UNKNOWN_ID}/history")
+    foreign = call(server, BOB, "GET", path)
+    assert (foreign.status_code, foreign.content) == (unknown.status_code, unknown.content)
+    assert foreign.status_code == 404
+    refused = call(server, BLIND, "GET", path)
+    assert refused.status_code == 403 and refused.json() == {"detail": "not allowed to read"}
+    for token in (ALICE, READER, ROOT):
+        answer = call(server, token, "GET", path)
+        assert (answer.status_code, answer.json()) == (200, []), answer.text  # run once
+    assert call(server, None, "GET", path).status_code == 401
+    assert call(server, ALICE, "DELETE", f"/executions/{mine}").status_code == 204
+    gone = call(server, ALICE, "GET", path)
+    assert (gone.status_code, gone.content) == (unknown.status_code, unknown.content)
