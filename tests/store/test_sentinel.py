@@ -1197,7 +1197,9 @@ def test_a_claim_no_replica_holds_never_starts_a_body_a_failover_would_run_again
                 read = client.get(f"{agents[1].url}/executions/{execution_id}")
                 if read.status_code == 200 and read.json()["status"] == "succeeded":
                     break
-                assert time.monotonic() < deadline, read.text
+                assert time.monotonic() < deadline, read.text + "".join(
+                    f"\n{a.stderr()[-4000:]}" for a in agents
+                )
                 time.sleep(POLL)
         lines = runs.read_text().splitlines()
         print(f"\nbody runs: {lines}")

@@ -169,9 +169,13 @@ class Claims(PgPart):
                     args,
                 )
                 waiting = [str(r[0]) for r in await cursor.fetchall()]
-                # When to look again: what waits for another replica is not due here.
+                # When to look again: what waits for another replica is not due here;
+                # nothing while this replica's lease has lapsed (it renews first).
                 cursor = await conn.execute(
-                    "SELECT extract(epoch FROM min(due_at) - now()) FROM executions e"
+                    "SELECT extract(epoch FROM min(due_at) - now()),"
+                    " EXISTS (SELECT 1 FROM replicas r WHERE r.agent = %(agent)s"
+                    " AND r.replica = %(me)s AND r.expires_at > now())"
+                    " FROM executions e"
                     f" WHERE agent = %(agent)s AND status = 'queued' AND NOT {WAITS}",
                     args,
                 )
@@ -179,6 +183,12 @@ class Claims(PgPart):
         if taken is None:
             self._count_waits(waiting)
             loop = asyncio.get_running_loop()
+            if row is not None and row[0] is not None and not row[1]:
+                # Due work, but this replica's lease has lapsed: renewed at the next pass,
+                # which wakes the taker (a due time of now would have it spin meanwhile).
+                self._renew_soon()
+                self._due_at = None
+                return None
             due_in = None if row is None or row[0] is None else max(0.0, float(row[0]))
             if blocked:
                 due_in = 1.0 if due_in is None else min(due_in, 1.0)

@@ -106,6 +106,8 @@ class Liveness:
         self.advertising = True
         #: How this replica describes itself (`GET /replicas`), written with each renewal.
         self.state: Callable[[], dict[str, Any]] | None = None
+        #: A claim found this replica's lease lapsed: the next renewal wakes the taker.
+        self._wake_taker = False
 
     def token(self) -> str:
         """A claim's token (16 characters): this process's, and this claim's own (a late
@@ -116,6 +118,13 @@ class Liveness:
         """A create's token: this process's, `START`, then this create's own. Its own, as
         a settle voids one create, not an id another request may send again."""
         return f"{self.incarnation}{START}{os.urandom(4).hex()}"
+
+    def wake_on_renewal(self) -> None:
+        """A claim took nothing because this replica's lease had lapsed where it ran (a
+        pause, or a new primary that last saw the lease long ago): renew now, and wake the
+        taker once that lands, whatever is due; it would otherwise sleep until a notice."""
+        self._wake_taker = True
+        self.renew_now.set()
 
     def doubt(self, execution: Execution, limit: int) -> None:
         """A create (its token `execution.take`) got no answer it can trust: Redis may run
@@ -184,7 +193,8 @@ class Liveness:
                 await via.call(b"HSET", self._keys.states, self._replica_id, text)
         if self._observer is not None:
             self._observer.replicas_alive(int(reply[0]))
-        if int(reply[1]):  # queued work, in case its notice was missed: the taker looks
+        if int(reply[1]) or self._wake_taker:  # queued work, in case its notice was
+            self._wake_taker = False  # missed, or a claim that waited for this renewal
             self._queued.set()
         for request in reply[3]:  # cancel requests kept for this replica (cancel.lua)
             self._cancel(str(request))

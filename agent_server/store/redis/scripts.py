@@ -128,6 +128,13 @@ class Asked(enum.IntEnum):
     MISMATCH = 6
 
 
+class Unclaimed(enum.IntEnum):
+    """The first value of claim.lua's reply when it took nothing, below any wait in ms."""
+
+    NONE_SCHEDULED = -1
+    LEASE_LAPSED = -2
+
+
 class Moved(enum.IntEnum):
     """Value 15 of a record as `read` (judge.lua) returns it: what this call did to it."""
 
@@ -204,7 +211,7 @@ def _codes() -> str:
     (`OWNED[status]`: running, or waiting for input), the record's fields (`F`, from
     agent_server/model/record.py) and where each is in a returned record (`I_STATUS`)."""
     lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
-    for kind in (Create, Forget, Asked, Moved):
+    for kind in (Create, Forget, Asked, Unclaimed, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
     for status in ExecutionStatus:

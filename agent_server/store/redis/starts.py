@@ -25,7 +25,7 @@ from agent_server.store.base import (
 )
 from agent_server.store.redis import codec
 from agent_server.store.redis.part import StorePart
-from agent_server.store.redis.scripts import Create, Row
+from agent_server.store.redis.scripts import Create, Row, Unclaimed
 
 logger = logging.getLogger("agent_server.store")
 
@@ -205,6 +205,9 @@ class Starts(StorePart):
             due_ms, blocked = int(reply[0]), int(reply[1])
             loop = asyncio.get_running_loop()
             self._due_at = None if due_ms < 0 else loop.time() + due_ms / 1000
+            if due_ms == Unclaimed.LEASE_LAPSED:  # the renewal wakes the taker once it lands
+                liveness.wake_on_renewal()
+                return None
             if blocked:  # a missed end notice costs at most this long
                 self._due_at = min(self._due_at or math.inf, loop.time() + BLOCKED_RELOOK)
             # Keyed work waits for a slot: the next end (on any replica) may free one.

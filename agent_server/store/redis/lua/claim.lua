@@ -30,7 +30,8 @@
   Returns {record, {body, checkpoint, max_attempts, last event id, the scheduled_at it
   waited for ('' if none), the requests asked by its checkpoint, trace context ('' for
   none), the version rule (versions.py `Rule`), the checkpoint's version}, executions set
-  waiting for a version}; else {ms until the next scheduled one is due (-1: none), 1 when
+  waiting for a version}; else {ms until the next scheduled one is due (or scripts.py
+  `Unclaimed`: NONE_SCHEDULED, or LEASE_LAPSED: this replica's lease lapsed here), 1 when
   keyed work waits for a slot (look again when one ends), else 0, executions set waiting
   for a version}; the ms are 0 when keys are left to look at (more than one call looks at).
 ]]
@@ -38,7 +39,9 @@
 local me, token = ARGV[4], ARGV[5]
 local scheduled, ckeys, VERSIONS, VQS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local lease = redis.call('ZSCORE', KEYS[7], me)
-if (not lease) or tonumber(lease) <= NOW then return {-1, 0, 0} end  -- renew first, as create
+-- Not while this replica's lease has lapsed here (a paused replica, or a new primary that
+-- last saw the lease long ago): it renews first, as create; never "nothing is due".
+if (not lease) or tonumber(lease) <= NOW then return {UNCLAIMED_LEASE_LAPSED, 0, 0} end
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', NOW, 'LIMIT', 0, 100)
 if #due > 0 then
   redis.call('RPUSH', QUEUE, unpack(due))
@@ -264,4 +267,4 @@ local blocked = redis.call('EXISTS', ckeys)  -- keyed work waits: look again whe
 if redis.call('EXISTS', READY) == 1 then return {0, blocked, waits} end  -- more to look at now
 local soonest = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
 if soonest[2] then return {math.max(0, tonumber(soonest[2]) - NOW), blocked, waits} end
-return {-1, blocked, waits}
+return {UNCLAIMED_NONE_SCHEDULED, blocked, waits}
