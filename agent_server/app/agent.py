@@ -19,7 +19,7 @@ from agent_server.app.cut_off import Answer
 from agent_server.app.protocols import a2a_routes, mcp_endpoint, protocol_request_headers
 from agent_server.app.schedules import schedule_ticker
 from agent_server.app.start_line import log_start
-from agent_server.http.access import Access, Authorize
+from agent_server.http.access import RequestAccess
 from agent_server.http.api import Api
 from agent_server.http.authenticators import Authenticator, authenticator_from
 from agent_server.http.console_page import ConsolePage
@@ -49,6 +49,8 @@ from agent_server.runtime.settings import Settings
 from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
 from agent_server.runtime.tracing import Tracing, webhook_headers
 from agent_server.runtime.webhooks import WebhookSender
+from agent_server.service.access import Authorize
+from agent_server.service.use_cases import UseCases
 from agent_server.store import ExecutionStore, SchemaTooNew, open_store
 
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ class Agent:
         self._app: ASGIApp | None = None
         #: `/mcp` with `--mcp` (agent_server/http/mcp_server.py), built with the routes.
         self._mcp: McpEndpoint | None = None
+        self._cases: UseCases | None = None
         #: Whether `lifespan` has begun; a request before it is told about once (`__call__`).
         self._lifespan_began = False
         self._told_no_lifespan = False
@@ -270,6 +273,7 @@ class Agent:
         self._parts = None
         self._app = None
         self._mcp = None
+        self._cases = None
 
     async def _exit_user_lifespan(self, own: contextlib.AbstractAsyncContextManager[Any]) -> None:
         """Exit the user's lifespan, bounded (`ShutdownPlan.lifespan_exit_deadline`); what it
@@ -372,11 +376,10 @@ class Agent:
             parts.store,
             parts.releases,
             self.metrics,
+            self._use_cases(),
             phase=lambda: self.phase.value,
             max_body_size=settings.max_body_size,
-            idempotency_ttl=settings.idempotency_ttl,
             sse_heartbeat=settings.sse_heartbeat,
-            streams_closing=parts.streams_closing,
             webhooks=hooked,
             webhook_url=settings.webhook_url,
             openapi=lambda: openapi_document(
@@ -390,7 +393,6 @@ class Agent:
             console=ConsolePage() if settings.console else None,
             describe=parts.describe,
             mcp=None if mcp is None else mcp.endpoint,
-            authorize=self._authorize,
             schedules=parts.schedules,
             schedule_limits=(settings.max_schedules, settings.max_schedule_input_size),
         )
@@ -398,17 +400,22 @@ class Agent:
     def _mcp_endpoint(self) -> McpEndpoint | None:
         """`/mcp` with `--mcp`, built once."""
         if self._mcp is None:
-            parts = self._built
-            self._mcp = mcp_endpoint(
-                self.settings,
-                self.name,
-                self.reasoners,
+            self._mcp = mcp_endpoint(self.settings, self.name, self.reasoners, self._use_cases())
+        return self._mcp
+
+    def _use_cases(self) -> UseCases:
+        """The use cases every front shares (agent_server/service/), built once."""
+        if self._cases is None:
+            parts, settings = self._built, self.settings
+            self._cases = UseCases(
                 parts.registry,
                 parts.store,
+                RequestAccess(self._authorize),
                 parts.streams_closing,
-                Access(self._authorize),
+                idempotency_ttl=settings.idempotency_ttl,
+                webhook_url=settings.webhook_url,
             )
-        return self._mcp
+        return self._cases
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[Any]:

@@ -10,13 +10,10 @@ from typing import TYPE_CHECKING
 
 from starlette.routing import Route
 
-from agent_server.http.access import Access
 from agent_server.http.api import Api
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.waiting import Closing
-from agent_server.runtime.registry import InFlightRegistry
 from agent_server.runtime.settings import Settings
-from agent_server.store.base import ExecutionStore
+from agent_server.service.use_cases import UseCases
 
 if TYPE_CHECKING:
     from agent_server.http.mcp_server import McpEndpoint
@@ -81,8 +78,11 @@ def a2a_routes(
     with _extra("a2a"):
         from agent_server.http.a2a import A2AProtocol
     a2a = A2AProtocol(
-        api,
+        api.use_cases,
+        api.reasoners,
         name,
+        max_body_size=api.max_body_size,
+        webhooks=api.webhooks,
         default_reasoner=default_reasoner,
         secured=secured,
         public_url=settings.public_url,
@@ -91,13 +91,7 @@ def a2a_routes(
 
 
 def mcp_endpoint(
-    settings: Settings,
-    name: str,
-    reasoners: Mapping[str, Reasoner],
-    registry: InFlightRegistry,
-    store: ExecutionStore,
-    closing: Closing,
-    access: Access,
+    settings: Settings, name: str, reasoners: Mapping[str, Reasoner], use_cases: UseCases
 ) -> McpEndpoint | None:
     """`/mcp` with `--mcp` (None without)."""
     if not settings.mcp:
@@ -107,12 +101,9 @@ def mcp_endpoint(
     return McpEndpoint(
         name,
         reasoners,
-        registry,
-        store,
-        closing,
+        use_cases,
         result_ttl=settings.result_ttl,
         allowed_origins=settings.cors_allow_origin,
         max_body_size=settings.max_body_size,
         webhook_url=settings.webhook_url,
-        access=access,
     )

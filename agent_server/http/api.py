@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.routing import Route
 
-from agent_server.http.access import Access, Authorize
+from agent_server.http.access import RequestAccess
 from agent_server.http.console_page import ConsolePage
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.executions import Executions
@@ -29,11 +29,11 @@ from agent_server.http.schedules import Schedules
 from agent_server.http.sessions import Sessions
 from agent_server.http.sse import Streams
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.waiting import Closing
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
+from agent_server.service.use_cases import UseCases
 from agent_server.store.base import ExecutionStore
 
 #: What each route answers in ordinary operation, overload and shutdown included: these
@@ -81,18 +81,16 @@ class Api:
         store: ExecutionStore,
         releases: SessionReleases,
         metrics: Metrics,
+        use_cases: UseCases,
         *,
         phase: Callable[[], str],
         max_body_size: int,
         openapi: Callable[[], dict[str, Any]],
-        idempotency_ttl: float = 86_400.0,
         sse_heartbeat: float = 15.0,
-        streams_closing: Closing | None = None,
         docs: DocsPage | None = None,
         webhooks: bool = False,
         webhook_url: str | None = None,
         mcp: Handler | None = None,
-        authorize: Authorize | None = None,
         schedules: ScheduleTicker | None = None,
         console: ConsolePage | None = None,
         describe: Callable[[], dict[str, Any]] | None = None,
@@ -105,9 +103,8 @@ class Api:
         self.metrics = metrics
         self.phase = phase
         self.max_body_size = max_body_size
-        self.idempotency_ttl = idempotency_ttl
         #: `closing` is set when the listener closes at shutdown: open streams end with a retry.
-        self.streams = Streams(sse_heartbeat, streams_closing or Closing(), metrics.stream_opened)
+        self.streams = Streams(sse_heartbeat, use_cases.waits.closing, metrics.stream_opened)
         self.docs = docs
         #: `/console` (docs/console.md), and how this replica describes itself there.
         self.console = console
@@ -118,22 +115,21 @@ class Api:
         #: Whether webhooks are on (a secret is set), and where they go by default.
         self.webhooks = webhooks
         self.webhook_url = webhook_url
-        #: Who reaches what: the tenant rule and `@agent.authorize` (access.py).
-        self.access = Access(authorize)
-        self.executions = Executions(registry, store, self.streams, self.access)
+        #: The use cases every front shares (agent_server/service/), and who reaches what:
+        #: the tenant rule and `@agent.authorize` (access.py).
+        self.use_cases = use_cases
+        assert isinstance(use_cases.access, RequestAccess)
+        self.access: RequestAccess = use_cases.access
+        self.executions = Executions(use_cases, self.streams)
         self.runs = Runs(
             reasoners,
-            registry,
-            store,
+            use_cases,
             self.executions,
-            self.streams,
             max_body_size=max_body_size,
-            idempotency_ttl=idempotency_ttl,
             webhooks=webhooks,
             webhook_url=webhook_url,
-            access=self.access,
         )
-        self.inputs = Inputs(store, self.executions, max_body_size)
+        self.inputs = Inputs(store, use_cases.answering, self.executions, max_body_size)
         self.sessions = Sessions(releases, self.access)
         self.health = Health(registry, store, metrics, phase, openapi)
         #: `/schedules` (docs/schedules.md), given the ticker that fires them.

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.access import UNKNOWN_EXECUTION, Access
+from agent_server.http.access import RequestAccess
 from agent_server.http.params import (
     MAX_LIST_BYTES,
     MAX_LIST_LIMIT,
@@ -27,10 +27,11 @@ from agent_server.http.params import (
 )
 from agent_server.http.routing import ApiError, JSONResponse, execution_response
 from agent_server.http.sse import EventStream, Streams, source_of
-from agent_server.model.execution import CancelReason, Execution
+from agent_server.model.execution import Execution
 from agent_server.model.record import isoformat
-from agent_server.runtime.registry import InFlightRegistry
-from agent_server.store.base import ExecutionRunning, ExecutionStore
+from agent_server.service.access import UNKNOWN_EXECUTION
+from agent_server.service.use_cases import UseCases
+from agent_server.store.base import ExecutionRunning
 
 MAX_WAIT_SECONDS = 60.0
 
@@ -38,17 +39,13 @@ MAX_WAIT_SECONDS = 60.0
 class Executions:
     """The routes of recorded executions, given the parts they use."""
 
-    def __init__(
-        self,
-        registry: InFlightRegistry,
-        store: ExecutionStore,
-        streams: Streams,
-        access: Access | None = None,
-    ) -> None:
-        self.registry = registry
-        self.store = store
+    def __init__(self, use_cases: UseCases, streams: Streams) -> None:
+        self.use_cases = use_cases
+        self.registry = use_cases.registry
+        self.store = use_cases.store
         self.streams = streams
-        self.access = access or Access()
+        assert isinstance(use_cases.access, RequestAccess)
+        self.access: RequestAccess = use_cases.access
 
     async def execution(self, request: Request) -> Response:
         """One route for both methods, so a 405 names them both in `Allow`."""
@@ -92,15 +89,9 @@ class Executions:
         execution = await self.find(request, "read", "cancel")
         if execution.is_terminal:
             return execution_response(execution)
-        nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
-        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-        if nobody:
-            # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
-            now = await self.store.get(execution.execution_id)
-            if now is not None and now.is_terminal:
-                return await self.handed(request, now)
-            return await self.handed(request, now or execution, 202)
-        return await self.handed(request, execution, 202)
+        # Nobody runs it: it ended where it waited (or was taken meanwhile: 202 then).
+        latest = await self.use_cases.cancels.cancel(execution)
+        return await self.handed(request, latest, 200 if latest.is_terminal else 202)
 
     async def delete_execution(self, request: Request) -> Response:
         execution = await self.find(request, "delete")

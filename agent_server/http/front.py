@@ -21,10 +21,11 @@ from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 from agent_server.http.api import ROUTE_STATUSES, Api
 from agent_server.http.auth import METRICS_PATH, OPEN_PATHS, Authentication
 from agent_server.http.authenticators import Authenticator
-from agent_server.http.routing import ApiError, ApiRouter, JSONResponse, in_doubt
+from agent_server.http.routing import ApiError, ApiRouter, JSONResponse, in_doubt, refusal_error
 from agent_server.model import jsoncodec
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.service.refusals import Refusal
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 
 logger = logging.getLogger("agent_server.api")
@@ -111,6 +112,10 @@ class HttpApp:
             if send_wrapper.status:  # too late to answer: the server closes the connection
                 raise
             await _error_response(exc)(scope, receive, send_wrapper)
+        except Refusal as exc:  # a use case's, in its own words
+            if send_wrapper.status:
+                raise
+            await _error_response(refusal_error(scope, exc))(scope, receive, send_wrapper)
         except StoreInDoubt as exc:  # an answer, a cancel or a delete no replica holds yet
             if send_wrapper.status:
                 raise

@@ -9,22 +9,27 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http import answers
-from agent_server.http.access import UNKNOWN_EXECUTION
 from agent_server.http.executions import Executions
 from agent_server.http.params import first_values, read_json
 from agent_server.http.routing import ApiError, JSONResponse
-from agent_server.model import jsoncodec
 from agent_server.model.echoes import shown
-from agent_server.model.execution import ExecutionStatus
+from agent_server.service.access import UNKNOWN_EXECUTION
+from agent_server.service.answering import Answering
 from agent_server.store.base import ExecutionStore
 
 
 class Inputs:
     """The input route, given the parts it uses."""
 
-    def __init__(self, store: ExecutionStore, executions: Executions, max_body_size: int) -> None:
+    def __init__(
+        self,
+        store: ExecutionStore,
+        answering: Answering,
+        executions: Executions,
+        max_body_size: int,
+    ) -> None:
         self.store = store
+        self.answering = answering
         self.executions = executions
         self.max_body_size = max_body_size
 
@@ -54,45 +59,8 @@ class Inputs:
         )
         # Its answer is the record: `read` is asked too, before anything is done.
         execution = await self.executions.find(request, "read", "answer")
-        pending = execution.input_request
-        waiting = execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None
-        pending_id = int(pending["request_id"]) if waiting and pending is not None else None
-        size = len(jsoncodec.dumps(value))
-        if size > self.store.max_answer_bytes:
-            raise ApiError(
-                413,
-                f"the answer is {size} bytes as JSON: an execution keeps at most "
-                f"{self.store.max_answer_bytes} (--max-answer-bytes)",
-            )
-        if request_id is not None and request_id != pending_id:
-            # Perhaps a retry of an answer taken (its reply lost, or in doubt): the same
-            # value for that request is taken again (202, nothing handed twice).
-            again = await self.store.answer(execution, request_id, value)
-            if again is not None:
-                return await self.executions.handed(request, again, 202)
-        if pending is None or pending_id is None:
-            raise ApiError(409, f"execution is {execution.status.value}: it waits for no input")
-        if request_id is not None and request_id != pending_id:
-            raise ApiError(409, f"request {request_id} is not pending (request {pending_id} is)")
-        await self._check_answer(pending, value)
-        taken = await self.store.answer(execution, pending_id, value)
-        if taken is None:
-            raise ApiError(409, f"request {pending_id} was answered already (or ended)")
+        taken = await self.answering.answer(execution, request_id, value)
         return await self.executions.handed(request, taken, 202)
-
-    async def _check_answer(self, pending: dict[str, Any], value: Any) -> None:
-        """422 unless `value` fits the request's JSON schema, checked the same way on every
-        replica (agent_server/http/answers.py: JSON's own types, linear patterns, off the event
-        loop); the owner's type then reads it in `ctx.ask`."""
-        schema = pending.get("schema")
-        if not isinstance(schema, dict):
-            return
-        try:
-            problems = await answers.check(schema, value)
-        except answers.TooSlow as exc:
-            raise ApiError(422, str(exc)) from None
-        if problems:
-            raise ApiError(422, problems)
 
 
 def _answer_body(body: Any) -> tuple[int | None, Any]:

@@ -16,11 +16,10 @@ from starlette.requests import Request
 from agent_server.http.auth import principal_of
 from agent_server.http.mcp_tools import TASKS_EXTENSION, elicitation
 from agent_server.http.params import first_values
-from agent_server.http.routing import ApiError
-from agent_server.http.runs import _concurrency_value as concurrency_value
-from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
+from agent_server.service.refusals import Refusal
+from agent_server.service.starts import concurrency_value
 
 #: Task ids one `subscriptions/listen` may follow.
 MAX_LISTENED_TASKS = 100
@@ -78,10 +77,11 @@ def concurrency_of(reasoner: Reasoner, ctx: ServerRequestContext[Any]) -> str | 
     invalid params."""
     request = ctx.request
     raw_headers = request.scope["headers"] if isinstance(request, Request) else []
+    headers = first_values(raw_headers)
     try:
-        return concurrency_value(reasoner, first_values(raw_headers), None)
-    except ApiError as exc:
-        raise MCPError(INVALID_PARAMS, str(exc.detail)) from None
+        return concurrency_value(reasoner, lambda name: headers.get(name.lower().encode()), None)
+    except Refusal as refusal:
+        raise MCPError(INVALID_PARAMS, str(refusal.detail)) from None
 
 
 def caller_of(ctx: ServerRequestContext[Any]) -> Principal | None:
@@ -132,8 +132,3 @@ def declares_tasks(ctx: ServerRequestContext[Any]) -> bool:
     capabilities = ctx.session.client_capabilities
     extensions = None if capabilities is None else capabilities.extensions
     return bool(extensions) and TASKS_EXTENSION in (extensions or {})
-
-
-def retried(execution: Execution) -> bool:
-    """Queued for its next attempt through a shared store (runs.py's rule)."""
-    return execution.status is ExecutionStatus.QUEUED and execution.scheduled_at is not None

@@ -42,8 +42,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from agent_server.http import answers
-from agent_server.http.access import Access, Denied
 from agent_server.http.event_feed import EventFeed
 from agent_server.http.mcp_progress import Count, progress_token, task_progress, with_progress
 from agent_server.http.mcp_requests import (
@@ -57,7 +55,6 @@ from agent_server.http.mcp_requests import (
     elicits,
     input_required,
     notify,
-    retried,
     task_ids,
 )
 from agent_server.http.mcp_tools import (
@@ -77,29 +74,60 @@ from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.waiting import Closing
-from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
-from agent_server.store.base import ExecutionStore, SessionTaken, StoreUnavailable
+from agent_server.service.refusals import Denied, Refusal, Why
+from agent_server.service.use_cases import UseCases
+from agent_server.service.waits import Until
+from agent_server.store.base import StoreUnavailable
 
 logger = logging.getLogger("agent_server.mcp")
 #: The SDK's Streamable HTTP transport's logger (its one INFO line is a session's end).
 SDK_TRANSPORT_LOGGER = "mcp.server.streamable_http"
-
-#: Seconds a cancel for a caller that left may take to reach the store (shielded from the
-#: cancellation that told of the leaving).
-CANCEL_WITHIN = 5.0
 
 #: Seconds between reads of a task that waits for input (an answer moves it on from any
 #: replica); a task that works is followed by the store's own wait, in pieces this long.
 LISTEN_POLL = 0.5
 LISTEN_WAIT = 30.0
 
-#: Why a start was refused, as a JSON-RPC error's message (runs.py answers the same in HTTP).
-REFUSALS: dict[RejectReason, str] = {
-    RejectReason.CAPACITY: "too many executions in flight: retry later",
-    RejectReason.SESSION_RELEASED: "session is being released",
-    RejectReason.STORE_UNAVAILABLE: "execution store unavailable: retry later",
+#: A start's refusals in this protocol's words (a JSON-RPC error's message); the others as
+#: the application layer says them.
+START_WORDS: dict[Why, str] = {
+    Why.BUSY: "too many executions in flight: retry later",
+    Why.UNAVAILABLE: "execution store unavailable: retry later",
+    Why.SHUTTING_DOWN: "server is shutting down: retry elsewhere",
+    Why.IN_DOUBT: "the store did not confirm the start: it may run (read it as a task)",
 }
+#: The JSON-RPC error code of each refusal: what the caller sent (params), what it may not
+#: do (request), or the server's state (internal: retry).
+REFUSAL_CODES: dict[Why, int] = {
+    Why.INVALID: INVALID_PARAMS,
+    Why.UNPROCESSABLE: INVALID_PARAMS,
+    Why.UNKNOWN: INVALID_PARAMS,
+    Why.DENIED: INVALID_REQUEST,
+    Why.CONFLICT: INVALID_PARAMS,
+    Why.KEY_MISMATCH: INVALID_PARAMS,
+    Why.KEY_FORGOTTEN: INVALID_PARAMS,
+    Why.SESSION_BUSY: INVALID_PARAMS,
+    Why.SESSION_RELEASING: INTERNAL_ERROR,
+    Why.TOO_LARGE: INVALID_PARAMS,
+    Why.BUSY: INTERNAL_ERROR,
+    Why.UNAVAILABLE: INTERNAL_ERROR,
+    Why.IN_DOUBT: INTERNAL_ERROR,
+    Why.SHUTTING_DOWN: INTERNAL_ERROR,
+}
+if set(REFUSAL_CODES) != set(Why):
+    raise RuntimeError("REFUSAL_CODES must give every refusal a code")
+
+
+def mcp_error(refusal: Refusal, message: str | None = None) -> MCPError:
+    """A refusal as a JSON-RPC error: a detail that is a list (an answer's problems) goes
+    in `data` under a message that says what it is; an execution it is about, as `taskId`."""
+    detail = refusal.detail
+    data: Any = None
+    if refusal.execution_id is not None:
+        data = {"taskId": refusal.execution_id}
+    if not isinstance(detail, str):
+        data, detail = detail, "the answer does not fit the request's schema"
+    return MCPError(REFUSAL_CODES[refusal.why], message or detail, data)
 
 
 class McpEndpoint:
@@ -110,23 +138,21 @@ class McpEndpoint:
         self,
         name: str,
         reasoners: Mapping[str, Reasoner],
-        registry: InFlightRegistry,
-        store: ExecutionStore,
-        closing: Closing,
+        use_cases: UseCases,
         *,
         result_ttl: float,
         allowed_origins: tuple[str, ...],
         max_body_size: int,
         webhook_url: str | None = None,
-        access: Access | None = None,
     ) -> None:
         self.reasoners = reasoners
+        self.use_cases = use_cases
         #: Who reaches what: the API's tenant rule and `@agent.authorize` (access.py).
-        self.access = access or Access()
-        self.registry = registry
-        self.store = store
+        self.access = use_cases.access
+        self.registry = use_cases.registry
+        self.store = use_cases.store
         #: Set when the listener closes (shutdown): a plain call still waiting then answers.
-        self.closing = closing
+        self.closing = use_cases.waits.closing
         self.result_ttl = result_ttl
         #: Where every execution's webhooks go (`--webhook-url`), as for the API's starts.
         self.webhook_url = webhook_url
@@ -301,7 +327,7 @@ class McpEndpoint:
                 return input_required(ended.execution_id, ended.input_request)
             # No way to answer on this call's stream: nobody could, so it ends here.
             if may_cancel:
-                await self._cancel(ended, CancelReason.REQUEST)
+                await self.use_cases.cancels.for_caller_gone(ended, CancelReason.REQUEST)
             return tool_error(
                 f"the tool asks for input; call it with the tasks extension ({TASKS_EXTENSION}) "
                 "to answer through tasks/update"
@@ -344,8 +370,8 @@ class McpEndpoint:
             action = getattr(response, "action", None)
             if action != "accept":
                 if not may_cancel:
-                    raise MCPError(INVALID_REQUEST, Denied("cancel").detail)
-                await self._cancel(execution, CancelReason.REQUEST)
+                    raise mcp_error(Denied("cancel"))
+                await self.use_cases.cancels.for_caller_gone(execution, CancelReason.REQUEST)
                 return tool_error(f"the input was not given ({action}): the call ended")
             schema = pending.get("schema")
             try:
@@ -384,17 +410,14 @@ class McpEndpoint:
         *,
         may_queue: bool,
     ) -> Execution:
-        """Start through the registry's admission, as `POST /reasoners/{name}` does (its
-        `_start`); a refusal is a JSON-RPC error. Ownership (issue 39): the execution is
-        `principal`'s (its tenant's names, its `start` action)."""
+        """Start as every front starts (service/starts.py); a refusal is a JSON-RPC error.
+        Ownership (issue 39): the execution is `principal`'s (its tenant's names, its
+        `start` action)."""
+        starts = self.use_cases.starts
         try:
-            await self.access.check_for(
-                principal, "start", {"reasoner": reasoner.name, "session_id": None}
-            )
-        except Denied as exc:
-            raise MCPError(INVALID_REQUEST, exc.detail) from None
-        try:
-            execution, _ = await self.registry.start_once(
+            await starts.may_start(principal, reasoner, None)
+            execution, _ = await starts.start(
+                principal,
                 reasoner,
                 arguments,
                 None,
@@ -402,19 +425,9 @@ class McpEndpoint:
                 webhook_url=self.webhook_url,
                 may_queue=may_queue,
                 concurrency_key=concurrency,
-                principal=principal,
             )
-        except SessionTaken:  # pragma: no cover - no session here
-            raise MCPError(INTERNAL_ERROR, "session taken") from None
-        except AdmissionError as exc:
-            if exc.in_doubt is not None:
-                raise MCPError(
-                    INTERNAL_ERROR,
-                    "the store did not confirm the start: it may run (read it as a task)",
-                    {"taskId": exc.in_doubt},
-                ) from None
-            message = REFUSALS.get(exc.reason, "server is shutting down: retry elsewhere")
-            raise MCPError(INTERNAL_ERROR, message) from None
+        except Refusal as refusal:
+            raise mcp_error(refusal, START_WORDS.get(refusal.why)) from None
         return execution
 
     async def _follow(self, execution: Execution, *, may_cancel: bool) -> Execution | None:
@@ -422,58 +435,13 @@ class McpEndpoint:
         listener closes first. The caller leaving (its stream closed) cancels it, when it
         may."""
         try:
-            return await self._until_end_or_close(execution)
+            waited = await self.use_cases.waits.until_reached(execution)
         except BaseException:  # the stream closed (anyio's cancellation), or worse
             if may_cancel:
                 with anyio.CancelScope(shield=True):
-                    await self._cancel(execution, CancelReason.CLIENT_DISCONNECTED)
+                    await self.use_cases.cancels.for_caller_gone(execution)
             raise
-
-    async def _until_end_or_close(self, execution: Execution) -> Execution | None:
-        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.reached(asked=True) and not retried(execution):
-            return execution
-        local = self.registry.running(execution.execution_id) is execution
-        ended = asyncio.ensure_future(self._until_end(execution, local))
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closing.waiters.add(closed)
-        if self.closing.is_set():
-            closed.set_result(None)
-        try:
-            await asyncio.wait((ended, closed), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self.closing.waiters.discard(closed)
-            if not ended.done():
-                ended.cancel()
-                await asyncio.gather(ended, return_exceptions=True)
-        if ended.cancelled() or ended.exception() is not None:
-            return None
-        return ended.result()
-
-    async def _until_end(self, execution: Execution, local: bool) -> Execution:
-        """As runs.py's `_until_end`: the live execution here, else (or once retried
-        through a shared store) its record."""
-        if local:
-            await execution.wait(None, asked=True)
-            if not retried(execution):
-                return execution
-        return await self.store.wait(execution, None, asked=True)
-
-    async def _cancel(self, execution: Execution, reason: CancelReason) -> None:
-        """Cancel it wherever it is, as runs.py's `_cancel_for_caller`, within CANCEL_WITHIN."""
-        if self.registry.cancel(execution.execution_id, reason):
-            return
-        try:
-            with anyio.fail_after(CANCEL_WITHIN):
-                latest = await self.store.get(execution.execution_id)
-                if latest is not None and not latest.is_terminal:
-                    await self.store.request_cancel(latest, reason, None)
-        except (StoreUnavailable, TimeoutError) as exc:
-            logger.warning(
-                "execution %s: its MCP caller left, not cancelled: %s",
-                execution.execution_id,
-                type(exc).__name__,
-            )
+        return waited.execution if waited.until is Until.REACHED else None
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -501,15 +469,11 @@ class McpEndpoint:
         try:
             return await self.access.allowed_for(principal, action, execution)
         except Denied as exc:
-            raise MCPError(INVALID_REQUEST, exc.detail) from None
+            raise mcp_error(exc) from None
 
     async def _may(self, principal: Principal | None, action: str, execution: Execution) -> bool:
         """Whether `@agent.authorize` allows the action (no error either way)."""
-        try:
-            await self.access.allowed_for(principal, action, execution)
-        except Denied:
-            return False
-        return True
+        return await self.access.may(principal, action, execution)
 
     async def _get_task(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
         return task(await self._find(ctx, params.task_id), self.result_ttl)
@@ -520,11 +484,10 @@ class McpEndpoint:
         """As `POST /executions/{id}/cancel`: a cancel request (`request`) to wherever it is."""
         execution = await self._find(ctx, params.task_id)
         await self._allowed(caller_of(ctx), "cancel", execution)
-        if not execution.is_terminal:
-            try:
-                await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-            except StoreUnavailable:
-                raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
+        try:
+            await self.use_cases.cancels.cancel(execution)
+        except StoreUnavailable:
+            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
         return {}
 
     async def _update_task(
@@ -638,27 +601,14 @@ class McpEndpoint:
                 await asyncio.sleep(LISTEN_POLL)
 
     async def _check(self, schema: Any, value: Any) -> None:
-        """The answer against the request's schema, as inputs.py checks it; first what the
-        API's body check refuses (NaN, Infinity, too deep), which the record could not keep
-        (a schema without `additionalProperties: false` lets it through)."""
+        """The answer as every front checks it (service/answering.py): what the record
+        cannot keep or keeps no more of, then the request's schema."""
+        answering = self.use_cases.answering
         try:
-            jsoncodec.check(value, "the answer")
-        except jsoncodec.Unrecordable as exc:
-            raise MCPError(INVALID_PARAMS, str(exc)) from None
-        size = len(jsoncodec.dumps(value))
-        if size > self.store.max_answer_bytes:
-            raise MCPError(
-                INVALID_PARAMS,
-                f"the answer is {size} bytes as JSON: at most {self.store.max_answer_bytes}",
-            )
-        if not isinstance(schema, dict):
-            return
-        try:
-            problems = await answers.check(schema, value)
-        except answers.TooSlow as exc:
-            raise MCPError(INVALID_PARAMS, str(exc)) from None
-        if problems:
-            raise MCPError(INVALID_PARAMS, "the answer does not fit the request's schema", problems)
+            answering.check_size(value)
+            await answering.check_schema({"schema": schema}, value)
+        except Refusal as refusal:
+            raise mcp_error(refusal) from None
 
 
 def _over(declared: str, limit: int) -> bool:

@@ -15,10 +15,10 @@ from agent_server.http.openapi_parts import (
     EXECUTION_LINKS,
     REF_TEMPLATE,
     STARTED,
-    _error,
-    _hoist,
-    _json,
-    _ref,
+    error_response,
+    hoist,
+    json_body,
+    ref,
 )
 from agent_server.http.openapi_schedules import schedule_paths
 from agent_server.http.replicas import REPLICA_SCHEMA
@@ -192,31 +192,31 @@ EVENT_STREAM: dict[str, Any] = {
     },
 }
 START_ERRORS: dict[str, Any] = {
-    "400": _error(
+    "400": error_response(
         "Malformed JSON body, X-Session-ID, X-Session-Policy, Idempotency-Key, X-Webhook-URL "
         "or ?delay="
     ),
-    "409": _error(
+    "409": error_response(
         "The session is being released, or has a non-terminal execution (session "
         "policy reject: the body also names its execution_id)"
     ),
-    "413": _error("Body over the size limit"),
-    "415": _error("Body is not JSON"),
-    "422": _error("Invalid input, or an Idempotency-Key first used for another request"),
-    "429": _error("Too many executions in flight"),
-    "503": _error("Not accepting work: shutting down"),
+    "413": error_response("Body over the size limit"),
+    "415": error_response("Body is not JSON"),
+    "422": error_response("Invalid input, or an Idempotency-Key first used for another request"),
+    "429": error_response("Too many executions in flight"),
+    "503": error_response("Not accepting work: shutting down"),
 }
 
 
 def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str, Any]:
-    input_schema = _hoist(reasoner.input_schema(REF_TEMPLATE), components)
+    input_schema = hoist(reasoner.input_schema(REF_TEMPLATE), components)
     body = {
         # No body is an empty object: only a reasoner with required fields needs one.
         "required": bool(input_schema.get("required")),
         "content": {"application/json": {"schema": input_schema}},
     }
-    output = _hoist(reasoner.output_schema(REF_TEMPLATE), components)
-    succeeded = {"allOf": [_ref("Execution"), {"properties": {"result": output}}]}
+    output = hoist(reasoner.output_schema(REF_TEMPLATE), components)
+    succeeded = {"allOf": [ref("Execution"), {"properties": {"result": output}}]}
     tag = [reasoner.name]
     run = {
         "operationId": f"run_{reasoner.name}",
@@ -235,7 +235,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
                 "links": EXECUTION_LINKS,
             },
             "202": {
-                **_json(
+                **json_body(
                     STARTED,
                     "Its reasoner waits for input (`input_required`): answer it at "
                     "`Location` + `/input`; it goes on. To a caller that may start but not "
@@ -243,13 +243,13 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
                 ),
                 "links": EXECUTION_LINKS,
             },
-            "500": _json(_ref("Execution"), "The execution failed"),
+            "500": json_body(ref("Execution"), "The execution failed"),
             **START_ERRORS,
-            "409": _json(
-                {"oneOf": [_ref("Execution"), _ref("Error")]}, "Cancelled, or session released"
+            "409": json_body(
+                {"oneOf": [ref("Execution"), ref("Error")]}, "Cancelled, or session released"
             ),
-            "503": _json(
-                {"oneOf": [_ref("Execution"), _ref("Error")]},
+            "503": json_body(
+                {"oneOf": [ref("Execution"), ref("Error")]},
                 "Cancelled by shutdown, or not accepting work",
             ),
         },
@@ -262,7 +262,7 @@ def _reasoner_paths(reasoner: Reasoner, components: dict[str, Any]) -> dict[str,
         "requestBody": body,
         "responses": {
             "202": {
-                **_json(STARTED, "Started, or queued (?delay=, --queue-when-full)"),
+                **json_body(STARTED, "Started, or queued (?delay=, --queue-when-full)"),
                 "links": EXECUTION_LINKS,
             },
             **START_ERRORS,
@@ -287,10 +287,10 @@ def _secure(document: dict[str, Any]) -> None:
             if path in OPEN_PATHS:
                 operation["security"] = []
                 continue
-            operation["responses"]["401"] = _error("Missing or wrong bearer token")
+            operation["responses"]["401"] = error_response("Missing or wrong bearer token")
             if path.startswith(GUARDED_PREFIXES):  # the actions @agent.authorize is asked
                 responses = operation["responses"]
-                responses.setdefault("403", _error("Not allowed (@agent.authorize)"))
+                responses.setdefault("403", error_response("Not allowed (@agent.authorize)"))
 
 
 def _webhooks(document: dict[str, Any]) -> None:
@@ -319,7 +319,7 @@ def openapi_document(
             "get": {
                 "summary": "The registered reasoners and their schemas",
                 "responses": {
-                    "200": _json({"type": "array", "items": _ref("Reasoner")}, "Reasoners")
+                    "200": json_body({"type": "array", "items": ref("Reasoner")}, "Reasoners")
                 },
             }
         },
@@ -370,7 +370,7 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": {
-                            **_json({"type": "array", "items": _ref("Execution")}, "Executions"),
+                            **json_body({"type": "array", "items": ref("Execution")}, "Executions"),
                             "headers": {
                                 "Link": {
                                     "description": 'RFC 8288 `<...>; rel="next"` while older '
@@ -383,8 +383,10 @@ def openapi_document(
                                 },
                             },
                         },
-                        "400": _error("Invalid reasoner, session_id, schedule_id or cursor"),
-                        "422": _error("Invalid filter"),
+                        "400": error_response(
+                            "Invalid reasoner, session_id, schedule_id or cursor"
+                        ),
+                        "422": error_response("Invalid filter"),
                     },
                 }
             },
@@ -396,9 +398,9 @@ def openapi_document(
                         {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0}},
                     ],
                     "responses": {
-                        "200": _json(_ref("Execution"), "The execution"),
-                        "404": _error("Unknown execution"),
-                        "422": _error("Invalid wait"),
+                        "200": json_body(ref("Execution"), "The execution"),
+                        "404": error_response("Unknown execution"),
+                        "422": error_response("Invalid wait"),
                     },
                 },
                 "delete": {
@@ -406,8 +408,8 @@ def openapi_document(
                     "parameters": [EXECUTION_ID],
                     "responses": {
                         "204": {"description": "Forgotten"},
-                        "404": _error("Unknown execution"),
-                        "409": _error("Still running"),
+                        "404": error_response("Unknown execution"),
+                        "409": error_response("Still running"),
                     },
                 },
             },
@@ -416,9 +418,9 @@ def openapi_document(
                     "summary": "Request cancellation",
                     "parameters": [EXECUTION_ID],
                     "responses": {
-                        "200": _json(_ref("Execution"), "Already terminal"),
-                        "202": _json(_ref("Execution"), "Cancellation requested"),
-                        "404": _error("Unknown execution"),
+                        "200": json_body(ref("Execution"), "Already terminal"),
+                        "202": json_body(ref("Execution"), "Cancellation requested"),
+                        "404": error_response("Unknown execution"),
                     },
                 }
             },
@@ -429,10 +431,10 @@ def openapi_document(
                     f"{KEPT_MOVES}: the attempts its record's start and end frame",
                     "parameters": [EXECUTION_ID],
                     "responses": {
-                        "200": _json(
-                            {"type": "array", "items": _ref("Move")}, "Its moves, oldest first"
+                        "200": json_body(
+                            {"type": "array", "items": ref("Move")}, "Its moves, oldest first"
                         ),
-                        "404": _error("Unknown execution"),
+                        "404": error_response("Unknown execution"),
                     },
                 }
             },
@@ -442,8 +444,8 @@ def openapi_document(
                     "for none (what a new start with the same input sends)",
                     "parameters": [EXECUTION_ID],
                     "responses": {
-                        "200": _json({}, "The start's body, as JSON"),
-                        "404": _error("Unknown execution"),
+                        "200": json_body({}, "The start's body, as JSON"),
+                        "404": error_response("Unknown execution"),
                     },
                 },
                 "post": {
@@ -477,15 +479,17 @@ def openapi_document(
                         },
                     },
                     "responses": {
-                        "202": _json(_ref("Execution"), "Taken: the execution goes on"),
-                        "400": _error("Malformed JSON body"),
-                        "404": _error("Unknown execution"),
-                        "409": _error("It waits for no input, or that request was answered"),
-                        "413": _error(
+                        "202": json_body(ref("Execution"), "Taken: the execution goes on"),
+                        "400": error_response("Malformed JSON body"),
+                        "404": error_response("Unknown execution"),
+                        "409": error_response(
+                            "It waits for no input, or that request was answered"
+                        ),
+                        "413": error_response(
                             "Body over the size limit, or an answer over --max-answer-bytes"
                         ),
-                        "415": _error("Body is not JSON"),
-                        "422": _error("Malformed body, or a value that fails the schema"),
+                        "415": error_response("Body is not JSON"),
+                        "422": error_response("Malformed body, or a value that fails the schema"),
                     },
                 },
             },
@@ -509,8 +513,8 @@ def openapi_document(
                     ],
                     "responses": {
                         "200": EVENT_STREAM,
-                        "400": _error("Invalid Last-Event-ID or after"),
-                        "404": _error("Unknown execution"),
+                        "400": error_response("Invalid Last-Event-ID or after"),
+                        "404": error_response("Unknown execution"),
                     },
                 }
             },
@@ -541,22 +545,25 @@ def openapi_document(
                         },
                     ],
                     "responses": {
-                        "200": _json(_ref("SessionRelease"), "Released"),
-                        "400": _error("Invalid session id"),
-                        "409": _error("Running work and cancel_running=false"),
-                        "422": _error("Invalid parameter"),
+                        "200": json_body(ref("SessionRelease"), "Released"),
+                        "400": error_response("Invalid session id"),
+                        "409": error_response("Running work and cancel_running=false"),
+                        "422": error_response("Invalid parameter"),
                     },
                 }
             },
             "/healthz": {
-                "get": {"summary": "Liveness", "responses": {"200": _json(_ref("Health"), "Alive")}}
+                "get": {
+                    "summary": "Liveness",
+                    "responses": {"200": json_body(ref("Health"), "Alive")},
+                }
             },
             "/readyz": {
                 "get": {
                     "summary": "Readiness: 503 from the first moment of shutdown",
                     "responses": {
-                        "200": _json(_ref("Health"), "Ready"),
-                        "503": _json(_ref("Health"), "Draining"),
+                        "200": json_body(ref("Health"), "Ready"),
+                        "503": json_body(ref("Health"), "Draining"),
                     },
                 }
             },
@@ -575,15 +582,15 @@ def openapi_document(
                 "get": {
                     "summary": "The live replicas: versions, draining, in flight (admin scope)",
                     "responses": {
-                        "200": _json({"type": "array", "items": _ref("Replica")}, "Replicas"),
-                        "403": _error("Not the admin scope: the replicas span tenants"),
+                        "200": json_body({"type": "array", "items": ref("Replica")}, "Replicas"),
+                        "403": error_response("Not the admin scope: the replicas span tenants"),
                     },
                 }
             },
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
-                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                    "responses": {"200": json_body({"type": "object"}, "OpenAPI 3.1")},
                 }
             },
         }

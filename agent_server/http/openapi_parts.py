@@ -8,20 +8,20 @@ from typing import Any
 REF_TEMPLATE = "#/components/schemas/{model}"
 
 
-def _ref(name: str) -> dict[str, str]:
+def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
 #: A start's 202: the execution, or only its id to a caller that may not read it.
-STARTED = {"anyOf": [_ref("Execution"), _ref("Accepted")]}
+STARTED = {"anyOf": [ref("Execution"), ref("Accepted")]}
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
+def error_response(description: str) -> dict[str, Any]:
+    return json_body(ref("Error"), description)
 
 
 #: The execution a response carries is reachable at these operations (OpenAPI links):
@@ -40,6 +40,6 @@ EXECUTION_LINKS = {
 }
 
 
-def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+def hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
     components.update(schema.pop("$defs", {}))
     return schema

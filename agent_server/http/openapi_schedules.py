@@ -10,10 +10,10 @@ from agent_server.http.openapi_parts import (
     EXECUTION_LINKS,
     REF_TEMPLATE,
     STARTED,
-    _error,
-    _hoist,
-    _json,
-    _ref,
+    error_response,
+    hoist,
+    json_body,
+    ref,
 )
 from agent_server.model.names import SCHEDULE_ID_PATTERN
 from agent_server.model.reasoner import Reasoner
@@ -37,11 +37,11 @@ SCHEDULE_LINKS = {
     ]
 }
 BODY_ERRORS: dict[str, Any] = {
-    "400": _error("Malformed JSON body"),
-    "413": _error("Body over the size limit"),
-    "415": _error("Body is not JSON"),
+    "400": error_response("Malformed JSON body"),
+    "413": error_response("Body over the size limit"),
+    "415": error_response("Body is not JSON"),
 }
-UNREACHABLE = _error("The shared store is unreachable")
+UNREACHABLE = error_response("The shared store is unreachable")
 
 
 def _schedule_schema() -> dict[str, Any]:
@@ -71,10 +71,10 @@ def _schedule_bodies(reasoners: list[Reasoner], components: dict[str, Any]) -> d
     # Once in the document, however many bodies name it (its pattern lists every zone).
     zone = fields["timezone"]
     components["TimeZone"] = {k: v for k, v in zone.items() if k != "default"}
-    fields["timezone"] = {**_ref("TimeZone"), "default": zone["default"]}
+    fields["timezone"] = {**ref("TimeZone"), "default": zone["default"]}
     made = []
     for reasoner in reasoners:
-        input_schema = _hoist(reasoner.input_schema(REF_TEMPLATE), components)
+        input_schema = hoist(reasoner.input_schema(REF_TEMPLATE), components)
         required = ["reasoner", "cron", *(["input"] if input_schema.get("required") else [])]
         made.append(
             {
@@ -104,9 +104,9 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
     """`/schedules` (docs/schedules.md), as http/schedules.py answers it."""
     components["Schedule"] = _schedule_schema()
     bodies = _schedule_bodies(reasoners, components)
-    schedule = _ref("Schedule")
-    unknown = _error("Unknown schedule (or another tenant's)")
-    declared_only = _error("A declared schedule, changed by a caller other than an admin")
+    schedule = ref("Schedule")
+    unknown = error_response("Unknown schedule (or another tenant's)")
+    declared_only = error_response("A declared schedule, changed by a caller other than an admin")
     return {
         "/schedules": {
             "get": {
@@ -127,7 +127,7 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 ],
                 "responses": {
                     "200": {
-                        **_json({"type": "array", "items": schedule}, "Schedules"),
+                        **json_body({"type": "array", "items": schedule}, "Schedules"),
                         "headers": {
                             "Link": {
                                 "description": 'RFC 8288 `<...>; rel="next"` while more '
@@ -140,8 +140,8 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                             },
                         },
                     },
-                    "400": _error("Invalid cursor"),
-                    "422": _error("Invalid limit"),
+                    "400": error_response("Invalid cursor"),
+                    "422": error_response("Invalid limit"),
                     "503": UNREACHABLE,
                 },
             },
@@ -149,11 +149,11 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 "summary": "Make a schedule: its reasoner's executions start at each fire time",
                 "requestBody": bodies["create"],
                 "responses": {
-                    "201": {**_json(schedule, "Made"), "links": SCHEDULE_LINKS},
+                    "201": {**json_body(schedule, "Made"), "links": SCHEDULE_LINKS},
                     **BODY_ERRORS,
-                    "409": _error("The tenant has --max-schedules schedules already"),
-                    "413": _error("Body, or its input, over the size limit"),
-                    "422": _error(
+                    "409": error_response("The tenant has --max-schedules schedules already"),
+                    "413": error_response("Body, or its input, over the size limit"),
+                    "422": error_response(
                         "A field refused (the detail begins with its name): a bad cron, "
                         "zone, reasoner, input, overlap, catchup_window, session_id, or a "
                         "field no schedule has"
@@ -167,7 +167,7 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 "summary": "One schedule",
                 "parameters": [SCHEDULE_ID],
                 "responses": {
-                    "200": _json(schedule, "The schedule"),
+                    "200": json_body(schedule, "The schedule"),
                     "404": unknown,
                     "503": UNREACHABLE,
                 },
@@ -177,12 +177,12 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 "parameters": [SCHEDULE_ID],
                 "requestBody": bodies["change"],
                 "responses": {
-                    "200": _json(schedule, "Changed"),
+                    "200": json_body(schedule, "Changed"),
                     **BODY_ERRORS,
-                    "413": _error("Body, or its input, over the size limit"),
+                    "413": error_response("Body, or its input, over the size limit"),
                     "403": declared_only,
                     "404": unknown,
-                    "422": _error(
+                    "422": error_response(
                         "A field refused (the detail begins with its name), or a field "
                         "other than enabled for a declared schedule"
                     ),
@@ -196,7 +196,7 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                     "204": {"description": "Deleted"},
                     "403": declared_only,
                     "404": unknown,
-                    "409": _error("A declared schedule: PATCH enabled=false instead"),
+                    "409": error_response("A declared schedule: PATCH enabled=false instead"),
                     "503": UNREACHABLE,
                 },
             },
@@ -206,17 +206,19 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                 "summary": "Fire it now (whether enabled or not), obeying its overlap",
                 "parameters": [SCHEDULE_ID],
                 "responses": {
-                    "202": {**_json(STARTED, "Started"), "links": EXECUTION_LINKS},
+                    "202": {**json_body(STARTED, "Started"), "links": EXECUTION_LINKS},
                     "403": declared_only,
                     "404": unknown,
-                    "409": _error(
+                    "409": error_response(
                         "The previous firing is still running (overlap skip or buffer_one): "
                         "the body also names its execution_id; or its session is being "
                         "released; or this moment's firing was started and forgotten"
                     ),
-                    "422": _error("Its input no longer binds the reasoner"),
-                    "429": _error("Too many executions in flight (Retry-After)"),
-                    "503": _error("Not started: shutting down, or the store is unreachable"),
+                    "422": error_response("Its input no longer binds the reasoner"),
+                    "429": error_response("Too many executions in flight (Retry-After)"),
+                    "503": error_response(
+                        "Not started: shutting down, or the store is unreachable"
+                    ),
                 },
             }
         },

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from agent_server.http.sse import EventStream
 from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution
+from agent_server.service.refusals import IN_DOUBT_DETAIL, Refusal, Why
 
 #: The `Retry-After` of a refusal a client may send again at once elsewhere (or here soon).
 RETRY_AFTER_SECONDS = "1"
@@ -124,10 +125,54 @@ def in_doubt(scope: Scope, execution_id: str) -> ApiError:
     the 202 a failover could take back, not a refusal; the record says later what it became."""
     return ApiError(
         503,
-        "the store took this, but no Redis replica holds it yet (a failover could lose it): "
-        "read the execution at Location later",
+        IN_DOUBT_DETAIL,
         {"Retry-After": "1", "Location": execution_location(scope, execution_id)},
         extra={"execution_id": execution_id, "in_doubt": True},
+    )
+
+
+#: The status of each refusal of the application layer (service/refusals.py).
+REFUSAL_STATUS: dict[Why, int] = {
+    Why.INVALID: 400,
+    Why.UNPROCESSABLE: 422,
+    Why.UNKNOWN: 404,
+    Why.DENIED: 403,
+    Why.CONFLICT: 409,
+    Why.KEY_MISMATCH: 422,
+    Why.KEY_FORGOTTEN: 409,
+    Why.SESSION_BUSY: 409,
+    Why.SESSION_RELEASING: 409,
+    Why.TOO_LARGE: 413,
+    Why.BUSY: 429,
+    Why.UNAVAILABLE: 503,
+    Why.IN_DOUBT: 503,
+    Why.SHUTTING_DOWN: 503,
+}
+if set(REFUSAL_STATUS) != set(Why):
+    raise RuntimeError("REFUSAL_STATUS must give every refusal a status")
+
+
+def refusal_error(scope: Scope, refusal: Refusal, detail: Any = None) -> ApiError:
+    """The HTTP error of a refusal (`detail`: the front's own words for it, if any): a
+    retry's `Retry-After`, a shutdown's `Connection: close`, and an execution it is about as
+    `execution_id` (with its `Location` when the caller should read it: a start in doubt)."""
+    why, execution_id = refusal.why, refusal.execution_id
+    headers: dict[str, str] = {}
+    extra: dict[str, Any] | None = None
+    if why in (Why.BUSY, Why.UNAVAILABLE, Why.IN_DOUBT, Why.SHUTTING_DOWN):
+        headers["Retry-After"] = RETRY_AFTER_SECONDS
+    if why is Why.SHUTTING_DOWN:
+        headers["Connection"] = "close"
+    if execution_id is not None:
+        extra = {"execution_id": execution_id}
+        if why in (Why.IN_DOUBT, Why.SHUTTING_DOWN):
+            headers["Location"] = execution_location(scope, execution_id)
+            extra["in_doubt"] = True
+    return ApiError(
+        REFUSAL_STATUS[why],
+        refusal.detail if detail is None else detail,
+        headers or None,
+        extra=extra,
     )
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.access import Access, Denied
+from agent_server.http.access import RequestAccess
 from agent_server.http.params import (
     MAX_LIST_BYTES,
     MAX_LIST_LIMIT,
@@ -28,8 +28,7 @@ from agent_server.http.params import (
     read_json,
     schedule_cursor,
 )
-from agent_server.http.routing import ApiError, JSONResponse, acceptance, in_doubt
-from agent_server.http.runs import _admission_error
+from agent_server.http.routing import ApiError, JSONResponse, acceptance, in_doubt, refusal_error
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
 from agent_server.model.ids import new_execution_id
@@ -38,6 +37,8 @@ from agent_server.model.reasoner import Reasoner
 from agent_server.model.schedules import Schedule, ScheduleError, binding_problem
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
+from agent_server.service.refusals import Denied
+from agent_server.service.starts import admission_refusal
 from agent_server.store.base import ScheduleLimit
 
 #: The fields a POST may carry; a PATCH, all but `reasoner`.
@@ -63,7 +64,7 @@ class Schedules:
         self,
         ticker: ScheduleTicker,
         reasoners: Mapping[str, Reasoner],
-        access: Access,
+        access: RequestAccess,
         max_body_size: int,
         *,
         max_schedules: int = 1000,
@@ -172,7 +173,7 @@ class Schedules:
         except AdmissionError as exc:
             if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
                 raise in_doubt(request.scope, exc.in_doubt) from None
-            raise _admission_error(exc.reason) from None
+            raise refusal_error(request.scope, admission_refusal(exc.reason)) from None
         if firing.outcome == "skipped" and firing.execution is not None:
             raise ApiError(
                 409,

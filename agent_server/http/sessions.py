@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agent_server.http.access import Access
+from agent_server.http.access import RequestAccess
 from agent_server.http.params import checked_session_id, float_param, query_param
 from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.runtime.sessions import SessionBusy, SessionReleases
@@ -19,9 +19,9 @@ RELEASE_TIMEOUT = 30.0
 class Sessions:
     """The session route, given the releases it starts."""
 
-    def __init__(self, releases: SessionReleases, access: Access | None = None) -> None:
+    def __init__(self, releases: SessionReleases, access: RequestAccess | None = None) -> None:
         self.releases = releases
-        self.access = access or Access()
+        self.access = access or RequestAccess()
 
     async def release_session(self, request: Request) -> Response:
         session_id = checked_session_id(request.path_params["session_id"], "session id")

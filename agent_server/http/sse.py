@@ -27,6 +27,7 @@ from agent_server.model.events import Event
 from agent_server.model.execution import Execution
 from agent_server.model.waiting import Closing, Waiters, Wakeup
 from agent_server.runtime.registry import InFlightRegistry
+from agent_server.service.waits import recorded_before_close
 from agent_server.store.base import ExecutionStore
 
 #: Bytes of encoded events a stream writes at once (a replay leaves in writes this size).
@@ -37,28 +38,8 @@ RETRY_MS = 1000
 REMOTE_BATCH = 500
 #: A reader of an execution run elsewhere re-reads at least this often (a missed notice).
 REMOTE_REREAD = 1.0
-#: How long a stream's end (and a synchronous run's answer) waits for the end to be written
-#: to a shared store before it ends with a retry hint (503 + Location) instead: past two
-#: command timeouts, a reconnection included.
-RECORD_WAIT = 5.0
 #: The spacing of the ticks waiting streams share (at most: a quarter of the heartbeat).
 TICK = 0.1
-
-
-async def recorded_before_close(
-    store: ExecutionStore, execution: Execution, closing: Closing
-) -> bool:
-    """Whether this replica's end of `execution` is in the store, waited for within
-    RECORD_WAIT and no later than the listener's close: the shutdown's point for answering
-    every open response, before uvicorn's graceful-shutdown timeout cancels it. Past it,
-    an end still owed (a paused Redis) is not told: the caller is sent to read it."""
-    future = execution.recorded
-    if future is None or future.done():
-        return future is None or await store.recorded(execution, 0.0)
-    if closing.is_set():
-        return False
-    # The store's wait ends at the close too: no task of its own to race against it.
-    return await store.recorded(execution, RECORD_WAIT, closing)
 
 
 def comment(text: str) -> bytes:

@@ -232,7 +232,7 @@ def _call_token(token_file: str | None) -> str | None:
     return check_token(token) if token else None
 
 
-def _reach(server: ServerOptions, work: Callable[[AgentClient], int]) -> NoReturn:
+def reach(server: ServerOptions, work: Callable[[AgentClient], int]) -> NoReturn:
     """Exit with the code of `work` done through a client of the server; an error of the
     client exits with its code (`_error_code`) and one line."""
     try:
@@ -262,7 +262,7 @@ def _say(what: object) -> None:
 _DOCS_LINK = "For further information visit "
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     click.echo(json.dumps(value, ensure_ascii=False))
 
 
@@ -281,7 +281,7 @@ def _end_code(execution: Execution) -> int:
 
 def _printed(execution: Execution) -> int:
     """Print the execution; the exit code of its end."""
-    _print_json(execution.json)
+    print_json(execution.json)
     return _end_code(execution)
 
 
@@ -289,7 +289,7 @@ def _streamed(events: Iterator[Event]) -> int:
     """Print each event as one JSON line; the exit code of the end the last one carries."""
     end: Execution | None = None
     for event in events:
-        _print_json({"id": event.id, "event": event.event, "data": event.data})
+        print_json({"id": event.id, "event": event.event, "data": event.data})
         if event.event == "end" and isinstance(event.data, dict):
             end = Execution.from_json(event.data)
     if end is None:  # pragma: no cover - a stream ends with its end event
@@ -394,18 +394,18 @@ def call(
                 execution = client.wait(started.execution_id, timeout)
             while execution.waits_for_input:
                 if not _answered_from_terminal(client, execution):
-                    _print_json(execution.json)
+                    print_json(execution.json)
                     return CallExit.INPUT_REQUIRED
                 left = None if deadline is None else max(0.001, deadline - time.monotonic())
                 execution = client.wait(execution.execution_id, left)
             return _printed(execution)
         handle = client.start(name, payload, delay=delay, **options)
         if background:
-            _print_json(handle.execution.json)
+            print_json(handle.execution.json)
             return CallExit.SUCCEEDED
         return _streamed(handle.events(timeout=timeout))
 
-    _reach(server, work)
+    reach(server, work)
 
 
 def _headers(given: tuple[str, ...]) -> dict[str, str]:
@@ -479,10 +479,10 @@ def input_(
         raise BadInput(f"JSON input is not valid JSON: {exc}") from None
 
     def work(client: AgentClient) -> int:
-        _print_json(client.respond(execution_id, value, request_id).json)
+        print_json(client.respond(execution_id, value, request_id).json)
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @click.command(cls=ClientCommand)
@@ -502,10 +502,10 @@ def get(execution_id: str, wait: float | None, server: ServerOptions) -> None:
             return _printed(client.wait(execution_id, wait))
         except WaitTimeout as exc:
             if exc.execution is not None:
-                _print_json(exc.execution.json)
+                print_json(exc.execution.json)
             raise
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @click.command(name="list", cls=ClientCommand)
@@ -541,10 +541,10 @@ def list_(
 
     def work(client: AgentClient) -> int:
         found = client.iter_executions(*filters) if every else client.list(*filters)
-        _print_json([execution.json for execution in found])
+        print_json([execution.json for execution in found])
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @click.command(cls=ClientCommand)
@@ -555,10 +555,10 @@ def cancel(execution_id: str, server: ServerOptions) -> None:
     running while it settles, or already ended (exit 0 either way)."""
 
     def work(client: AgentClient) -> int:
-        _print_json(client.cancel(execution_id).json)
+        print_json(client.cancel(execution_id).json)
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @click.command(cls=ClientCommand)
@@ -568,7 +568,7 @@ def cancel(execution_id: str, server: ServerOptions) -> None:
 def events(execution_id: str, timeout: float | None, server: ServerOptions) -> None:
     """Print the events of execution ID as they come, one JSON line each ({"id", "event",
     "data"}), through its end (kept ones first); the exit code is its end's."""
-    _reach(server, lambda client: _streamed(client.events(execution_id, timeout=timeout)))
+    reach(server, lambda client: _streamed(client.events(execution_id, timeout=timeout)))
 
 
 @click.command(cls=ClientCommand)
@@ -593,10 +593,10 @@ def release(session_id: str, timeout: float, keep_running: bool, server: ServerO
 
     def work(client: AgentClient) -> int:
         released = client.release_session(session_id, timeout, cancel_running=not keep_running)
-        _print_json(dataclasses.asdict(released))
+        print_json(dataclasses.asdict(released))
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 COMMANDS += [call, input_, get, list_, cancel, events, release]

@@ -21,8 +21,8 @@ from agent_server.process.cli_client import (
     ClientGroup,
     Seconds,
     ServerOptions,
-    _print_json,
-    _reach,
+    print_json,
+    reach,
     server_options,
 )
 
@@ -49,10 +49,10 @@ def schedules_list(limit: int, every: bool, server: ServerOptions) -> None:
     JSON list: one page, or with --all all."""
 
     def work(client: AgentClient) -> int:
-        _print_json(list(client.iter_schedules(limit)) if every else client.schedules(limit))
+        print_json(list(client.iter_schedules(limit)) if every else client.schedules(limit))
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @schedules.command(name="show", cls=ClientCommand)
@@ -62,10 +62,10 @@ def schedules_show(schedule_id: str, server: ServerOptions) -> None:
     """Print schedule ID as JSON."""
 
     def work(client: AgentClient) -> int:
-        _print_json(client.get_schedule(schedule_id))
+        print_json(client.get_schedule(schedule_id))
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @schedules.command(name="create", cls=ClientCommand)
@@ -116,10 +116,10 @@ def schedules_create(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
 
     def work(client: AgentClient) -> int:
-        _print_json(client.create_schedule(reasoner, cron, fields))
+        print_json(client.create_schedule(reasoner, cron, fields))
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 def _switch(name: str, enabled: bool) -> click.Command:
@@ -127,10 +127,10 @@ def _switch(name: str, enabled: bool) -> click.Command:
     @server_options
     def switch(schedule_id: str, server: ServerOptions) -> None:
         def work(client: AgentClient) -> int:
-            _print_json(client.update_schedule(schedule_id, {"enabled": enabled}))
+            print_json(client.update_schedule(schedule_id, {"enabled": enabled}))
             return CallExit.SUCCEEDED
 
-        _reach(server, work)
+        reach(server, work)
 
     switch.__doc__ = f"{name.capitalize()} schedule ID; print it as JSON."
     return schedules.command(name=name, cls=ClientCommand)(switch)
@@ -147,10 +147,10 @@ def schedules_trigger(schedule_id: str, server: ServerOptions) -> None:
     """Fire schedule ID now; print the execution it started as JSON."""
 
     def work(client: AgentClient) -> int:
-        _print_json(client.trigger_schedule(schedule_id).json)
+        print_json(client.trigger_schedule(schedule_id).json)
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)
 
 
 @schedules.command(name="delete", cls=ClientCommand)
@@ -163,4 +163,4 @@ def schedules_delete(schedule_id: str, server: ServerOptions) -> None:
         client.delete_schedule(schedule_id)
         return CallExit.SUCCEEDED
 
-    _reach(server, work)
+    reach(server, work)

@@ -1,5 +1,5 @@
 """A request's identity and the memory store's ledger (agent_server/model/asks.py), and the check
-of an answer against its schema on every replica (agent_server/http/answers.py)."""
+of an answer against its schema on every replica (agent_server/service/answers.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent_server.http import answers
 from agent_server.model.asks import Found, Ledger, Question, identity, label
+from agent_server.service import answers
 from tests.apps.input_app import EMAIL_PATTERN
 
 

@@ -16,8 +16,8 @@ from agent_server.process.drill import (
     Follow,
     Outcome,
     Started,
-    _follow,
     follow_by,
+    follow_one,
     outcome,
     status_of,
 )
@@ -86,7 +86,7 @@ async def _followed(handler: Any, first: dict[str, Any]) -> tuple[Started, list[
     started = Started("r", "e1", first)
     transport = httpx.MockTransport(answer)
     async with httpx.AsyncClient(transport=transport, base_url="http://drill") as http:
-        await _follow(http, started, 1.0)
+        await follow_one(http, started, 1.0)
     assert started.requests == len(seen)
     return started, seen
 

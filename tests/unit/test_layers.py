@@ -1,11 +1,17 @@
-"""The package's modules import one way: no cycle anywhere, TYPE_CHECKING imports included.
+"""The package's modules import one way: no cycle anywhere, TYPE_CHECKING imports included;
+and no module imports another's private name.
 
 import-linter (`lint-imports`, pyproject.toml) checks the layers; a cycle between two modules
 of one layer is what it lets through, and what this finds."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import grimp
+
+import agent_server
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -57,3 +63,32 @@ def test_the_checker_finds_a_cycle() -> None:
     graph.add_import(importer="a.y", imported="a.z")
     graph.add_import(importer="a.z", imported="a.x")
     assert _cycles(graph) == [["a.x", "a.y", "a.z"]]
+
+
+def _private_imports(root: Path) -> list[str]:
+    """`from agent_server... import _name` anywhere under `root`: a private name used by
+    another module (each line as `path: module._name`)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(root.name):
+                found += [
+                    f"{path.relative_to(root.parent)}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    return found
+
+
+def test_no_private_name_is_imported_by_another_module() -> None:
+    package = Path(agent_server.__file__).parent
+    assert len(list(package.rglob("*.py"))) > 30
+    assert _private_imports(package) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path: Path) -> None:
+    root = tmp_path / "agent_server"
+    root.mkdir()
+    (root / "a.py").write_text("def _hidden() -> None: ...\n")
+    (root / "b.py").write_text("from agent_server.a import _hidden\nfrom agent_server import a\n")
+    assert _private_imports(root) == ["agent_server/b.py: agent_server.a._hidden"]

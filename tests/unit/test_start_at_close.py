@@ -12,25 +12,20 @@ from typing import Any
 
 import pytest
 
-from agent_server.http.routing import ApiError
-from agent_server.http.runs import Runs
+from agent_server.http.routing import refusal_error
 from agent_server.model.execution import Execution
 from agent_server.model.waiting import Closing
+from agent_server.service.refusals import Refusal, Why
+from agent_server.service.starts import Starts
 
 SCOPE: dict[str, Any] = {"root_path": "/agent"}
 
 
-class _Streams:
-    def __init__(self) -> None:
-        self.closing = Closing()
-
-
-def _runs() -> tuple[Runs, Closing]:
-    """A Runs whose only parts `_started_before_close` reads: the listener's close."""
-    runs = Runs.__new__(Runs)
-    streams = _Streams()
-    runs.streams = streams  # type: ignore[assignment]
-    return runs, streams.closing
+def _starts() -> tuple[Starts, Closing]:
+    """Starts whose only part `answered_before_close` reads: the listener's close."""
+    starts = Starts.__new__(Starts)
+    starts.closing = Closing()
+    return starts, starts.closing
 
 
 async def _held(execution: Execution, announced: list[Execution], go: asyncio.Event) -> Any:
@@ -41,25 +36,29 @@ async def _held(execution: Execution, announced: list[Execution], go: asyncio.Ev
 
 
 async def test_the_close_answers_a_start_still_unconfirmed_with_where_to_read_it() -> None:
-    runs, closing = _runs()
+    runs, closing = _starts()
     execution, announced, go = Execution("echo", None, "A"), [], asyncio.Event()
     waiting = asyncio.ensure_future(
-        runs._started_before_close(_held(execution, announced, go), announced, SCOPE)
+        runs.answered_before_close(_held(execution, announced, go), announced)
     )
     await asyncio.sleep(0)
     closing.set()
-    with pytest.raises(ApiError) as raised:
+    with pytest.raises(Refusal) as raised:
         await waiting
-    assert raised.value.status_code == 503
-    assert raised.value.headers is not None
-    assert raised.value.headers["Location"] == f"/agent/executions/{execution.execution_id}"
-    assert raised.value.extra == {"execution_id": execution.execution_id, "in_doubt": True}
+    assert raised.value.why is Why.SHUTTING_DOWN
+    assert raised.value.execution_id == execution.execution_id
+    answered = refusal_error(SCOPE, raised.value)  # as REST answers it
+    assert answered.status_code == 503
+    assert answered.headers is not None
+    assert answered.headers["Location"] == f"/agent/executions/{execution.execution_id}"
+    assert answered.headers["Connection"] == "close"
+    assert answered.extra == {"execution_id": execution.execution_id, "in_doubt": True}
     assert not waiting.cancelled() and waiting.cancelling() == 0
     assert not closing.waiters  # nothing of the request is left with the close
 
 
 async def test_a_start_that_ends_on_its_own_despite_the_close_is_answered() -> None:
-    runs, closing = _runs()
+    runs, closing = _starts()
     execution, announced = Execution("echo", None, "A"), []
 
     async def stubborn() -> Any:
@@ -69,7 +68,7 @@ async def test_a_start_that_ends_on_its_own_despite_the_close_is_answered() -> N
         return execution, True
 
     async def request() -> tuple[Any, int]:
-        started = await runs._started_before_close(stubborn(), announced, SCOPE)
+        started = await runs.answered_before_close(stubborn(), announced)
         task = asyncio.current_task()
         assert task is not None
         return started, task.cancelling()
@@ -83,10 +82,10 @@ async def test_a_start_that_ends_on_its_own_despite_the_close_is_answered() -> N
 
 @pytest.mark.parametrize("with_close", [False, True])
 async def test_the_server_s_cancellation_is_never_taken_for_the_close_s(with_close: bool) -> None:
-    runs, closing = _runs()
+    runs, closing = _starts()
     execution, announced, go = Execution("echo", None, "A"), [], asyncio.Event()
     waiting = asyncio.ensure_future(
-        runs._started_before_close(_held(execution, announced, go), announced, SCOPE)
+        runs.answered_before_close(_held(execution, announced, go), announced)
     )
     await asyncio.sleep(0)
     if with_close:
@@ -100,7 +99,7 @@ async def test_the_server_s_cancellation_is_never_taken_for_the_close_s(with_clo
 
 
 async def test_a_start_after_the_close_never_begins() -> None:
-    runs, closing = _runs()
+    runs, closing = _starts()
     closing.set()
     began: list[bool] = []
 
@@ -108,6 +107,7 @@ async def test_a_start_after_the_close_never_begins() -> None:
         began.append(True)
         return None, True
 
-    with pytest.raises(ApiError) as raised:
-        await runs._started_before_close(start(), [], SCOPE)
-    assert raised.value.status_code == 503 and began == []
+    with pytest.raises(Refusal) as raised:
+        await runs.answered_before_close(start(), [])
+    assert raised.value.why is Why.SHUTTING_DOWN and began == []
+    assert refusal_error(SCOPE, raised.value).status_code == 503

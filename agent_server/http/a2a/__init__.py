@@ -24,10 +24,11 @@ from agent_server.http.a2a.card import CARD_PATH, RPC_PATH, CardMaker
 from agent_server.http.a2a.executions import A2AExecutions
 from agent_server.http.a2a.handler import ExecutionsHandler, card_json
 from agent_server.http.a2a.sdk_logs import quiet_sdk_logs
-from agent_server.http.api import Api
 from agent_server.http.params import first_values, read_body
 from agent_server.http.routing import ApiError, Endpoint, JSONResponse
 from agent_server.model import jsoncodec
+from agent_server.model.reasoner import Reasoner
+from agent_server.service.use_cases import UseCases
 
 __all__ = ["CARD_PATH", "RPC_PATH", "A2AProtocol"]
 
@@ -60,27 +61,31 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 class A2AProtocol:
-    """The A2A routes of an agent: given the API's parts, its name and default reasoner."""
+    """The A2A routes of an agent: given the use cases, its reasoners, name and default
+    reasoner."""
 
     def __init__(
         self,
-        api: Api,
+        use_cases: UseCases,
+        reasoners: dict[str, Reasoner],
         name: str,
         *,
+        max_body_size: int,
+        webhooks: bool,
         default_reasoner: str | None,
         secured: bool,
         public_url: str | None = None,
     ):
-        self.api = api
+        self.max_body_size = max_body_size
         self.card = CardMaker(
             name,
-            api.reasoners.values(),
-            push_notifications=api.webhooks,
+            reasoners.values(),
+            push_notifications=webhooks,
             secured=secured,
             public_url=public_url,
         )
         self.handler = ExecutionsHandler(
-            A2AExecutions(api), api.reasoners, default_reasoner, self.card, api.webhooks
+            A2AExecutions(use_cases), reasoners, default_reasoner, self.card, webhooks
         )
         self.dispatcher = JsonRpcDispatcher(
             self.handler, context_builder=_Context(), enable_v0_3_compat=True
@@ -98,7 +103,7 @@ class A2AProtocol:
         JSON-RPC gives it; the rest is the SDK's dispatcher."""
         headers = first_values(request.scope["headers"])
         declared = headers.get(b"content-length")
-        limit = self.api.max_body_size
+        limit = self.max_body_size
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body exceeds {limit} bytes")
         body = await read_body(request.receive, limit)

@@ -1,9 +1,9 @@
-"""The runtime and store calls A2A makes, each given the caller's principal: the same calls
-the HTTP routes make (a start through the admission path of `http/runs.py`, reads and waits
-as `http/executions.py`, cancels as it, answers as `http/inputs.py`).
+"""The use cases A2A reaches (agent_server/service/), each given the caller's principal:
+a start, a wait, a cancel and an answer as every front makes them, their refusals in A2A's
+words.
 
 Every method takes the principal, so the ownership rules of docs/security.md apply here
-in one place, through the API's own `Access`: a start is the principal's (its tenant's
+in one place, through the shared `Access`: a start is the principal's (its tenant's
 names, its `start` action), another tenant's execution is "not found" as an unknown one, a
 list is filtered in the store, a read, a cancel or an answer is checked for its action (a
 denial is the API's 403).
@@ -19,24 +19,18 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import Scope
 
-from agent_server.http.api import Api
 from agent_server.http.event_feed import EventFeed
 from agent_server.http.params import first_values, validation_detail
-from agent_server.http.routing import ApiError, in_doubt
-from agent_server.http.runs import _admission_error, _concurrency_value, _retried
 from agent_server.model.events import Event
-from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
+from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.status import TERMINAL
-from agent_server.runtime.registry import AdmissionError
-from agent_server.store.base import (
-    Idempotency,
-    IdempotencyForgotten,
-    IdempotencyMismatch,
-    Page,
-    SessionTaken,
-)
+from agent_server.service.refusals import Refusal, Why
+from agent_server.service.starts import concurrency_value
+from agent_server.service.use_cases import UseCases
+from agent_server.service.waits import Until
+from agent_server.store.base import Page
 from agent_server.store.cursor import ListCursor
 
 #: Seconds a cancel waits for the task to end before answering it as it is then.
@@ -65,6 +59,20 @@ class Bad(Exception):
     """A request A2A answers with invalid params: the message says what to send."""
 
 
+#: The refusals A2A answers as invalid params, in its words (`{skill}`: the reasoner's name);
+#: the others keep their HTTP answer (a 403, a 429, a 503).
+BAD_WORDS: dict[Why, str] = {
+    Why.KEY_MISMATCH: "messageId was first used for a different message",
+    Why.KEY_FORGOTTEN: "messageId's task was forgotten (deleted, released or expired): send "
+    "the message with a new messageId to run it again",
+    Why.SESSION_BUSY: "the context has a task that is not terminal ({execution_id}) and skill "
+    "{skill!r} takes one at a time (session policy reject)",
+    Why.CONFLICT: "{detail}",
+    Why.UNPROCESSABLE: "the answer does not fit the request's schema: {detail}",
+    Why.TOO_LARGE: "{detail}",
+}
+
+
 def mark(execution: Execution) -> tuple[str, Any, int]:
     """What a stream reports a change of: the status, the pending request, the attempt."""
     pending = execution.input_request
@@ -73,12 +81,15 @@ def mark(execution: Execution) -> tuple[str, Any, int]:
 
 
 class A2AExecutions:
-    """The executions as A2A reaches them, through the API's own parts."""
+    """The executions as A2A reaches them, through the use cases every front shares."""
 
-    def __init__(self, api: Api) -> None:
-        self.api = api
-        self.store = api.store
-        self.registry = api.registry
+    def __init__(self, use_cases: UseCases) -> None:
+        self.use_cases = use_cases
+        self.access = use_cases.access
+        self.store = use_cases.store
+        self.registry = use_cases.registry
+        #: Set when the listener closes (shutdown): every wait and stream ends then.
+        self.closing = use_cases.waits.closing
 
     async def start(
         self,
@@ -104,58 +115,38 @@ class A2AExecutions:
         except ValidationError as exc:
             detail = validation_detail(exc)
             raise Bad(f"invalid input for skill {reasoner.name!r}: {detail}") from None
-        access = self.api.access
-        await access.check_for(
-            principal, "start", {"reasoner": reasoner.name, "session_id": session_id}
-        )
+        starts = self.use_cases.starts
         headers = first_values(scope["headers"])
         try:
-            execution, _ = await self.api.runs.start_once(
-                scope,
+            await starts.may_start(principal, reasoner, session_id)
+            key = message_key(message_id) if message_id else None
+            execution, _ = await starts.start(
+                principal,
                 reasoner,
                 arguments,
                 session_id,
                 body=body,
-                idempotency=None
-                if not message_id
-                else Idempotency(
-                    message_key(message_id),
-                    reasoner.fingerprint(session_id if named_session else None, body),
-                    self.api.idempotency_ttl,
+                idempotency=starts.idempotency(
+                    key, reasoner, session_id if named_session else None, body
                 ),
-                webhook_url=self.api.webhook_url if webhook_url is None else webhook_url,
-                delay=None,
+                webhook_url=starts.webhook_url if webhook_url is None else webhook_url,
                 may_queue=may_queue,
-                concurrency_key=_concurrency_value(reasoner, headers, session_id),
-                session_policy=reasoner.session_policy,
-                principal=principal,
+                concurrency_key=concurrency_value(
+                    reasoner, lambda name: headers.get(name.lower().encode()), session_id
+                ),
             )
-        except IdempotencyMismatch:
-            raise Bad("messageId was first used for a different message") from None
-        except IdempotencyForgotten:
-            raise Bad(
-                "messageId's task was forgotten (deleted, released or expired): send the "
-                "message with a new messageId to run it again"
-            ) from None
-        except SessionTaken as exc:
-            raise Bad(
-                f"the context has a task that is not terminal ({exc.execution_id}) and skill "
-                f"{reasoner.name!r} takes one at a time (session policy reject)"
-            ) from None
-        except AdmissionError as exc:
-            if exc.in_doubt is not None:
-                raise in_doubt(scope, exc.in_doubt) from None
-            raise _admission_error(exc.reason) from None
+        except Refusal as refusal:
+            raise bad(refusal, reasoner.name) from None
         return execution
 
     async def find(self, principal: Principal | None, execution_id: str) -> Execution | None:
         """The execution, or None when unknown or another tenant's (the store tells them
         apart from neither); 403 when `read` is denied on it."""
-        return await self.api.access.find(self.store, principal, execution_id, "read")
+        return await self.access.find(self.store, principal, execution_id, "read")
 
     async def reads(self, principal: Principal | None, execution: Execution) -> bool:
         """Whether the task may be handed to the caller as it is now (`read` allowed)."""
-        return await self.api.access.reads(principal, execution)
+        return await self.access.reads(principal, execution)
 
     async def page(
         self,
@@ -170,7 +161,7 @@ class A2AExecutions:
         """A page of executions, newest first, filtered in the store by the principal's
         tenant (a page full, a cursor within it) and `list`'s verdict; `bare`: their results
         may be left out."""
-        reach = await self.api.access.list_scope_for(
+        reach = await self.access.list_scope_for(
             principal, {"reasoner": None, "session_id": session_id, "statuses": sorted(statuses)}
         )
         return await self.store.page(
@@ -188,39 +179,21 @@ class A2AExecutions:
     async def cancel(self, principal: Principal | None, execution: Execution) -> Execution:
         """Cancel it as `POST /executions/{id}/cancel` does (`request`), wherever it runs,
         and wait a little for its end, once `cancel` is allowed (found by `find`)."""
-        await self.api.access.allowed_for(principal, "cancel", execution)
-        nobody = execution.owned_by_nobody
-        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-        latest = await self.store.get(execution.execution_id) if nobody else execution
-        latest = latest or execution
-        if latest.is_terminal:
-            return await self.api.access.allowed_for(principal, "read", latest)
-        try:
-            async with asyncio.timeout(CANCEL_WAIT):
-                latest = await self.store.wait(latest, None)
-        except TimeoutError:
-            pass
-        latest = await self.store.get(execution.execution_id) or latest
-        return await self.api.access.allowed_for(principal, "read", latest)  # as it is now
+        await self.access.allowed_for(principal, "cancel", execution)
+        latest = await self.use_cases.cancels.cancel(execution, CANCEL_WAIT)
+        return await self.access.allowed_for(principal, "read", latest)  # as it is now
 
     async def answer(
         self, principal: Principal | None, execution: Execution, value: Any
     ) -> Execution:
-        """Answer its pending request as `POST /executions/{id}/input` does: checked against
-        the request's schema, taken once, once `answer` is allowed (found by `find`)."""
-        await self.api.access.allowed_for(principal, "answer", execution)
-        pending = execution.input_request
-        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
-            raise Bad(f"the task is {execution.status.value}: it waits for no input")
-        request_id = int(pending["request_id"])
+        """Answer its pending request as every front does (service/answering.py): bounded,
+        checked against the request's schema, taken once, once `answer` is allowed (found
+        by `find`)."""
+        await self.access.allowed_for(principal, "answer", execution)
         try:
-            await self.api.inputs._check_answer(pending, value)
-        except ApiError as exc:
-            raise Bad(f"the answer does not fit the request's schema: {exc.detail}") from None
-        taken = await self.store.answer(execution, request_id, value)
-        if taken is None:
-            raise Bad(f"request {request_id} was answered already (or the task ended)")
-        return taken
+            return await self.use_cases.answering.answer(execution, None, value)
+        except Refusal as refusal:
+            raise bad(refusal, execution.reasoner) from None
 
     async def settle(
         self, principal: Principal | None, execution: Execution, gone: asyncio.Future[None]
@@ -228,40 +201,15 @@ class A2AExecutions:
         """The execution once terminal, waiting for input or handed off, as a synchronous
         run waits for it; as it is when the listener closes (shutdown) or the client goes
         away first (the execution was read through `find`)."""
-        await asyncio.sleep(0)  # a reasoner that never suspends ends in its task's first step
-        if execution.reached(asked=True) and not _retried(execution):
-            return await self._recorded(execution)
-        runs = self.api.runs
-        local = self.registry.running(execution.execution_id) is execution
-        ended = asyncio.ensure_future(runs._until_end(execution, local))
-        closing = self.api.streams.closing
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        closing.waiters.add(closed)
-        if closing.is_set():
-            closed.set_result(None)
-        try:
-            watched: set[asyncio.Future[Any]] = {ended, closed, gone}
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closing.waiters.discard(closed)
-            if not ended.done():
-                ended.cancel()
-            await asyncio.gather(ended, return_exceptions=True)
-        if ended.cancelled() or ended.exception() is not None:
+        waits = self.use_cases.waits
+        waited = await waits.until_reached(execution, lambda: gone)
+        if waited.until is not Until.REACHED or waited.execution is None:
             return await self.store.get(execution.execution_id) or execution
-        latest = ended.result()
-        return await self._recorded(latest)
+        return await waits.as_told(waited.execution)
 
     def feed(self, execution: Execution) -> EventFeed:
         """The execution's events from the first kept, read as SSE reads them."""
         return EventFeed(self.registry, self.store, execution)
-
-    async def _recorded(self, execution: Execution) -> Execution:
-        """An end this replica reached is told once the store holds it; until then the task
-        is as the store says (the client reads it again)."""
-        if execution.is_terminal and not await self.api.runs._recorded(execution):
-            return await self.store.get(execution.execution_id) or execution
-        return execution
 
     async def follow(
         self,
@@ -278,7 +226,7 @@ class A2AExecutions:
         client subscribes again elsewhere); and, given a `feed`, its events as they come,
         each batch before the change that followed it. The execution was read through
         `find`."""
-        closing = self.api.streams.closing
+        closing = self.closing
         poll = FOLLOW_POLL[0]
         while not closing.is_set():
             if feed is not None and (events := await feed.take()):
@@ -296,7 +244,7 @@ class A2AExecutions:
             latest = await self.store.get(execution.execution_id)
             if latest is None:
                 return
-            if latest.is_terminal and not await self.api.runs._recorded(latest):
+            if latest.is_terminal and not await self.use_cases.waits.recorded(latest):
                 continue
             if mark(latest) != seen:
                 if feed is not None and (events := await feed.take()):
@@ -308,7 +256,7 @@ class A2AExecutions:
     async def _pause(self, wait: Coroutine[Any, Any, Any], feed: EventFeed | None) -> None:
         """The store's wait (or a poll's sleep), cut short when the listener closes or, with
         a feed, at its next event."""
-        closing = self.api.streams.closing
+        closing = self.closing
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         closing.waiters.add(closed)
         if closing.is_set():
@@ -325,3 +273,13 @@ class A2AExecutions:
             if not step.done():
                 step.cancel()
             await asyncio.gather(step, return_exceptions=True)
+
+
+def bad(refusal: Refusal, skill: str) -> Exception:
+    """A refusal as A2A answers it: invalid params in its words (`BAD_WORDS`), else the
+    refusal itself, which the HTTP front answers with its status (a 403, a 429, a 503)."""
+    words = BAD_WORDS.get(refusal.why)
+    if words is None:
+        return refusal
+    detail = refusal.detail if isinstance(refusal.detail, str) else str(refusal.detail)
+    return Bad(words.format(detail=detail, execution_id=refusal.execution_id, skill=skill))

@@ -57,7 +57,6 @@ from agent_server.http.a2a.tasks import (
     task_of,
     task_state,
 )
-from agent_server.http.access import Denied
 from agent_server.http.auth import principal_of
 from agent_server.http.http_limits import client_gone
 from agent_server.http.routing import ApiError
@@ -67,6 +66,7 @@ from agent_server.model.names import SESSION_ID_RULE, is_session_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.webhooks import check_url
+from agent_server.service.refusals import Denied
 from agent_server.store.base import StoreInDoubt, StoreUnavailable
 from agent_server.store.cursor import BadCursor, ListCursor
 

@@ -41,8 +41,8 @@ from agent_server.process.drill.follow import (
     START_TIMEOUT,
     Follow,
     Started,
-    _follow,
     follow_by,
+    follow_one,
     status_of,
 )
 from agent_server.process.drill.log import ChildLog, Stall
@@ -83,11 +83,11 @@ __all__ = [
     "Stall",
     "Started",
     "Verdict",
-    "_follow",
     "choose",
     "drill_and_print",
     "example_input",
     "follow_by",
+    "follow_one",
     "judge",
     "outcome",
     "parse_input",

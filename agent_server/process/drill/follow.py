@@ -34,7 +34,7 @@ class Started:
     waited: bool = False  # seen waiting for input inside its task (`ctx.ask`, not parked)
 
 
-async def _start_all(
+async def start_all(
     http: httpx.AsyncClient, plan: Mapping[str, Any], executions: int
 ) -> tuple[list[Started], dict[str, str]]:
     """Start every execution in the background, all at once (a loop one of them blocks
@@ -109,7 +109,7 @@ def status_of(record: Mapping[str, Any]) -> ExecutionStatus | None:
         return None
 
 
-async def _follow(http: httpx.AsyncClient, execution: Started, wait: float) -> None:
+async def follow_one(http: httpx.AsyncClient, execution: Started, wait: float) -> None:
     """Read the execution on until it ends, or its server stops answering: the record as
     it ended is kept in `execution.record`. Each request must bring a change of status (or
     attempt); one that brings none (the listener closed, a parked wait) ends the following,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from agent_server.process.drill.follow import START_TIMEOUT, Started, _follow, _start_all
+from agent_server.process.drill.follow import START_TIMEOUT, Started, follow_one, start_all
 from agent_server.process.drill.log import ChildLog
 from agent_server.process.drill.plan import DrillArgs, DrillError, choose
 from agent_server.process.drill.versions import NextReading, NextVersion
@@ -136,9 +136,9 @@ async def run_drill(args: DrillArgs) -> Run:
             if listed.status_code != 200:
                 raise RuntimeError(f"GET /reasoners answered {listed.status_code}: {listed.text}")
             plan = choose(listed.json(), args.reasoners, args.inputs)
-            started, refused = await _start_all(http, plan, args.executions)
+            started, refused = await start_all(http, plan, args.executions)
             wait = min(60.0, grace + EXIT_MARGIN)
-            polls = [asyncio.create_task(_follow(http, one, wait)) for one in started]
+            polls = [asyncio.create_task(follow_one(http, one, wait)) for one in started]
             await asyncio.sleep(args.signal_after)
             signalled_at = time.time()
             child.signal()
