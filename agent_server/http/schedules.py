@@ -34,7 +34,7 @@ from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
 from agent_server.model.ids import new_execution_id
 from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
-from agent_server.model.schedules import Schedule, ScheduleError, binding_problem
+from agent_server.model.schedules import FiringOutcome, Schedule, ScheduleError, binding_problem
 from agent_server.runtime.admission import AdmissionError
 from agent_server.runtime.schedules import Entry, ScheduleTicker
 from agent_server.service.refusals import Denied
@@ -174,13 +174,13 @@ class Schedules:
             if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
                 raise in_doubt(request.scope, exc.in_doubt) from None
             raise refusal_error(request.scope, admission_refusal(exc.reason)) from None
-        if firing.outcome == "skipped" and firing.execution is not None:
+        if firing.outcome is FiringOutcome.SKIPPED and firing.execution is not None:
             raise ApiError(
                 409,
                 "the previous firing is still running (overlap skip or buffer_one)",
                 extra={"execution_id": firing.execution.execution_id},
             )
-        if firing.outcome == "invalid":
+        if firing.outcome is FiringOutcome.INVALID:
             raise ApiError(422, f"input: {firing.problem}")
         if firing.execution is None:  # this very millisecond's firing, since forgotten
             raise ApiError(409, "this moment's firing was started and forgotten: trigger again")
@@ -188,7 +188,7 @@ class Schedules:
         # what it started, and a repeat's (an earlier firing's) not even that (403).
         execution = firing.execution
         if not await self.access.reads(self.access.principal(request.scope), execution):
-            if firing.outcome != "started":
+            if firing.outcome is not FiringOutcome.STARTED:
                 raise Denied("read")
             return acceptance(request.scope, execution.execution_id)
         return JSONResponse(execution.to_json(), status_code=202)

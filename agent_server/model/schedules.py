@@ -11,6 +11,7 @@ runs once (its first pass). cronsim alone does so only for a fixed minute and ho
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 from collections.abc import Iterator, Mapping
@@ -27,9 +28,25 @@ from agent_server.model.echoes import SHOWN_LENGTH, shown
 from agent_server.model.names import SESSION_ID_PATTERN, SESSION_ID_RULE, is_session_id
 from agent_server.model.schedule_fields import DEFAULT_CATCHUP_WINDOW, MAX_CATCHUP_WINDOW, OVERLAPS
 
-#: What became of a firing, as `schedule_firings_total` counts it: `invalid` is a firing
-#: whose input no longer binds its reasoner (a release changed its parameters).
-FIRING_OUTCOMES = ("started", "skipped", "missed", "invalid")
+
+class FiringOutcome(enum.StrEnum):
+    """What one firing did."""
+
+    #: Started by this call.
+    STARTED = "started"
+    #: Started before (by another replica, or an earlier try): not counted again.
+    DUPLICATE = "duplicate"
+    #: The previous firing still runs (overlap `skip`, or `buffer_one` with one waiting).
+    SKIPPED = "skipped"
+    #: Its time passed while nobody could fire it (outside the catch-up window).
+    MISSED = "missed"
+    #: Its input no longer binds its reasoner (a release changed its parameters).
+    INVALID = "invalid"
+
+
+#: What became of a firing, as `schedule_firings_total` counts it (a duplicate is counted
+#: where it started).
+FIRING_OUTCOMES = tuple(o for o in FiringOutcome if o is not FiringOutcome.DUPLICATE)
 
 
 #: The longest cron expression taken: every tick of every replica reads it again.

@@ -13,6 +13,7 @@ registry drops them itself instead.
 from __future__ import annotations
 
 import copy
+import enum
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import accumulate
@@ -46,7 +47,24 @@ LOOP_LAG_BUCKETS = (
 _ENDS = (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
 EXECUTION_OUTCOMES = (*(status.value for status in _ENDS), "abandoned")
 SHUTDOWN_PHASES = ("serving", "unready", "draining", "cancelling", "stopped")
-SHUTDOWN_OUTCOMES = ("finished", "cancelled", "handed_off", "parked", "abandoned")
+
+
+class ShutdownOutcome(enum.StrEnum):
+    """How the shutdown report counts an execution that ended while it ran."""
+
+    #: It ended on its own while the drain waited for it.
+    FINISHED = "finished"
+    #: The cancel phase cancelled it, and it settled.
+    CANCELLED = "cancelled"
+    #: Resumable on a shared store: its next attempt was queued for another replica.
+    HANDED_OFF = "handed_off"
+    #: It waits for input in the store, owned by nobody (any phase).
+    PARKED = "parked"
+    #: It did not settle by its deadline: recorded cancelled, its task left running.
+    ABANDONED = "abandoned"
+
+
+SHUTDOWN_OUTCOMES = tuple(ShutdownOutcome)
 #: The phases whose duration is measured (`shutdown_phase_duration_seconds`), in order.
 TIMED_PHASES = ("unready", "draining", "cancelling", "flushing", "reporting", "http")
 SESSION_OUTCOMES = ("settled", "abandoned")

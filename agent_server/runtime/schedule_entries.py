@@ -14,7 +14,7 @@ from agent_server.model.execution import Execution
 from agent_server.model.names import scoped
 from agent_server.model.principal import Principal
 from agent_server.model.record import isoformat
-from agent_server.model.schedules import Schedule
+from agent_server.model.schedules import FiringOutcome, Schedule
 
 #: Ids derived from (schedule, fire time) live in their own UUID namespace.
 _NAMESPACE = uuid.UUID("6f2c1d0e-5b1a-4d8e-9a55-3c1e0f7b2a41")
@@ -148,7 +148,9 @@ class Firing:
 
     __slots__ = ("execution", "outcome", "problem")
 
-    def __init__(self, outcome: str, execution: Execution | None = None, problem: str = "") -> None:
+    def __init__(
+        self, outcome: FiringOutcome, execution: Execution | None = None, problem: str = ""
+    ) -> None:
         self.outcome = outcome
         self.execution = execution
         self.problem = problem
@@ -156,4 +158,5 @@ class Firing:
     @property
     def began(self) -> bool:
         """Its own execution exists (started here or by another replica)."""
-        return self.outcome in ("started", "duplicate") and self.execution is not None
+        began = (FiringOutcome.STARTED, FiringOutcome.DUPLICATE)
+        return self.outcome in began and self.execution is not None

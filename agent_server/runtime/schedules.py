@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.record import isoformat
-from agent_server.model.schedules import MAX_COUNTED, binding_problem
+from agent_server.model.schedules import MAX_COUNTED, FiringOutcome, binding_problem
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import TERMINAL
 from agent_server.runtime.admission import AdmissionError
@@ -371,7 +371,7 @@ class ScheduleTicker:
                 isoformat(after),
             )
         for _ in range(count):
-            self._observe("missed", None)
+            self._observe(FiringOutcome.MISSED, None)
 
     async def _fire_due(self, entry: Entry, at: float, now: float, since: float) -> bool:
         """Fire `at`, or count it missed when it fell out of its window: first tried, it is
@@ -387,7 +387,7 @@ class ScheduleTicker:
         horizon = (now if retry else since) - entry.schedule.catchup_window
         if at < horizon:
             if retry:  # tried until its window closed
-                self._observe("missed", None)
+                self._observe(FiringOutcome.MISSED, None)
                 entry.cursor = at
             else:  # reached after a gap: it and every later one out of the window, at once
                 assert entry.cursor is not None
@@ -435,15 +435,15 @@ class ScheduleTicker:
                 previous.status is ExecutionStatus.QUEUED or schedule.overlap == "skip"
             )
             if full and previous is not None and previous.execution_id != execution_id:
-                self._observe("skipped", None)
-                return Firing("skipped", previous)
+                self._observe(FiringOutcome.SKIPPED, None)
+                return Firing(FiringOutcome.SKIPPED, previous)
         body = dict(schedule.input)
         try:
             arguments = reasoner.bind(body)
             fingerprint = reasoner.fingerprint(session_id, body)
         except ValidationError as exc:  # a release changed the reasoner's parameters
             problem = binding_problem(exc)
-            self._observe("invalid", None)
+            self._observe(FiringOutcome.INVALID, None)
             logger.warning(
                 "schedule %r: the firing at %s did not start: its input no longer binds "
                 "reasoner %r (input: %s)",
@@ -452,7 +452,7 @@ class ScheduleTicker:
                 entry.reasoner,
                 problem,
             )
-            return Firing("invalid", problem=problem)
+            return Firing(FiringOutcome.INVALID, problem=problem)
         if mark:
             await self.store.schedule_fired(key, at, True, handled=False)
 
@@ -478,11 +478,11 @@ class ScheduleTicker:
                 principal=entry.principal,
             )
         except (IdempotencyForgotten, IdempotencyMismatch):
-            return Firing("duplicate")  # started before, and since forgotten or changed
+            return Firing(FiringOutcome.DUPLICATE)  # started before, and since forgotten or changed
         if started:
-            self._observe("started", self._clock() - at)
-            return Firing("started", execution)
-        return Firing("duplicate", execution)
+            self._observe(FiringOutcome.STARTED, self._clock() - at)
+            return Firing(FiringOutcome.STARTED, execution)
+        return Firing(FiringOutcome.DUPLICATE, execution)
 
     async def _previous(self, entry: Entry) -> Execution | None:
         """The latest execution the schedule started, on any replica or by a trigger, while

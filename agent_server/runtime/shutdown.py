@@ -19,6 +19,7 @@ from typing import Any
 from agent_server.model.counts import counted
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.runtime.exits import ExitCode
+from agent_server.runtime.metric_series import ShutdownOutcome
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry, RejectReason
 from agent_server.runtime.settings import SHUTDOWN_MARGIN, Settings
@@ -229,7 +230,7 @@ class ShutdownSequence:
         self.started = started
         self._signal = signal_name
         self._ended_before = self.registry.stats.ended
-        self._parked_before = self.registry.stats.outcomes["parked"]
+        self._parked_before = self.registry.stats.outcomes[ShutdownOutcome.PARKED]
         self._rejected_before = self.registry.stats.rejected[RejectReason.DRAINING.value]
         self.registry.begin_drain()
         self.metrics.shutdown.began(wall_time, started)
@@ -290,14 +291,14 @@ class ShutdownSequence:
         if not self._skip.is_set():
             await self.registry.wait_idle(cancel_at, interrupt=self._skip)
         cancel_at = min(cancel_at, time.monotonic())
-        parked_draining = self.registry.stats.outcomes["parked"] - self._parked_before
+        parked_draining = self.registry.stats.outcomes[ShutdownOutcome.PARKED] - self._parked_before
         finished = self.registry.stats.ended - self._ended_before - parked_draining
 
         self.phase_ends = cancel_at + self.plan.cancel_timeout
         self._enter(Phase.CANCELLING)
         phases["cancelling"] = time.monotonic() - t0
         took["draining"] = phases["cancelling"] - phases["draining"]
-        handed_before = self.registry.stats.outcomes["handed_off"]
+        handed_before = self.registry.stats.outcomes[ShutdownOutcome.HANDED_OFF]
         tasks = self.registry.cancel_all(CancelReason.SHUTDOWN)
         if tasks:
             logger.info("drain deadline: cancelling %s", counted(len(tasks), "execution"))
@@ -305,8 +306,8 @@ class ShutdownSequence:
         if self.limit_releases is not None:
             self.limit_releases(settle_at)
         abandoned = await self.registry.settle(tasks, settle_at)
-        handed_off = self.registry.stats.outcomes["handed_off"] - handed_before
-        parked = self.registry.stats.outcomes["parked"] - self._parked_before
+        handed_off = self.registry.stats.outcomes[ShutdownOutcome.HANDED_OFF] - handed_before
+        parked = self.registry.stats.outcomes[ShutdownOutcome.PARKED] - self._parked_before
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
         unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
@@ -354,11 +355,11 @@ class ShutdownSequence:
         self.metrics.shutdown.ended(
             duration,
             [
-                ("finished", report.finished),
-                ("cancelled", report.cancelled),
-                ("handed_off", report.handed_off),
-                ("parked", report.parked),
-                ("abandoned", report.abandoned),
+                (ShutdownOutcome.FINISHED, report.finished),
+                (ShutdownOutcome.CANCELLED, report.cancelled),
+                (ShutdownOutcome.HANDED_OFF, report.handed_off),
+                (ShutdownOutcome.PARKED, report.parked),
+                (ShutdownOutcome.ABANDONED, report.abandoned),
             ],
             took,
         )

@@ -22,6 +22,7 @@ from agent_server.runtime.metric_series import (
     SHUTDOWN_PHASES,
     TIMED_PHASES,
     AgentRegistry,
+    ShutdownOutcome,
 )
 
 
@@ -134,12 +135,13 @@ class ShutdownMetrics:
 
     def _outcome(self, outcome: str) -> str | None:
         """How the shutdown report will count an execution that ends now, if it does."""
-        if outcome == "parked":  # it left this replica waiting for input, in any phase
-            return outcome
+        if outcome == ShutdownOutcome.PARKED:  # it left this replica waiting for input
+            return ShutdownOutcome.PARKED
         if self._phase in ("unready", "draining"):
-            return "finished"
+            return ShutdownOutcome.FINISHED
         if self._phase == "cancelling":
-            return outcome if outcome in ("abandoned", "handed_off") else "cancelled"
+            kept = (ShutdownOutcome.ABANDONED, ShutdownOutcome.HANDED_OFF)
+            return ShutdownOutcome(outcome) if outcome in kept else ShutdownOutcome.CANCELLED
         return None
 
     def _count(self, outcome: str, count: int) -> None:

@@ -27,6 +27,7 @@ from agent_server.model.status import (
     clears,
     keeps_move,
 )
+from agent_server.model.versions import Rule
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -209,13 +210,18 @@ def _codes() -> str:
     each status of the state machine (`STATUS_RUNNING`, agent_server/model/status.py), which
     are active (`ACTIVE[status]`: some move leaves them) and which an owner's task runs in
     (`OWNED[status]`: running, or waiting for input), the record's fields (`F`, from
-    agent_server/model/record.py) and where each is in a returned record (`I_STATUS`)."""
-    lines = ["-- Made from agent_server/store/redis/scripts.py, status.py and record.py."]
+    agent_server/model/record.py) and where each is in a returned record (`I_STATUS`), and
+    the version rules a claim answers (`RULE_SAME`, agent_server/model/versions.py)."""
+    lines = [
+        "-- Made from agent_server/store/redis/scripts.py, status.py, record.py and versions.py."
+    ]
     for kind in (Create, Forget, Asked, Unclaimed, Moved):
         for code in kind:
             lines.append(f"local {kind.__name__.upper()}_{code.name} = {int(code)}")
     for status in ExecutionStatus:
         lines.append(f"local STATUS_{status.name} = '{status.value}'")
+    for rule in Rule:  # how a claim meets a checkpoint's version (versions.py)
+        lines.append(f"local RULE_{rule.name} = '{rule.value}'")
     active = ", ".join(f"{status.value} = true" for status in sorted(ACTIVE))
     lines.append(f"local ACTIVE = {{{active}}}")
     owned = ", ".join(f"{status.value} = true" for status in sorted(OWNED))

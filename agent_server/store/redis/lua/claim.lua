@@ -92,12 +92,12 @@ end
 -- How this replica meets a checkpoint `from` wrote (versions.py `Rule`).
 local function rule_for(name, from)
   local m = mine_for(name)
-  if not m or from == m[1] then return 'same' end  -- not served here: the taker refuses it
+  if not m or from == m[1] then return RULE_SAME end  -- not served here: the taker refuses it
   for _, version in ipairs(m[2]) do
-    if version == from then return 'compatible' end
+    if version == from then return RULE_COMPATIBLE end
   end
-  if m[3] == 1 then return 'migrate' end
-  if served(name, from) then return 'wait' end
+  if m[3] == 1 then return RULE_MIGRATE end
+  if served(name, from) then return RULE_WAIT end
   return m[4]
 end
 
@@ -129,14 +129,14 @@ local function take(id, v)
   if extra[2] and extra[2] ~= '' then  -- a checkpoint: can this code read it?
     from = redis.call('HGET', rec, 'checkpoint_version') or ''
     rule = rule_for(name, from)
-    if rule == 'wait' then
+    if rule == RULE_WAIT then
       local queue = 'vq:' .. name .. SEP .. from
       redis.call('RPUSH', P .. queue, id)
       redis.call('SADD', VQS, queue)
       redis.call('PUBLISH', P .. 'queued', id)  -- its replicas look now
       waits = waits + 1
       return nil
-    elseif rule == 'restart' then  -- from the start: nothing of the earlier run is read
+    elseif rule == RULE_RESTART then  -- from the start: nothing of the earlier run is read
       redis.call('HSET', rec, 'checkpoint_aside', extra[2], 'checkpoint', '',
         'checkpoint_version', '', 'checkpoint_asks', 0)
       redis.call('HINCRBY', rec, 'attempt', 1)
