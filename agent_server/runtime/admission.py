@@ -125,6 +125,77 @@ class Admission:
             queue, reason = True, None
         if reason is not None:
             self.reject(reason)
+        execution = self._new_execution(
+            reasoner,
+            session_id,
+            principal,
+            body=body,
+            webhook_url=webhook_url,
+            queue=queue,
+            session_policy=session_policy if by_session else None,
+            concurrency_key=concurrency_key,
+        )
+        if queue:
+            execution.enqueue(time.time() + delay if delay else None)
+        else:
+            self._starting += 1  # counts against capacity while its record is written
+        if announce is not None:
+            announce(execution)
+        try:
+            earlier = await self.store.create(
+                execution, idempotency, max_queued=self.max_queued if queue else 0
+            )
+        except QueueFull:
+            self.reject(RejectReason.CAPACITY)
+        except SessionReleasing:
+            self.reject(RejectReason.SESSION_RELEASED)
+        except StoreUnavailable as exc:
+            self._unanswered_start(execution, reasoner, arguments, exc)
+        finally:
+            if not queue:
+                self._starting -= 1
+        if earlier is not None:
+            return earlier, False
+        if queue:
+            if self.observer is not None:
+                self.observer.execution_queued(execution, 1, None)
+            if execution.displaced:
+                await self._interrupt(execution)
+            return execution, True
+        self.attempts.launch(execution, reasoner, arguments)
+        return execution, True
+
+    def _unanswered_start(
+        self,
+        execution: Execution,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        exc: StoreUnavailable,
+    ) -> NoReturn:
+        """A start the store did not answer: refused, though the store may have recorded it
+        all the same (its answer was lost); if so it asks, through `adopt`, for it to run
+        here after all, or queues it with its body for any replica to run."""
+        self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
+        while len(self._unanswered) > UNANSWERED_LIMIT:
+            self._unanswered.popitem(last=False)
+        in_doubt = exc.execution_id if isinstance(exc, StoreInDoubt) else None
+        self.reject(RejectReason.STORE_UNAVAILABLE, in_doubt)
+
+    def _new_execution(
+        self,
+        reasoner: Reasoner,
+        session_id: str | None,
+        principal: Principal | None,
+        *,
+        body: Any,
+        webhook_url: str | None,
+        queue: bool,
+        session_policy: SessionPolicy | None,
+        concurrency_key: str | None,
+    ) -> Execution:
+        """The record of a start, as it is written: its owner and tenant, webhooks, version,
+        attempts, body, trace, and what it waits for (its session's turn under a gated
+        `session_policy`, a slot of its reasoner's limit)."""
         execution = Execution(reasoner.name, session_id, self.store.replica_id)
         if principal is not None:  # its names are its tenant's from here on (names.py)
             execution.owner, execution.tenant = principal.identity, principal.tenant
@@ -144,50 +215,15 @@ class Admission:
         # A start may wait for two things, each decided by the store's claim: its session's
         # turn (a gated policy: after every earlier execution of the session ended), then a
         # slot of its reasoner's limit. A request's policy never lifts the limit.
-        if by_session:
+        if session_policy is not None:
             execution.session_policy = session_policy.value
-        if limited:
+        if reasoner.max_concurrency is not None:
             # A value the request carries is its tenant's; a limit of the whole reasoner
             # (no concurrency_key) is everyone's.
             tenant = None if reasoner.concurrency_key is None else execution.tenant
             execution.concurrency_key = limit_key(reasoner.name, concurrency_key or "", tenant)
             execution.concurrency_limit = reasoner.max_concurrency or 1
-        if queue:
-            execution.enqueue(time.time() + delay if delay else None)
-        else:
-            self._starting += 1  # counts against capacity while its record is written
-        if announce is not None:
-            announce(execution)
-        try:
-            earlier = await self.store.create(
-                execution, idempotency, max_queued=self.max_queued if queue else 0
-            )
-        except QueueFull:
-            self.reject(RejectReason.CAPACITY)
-        except SessionReleasing:
-            self.reject(RejectReason.SESSION_RELEASED)
-        except StoreUnavailable as exc:
-            # The store may have recorded it all the same (its answer was lost): if so it
-            # asks, through `adopt`, for it to run here after all, or queues it with its
-            # body for any replica to run.
-            self._unanswered[execution.execution_id] = (execution, reasoner, arguments)
-            while len(self._unanswered) > UNANSWERED_LIMIT:
-                self._unanswered.popitem(last=False)
-            in_doubt = exc.execution_id if isinstance(exc, StoreInDoubt) else None
-            self.reject(RejectReason.STORE_UNAVAILABLE, in_doubt)
-        finally:
-            if not queue:
-                self._starting -= 1
-        if earlier is not None:
-            return earlier, False
-        if queue:
-            if self.observer is not None:
-                self.observer.execution_queued(execution, 1, None)
-            if execution.displaced:
-                await self._interrupt(execution)
-            return execution, True
-        self.attempts.launch(execution, reasoner, arguments)
-        return execution, True
+        return execution
 
     async def _interrupt(self, execution: Execution) -> None:
         """Session policy interrupt or rollback: cancel the session's earlier executions

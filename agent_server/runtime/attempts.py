@@ -317,38 +317,9 @@ class Attempts:
             case Ending.HANDED_OFF:
                 self._hand_off(execution)
             case Ending.LATE:
-                if exc is not None:
-                    logger.warning(
-                        "abandoned execution %s (%s) ended later with %s: %s",
-                        execution.execution_id,
-                        execution.reasoner,
-                        type(exc).__name__,
-                        exception_text(exc),
-                        extra={"fields": execution_fields(execution)},
-                    )
-                else:
-                    logger.warning(
-                        "abandoned execution %s (%s) ended later: %s",
-                        execution.execution_id,
-                        execution.reasoner,
-                        verdict.status,
-                        extra={"fields": execution_fields(execution)},
-                    )
+                self._log_late(execution, verdict)
             case Ending.STALE:
-                assert verdict.status is not None
-                error = self._error(verdict)
-                if exc is not None and error is not None:
-                    self._log_failure(execution, exc, error)
-                logger.warning(
-                    "stale attempt %d of execution %s (%s) ended later: %s; its end is fenced",
-                    execution.attempt,
-                    execution.execution_id,
-                    execution.reasoner,
-                    verdict.status.value,
-                    extra={"fields": execution_fields(execution)},
-                )
-                execution.finish(verdict.status, result=result, error=error, reason=verdict.reason)
-                self.store.end(execution)  # refused by the store: a newer attempt owns it
+                self._stale(execution, verdict, result)
             case Ending.FAILED | Ending.TIMED_OUT:
                 error = self._error(verdict)
                 assert exc is not None and error is not None
@@ -373,6 +344,46 @@ class Attempts:
                 self._finish(execution, ending, error=self._error(verdict), reason=verdict.reason)
             case _:  # a new Ending row without its case here stops type checking
                 assert_never(ending)
+
+    @staticmethod
+    def _log_late(execution: Execution, verdict: Verdict) -> None:
+        """An abandoned attempt ended later: said, its record left as it was reported."""
+        exc = verdict.error
+        if exc is not None:
+            logger.warning(
+                "abandoned execution %s (%s) ended later with %s: %s",
+                execution.execution_id,
+                execution.reasoner,
+                type(exc).__name__,
+                exception_text(exc),
+                extra={"fields": execution_fields(execution)},
+            )
+        else:
+            logger.warning(
+                "abandoned execution %s (%s) ended later: %s",
+                execution.execution_id,
+                execution.reasoner,
+                verdict.status,
+                extra={"fields": execution_fields(execution)},
+            )
+
+    def _stale(self, execution: Execution, verdict: Verdict, result: Any) -> None:
+        """A stale attempt (handed off while it ran) ended later: said, and its end sent to
+        the store, which fences it (a newer attempt owns the record)."""
+        assert verdict.status is not None
+        exc, error = verdict.error, self._error(verdict)
+        if exc is not None and error is not None:
+            self._log_failure(execution, exc, error)
+        logger.warning(
+            "stale attempt %d of execution %s (%s) ended later: %s; its end is fenced",
+            execution.attempt,
+            execution.execution_id,
+            execution.reasoner,
+            verdict.status.value,
+            extra={"fields": execution_fields(execution)},
+        )
+        execution.finish(verdict.status, result=result, error=error, reason=verdict.reason)
+        self.store.end(execution)  # refused by the store: a newer attempt owns it
 
     @staticmethod
     def _error(verdict: Verdict) -> dict[str, str] | None:

@@ -310,19 +310,7 @@ class ShutdownSequence:
         parked = self.registry.stats.outcomes[ShutdownOutcome.PARKED] - self._parked_before
         flushing = time.monotonic()
         took["cancelling"] = flushing - t0 - phases["cancelling"]
-        unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, flushing))
-        # The attempts' spans ended with them (a hand-off's too): exported before the http
-        # phase, whose own requests' spans may be left unexported.
-        await self.flush_spans(self.plan.flush_deadline(t0, time.monotonic()))
-        # Webhooks owed (the ends just written may owe some) get an http phase's length at
-        # most, within what the budget leaves before the http phase.
-        now = time.monotonic()
-        undelivered = await self.flush_webhooks(
-            min(
-                self.plan.flush_deadline(t0, now),
-                now + max(self.plan.http_timeout, FLUSH_AT_LEAST),
-            )
-        )
+        unrecorded, undelivered = await self._flush(t0)
         reporting = time.monotonic()
         took["flushing"] = reporting - flushing
         name_unrecorded(unrecorded, self.plan.lines_deadline(t0))
@@ -352,6 +340,29 @@ class ShutdownSequence:
             exit_code=_exit_code(bool(unrecorded), bool(abandoned or abandoned_earlier)),
             plan=asdict(self.plan),
         )
+        self._stopped(report, duration, took, self.plan.hard_end(t0))
+        return report
+
+    async def _flush(self, t0: float) -> tuple[list[Execution], int]:
+        """Step 6: the ends owed to the store, then the attempts' spans (exported before the
+        http phase, whose own requests' spans may be left unexported), then the webhooks
+        owed (the ends just written may owe some: an http phase's length at most, within
+        what the budget leaves before it). What stayed unrecorded, and undelivered."""
+        unrecorded = await self.flush_ends(self.plan.flush_deadline(t0, time.monotonic()))
+        await self.flush_spans(self.plan.flush_deadline(t0, time.monotonic()))
+        now = time.monotonic()
+        undelivered = await self.flush_webhooks(
+            min(
+                self.plan.flush_deadline(t0, now),
+                now + max(self.plan.http_timeout, FLUSH_AT_LEAST),
+            )
+        )
+        return unrecorded, undelivered
+
+    def _stopped(
+        self, report: ShutdownReport, duration: float, took: dict[str, float], hard_end: float
+    ) -> None:
+        """Step 7: the report in the metrics (each outcome counted) and in one log line."""
         self.metrics.shutdown.ended(
             duration,
             [
@@ -363,7 +374,7 @@ class ShutdownSequence:
             ],
             took,
         )
-        self.phase_ends = self.plan.hard_end(t0)
+        self.phase_ends = hard_end
         self._enter(Phase.STOPPED)
         logger.info(
             "shutdown report: %s",
@@ -371,7 +382,6 @@ class ShutdownSequence:
             extra={"shutdown_report": report.as_dict()},
         )
         self.report = report
-        return report
 
     def took(self, phase: str, seconds: float) -> None:
         """A phase after the report (the runner's `http`, then `exit`): in the phase metric

@@ -176,55 +176,9 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
     cancel_at = None
     if report is not None and "cancelling" in report.get("phases", {}):
         cancel_at = t0 + float(report["phases"]["cancelling"])
-    abandoned = run.log.abandoned()
-    handed_off = run.log.handed_off()
+    verdicts, windows = _tally(run, cancel_at)
     stalls = run.log.stalls(run.ended_at)
     lags = [*run.log.lags(), *((s.seconds, s.ended_at) for s in stalls if s.ended_at)]
-    verdicts: dict[str, ReasonerVerdict] = {}
-    for name in dict.fromkeys([*(s.reasoner for s in run.started), *run.refused]):
-        verdicts[name] = ReasonerVerdict(name)
-    windows: dict[str, list[tuple[float, float]]] = {name: [] for name in verdicts}
-    for one in run.started:
-        verdict = verdicts[one.reasoner]
-        verdict.started += 1
-        record = one.record
-        created = unix_time(record.get("created_at")) or run.signalled_at
-        finished = unix_time(record.get("finished_at"))
-        windows[one.reasoner].append((created, finished or run.ended_at))
-        verdict.requests += one.requests
-        verdict.waiting += one.waited
-        kind = outcome(status_of(record), record, run.shared, one.execution_id in handed_off)
-        if one.execution_id in abandoned:  # it reads cancelled like a settled one
-            verdict.abandoned += 1
-            ran = "thread" if abandoned[one.execution_id] else "task"
-            verdict.abandoned_kinds[ran] = verdict.abandoned_kinds.get(ran, 0) + 1
-            continue
-        match kind:
-            case Outcome.ENDED if finished is None:
-                verdict.unknown += 1
-            case Outcome.ENDED:
-                assert finished is not None
-                by_cancel = record.get("status_reason") == CancelReason.SHUTDOWN
-                if cancel_at is not None and (by_cancel or finished > cancel_at + 0.001):
-                    verdict.cancelled += 1
-                    settle = max(0.0, finished - cancel_at)
-                    verdict.settle_seconds = max(verdict.settle_seconds or 0.0, settle)
-                else:
-                    verdict.finished += 1
-                    verdict.failed += record.get("status") == ExecutionStatus.FAILED
-            case Outcome.UNRUN | Outcome.LEFT_QUEUED | Outcome.STRANDED:
-                verdict.queued += 1
-                verdict.stranded += kind is Outcome.STRANDED
-            case Outcome.HANDED_OFF:
-                verdict.handed_off += 1
-            case Outcome.PARKED:
-                verdict.parked += 1  # waiting for input with no task: no drain waits for it
-            case Outcome.LOST:
-                verdict.lost += 1
-            case Outcome.UNENDED:
-                verdict.unknown += 1
-            case _:
-                assert_never(kind)
     app_faults: list[str] = []
     for stall in stalls:
         owner = verdicts.get(stall.reasoner or "")
@@ -239,47 +193,9 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
             (seconds for seconds, at in lags if _overlaps(at - seconds, at, windows[name])),
             default=0.0,
         )
-        if verdict.stall is not None:
-            verdict.longest_stall = max(verdict.longest_stall, verdict.stall.seconds)
-            verdict.faults.insert(0, f"blocks the event loop ({verdict.stall.described})")
-        for ran, count in verdict.abandoned_kinds.items():
-            what = ABANDONED_FAULTS[ran]
-            verdict.faults.append(f"{what} ({count} of {verdict.started} abandoned)")
-        if verdict.unknown:
-            verdict.faults.append(
-                f"{verdict.unknown} of {verdict.started} had not ended when the process did"
-            )
-        if verdict.stranded:
-            verdict.faults.append(
-                f"{verdict.stranded} of {verdict.started} were still queued in the memory "
-                "store when the process ended: nothing will run them"
-            )
-        if verdict.lost:
-            verdict.faults.append(
-                f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
-                "renewing)"
-            )
-        verdict.next_version = (run.next_versions or {}).get(name)
-        if verdict.next_version is not None and verdict.next_version.fault is not None:
-            verdict.faults.append(verdict.next_version.fault)
-    for name, why in run.refused.items():
-        app_faults.append(f"{name}: {why}")
-    if run.exit_code is None:
-        app_faults.append(
-            f"the server had not exited {run.grace_period:g} s + {EXIT_MARGIN:g} s after "
-            "SIGTERM: killed"
-        )
-    else:
-        if run.shutdown_seconds > run.grace_period:
-            app_faults.append(
-                f"the shutdown took {run.shutdown_seconds:.2f} s, past the grace period "
-                f"({run.grace_period:g} s)"
-            )
-        if run.exit_code != 0:
-            meaning = EXIT_MEANINGS.get(run.exit_code, "unexpected")
-            app_faults.append(f"the server exited {run.exit_code} ({meaning})")
-        if report is None:
-            app_faults.append("the server logged no shutdown report")
+        _reasoner_faults(verdict, run)
+    app_faults += [f"{name}: {why}" for name, why in run.refused.items()]
+    app_faults += _server_faults(run, report)
     faults = [f"{v.name}: {fault}" for v in verdicts.values() for fault in v.faults]
     faults += [f"(server) {fault}" for fault in app_faults]
     return Verdict(
@@ -294,6 +210,120 @@ def judge(run: Run, executions: int, signal_after: float) -> Verdict:
         faults,
         run.next_app,
     )
+
+
+def _tally(
+    run: Run, cancel_at: float | None
+) -> tuple[dict[str, ReasonerVerdict], dict[str, list[tuple[float, float]]]]:
+    """Each reasoner's executions counted by what became of them, and the windows in
+    which they ran (created to finished, or to the run's end)."""
+    abandoned = run.log.abandoned()
+    handed_off = run.log.handed_off()
+    verdicts: dict[str, ReasonerVerdict] = {}
+    for name in dict.fromkeys([*(s.reasoner for s in run.started), *run.refused]):
+        verdicts[name] = ReasonerVerdict(name)
+    windows: dict[str, list[tuple[float, float]]] = {name: [] for name in verdicts}
+    for one in run.started:
+        verdict = verdicts[one.reasoner]
+        verdict.started += 1
+        record = one.record
+        created = unix_time(record.get("created_at")) or run.signalled_at
+        finished = unix_time(record.get("finished_at"))
+        windows[one.reasoner].append((created, finished or run.ended_at))
+        verdict.requests += one.requests
+        verdict.waiting += one.waited
+        if one.execution_id in abandoned:  # it reads cancelled like a settled one
+            verdict.abandoned += 1
+            ran = "thread" if abandoned[one.execution_id] else "task"
+            verdict.abandoned_kinds[ran] = verdict.abandoned_kinds.get(ran, 0) + 1
+            continue
+        kind = outcome(status_of(record), record, run.shared, one.execution_id in handed_off)
+        _count(verdict, kind, record, finished, cancel_at)
+    return verdicts, windows
+
+
+def _count(
+    verdict: ReasonerVerdict,
+    kind: Outcome,
+    record: dict[str, Any],
+    finished: float | None,
+    cancel_at: float | None,
+) -> None:
+    """One execution that was not abandoned, counted by what became of it."""
+    match kind:
+        case Outcome.ENDED if finished is None:
+            verdict.unknown += 1
+        case Outcome.ENDED:
+            assert finished is not None
+            by_cancel = record.get("status_reason") == CancelReason.SHUTDOWN
+            if cancel_at is not None and (by_cancel or finished > cancel_at + 0.001):
+                verdict.cancelled += 1
+                settle = max(0.0, finished - cancel_at)
+                verdict.settle_seconds = max(verdict.settle_seconds or 0.0, settle)
+            else:
+                verdict.finished += 1
+                verdict.failed += record.get("status") == ExecutionStatus.FAILED
+        case Outcome.UNRUN | Outcome.LEFT_QUEUED | Outcome.STRANDED:
+            verdict.queued += 1
+            verdict.stranded += kind is Outcome.STRANDED
+        case Outcome.HANDED_OFF:
+            verdict.handed_off += 1
+        case Outcome.PARKED:
+            verdict.parked += 1  # waiting for input with no task: no drain waits for it
+        case Outcome.LOST:
+            verdict.lost += 1
+        case Outcome.UNENDED:
+            verdict.unknown += 1
+        case _:
+            assert_never(kind)
+
+
+def _reasoner_faults(verdict: ReasonerVerdict, run: Run) -> None:
+    """A reasoner's faults, from its counts, its stall and the next version's verdict."""
+    if verdict.stall is not None:
+        verdict.longest_stall = max(verdict.longest_stall, verdict.stall.seconds)
+        verdict.faults.insert(0, f"blocks the event loop ({verdict.stall.described})")
+    for ran, count in verdict.abandoned_kinds.items():
+        what = ABANDONED_FAULTS[ran]
+        verdict.faults.append(f"{what} ({count} of {verdict.started} abandoned)")
+    if verdict.unknown:
+        verdict.faults.append(
+            f"{verdict.unknown} of {verdict.started} had not ended when the process did"
+        )
+    if verdict.stranded:
+        verdict.faults.append(
+            f"{verdict.stranded} of {verdict.started} were still queued in the memory "
+            "store when the process ended: nothing will run them"
+        )
+    if verdict.lost:
+        verdict.faults.append(
+            f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
+            "renewing)"
+        )
+    verdict.next_version = (run.next_versions or {}).get(verdict.name)
+    if verdict.next_version is not None and verdict.next_version.fault is not None:
+        verdict.faults.append(verdict.next_version.fault)
+
+
+def _server_faults(run: Run, report: dict[str, Any] | None) -> list[str]:
+    """The shutdown's own faults: killed, past the grace period, a bad exit, no report."""
+    if run.exit_code is None:
+        return [
+            f"the server had not exited {run.grace_period:g} s + {EXIT_MARGIN:g} s after "
+            "SIGTERM: killed"
+        ]
+    faults = []
+    if run.shutdown_seconds > run.grace_period:
+        faults.append(
+            f"the shutdown took {run.shutdown_seconds:.2f} s, past the grace period "
+            f"({run.grace_period:g} s)"
+        )
+    if run.exit_code != 0:
+        meaning = EXIT_MEANINGS.get(run.exit_code, "unexpected")
+        faults.append(f"the server exited {run.exit_code} ({meaning})")
+    if report is None:
+        faults.append("the server logged no shutdown report")
+    return faults
 
 
 def _overlaps(start: float, end: float, windows: Iterable[tuple[float, float]]) -> bool:
