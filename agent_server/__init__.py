@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_server.app.agent import Agent
+    from agent_server.identity.principal import Principal, Unauthorized
     from agent_server.model.context import (
         AskMismatch,
         CheckpointTooLarge,
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
         StaleAttempt,
     )
     from agent_server.model.execution import CancelReason, Execution
-    from agent_server.model.principal import Principal, Unauthorized
     from agent_server.model.schedules import Schedule
     from agent_server.model.scheduling import ExecutionTimeout, RetryPolicy
     from agent_server.model.status import ExecutionStatus
@@ -36,12 +36,12 @@ _HOMES = {
     "ExecutionStatus": "agent_server.model.status",
     "ExecutionTimeout": "agent_server.model.scheduling",
     "InputTimeout": "agent_server.model.context",
-    "Principal": "agent_server.model.principal",
+    "Principal": "agent_server.identity.principal",
     "RetryPolicy": "agent_server.model.scheduling",
     "Schedule": "agent_server.model.schedules",
     "Settings": "agent_server.runtime.settings",
     "StaleAttempt": "agent_server.model.context",
-    "Unauthorized": "agent_server.model.principal",
+    "Unauthorized": "agent_server.identity.principal",
 }
 
 __all__ = [

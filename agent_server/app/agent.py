@@ -21,12 +21,13 @@ from agent_server.app.schedules import schedule_ticker
 from agent_server.app.start_line import log_start
 from agent_server.http.access import RequestAccess
 from agent_server.http.api import Api
-from agent_server.http.authenticators import Authenticator, authenticator_from
+from agent_server.http.auth import authenticator_from
 from agent_server.http.console_page import ConsolePage
 from agent_server.http.cors import cors_middleware
 from agent_server.http.docs_page import DocsPage
 from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
+from agent_server.identity.authenticators import Authenticator
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
 from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 from agent_server.model.schedules import Schedule

@@ -9,8 +9,8 @@ from starlette.types import Scope
 
 from agent_server.http.auth import principal_of
 from agent_server.http.routing import ApiError
+from agent_server.identity.principal import Principal
 from agent_server.model.execution import Execution
-from agent_server.model.principal import Principal
 from agent_server.service.access import UNKNOWN_EXECUTION, Access, ListScope
 
 

@@ -7,7 +7,9 @@ without a good token, so an unauthenticated client learns nothing about which ro
 reasoners or executions exist, nor why its token was refused.
 
 The principal rides in the request's scope, `scope["state"]["principal"]` (Starlette's
-`request.state.principal`), for the routes and the reasoner's context (`principal_of`).
+`request.state.principal`), for the routes and the reasoner's context (`principal_of`). Who
+a token names is `agent_server.identity`'s to say: this module is the HTTP adapter, the
+middleware, and the flags' authenticator built from the settings (`authenticator_from`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from starlette._utils import get_route_path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent_server.http.authenticators import Authenticator
-from agent_server.model.principal import Principal, Unauthorized
+from agent_server.identity.authenticators import Authenticator, BearerAuthenticator, SharedToken
+from agent_server.identity.jwks import RemoteJwks, StaticKeys
+from agent_server.identity.jwt_bearer import JwtBearer
+from agent_server.identity.principal import Principal, Unauthorized
+from agent_server.identity.tokens_file import TokensFile
 from agent_server.runtime.logs import LOG_PRINCIPAL
+from agent_server.runtime.settings import Settings
 
 logger = logging.getLogger("agent_server.auth")
 
@@ -109,3 +115,28 @@ class Authentication:
             )
             return None
         return principal
+
+
+def authenticator_from(settings: Settings) -> Authenticator | None:
+    """The authenticator the settings configure, or None when they configure none."""
+    static: list[SharedToken | TokensFile] = []
+    if settings.bearer_token is not None:
+        static.append(SharedToken(settings.bearer_token))
+    if settings.api_tokens_file is not None:
+        static.append(TokensFile(settings.api_tokens_file))
+    jwt = None
+    if settings.jwt_audience is not None:  # required with a key, refused without one
+        keys = (
+            RemoteJwks(settings.jwt_jwks_url)
+            if settings.jwt_jwks_url is not None
+            else StaticKeys(settings.jwt_keys)
+        )
+        jwt = JwtBearer(
+            keys,
+            audience=settings.jwt_audience,
+            issuer=settings.jwt_issuer,
+            tenant_claim=settings.jwt_tenant_claim,
+        )
+    if not static and jwt is None:
+        return None
+    return BearerAuthenticator(static, jwt)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from agent_server.http.auth import principal_of
 from agent_server.http.mcp_tools import TASKS_EXTENSION, elicitation
 from agent_server.http.params import first_values
-from agent_server.model.principal import Principal
+from agent_server.identity.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.service.refusals import Refusal
 from agent_server.service.starts import concurrency_value

@@ -69,10 +69,10 @@ from agent_server.http.mcp_tools import (
 )
 from agent_server.http.params import read_body, validation_detail
 from agent_server.http.routing import JSONResponse
+from agent_server.identity.principal import Principal
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.service.refusals import Denied, Refusal, Why
 from agent_server.service.use_cases import UseCases

@@ -29,10 +29,10 @@ from agent_server.http.params import (
     schedule_cursor,
 )
 from agent_server.http.routing import ApiError, JSONResponse, acceptance, in_doubt, refusal_error
+from agent_server.identity.principal import Principal
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
 from agent_server.model.ids import new_execution_id
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.schedules import FiringOutcome, Schedule, ScheduleError, binding_problem
 from agent_server.runtime.admission import AdmissionError

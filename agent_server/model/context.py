@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter
 
+from agent_server.identity.principal import Principal
 from agent_server.model import asks, jsoncodec
 from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.events import Event, encode_data
 from agent_server.model.execution import MAX_SECONDS
-from agent_server.model.principal import Principal
 from agent_server.model.record import isoformat
 from agent_server.model.status import ExecutionStatus
 

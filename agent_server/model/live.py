@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from agent_server.identity.principal import Principal
 from agent_server.model import asks
 from agent_server.model.events import EventLog
-from agent_server.model.principal import Principal
 from agent_server.model.status import CancelReason
 from agent_server.model.versions import Rule
 

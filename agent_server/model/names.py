@@ -61,7 +61,7 @@ def is_session_id_bytes(raw: bytes) -> bool:
     return _SESSION_ID_BYTES.match(raw) is not None
 
 
-#: Between a tenant and a name in a scoped name: no tenant holds it (principal.py refuses
+#: Between a tenant and a name in a scoped name: no tenant holds it (identity/principal.py refuses
 #: control characters), so a scoped name is one tenant's, whatever the name holds.
 TENANT_SEPARATOR = "\x1f"
 

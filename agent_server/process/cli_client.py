@@ -31,10 +31,10 @@ from agent_server.client import (
     Unavailable,
     WaitTimeout,
 )
+from agent_server.identity.tokens import TokenError, check_token, read_token_file
 from agent_server.model import jsoncodec
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import ExecutionStatus
-from agent_server.model.tokens import TokenError, check_token, read_token_file
 
 ENV = "AGENT_SERVER_"
 F = TypeVar("F", bound=Callable[..., Any])

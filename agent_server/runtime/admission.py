@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from agent_server.identity.principal import Principal
 from agent_server.model.counts import counted
 from agent_server.model.execution import CancelReason, Execution
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import SessionPolicy, limit_key
 from agent_server.runtime.attempts import Attempts, Gate

@@ -10,9 +10,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from agent_server.identity.principal import Principal
 from agent_server.model.execution import Execution
 from agent_server.model.names import scoped
-from agent_server.model.principal import Principal
 from agent_server.model.record import isoformat
 from agent_server.model.schedules import FiringOutcome, Schedule
 

@@ -18,16 +18,16 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent_server.model.asks import MAX_ANSWER_BYTES
-from agent_server.model.execution import MAX_SECONDS
-from agent_server.model.tokens import check_token, read_token_file
-from agent_server.model.tokens_file import read_tokens_file
-from agent_server.runtime.jwt_keys import (
+from agent_server.identity.jwt_keys import (
     KeyFileError,
     VerifyingKey,
     load_public_key_file,
     load_secret_file,
 )
+from agent_server.identity.tokens import check_token, read_token_file
+from agent_server.identity.tokens_file import read_tokens_file
+from agent_server.model.asks import MAX_ANSWER_BYTES
+from agent_server.model.execution import MAX_SECONDS
 from agent_server.runtime.setting_checks import check_origins
 from agent_server.runtime.webhooks import AllowList, check_secret, check_url, read_secret_file
 from agent_server.store.urls import check_store_url

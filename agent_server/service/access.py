@@ -22,8 +22,8 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from agent_server.identity.principal import Principal
 from agent_server.model.execution import Execution
-from agent_server.model.principal import Principal
 from agent_server.service.refusals import Denied
 from agent_server.store.base import ExecutionStore
 

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from agent_server.identity.principal import Principal
 from agent_server.model.execution import Execution
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.waiting import Closing

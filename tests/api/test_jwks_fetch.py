@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from agent_server.http import jwks
-from agent_server.http.jwks import RemoteJwks
+from agent_server.identity import jwks
+from agent_server.identity.jwks import RemoteJwks
 from tests.support.identity import JwksServer, Provider
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent_server import Agent, Schedule
-from agent_server.model.principal import Principal
+from agent_server.identity.principal import Principal
 from agent_server.runtime.schedules import Entry, ScheduleTicker
 from agent_server.store import ExecutionStore
 from agent_server.store.memory import MemoryStore

@@ -1,5 +1,5 @@
 """The package's modules import one way: no cycle anywhere, TYPE_CHECKING imports included;
-and no module imports another's private name.
+no module imports another's private name; and identity's modules are named once.
 
 import-linter (`lint-imports`, pyproject.toml) checks the layers; a cycle between two modules
 of one layer is what it lets through, and what this finds."""
@@ -92,3 +92,44 @@ def test_the_private_import_check_finds_one(tmp_path: Path) -> None:
     (root / "a.py").write_text("def _hidden() -> None: ...\n")
     (root / "b.py").write_text("from agent_server.a import _hidden\nfrom agent_server import a\n")
     assert _private_imports(root) == ["agent_server/b.py: agent_server.a._hidden"]
+
+
+#: File names every package may hold.
+PACKAGE_FILES = frozenset({"__init__.py", "__main__.py"})
+
+
+def _names_shared(root: Path, package: str) -> list[str]:
+    """The module file names of `root/package` (its subpackages included) that a module
+    elsewhere under `root` also has, each as `name: the other paths`. Scoped to one package:
+    some names repeat across layers on purpose, one front's module and its service's (such
+    as `schedules.py`, `sessions.py`, `executions.py`)."""
+    inside = root / package
+    own = {path.name for path in inside.rglob("*.py")} - PACKAGE_FILES
+    elsewhere: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name in own and inside not in path.parents:
+            elsewhere.setdefault(path.name, []).append(str(path.relative_to(root.parent)))
+    return [f"{name}: {', '.join(paths)}" for name, paths in sorted(elsewhere.items())]
+
+
+def test_no_module_of_identity_shares_its_name_with_another() -> None:
+    package = Path(agent_server.__file__).parent
+    assert {"principal.py", "tokens_file.py", "jwks.py"} <= {
+        path.name for path in (package / "identity").glob("*.py")
+    }
+    assert _names_shared(package, "identity") == []
+
+
+def test_the_name_check_finds_one(tmp_path: Path) -> None:
+    root = tmp_path / "agent_server"
+    for module in (
+        "identity/__init__.py",
+        "identity/tokens_file.py",
+        "identity/jwks.py",
+        "http/__init__.py",
+        "http/tokens_file.py",
+        "model/__init__.py",
+    ):
+        (root / module).parent.mkdir(parents=True, exist_ok=True)
+        (root / module).write_text("")
+    assert _names_shared(root, "identity") == ["tokens_file.py: agent_server/http/tokens_file.py"]

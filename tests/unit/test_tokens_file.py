@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_server.model.principal import Principal
-from agent_server.model.tokens import TokenError
-from agent_server.model.tokens_file import (
+from agent_server.identity.principal import Principal
+from agent_server.identity.tokens import TokenError
+from agent_server.identity.tokens_file import (
     MAX_TOKENS_FILE_BYTES,
     parse_tokens,
     read_tokens_file,

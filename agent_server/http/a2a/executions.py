@@ -21,9 +21,9 @@ from starlette.types import Scope
 
 from agent_server.http.event_feed import EventFeed
 from agent_server.http.params import first_values, validation_detail
+from agent_server.identity.principal import Principal
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.status import TERMINAL
 from agent_server.service.refusals import Refusal, Why

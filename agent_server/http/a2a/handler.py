@@ -60,10 +60,10 @@ from agent_server.http.a2a.tasks import (
 from agent_server.http.auth import principal_of
 from agent_server.http.http_limits import client_gone
 from agent_server.http.routing import ApiError
+from agent_server.identity.principal import Principal
 from agent_server.model.echoes import one_of, shown
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import SESSION_ID_RULE, is_session_id
-from agent_server.model.principal import Principal
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.webhooks import check_url
 from agent_server.service.refusals import Denied

@@ -6,8 +6,9 @@ its curve, an Ed25519 key EdDSA, a secret HS*; a JWK's own `alg` narrows that to
 (the classic confusion) meets an RSA key that takes no HS*. Keys are read with joserfc
 (docs/security.md#jwt-bearer-tokens says why that library).
 
-Files are read here, where settings are checked, so a bad key stops the start (exit 2);
-the JWKS a URL serves is parsed here too (`parse_jwks`), by the HTTP layer that fetches it.
+Files are read when the settings are checked (`agent_server/runtime/settings.py`), so a bad
+key stops the start (exit 2); the JWKS a URL serves is parsed here too (`parse_jwks`), by
+`jwks.py` that fetches it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The API token as configured: what a token may be, and reading one from a mounted file.
 
 Checked where settings are read, before any request: a token HTTP would strip or mangle
-could never match one (`agent_server/http/auth.py` compares them).
+could never match one (`authenticators.py` compares them).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Who is calling: the principal a request was authenticated as, and the refusal.
 
-Authentication (`agent_server/http/authenticators.py`) turns a request into a `Principal` or
+Authentication (`authenticators.py`) turns a request into a `Principal` or
 raises `Unauthorized`; ownership and authorization stand on the principal's identity, tenant
 and scopes (docs/security.md). Plain data, so the model, the stores and the reasoner's
 context can carry it without the HTTP layer.

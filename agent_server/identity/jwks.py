@@ -21,9 +21,9 @@ from typing import Protocol
 
 import httpx
 
+from agent_server.identity.jwt_keys import KeyFileError, VerifyingKey, parse_jwks
 from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
-from agent_server.runtime.jwt_keys import KeyFileError, VerifyingKey, parse_jwks
 
 logger = logging.getLogger("agent_server.auth")
 

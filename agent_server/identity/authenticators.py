@@ -5,6 +5,9 @@ The built-in one reads the bearer token of `Authorization` and tries, in order, 
 it always has), the `--api-tokens-file` and a JWT verified against the configured key. The
 user's `@agent.authenticate` replaces it: an async function of the headers (a
 case-insensitive mapping) that returns a `Principal` or raises `Unauthorized`.
+
+Built from the settings by `agent_server/http/auth.py` (`authenticator_from`); nothing here
+reads a setting or an HTTP type, only a mapping of headers.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from agent_server.http.jwks import RemoteJwks, StaticKeys
-from agent_server.http.jwt_bearer import JwtBearer
-from agent_server.http.tokens_file import TokensFile
-from agent_server.model.principal import Principal, Unauthorized
-from agent_server.model.tokens_file import token_digest
-from agent_server.runtime.settings import Settings
+from agent_server.identity.jwt_bearer import JwtBearer
+from agent_server.identity.principal import Principal, Unauthorized
+from agent_server.identity.tokens_file import TokensFile, token_digest
 
 logger = logging.getLogger("agent_server.auth")
 
@@ -84,28 +84,3 @@ class BearerAuthenticator:
         if self.jwt is not None and JwtBearer.looks_like_one(token):
             return await self.jwt.principal(token)
         raise Unauthorized("unknown token")
-
-
-def authenticator_from(settings: Settings) -> Authenticator | None:
-    """The authenticator the settings configure, or None when they configure none."""
-    static: list[SharedToken | TokensFile] = []
-    if settings.bearer_token is not None:
-        static.append(SharedToken(settings.bearer_token))
-    if settings.api_tokens_file is not None:
-        static.append(TokensFile(settings.api_tokens_file))
-    jwt = None
-    if settings.jwt_audience is not None:  # required with a key, refused without one
-        keys = (
-            RemoteJwks(settings.jwt_jwks_url)
-            if settings.jwt_jwks_url is not None
-            else StaticKeys(settings.jwt_keys)
-        )
-        jwt = JwtBearer(
-            keys,
-            audience=settings.jwt_audience,
-            issuer=settings.jwt_issuer,
-            tenant_claim=settings.jwt_tenant_claim,
-        )
-    if not static and jwt is None:
-        return None
-    return BearerAuthenticator(static, jwt)

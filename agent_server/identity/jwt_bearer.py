@@ -1,7 +1,7 @@
 """JWT bearer tokens: verified with joserfc, then read as a principal.
 
 The signature is checked first, with a key the token's `kid` names and only an algorithm
-that key's type allows (`agent_server/runtime/jwt_keys.py`); then the claims: `exp` is
+that key's type allows (`jwt_keys.py`); then the claims: `exp` is
 required, `nbf` and `iat` honoured, `aud` must name `--jwt-audience` and `iss` equal
 `--jwt-issuer` when given, each with `LEEWAY` seconds of clock skew. The identity is `sub`,
 the tenant the `--jwt-tenant-claim` claim (the identity when absent), the scopes `scope` (a
@@ -22,10 +22,10 @@ from joserfc import jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from joserfc.jws import CompactSignature, JWSRegistry, extract_compact, validate_compact
 
-from agent_server.http.jwks import KeySource
+from agent_server.identity.jwks import KeySource
+from agent_server.identity.jwt_keys import VerifyingKey
+from agent_server.identity.principal import Principal, Unauthorized, check_name, check_tenant
 from agent_server.model import jsoncodec
-from agent_server.model.principal import Principal, Unauthorized, check_name, check_tenant
-from agent_server.runtime.jwt_keys import VerifyingKey
 
 #: Seconds of clock skew allowed on exp, nbf and iat.
 LEEWAY = 30
