@@ -13,7 +13,6 @@ any replica. Needs the `mcp` extra (`pip install agent-server[mcp]`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -29,8 +28,6 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
-    MISSING_REQUIRED_CLIENT_CAPABILITY,
     CallToolRequestParams,
     ListToolsResult,
     PaginatedRequestParams,
@@ -43,9 +40,8 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from agent_server.http.event_feed import EventFeed
-from agent_server.http.mcp_progress import Count, progress_token, task_progress, with_progress
+from agent_server.http.mcp_progress import progress_token, with_progress
 from agent_server.http.mcp_requests import (
-    SUBSCRIPTION_ID,
     TaskParams,
     TaskUpdateParams,
     asked_in,
@@ -54,9 +50,8 @@ from agent_server.http.mcp_requests import (
     declares_tasks,
     elicits,
     input_required,
-    notify,
-    task_ids,
 )
+from agent_server.http.mcp_tasks import McpTasks, mcp_error
 from agent_server.http.mcp_tools import (
     TASKS_EXTENSION,
     accepted_task,
@@ -83,10 +78,6 @@ logger = logging.getLogger("agent_server.mcp")
 #: The SDK's Streamable HTTP transport's logger (its one INFO line is a session's end).
 SDK_TRANSPORT_LOGGER = "mcp.server.streamable_http"
 
-#: Seconds between reads of a task that waits for input (an answer moves it on from any
-#: replica); a task that works is followed by the store's own wait, in pieces this long.
-LISTEN_POLL = 0.5
-LISTEN_WAIT = 30.0
 
 #: A start's refusals in this protocol's words (a JSON-RPC error's message); the others as
 #: the application layer says them.
@@ -96,38 +87,6 @@ START_WORDS: dict[Why, str] = {
     Why.SHUTTING_DOWN: "server is shutting down: retry elsewhere",
     Why.IN_DOUBT: "the store did not confirm the start: it may run (read it as a task)",
 }
-#: The JSON-RPC error code of each refusal: what the caller sent (params), what it may not
-#: do (request), or the server's state (internal: retry).
-REFUSAL_CODES: dict[Why, int] = {
-    Why.INVALID: INVALID_PARAMS,
-    Why.UNPROCESSABLE: INVALID_PARAMS,
-    Why.UNKNOWN: INVALID_PARAMS,
-    Why.DENIED: INVALID_REQUEST,
-    Why.CONFLICT: INVALID_PARAMS,
-    Why.KEY_MISMATCH: INVALID_PARAMS,
-    Why.KEY_FORGOTTEN: INVALID_PARAMS,
-    Why.SESSION_BUSY: INVALID_PARAMS,
-    Why.SESSION_RELEASING: INTERNAL_ERROR,
-    Why.TOO_LARGE: INVALID_PARAMS,
-    Why.BUSY: INTERNAL_ERROR,
-    Why.UNAVAILABLE: INTERNAL_ERROR,
-    Why.IN_DOUBT: INTERNAL_ERROR,
-    Why.SHUTTING_DOWN: INTERNAL_ERROR,
-}
-if set(REFUSAL_CODES) != set(Why):
-    raise RuntimeError("REFUSAL_CODES must give every refusal a code")
-
-
-def mcp_error(refusal: Refusal, message: str | None = None) -> MCPError:
-    """A refusal as a JSON-RPC error: a detail that is a list (an answer's problems) goes
-    in `data` under a message that says what it is; an execution it is about, as `taskId`."""
-    detail = refusal.detail
-    data: Any = None
-    if refusal.execution_id is not None:
-        data = {"taskId": refusal.execution_id}
-    if not isinstance(detail, str):
-        data, detail = detail, "the answer does not fit the request's schema"
-    return MCPError(REFUSAL_CODES[refusal.why], message or detail, data)
 
 
 class McpEndpoint:
@@ -153,6 +112,8 @@ class McpEndpoint:
         self.store = use_cases.store
         #: Set when the listener closes (shutdown): a plain call still waiting then answers.
         self.closing = use_cases.waits.closing
+        #: The tasks extension's handlers, and the reads and checks a call shares with them.
+        self.tasks = McpTasks(use_cases, result_ttl)
         self.result_ttl = result_ttl
         #: Where every execution's webhooks go (`--webhook-url`), as for the API's starts.
         self.webhook_url = webhook_url
@@ -165,11 +126,11 @@ class McpEndpoint:
             name, on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema
         )
         self.server.add_request_handler("tools/call", CallToolRequestParams, self._call_tool)
-        self.server.add_request_handler("tasks/get", TaskParams, self._get_task)
-        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._update_task)
-        self.server.add_request_handler("tasks/cancel", TaskParams, self._cancel_task)
+        self.server.add_request_handler("tasks/get", TaskParams, self.tasks.get_task)
+        self.server.add_request_handler("tasks/update", TaskUpdateParams, self.tasks.update_task)
+        self.server.add_request_handler("tasks/cancel", TaskParams, self.tasks.cancel_task)
         self.server.add_request_handler(
-            "subscriptions/listen", SubscriptionsListenRequestParams, self._listen
+            "subscriptions/listen", SubscriptionsListenRequestParams, self.tasks.listen
         )
         self.server.extensions = {TASKS_EXTENSION: {}}
         # Stateless, each request is a session the SDK's transport ends with an INFO line
@@ -348,7 +309,7 @@ class McpEndpoint:
         must own the execution `requestState` names."""
         execution_id, request_id = asked_in(params.request_state or "")
         principal = caller_of(ctx)
-        execution = await self._read(execution_id, principal)
+        execution = await self.tasks.read(execution_id, principal)
         if (
             execution is None
             or execution.reasoner != params.name
@@ -357,9 +318,9 @@ class McpEndpoint:
             raise MCPError(INVALID_PARAMS, "requestState names no call of this tool")
         # Following the call is reading it (its end is the result); answering it, answering;
         # declining, cancelling it; and the call cancels it when its caller leaves.
-        await self._allowed(principal, "read", execution)
-        await self._allowed(principal, "answer", execution)
-        may_cancel = await self._may(principal, "cancel", execution)
+        await self.tasks.allowed(principal, "read", execution)
+        await self.tasks.allowed(principal, "answer", execution)
+        may_cancel = await self.tasks.may(principal, "cancel", execution)
         pending = execution.input_request
         if execution.status is ExecutionStatus.INPUT_REQUIRED and pending is not None:
             if int(pending["request_id"]) != request_id:  # answered; it asks anew
@@ -378,27 +339,13 @@ class McpEndpoint:
                 value = answer_value(schema, getattr(response, "content", None))
             except ValueError as exc:
                 raise MCPError(INVALID_PARAMS, str(exc)) from None
-            await self._check(schema, value)
+            await self.tasks.check(schema, value)
             try:
                 taken = await self.store.answer(execution, request_id, value)
             except StoreUnavailable:
                 raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
             execution = taken or execution
         return await self._answer_call(ctx, execution, may_cancel=may_cancel)
-
-    async def _read(self, execution_id: str, principal: Principal | None) -> Execution | None:
-        """The execution by a client's id (a task id, a `requestState`'s); None for an id no
-        store key can hold (a lone surrogate: JSON carries one, UTF-8 cannot), which no
-        execution has, and for another tenant's (the store tells it from an unknown one
-        before it reads the record)."""
-        try:
-            execution_id.encode()
-        except UnicodeEncodeError:
-            return None
-        try:
-            return await self.store.get(execution_id, self.access.reach(principal))
-        except StoreUnavailable:
-            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
 
     async def _start(
         self,
@@ -442,173 +389,6 @@ class McpEndpoint:
                     await self.use_cases.cancels.for_caller_gone(execution)
             raise
         return waited.execution if waited.until is Until.REACHED else None
-
-    # -- tasks -------------------------------------------------------------------------------
-
-    async def _find(self, ctx: ServerRequestContext[Any], task_id: str) -> Execution:
-        """The task's execution, read from the store as `GET /executions/{id}` does; unknown
-        is invalid params (the extension's rule). The caller must have declared the tasks
-        extension. Another tenant's is unknown too; `read` must be allowed on it."""
-        if not declares_tasks(ctx):
-            raise MCPError(
-                MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "Missing required client capability",
-                {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
-            )
-        principal = caller_of(ctx)
-        execution = await self._read(task_id, principal)
-        if execution is None or not self.access.sees(principal, execution):
-            raise MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
-        return await self._allowed(principal, "read", execution)
-
-    async def _allowed(
-        self, principal: Principal | None, action: str, execution: Execution
-    ) -> Execution:
-        """The execution once `@agent.authorize` allows the action; a denial is an invalid
-        request naming it (the API's 403)."""
-        try:
-            return await self.access.allowed_for(principal, action, execution)
-        except Denied as exc:
-            raise mcp_error(exc) from None
-
-    async def _may(self, principal: Principal | None, action: str, execution: Execution) -> bool:
-        """Whether `@agent.authorize` allows the action (no error either way)."""
-        return await self.access.may(principal, action, execution)
-
-    async def _get_task(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
-        return task(await self._find(ctx, params.task_id), self.result_ttl)
-
-    async def _cancel_task(
-        self, ctx: ServerRequestContext[Any], params: TaskParams
-    ) -> dict[str, Any]:
-        """As `POST /executions/{id}/cancel`: a cancel request (`request`) to wherever it is."""
-        execution = await self._find(ctx, params.task_id)
-        await self._allowed(caller_of(ctx), "cancel", execution)
-        try:
-            await self.use_cases.cancels.cancel(execution)
-        except StoreUnavailable:
-            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
-        return {}
-
-    async def _update_task(
-        self, ctx: ServerRequestContext[Any], params: TaskUpdateParams
-    ) -> dict[str, Any]:
-        """As `POST /executions/{id}/input`: the answer to the pending request (its key),
-        checked against its schema and taken once; a declined or cancelled elicitation
-        cancels the task. Keys not outstanding are ignored, as the extension says."""
-        execution = await self._find(ctx, params.task_id)
-        await self._allowed(caller_of(ctx), "answer", execution)
-        pending = execution.input_request
-        if execution.status is not ExecutionStatus.INPUT_REQUIRED or pending is None:
-            return {}
-        request_id = int(pending["request_id"])
-        response = params.input_responses.get(str(request_id))
-        if not isinstance(response, dict):
-            return {}
-        action = response.get("action")
-        try:
-            if action in ("decline", "cancel"):
-                await self._allowed(caller_of(ctx), "cancel", execution)
-                await self.store.request_cancel(execution, CancelReason.REQUEST, None)
-                return {}
-            if action != "accept":
-                raise MCPError(
-                    INVALID_PARAMS,
-                    'an elicitation result\'s action: "accept", "decline" or "cancel"',
-                )
-            schema = pending.get("schema")
-            try:
-                value = answer_value(schema, response.get("content"))
-            except ValueError as exc:
-                raise MCPError(INVALID_PARAMS, str(exc)) from None
-            await self._check(schema, value)
-            await self.store.answer(execution, request_id, value)
-        except StoreUnavailable:
-            raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
-        return {}
-
-    async def _listen(
-        self, ctx: ServerRequestContext[Any], params: SubscriptionsListenRequestParams
-    ) -> dict[str, Any]:
-        """`subscriptions/listen` with `taskIds`: `notifications/tasks` on this stream each
-        time one of those tasks changes status (read from the store: whichever replica runs
-        it), until the client closes the stream or the listener closes (shutdown); with a
-        `progressToken`, their events as `notifications/progress` too (mcp_progress.py).
-        No other kind of notification is offered (the tools never change)."""
-        if ctx.request_id is None:  # pragma: no cover - the transport always gives one
-            raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
-        wanted = (params.notifications.model_extra or {}).get("taskIds")
-        if wanted is not None and not declares_tasks(ctx):
-            raise MCPError(
-                MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "Missing required client capability",
-                {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
-            )
-        ids = task_ids(wanted)
-        principal = caller_of(ctx)
-        read = [await self._read(i, principal) for i in ids]
-        found = [e for e in read if e is not None and await self._reads(principal, e)]
-        meta = {SUBSCRIPTION_ID: ctx.request_id}
-        honored = {"taskIds": [e.execution_id for e in found]}
-        await notify(ctx, "notifications/subscriptions/acknowledged", {"notifications": honored})
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closing.waiters.add(closed)
-        if self.closing.is_set():
-            closed.set_result(None)
-        try:
-            token, count = progress_token(ctx), Count()
-            async with anyio.create_task_group() as watchers:
-                for execution in found:
-                    watchers.start_soon(self._watch, ctx, execution, meta)
-                    if token is not None:  # its events as progress too (mcp_progress.py)
-                        feed = EventFeed(self.registry, self.store, execution)
-                        watchers.start_soon(task_progress, ctx, token, feed, self.store, count)
-                await closed
-                watchers.cancel_scope.cancel()
-        finally:
-            self.closing.waiters.discard(closed)
-        return {"_meta": meta, "resultType": "complete"}
-
-    async def _reads(self, principal: Principal | None, execution: Execution) -> bool:
-        """Whether the caller may follow the task: its tenant's, `read` allowed."""
-        return self.access.sees(principal, execution) and await self._may(
-            principal, "read", execution
-        )
-
-    async def _watch(
-        self, ctx: ServerRequestContext[Any], execution: Execution, meta: dict[str, Any]
-    ) -> None:
-        """One task's changes as `notifications/tasks`, each the whole `DetailedTask`."""
-        said: tuple[str, object] | None = None
-        current: Execution | None = execution
-        while current is not None:
-            view = task(current, self.result_ttl)
-            asked = current.input_request
-            now = (view["status"], None if asked is None else asked.get("request_id"))
-            if now != said:
-                await notify(ctx, "notifications/tasks", {**view, "_meta": meta})
-                said = now
-            if current.is_terminal:
-                return
-            try:
-                if current.status is ExecutionStatus.INPUT_REQUIRED:
-                    await self.store.wait(current, LISTEN_POLL)
-                    current = await self.store.get(current.execution_id)
-                else:
-                    current = await self.store.wait(current, LISTEN_WAIT, asked=True)
-                    current = await self.store.get(current.execution_id)
-            except StoreUnavailable:
-                await asyncio.sleep(LISTEN_POLL)
-
-    async def _check(self, schema: Any, value: Any) -> None:
-        """The answer as every front checks it (service/answering.py): what the record
-        cannot keep or keeps no more of, then the request's schema."""
-        answering = self.use_cases.answering
-        try:
-            answering.check_size(value)
-            await answering.check_schema({"schema": schema}, value)
-        except Refusal as refusal:
-            raise mcp_error(refusal) from None
 
 
 def _over(declared: str, limit: int) -> bool:

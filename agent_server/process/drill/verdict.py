@@ -297,8 +297,7 @@ def _reasoner_faults(verdict: ReasonerVerdict, run: Run) -> None:
         )
     if verdict.lost:
         verdict.faults.append(
-            f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped "
-            "renewing)"
+            f"{verdict.lost} of {verdict.started} were judged lost (their owner stopped renewing)"
         )
     verdict.next_version = (run.next_versions or {}).get(verdict.name)
     if verdict.next_version is not None and verdict.next_version.fault is not None:
