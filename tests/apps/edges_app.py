@@ -30,6 +30,12 @@ async def confirm(ctx: ExecutionContext, item: str) -> dict[str, Any]:
 
 
 @agent.reasoner()
+async def note(ctx: ExecutionContext, topic: str) -> dict[str, str]:
+    """Ask for a note of free text: what bounds it is the server's --max-answer-bytes."""
+    return {"topic": topic, "note": await ctx.ask(f"a note on {topic}?", schema=str)}
+
+
+@agent.reasoner()
 async def add(a: int, b: int) -> dict[str, int]:
     """Add two integers."""
     return {"sum": a + b}
