@@ -35,6 +35,7 @@ from agent_server.identity.tokens import TokenError, check_token, read_token_fil
 from agent_server.model import jsoncodec
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import ExecutionStatus
+from agent_server.process.cli_output import print_json, say
 
 ENV = "AGENT_SERVER_"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -131,7 +132,7 @@ class BadInput(click.ClickException):
     exit_code = CallExit.INVALID
 
     def show(self, file: IO[Any] | None = None) -> None:
-        _say(self.format_message())
+        say(self.format_message())
 
 
 class ClientCommand(click.Command):
@@ -243,27 +244,9 @@ def reach(server: ServerOptions, work: Callable[[AgentClient], int]) -> NoReturn
         with AgentClient(server.url, token=token, retry_for=server.retry_for) as client:
             code = work(client)
     except AgentServerError as exc:
-        _say(exc)
+        say(exc)
         code = _error_code(exc)
     sys.exit(code)
-
-
-def _say(what: object) -> None:
-    """One line on stderr, whatever the text holds: an error's message may span lines (a
-    reasoner's pydantic ValidationError: a header, a field, its message and a link), and
-    each end but 0 of a verb writes one line. Its lines are joined with ": ", the links to
-    pydantic's documentation left out."""
-    lines = [line.strip() for line in str(what).splitlines()]
-    kept = [line for line in lines if line and not line.startswith(_DOCS_LINK)]
-    click.echo(f"agent-server: {': '.join(kept)}", err=True)
-
-
-#: How pydantic's messages end each error: a link, not part of what went wrong.
-_DOCS_LINK = "For further information visit "
-
-
-def print_json(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False))
 
 
 def _end_code(execution: Execution) -> int:
@@ -275,7 +258,7 @@ def _end_code(execution: Execution) -> int:
         try:
             execution.outcome()
         except AgentServerError as exc:
-            _say(exc)
+            say(exc)
     return END_CODES.get(execution.status, CallExit.REFUSED)
 
 
@@ -449,10 +432,10 @@ def _answered_from_terminal(client: AgentClient, execution: Execution) -> bool:
         try:
             client.respond(execution.execution_id, value, request_id)
         except InvalidInput as exc:
-            _say(f"refused: {exc}; again")
+            say(f"refused: {exc}; again")
             continue
         except Conflict as exc:  # answered elsewhere meanwhile: follow it
-            _say(exc)
+            say(exc)
         return True
 
 

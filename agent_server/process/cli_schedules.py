@@ -21,10 +21,10 @@ from agent_server.process.cli_client import (
     ClientGroup,
     Seconds,
     ServerOptions,
-    print_json,
     reach,
     server_options,
 )
+from agent_server.process.cli_output import print_json
 
 
 @click.group(name="schedules", cls=ClientGroup)

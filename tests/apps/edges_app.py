@@ -15,6 +15,8 @@ agent = Agent("edges-test", default_reasoner="confirm")
 
 #: How many filler reasoners the agent serves besides its own: more than a refusal lists.
 FILLERS = 30
+#: How many reasoners of its own it serves (confirm, note, add, invalid).
+OWN = 4
 
 
 class Count(BaseModel):

@@ -17,7 +17,7 @@ import pytest
 
 from agent_server.client import AgentClient, Unavailable
 from agent_server.model.schedule_fields import MAX_CATCHUP_WINDOW
-from tests.apps.edges_app import FILLERS
+from tests.apps.edges_app import FILLERS, OWN
 from tests.process.test_client import CuttingProxy
 from tests.support.process import ServerProcess, one_line
 
@@ -143,4 +143,4 @@ def test_an_unknown_reasoner_names_the_reasoners_there_are(server: ServerProcess
     assert done.returncode == 6, done.stderr
     said = one_line(done.stderr)
     assert "'nope'" in said and "add" in said and "confirm" in said, said
-    assert f"and {FILLERS + 3 - 20} more" in said, said
+    assert f"and {FILLERS + OWN - 20} more" in said, said

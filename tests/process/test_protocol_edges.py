@@ -42,7 +42,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.apps.edges_app import FILLERS
+from tests.apps.edges_app import FILLERS, OWN
 from tests.support.process import ServerProcess, agent_server_cli, one_line, serving
 
 WAIT = 20.0
@@ -276,7 +276,7 @@ def test_a2a_unknown_skill_names_a_bounded_list_of_skills(server: ServerProcess)
     params = {"message": v1_message(data={}, metadata={"skill": "nope"})}
     said = rpc(server, "SendMessage", params)["error"]["message"]
     assert "'nope'" in said and "add" in said, said
-    assert f"and {FILLERS + 3 - 20} more" in said, said
+    assert f"and {FILLERS + OWN - 20} more" in said, said
 
 
 def test_rest_errors_echo_a_bounded_prefix_and_name_the_reasoners(
@@ -287,7 +287,7 @@ def test_rest_errors_echo_a_bounded_prefix_and_name_the_reasoners(
         assert unknown.status_code == 404
         said = unknown.json()["detail"]
         assert "'nope'" in said and "add" in said and "confirm" in said, said
-        assert f"and {FILLERS + 3 - 20} more" in said, said
+        assert f"and {FILLERS + OWN - 20} more" in said, said
 
         long_name = client.post("/reasoners/" + "n" * 8000, json={})
         assert long_name.status_code == 404
@@ -330,7 +330,7 @@ async def test_mcp_errors_echo_a_bounded_prefix_and_name_the_tools(
             await client.call_tool("nope", {})
         said = unknown.value.error.message
         assert "'nope'" in said and "add" in said, said
-        assert f"and {FILLERS + 3 - 20} more" in said, said
+        assert f"and {FILLERS + OWN - 20} more" in said, said
         with pytest.raises(MCPError) as long_name:
             await client.call_tool("t" * 6000, {})
         assert len(long_name.value.error.message) < SMALL
