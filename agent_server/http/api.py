@@ -1,4 +1,5 @@
-"""The HTTP API: its routes, each group in a module of its own, bound to the parts they use.
+"""The HTTP API: its routes (declared in `route_table.py`), each group in a module of its
+own, bound to the parts they use.
 
 Handlers are thin, translating between HTTP and the registry and the store, and know nothing
 of signals: they start work through the registry (admission, draining), read records from
@@ -12,6 +13,7 @@ Every error is JSON `{"detail": ...}`; nothing a client sends yields a 500.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from starlette.routing import Route
@@ -23,6 +25,7 @@ from agent_server.http.executions import Executions
 from agent_server.http.health import Health
 from agent_server.http.inputs import Inputs
 from agent_server.http.replicas import Replicas
+from agent_server.http.route_table import ROUTE_STATUSES, Mount, mounted_specs
 from agent_server.http.routing import Endpoint, Handler
 from agent_server.http.runs import Runs
 from agent_server.http.schedules import Schedules
@@ -36,39 +39,8 @@ from agent_server.runtime.sessions import SessionReleases
 from agent_server.service.use_cases import UseCases
 from agent_server.store.base import ExecutionStore
 
-#: What each route answers in ordinary operation, overload and shutdown included: these
-#: `http_requests_total` series start at 0 (see `Metrics.expect_http`); reads answer 503
-#: while a shared store is unreachable. Rarer answers (401,
-#: 405, 413, 415, 499, unmatched paths) appear on first use.
-ROUTE_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
-    ("POST", "/reasoners/{name}"): (200, 400, 404, 409, 422, 429, 500, 503),
-    ("POST", "/reasoners/{name}/async"): (202, 400, 404, 409, 422, 429, 503),
-    ("GET", "/executions/{execution_id}"): (200, 404, 503),
-    ("DELETE", "/executions/{execution_id}"): (204, 404, 409, 503),
-    ("POST", "/executions/{execution_id}/cancel"): (200, 202, 404, 503),
-    ("POST", "/executions/{execution_id}/input"): (202, 400, 404, 409, 422, 503),
-    ("GET", "/executions/{execution_id}/input"): (200, 404, 503),
-    ("GET", "/executions/{execution_id}/history"): (200, 404, 503),
-    ("GET", "/executions/{execution_id}/events"): (200, 400, 404, 503),
-    ("GET", "/reasoners"): (200,),
-    ("GET", "/executions"): (200, 422, 503),
-    ("DELETE", "/sessions/{session_id}"): (200, 409, 503),
-    ("GET", "/schedules"): (200, 400, 503),
-    ("POST", "/schedules"): (201, 400, 409, 422, 503),
-    ("GET", "/schedules/{schedule_id}"): (200, 404, 503),
-    ("PATCH", "/schedules/{schedule_id}"): (200, 400, 403, 404, 422, 503),
-    ("DELETE", "/schedules/{schedule_id}"): (204, 403, 404, 409, 503),
-    ("POST", "/schedules/{schedule_id}/trigger"): (202, 403, 404, 409, 503),
-    ("GET", "/healthz"): (200,),
-    ("GET", "/readyz"): (200, 503),
-    ("GET", "/metrics"): (200,),
-    ("GET", "/openapi.json"): (200,),
-    ("GET", "/replicas"): (200, 403, 503),
-    ("GET", "/docs"): (200,),
-    ("GET", "/docs/{name}"): (200, 404),
-    ("GET", "/console"): (200,),
-    ("GET", "/console/{name}"): (200, 404),
-}
+#: `ROUTE_STATUSES`, what each route answers in ordinary operation, is the route table's.
+__all__ = ["ROUTE_STATUSES", "Api"]
 
 
 class Api:
@@ -146,47 +118,25 @@ class Api:
             )
         )
 
+    def mounted(self) -> frozenset[Mount]:
+        """The parts whose routes are served: the API's always, the others when given."""
+        parts: dict[Mount, object] = {
+            "schedules": self.schedules,
+            "mcp": self.mcp,
+            "docs": self.docs,
+            "console": self.console,
+        }
+        return frozenset({"api", *(mount for mount, part in parts.items() if part is not None)})
+
     def routes(self) -> list[Route]:
-        """The hot routes (runs and status reads) first: the router tries them in order."""
-        table: list[tuple[str, Handler, list[str]]] = [
-            ("/reasoners/{name}", self.runs.run_sync, ["POST"]),
-            ("/reasoners/{name}/async", self.runs.run_async, ["POST"]),
-            ("/executions/{execution_id}", self.executions.execution, ["GET", "DELETE"]),
-            ("/executions/{execution_id}/cancel", self.executions.cancel_execution, ["POST"]),
-            ("/executions/{execution_id}/events", self.executions.execution_events, ["GET"]),
-            ("/executions/{execution_id}/input", self.inputs.input, ["GET", "POST"]),
-            ("/executions/{execution_id}/history", self.executions.execution_history, ["GET"]),
-            ("/reasoners", self.runs.list_reasoners, ["GET"]),
-            ("/executions", self.executions.list_executions, ["GET"]),
-            ("/sessions/{session_id}", self.sessions.release_session, ["DELETE"]),
-            ("/healthz", self.health.healthz, ["GET"]),
-            ("/readyz", self.health.readyz, ["GET"]),
-            ("/metrics", self.health.scrape, ["GET"]),
-            ("/openapi.json", self.health.openapi, ["GET"]),
-            ("/replicas", self.replicas.list_replicas, ["GET"]),
-        ]
-        if self.schedules is not None:
-            table += [
-                ("/schedules", self.schedules.collection, ["GET", "POST"]),
-                ("/schedules/{schedule_id}", self.schedules.schedule, ["GET", "PATCH", "DELETE"]),
-                ("/schedules/{schedule_id}/trigger", self.schedules.trigger, ["POST"]),
-            ]
-        if self.mcp is not None:  # POST only: a stateless server has no stream to GET
-            table.append(("/mcp", self.mcp, ["POST"]))
-        if self.docs is not None:  # last: people, not programs, read it
-            table += [(path, handler, ["GET"]) for path, handler in self.docs.routes()]
-        if self.console is not None:
-            table += [(path, handler, ["GET"]) for path, handler in self.console.routes()]
-        routes = [
-            Route(path, Endpoint(handler), methods=methods) for path, handler, methods in table
-        ]
-        # Any rest of the path is the session id, so an id with a '/' (sent as '%2F', which
-        # uvicorn decodes) is refused as an id (400), not missed as a route (404). The
-        # template keeps its plain name in metrics and the OpenAPI document.
-        sessions = Route(
-            "/sessions/{session_id:path}",
-            Endpoint(self.sessions.release_session),
-            methods=["DELETE"],
-        )
-        sessions.path = "/sessions/{session_id}"
-        return [sessions if route.path == sessions.path else route for route in routes]
+        """The routes of `ROUTES` served here, in its order (the router tries them in order:
+        the hot ones, runs and status reads, come first), each answered by the `Api`
+        attribute it names."""
+        routes = []
+        for spec in mounted_specs(self.mounted()):
+            handler: Handler = attrgetter(spec.handler)(self)
+            route = Route(spec.pattern or spec.path, Endpoint(handler), methods=list(spec.methods))
+            # The template keeps its plain name in metrics and the OpenAPI document.
+            route.path = spec.path
+            routes.append(route)
+        return routes

@@ -12,7 +12,6 @@ script or style; the script writes every value with `textContent`, never as mark
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from starlette.exceptions import HTTPException
@@ -48,9 +47,6 @@ class ConsolePage:
 
     def __init__(self) -> None:
         self._files: dict[str, bytes] = {}
-
-    def routes(self) -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
-        return [(PATH, self.page), (PATH + "/{name}", self.asset)]
 
     async def page(self, request: Request) -> Response:
         return _answer(self._read(PAGE), "text/html; charset=utf-8")

@@ -10,15 +10,16 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from agent_server.http.route_table import METHODS
 from agent_server.http.routing import JSONResponse
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.tracing import TRACE_CONTEXT_HEADERS
 
-#: What a page of an origin given with `--cors-allow-origin` may send, and read back: the
-#: headers a client follows (Location, Retry-After, the list's Link) and X-Truncated. The
-#: request headers are these, a caller's trace context, and each reasoner's concurrency
-#: header (`cors_request_headers`).
-CORS_METHODS = ("GET", "POST", "PATCH", "DELETE")
+#: What a page of an origin given with `--cors-allow-origin` may send, and read back: every
+#: method a route answers (the route table's), the headers a client follows (Location,
+#: Retry-After, the list's Link) and X-Truncated. The request headers are these, a caller's
+#: trace context, and each reasoner's concurrency header (`cors_request_headers`).
+CORS_METHODS = METHODS
 CORS_REQUEST_HEADERS = (
     "Authorization",
     "Content-Type",

@@ -11,7 +11,6 @@ for the token, loads the document with it, and fills Swagger UI's "Authorize" wi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from starlette.exceptions import HTTPException
@@ -117,9 +116,6 @@ class DocsPage:
         self.page_body = PAGE.format(
             title=_escape(title), secured="true" if secured else "false"
         ).encode()
-
-    def routes(self) -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
-        return [(PATH, self.page), (PATH + "/{name}", self.asset)]
 
     async def page(self, request: Request) -> Response:
         return _answer(self.page_body, "text/html; charset=utf-8")

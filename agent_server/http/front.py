@@ -18,8 +18,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, Router
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
-from agent_server.http.api import ROUTE_STATUSES, Api
+from agent_server.http.api import Api
 from agent_server.http.auth import METRICS_PATH, OPEN_PATHS, Authentication
+from agent_server.http.route_table import ROUTE_STATUSES
 from agent_server.http.routing import ApiError, ApiRouter, JSONResponse, in_doubt, refusal_error
 from agent_server.identity.authenticators import Authenticator
 from agent_server.model import jsoncodec

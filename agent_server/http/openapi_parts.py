@@ -1,9 +1,13 @@
 """What the OpenAPI document's modules share: references, responses, the execution's
-links, and the hoisting of a schema's `$defs` into the document's components."""
+links, an operation's declared summary, and the hoisting of a schema's `$defs` into the
+document's components."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from agent_server.http.route_table import declared
+from agent_server.model.names import SESSION_ID_PATTERN
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -43,3 +47,36 @@ EXECUTION_LINKS = {
 def hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
     components.update(schema.pop("$defs", {}))
     return schema
+
+
+def operation(path: str, method: str, **fields: Any) -> dict[str, Any]:
+    """An operation of the document: its summary as the route table declares it, then the
+    rest (its operationId, and authentication's answers, are added from the table too)."""
+    return {"summary": declared(path, method).summary, **fields}
+
+
+EXECUTION_ID = {
+    "name": "execution_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+#: agent_server.model.names: what every route that takes a session id accepts (else 400).
+SESSION_ID_SCHEMA = {"type": "string", "maxLength": 256, "pattern": SESSION_ID_PATTERN}
+EVENT_STREAM: dict[str, Any] = {
+    "description": "text/event-stream: `id:` numbered events, comment heartbeats, a `missed` "
+    "event when a reader fell behind what is kept, and `event: end` (data: the execution)",
+    "content": {
+        "text/event-stream": {
+            "schema": {  # one event; `data` is JSON text
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "event": {"type": "string"},
+                    "data": {"type": "string"},
+                    "retry": {"type": "integer"},
+                },
+            }
+        }
+    },
+}

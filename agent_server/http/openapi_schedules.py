@@ -13,6 +13,7 @@ from agent_server.http.openapi_parts import (
     error_response,
     hoist,
     json_body,
+    operation,
     ref,
 )
 from agent_server.model.names import SCHEDULE_ID_PATTERN
@@ -42,6 +43,9 @@ BODY_ERRORS: dict[str, Any] = {
     "415": error_response("Body is not JSON"),
 }
 UNREACHABLE = error_response("The shared store is unreachable")
+UNKNOWN = error_response("Unknown schedule (or another tenant's)")
+DECLARED_ONLY = error_response("A declared schedule, changed by a caller other than an admin")
+SCHEDULE = ref("Schedule")
 
 
 def _schedule_schema() -> dict[str, Any]:
@@ -104,15 +108,17 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
     """`/schedules` (docs/schedules.md), as http/schedules.py answers it."""
     components["Schedule"] = _schedule_schema()
     bodies = _schedule_bodies(reasoners, components)
-    schedule = ref("Schedule")
-    unknown = error_response("Unknown schedule (or another tenant's)")
-    declared_only = error_response("A declared schedule, changed by a caller other than an admin")
+    return {**_collection(bodies["create"]), **_one(bodies["change"]), **_trigger()}
+
+
+def _collection(create: dict[str, Any]) -> dict[str, Any]:
+    """A page of schedules, and a new one (`create`: its body)."""
     return {
         "/schedules": {
-            "get": {
-                "summary": "A page of the schedules this caller sees, by id: declared ones "
-                "and its tenant's",
-                "parameters": [
+            "get": operation(
+                "/schedules",
+                "GET",
+                parameters=[
                     {
                         "name": "limit",
                         "in": "query",
@@ -125,9 +131,9 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                         "schema": {"type": "string", "pattern": SCHEDULE_ID_PATTERN},
                     },
                 ],
-                "responses": {
+                responses={
                     "200": {
-                        **json_body({"type": "array", "items": schedule}, "Schedules"),
+                        **json_body({"type": "array", "items": SCHEDULE}, "Schedules"),
                         "headers": {
                             "Link": {
                                 "description": 'RFC 8288 `<...>; rel="next"` while more '
@@ -144,12 +150,13 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                     "422": error_response("Invalid limit"),
                     "503": UNREACHABLE,
                 },
-            },
-            "post": {
-                "summary": "Make a schedule: its reasoner's executions start at each fire time",
-                "requestBody": bodies["create"],
-                "responses": {
-                    "201": {**json_body(schedule, "Made"), "links": SCHEDULE_LINKS},
+            ),
+            "post": operation(
+                "/schedules",
+                "POST",
+                requestBody=create,
+                responses={
+                    "201": {**json_body(SCHEDULE, "Made"), "links": SCHEDULE_LINKS},
                     **BODY_ERRORS,
                     "409": error_response("The tenant has --max-schedules schedules already"),
                     "413": error_response("Body, or its input, over the size limit"),
@@ -160,55 +167,71 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                     ),
                     "503": UNREACHABLE,
                 },
-            },
+            ),
         },
+    }
+
+
+def _one(change: dict[str, Any]) -> dict[str, Any]:
+    """One schedule: read, change (`change`: the body), delete."""
+    return {
         "/schedules/{schedule_id}": {
-            "get": {
-                "summary": "One schedule",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
-                    "200": json_body(schedule, "The schedule"),
-                    "404": unknown,
+            "get": operation(
+                "/schedules/{schedule_id}",
+                "GET",
+                parameters=[SCHEDULE_ID],
+                responses={
+                    "200": json_body(SCHEDULE, "The schedule"),
+                    "404": UNKNOWN,
                     "503": UNREACHABLE,
                 },
-            },
-            "patch": {
-                "summary": "Change a schedule (a declared one: only `enabled`)",
-                "parameters": [SCHEDULE_ID],
-                "requestBody": bodies["change"],
-                "responses": {
-                    "200": json_body(schedule, "Changed"),
+            ),
+            "patch": operation(
+                "/schedules/{schedule_id}",
+                "PATCH",
+                parameters=[SCHEDULE_ID],
+                requestBody=change,
+                responses={
+                    "200": json_body(SCHEDULE, "Changed"),
                     **BODY_ERRORS,
                     "413": error_response("Body, or its input, over the size limit"),
-                    "403": declared_only,
-                    "404": unknown,
+                    "403": DECLARED_ONLY,
+                    "404": UNKNOWN,
                     "422": error_response(
                         "A field refused (the detail begins with its name), or a field "
                         "other than enabled for a declared schedule"
                     ),
                     "503": UNREACHABLE,
                 },
-            },
-            "delete": {
-                "summary": "Delete a schedule made at run time",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
+            ),
+            "delete": operation(
+                "/schedules/{schedule_id}",
+                "DELETE",
+                parameters=[SCHEDULE_ID],
+                responses={
                     "204": {"description": "Deleted"},
-                    "403": declared_only,
-                    "404": unknown,
+                    "403": DECLARED_ONLY,
+                    "404": UNKNOWN,
                     "409": error_response("A declared schedule: PATCH enabled=false instead"),
                     "503": UNREACHABLE,
                 },
-            },
+            ),
         },
+    }
+
+
+def _trigger() -> dict[str, Any]:
+    """A firing now."""
+    return {
         "/schedules/{schedule_id}/trigger": {
-            "post": {
-                "summary": "Fire it now (whether enabled or not), obeying its overlap",
-                "parameters": [SCHEDULE_ID],
-                "responses": {
+            "post": operation(
+                "/schedules/{schedule_id}/trigger",
+                "POST",
+                parameters=[SCHEDULE_ID],
+                responses={
                     "202": {**json_body(STARTED, "Started"), "links": EXECUTION_LINKS},
-                    "403": declared_only,
-                    "404": unknown,
+                    "403": DECLARED_ONLY,
+                    "404": UNKNOWN,
                     "409": error_response(
                         "The previous firing is still running (overlap skip or buffer_one): "
                         "the body also names its execution_id; or its session is being "
@@ -220,6 +243,6 @@ def schedule_paths(reasoners: list[Reasoner], components: dict[str, Any]) -> dic
                         "Not started: shutting down, or the store is unreachable"
                     ),
                 },
-            }
+            )
         },
     }
