@@ -27,9 +27,8 @@ import orjson
 from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.model.names import scoped
-from agent_server.store import sentinel
 from agent_server.store.base import ExecutionRunning, StoreInDoubt, StoreObserver, StoreUnavailable
-from agent_server.store.redis import codec
+from agent_server.store.redis import codec, sentinel
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.failures import OPEN_FAILURES
 from agent_server.store.redis.inputs import Inputs
