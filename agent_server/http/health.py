@@ -13,7 +13,7 @@ from agent_server.http.auth import principal_of
 from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
-from agent_server.store.base import ExecutionStore
+from agent_server.store.roles import Liveness
 
 
 class Health:
@@ -22,7 +22,7 @@ class Health:
     def __init__(
         self,
         registry: InFlightRegistry,
-        store: ExecutionStore,
+        store: Liveness,
         metrics: Metrics,
         phase: Callable[[], str],
         openapi: Callable[[], dict[str, Any]],

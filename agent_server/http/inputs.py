@@ -15,7 +15,7 @@ from agent_server.http.routing import ApiError, JSONResponse
 from agent_server.model.echoes import shown
 from agent_server.service.access import UNKNOWN_EXECUTION
 from agent_server.service.answering import Answering
-from agent_server.store.base import ExecutionStore
+from agent_server.store.roles import Reads
 
 
 class Inputs:
@@ -23,7 +23,7 @@ class Inputs:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: Reads,
         answering: Answering,
         executions: Executions,
         max_body_size: int,

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from agent_server.http.auth import principal_of
 from agent_server.http.routing import ApiError, JSONResponse
-from agent_server.store.base import ExecutionStore
+from agent_server.store.roles import Liveness
 
 #: The JSON schema of one replica in the list (OpenAPI's `Replica`).
 REPLICA_SCHEMA: dict[str, Any] = {
@@ -51,7 +51,7 @@ REPLICA_SCHEMA: dict[str, Any] = {
 class Replicas:
     """The route, given how this replica describes itself and the store the others write."""
 
-    def __init__(self, describe: Callable[[], dict[str, Any]], store: ExecutionStore) -> None:
+    def __init__(self, describe: Callable[[], dict[str, Any]], store: Liveness) -> None:
         self.describe = describe
         self.store = store
 

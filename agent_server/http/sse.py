@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -29,6 +29,7 @@ from agent_server.model.waiting import Closing, Waiters, Wakeup
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.service.waits import recorded_before_close
 from agent_server.store.base import ExecutionStore
+from agent_server.store.roles import Events, Reads
 
 #: Bytes of encoded events a stream writes at once (a replay leaves in writes this size).
 REPLAY_CHUNK = 256 * 1024
@@ -166,6 +167,11 @@ class LocalEvents(EventSource):
         return self.store is not None and self.execution.owned_by_nobody
 
 
+class EventStore(Events, Reads, Protocol):
+    """What a remote execution's events are read through: the events the store keeps and
+    their notices, and the record (`get`)."""
+
+
 class RemoteEvents(EventSource):
     """An execution run on another replica (or ended there): its events from the store."""
 
@@ -173,7 +179,7 @@ class RemoteEvents(EventSource):
 
     reread = REMOTE_REREAD
 
-    def __init__(self, store: ExecutionStore, execution: Execution) -> None:
+    def __init__(self, store: EventStore, execution: Execution) -> None:
         self.store = store
         self.execution = execution
 

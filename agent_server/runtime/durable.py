@@ -27,7 +27,8 @@ from agent_server.model.reasoner import Reasoner
 from agent_server.model.versions import Rule, VersionMismatch, shown
 from agent_server.runtime.logs import execution_fields
 from agent_server.runtime.registry import InFlightRegistry
-from agent_server.store.base import ExecutionStore, StoreUnavailable
+from agent_server.store.base import StoreUnavailable
+from agent_server.store.roles import Claims
 
 logger = logging.getLogger("agent_server.durable")
 
@@ -50,7 +51,7 @@ class QueueTaker:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: Claims,
         registry: InFlightRegistry,
         reasoners: dict[str, Reasoner],
         count_rule: Callable[[Rule, int], object] = lambda rule, count: None,

@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -42,12 +43,12 @@ from agent_server.runtime.schedule_entries import Firing as Firing
 from agent_server.runtime.schedule_entries import firing_id as firing_id
 from agent_server.runtime.schedule_entries import retimed
 from agent_server.store.base import (
-    ExecutionStore,
     Idempotency,
     IdempotencyForgotten,
     IdempotencyMismatch,
     StoreUnavailable,
 )
+from agent_server.store.roles import Reads, Schedules
 
 logger = logging.getLogger("agent_server.schedules")
 
@@ -61,13 +62,18 @@ RETRY_AFTER = 0.25
 GAP = 5.0
 
 
+class TickerStore(Schedules, Reads, Protocol):
+    """What a ticker asks of the store: the schedules' documents and marks, and the
+    execution a firing started (`get`)."""
+
+
 class ScheduleTicker:
     """The schedules this replica fires: a heap of next fire times, one task."""
 
     def __init__(
         self,
         registry: InFlightRegistry,
-        store: ExecutionStore,
+        store: TickerStore,
         reasoners: Mapping[str, Reasoner],
         *,
         observe: Callable[[str, float | None], None],
@@ -89,7 +95,7 @@ class ScheduleTicker:
         self._wake: asyncio.Event | None = None
         #: The declared schedules as their reasoners declare them (a document may disable
         #: one), and the store's documents' version last read (a token no other set of
-        #: documents shows, even after Redis lost data: store/base.py `schedules_version`).
+        #: documents shows, even after Redis lost data: store/roles.py `schedules_version`).
         self.declared: dict[str, Entry] = {}
         self._version: str | None = None
         #: Each document's version as last read (a document that could not be read too).

@@ -35,7 +35,8 @@ from standardwebhooks import Webhook
 from agent_server.model import jsoncodec
 from agent_server.model.counts import counted
 from agent_server.model.redaction import shown_url
-from agent_server.store.base import Delivery, ExecutionStore
+from agent_server.store.base import Delivery
+from agent_server.store.roles import Webhooks
 
 logger = logging.getLogger("agent_server.webhooks")
 
@@ -218,7 +219,7 @@ class WebhookSender:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: Webhooks,
         *,
         secret: str,
         allow: AllowList,

@@ -11,13 +11,13 @@ from agent_server.model import jsoncodec
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.service import answers
 from agent_server.service.refusals import Refusal, Why
-from agent_server.store.base import ExecutionStore
+from agent_server.store.roles import Asks
 
 
 class Answering:
     """Takes answers, given the store (which bounds their size and takes each once)."""
 
-    def __init__(self, store: ExecutionStore) -> None:
+    def __init__(self, store: Asks) -> None:
         self.store = store
 
     def check_size(self, value: Any) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -37,6 +36,8 @@ from agent_server.store.base import (
     SessionTaken,
 )
 from agent_server.store.memory_index import Indexes
+from agent_server.store.memory_webhooks import OwedWebhooks
+from agent_server.store.schedule_memory import InProcessSchedules
 
 #: Idempotency keys remembered at most (the oldest go first), whatever their TTL.
 MAX_IDEMPOTENCY_KEYS = 100_000
@@ -44,11 +45,10 @@ MAX_IDEMPOTENCY_KEYS = 100_000
 #: dropped, with a WARNING naming it.
 MAX_WEBHOOKS = 10_000
 
-logger = logging.getLogger("agent_server.store")
 
-
-class MemoryStore(ExecutionStore):
-    """Every record is the live object the registry runs: reads cost a dict lookup."""
+class MemoryStore(InProcessSchedules, ExecutionStore):
+    """Every record is the live object the registry runs: reads cost a dict lookup.
+    Schedules are kept in this process too (`InProcessSchedules`)."""
 
     def __init__(
         self,
@@ -72,10 +72,8 @@ class MemoryStore(ExecutionStore):
         self._releasing: set[str] = set()
         #: key -> (fingerprint, execution id, monotonic expiry), oldest first.
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
-        #: Webhook deliveries owed: id -> (when due, monotonic; the delivery), and a heap of
-        #: (due, id) where an entry whose due time changed since is skipped.
-        self._webhooks: dict[str, tuple[float, Delivery]] = {}
-        self._webhooks_due: list[tuple[float, str]] = []
+        #: Webhook deliveries owed (at most MAX_WEBHOOKS).
+        self._webhooks = OwedWebhooks()
         #: The queue: (due, monotonic; arrival number, id), soonest first. An entry whose
         #: execution is no longer queued (cancelled) is skipped when it comes up.
         self._queue: list[tuple[float, int, str]] = []
@@ -417,54 +415,17 @@ class MemoryStore(ExecutionStore):
             execution.trace,
             execution.attempt,
         )
-        self._schedule(delivery, time.monotonic())
-        if len(self._webhooks) > MAX_WEBHOOKS:
-            oldest = next(iter(self._webhooks))  # dicts keep the order deliveries were owed
-            del self._webhooks[oldest]
-            logger.warning(
-                "webhook %s dropped undelivered: more than %d deliveries owed",
-                oldest,
-                MAX_WEBHOOKS,
-            )
+        self._webhooks.owe(delivery, MAX_WEBHOOKS)
         if self.on_webhook is not None:
             self.on_webhook()
-
-    def _schedule(self, delivery: Delivery, due: float) -> None:
-        self._webhooks[delivery.delivery_id] = (due, delivery)
-        heapq.heappush(self._webhooks_due, (due, delivery.delivery_id))
 
     async def claim_webhooks(
         self, limit: int, lease: float, *, due_only: bool = True
     ) -> tuple[int, list[Delivery]]:
-        now = time.monotonic()
-        claimed: list[Delivery] = []
-        heap = self._webhooks_due
-        if not due_only:  # every one owed, at once (the last chance at shutdown)
-            heap[:] = [(now, delivery_id) for delivery_id in self._webhooks]
-            for delivery_id, (_, delivery) in list(self._webhooks.items()):
-                self._webhooks[delivery_id] = (now, delivery)
-        while heap and heap[0][0] <= now and len(claimed) < limit:
-            due, delivery_id = heapq.heappop(heap)
-            owed = self._webhooks.get(delivery_id)
-            if owed is None or owed[0] != due:
-                continue  # settled, or rescheduled since this entry was pushed
-            delivery = owed[1]
-            delivery.age = time.time() - delivery.at
-            self._schedule(delivery, now + lease)
-            claimed.append(delivery)
-        return len(self._webhooks), claimed
+        return self._webhooks.claim(limit, lease, due_only)
 
     async def settle_webhook(self, delivery: Delivery, retry_in: float | None) -> int:
-        owed = self._webhooks.get(delivery.delivery_id)
-        if owed is not None:
-            if retry_in is None:
-                del self._webhooks[delivery.delivery_id]
-            else:
-                delivery.attempts += 1
-                self._schedule(delivery, time.monotonic() + retry_in)
-        if not self._webhooks:
-            self._webhooks_due.clear()
-        return len(self._webhooks)
+        return self._webhooks.settle(delivery, retry_in)
 
     async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
         self._expire()

@@ -23,7 +23,7 @@ class Marks:
     created: float
     handled: float | None = None
     started: float | None = None
-    #: The timing (cron and zone) `handled` belongs to (`ExecutionStore.schedule_marks`).
+    #: The timing (cron and zone) `handled` belongs to (roles.py `Schedules.schedule_marks`).
     timing: str | None = None
 
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 def check_store_url(url: str) -> None:
     """Raise ValueError (a message without the URL) for a store URL no store takes."""
     if url.lower().startswith("redis+sentinel://"):
-        from agent_server.store.sentinel import parse_url  # redis-py only when asked for
+        from agent_server.store.redis.sentinel import parse_url  # redis-py only when asked for
 
         parse_url(url)  # a malformed one fails the start; its message omits the password
         return

@@ -1,4 +1,4 @@
-"""The store's multiplexed Redis connection (agent_server/store/resp.py) against a real
+"""The store's multiplexed Redis connection (agent_server/store/redis/resp.py) against a real
 `redis-server`: replies reach their own callers under concurrency, error replies keep the
 connection in step, a lost or silent Redis fails every waiting call fast, and the next call
 connects again; AUTH and SELECT as the URL says."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.exceptions import AuthenticationError, ConnectionError, NoScriptError, ResponseError
 
-from agent_server.store.resp import Acknowledgement, RedisLink
+from agent_server.store.redis.resp import Acknowledgement, RedisLink
 from tests.support.redis_server import RedisServer
 
 #: Every wait in these tests is bounded by this.
@@ -216,7 +216,7 @@ async def test_a_reset_during_a_multi_reply_command_leaves_no_error_unobserved()
 
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from agent_server.store.resp import _all
+    from agent_server.store.redis.resp import _all
 
     loop = asyncio.get_running_loop()
     unobserved: list[dict[str, object]] = []

@@ -37,8 +37,8 @@ from agent_server.store import StoreInDoubt, StoreUnavailable
 from agent_server.store.redis import RedisStore, describe_url
 from agent_server.store.redis.keys import Keys
 from agent_server.store.redis.link import COMMAND_TIMEOUT
-from agent_server.store.resp import Address, RedisLink
-from agent_server.store.sentinel import parse_url, promotable
+from agent_server.store.redis.resp import Address, RedisLink
+from agent_server.store.redis.sentinel import parse_url, promotable
 from tests.apps.tests_app import EVIDENCE_DIR_ENV, REPLICA_ID_ENV
 from tests.support.process import ServerProcess, free_port, need
 from tests.support.redis_server import AOF, RedisServer, redis_command

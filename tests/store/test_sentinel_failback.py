@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_server.store.sentinel import confirms
+from agent_server.store.redis.sentinel import confirms
 from tests.store.test_sentinel import (
     PASSWORD,
     POLL,

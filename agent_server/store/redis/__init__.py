@@ -8,8 +8,8 @@ subscriber twins, redis-py's pool) and whether Redis is up; `failures.py` what a
 means; `outbox.py` the writes owed to Redis; `notices.py` pub/sub and its waiters;
 `liveness.py` the renewal and repair; `releases.py` session releases; `codec.py` records to
 and from the scripts; `scripts.py` and `lua/` the Lua scripts, one file each. The connection
-the scripts share is `agent_server.store.resp`, and Sentinel's locator
-`agent_server.store.sentinel`.
+the scripts share is `agent_server.store.redis.resp`, and Sentinel's locator
+`agent_server.store.redis.sentinel`.
 """
 
 from __future__ import annotations

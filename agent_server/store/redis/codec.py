@@ -11,8 +11,8 @@ from typing import Any
 from agent_server.model import jsoncodec, record
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.model.record import Kind
-from agent_server.store import sentinel
 from agent_server.store.base import ListCursor, StoreObserver
+from agent_server.store.redis import sentinel
 from agent_server.store.redis.scripts import Moved, Row
 
 logger = logging.getLogger("agent_server.store")

@@ -17,7 +17,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_server.store.base import StoreUnavailable
-from agent_server.store.resp import NoReply
+from agent_server.store.redis.resp import NoReply
 
 #: What "Redis cannot be reached now" looks like: a 503 and a retry, never a 500.
 UNREACHABLE: tuple[type[Exception], ...] = (

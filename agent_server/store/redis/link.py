@@ -19,9 +19,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
-from agent_server.store import sentinel
 from agent_server.store.base import StoreObserver, StoreUnavailable
-from agent_server.store.redis import scripts
+from agent_server.store.redis import scripts, sentinel
 from agent_server.store.redis.codec import scrub
 from agent_server.store.redis.failures import (
     UNREACHABLE,
@@ -30,7 +29,7 @@ from agent_server.store.redis.failures import (
     reset,
     slow,
 )
-from agent_server.store.resp import Acknowledgement, RedisLink
+from agent_server.store.redis.resp import Acknowledgement, RedisLink
 
 logger = logging.getLogger("agent_server.store")
 

@@ -17,7 +17,7 @@ from agent_server.model.execution import Execution, log_fields
 from agent_server.store.base import StoreObserver, StoreUnavailable
 from agent_server.store.redis.failures import Refused, on_a_replica, transient_reason
 from agent_server.store.redis.link import REPLICA_WAIT_MS, Link
-from agent_server.store.resp import replies
+from agent_server.store.redis.resp import replies
 
 logger = logging.getLogger("agent_server.store")
 

@@ -27,9 +27,8 @@ import orjson
 from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.model.names import scoped
-from agent_server.store import sentinel
 from agent_server.store.base import ExecutionRunning, StoreInDoubt, StoreObserver, StoreUnavailable
-from agent_server.store.redis import codec
+from agent_server.store.redis import codec, sentinel
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.failures import OPEN_FAILURES
 from agent_server.store.redis.inputs import Inputs
@@ -96,21 +95,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
         self._due_at: float | None = None
         self._codec = RowCodec(observer)
         renew_now = asyncio.Event()
-        self._link = Link(
-            url,
-            where=self.where,
-            # The arguments every script takes (the caller's id lets a script decide, when
-            # it runs, whether this replica may judge others: `judged`).
-            common=(
-                max(1, round(result_ttl * 1000)),
-                f"{max(0, max_retained)}:{max(0, max_retained_bytes)}".encode(),
-                replica_id.encode(),
-            ),
-            observer=observer,
-            on_up=self._on_up,
-            renew_now=renew_now,
-            acked_channel=self.keys.acked if self.replicated_writes else None,
-        )
+        self._link = self._make_link(max_retained_bytes, renew_now)
         self._notices = Notices(
             self._link,
             self._codec,
@@ -133,13 +118,35 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
             on_written=self._notices.written,
         )
         self._releases = Releases(self._link, self.keys)
-        self._liveness = Liveness(
+        self._liveness = self._make_liveness(renew_now)
+
+    def _make_link(self, max_retained_bytes: int, renew_now: asyncio.Event) -> Link:
+        """The connections to Redis (`__init__`'s settings set), with the arguments every
+        script takes (the caller's id lets a script decide, when it runs, whether this
+        replica may judge others: `judged`)."""
+        return Link(
+            self.url,
+            where=self.where,
+            common=(
+                max(1, round(self.result_ttl * 1000)),
+                f"{max(0, self.max_retained)}:{max(0, max_retained_bytes)}".encode(),
+                self.replica_id.encode(),
+            ),
+            observer=self.observer,
+            on_up=self._on_up,
+            renew_now=renew_now,
+            acked_channel=self.keys.acked if self.replicated_writes else None,
+        )
+
+    def _make_liveness(self, renew_now: asyncio.Event) -> Liveness:
+        """The renewal and the repair, over the parts `__init__` made before it."""
+        return Liveness(
             self._link,
             self._codec,
             self.keys,
-            replica_id=replica_id,
-            lease_ttl=lease_ttl,
-            observer=observer,
+            replica_id=self.replica_id,
+            lease_ttl=self.lease_ttl,
+            observer=self.observer,
             renew_now=renew_now,
             queued=self._notices.queued,
             owed=self._outbox.owed_ids,

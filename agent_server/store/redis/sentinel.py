@@ -43,7 +43,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agent_server.store.resp import Address, RedisLink
+from agent_server.store.redis.resp import Address, RedisLink
 
 logger = logging.getLogger("agent_server.store")
 

@@ -13,7 +13,7 @@ arms a timeout for every call, about 35 us of CPU per call on the machines of
 bench/RESULTS.md against 7 us here, and a store operation is on the path of every request.
 redis-py keeps what it does well: pub/sub, and the store's less frequent commands.
 
-A link given a `Locator` (Sentinel, agent_server/store/sentinel.py) asks it where the primary
+A link given a `Locator` (Sentinel, agent_server/store/redis/sentinel.py) asks it where the primary
 is on every connect, checks with `ROLE` that the node is the primary, and retires a connection
 that answers `READONLY` (a demoted primary), so that the next call asks again.
 
