@@ -240,6 +240,31 @@ class Liveness:
         unrun). One an earlier process of this replica id took may have begun, and that
         process is gone: judged as a dead owner's, its next attempt queued if it has
         attempts left (resumable), else `lost`; never `running` for good."""
+        await self._settle_doubted()
+        if not self.repair_due or self.claiming or self.creating or self._runs is None:
+            return
+        self.repair_due = False
+        # Claims that may yet show in a record (Redis could still run them, or a failover
+        # bring them back) keep the repair due: found at a next renewal.
+        now = time.monotonic()
+        for token in [token for token, until in self._unanswered.items() if until < now]:
+            del self._unanswered[token]
+        try:
+            with self._link.operation("owned"):
+                rows = await self._link.script(
+                    "owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN
+                )
+        except StoreUnavailable:
+            self.repair_due = True
+            raise
+        if self._unanswered:
+            self.repair_due = True
+        self._judge_orphans(rows)
+
+    async def _settle_doubted(self) -> None:
+        """Each create that got no answer, settled: run here if Redis recorded it after all
+        (with Sentinel, once a replica holds it), else voided; a recorded one not run here
+        goes back to the queue for its first run."""
         link = self._link
         while self.in_doubt:
             takes = self._doubted()
@@ -248,7 +273,7 @@ class Liveness:
                 rows, held = await link.told("settle", keys, *args)
             if not held:  # Sentinel: a record read now may not survive a failover (nor run)
                 self.repair_due = True
-                break
+                return
             for (token, execution), row in zip(takes, rows, strict=True):
                 self.in_doubt.pop(token, None)
                 # Only the record this create made: the same id made by another create
@@ -269,24 +294,12 @@ class Liveness:
                     )
                 else:  # not run here (draining, or forgotten): its first run is anyone's
                     self._requeue_unstarted(execution, token)
-        if not self.repair_due or self.claiming or self.creating or self._runs is None:
-            return
-        self.repair_due = False
-        # Claims that may yet show in a record (Redis could still run them, or a failover
-        # bring them back) keep the repair due: found at a next renewal.
-        now = time.monotonic()
-        for token in [token for token, until in self._unanswered.items() if until < now]:
-            del self._unanswered[token]
-        try:
-            with link.operation("owned"):
-                rows = await link.script(
-                    "owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN
-                )
-        except StoreUnavailable:
-            self.repair_due = True
-            raise
-        if self._unanswered:
-            self.repair_due = True
+
+    def _judge_orphans(self, rows: list[Any]) -> None:
+        """The running records this replica owns with no task here, each judged by whether
+        its body began (`repair`); one whose take or write is still on its way is looked at
+        again at a next renewal."""
+        assert self._runs is not None
         owed = self._owed()
         doubted = {execution.execution_id for execution in self.in_doubt.values()}
         for row, max_attempts, token, unbegun in rows:
