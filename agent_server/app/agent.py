@@ -29,7 +29,8 @@ from agent_server.http.front import build_app
 from agent_server.http.openapi import openapi_document
 from agent_server.identity.authenticators import Authenticator
 from agent_server.model.names import REASONER_NAME_RULE, is_reasoner_name
-from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerDefinitionError, ReasonerOptions
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
 from agent_server.model.versions import VERSION_VARIABLE, Migrate, Rule, advert, version_rule
@@ -230,7 +231,10 @@ class Agent:
         `version=` (else the agent's), `compatible=`, `migrate=`, `on_version_change=`:
         which checkpoints this code resumes (docs/durable.md, "Versions").
         """
-        attempts = max_attempts if max_attempts is not None else (3 if resumable else 1)
+        # The keywords above as they came, one ReasonerOptions field each (the test of its
+        # fields holds the two together); the options check them and apply the defaults.
+        given = dict(locals())
+        del given["self"], given["name"]
 
         def register(func: F) -> F:
             reasoner_name = func.__name__ if name is None else name
@@ -241,24 +245,8 @@ class Agent:
                 )
             if reasoner_name in self.reasoners:
                 raise ReasonerDefinitionError(f"reasoner {reasoner_name!r} is already registered")
-            self.reasoners[reasoner_name] = Reasoner(
-                func,
-                reasoner_name,
-                description,
-                resumable=resumable,
-                max_attempts=attempts,
-                timeout=timeout,
-                retry=retry,
-                max_concurrency=max_concurrency,
-                concurrency_key=concurrency_key,
-                session_policy=session_policy,
-                schedules=schedules,
-                version=version,
-                compatible=compatible,
-                migrate=migrate,
-                on_version_change=on_version_change,
-                agent_version=self.version,
-            )
+            options = ReasonerOptions(reasoner_name, agent_version=self.version, **given)
+            self.reasoners[reasoner_name] = Reasoner(func, options)
             self.metrics.add_reasoner(reasoner_name)
             return func
 

@@ -248,33 +248,9 @@ class ExecutionContext:
         execution = self._execution
         if execution.status is not ExecutionStatus.RUNNING:
             raise RuntimeError("one request at a time: an earlier ctx.ask still waits")
-        shown = jsoncodec.loads(jsoncodec.dumps_recordable(prompt, "the prompt"))
-        adapter: TypeAdapter[Any] | None = None if schema is None else TypeAdapter(schema)
-        json_schema = None if adapter is None else adapter.json_schema()
-        number = self._asked + 1
-        asked_at = time.time()
-        request: dict[str, Any] = {
-            "request_id": number,
-            "prompt": shown,
-            "schema": json_schema,
-            "asked_at": isoformat(asked_at),
-            "expires_at": None if timeout is None else isoformat(asked_at + timeout),
-        }
-        identity = asks.identity(key, shown, json_schema)
-        question = Question(
-            request, identity, asks.label(key, shown), self._matched.get(identity, 0)
-        )
-        reply, waiter = await self._record(question, adapter, timeout)
-        if reply.found is Found.AGAIN:  # an earlier request's, its answer dropped: again
-            question.request = {**request, "request_id": reply.request_id}
-            reply, waiter = await self._record(question, adapter, timeout)
-        if reply.found is Found.MISMATCH:
-            raise AskMismatch(execution.execution_id, number, question.label, reply.other)
+        question, adapter = self._question(prompt, schema, timeout, key)
+        reply, waiter = await self._numbered(question, adapter, timeout)
         request_id = reply.request_id
-        if request_id == number:
-            self._asked = number
-        else:
-            self._matched[identity] = request_id
         if reply.found is Found.ANSWERED:  # in an earlier attempt: that answer, at once
             return reply.value if adapter is None else adapter.validate_python(reply.value)
         if reply.found is Found.TIMED_OUT:  # in an earlier attempt: so here too
@@ -288,19 +264,72 @@ class ExecutionContext:
         if not waiter.done():  # else answered (elsewhere) before the store's reply came
             execution.ask(request)
         self._publish(ExecutionStatus.INPUT_REQUIRED.value, request)
+        value = await self._answer(request_id, waiter, timeout)
+        return value if adapter is None else adapter.validate_python(value)
+
+    def _question(
+        self, prompt: Any, schema: Any, timeout: float | None, key: str | None
+    ) -> tuple[Question, TypeAdapter[Any] | None]:
+        """The next request (`input_request`, numbered on from the last one), what identifies
+        its question, and the adapter its answer is validated by (None: any JSON)."""
+        shown = jsoncodec.loads(jsoncodec.dumps_recordable(prompt, "the prompt"))
+        adapter: TypeAdapter[Any] | None = None if schema is None else TypeAdapter(schema)
+        json_schema = None if adapter is None else adapter.json_schema()
+        asked_at = time.time()
+        request: dict[str, Any] = {
+            "request_id": self._asked + 1,
+            "prompt": shown,
+            "schema": json_schema,
+            "asked_at": isoformat(asked_at),
+            "expires_at": None if timeout is None else isoformat(asked_at + timeout),
+        }
+        identity = asks.identity(key, shown, json_schema)
+        question = Question(
+            request, identity, asks.label(key, shown), self._matched.get(identity, 0)
+        )
+        return question, adapter
+
+    async def _numbered(
+        self, question: Question, adapter: TypeAdapter[Any] | None, timeout: float | None
+    ) -> tuple[Reply, asyncio.Future[Any]]:
+        """The store's reply to the question (recorded again as the earlier request it was,
+        when that one's answer was dropped), counted: a new request moves the numbering on,
+        an earlier one it matched is where the next ask of this question starts looking.
+        Raises AskMismatch when the numbered request asked another question."""
+        number = question.request_id
+        reply, waiter = await self._record(question, adapter, timeout)
+        if reply.found is Found.AGAIN:  # an earlier request's, its answer dropped: again
+            question.request = {**question.request, "request_id": reply.request_id}
+            reply, waiter = await self._record(question, adapter, timeout)
+        if reply.found is Found.MISMATCH:
+            raise AskMismatch(self._execution.execution_id, number, question.label, reply.other)
+        if reply.request_id == number:
+            self._asked = number
+        else:
+            self._matched[question.identity] = reply.request_id
+        return reply, waiter
+
+    async def _answer(
+        self, request_id: int, waiter: asyncio.Future[Any], timeout: float | None
+    ) -> Any:
+        """Wait for the answer (unvalidated) to the request now asked; InputTimeout once
+        `timeout` passed unless an answer won the race. The execution is `running` again
+        after, however the wait ended."""
+        assert self._inputs is not None
+        execution = self._execution
         self._inputs.ask_ended(execution, True, 0.0)
         started = time.monotonic()
         try:
             try:
-                value = await self._inputs.await_answer(execution, request_id, waiter, timeout)
+                return await self._inputs.await_answer(execution, request_id, waiter, timeout)
             except TimeoutError:
                 if waiter.done() and not waiter.cancelled():
-                    value = waiter.result()
-                else:
-                    answered, value = await self._inputs.expire_ask(execution, request_id)
-                    if not answered:
-                        assert timeout is not None
-                        raise InputTimeout(execution.execution_id, request_id, timeout) from None
+                    return waiter.result()
+                answered, value = await self._inputs.expire_ask(execution, request_id)
+                if not answered:
+                    assert timeout is not None
+                    raise InputTimeout(execution.execution_id, request_id, timeout) from None
+                return value
         finally:
             if execution.reached_end(asked=True) and not execution.is_terminal:
                 execution.resume()  # unanswered: cancelled or timed out
@@ -308,7 +337,6 @@ class ExecutionContext:
                 waiter.cancel()
             execution.stop_waiting()
             self._inputs.ask_ended(execution, False, time.monotonic() - started)
-        return value if adapter is None else adapter.validate_python(value)
 
     async def _record(
         self, question: Question, adapter: TypeAdapter[Any] | None, timeout: float | None

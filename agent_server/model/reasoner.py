@@ -10,9 +10,8 @@ import collections.abc
 import hashlib
 import inspect
 import json
-import re
 import typing
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from pydantic import (
@@ -28,96 +27,39 @@ from pydantic import (
 
 from agent_server.model import jsoncodec
 from agent_server.model.context import ExecutionContext
-from agent_server.model.schedules import Schedule
-from agent_server.model.scheduling import RetryPolicy, SessionPolicy, check_timeout
-from agent_server.model.versions import Migrate, version_rule
+
+# Defined beside the options it mostly refuses; still imported from here as well.
+from agent_server.model.reasoner_options import ReasonerDefinitionError as ReasonerDefinitionError
+from agent_server.model.reasoner_options import ReasonerOptions
 
 ReasonerFunc = Callable[..., Any]
-#: An HTTP header name (RFC 9110 token), as `concurrency_key="header:NAME"` names one.
-HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
-
-
-class ReasonerDefinitionError(TypeError):
-    """The decorated function cannot be served as a reasoner."""
 
 
 class Reasoner:
     """A function plus how to turn a JSON body into its arguments and its result into JSON."""
 
-    def __init__(
-        self,
-        func: ReasonerFunc,
-        name: str,
-        description: str | None,
-        *,
-        resumable: bool = False,
-        max_attempts: int = 1,
-        timeout: float | None = None,
-        retry: RetryPolicy | None = None,
-        max_concurrency: int | None = None,
-        concurrency_key: str | None = None,
-        session_policy: str = "parallel",
-        schedules: Sequence[Schedule] = (),
-        version: str | None = None,
-        compatible: Sequence[str | None] = (),
-        migrate: Migrate | None = None,
-        on_version_change: str = "fail",
-        agent_version: str | None = None,
-    ) -> None:
-        if max_attempts < 1:
-            raise ReasonerDefinitionError(f"reasoner {name!r}: max_attempts must be at least 1")
-        if max_attempts > 1 and not resumable:
-            raise ReasonerDefinitionError(
-                f"reasoner {name!r}: only a resumable reasoner may have more than one attempt"
-            )
-        self.func = func
-        self.name = name
+    def __init__(self, func: ReasonerFunc, options: ReasonerOptions) -> None:
+        name = options.name
+        self.func, self.options, self.name = func, options, name
         #: A resumable reasoner's executions are handed off at shutdown (with a shared
         #: store) and retried after their owner's death, up to `max_attempts` attempts.
-        self.resumable = resumable
-        self.max_attempts = max_attempts
-        try:
-            #: Seconds an attempt may run (time waiting for input not counted), or None.
-            self.timeout = check_timeout(name, timeout)
-        except ValueError as exc:
-            raise ReasonerDefinitionError(str(exc)) from None
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ReasonerDefinitionError(f"reasoner {name!r}: retry must be a RetryPolicy")
+        self.resumable, self.max_attempts = options.resumable, options.attempts
+        #: Seconds an attempt may run (time waiting for input not counted), or None.
+        self.timeout = options.timeout
         #: How a failed attempt runs again (queued with its due time), or None.
-        self.retry = retry
-        if max_concurrency is not None and (
-            isinstance(max_concurrency, bool)
-            or not isinstance(max_concurrency, int)
-            or max_concurrency < 1
-        ):
-            raise ReasonerDefinitionError(f"reasoner {name!r}: max_concurrency must be >= 1")
-        if concurrency_key is not None and max_concurrency is None:
-            raise ReasonerDefinitionError(
-                f"reasoner {name!r}: concurrency_key needs max_concurrency"
-            )
-        if concurrency_key is not None and not (
-            concurrency_key == "session"
-            or (
-                concurrency_key.startswith("header:")
-                and HEADER_NAME.fullmatch(concurrency_key[len("header:") :])
-            )
-        ):
-            raise ReasonerDefinitionError(
-                f"reasoner {name!r}: concurrency_key is 'header:NAME', 'session' or None"
-            )
+        self.retry = options.retry
         #: At most this many attempts run at once per value of `concurrency_key` ("header:
         #: NAME", "session", or None: the whole reasoner), across replicas; None: no limit.
-        self.max_concurrency = max_concurrency
-        self.concurrency_key = concurrency_key
-        try:
-            #: What a start in a session does beside the session's other work, by default.
-            self.session_policy = SessionPolicy(session_policy)
-        except ValueError:
-            raise ReasonerDefinitionError(
-                f"reasoner {name!r}: session_policy is one of "
-                + ", ".join(policy.value for policy in SessionPolicy)
-            ) from None
-        self.description = description if description is not None else _first_line(func)
+        self.max_concurrency = options.max_concurrency
+        self.concurrency_key = options.concurrency_key
+        #: What a start in a session does beside the session's other work, by default.
+        self.session_policy = options.policy
+        #: Its version on this replica (its own `version=`, else its agent's) and what it
+        #: resumes besides (model/versions.py).
+        self.versions = options.versions
+        self.description = (
+            options.description if options.description is not None else _first_line(func)
+        )
         #: An `async def` generator: each `yield` is an `output` event, the result the list.
         self.is_generator = inspect.isasyncgenfunction(func)
         if inspect.isgeneratorfunction(func):
@@ -137,10 +79,33 @@ class Reasoner:
             raise ReasonerDefinitionError(
                 f"reasoner {name!r}: cannot resolve hints: {exc}"
             ) from exc
-        signature = inspect.signature(func)
+        self._build_input_model(hints)
+        return_annotation = hints.get("return", Any)
+        if self.is_generator:
+            item = _yield_type(return_annotation)
+            #: A generator's yielded values, one at a time (each an `output` event).
+            self.item_adapter: TypeAdapter[Any] | None = _output_adapter(item)
+            return_annotation = list[item]  # type: ignore[valid-type]
+        else:
+            self.item_adapter = None
+        self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
+        #: Its declared schedules (docs/schedules.md), each input bound once here.
+        self.schedules = tuple(options.schedules)
+        for schedule in self.schedules:
+            try:
+                self.bind(dict(schedule.input))
+            except ValidationError as exc:
+                raise ReasonerDefinitionError(
+                    f"reasoner {name!r}: a schedule's input does not bind: {exc}"
+                ) from None
+
+    def _build_input_model(self, hints: dict[str, Any]) -> None:
+        """The input model from the signature: its one model parameter's, else one made of
+        its parameters (an `ExecutionContext` parameter is handed the context instead)."""
+        name = self.name
         self._context_params: list[str] = []
         fields: dict[str, Any] = {}
-        for param in signature.parameters.values():
+        for param in inspect.signature(self.func).parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
                 raise ReasonerDefinitionError(
                     f"reasoner {name!r}: parameter {param.name!r} must be a plain keyword parameter"
@@ -160,37 +125,9 @@ class Reasoner:
             self.input_model = create_model(
                 f"{_camel(name)}Input", __config__=ConfigDict(extra="forbid"), **fields
             )
-        return_annotation = hints.get("return", Any)
-        if self.is_generator:
-            item = _yield_type(return_annotation)
-            #: A generator's yielded values, one at a time (each an `output` event).
-            self.item_adapter: TypeAdapter[Any] | None = _output_adapter(item)
-            return_annotation = list[item]  # type: ignore[valid-type]
-        else:
-            self.item_adapter = None
-        self.output_adapter: TypeAdapter[Any] = _output_adapter(return_annotation)
         self._field_names = tuple(self.input_model.model_fields)
         #: For a model input without its own rule for extra keys: the keys it declares.
         self._declared = None if self._model_param is None else _declared_keys(self.input_model)
-        try:
-            #: Its version on this replica (its own `version=`, else its agent's) and what
-            #: it resumes besides (model/versions.py).
-            self.versions = version_rule(
-                agent_version, version, compatible, migrate, on_version_change
-            )
-        except ValueError as exc:
-            raise ReasonerDefinitionError(f"reasoner {name!r}: {exc}") from None
-        #: Its declared schedules (docs/schedules.md), each input bound once here.
-        self.schedules = tuple(schedules)
-        for schedule in self.schedules:
-            if not isinstance(schedule, Schedule):
-                raise ReasonerDefinitionError(f"reasoner {name!r}: schedules takes Schedule(...)s")
-            try:
-                self.bind(dict(schedule.input))
-            except ValidationError as exc:
-                raise ReasonerDefinitionError(
-                    f"reasoner {name!r}: a schedule's input does not bind: {exc}"
-                ) from None
 
     def canonical(self, body: Any) -> Any:
         """The body as the reasoner reads it, as JSON data: what makes two requests the same

@@ -24,6 +24,7 @@ import pytest
 
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerOptions
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store import ExecutionStore, StoreUnavailable
 from tests.support.faults import CutProxy
@@ -119,7 +120,7 @@ async def test_a_start_cut_while_its_create_commits_runs_once_elsewhere_with_its
     a, b, proxy, _ = pair
     registry = InFlightRegistry(a, max_inflight=10)
     a.deliver_orphans(registry.runs, registry.adopt)
-    reasoner = Reasoner(needs_key, "needs_key", None)
+    reasoner = Reasoner(needs_key, ReasonerOptions("needs_key"))
     body = {"key": "k-1"}
     announced: list[Execution] = []
     hold_answers(proxy, store_url)

@@ -19,6 +19,7 @@ import pytest
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerOptions
 from agent_server.model.waiting import Closing
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import StoreUnavailable
@@ -275,7 +276,7 @@ async def test_a_start_cut_while_redis_runs_its_create_runs_once_elsewhere_with_
     try:
         registry = InFlightRegistry(a, max_inflight=10)
         a.deliver_orphans(registry.runs, registry.adopt)
-        reasoner = Reasoner(needs_key, "needs_key", None)
+        reasoner = Reasoner(needs_key, ReasonerOptions("needs_key"))
         body = {"key": "k-1"}
         announced: list[Execution] = []
         proxy.stall(b"", 1.0)  # every reply A reads is late: its create's too

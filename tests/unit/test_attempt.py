@@ -15,6 +15,7 @@ import pytest
 from agent_server.model.context import AskMismatch, Parked
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerOptions
 from agent_server.model.scheduling import ExecutionTimeout
 from agent_server.model.status import ExecutionStatus
 from agent_server.runtime.attempt import Attempt, Ending, Happened, Verdict, classify
@@ -36,7 +37,7 @@ def attempt_of(status: ExecutionStatus = S.RUNNING, **marks: Any) -> Attempt:
         execution.mark_queued()
     elif status is not S.RUNNING:
         execution.finish(status, reason=CancelReason.SHUTDOWN)
-    attempt = Attempt(execution, Reasoner(work, "work", None))
+    attempt = Attempt(execution, Reasoner(work, ReasonerOptions("work")))
     for name, value in marks.items():
         setattr(attempt, name, value)
     return attempt
@@ -50,7 +51,7 @@ async def expired_attempt(cancel_reason: CancelReason | None = None) -> Attempt:
     """An attempt whose own time limit fired (its task cancelled by its clock)."""
     execution = Execution("work", None, "test-replica")
     execution.cancel_reason = cancel_reason
-    attempt = Attempt(execution, Reasoner(async_work, "work", None, timeout=0.01))
+    attempt = Attempt(execution, Reasoner(async_work, ReasonerOptions("work", timeout=0.01)))
     task = asyncio.get_running_loop().create_task(asyncio.sleep(30))
     attempt.begin(task)  # type: ignore[arg-type]
     with pytest.raises(asyncio.CancelledError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +16,9 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent_server import Agent, ExecutionContext
-from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
+from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerDefinitionError, ReasonerOptions
+from agent_server.model.scheduling import SessionPolicy
 from tests.apps.tests_app import Text, make_agent
 
 
@@ -51,7 +55,7 @@ def test_single_model_parameter_is_the_whole_body() -> None:
     async def search(q: Query, ctx: ExecutionContext) -> list[Hit]:
         return []
 
-    reasoner = Reasoner(search, "search", None)
+    reasoner = Reasoner(search, ReasonerOptions("search"))
     arguments = reasoner.bind({"text": "cats"})
     assert arguments == {"q": Query(text="cats", limit=3)}
     # The model's own schema, saying what the one rule for unknown keys does.
@@ -64,7 +68,7 @@ def test_keyword_parameters_with_defaults() -> None:
     async def sleep_then_echo(seconds: float, text: str = "done") -> dict[str, Any]:
         return {}
 
-    reasoner = Reasoner(sleep_then_echo, "sleep", None)
+    reasoner = Reasoner(sleep_then_echo, ReasonerOptions("sleep"))
     assert reasoner.bind({"seconds": 1}) == {"seconds": 1.0, "text": "done"}
     assert reasoner.bind({"seconds": "2.5", "text": "x"}) == {"seconds": 2.5, "text": "x"}
     schema = reasoner.input_schema()
@@ -81,7 +85,7 @@ def test_model_parameter_next_to_another_is_keyed_by_name() -> None:
     async def two(q: Query, n: int = 1) -> int:
         return n
 
-    reasoner = Reasoner(two, "two", None)
+    reasoner = Reasoner(two, ReasonerOptions("two"))
     arguments = reasoner.bind({"q": {"text": "x"}, "n": 2})
     assert arguments == {"q": Query(text="x"), "n": 2}
 
@@ -90,7 +94,7 @@ def test_context_parameter_is_never_read_from_the_body() -> None:
     async def needs_ctx(ctx: ExecutionContext) -> str:
         return ctx.execution_id
 
-    reasoner = Reasoner(needs_ctx, "needs_ctx", None)
+    reasoner = Reasoner(needs_ctx, ReasonerOptions("needs_ctx"))
     assert reasoner.bind(None) == {}
     assert "ctx" not in reasoner.input_schema().get("properties", {})
     with pytest.raises(ValidationError):
@@ -101,7 +105,7 @@ def test_no_parameters_accepts_an_empty_body_only() -> None:
     async def nothing() -> str:
         return "ok"
 
-    reasoner = Reasoner(nothing, "nothing", None)
+    reasoner = Reasoner(nothing, ReasonerOptions("nothing"))
     assert reasoner.bind(None) == {}
     assert reasoner.bind({}) == {}
     with pytest.raises(ValidationError):
@@ -112,7 +116,7 @@ def test_output_is_serialised_by_its_annotation() -> None:
     async def stamp() -> tuple[datetime, Hit]:
         raise NotImplementedError
 
-    reasoner = Reasoner(stamp, "stamp", None)
+    reasoner = Reasoner(stamp, ReasonerOptions("stamp"))
     value = (datetime(2026, 1, 2, 3, 4, 5), Hit(text="a", score=1))
     assert reasoner.serialize(value) == ["2026-01-02T03:04:05", {"text": "a", "score": 1.0}]
     assert reasoner.output_schema()["type"] == "array"
@@ -129,7 +133,7 @@ def test_unannotated_output_is_plain_json() -> None:
     async def plain():  # type: ignore[no-untyped-def]
         return {"a": [1, 2]}
 
-    reasoner = Reasoner(plain, "plain", None)
+    reasoner = Reasoner(plain, ReasonerOptions("plain"))
     assert reasoner.serialize({"a": (1, 2)}) == {"a": [1, 2]}
     assert reasoner.output_schema() == {}
 
@@ -141,8 +145,8 @@ def test_description_defaults_to_the_first_docstring_line() -> None:
         More text.
         """
 
-    assert Reasoner(documented, "d", None).description == "First line."
-    assert Reasoner(documented, "d", "given").description == "given"
+    assert Reasoner(documented, ReasonerOptions("d")).description == "First line."
+    assert Reasoner(documented, ReasonerOptions("d", description="given")).description == "given"
 
 
 @pytest.mark.parametrize("kind", ["args", "kwargs", "positional"])
@@ -159,7 +163,7 @@ def test_unservable_signatures_are_refused_at_definition(kind: str) -> None:
         "positional": positional,
     }
     with pytest.raises(ReasonerDefinitionError):
-        Reasoner(funcs[kind], kind, None)
+        Reasoner(funcs[kind], ReasonerOptions(kind))
 
 
 def test_duplicate_reasoner_name_is_refused() -> None:
@@ -308,7 +312,7 @@ def test_a_model_input_refuses_unknown_keys_unless_it_says_otherwise() -> None:
     async def loose(q: Loose) -> str:
         return q.text
 
-    refusing = Reasoner(strict, "strict", None)
+    refusing = Reasoner(strict, ReasonerOptions("strict"))
     with pytest.raises(ValidationError) as refused:
         refusing.bind({"text": "x", "unknown": 1})
     assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [
@@ -316,7 +320,7 @@ def test_a_model_input_refuses_unknown_keys_unless_it_says_otherwise() -> None:
     ]
     assert refusing.bind({"text": "x"}) == {"q": Query(text="x")}  # the user's own model
     assert Query.model_validate({"text": "x", "unknown": 1}).text == "x"  # left as it was
-    kept = Reasoner(loose, "loose", None).bind({"text": "x", "more": 2})["q"]
+    kept = Reasoner(loose, ReasonerOptions("loose")).bind({"text": "x", "more": 2})["q"]
     assert kept.model_extra == {"more": 2}
 
 
@@ -326,7 +330,7 @@ def test_equal_requests_have_one_canonical_body() -> None:
     async def sleep(seconds: float, text: str = "done") -> str:
         return text
 
-    reasoner = Reasoner(sleep, "sleep", None)
+    reasoner = Reasoner(sleep, ReasonerOptions("sleep"))
     same = [{"seconds": 5}, {"seconds": 5.0}, {"text": "done", "seconds": 5}]
     assert len({repr(reasoner.canonical(body)) for body in same}) == 1
     assert reasoner.canonical({"seconds": 5}) != reasoner.canonical({"seconds": 5.5})
@@ -362,7 +366,6 @@ async def test_unserialisable_result_is_failed() -> None:
 
 def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
     from agent_server import RetryPolicy
-    from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
 
     async def work() -> None:
         return None
@@ -370,14 +373,14 @@ def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
     def blocking() -> None:
         return None
 
-    assert Reasoner(work, "w", None, timeout=2).timeout == 2.0
+    assert Reasoner(work, ReasonerOptions("w", timeout=2)).timeout == 2.0
     for bad in (0, -1, float("nan"), 8 * 86_400, True):
         with pytest.raises(ReasonerDefinitionError):
-            Reasoner(work, "w", None, timeout=bad)
+            Reasoner(work, ReasonerOptions("w", timeout=bad))
     with pytest.raises(ReasonerDefinitionError, match="async def"):
-        Reasoner(blocking, "b", None, timeout=1)
+        Reasoner(blocking, ReasonerOptions("b", timeout=1))
     with pytest.raises(ReasonerDefinitionError, match="RetryPolicy"):
-        Reasoner(work, "w", None, retry=3)  # type: ignore[arg-type]
+        Reasoner(work, ReasonerOptions("w", retry=3))  # type: ignore[arg-type]
     policy = RetryPolicy(max_attempts=4, initial_delay=1, backoff=2, max_delay=3)
     assert [policy.delay(n) for n in (1, 2, 3)] == [1, 2, 3]
     assert policy.retries(ValueError(), 3) and not policy.retries(ValueError(), 4)
@@ -388,13 +391,13 @@ def test_timeout_and_retry_are_checked_where_the_reasoner_is_defined() -> None:
 
 
 def test_a_concurrency_limit_is_checked_where_the_reasoner_is_defined() -> None:
-    from agent_server.model.reasoner import Reasoner, ReasonerDefinitionError
-
     async def work() -> None:
         return None
 
-    assert Reasoner(work, "w", None, max_concurrency=2).concurrency_key is None
-    limited = Reasoner(work, "w", None, max_concurrency=1, concurrency_key="header:X-Tenant")
+    assert Reasoner(work, ReasonerOptions("w", max_concurrency=2)).concurrency_key is None
+    limited = Reasoner(
+        work, ReasonerOptions("w", max_concurrency=1, concurrency_key="header:X-Tenant")
+    )
     assert limited.max_concurrency == 1
     for kwargs in (
         {"max_concurrency": 0},
@@ -404,4 +407,49 @@ def test_a_concurrency_limit_is_checked_where_the_reasoner_is_defined() -> None:
         {"max_concurrency": 1, "concurrency_key": "header:bad name"},
     ):
         with pytest.raises(ReasonerDefinitionError):
-            Reasoner(work, "w", None, **kwargs)  # type: ignore[arg-type]
+            Reasoner(work, ReasonerOptions("w", **kwargs))  # type: ignore[arg-type]
+
+
+def test_the_decorator_keywords_are_the_options_fields() -> None:
+    """`@agent.reasoner`'s keywords are spelled out for editors and type checkers, and handed
+    to ReasonerOptions as they came: the same names, defaults and annotations (`name` is the
+    function's by default there, and the agent gives its own version)."""
+    keywords = {
+        param.name: (param.default, param.annotation)
+        for param in inspect.signature(Agent.reasoner).parameters.values()
+        if param.kind is param.KEYWORD_ONLY
+    }
+    fields = {
+        field.name: (field.default, field.type)
+        for field in dataclasses.fields(ReasonerOptions)
+        if field.init and field.kw_only and field.name != "agent_version"
+    }
+    assert keywords == fields
+    assert [p.name for p in inspect.signature(Agent.reasoner).parameters.values()][:2] == [
+        "self",
+        "name",
+    ]
+
+
+def test_options_settle_their_defaults_and_the_agent_passes_them_on() -> None:
+    assert ReasonerOptions("r").attempts == 1
+    assert ReasonerOptions("r", resumable=True).attempts == 3
+    assert ReasonerOptions("r", resumable=True, max_attempts=5).attempts == 5
+    with pytest.raises(ReasonerDefinitionError, match="only a resumable reasoner"):
+        ReasonerOptions("r", max_attempts=2)
+    with pytest.raises(ReasonerDefinitionError, match="session_policy is one of"):
+        ReasonerOptions("r", session_policy="later")
+    with pytest.raises(ReasonerDefinitionError, match="reasoner 'r': a version is"):
+        ReasonerOptions("r", version="")
+    agent = Agent("options", version="v2")
+
+    @agent.reasoner(resumable=True, timeout=3, session_policy="enqueue", compatible=["v1"])
+    async def work() -> None:
+        """Works."""
+
+    reasoner = agent.reasoners["work"]
+    assert (reasoner.name, reasoner.description, reasoner.max_attempts) == ("work", "Works.", 3)
+    assert reasoner.timeout == 3.0 and isinstance(reasoner.timeout, float)
+    assert reasoner.session_policy is SessionPolicy.ENQUEUE
+    assert reasoner.versions == reasoner.options.versions
+    assert reasoner.options.agent_version == "v2" and reasoner.options.compatible == ["v1"]

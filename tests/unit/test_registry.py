@@ -18,6 +18,7 @@ import pytest
 from agent_server.model.context import ExecutionContext
 from agent_server.model.execution import CancelReason, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerOptions
 from agent_server.model.scheduling import RetryPolicy
 from agent_server.runtime.registry import (
     ABANDONED_LINES,
@@ -41,7 +42,7 @@ WAIT = 5.0
 
 
 def reasoner(func: Callable[..., Any], name: str | None = None) -> Reasoner:
-    return Reasoner(func, name or func.__name__, None)
+    return Reasoner(func, ReasonerOptions(name or func.__name__))
 
 
 @pytest.fixture
@@ -433,7 +434,7 @@ async def test_abandoning_an_attempt_that_ended_in_the_same_turn_keeps_its_end(
         raise ValueError("try again")
 
     policy = RetryPolicy(initial_delay=60.0)
-    execution = await registry.start(Reasoner(flaky, "flaky", None, retry=policy), {})
+    execution = await registry.start(Reasoner(flaky, ReasonerOptions("flaky", retry=policy)), {})
     await failed.wait()
     assert registry.abandon(execution.execution_id) is None
     assert registry.stats.outcomes["abandoned"] == 0

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent_server import Agent
 from agent_server.model.execution import CancelReason, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
+from agent_server.model.reasoner_options import ReasonerOptions
 from agent_server.runtime.registry import AdmissionError, InFlightRegistry, RejectReason
 from agent_server.runtime.sessions import SessionBusy, SessionRelease
 from tests.apps.tests_app import (
@@ -71,7 +72,9 @@ async def start_in(
     registry: InFlightRegistry, func: Any, session_id: str | None, **kwargs: Any
 ) -> Any:
     """Start an execution and let its task take its first step (it is inside the reasoner)."""
-    execution = await registry.start(Reasoner(func, func.__name__, None), kwargs, session_id)
+    execution = await registry.start(
+        Reasoner(func, ReasonerOptions(func.__name__)), kwargs, session_id
+    )
     await asyncio.sleep(0)
     return execution
 
@@ -165,11 +168,13 @@ async def test_session_being_released_refuses_new_work(observed: object) -> None
     release = asyncio.create_task(local.releases.release("s1", timeout=None, cancel_running=True))
     await asyncio.wait_for(stubborn.cancelled.wait(), WAIT)
     with pytest.raises(AdmissionError) as refused:
-        await registry.start(Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1")
+        await registry.start(
+            Reasoner(sleep, ReasonerOptions("sleep")), {"seconds": 0, "marker": None}, "s1"
+        )
     assert refused.value.reason is RejectReason.SESSION_RELEASED
     assert registry.stats.rejected["session_released"] == 1
     other = await registry.start(
-        Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s2"
+        Reasoner(sleep, ReasonerOptions("sleep")), {"seconds": 0, "marker": None}, "s2"
     )
     assert await other.wait(WAIT) and other.status is ExecutionStatus.SUCCEEDED
     stubborn.finish.set()
@@ -177,7 +182,7 @@ async def test_session_being_released_refuses_new_work(observed: object) -> None
     assert (result.cancelled, result.abandoned) == (1, 0)
     # Released: the session id may be used again.
     again = await registry.start(
-        Reasoner(sleep, "sleep", None), {"seconds": 0, "marker": None}, "s1"
+        Reasoner(sleep, ReasonerOptions("sleep")), {"seconds": 0, "marker": None}, "s1"
     )
     assert await again.wait(WAIT)
 
