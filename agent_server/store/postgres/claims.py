@@ -113,6 +113,7 @@ class Claims(PgPart):
             "window": CLAIM_WINDOW,
         }
         waiting: list[str] = []
+        row: Any = None
         async with self._link.tx("claim") as conn:
             cursor = await conn.execute(
                 f"SELECT {ROW}, ckey, climit, gated, session, created_at,"
@@ -163,42 +164,50 @@ class Claims(PgPart):
                 waited_from = scheduled if scheduled else float(due or created_at)
                 break
             if taken is None:
-                cursor = await conn.execute(
-                    "SELECT e.id FROM executions e WHERE agent = %(agent)s"
-                    f" AND status = 'queued' AND due_at <= now() AND {WAITS} LIMIT {WAITS_COUNTED}",
-                    args,
-                )
-                waiting = [str(r[0]) for r in await cursor.fetchall()]
-                # When to look again: what waits for another replica is not due here;
-                # nothing while this replica's lease has lapsed (it renews first).
-                cursor = await conn.execute(
-                    "SELECT extract(epoch FROM min(due_at) - now()),"
-                    " EXISTS (SELECT 1 FROM replicas r WHERE r.agent = %(agent)s"
-                    " AND r.replica = %(me)s AND r.expires_at > now())"
-                    " FROM executions e"
-                    f" WHERE agent = %(agent)s AND status = 'queued' AND NOT {WAITS}",
-                    args,
-                )
-                row = await cursor.fetchone()
+                waiting, row = await self._nothing_taken(conn, args)
         if taken is None:
             self._count_waits(waiting)
-            loop = asyncio.get_running_loop()
-            if row is not None and row[0] is not None and not row[1]:
-                # Due work, but this replica's lease has lapsed: renewed at the next pass,
-                # which wakes the taker (a due time of now would have it spin meanwhile).
-                self._renew_soon()
-                self._due_at = None
-                return None
-            due_in = None if row is None or row[0] is None else max(0.0, float(row[0]))
-            if blocked:
-                due_in = 1.0 if due_in is None else min(due_in, 1.0)
-            self._due_at = None if due_in is None else loop.time() + due_in
+            self._look_again(row, blocked)
             return None
         taken.resumable = True
         taken.started_monotonic = time.monotonic() - max(0.0, time.time() - taken.created_at)
         if self.on_unqueued is not None and (taken.scheduled_at or taken.attempt == 1):
             self.on_unqueued(taken, max(0.0, time.time() - waited_from))
         return taken
+
+    @staticmethod
+    async def _nothing_taken(conn: Conn, args: dict[str, Any]) -> tuple[list[str], Any]:
+        """What waits for another replica (its version), counted; and when to look again:
+        the soonest due time of the rest (what waits for another replica is not due here),
+        with whether this replica's lease holds (nothing is due while it has lapsed)."""
+        cursor = await conn.execute(
+            "SELECT e.id FROM executions e WHERE agent = %(agent)s"
+            f" AND status = 'queued' AND due_at <= now() AND {WAITS} LIMIT {WAITS_COUNTED}",
+            args,
+        )
+        waiting = [str(r[0]) for r in await cursor.fetchall()]
+        cursor = await conn.execute(
+            "SELECT extract(epoch FROM min(due_at) - now()),"
+            " EXISTS (SELECT 1 FROM replicas r WHERE r.agent = %(agent)s"
+            " AND r.replica = %(me)s AND r.expires_at > now())"
+            " FROM executions e"
+            f" WHERE agent = %(agent)s AND status = 'queued' AND NOT {WAITS}",
+            args,
+        )
+        return waiting, await cursor.fetchone()
+
+    def _look_again(self, row: Any, blocked: bool) -> None:
+        """When the taker looks again after a claim took nothing (`due_in`)."""
+        if row is not None and row[0] is not None and not row[1]:
+            # Due work, but this replica's lease has lapsed: renewed at the next pass,
+            # which wakes the taker (a due time of now would have it spin meanwhile).
+            self._renew_soon()
+            self._due_at = None
+            return
+        due_in = None if row is None or row[0] is None else max(0.0, float(row[0]))
+        if blocked:
+            due_in = 1.0 if due_in is None else min(due_in, 1.0)
+        self._due_at = None if due_in is None else asyncio.get_running_loop().time() + due_in
 
     async def _take(
         self, conn: Conn, execution: Execution, token: str, mine: dict[str, Any]

@@ -32,7 +32,7 @@ class Inputs(StorePart):
         it goes on, and an outage does not fail it (section 12, invariant 4)."""
         reply = await self._waiting_out(
             "checkpoint",
-            self.keys.for_checkpoint(execution.execution_id),
+            self.keys.script.for_checkpoint(execution.execution_id),
             execution.replica,
             str(execution.attempt),
             state,
@@ -73,7 +73,7 @@ class Inputs(StorePart):
         number = question.request_id
         reply = await self._waiting_out(
             "ask",
-            self.keys.for_ask(execution.execution_id, execution.replica),
+            self.keys.script.for_ask(execution.execution_id, execution.replica),
             execution.replica,
             str(execution.attempt),
             str(number),
@@ -119,7 +119,7 @@ class Inputs(StorePart):
     ) -> tuple[bool, Any]:
         reply = await self._waiting_out(
             "expire",
-            self.keys.for_expire(execution.execution_id),
+            self.keys.script.for_expire(execution.execution_id),
             execution.replica,
             str(execution.attempt),
             str(request_id),
@@ -142,7 +142,7 @@ class Inputs(StorePart):
             request_id = pending.get("request_id")
             if not isinstance(request_id, int):
                 return None
-        keys = self.keys.for_answer(execution.execution_id)
+        keys = self.keys.script.for_answer(execution.execution_id)
         text: str | bytes = codec.dumps(value)
         with self._link.operation("answer"):
             reply, held = await self._link.told(

@@ -32,6 +32,7 @@ class Keys:
         "replicas",
         "running",
         "scheduled",
+        "script",
         "sizes",
         "states",
         "tag",
@@ -94,7 +95,10 @@ class Keys:
         #: KEYS[1..8] of every script that includes judge.lua.
         self.judged: tuple[str, ...] = (*self.records, self.replicas, self.renewals)
 
-    # -- one key each ----------------------------------------------------------------------
+        # -- one key each ----------------------------------------------------------------------
+
+        #: The KEYS of each script, in its contract's order.
+        self.script = ScriptKeys(self)
 
     def record(self, execution_id: str) -> str:
         return f"{self.prefix}x:{execution_id}"
@@ -133,149 +137,169 @@ class Keys:
 
     # -- the KEYS of each script (lua/NAME.lua) --------------------------------------------
 
+
+class ScriptKeys:
+    """The KEYS each script takes, named from one agent's `Keys`: the order of each tuple is
+    its script's contract (the opening of its file under lua/ says what each is)."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+
     def for_create(
         self, execution_id: str, session: str, owner: str, key: str, tenant: str, take: str
     ) -> tuple[str, ...]:
         """`session` and `key` are its tenant's names (names.py `scoped`); `tenant` '' for
         none; `take` the create's token."""
         return (
-            *self.judged,
-            self.record(execution_id),
-            self.void(execution_id, take),
-            self.idempotency(key),
-            self.session(session),
-            self.owned(owner),
-            self.releasing(session),
-            self.tenant(tenant),
+            *self.keys.judged,
+            self.keys.record(execution_id),
+            self.keys.void(execution_id, take),
+            self.keys.idempotency(key),
+            self.keys.session(session),
+            self.keys.owned(owner),
+            self.keys.releasing(session),
+            self.keys.tenant(tenant),
         )
 
     def for_end(self, execution_id: str, owner: str) -> tuple[str, str, str]:
         """One end's keys; a run of ends written together follows `records` with each's."""
-        return self.record(execution_id), self.stream(execution_id), self.owned(owner)
+        return (
+            self.keys.record(execution_id),
+            self.keys.stream(execution_id),
+            self.keys.owned(owner),
+        )
 
     def for_ids(self, ids: Iterable[str]) -> list[str]:
         """`get`: each record and its stream."""
-        keys = list(self.judged)
+        keys = list(self.keys.judged)
         for execution_id in ids:
-            keys.extend((self.record(execution_id), self.stream(execution_id)))
+            keys.extend((self.keys.record(execution_id), self.keys.stream(execution_id)))
         return keys
 
     def for_settle(self, takes: Iterable[tuple[str, str]]) -> list[str]:
         """Per create (its id and its take's token): its record, stream and void."""
-        keys = list(self.judged)
+        keys = list(self.keys.judged)
         for execution_id, take in takes:
             keys.extend(
                 (
-                    self.record(execution_id),
-                    self.stream(execution_id),
-                    self.void(execution_id, take),
+                    self.keys.record(execution_id),
+                    self.keys.stream(execution_id),
+                    self.keys.void(execution_id, take),
                 )
             )
         return keys
 
     def for_forget(self, execution_id: str) -> tuple[str, ...]:
-        return *self.judged, self.record(execution_id), self.stream(execution_id)
+        return *self.keys.judged, self.keys.record(execution_id), self.keys.stream(execution_id)
 
     def for_cancel_queued(self, execution_id: str) -> tuple[str, ...]:
         return (
-            *self.records,
-            self.record(execution_id),
-            self.stream(execution_id),
-            self.parked,
+            *self.keys.records,
+            self.keys.record(execution_id),
+            self.keys.stream(execution_id),
+            self.keys.parked,
         )
 
     def for_tick(self) -> tuple[str, ...]:
-        return *self.judged, self.parked, self.versions, self.vqs
+        return *self.keys.judged, self.keys.parked, self.keys.versions, self.keys.vqs
 
     def for_claim(self, replica: str) -> tuple[str, ...]:
         return (
-            *self.records,
-            self.replicas,
-            self.owned(replica),
-            self.scheduled,
-            self.ckeys,
-            self.versions,
-            self.vqs,
+            *self.keys.records,
+            self.keys.replicas,
+            self.keys.owned(replica),
+            self.keys.scheduled,
+            self.keys.ckeys,
+            self.keys.versions,
+            self.keys.vqs,
         )
 
     def for_enqueue(
         self, execution_id: str, session: str, key: str, tenant: str
     ) -> tuple[str, ...]:
         return (
-            *self.judged,
-            self.record(execution_id),
-            self.idempotency(key),
-            self.session(session),
-            self.releasing(session),
-            self.scheduled,
-            self.ckeys,
-            self.tenant(tenant),
+            *self.keys.judged,
+            self.keys.record(execution_id),
+            self.keys.idempotency(key),
+            self.keys.session(session),
+            self.keys.releasing(session),
+            self.keys.scheduled,
+            self.keys.ckeys,
+            self.keys.tenant(tenant),
         )
 
     def for_list(self, index: str) -> tuple[str, ...]:
-        return *self.judged, index
+        return *self.keys.judged, index
 
     def for_owned(self, replica: str) -> tuple[str, ...]:
-        return *self.judged, self.owned(replica)
+        return *self.keys.judged, self.keys.owned(replica)
 
     def for_checkpoint(self, execution_id: str) -> tuple[str]:
-        return (self.record(execution_id),)
+        return (self.keys.record(execution_id),)
 
     def for_begin(self, execution_id: str) -> tuple[str]:
-        return (self.record(execution_id),)
+        return (self.keys.record(execution_id),)
 
     def for_emit(self, execution_id: str) -> tuple[str, str]:
-        return self.record(execution_id), self.stream(execution_id)
+        return self.keys.record(execution_id), self.keys.stream(execution_id)
 
     def for_handoff(self, execution_id: str, owner: str) -> tuple[str, ...]:
         """Where the next attempt goes: the queue (a hand-off), or `scheduled` (a retry)."""
         return (
-            self.record(execution_id),
-            self.running,
-            self.owned(owner),
-            self.queue,
-            self.scheduled,
+            self.keys.record(execution_id),
+            self.keys.running,
+            self.keys.owned(owner),
+            self.keys.queue,
+            self.keys.scheduled,
         )
 
     def for_cancel(self, execution_id: str) -> tuple[str, str]:
         """The record, and the prefix: its owner's `cancels:{owner}` and channel are named
         from it."""
-        return self.record(execution_id), self.prefix
+        return self.keys.record(execution_id), self.keys.prefix
 
     def for_unclaim(self, execution_id: str, owner: str) -> tuple[str, ...]:
         """An execution taken here whose body never started, back to the queue."""
         return (
-            self.record(execution_id),
-            self.running,
-            self.owned(owner),
-            self.queue,
-            self.queued,
+            self.keys.record(execution_id),
+            self.keys.running,
+            self.keys.owned(owner),
+            self.keys.queue,
+            self.keys.queued,
         )
 
     def for_ask(self, execution_id: str, owner: str) -> tuple[str, ...]:
         """The record, the `ends` channel (waiters that return at input_required), what
         parking it changes, and the webhook deliveries."""
         return (
-            self.record(execution_id),
-            self.ends,
-            self.running,
-            self.owned(owner),
-            self.parked,
-            self.webhooks,
-            self.webhook_bodies,
+            self.keys.record(execution_id),
+            self.keys.ends,
+            self.keys.running,
+            self.keys.owned(owner),
+            self.keys.parked,
+            self.keys.webhooks,
+            self.keys.webhook_bodies,
         )
 
     def for_webhooks(self) -> tuple[str, str]:
         """`webhook_claim` and `webhook_settle`."""
-        return self.webhooks, self.webhook_bodies
+        return self.keys.webhooks, self.keys.webhook_bodies
 
     def for_answer(self, execution_id: str) -> tuple[str, ...]:
         """The record, the prefix (the owner's channel is named once it is read), and
         where a parked execution goes once answered."""
-        return self.record(execution_id), self.prefix, self.queue, self.parked, self.queued
+        return (
+            self.keys.record(execution_id),
+            self.keys.prefix,
+            self.keys.queue,
+            self.keys.parked,
+            self.keys.queued,
+        )
 
     def for_expire(self, execution_id: str) -> tuple[str]:
-        return (self.record(execution_id),)
+        return (self.keys.record(execution_id),)
 
     def for_end_release(self, session_id: str, release_id: str) -> tuple[str, str]:
-        return self.releasing(session_id), self.released(release_id)
+        return self.keys.releasing(session_id), self.keys.released(release_id)

@@ -179,7 +179,7 @@ class Liveness:
         with link.operation("renew", probe=True):
             reply = await link.script(
                 "tick",
-                self._keys.for_tick(),
+                self._keys.script.for_tick(),
                 lease_ms,
                 SWEEP_LIMIT,
                 len(running),
@@ -252,7 +252,7 @@ class Liveness:
         try:
             with self._link.operation("owned"):
                 rows = await self._link.script(
-                    "owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN
+                    "owned", self._keys.script.for_owned(self._replica_id), ORPHAN_SCAN
                 )
         except StoreUnavailable:
             self.repair_due = True
@@ -363,7 +363,9 @@ class Liveness:
                 ):
                     self._requeue_unstarted(execution, token)
         with link.operation("owned"):
-            rows = await link.script("owned", self._keys.for_owned(self._replica_id), ORPHAN_SCAN)
+            rows = await link.script(
+                "owned", self._keys.script.for_owned(self._replica_id), ORPHAN_SCAN
+            )
         owed = self._owed()
         for row, _, token, _ in rows:
             execution = self._codec.restore(row)
@@ -386,7 +388,7 @@ class Liveness:
     def _settle_args(self, takes: list[tuple[str, Execution]]) -> tuple[list[str], list[str]]:
         """settle.lua's keys, then its arguments: each create's id and token."""
         pairs = [(execution.execution_id, token) for token, execution in takes]
-        return self._keys.for_settle(pairs), [part for pair in pairs for part in pair]
+        return self._keys.script.for_settle(pairs), [part for pair in pairs for part in pair]
 
     def _requeue_unstarted(self, execution: Execution, token: str) -> None:
         """Taken by this process, which never began its body: back to the queue, its

@@ -21,7 +21,7 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "emit",
-            self.keys.for_emit(execution.execution_id),
+            self.keys.script.for_emit(execution.execution_id),
             [
                 execution.replica,
                 str(execution.attempt),
@@ -36,7 +36,7 @@ class OwnerWrites(StorePart):
         """Queue the end for the outbox writer (its arguments taken now); `recorded` tells
         when it is in Redis."""
         execution.recorded = asyncio.get_running_loop().create_future()
-        keys = self.keys.for_end(execution.execution_id, execution.replica)
+        keys = self.keys.script.for_end(execution.execution_id, execution.replica)
         self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
         # Once written, a delivery may be owed (records.lua): the sender looks at once. A
         # resumed attempt's URL is in the hash only (the sender's next look finds it too).
@@ -65,7 +65,7 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "unclaim",
-            self.keys.for_unclaim(execution.execution_id, execution.replica),
+            self.keys.script.for_unclaim(execution.execution_id, execution.replica),
             [execution.execution_id, execution.replica, str(execution.attempt), token, body],
         )
 
@@ -78,7 +78,7 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "handoff",
-            self.keys.for_handoff(execution.execution_id, execution.replica),
+            self.keys.script.for_handoff(execution.execution_id, execution.replica),
             [
                 execution.execution_id,
                 execution.replica,

@@ -89,7 +89,7 @@ class Reads(StorePart):
         """One `get` call for many ids (a waiter's re-read, or those woken together)."""
         wanted = "" if tenant is None else f"={tenant}"
         with self._link.operation("get"):
-            rows = await self._link.script("get", self.keys.for_ids(ids), wanted, *ids)
+            rows = await self._link.script("get", self.keys.script.for_ids(ids), wanted, *ids)
         found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
         return found or [None] * len(ids)
 
@@ -162,7 +162,7 @@ class Reads(StorePart):
         with self._link.operation(operation):
             reply = await self._link.script(
                 "list",
-                self.keys.for_list(index),
+                self.keys.script.for_list(index),
                 scan,
                 limit,
                 statuses,

@@ -58,7 +58,7 @@ class Releases:
         with self._link.operation("end_release"):
             _, held = await self._link.told(
                 "end_release",
-                self._keys.for_end_release(session_id, release_id),
+                self._keys.script.for_end_release(session_id, release_id),
                 release_id,
                 codec.dumps(answer) if answer else "",
             )

@@ -68,7 +68,7 @@ class Starts(StorePart):
             with self._link.operation("create"):
                 reply, held = await self._link.told(
                     "create",
-                    self.keys.for_create(
+                    self.keys.script.for_create(
                         execution_id,
                         session_id,
                         execution.replica,
@@ -136,7 +136,7 @@ class Starts(StorePart):
         with self._link.operation("enqueue"):
             reply, held = await self._link.told(
                 "enqueue",
-                self.keys.for_enqueue(execution_id, session_id, key, execution.tenant or ""),
+                self.keys.script.for_enqueue(execution_id, session_id, key, execution.tenant or ""),
                 execution_id,
                 session_id,
                 repr(execution.created_at),
@@ -185,7 +185,7 @@ class Starts(StorePart):
             with self._link.operation("claim"):
                 reply, held = await self._link.told(
                     "claim",
-                    self.keys.for_claim(self.replica_id),
+                    self.keys.script.for_claim(self.replica_id),
                     self.replica_id,
                     token,
                     self.advert,
@@ -233,7 +233,7 @@ class Starts(StorePart):
             with self._link.operation("begin"):
                 reply, held = await self._link.told(
                     "begin",
-                    self.keys.for_begin(execution.execution_id),
+                    self.keys.script.for_begin(execution.execution_id),
                     self.replica_id,
                     str(execution.attempt),
                     execution.take,

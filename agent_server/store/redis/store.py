@@ -344,7 +344,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
         """One script: False when unknown, ExecutionRunning while active, else deleted."""
         with self._link.operation("forget"):
             reply, held = await self._link.told(
-                "forget", self.keys.for_forget(execution_id), execution_id
+                "forget", self.keys.script.for_forget(execution_id), execution_id
             )
         code = Forget(int(reply[0]))
         if code is Forget.UNKNOWN:
@@ -366,7 +366,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
             with self._link.operation("request_cancel"):
                 reply, held = await self._link.told(
                     "cancel_queued",
-                    self.keys.for_cancel_queued(execution.execution_id),
+                    self.keys.script.for_cancel_queued(execution.execution_id),
                     execution.execution_id,
                     reason.value,
                 )
@@ -389,7 +389,7 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
         with self._link.operation("request_cancel"):
             await self._link.script(
                 "cancel",
-                self.keys.for_cancel(execution.execution_id),
+                self.keys.script.for_cancel(execution.execution_id),
                 execution.execution_id,
                 message,
             )

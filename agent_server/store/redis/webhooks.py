@@ -23,7 +23,7 @@ class Webhooks(StorePart):
         seconds. `due_only` is for the memory store: what is owed here stays for others."""
         with self._link.operation("webhook_claim"):
             reply = await self._link.script(
-                "webhook_claim", self.keys.for_webhooks(), round(lease * 1000), limit
+                "webhook_claim", self.keys.script.for_webhooks(), round(lease * 1000), limit
             )
         pending, now = int(reply[0]), int(reply[1]) / 1000
         deliveries = []
@@ -62,6 +62,6 @@ class Webhooks(StorePart):
         delay = "" if retry_in is None else str(max(0, round(retry_in * 1000)))
         with self._link.operation("webhook_settle"):
             reply = await self._link.script(
-                "webhook_settle", self.keys.for_webhooks(), delivery.delivery_id, delay
+                "webhook_settle", self.keys.script.for_webhooks(), delivery.delivery_id, delay
             )
         return int(reply)
