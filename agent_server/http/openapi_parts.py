@@ -80,3 +80,38 @@ EVENT_STREAM: dict[str, Any] = {
         }
     },
 }
+
+
+def paging(cursor_pattern: str) -> list[dict[str, Any]]:
+    """A paged list's query parameters: `limit`, and `cursor` (where the page before ended)."""
+    return [
+        {
+            "name": "limit",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+        {
+            "name": "cursor",
+            "in": "query",
+            "description": "Where the page before ended: from its Link header",
+            "schema": {"type": "string", "pattern": cursor_pattern},
+        },
+    ]
+
+
+def page_of(item: dict[str, Any], description: str, more: str) -> dict[str, Any]:
+    """A page's 200: an array of `item`, its `Link` to the next page while `more`, and
+    `X-Truncated` when it was cut at 4 MiB."""
+    return {
+        **json_body({"type": "array", "items": item}, description),
+        "headers": {
+            "Link": {
+                "description": f'RFC 8288 `<...>; rel="next"` while {more}',
+                "schema": {"type": "string"},
+            },
+            "X-Truncated": {
+                "description": "`true` when the page was cut at 4 MiB",
+                "schema": {"type": "string"},
+            },
+        },
+    }

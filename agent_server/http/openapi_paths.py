@@ -14,6 +14,8 @@ from agent_server.http.openapi_parts import (
     error_response,
     json_body,
     operation,
+    page_of,
+    paging,
     ref,
 )
 from agent_server.model.execution import MAX_SECONDS, ExecutionStatus
@@ -72,34 +74,11 @@ def _listing() -> dict[str, Any]:
                         "description": "Only the executions this schedule's firings started",
                         "schema": {"type": "string", "pattern": SCHEDULE_ID_PATTERN},
                     },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                    },
-                    {
-                        "name": "cursor",
-                        "in": "query",
-                        "description": "Where the page before ended: from its Link header",
-                        # A time as both stores write it, and an id (store/cursor.py).
-                        "schema": {"type": "string", "pattern": CURSOR_PATTERN},
-                    },
+                    # A time as both stores write it, and an id (store/cursor.py).
+                    *paging(CURSOR_PATTERN),
                 ],
                 responses={
-                    "200": {
-                        **json_body({"type": "array", "items": ref("Execution")}, "Executions"),
-                        "headers": {
-                            "Link": {
-                                "description": 'RFC 8288 `<...>; rel="next"` while older '
-                                "records may follow",
-                                "schema": {"type": "string"},
-                            },
-                            "X-Truncated": {
-                                "description": "`true` when the page was cut at 4 MiB",
-                                "schema": {"type": "string"},
-                            },
-                        },
-                    },
+                    "200": page_of(ref("Execution"), "Executions", "older records may follow"),
                     "400": error_response("Invalid reasoner, session_id, schedule_id or cursor"),
                     "422": error_response("Invalid filter"),
                 },

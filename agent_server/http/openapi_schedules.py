@@ -14,6 +14,8 @@ from agent_server.http.openapi_parts import (
     hoist,
     json_body,
     operation,
+    page_of,
+    paging,
     ref,
 )
 from agent_server.model.names import SCHEDULE_ID_PATTERN
@@ -119,33 +121,10 @@ def _collection(create: dict[str, Any]) -> dict[str, Any]:
                 "/schedules",
                 "GET",
                 parameters=[
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                    },
-                    {
-                        "name": "cursor",
-                        "in": "query",
-                        "description": "Where the page before ended: from its Link header",
-                        "schema": {"type": "string", "pattern": SCHEDULE_ID_PATTERN},
-                    },
+                    *paging(SCHEDULE_ID_PATTERN),
                 ],
                 responses={
-                    "200": {
-                        **json_body({"type": "array", "items": SCHEDULE}, "Schedules"),
-                        "headers": {
-                            "Link": {
-                                "description": 'RFC 8288 `<...>; rel="next"` while more '
-                                "schedules follow",
-                                "schema": {"type": "string"},
-                            },
-                            "X-Truncated": {
-                                "description": "`true` when the page was cut at 4 MiB",
-                                "schema": {"type": "string"},
-                            },
-                        },
-                    },
+                    "200": page_of(SCHEDULE, "Schedules", "more schedules follow"),
                     "400": error_response("Invalid cursor"),
                     "422": error_response("Invalid limit"),
                     "503": UNREACHABLE,
