@@ -10,6 +10,12 @@ from typing import Any
 
 from agent_server.model.execution import CancelReason, Execution
 
+#: How many of its own leases a replica renews, once its renewals began again after a gap (an
+#: outage of the store stopped everyone's), before it judges an owner whose lease lapsed
+#: before that gap ended: a store outage is nobody's death, whoever reconnects first. An
+#: owner that lapses while the judge renews is judged after one lease, as always.
+OUTAGE_LEASES = 2
+
 #: How a cancel request reaches the registry of the execution's owner: the id, why, and
 #: the seconds it may take to settle before it is abandoned (None: no bound).
 CancelHandler = Callable[[str, CancelReason, float | None], object]

@@ -23,6 +23,7 @@ from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, Conn
 from agent_server.store.postgres.owner import Owed
 from agent_server.store.postgres.part import ROW, START, PgPart, read_row
+from agent_server.store.values import OUTAGE_LEASES
 
 logger = logging.getLogger("agent_server.store")
 
@@ -76,23 +77,29 @@ class Repair(PgPart):
     async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
         """Move the held records of owners whose lease lapsed (once: the rows are locked,
         the status rechecked), if this replica may judge: it renewed for a whole lease and
-        lately."""
+        lately. An owner whose lease lapsed before this replica's run of renewals began
+        (an outage of the store stopped everyone's, and it has not reconnected yet) is
+        judged only once this replica's run is OUTAGE_LEASES of its leases old: a store
+        outage is nobody's death, whoever reconnects first."""
         cursor = await conn.execute(
-            "SELECT 1 FROM replicas WHERE agent = %(a)s AND replica = %(r)s"
+            "SELECT since, lease FROM replicas WHERE agent = %(a)s AND replica = %(r)s"
             " AND renewed_at >= now() - make_interval(secs => lease / 2)"
             " AND since <= now() - make_interval(secs => lease)",
             {"a": self.agent, "r": self.replica_id},
         )
-        if await cursor.fetchone() is None:
+        mine = await cursor.fetchone()
+        if mine is None:
             return []
         only = "" if ids is None else " AND e.id = ANY(%(ids)s)"
         cursor = await conn.execute(
             f"SELECT {ROW}, unbegun, retries FROM executions e WHERE agent = %(a)s"
             " AND status IN ('running', 'input_required') AND replica <> ''"
             " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
-            f" AND r.replica = e.replica AND r.expires_at > now()){only}"
-            f" LIMIT {JUDGE_LIMIT} FOR UPDATE SKIP LOCKED",
-            {"a": self.agent, "ids": ids},
+            " AND r.replica = e.replica AND (r.expires_at > now()"
+            " OR (r.expires_at < %(since)s"
+            " AND %(since)s > now() - make_interval(secs => %(grace)s))))"
+            f"{only} LIMIT {JUDGE_LIMIT} FOR UPDATE SKIP LOCKED",
+            {"a": self.agent, "ids": ids, "since": mine[0], "grace": mine[1] * OUTAGE_LEASES},
         )
         moved: list[Execution] = []
         for row in await cursor.fetchall():

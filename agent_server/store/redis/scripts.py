@@ -28,6 +28,7 @@ from agent_server.model.status import (
     keeps_move,
 )
 from agent_server.model.versions import Rule
+from agent_server.store.values import OUTAGE_LEASES
 
 #: Every script the store calls, by the name it calls it.
 NAMES = (
@@ -228,6 +229,7 @@ def _codes() -> str:
     lines.append(f"local OWNED = {{{owned}}}")
     lines.extend(_moves())
     lines.append(f"local SESSION_GATE = '{session_key('')}'")  # a session's turn: .. sid
+    lines.append(f"local OUTAGE_LEASES = {OUTAGE_LEASES}")  # store/values.py
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
     for index in Row:
         lines.append(f"local I_{index.name} = {index + 1}")

@@ -13,7 +13,8 @@ local MINE = nil
 -- The owner's lease has lapsed on Redis's clock (or it closed it), and this caller renewed
 -- its own continuously (no gap over half its lease, the last one recent) for at least a
 -- whole lease before now. A pause, restart or cut of Redis stops everyone's renewals, so
--- after one nobody judges until each live replica has had a whole lease to renew again.
+-- after one nobody judges until each live replica has had a whole lease to renew again, and
+-- one that lapsed during it OUTAGE_LEASES of them.
 local function judged(owner)
   local expiry = redis.call('ZSCORE', REPLICAS, owner)
   if expiry and tonumber(expiry) > NOW then return false end
@@ -27,7 +28,14 @@ local function judged(owner)
   end
   if not MINE or NOW - MINE.last > MINE.lease / 2 then return false end
   if expiry and tonumber(expiry) == 0 then return true end  -- it ended its liveness itself
-  return MINE.since <= NOW - MINE.lease
+  if MINE.since > NOW - MINE.lease then return false end
+  -- An owner whose lease lapsed before this caller's run began (an outage stopped every
+  -- renewal, and it has not renewed since: slower to reconnect) is given OUTAGE_LEASES of
+  -- this caller's leases (store/values.py): a store outage is nobody's death.
+  if expiry and tonumber(expiry) < MINE.since then
+    return MINE.since <= NOW - OUTAGE_LEASES * MINE.lease
+  end
+  return true
 end
 
 -- Queued again, it runs nowhere: out of `running` and of its owner's `owned` set.
