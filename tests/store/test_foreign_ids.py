@@ -10,6 +10,7 @@ unknown one, beside a batch of the owner's own reads that shows the count sees a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.store import ExecutionStore, MemoryStore
+from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
 from tests.support.stores import Recorder, closed, open_postgres, open_redis
 
@@ -119,3 +121,36 @@ async def test_on_redis_a_foreign_id_does_the_work_of_an_unknown_one(redis_url: 
     finally:
         await plain.aclose()
         await closed(store)
+
+
+async def test_reads_made_together_answer_each_as_alone(store: ExecutionStore) -> None:
+    """Many reads at once (Postgres answers those that wait for a statement in one,
+    coalesce.py): each caller gets its own answer, a foreign or unknown id None, a repeated
+    id twice, whatever else the statement read."""
+    acme, globex, nobody = owned("acme", "a"), owned("globex", "g"), owned(None, "n")
+    for execution in (acme, globex, nobody):
+        await recorded(store, execution)
+    asked: list[tuple[str, str | None, Execution | None]] = []
+    for _ in range(40):
+        asked += [
+            (acme.execution_id, "acme", acme),
+            (acme.execution_id, None, acme),
+            (acme.execution_id, "globex", None),
+            (globex.execution_id, "globex", globex),
+            (nobody.execution_id, "acme", None),
+            (nobody.execution_id, None, nobody),
+            (UNKNOWN_ID, None, None),
+        ]
+    observer = getattr(store, "observer", None)
+    operations = len(observer.operations) if isinstance(observer, Recorder) else 0
+    found = await asyncio.gather(*(store.get(key, tenant) for key, tenant, _ in asked))
+    for (key, tenant, expected), got in zip(asked, found, strict=True):
+        if expected is None:
+            assert got is None, (key, tenant)
+        else:
+            assert got is not None and got.to_json() == expected.to_json(), (key, tenant)
+    if isinstance(store, PostgresStore):  # fewer statements than reads, and each read answered
+        assert isinstance(observer, Recorder)
+        reads = [op for op in observer.operations[operations:] if op[0] == "get"]
+        assert all(ok for _, ok in reads)
+        assert 0 < len(reads) < len(asked) // 4

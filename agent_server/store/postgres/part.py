@@ -12,6 +12,7 @@ from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.status import TERMINAL as STATUS_TERMINAL
 from agent_server.store.base import ExecutionStore, StoreObserver
 from agent_server.store.postgres import codec
+from agent_server.store.postgres.coalesce import Coalesced
 from agent_server.store.postgres.link import Conn, Link
 
 #: Counts the records a statement finished (`done`: their rows' `kept_bytes`) in what the
@@ -98,6 +99,10 @@ class PgPart(ExecutionStore):
     #: orphans, whatever the rows say (their answer, read after the repair's, starts them).
     _creating: set[str]
     _claiming: set[str]
+    #: Reads by (id, tenant) made together, one statement (records.py `_read_rows`).
+    _reads: Coalesced[tuple[str, str | None], Any]
+    #: Plain creates made together, one statement (records.py `_insert_rows`).
+    _inserts: Coalesced[Execution, bool]
 
     def _token(self, *, start: bool = False) -> str:
         """A take's token: this process's incarnation, `START` for a create, then its own."""

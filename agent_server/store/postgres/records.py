@@ -54,6 +54,25 @@ _INSERT = (
     " RETURNING extract(epoch FROM due_at)"
 )
 
+#: A run of plain creates' columns and their types, sent as binary arrays (owner.py
+#: `_ends` says why); `_OWN` are not the document's `columns`.
+_PLAIN = (
+    ("id", "text"), ("status", "text"), ("reasoner", "text"), ("session", "text"),
+    ("tenant", "text"), ("started_by", "text"), ("schedule_id", "text"),
+    ("created_at", "float8"), ("replica", "text"), ("attempt", "int4"), ("ckey", "text"),
+    ("climit", "int4"), ("doc", "text"), ("take", "text"),
+)  # fmt: skip
+_OWN = ("id", "take")
+_INSERT_RUN = (
+    f"INSERT INTO executions (agent, {', '.join(name for name, _ in _PLAIN)})"
+    " SELECT %(agent)s, g.* FROM unnest("
+    + ", ".join(f"%({name})b::{kind}[]" for name, kind in _PLAIN)
+    + f") AS g ({', '.join(name for name, _ in _PLAIN)})"
+    # Each running here only while its replica's lease holds, as `_INSERT` says.
+    " WHERE EXISTS (SELECT 1 FROM replicas r WHERE r.agent = %(agent)s"
+    " AND r.replica = g.replica AND r.expires_at > now()) RETURNING id"
+)
+
 
 class Records(PgPart):
     """Creates, reads, lists and sessions of `PostgresStore`."""
@@ -90,8 +109,14 @@ class Records(PgPart):
         session = execution.session_name
         queued = execution.status is ExecutionStatus.QUEUED
         # A plain start (no session, no key, not queued) is its INSERT alone: one round trip.
-        plain = session is None and idempotency is None and not queued
-        async with self._link.tx("enqueue" if queued else "create", one=plain) as conn:
+        if session is None and idempotency is None and not queued:
+            if not await self._inserts(execution):
+                self._renew_soon()
+                raise StoreUnavailable(
+                    f"replica {execution.replica}'s lease lapsed: it renews before it starts work"
+                )
+            return None
+        async with self._link.tx("enqueue" if queued else "create") as conn:
             if session is not None:
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -159,6 +184,37 @@ class Records(PgPart):
             self._queued_event.set()
         return None
 
+    async def _insert_rows(self, executions: list[Execution]) -> list[bool]:
+        """Plain creates (running here, no session, no key) in one statement: whether each
+        was written (not when its replica's lease lapsed). Creates made together share it
+        (coalesce.py)."""
+        async with self._link.tx("create", one=True) as conn:
+            if len(executions) == 1:
+                execution = executions[0]
+                values = columns(execution)
+                values.update(
+                    agent=self.agent,
+                    id=execution.execution_id,
+                    take=execution.take,
+                    gated=False,
+                    queued=False,
+                    delay=0.0,
+                )
+                cursor = await conn.execute(_INSERT, values)
+                return [bool(cursor.rowcount)]
+            rows = [columns(execution) for execution in executions]
+            given: dict[str, Any] = {
+                name: [row[name] for row in rows] for name, _ in _PLAIN if name not in _OWN
+            }
+            given.update(
+                id=[execution.execution_id for execution in executions],
+                take=[execution.take for execution in executions],
+            )
+            given["agent"] = self.agent
+            cursor = await conn.execute(_INSERT_RUN, given)
+            written = {row[0] for row in await cursor.fetchall()}
+        return [execution.execution_id in written for execution in executions]
+
     async def _releasing(self, conn: Conn, session: str) -> bool:
         cursor = await conn.execute(
             "SELECT 1 FROM releases WHERE agent = %s AND session = %s AND expires_at > now()",
@@ -205,18 +261,9 @@ class Records(PgPart):
     async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
         """The record, moved first (once, whoever reads) if its owner stopped renewing. With
         `tenant`, another tenant's row is left unread by the same index lookup that finds
-        none for an unknown id: a foreign id costs what an unknown one does."""
-        tenant_only = "" if tenant is None else " AND tenant = %s"
-        arguments = (self.agent, execution_id) + (() if tenant is None else (tenant,))
-        async with self._link.tx("get", one=True) as conn:
-            cursor = await conn.execute(
-                f"SELECT {ROW}, status IN ('running', 'input_required') AND replica <> ''"
-                " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
-                " AND r.replica = e.replica AND r.expires_at > now())"
-                f" FROM executions e WHERE agent = %s AND id = %s{tenant_only} AND {LIVE}",
-                arguments,
-            )
-            row = await cursor.fetchone()
+        none for an unknown id: a foreign id costs what an unknown one does. Reads made
+        together share one statement (coalesce.py)."""
+        row = await self._reads((execution_id, tenant))
         if row is None:
             return None
         if row[4]:  # its owner stopped renewing: judged in a transaction (rows locked)
@@ -225,6 +272,40 @@ class Records(PgPart):
             if moved:
                 return moved[0]
         return read_row(row)
+
+    async def _read_rows(self, keys: list[tuple[str, str | None]]) -> list[Any]:
+        """`ROW` and whether its owner stopped renewing, for each (id, tenant) asked; None
+        for an unknown, expired or foreign one."""
+        stale = (
+            "status IN ('running', 'input_required') AND replica <> ''"
+            " AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.agent = e.agent"
+            " AND r.replica = e.replica AND r.expires_at > now())"
+        )
+        async with self._link.tx("get", one=True) as conn:
+            if len(keys) == 1:
+                execution_id, tenant = keys[0]
+                tenant_only = "" if tenant is None else " AND tenant = %s"
+                arguments = (self.agent, execution_id) + (() if tenant is None else (tenant,))
+                cursor = await conn.execute(
+                    f"SELECT {ROW}, {stale} FROM executions e"
+                    f" WHERE agent = %s AND id = %s{tenant_only} AND {LIVE}",
+                    arguments,
+                )
+                return [await cursor.fetchone()]
+            # Each key its own lookup of the primary key: OFFSET 0 keeps the planner from
+            # flattening the LATERAL into a join, which scanned the agent's every record
+            # (its statistics lag a table that grows fast).
+            cursor = await conn.execute(
+                f"SELECT e.*, k.n FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY"
+                f" AS k(id, tenant, n) CROSS JOIN LATERAL (SELECT {ROW}, {stale}"
+                " FROM executions e WHERE e.agent = %s AND e.id = k.id"
+                f" AND (k.tenant IS NULL OR e.tenant = k.tenant) AND {LIVE} OFFSET 0) e",
+                ([key[0] for key in keys], [key[1] for key in keys], self.agent),
+            )
+            rows: list[Any] = [None] * len(keys)
+            for row in await cursor.fetchall():
+                rows[int(row[5]) - 1] = row
+            return rows
 
     async def moves_of(self, execution: Execution) -> tuple[bool, list[list[Any]]]:
         """The row's `moves` (the `executions_moved` trigger keeps them, whichever statement

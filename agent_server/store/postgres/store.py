@@ -33,6 +33,7 @@ from agent_server.model.execution import CancelReason, Execution, ExecutionStatu
 from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
 from agent_server.store.postgres import codec, schema
 from agent_server.store.postgres.claims import Claims
+from agent_server.store.postgres.coalesce import Coalesced
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Link
 from agent_server.store.postgres.owner import Owner
 from agent_server.store.postgres.part import ROW, WRITER, read_row
@@ -106,6 +107,8 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
         self.incarnation = os.urandom(4).hex()
         self._creating = set()
         self._claiming = set()
+        self._reads = Coalesced(self._read_rows)
+        self._inserts = Coalesced(self._insert_rows)
         self._runs = None
         self._adopt = None
         self._repair_due = True
@@ -163,6 +166,8 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=COMMAND_TIMEOUT)
+        await self._reads.close()
+        await self._inserts.close()
         if self._link.is_open:
             await self._release_takes()
             with contextlib.suppress(StoreUnavailable):
