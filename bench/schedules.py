@@ -15,7 +15,7 @@ import statistics
 import time
 
 from agent_server import Agent, Schedule, Settings
-from agent_server.runtime.schedules import ScheduleTicker
+from agent_server.service.schedule_ticker import ScheduleTicker
 
 
 def build(count: int) -> Agent:
@@ -46,7 +46,7 @@ async def measure(count: int, seconds: float) -> None:
         if lag is not None:
             lags.append(lag)
 
-    ticker: ScheduleTicker = agent._built.schedules
+    ticker: ScheduleTicker = agent._ticker()
     ticker._observe = observe
     tick = ticker.tick
 

@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_server.app.cut_off import Answer
+from agent_server.app.parts import Parts
 from agent_server.app.protocols import a2a_routes, mcp_endpoint, protocol_request_headers
 from agent_server.app.schedules import schedule_ticker
 from agent_server.app.start_line import log_start
@@ -33,27 +34,21 @@ from agent_server.model.reasoner import Reasoner
 from agent_server.model.reasoner_options import ReasonerDefinitionError, ReasonerOptions
 from agent_server.model.schedules import Schedule
 from agent_server.model.scheduling import RetryPolicy
-from agent_server.model.versions import VERSION_VARIABLE, Migrate, Rule, advert, version_rule
-from agent_server.model.waiting import Closing
-from agent_server.runtime.durable import QueueTaker
+from agent_server.model.versions import VERSION_VARIABLE, Migrate, version_rule
 from agent_server.runtime.exits import ExitCode, exit_with_line, finish_process
 from agent_server.runtime.logs import ACCESS_LOGGER, AccessLog, configure_unless_configured
 from agent_server.runtime.loop_errors import install_loop_error_handler
 from agent_server.runtime.loop_lag import LoopLagSampler, reasoner_codes
 from agent_server.runtime.metrics import Metrics
-from agent_server.runtime.otel import tracing_from
 from agent_server.runtime.pushgateway import push_shutdown
 from agent_server.runtime.registry import InFlightRegistry
-from agent_server.runtime.replica_state import replica_state
-from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
 from agent_server.runtime.settings import Settings
-from agent_server.runtime.shutdown import Phase, ShutdownPlan, ShutdownSequence
-from agent_server.runtime.tracing import Tracing, webhook_headers
-from agent_server.runtime.webhooks import WebhookSender
+from agent_server.runtime.shutdown import Phase, ShutdownSequence
 from agent_server.service.access import Authorize
+from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.service.use_cases import UseCases
-from agent_server.store import ExecutionStore, SchemaTooNew, open_store
+from agent_server.store import ExecutionStore, SchemaTooNew
 
 if TYPE_CHECKING:
     from agent_server.http.mcp_server import McpEndpoint
@@ -118,7 +113,7 @@ class Agent:
         #: Whether `agent-server run` serves it with these settings' host and port; under
         #: another ASGI server (plain uvicorn's `--port`) the address is not known here.
         self._served_here = False
-        self._parts: _Parts | None = None
+        self._parts: Parts | None = None
         #: `@agent.authenticate`'s function: it replaces the flags' authentication.
         self._authenticate: Authenticator | None = None
         #: `@agent.authorize`'s function: it narrows what a principal may do.
@@ -143,9 +138,9 @@ class Agent:
         return self._settings
 
     @property
-    def _built(self) -> _Parts:
+    def _built(self) -> Parts:
         if self._parts is None:
-            self._parts = _Parts.build(
+            self._parts = Parts.build(
                 self.name, self.reasoners, self.settings, self.metrics, self.set_phase
             )
         return self._parts
@@ -359,6 +354,7 @@ class Agent:
         secured = self._authenticate is not None or settings.authenticates
         hooked = parts.webhooks is not None
         mcp = self._mcp_endpoint()
+        ticker = self._ticker()
         return Api(
             self.reasoners,
             parts.registry,
@@ -376,13 +372,13 @@ class Agent:
                 self.reasoners.values(),
                 secured=secured,
                 webhooks=hooked,
-                schedules=parts.schedules is not None,
+                schedules=True,
             ),
             docs=DocsPage(self.name, secured=secured) if settings.docs else None,
             console=ConsolePage() if settings.console else None,
             describe=parts.describe,
             mcp=None if mcp is None else mcp.endpoint,
-            schedules=parts.schedules,
+            schedules=ticker,
             schedule_limits=(settings.max_schedules, settings.max_schedule_input_size),
         )
 
@@ -406,6 +402,16 @@ class Agent:
             )
         return self._cases
 
+    def _ticker(self) -> ScheduleTicker:
+        """The schedule ticker, built once with the use cases every front shares: a firing
+        starts as a request's start does (agent_server/app/schedules.py)."""
+        parts = self._built
+        if parts.schedules is None:
+            parts.schedules = schedule_ticker(
+                self.reasoners, self._use_cases().starts, parts.registry, parts.store, self.metrics
+            )
+        return parts.schedules
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[Any]:
         """Open the store, then enter the user's lifespan; at the end, under plain `uvicorn
@@ -422,7 +428,7 @@ class Agent:
         except SchemaTooNew as exc:  # a later release migrated the database: one line, exit 2
             exit_with_line(f"agent-server: {exc}", ExitCode.INVALID_SETTINGS)
         parts.taker.start()
-        parts.schedules.start()
+        self._ticker().start()
         if parts.webhooks is not None:
             parts.webhooks.start()
         # Loop lag and stalls, through the shutdown sequence too: stopped in the `finally`.
@@ -470,7 +476,7 @@ class Agent:
                 cancel_tasks=False,
             )
 
-    async def _close_parts(self, parts: _Parts) -> None:
+    async def _close_parts(self, parts: Parts) -> None:
         """Stop taking work, then close webhooks, releases and the store; after a shutdown,
         by the exit deadline (`lifespan_exit_deadline`): a Redis that does not answer (paused)
         must not hold the exit past the watchdog. Left unclosed, the replica's liveness
@@ -480,7 +486,8 @@ class Agent:
         limit = None if end is None else max(0.0, end - time.monotonic())
         try:
             async with asyncio.timeout(limit):
-                await parts.schedules.close()
+                if parts.schedules is not None:
+                    await parts.schedules.close()
                 await parts.taker.close()
                 if parts.webhooks is not None:
                     await parts.webhooks.close()
@@ -492,108 +499,3 @@ class Agent:
                 "lapses within its lease",
                 limit,
             )
-
-
-class _Parts:
-    """What one configured agent runs with, each part given only what it uses."""
-
-    schedules: ScheduleTicker  # the schedules it fires (agent_server/app/schedules.py)
-
-    def __init__(
-        self,
-        store: ExecutionStore,
-        registry: InFlightRegistry,
-        releases: SessionReleases,
-        shutdown: ShutdownSequence,
-        taker: QueueTaker,
-        streams_closing: Closing,
-        webhooks: WebhookSender | None,
-        tracing: Tracing,
-    ) -> None:
-        self.store, self.tracing, self.registry, self.releases = store, tracing, registry, releases
-        self.shutdown, self.taker = shutdown, taker
-        #: Set when the listener closes: open event streams end with a retry hint.
-        self.streams_closing = streams_closing
-        #: Delivers webhooks, when a secret is set.
-        self.webhooks = webhooks
-
-    def describe(self) -> dict[str, Any]:
-        """This replica, for `GET /replicas` (the others read it from a shared store)."""
-        return replica_state(self.store.replica_id, self.store.advert, self.registry, self.shutdown)
-
-    @classmethod
-    def build(
-        cls,
-        name: str,
-        reasoners: dict[str, Reasoner],
-        settings: Settings,
-        metrics: Metrics,
-        set_phase: Callable[[Phase], None],
-    ) -> _Parts:
-        store = open_store(
-            settings.store_url,
-            replica_id=settings.replica_id,
-            agent_name=name,
-            result_ttl=settings.result_ttl,
-            max_retained=settings.max_retained,
-            max_retained_bytes=settings.max_retained_bytes,
-            lease_ttl=settings.lease_ttl,
-            max_events=settings.max_events,
-            observer=metrics,
-            max_answer_bytes=settings.max_answer_bytes,
-            max_inflight=settings.max_inflight,
-            pool_size=settings.store_pool_size,
-            notify=settings.store_notify,
-        )
-        streams_closing = Closing()
-        tracing = tracing_from(os.environ, name, settings.replica_id)  # the OTEL_* variables
-        registry = InFlightRegistry(
-            store,
-            max_inflight=settings.max_inflight,
-            max_checkpoint_size=settings.max_checkpoint_size,
-            max_events=settings.max_events,
-            observer=metrics,
-            queue_when_full=settings.queue_when_full,
-            max_queued=settings.max_queued,
-            tracing=tracing,
-            cancel_timeout=settings.cancel_timeout,
-        )
-        store.deliver_cancels(registry.cancel)
-        store.deliver_answers(registry.answer)
-        store.deliver_orphans(registry.runs, registry.adopt)
-        store.deliver_vanished(registry.owned_ids, registry.vanish)
-        # What this replica's claims read (claim.lua), and how many waited for a version.
-        store.advertise(advert({name: r.versions for name, r in reasoners.items()}))
-        store.on_version_waits = lambda count: metrics.version_rule(Rule.WAIT, count)
-        releases = SessionReleases(store, registry, observer=metrics)
-        secret = settings.signing_secret
-        webhooks = (
-            None
-            if secret is None
-            else WebhookSender(
-                store,
-                secret=secret,
-                allow=settings.webhook_targets,
-                retry_for=settings.webhook_retry_for,
-                observer=metrics,
-                extra_headers=webhook_headers,
-            )
-        )
-        shutdown = ShutdownSequence(
-            registry,
-            metrics,
-            set_phase,
-            ShutdownPlan.from_settings(settings),
-            limit_releases=releases.limit,
-            flush_ends=store.flush,
-            end_streams=streams_closing.set,
-            flush_webhooks=None if webhooks is None else webhooks.flush,
-            cancel_queued=registry.cancel_queued,
-            flush_spans=tracing.flush,
-            writes_owed=store.writes_owed,
-        )
-        taker = QueueTaker(store, registry, reasoners, metrics.version_rule)
-        parts = cls(store, registry, releases, shutdown, taker, streams_closing, webhooks, tracing)
-        parts.schedules = schedule_ticker(reasoners, registry, store, metrics, settings)
-        store.describe(parts.describe)
-        return parts

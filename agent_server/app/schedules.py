@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
-from agent_server.runtime.schedules import Entry, ScheduleTicker
-from agent_server.runtime.settings import Settings
+from agent_server.runtime.schedule_entries import Entry
+from agent_server.service.schedule_ticker import ScheduleTicker
+from agent_server.service.starts import Starts
 from agent_server.store.base import ExecutionStore
 
 
@@ -19,19 +20,19 @@ def declared_id(reasoner: str, index: int) -> str:
 
 def schedule_ticker(
     reasoners: Mapping[str, Reasoner],
+    starts: Starts,
     registry: InFlightRegistry,
     store: ExecutionStore,
     metrics: Metrics,
-    settings: Settings,
 ) -> ScheduleTicker:
-    """The ticker, with every schedule declared on a reasoner (no tenant: the agent's)."""
+    """The ticker, with every schedule declared on a reasoner (no tenant: the agent's). It
+    starts through `starts`, the fronts' own; the registry only says when it drains."""
     ticker = ScheduleTicker(
-        registry,
+        starts,
         store,
         reasoners,
         observe=metrics.schedule_fired,
         draining=lambda: registry.draining,
-        idempotency_ttl=settings.idempotency_ttl,
     )
     for name, reasoner in reasoners.items():
         for index, schedule in enumerate(reasoner.schedules):

@@ -34,8 +34,8 @@ from agent_server.http.sse import Streams
 from agent_server.model.reasoner import Reasoner
 from agent_server.runtime.metrics import Metrics
 from agent_server.runtime.registry import InFlightRegistry
-from agent_server.runtime.schedules import ScheduleTicker
 from agent_server.runtime.sessions import SessionReleases
+from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.service.use_cases import UseCases
 from agent_server.store.base import ExecutionStore
 

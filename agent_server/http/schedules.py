@@ -28,17 +28,16 @@ from agent_server.http.params import (
     read_json,
     schedule_cursor,
 )
-from agent_server.http.routing import ApiError, JSONResponse, acceptance, in_doubt, refusal_error
+from agent_server.http.routing import ApiError, JSONResponse, acceptance
 from agent_server.identity.principal import Principal
 from agent_server.model import jsoncodec
 from agent_server.model.echoes import SHOWN_LENGTH, one_of, shown
 from agent_server.model.ids import new_execution_id
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.schedules import FiringOutcome, Schedule, ScheduleError, binding_problem
-from agent_server.runtime.admission import AdmissionError
-from agent_server.runtime.schedules import Entry, ScheduleTicker
+from agent_server.runtime.schedule_entries import Entry
 from agent_server.service.refusals import Denied
-from agent_server.service.starts import admission_refusal
+from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.store.base import ScheduleLimit
 
 #: The fields a POST may carry; a PATCH, all but `reasoner`.
@@ -168,12 +167,8 @@ class Schedules:
         entry = await self._find(request, "trigger")
         self._may_change(request, entry)
         await self._may_start(request, entry.reasoner, entry.schedule)
-        try:
-            firing = await self.ticker.trigger(entry)
-        except AdmissionError as exc:
-            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
-                raise in_doubt(request.scope, exc.in_doubt) from None
-            raise refusal_error(request.scope, admission_refusal(exc.reason)) from None
+        # A refusal of the start (`Refusal`) is answered by the front as any start's.
+        firing = await self.ticker.trigger(entry)
         if firing.outcome is FiringOutcome.SKIPPED and firing.execution is not None:
             raise ApiError(
                 409,

@@ -1,10 +1,12 @@
 """Starting an execution for a caller, as every front starts one: admission, idempotency,
 the session policy, the concurrency value, the caller's tenant, and an answer before the
-listener closes. A refusal is a `Refusal`, which each front words and maps."""
+listener closes; and a schedule's firing, stamped with the id its fire time gives it. A
+refusal is a `Refusal`, which each front (and the schedule ticker) words and maps."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -47,6 +49,48 @@ def admission_refusal(reason: RejectReason) -> Refusal:
     if reason is RejectReason.STORE_UNAVAILABLE:  # the store's answer may be what was lost
         return Refusal(Why.UNAVAILABLE, START_UNANSWERED)
     return Refusal(Why.SHUTTING_DOWN, SHUTTING_DOWN)
+
+
+def start_refusal(
+    exc: SessionTaken | AdmissionError | IdempotencyMismatch | IdempotencyForgotten,
+) -> Refusal:
+    """The refusal of a start the registry or the store refused, for `start` and `fire`
+    alike: one mapping, so a firing is refused in the words a request's start is."""
+    if isinstance(exc, SessionTaken):
+        return Refusal(
+            Why.SESSION_BUSY,
+            "the session has an execution that is not terminal (session policy reject)",
+            execution_id=exc.execution_id,
+        )
+    if isinstance(exc, AdmissionError):
+        if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
+            return Refusal(Why.IN_DOUBT, IN_DOUBT_DETAIL, execution_id=exc.in_doubt)
+        return admission_refusal(exc.reason)
+    if isinstance(exc, IdempotencyMismatch):
+        return Refusal(
+            Why.KEY_MISMATCH, "the idempotency key was first used for a different request"
+        )
+    return Refusal(
+        Why.KEY_FORGOTTEN,
+        "the idempotency key's execution was forgotten (deleted, released or expired): send "
+        "a new key to run again",
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a schedule's firing writes on its execution before the record is: the id its
+    (schedule, fire time) gives it, the same on every replica, so a second replica's start
+    is the first's idempotent duplicate; and the schedule and fire time it shows."""
+
+    execution_id: str
+    schedule_id: str
+    scheduled_at: float
+
+    def apply(self, execution: Execution) -> None:
+        execution.execution_id = self.execution_id
+        execution.schedule_id = self.schedule_id
+        execution.scheduled_at = self.scheduled_at
 
 
 def concurrency_value(
@@ -174,31 +218,45 @@ class Starts:
                 execution, started = await start
             else:
                 execution, started = await self.answered_before_close(start, announced)
-        except SessionTaken as exc:
-            raise Refusal(
-                Why.SESSION_BUSY,
-                "the session has an execution that is not terminal (session policy reject)",
-                execution_id=exc.execution_id,
-            ) from None
-        except AdmissionError as exc:
-            if exc.in_doubt is not None:  # recorded perhaps, on no replica yet
-                raise Refusal(Why.IN_DOUBT, IN_DOUBT_DETAIL, execution_id=exc.in_doubt) from None
-            raise admission_refusal(exc.reason) from None
-        except IdempotencyMismatch:
-            raise Refusal(
-                Why.KEY_MISMATCH, "the idempotency key was first used for a different request"
-            ) from None
-        except IdempotencyForgotten:
-            raise Refusal(
-                Why.KEY_FORGOTTEN,
-                "the idempotency key's execution was forgotten (deleted, released or "
-                "expired): send a new key to run again",
-            ) from None
+        except (SessionTaken, AdmissionError, IdempotencyMismatch, IdempotencyForgotten) as exc:
+            raise start_refusal(exc) from None
         if shown is not None:
             shown.append(execution.to_json())
         if not started:
             await self.access.allowed_for(principal, "read", execution)
         return execution, started
+
+    async def fire(
+        self,
+        principal: Principal | None,
+        reasoner: Reasoner,
+        arguments: dict[str, Any],
+        session_id: str | None,
+        *,
+        body: Any,
+        stamp: Stamp,
+        idempotency: Idempotency,
+        session_policy: SessionPolicy,
+    ) -> tuple[Execution, bool]:
+        """Start a schedule's firing in its owner's name (`principal`), stamped before its
+        record is written; or find the one another replica (or an earlier try) started
+        under the same key. True when this call started it. Refused as `start` is, but it
+        asks nothing of `@agent.authorize` and no listener's close cuts it: no caller waits
+        on it (the routes asked `start` when the schedule was made, changed or triggered,
+        and a trigger's route asks `read` before it hands out the record)."""
+        try:
+            return await self.registry.start_once(
+                reasoner,
+                arguments,
+                session_id,
+                body=body,
+                idempotency=idempotency,
+                session_policy=session_policy,
+                announce=stamp.apply,
+                principal=principal,
+            )
+        except (SessionTaken, AdmissionError, IdempotencyMismatch, IdempotencyForgotten) as exc:
+            raise start_refusal(exc) from None
 
     async def answered_before_close(
         self, start: Coroutine[Any, Any, tuple[Execution, bool]], announced: list[Execution]

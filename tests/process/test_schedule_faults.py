@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from agent_server.runtime.schedules import firing_id
+from agent_server.runtime.schedule_entries import firing_id
 from agent_server.store.redis import scripts
 from tests.support.faults import CutProxy
 from tests.support.process import ServerProcess

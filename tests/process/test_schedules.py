@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_server.runtime.schedules import firing_id
+from agent_server.runtime.schedule_entries import firing_id
 from tests.support.cluster import Cluster, started_cluster
 from tests.support.process import ServerProcess
 from tests.support.redis_server import RedisServer

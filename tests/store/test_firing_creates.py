@@ -1,7 +1,7 @@
 """A schedule's firing whose create got no answer, settled by the repair, in process
 against a real redis-server (docs/guarantees.md, docs/schedules.md).
 
-A firing's execution id is the fire time's (runtime/schedules.py `firing_id`), so the
+A firing's execution id is the fire time's (runtime/schedule_entries.py `firing_id`), so the
 ticker's retry sends the same id again, with the same idempotency key and body. The repair
 settles the create whose answer was lost: it voids that create when Redis never ran it, and
 runs it here when Redis did. Invariants: the given-up create never lands (a start refused

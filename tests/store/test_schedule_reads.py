@@ -1,4 +1,4 @@
-"""What a change of one schedule costs every replica's ticker (runtime/schedules.py
+"""What a change of one schedule costs every replica's ticker (service/schedule_ticker.py
 `ScheduleTicker.sync`): the changed document, never every tenant's.
 
 Two tickers share one memory store here, as two replicas share a Redis (the Redis case runs
@@ -16,7 +16,8 @@ import pytest
 
 from agent_server import Agent, Schedule
 from agent_server.identity.principal import Principal
-from agent_server.runtime.schedules import Entry, ScheduleTicker
+from agent_server.runtime.schedule_entries import Entry
+from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.store import ExecutionStore
 from agent_server.store.memory import MemoryStore
 from tests.support.stores import Recorder, closed, open_postgres, open_redis
@@ -50,7 +51,6 @@ def ticker(store: MemoryStore) -> ScheduleTicker:
         agent.reasoners,
         observe=lambda outcome, lag: None,
         draining=lambda: False,
-        idempotency_ttl=60.0,
     )
 
 

@@ -1,5 +1,5 @@
 """The schedules' version, which every replica compares to decide whether to read the
-documents again (runtime/schedules.py `ScheduleTicker.sync`).
+documents again (service/schedule_ticker.py `ScheduleTicker.sync`).
 
 Invariant: two reads that see the same version see the same documents. A replica that saw
 a version never reads the documents again while the store shows that version, so a version

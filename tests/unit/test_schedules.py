@@ -112,8 +112,9 @@ def test_declared_on_a_reasoner_its_input_binds_once() -> None:
             return None
 
 
-class _Starts:
-    """A registry's start: refused (no room) the first `refuse` times, then started."""
+class _Registry:
+    """A registry's start, under the use case every front starts with (`Starts`): refused
+    (no room) the first `refuse` times, then started."""
 
     def __init__(self, refuse: int) -> None:
         self.refuse = refuse
@@ -135,43 +136,28 @@ class _Starts:
 
 
 async def test_a_refused_firing_retries_its_own_fire_time_and_a_change_fires_nothing() -> None:
-    from agent_server.runtime.schedules import Entry, ScheduleTicker
-    from agent_server.store.memory import MemoryStore
-
-    agent = Agent("t")
-
-    @agent.reasoner()
-    async def work() -> None:
-        return None
+    from agent_server.runtime.schedule_entries import Entry
 
     clock = [1000.0]
-    starts = _Starts(refuse=1)
-    ticker = ScheduleTicker(
-        starts,  # type: ignore[arg-type]
-        MemoryStore("r1"),
-        agent.reasoners,
-        observe=lambda outcome, lag: None,
-        draining=lambda: False,
-        idempotency_ttl=60.0,
-        clock=lambda: clock[0],
-    )
+    registry = _Registry(refuse=1)
+    ticker = _ticker(registry, clock)
     ticker.add(Entry("s", "work", Schedule("*/10 * * * * *")))
     await ticker.tick()  # primed at 1000: nothing before it runs
-    assert starts.fired == []
+    assert registry.fired == []
     clock[0] = 1010.0
     await ticker.tick()
     clock[0] = 1010.4  # past the retry (0.25 s later): the same fire time, not 1010.25
     await ticker.tick()
-    assert starts.fired == [1010.0, 1010.0]
+    assert registry.fired == [1010.0, 1010.0]
     # Changed (PATCH) between two fire times: nothing fires before the next one.
     ticker.add(Entry("s", "work", Schedule("*/10 * * * * *", input={})))
     clock[0] = 1015.0
     await ticker.tick()
     await ticker.tick()
-    assert starts.fired == [1010.0, 1010.0]
+    assert registry.fired == [1010.0, 1010.0]
     clock[0] = 1020.0
     await ticker.tick()
-    assert starts.fired == [1010.0, 1010.0, 1020.0]
+    assert registry.fired == [1010.0, 1010.0, 1020.0]
 
 
 # -- DST on the wall clock, for every expression (docs/schedules.md, Fields: timezone) --------
@@ -246,8 +232,13 @@ def test_counting_fire_times_stops_at_its_limit() -> None:
 # -- the ticker, with the process's store and a stand-in for the registry's start -----------
 
 
-def _ticker(starts: Any, clock: list[float], seen: list[str] | None = None) -> Any:
-    from agent_server.runtime.schedules import ScheduleTicker
+def _ticker(registry: Any, clock: list[float], seen: list[str] | None = None) -> Any:
+    """A ticker whose firings start through the real use case (`Starts`), over `registry`:
+    what the registry raises reaches the ticker as the `Refusal` a front's start gets."""
+    from agent_server.model.waiting import Closing
+    from agent_server.service.access import Access
+    from agent_server.service.schedule_ticker import ScheduleTicker
+    from agent_server.service.starts import Starts
     from agent_server.store.memory import MemoryStore
 
     agent = Agent("t")
@@ -256,72 +247,72 @@ def _ticker(starts: Any, clock: list[float], seen: list[str] | None = None) -> A
     async def work() -> None:
         return None
 
+    store = MemoryStore("r1")
     outcomes = [] if seen is None else seen
     return ScheduleTicker(
-        starts,
-        MemoryStore("r1"),
+        Starts(registry, store, Access(), Closing(), idempotency_ttl=60.0, webhook_url=None),
+        store,
         agent.reasoners,
         observe=lambda outcome, lag: outcomes.append(outcome),
         draining=lambda: False,
-        idempotency_ttl=60.0,
         clock=lambda: clock[0],
     )
 
 
 async def test_catchup_window_0_starts_an_on_time_firing_however_late_its_tick() -> None:
     """0 means no catch-up, not never: the tick always runs a little after the fire time."""
-    from agent_server.runtime.schedules import Entry
+    from agent_server.runtime.schedule_entries import Entry
 
     clock = [1000.0]
-    starts, outcomes = _Starts(refuse=0), []
-    ticker = _ticker(starts, clock, outcomes)
+    registry, outcomes = _Registry(refuse=0), []
+    ticker = _ticker(registry, clock, outcomes)
     ticker.add(Entry("s", "work", Schedule("*/10 * * * * *", catchup_window=0)))
     await ticker.tick()  # primed at 1000
     clock[0] = 1010.02  # the tick's own lateness
     await ticker.tick()
     clock[0] = 1023.5  # a loaded machine: the loop came back 3.5 s late
     await ticker.tick()
-    assert starts.fired == [1010.0, 1020.0]
+    assert registry.fired == [1010.0, 1020.0]
     assert outcomes == ["started", "started"]
     # A replica coming up after a gap (no replica up) runs none of the gap's fire times.
-    later = _ticker(starts, clock, outcomes)
+    later = _ticker(registry, clock, outcomes)
     later.store = ticker.store
     later.add(Entry("s", "work", Schedule("*/10 * * * * *", catchup_window=0)))
     clock[0] = 1065.0
     await later.tick()
-    assert starts.fired == [1010.0, 1020.0]
+    assert registry.fired == [1010.0, 1020.0]
     assert outcomes.count("missed") == 4  # 1030, 1040, 1050, 1060
     clock[0] = 1070.3
     await later.tick()
-    assert starts.fired == [1010.0, 1020.0, 1070.0]
+    assert registry.fired == [1010.0, 1020.0, 1070.0]
 
 
 async def test_a_changed_cron_fires_nothing_from_before_the_change() -> None:
-    from agent_server.runtime.schedules import Entry
+    from agent_server.runtime.schedule_entries import Entry
 
     clock = [1000.0]
-    starts = _Starts(refuse=0)
-    ticker = _ticker(starts, clock)
+    registry = _Registry(refuse=0)
+    ticker = _ticker(registry, clock)
     await ticker.keep(Entry("s", "work", Schedule("0 0 1 1 *", overlap="allow_all")))
     await ticker.tick()  # primed at 1000: yearly, nothing due
     clock[0] = 1008.5
     await ticker.keep(Entry("s", "work", Schedule("* * * * * *", overlap="allow_all")))
     await ticker.tick()
-    assert starts.fired == []  # not 1001 to 1008 in a burst
+    assert registry.fired == []  # not 1001 to 1008 in a burst
     # A replica reading the changed document (or coming up) starts after the change too:
     # the change moved the store's mark.
-    other = _ticker(starts, clock)
+    other = _ticker(registry, clock)
     other.store = ticker.store
     other.add(Entry("s", "work", Schedule("* * * * * *", overlap="allow_all")))
     await other.tick()
-    assert starts.fired == []
+    assert registry.fired == []
     clock[0] = 1009.1
     await ticker.tick()
     await other.tick()
-    assert starts.fired == [1009.0, 1009.0]  # each replica's start; the store makes it one
+    assert registry.fired == [1009.0, 1009.0]  # each replica's start; the store makes it one
 
 
-class _Raises(_Starts):
+class _Raises(_Registry):
     """A start that raises something no one planned for, once."""
 
     async def start_once(
@@ -336,11 +327,11 @@ class _Raises(_Starts):
 async def test_a_firing_that_raises_keeps_its_schedule_and_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from agent_server.runtime.schedules import Entry
+    from agent_server.runtime.schedule_entries import Entry
 
     clock = [1000.0]
-    starts = _Raises(refuse=0)
-    ticker = _ticker(starts, clock)
+    registry = _Raises(refuse=0)
+    ticker = _ticker(registry, clock)
     ticker.add(Entry("s", "work", Schedule("*/10 * * * * *")))
     await ticker.tick()
     clock[0] = 1010.0
@@ -349,12 +340,12 @@ async def test_a_firing_that_raises_keeps_its_schedule_and_is_logged_once(
     await ticker.tick()
     clock[0] = 1020.0
     await ticker.tick()
-    assert starts.fired == [None, 1010.0, 1020.0]
+    assert registry.fired == [None, 1010.0, 1020.0]
     failures = [r for r in caplog.records if "firing failed" in r.getMessage()]
     assert len(failures) == 1
 
 
-class _Forgotten(_Starts):
+class _Forgotten(_Registry):
     async def start_once(
         self, reasoner: Any, arguments: Any, session_id: Any, **kwargs: Any
     ) -> tuple[Any, bool]:
@@ -365,10 +356,173 @@ class _Forgotten(_Starts):
 
 async def test_a_trigger_whose_moment_was_forgotten_has_no_execution() -> None:
     """The route answers 409 for it (http/schedules.py), never an assertion's 500."""
-    from agent_server.runtime.schedules import Entry
+    from agent_server.runtime.schedule_entries import Entry
 
     ticker = _ticker(_Forgotten(refuse=0), [1000.0])
     entry = Entry("s", "work", Schedule("0 0 1 1 *", overlap="allow_all"))
     ticker.add(entry)
     firing = await ticker.trigger(entry)
     assert firing.outcome == "duplicate" and firing.execution is None
+
+
+# -- the seam: a firing starts through the use case, whose refusals the ticker maps -----------
+
+
+class _Refuses:
+    """A registry whose start raises `exc` every time, once its execution was stamped."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.tried: list[float | None] = []
+
+    async def start_once(
+        self, reasoner: Any, arguments: Any, session_id: Any, **kwargs: Any
+    ) -> tuple[Any, bool]:
+        from agent_server.model.execution import Execution
+
+        execution = Execution(reasoner.name, session_id)
+        kwargs["announce"](execution)
+        self.tried.append(execution.scheduled_at)
+        raise self.exc
+
+
+def _raised(name: str) -> Exception:
+    """What the registry (or the store under it) raises, by name: built here, so that the
+    parameters' ids read as the cases and nothing is imported at collection."""
+    from agent_server.runtime.admission import AdmissionError
+    from agent_server.runtime.observer import RejectReason
+    from agent_server.store.base import IdempotencyForgotten, IdempotencyMismatch, SessionTaken
+
+    return {
+        "capacity": AdmissionError(RejectReason.CAPACITY),
+        "draining": AdmissionError(RejectReason.DRAINING),
+        "session released": AdmissionError(RejectReason.SESSION_RELEASED),
+        "store unavailable": AdmissionError(RejectReason.STORE_UNAVAILABLE),
+        "in doubt": AdmissionError(RejectReason.STORE_UNAVAILABLE, "e1"),
+        "key mismatch": IdempotencyMismatch(),
+        "key forgotten": IdempotencyForgotten(),
+        "session taken": SessionTaken("e0"),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("raised", "tries", "logged"),
+    [
+        # Refused for now (Why in RETRIED): the same fire time again soon, nothing logged.
+        ("capacity", [1010.0, 1010.0], False),
+        ("draining", [1010.0, 1010.0], False),
+        ("session released", [1010.0, 1010.0], False),
+        ("store unavailable", [1010.0, 1010.0], False),
+        ("in doubt", [1010.0, 1010.0], False),
+        # Its key refused: the duplicate of a start before it, done; on to the next.
+        ("key mismatch", [1010.0], False),
+        ("key forgotten", [1010.0], False),
+        # Any other refusal is a failure: logged once, tried again inside its window.
+        ("session taken", [1010.0, 1010.0], True),
+    ],
+)
+async def test_a_firing_the_use_case_refuses_ends_as_the_ticker_ended_that_refusal(
+    raised: str, tries: list[float], logged: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agent_server.runtime.schedule_entries import Entry
+
+    clock, outcomes = [1000.0], []
+    registry = _Refuses(_raised(raised))
+    ticker = _ticker(registry, clock, outcomes)
+    ticker.add(Entry("s", "work", Schedule("*/10 * * * * *")))
+    await ticker.tick()  # primed at 1000
+    clock[0] = 1010.0
+    await ticker.tick()
+    clock[0] = 1010.3  # past RETRY_AFTER: a retry, if it is one
+    await ticker.tick()
+    assert registry.tried == tries
+    assert outcomes == []  # neither started nor missed: a duplicate is counted nowhere
+    failures = [r for r in caplog.records if "firing failed" in r.getMessage()]
+    assert len(failures) == (1 if logged else 0)
+
+
+@pytest.mark.parametrize(
+    ("raised", "why", "execution_id"),
+    [
+        ("capacity", "busy", None),
+        ("draining", "shutting_down", None),
+        ("session released", "session_releasing", None),
+        ("store unavailable", "unavailable", None),
+        ("in doubt", "in_doubt", "e1"),
+    ],
+)
+async def test_a_trigger_the_use_case_refuses_raises_the_refusal_a_start_gets(
+    raised: str, why: str, execution_id: str | None
+) -> None:
+    """The route lets it through to the front, which answers it as any start's refusal (429,
+    503 with Location for one in doubt): the trigger's words are a start's."""
+    from agent_server.runtime.schedule_entries import Entry
+    from agent_server.service.refusals import Refusal, Why
+
+    ticker = _ticker(_Refuses(_raised(raised)), [1000.0])
+    entry = Entry("s", "work", Schedule("0 0 1 1 *", overlap="allow_all"))
+    ticker.add(entry)
+    with pytest.raises(Refusal) as refused:
+        await ticker.trigger(entry)
+    assert refused.value.why is Why(why)
+    assert refused.value.execution_id == execution_id
+
+
+async def test_a_firing_is_stamped_before_its_record_is_written_and_its_repeat_is_found() -> None:
+    """Through the real registry and store: the record is written with the firing's id,
+    schedule and fire time, and the same fire time again is the duplicate of that record."""
+    from agent_server.model.execution import ExecutionStatus
+    from agent_server.model.waiting import Closing
+    from agent_server.runtime.schedule_entries import Entry, firing_id
+    from agent_server.service.access import Access
+    from agent_server.service.schedule_ticker import ScheduleTicker
+    from agent_server.service.use_cases import UseCases
+    from tests.support.local_parts import make_local
+
+    local = await make_local()
+    agent = Agent("t")
+
+    @agent.reasoner()
+    async def work() -> str:
+        return "done"
+
+    cases = UseCases(local.registry, local.store, Access(), Closing())
+    outcomes: list[str] = []
+    ticker = ScheduleTicker(
+        cases.starts,
+        local.store,
+        agent.reasoners,
+        observe=lambda outcome, lag: outcomes.append(outcome),
+        draining=lambda: local.registry.draining,
+        clock=lambda: 1010.5,
+    )
+    entry = Entry("s", "work", Schedule("*/10 * * * * *", overlap="allow_all"))
+    first = await ticker.fire(entry, 1010.0)
+    again = await ticker.fire(entry, 1010.0)  # another replica's, or a retry's
+    assert (first.outcome, again.outcome) == ("started", "duplicate")
+    assert first.execution is not None and again.execution is not None
+    assert first.execution.execution_id == again.execution.execution_id
+    assert first.execution.execution_id == firing_id(entry.key, 1010.0)
+    assert await first.execution.wait(5.0)
+    record = await local.store.get(firing_id(entry.key, 1010.0))
+    assert record is not None and record.status is ExecutionStatus.SUCCEEDED
+    assert (record.schedule_id, record.scheduled_at) == ("s", 1010.0)
+    assert outcomes == ["started"]
+
+
+def test_the_agent_s_ticker_starts_through_the_use_case_every_front_uses() -> None:
+    """The ticker is handed the fronts' `Starts`, and holds no registry to start around it."""
+    from agent_server import Settings
+    from agent_server.runtime.registry import InFlightRegistry
+
+    agent = Agent("t", Settings())
+
+    @agent.reasoner(schedules=[Schedule("0 0 1 1 *")])
+    async def work() -> None:
+        return None
+
+    ticker = agent._ticker()
+    assert ticker is agent._ticker()  # built once
+    assert ticker.starts is agent._use_cases().starts
+    assert "work-0" in ticker.declared
+    assert not [value for value in vars(ticker).values() if isinstance(value, InFlightRegistry)]

@@ -12,6 +12,11 @@ A firing's lateness counts from the moment this replica last began firing withou
 (it came up, found the store again, or woke after a pause past GAP): a firing that comes
 due while it runs is tried at least once however late its tick, so `catchup_window: 0`
 means no catch-up, not never.
+
+A firing starts through the application layer (`Starts.fire`), as every front's start does:
+the registry's refusals reach the ticker as the `Refusal`s a request's start gets, and it
+maps them to what a firing does (`RETRIED`: the same fire time soon; a refused key: the
+duplicate of a start before it).
 """
 
 from __future__ import annotations
@@ -31,23 +36,13 @@ from pydantic import ValidationError
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.reasoner import Reasoner
 from agent_server.model.record import isoformat
-from agent_server.model.schedules import MAX_COUNTED, FiringOutcome, binding_problem
+from agent_server.model.schedules import MAX_COUNTED, FiringOutcome, Schedule, binding_problem
 from agent_server.model.scheduling import SessionPolicy
 from agent_server.model.status import TERMINAL
-from agent_server.runtime.admission import AdmissionError
-from agent_server.runtime.registry import InFlightRegistry
-
-# Re-exported: the routes and the app build and read entries with the ticker.
-from agent_server.runtime.schedule_entries import Entry as Entry
-from agent_server.runtime.schedule_entries import Firing as Firing
-from agent_server.runtime.schedule_entries import firing_id as firing_id
-from agent_server.runtime.schedule_entries import retimed
-from agent_server.store.base import (
-    Idempotency,
-    IdempotencyForgotten,
-    IdempotencyMismatch,
-    StoreUnavailable,
-)
+from agent_server.runtime.schedule_entries import Entry, Firing, firing_id, retimed
+from agent_server.service.refusals import Refusal, Why
+from agent_server.service.starts import Stamp, Starts
+from agent_server.store.base import Idempotency, StoreUnavailable
 from agent_server.store.roles import Reads, Schedules
 
 logger = logging.getLogger("agent_server.schedules")
@@ -60,6 +55,14 @@ RETRY_AFTER = 0.25
 #: paused, or its loop held): a gap, as if the replica had been down. Below it, lateness is
 #: the tick's own (a loaded machine), and a firing due meanwhile still starts.
 GAP = 5.0
+#: A firing refused for now (the registry's admission: full, draining, a session released,
+#: the store's answer lost or in doubt): the same fire time is tried again soon, inside its
+#: window, and nothing is logged. Any other refusal is a failure, logged once.
+RETRIED = frozenset(
+    {Why.BUSY, Why.SESSION_RELEASING, Why.UNAVAILABLE, Why.IN_DOUBT, Why.SHUTTING_DOWN}
+)
+#: A firing's key refused: started before, and since forgotten or changed (a duplicate).
+REPEATED = frozenset({Why.KEY_FORGOTTEN, Why.KEY_MISMATCH})
 
 
 class TickerStore(Schedules, Reads, Protocol):
@@ -67,26 +70,36 @@ class TickerStore(Schedules, Reads, Protocol):
     execution a firing started (`get`)."""
 
 
+def firing_session(schedule_id: str, schedule: Schedule) -> tuple[str | None, SessionPolicy]:
+    """The session a firing runs in, and its policy: under `buffer_one` and `cancel_other`
+    the session's gate waits for (or interrupts) the previous firing, on any replica."""
+    if schedule.overlap not in ("buffer_one", "cancel_other"):
+        return schedule.session_id, SessionPolicy.PARALLEL
+    session_id = schedule.session_id or f"schedule:{schedule_id}"
+    if schedule.overlap == "buffer_one":
+        return session_id, SessionPolicy.ENQUEUE
+    return session_id, SessionPolicy.INTERRUPT
+
+
 class ScheduleTicker:
-    """The schedules this replica fires: a heap of next fire times, one task."""
+    """The schedules this replica fires: a heap of next fire times, one task. Its firings
+    start through `starts`, the use case every front starts with."""
 
     def __init__(
         self,
-        registry: InFlightRegistry,
+        starts: Starts,
         store: TickerStore,
         reasoners: Mapping[str, Reasoner],
         *,
         observe: Callable[[str, float | None], None],
         draining: Callable[[], bool],
-        idempotency_ttl: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.registry = registry
+        self.starts = starts
         self.store = store
         self.reasoners = reasoners
         self._observe = observe
         self._draining = draining
-        self._ttl = idempotency_ttl
         self._clock = clock
         self.entries: dict[str, Entry] = {}
         self._heap: list[tuple[float, int, Entry]] = []
@@ -403,7 +416,9 @@ class ScheduleTicker:
             return True
         try:
             firing = await self.fire(entry, at)
-        except AdmissionError:
+        except Refusal as refusal:
+            if refusal.why not in RETRIED:
+                raise
             return False
         entry.cursor = at
         await self.store.schedule_fired(entry.key, at, firing.began)
@@ -420,30 +435,21 @@ class ScheduleTicker:
     ) -> Firing:
         """Start the firing at `at`, or skip it by its overlap policy; its execution (the
         earlier one for a repeat) and the outcome this call had. `mark`: record it as the
-        latest started before starting it (a trigger, whose time is no fire time)."""
+        latest started before starting it (a trigger, whose time is no fire time). A
+        refusal other than a repeated key is raised: the tick tries again (`RETRIED`), the
+        trigger's route answers it as a start's."""
         reasoner = self.reasoners[entry.reasoner]
-        schedule = entry.schedule
-        policy = SessionPolicy.PARALLEL
-        session_id = schedule.session_id
-        if schedule.overlap in ("buffer_one", "cancel_other"):
-            # The session's gate waits for (or interrupts) the previous firing, on any replica.
-            session_id = session_id or f"schedule:{entry.schedule_id}"
-            policy = (
-                SessionPolicy.ENQUEUE
-                if schedule.overlap == "buffer_one"
-                else SessionPolicy.INTERRUPT
-            )
-        key = entry.key
-        execution_id = firing_id(key, at)
-        if overlap and schedule.overlap in ("skip", "buffer_one"):
+        execution_id = firing_id(entry.key, at)
+        if overlap and entry.schedule.overlap in ("skip", "buffer_one"):
             previous = await self._previous(entry)
             full = previous is not None and (
-                previous.status is ExecutionStatus.QUEUED or schedule.overlap == "skip"
+                previous.status is ExecutionStatus.QUEUED or entry.schedule.overlap == "skip"
             )
             if full and previous is not None and previous.execution_id != execution_id:
                 self._observe(FiringOutcome.SKIPPED, None)
                 return Firing(FiringOutcome.SKIPPED, previous)
-        body = dict(schedule.input)
+        session_id, policy = firing_session(entry.schedule_id, entry.schedule)
+        body = dict(entry.schedule.input)
         try:
             arguments = reasoner.bind(body)
             fingerprint = reasoner.fingerprint(session_id, body)
@@ -460,30 +466,23 @@ class ScheduleTicker:
             )
             return Firing(FiringOutcome.INVALID, problem=problem)
         if mark:
-            await self.store.schedule_fired(key, at, True, handled=False)
-
-        def stamp(execution: Execution) -> None:
-            execution.execution_id = execution_id
-            execution.schedule_id = entry.schedule_id
-            execution.scheduled_at = at
-
-        window = schedule.catchup_window
+            await self.store.schedule_fired(entry.key, at, True, handled=False)
+        # The key outlives the window: a retry inside it is always the same start's repeat.
+        ttl = max(self.starts.idempotency_ttl, 2 * entry.schedule.catchup_window + 60.0)
         try:
-            execution, started = await self.registry.start_once(
+            execution, started = await self.starts.fire(
+                entry.principal,
                 reasoner,
                 arguments,
                 session_id,
                 body=body,
-                idempotency=Idempotency(
-                    f"schedule\x1f{key}\x1f{at:.3f}",
-                    fingerprint,
-                    max(self._ttl, 2 * window + 60.0),
-                ),
+                stamp=Stamp(execution_id, entry.schedule_id, at),
+                idempotency=Idempotency(f"schedule\x1f{entry.key}\x1f{at:.3f}", fingerprint, ttl),
                 session_policy=policy,
-                announce=stamp,
-                principal=entry.principal,
             )
-        except (IdempotencyForgotten, IdempotencyMismatch):
+        except Refusal as refusal:
+            if refusal.why not in REPEATED:
+                raise
             return Firing(FiringOutcome.DUPLICATE)  # started before, and since forgotten or changed
         if started:
             self._observe(FiringOutcome.STARTED, self._clock() - at)
