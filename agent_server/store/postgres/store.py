@@ -6,7 +6,8 @@ Postgres is the engine: every transition is one transaction on rows, fenced in i
 due times and expiry are on the database's clock; `LISTEN`/`NOTIFY` is a wake-up hint that
 carries ids only, and a poll of at most a second serves when a notice is lost or `LISTEN` is
 off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` composes its
-parts: the connections (`link.py`), records and lists (`records.py`), the owner's writes
+parts: the connections (`link.py`), records and lists (`records.py`, their statements
+shared by the calls made together: `coalesce.py`), schedules (`schedules.py`), the owner's writes
 and input (`owner.py`), claims (`claims.py`, versions included), the verdicts on held rows
 nobody runs (`repair.py`: a dead owner's, and this replica's takes whose answer was lost),
 and here the replica's liveness (which runs the judge and the repair), the notices and
@@ -39,6 +40,7 @@ from agent_server.store.postgres.owner import Owner
 from agent_server.store.postgres.part import ROW, WRITER, read_row
 from agent_server.store.postgres.records import Records
 from agent_server.store.postgres.repair import Repair
+from agent_server.store.postgres.schedules import Schedules
 from agent_server.store.postgres.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
@@ -52,7 +54,7 @@ LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
 RETENTION_BATCH = 1000
 
 
-class PostgresStore(Records, Owner, Claims, Webhooks, Repair):
+class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
     """Records in Postgres, shared by every replica of the agent; see the module docstring."""
 
     def __init__(
