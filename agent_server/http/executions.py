@@ -3,7 +3,6 @@ its events (`/executions/{id}/events`), and `GET /executions`, a page at a time.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -66,20 +65,9 @@ class Executions:
         answer before it can end), or after `timeout`; when the listener closes first
         (shutdown), as it is now, with `Connection: close`, so the client polls again on
         another replica instead of being cut into a 500 by the http phase's end."""
-        closing = self.streams.closing
-        if closing.is_set():
-            return execution_response(execution, headers={"Connection": "close"})
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        closing.waiters.add(closed)
-        waiting = asyncio.ensure_future(self.store.wait(execution, timeout, asked=True))
-        watched: set[asyncio.Future[Any]] = {waiting, closed}
-        try:
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closing.waiters.discard(closed)
-            if not waiting.done():
-                waiting.cancel()
-                await asyncio.gather(waiting, return_exceptions=True)
+        waiting = await self.use_cases.waits.before_close(
+            self.store.wait(execution, timeout, asked=True)
+        )
         if waiting.cancelled():
             return execution_response(execution, headers={"Connection": "close"})
         return await self.handed(request, waiting.result())

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.waiting import Closing
 from agent_server.runtime.registry import InFlightRegistry
 from agent_server.store.base import ExecutionStore
+
+T = TypeVar("T")
 
 #: Seconds an end this replica reached may take to be written to a shared store before a
 #: caller is told it (else it is sent to read the record).
@@ -70,26 +72,35 @@ class Waits:
         if execution.reached(asked=True) and not retried(execution):  # no watcher tasks
             return Waited(Until.REACHED, execution)
         gone = None if leaving is None else leaving()
-        ended = asyncio.ensure_future(self.until_end(execution))
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closing.waiters.add(closed)
-        if self.closing.is_set():
-            closed.set_result(None)
-        watched: set[asyncio.Future[Any]] = {ended, closed}
-        if gone is not None:
-            watched.add(gone)
-        try:
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self.closing.waiters.discard(closed)
-            if not ended.done():
-                ended.cancel()
-            await asyncio.gather(ended, return_exceptions=True)
+        also = () if gone is None else (gone,)
+        ended = await self.before_close(self.until_end(execution), *also)
         if ended.done() and not ended.cancelled() and ended.exception() is None:
             return Waited(Until.REACHED, ended.result())
         if gone is not None and gone.done():
             return Waited(Until.GONE)
         return Waited(Until.CLOSED)
+
+    async def before_close(
+        self, work: Coroutine[Any, Any, T], *also: asyncio.Future[Any]
+    ) -> asyncio.Future[T]:
+        """`work` run until it is done, the listener closes (the shutdown's point for
+        answering), or one of `also` is done (the caller gone, an event come); then
+        cancelled if it was not done, and awaited. Its future: done with its result, or
+        cancelled (cut short). Every front's wait at shutdown is this one."""
+        step = asyncio.ensure_future(work)
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closing.waiters.add(closed)
+        if self.closing.is_set():
+            closed.set_result(None)
+        watched: set[asyncio.Future[Any]] = {step, closed, *also}
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.closing.waiters.discard(closed)
+            if not step.done():
+                step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+        return step
 
     async def until_end(self, execution: Execution) -> Execution:
         """The live execution this replica runs, until it ends (or waits for input, or is

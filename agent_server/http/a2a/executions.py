@@ -256,23 +256,14 @@ class A2AExecutions:
     async def _pause(self, wait: Coroutine[Any, Any, Any], feed: EventFeed | None) -> None:
         """The store's wait (or a poll's sleep), cut short when the listener closes or, with
         a feed, at its next event."""
-        closing = self.closing
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        closing.waiters.add(closed)
-        if closing.is_set():
-            closed.set_result(None)
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if feed is not None:
-            feed.listen(closed)
-        step = asyncio.ensure_future(wait)
+            feed.listen(woken)
         try:
-            await asyncio.wait({step, closed}, return_when=asyncio.FIRST_COMPLETED)
+            await self.use_cases.waits.before_close(wait, woken)
         finally:
             if feed is not None:
-                feed.unlisten(closed)
-            closing.waiters.discard(closed)
-            if not step.done():
-                step.cancel()
-            await asyncio.gather(step, return_exceptions=True)
+                feed.unlisten(woken)
 
 
 def bad(refusal: Refusal, skill: str) -> Exception:
