@@ -109,7 +109,7 @@ class Runs:
         execution, started = await self._start(request)
         if not await self.access.reads(self.access.principal(request.scope), execution):
             return acceptance(request.scope, execution.execution_id)  # it runs, unwatched
-        location = execution_location(request.scope, execution.execution_id)
+        execution_id = execution.execution_id
         readers: list[asyncio.Task[Any]] = []
 
         def leaving() -> asyncio.Future[Any]:
@@ -129,11 +129,18 @@ class Runs:
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
-        retry = {"Retry-After": RETRY_AFTER_SECONDS, "Location": location, "Connection": "close"}
+
+        def location() -> str:  # built only for an answer that sends the client elsewhere
+            return execution_location(request.scope, execution_id)
+
+        def retry() -> dict[str, str]:
+            close = {"Connection": "close"}
+            return {"Retry-After": RETRY_AFTER_SECONDS, "Location": location(), **close}
+
         if waited.until is Until.CLOSED:
             # Shutdown, and its work waits in the queue (or runs elsewhere): another replica
             # may run it, and the client follows it there.
-            return await self._handed(request.scope, execution, 503, retry)
+            return await self._handed(request.scope, execution, 503, retry())
         if waited.until is Until.GONE or waited.execution is None:
             if started:  # a repeat of an idempotent request leaves the first one's work be
                 await self.use_cases.cancels.for_caller_gone(execution)
@@ -148,15 +155,16 @@ class Runs:
                     "execution_id": execution.execution_id,
                 },
                 503,
-                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location},
+                {"Retry-After": RETRY_AFTER_SECONDS, "Location": location()},
             )
         status_code = SYNC_ANSWER[execution.status]
         if execution.status is ExecutionStatus.INPUT_REQUIRED:  # it goes on once answered
-            return await self._handed(request.scope, execution, status_code, {"Location": location})
+            headers = {"Location": location()}
+            return await self._handed(request.scope, execution, status_code, headers)
         if execution.status is ExecutionStatus.QUEUED:  # handed off: follow it elsewhere
-            return await self._handed(request.scope, execution, status_code, retry)
+            return await self._handed(request.scope, execution, status_code, retry())
         if execution.status_reason is CancelReason.SHUTDOWN:  # ask another replica
-            return await self._handed(request.scope, execution, 503, retry)
+            return await self._handed(request.scope, execution, 503, retry())
         return await self._handed(request.scope, execution, status_code)
 
     async def _handed(
