@@ -85,9 +85,13 @@ class Link:
             logger.warning("Postgres at %s cannot be reached", self.where)
 
     async def open(self) -> None:
+        """The pool, filled to its size in the background once one connection answers. A
+        pool that grew on demand grew in the drain, when the outbox's writes and the
+        shutdown's statements first ran at once: each new connection's handshake (SCRAM)
+        competed with the ends being written (bench/RESULTS.md, "PG9")."""
         self.pool = AsyncConnectionPool(
             self.url,
-            min_size=1,
+            min_size=self.pool_size,
             max_size=self.pool_size,
             open=False,
             timeout=COMMAND_TIMEOUT,
@@ -95,7 +99,10 @@ class Link:
             kwargs={"connect_timeout": max(1, round(CONNECT_TIMEOUT)), "autocommit": True},
             name="agent-server-store",
         )
-        await self.pool.open(wait=True, timeout=CONNECT_TIMEOUT + 1)
+        await self.pool.open(wait=False)
+        # Reachable once one connection is (the store's open closes the pool otherwise).
+        async with asyncio.timeout(CONNECT_TIMEOUT + 1), self.pool.connection():
+            pass
 
     async def close(self) -> None:
         pool, self.pool = self.pool, None
