@@ -142,7 +142,7 @@ class McpTasks:
         execution = await self.find(ctx, params.task_id)
         await self.allowed(caller_of(ctx), "cancel", execution)
         try:
-            await self.use_cases.cancels.cancel(execution)
+            await self.use_cases.cancels.request(execution)
         except StoreUnavailable:
             raise MCPError(INTERNAL_ERROR, "execution store unavailable: retry later") from None
         return {}

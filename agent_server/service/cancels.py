@@ -24,6 +24,12 @@ class Cancels:
         self.registry = registry
         self.store = store
 
+    async def request(self, execution: Execution) -> None:
+        """A cancel request (`request`) to wherever it is, for a front that shows nothing
+        of what follows (MCP's `tasks/cancel`). Raises StoreUnavailable."""
+        if not execution.is_terminal:
+            await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+
     async def cancel(self, execution: Execution, wait: float = 0.0) -> Execution:
         """A cancel request (`request`) to wherever it is; the execution as it is then: a
         queued or parked one ends where it waits (read again), and one that runs is given
@@ -31,16 +37,15 @@ class Cancels:
         if execution.is_terminal:
             return execution
         nobody = execution.owned_by_nobody  # queued or parked: the store ends it where it is
-        await self.store.request_cancel(execution, CancelReason.REQUEST, None)
+        await self.request(execution)
         latest = (await self.store.get(execution.execution_id) if nobody else None) or execution
         if latest.is_terminal or wait <= 0:
             return latest
         try:
             async with asyncio.timeout(wait):
-                latest = await self.store.wait(latest, None)
-        except TimeoutError:
-            pass
-        return await self.store.get(execution.execution_id) or latest
+                return await self.store.wait(latest, None)  # the record as it ended
+        except TimeoutError:  # still running: as it is now
+            return await self.store.get(execution.execution_id) or latest
 
     async def for_caller_gone(
         self, execution: Execution, reason: CancelReason = CancelReason.CLIENT_DISCONNECTED
