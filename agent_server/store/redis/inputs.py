@@ -1,67 +1,44 @@
-"""Input (`ctx.ask`) and checkpoints: an owner's own writes that wait Redis out, and
-the answers any replica takes; part of `RedisStore`."""
+"""Input (`ctx.ask`): an owner's own writes that wait Redis out, and the answers any
+replica takes; the `Asks` part of `RedisStore`, which keeps where answers for this
+replica's waiting executions go (`on_answer`) and how many bytes of them it keeps."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Sequence
 from typing import Any
 
 from agent_server.model import jsoncodec
 from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.context import StaleAttempt
 from agent_server.model.execution import Execution
-from agent_server.store.base import StoreInDoubt, StoreUnavailable
+from agent_server.store import roles
+from agent_server.store.base import StoreInDoubt
 from agent_server.store.redis import codec
-from agent_server.store.redis.failures import transient_reason
-from agent_server.store.redis.outbox import BACKOFF_FIRST, BACKOFF_MAX
-from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import Link
+from agent_server.store.redis.outbox import Outbox
 from agent_server.store.redis.scripts import Asked
 
-logger = logging.getLogger("agent_server.store")
 
+class Inputs(roles.Asks):
+    """Asks and answers of `RedisStore`; `webhooks` keeps the handler an ask may wake."""
 
-class Inputs(StorePart):
-    """Asks, answers and checkpoints of `RedisStore`."""
-
-    async def checkpoint(self, execution: Execution, state: str) -> None:
-        """One script, fenced by owner and attempt like an end. Redis unreachable or
-        refusing for a while is waited out (retried with a bounded backoff, as the outbox
-        does; a cancellation still ends the wait): a reasoner's progress is written before
-        it goes on, and an outage does not fail it (section 12, invariant 4)."""
-        reply = await self._waiting_out(
-            "checkpoint",
-            self.keys.script.for_checkpoint(execution.execution_id),
-            execution.replica,
-            str(execution.attempt),
-            state,
-            str(execution.checkpoint_asks),
-            execution.version or "",  # the code that wrote it (claim.lua compares)
-        )
-        execution.checkpoint_version = execution.version
-        if not int(reply[0]):
-            self._outbox.fence("checkpoint", execution, reply[1])
-            raise StaleAttempt(
-                f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
-                f"owns it (the record is {reply[1] or 'gone'})"
-            )
-
-    async def _waiting_out(self, name: str, keys: Sequence[str], *args: str | bytes) -> Any:
-        """One script call of an owner's own write, Redis unreachable or refusing for a while
-        waited out (a bounded backoff, as the outbox does; a cancellation still ends the
-        wait): what the reasoner does next depends on it being written."""
-        backoff = BACKOFF_FIRST
-        while True:
-            try:
-                with self._link.operation(name):
-                    return await self._link.script(name, keys, *args)
-            except StoreUnavailable as exc:
-                if not self._link.is_open:
-                    raise  # closed: nothing will write it
-                self._outbox.count_retry(transient_reason(exc) or "connection")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+    def __init__(
+        self,
+        link: Link,
+        keys: Keys,
+        row_codec: RowCodec,
+        *,
+        outbox: Outbox,
+        webhooks: roles.Webhooks,
+        max_answer_bytes: int,
+    ) -> None:
+        self._link = link
+        self._keys = keys
+        self._codec = row_codec
+        self._outbox = outbox
+        self._webhooks = webhooks
+        self.max_answer_bytes = max_answer_bytes
 
     async def ask(
         self, execution: Execution, question: Question, park: bool, timeout: float | None
@@ -71,9 +48,9 @@ class Inputs(StorePart):
         parked with `park`. A request an earlier attempt had answered or let expire is not
         asked again: its answer, or its timeout, matched by the question's identity."""
         number = question.request_id
-        reply = await self._waiting_out(
+        reply = await self._outbox.waiting_out(
             "ask",
-            self.keys.script.for_ask(execution.execution_id, execution.replica),
+            self._keys.script.for_ask(execution.execution_id, execution.replica),
             execution.replica,
             str(execution.attempt),
             str(number),
@@ -100,10 +77,9 @@ class Inputs(StorePart):
         if code is Asked.MISMATCH:
             other = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             return Reply(Found.MISMATCH, int(reply[2]), other=other)
-        if self.on_webhook is not None and (
-            execution.webhook_url is not None or execution.attempt > 1
-        ):
-            self.on_webhook()  # ask.lua may have recorded a delivery
+        wake = self._webhooks.on_webhook
+        if wake is not None and (execution.webhook_url is not None or execution.attempt > 1):
+            wake()  # ask.lua may have recorded a delivery
         return Reply(Found.PARKED if code is Asked.PARKED else Found.WAIT, number)
 
     async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
@@ -117,9 +93,9 @@ class Inputs(StorePart):
     async def _look(
         self, execution: Execution, request_id: int, *, close: bool
     ) -> tuple[bool, Any]:
-        reply = await self._waiting_out(
+        reply = await self._outbox.waiting_out(
             "expire",
-            self.keys.script.for_expire(execution.execution_id),
+            self._keys.script.for_expire(execution.execution_id),
             execution.replica,
             str(execution.attempt),
             str(request_id),
@@ -142,7 +118,7 @@ class Inputs(StorePart):
             request_id = pending.get("request_id")
             if not isinstance(request_id, int):
                 return None
-        keys = self.keys.script.for_answer(execution.execution_id)
+        keys = self._keys.script.for_answer(execution.execution_id)
         text: str | bytes = codec.dumps(value)
         with self._link.operation("answer"):
             reply, held = await self._link.told(
@@ -161,13 +137,3 @@ class Inputs(StorePart):
         if not held:
             raise StoreInDoubt(execution.execution_id, "the answer")
         return self._codec.restore([*reply[1], 0])
-
-    def _answered(self, execution_id: str, request_id: int, value: Any) -> None:
-        """An answer published to this replica: to the `ctx.ask` waiting here."""
-        if self.on_answer is None or not self.on_answer(execution_id, request_id, value):
-            logger.warning(
-                "the answer to request %d of execution %s reached no waiting ask here (it "
-                "ended, or timed out and took the answer from the record)",
-                request_id,
-                execution_id,
-            )

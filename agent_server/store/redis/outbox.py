@@ -506,6 +506,23 @@ class Outbox:
         if not isinstance(error, Refused):
             self.count_retry(transient_reason(error) or "connection")
 
+    async def waiting_out(self, name: str, keys: Sequence[str], *args: str | bytes) -> Any:
+        """One script call of an owner's own write that does not wait its turn here (a
+        checkpoint, an ask), Redis unreachable or refusing for a while waited out (a bounded
+        backoff, as the writer's; a cancellation still ends the wait): what the reasoner does
+        next depends on it being written."""
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                with self._link.operation(name):
+                    return await self._link.script(name, keys, *args)
+            except StoreUnavailable as exc:
+                if not self._link.is_open:
+                    raise  # closed: nothing will write it
+                self.count_retry(transient_reason(exc) or "connection")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
     def count_retry(self, reason: str) -> None:
         if self._observer is not None:
             self._observer.write_retried(reason)

@@ -1,5 +1,7 @@
-"""The owner's writes that go through the outbox, in order and fenced by owner and
-attempt: events, the end, hand-offs, retries and unclaims; part of `RedisStore`."""
+"""The owner's writes that go through the outbox, in order and fenced by owner and attempt:
+events, the end, hand-offs, retries and unclaims. A part of `RedisStore` that no role is
+forwarded to: the parts of `Records`, `Claims` and `Events` (records.py, claims.py,
+reads.py) write through it, and so does the repair (liveness.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,30 @@ import asyncio
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution
 from agent_server.model.waiting import Closing, recorded_within
+from agent_server.store import roles
 from agent_server.store.redis import codec
-from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.outbox import Outbox
 
 
-class OwnerWrites(StorePart):
-    """The outbox writes of `RedisStore`."""
+class OwnerWrites:
+    """The outbox writes of `RedisStore`; `webhooks` keeps the handler an end may wake."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        keys: Keys,
+        row_codec: RowCodec,
+        *,
+        max_events: int,
+        webhooks: roles.Webhooks,
+    ) -> None:
+        self._outbox = outbox
+        self._keys = keys
+        self._codec = row_codec
+        self._max_events = max_events
+        self._webhooks = webhooks
 
     def emit(self, execution: Execution, event: Event) -> None:
         """Through the outbox, in order with the end: XADD to the execution's capped stream
@@ -21,14 +41,14 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "emit",
-            self.keys.script.for_emit(execution.execution_id),
+            self._keys.script.for_emit(execution.execution_id),
             [
                 execution.replica,
                 str(execution.attempt),
                 str(event.id),
                 event.event,
                 event.data,
-                str(self.max_events),
+                str(self._max_events),
             ],
         )
 
@@ -36,14 +56,12 @@ class OwnerWrites(StorePart):
         """Queue the end for the outbox writer (its arguments taken now); `recorded` tells
         when it is in Redis."""
         execution.recorded = asyncio.get_running_loop().create_future()
-        keys = self.keys.script.for_end(execution.execution_id, execution.replica)
+        keys = self._keys.script.for_end(execution.execution_id, execution.replica)
         self._outbox.put(execution, "end", keys, self._codec.end_args(execution))
         # Once written, a delivery may be owed (records.lua): the sender looks at once. A
         # resumed attempt's URL is in the hash only (the sender's next look finds it too).
-        if self.on_webhook is not None and (
-            execution.webhook_url is not None or execution.attempt > 1
-        ):
-            wake = self.on_webhook
+        wake = self._webhooks.on_webhook
+        if wake is not None and (execution.webhook_url is not None or execution.attempt > 1):
             execution.recorded.add_done_callback(lambda _: wake())
 
     async def recorded(
@@ -65,7 +83,7 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "unclaim",
-            self.keys.script.for_unclaim(execution.execution_id, execution.replica),
+            self._keys.script.for_unclaim(execution.execution_id, execution.replica),
             [execution.execution_id, execution.replica, str(execution.attempt), token, body],
         )
 
@@ -78,12 +96,12 @@ class OwnerWrites(StorePart):
         self._outbox.put(
             execution,
             "handoff",
-            self.keys.script.for_handoff(execution.execution_id, execution.replica),
+            self._keys.script.for_handoff(execution.execution_id, execution.replica),
             [
                 execution.execution_id,
                 execution.replica,
                 str(execution.attempt),
-                self.keys.queued,
+                self._keys.queued,
                 delay_ms,
             ],
         )

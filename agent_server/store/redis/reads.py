@@ -1,5 +1,7 @@
 """What any replica reads: a record (moved to lost first if its owner stopped
-renewing), its events, its end (waited for), and the lists; part of `RedisStore`."""
+renewing), its events, its end (waited for), the lists and a session's executions; the part
+of `RedisStore` for `Reads`, `Events` (an event is written through the owner's writes) and
+`Sessions` (a release is `releases.py`'s)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,55 @@ from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.names import scoped
 from agent_server.model.status import KEPT_MOVES
+from agent_server.store import roles
 from agent_server.store.base import ListCursor, Page
 from agent_server.store.redis import codec
-from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import Link
+from agent_server.store.redis.notices import Notices
+from agent_server.store.redis.owner_writes import OwnerWrites
+from agent_server.store.redis.releases import Releases
 from agent_server.store.redis.scripts import Row
 
 #: Executions read per session (release, listing by session).
 SESSION_LIMIT = 10_000
 
 
-class Reads(StorePart):
-    """The reads of `RedisStore`."""
+async def read(
+    link: Link, keys: Keys, row_codec: RowCodec, ids: Sequence[str], tenant: str | None = None
+) -> list[Execution | None]:
+    """One `get` call for many ids (a `get`, a waiter's re-read, or those woken together:
+    notices.py's `Reader`)."""
+    wanted = "" if tenant is None else f"={tenant}"
+    with link.operation("get"):
+        rows = await link.script("get", keys.script.for_ids(ids), wanted, *ids)
+    found: list[Execution | None] = [row_codec.restore(row) if row else None for row in rows]
+    return found or [None] * len(ids)
+
+
+class Reads(roles.Reads, roles.Events, roles.Sessions):
+    """The reads of `RedisStore`, its events and its sessions."""
+
+    def __init__(
+        self,
+        link: Link,
+        keys: Keys,
+        row_codec: RowCodec,
+        *,
+        notices: Notices,
+        writes: OwnerWrites,
+        releases: Releases,
+    ) -> None:
+        self._link = link
+        self._keys = keys
+        self._codec = row_codec
+        self._notices = notices
+        self._writes = writes
+        self._releases = releases
+
+    def emit(self, execution: Execution, event: Event) -> None:
+        self._writes.emit(execution, event)
 
     async def events_since(
         self, execution_id: str, cursor: int, limit: int
@@ -33,7 +73,7 @@ class Reads(StorePart):
             rows = await cast(
                 Awaitable[Any],
                 self._link.redis.xrange(
-                    self.keys.stream(execution_id), min=f"({cursor}-1", count=limit
+                    self._keys.stream(execution_id), min=f"({cursor}-1", count=limit
                 ),
             )
         events = [
@@ -56,7 +96,7 @@ class Reads(StorePart):
     async def get(self, execution_id: str, tenant: str | None = None) -> Execution | None:
         """One script: the record, moved to lost first if its owner stopped renewing; with
         `tenant`, another tenant's is unknown, its tenant read before the rest (get.lua)."""
-        return (await self._read([execution_id], tenant))[0]
+        return (await read(self._link, self._keys, self._codec, [execution_id], tenant))[0]
 
     async def input_of(self, execution: Execution) -> tuple[bool, Any]:
         """Its `body` field, which no script's record carries (a start without one writes
@@ -80,18 +120,10 @@ class Reads(StorePart):
             found, value = await cast(
                 Awaitable[list[Any]],
                 self._link.redis.hmget(
-                    self.keys.record(execution.execution_id), ["execution_id", name]
+                    self._keys.record(execution.execution_id), ["execution_id", name]
                 ),
             )
         return (False, None) if found is None else (True, value)
-
-    async def _read(self, ids: Sequence[str], tenant: str | None = None) -> list[Execution | None]:
-        """One `get` call for many ids (a waiter's re-read, or those woken together)."""
-        wanted = "" if tenant is None else f"={tenant}"
-        with self._link.operation("get"):
-            rows = await self._link.script("get", self.keys.script.for_ids(ids), wanted, *ids)
-        found: list[Execution | None] = [self._codec.restore(row) if row else None for row in rows]
-        return found or [None] * len(ids)
 
     async def wait(
         self, execution: Execution, timeout: float | None, asked: bool = False
@@ -122,13 +154,13 @@ class Reads(StorePart):
         cursor is the index score and id of the last record looked at: in a tenant's index
         (or its session's) it names a place among that tenant's records only."""
         if session_id is not None:  # a session's index holds its tenant's records only
-            index = self.keys.session(scoped(tenant, session_id))
+            index = self._keys.session(scoped(tenant, session_id))
         elif tenant is not None and not every_tenant:
-            index = self.keys.tenant(tenant)
+            index = self._keys.tenant(tenant)
         elif statuses == {ExecutionStatus.RUNNING}:
-            index = self.keys.running
+            index = self._keys.running
         else:
-            index = self.keys.all
+            index = self._keys.all
         return await self._list(
             "list",
             index,
@@ -162,7 +194,7 @@ class Reads(StorePart):
         with self._link.operation(operation):
             reply = await self._link.script(
                 "list",
-                self.keys.script.for_list(index),
+                self._keys.script.for_list(index),
                 scan,
                 limit,
                 statuses,
@@ -189,7 +221,7 @@ class Reads(StorePart):
         read of gigabytes)."""
         found = await self._list(
             "session",
-            self.keys.session(scoped(tenant, session_id)),
+            self._keys.session(scoped(tenant, session_id)),
             SESSION_LIMIT,
             SESSION_LIMIT,
             "",
@@ -197,3 +229,16 @@ class Reads(StorePart):
             bare=True,
         )
         return found.executions
+
+    async def begin_release(
+        self, session_id: str, seconds: float | None, tenant: str | None = None
+    ) -> str | None:
+        return await self._releases.begin(scoped(tenant, session_id), seconds)
+
+    async def end_release(
+        self, session_id: str, answer: dict[str, Any] | None = None, tenant: str | None = None
+    ) -> None:
+        await self._releases.end(scoped(tenant, session_id), answer)
+
+    async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
+        return await self._releases.shared(release_id, timeout)

@@ -2,15 +2,18 @@
 keys per tenant that counts them, and a version of them all every change writes anew),
 and each schedule's marks: when each was first seen, its last fire time handled and the
 last that started an execution, shared by every replica, so a replica that comes up knows
-which firings it may still start and which execution ran last."""
+which firings it may still start and which execution ran last. The `Schedules` part of
+`RedisStore`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Collection
 from typing import Any, cast
 
+from agent_server.store import roles
 from agent_server.store.base import Marks, ScheduleLimit, new_schedules_version
-from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import Link
 
 #: Documents read in one reply: each is at most `--max-schedule-input-size` and a little,
 #: so a reply stays bounded however many change at once (a replica coming up reads all).
@@ -19,14 +22,18 @@ DOCUMENTS_AT_ONCE = 32
 SCAN_COUNT = 1000
 
 
-class ScheduleMarks(StorePart):
+class ScheduleMarks(roles.Schedules):
     """The documents in one hash, changed with the version in one transaction; one hash of
     marks per schedule, read and moved on by one script (marks.lua): `created` set once,
     `handled` and `started` never moved back, whichever replica writes last, and the
     timing (cron and zone) `handled` belongs to, so a changed cron starts at its change."""
 
+    def __init__(self, link: Link, keys: Keys) -> None:
+        self._link = link
+        self._keys = keys
+
     def _schedule_key(self, schedule_key: str) -> str:
-        return f"{self.keys.prefix}schedule:{schedule_key}"
+        return f"{self._keys.prefix}schedule:{schedule_key}"
 
     async def schedule_marks(self, schedule_key: str, now: float, timing: str = "") -> Marks:
         key = self._schedule_key(schedule_key)
@@ -133,20 +140,20 @@ class ScheduleMarks(StorePart):
     def _counted(self, tenant: str | None) -> str:
         """The set of the keys a tenant's count holds (a server without tenants: one)."""
         if tenant is None:
-            return f"{self.keys.prefix}schedules:untenanted"
-        return f"{self.keys.prefix}schedules:tenant:{tenant}"
+            return f"{self._keys.prefix}schedules:untenanted"
+        return f"{self._keys.prefix}schedules:tenant:{tenant}"
 
     @property
     def _versions(self) -> str:
-        return f"{self.keys.prefix}schedules:versions"
+        return f"{self._keys.prefix}schedules:versions"
 
     @property
     def _documents(self) -> str:
-        return f"{self.keys.prefix}schedules"
+        return f"{self._keys.prefix}schedules"
 
     @property
     def _version(self) -> str:
-        return f"{self.keys.prefix}schedules:version"
+        return f"{self._keys.prefix}schedules:version"
 
 
 def _text(value: Any) -> str:

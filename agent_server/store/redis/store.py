@@ -3,20 +3,23 @@
 Redis is the engine: every transition of a record is one Lua script (atomic, one round
 trip), results expire with a Redis TTL, completion notices and cancel requests travel by
 pub/sub, and each replica's liveness is one entry of a sorted set scored by its expiry on
-Redis's own clock (no replica's clock decides another's fate). `RedisStore` composes the
-parts: the connections (`link.py`), the outbox (`outbox.py`), the notices (`notices.py`),
-the renewal and repair (`liveness.py`), session releases (`releases.py`) and the row codec
-(`codec.py`); its operations, one concept per module: starts and claims (`starts.py`), the
-owner's writes through the outbox (`owner_writes.py`), input and checkpoints (`inputs.py`),
-reads and lists (`reads.py`) and webhook deliveries (`webhooks.py`), each a base class over
-the attributes `part.py` declares. The key layout is in `keys.py` and
-docs/replicas.md#key-layout.
+Redis's own clock (no replica's clock decides another's fate). `RedisStore` is composed of
+parts, plain objects its `__init__` makes, each given what it uses: the connections
+(`link.py`), the outbox (`outbox.py`), the notices (`notices.py`), the renewal and repair
+(`liveness.py`), session releases (`releases.py`), the row codec (`codec.py`), the owner's
+writes through the outbox (`owner_writes.py`), and a part per role of the interface
+(store/roles.py): `Records` (`records.py`), `Claims` (`claims.py`), `Asks` (`inputs.py`),
+`Reads`, `Events` and `Sessions` (`reads.py`), `Webhooks` (`webhooks.py`) and `Schedules`
+(`schedule_marks.py`), which `ComposedStore` (store/composed.py) forwards each call to. The
+store itself is its `Liveness`: it starts and stops the parts' background work. The key
+layout is in `keys.py` and docs/replicas.md#key-layout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -26,9 +29,10 @@ import orjson
 
 from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import CancelReason, Execution
-from agent_server.model.names import scoped
-from agent_server.store.base import ExecutionRunning, StoreInDoubt, StoreObserver, StoreUnavailable
+from agent_server.store.base import StoreObserver, StoreUnavailable
+from agent_server.store.composed import ComposedStore
 from agent_server.store.redis import codec, sentinel
+from agent_server.store.redis.claims import Claims
 from agent_server.store.redis.codec import RowCodec
 from agent_server.store.redis.failures import OPEN_FAILURES
 from agent_server.store.redis.inputs import Inputs
@@ -38,11 +42,10 @@ from agent_server.store.redis.liveness import Liveness
 from agent_server.store.redis.notices import Notices
 from agent_server.store.redis.outbox import OUTBOX_LIMIT, Outbox
 from agent_server.store.redis.owner_writes import OwnerWrites
-from agent_server.store.redis.reads import Reads
+from agent_server.store.redis.reads import Reads, read
+from agent_server.store.redis.records import Records
 from agent_server.store.redis.releases import Releases
 from agent_server.store.redis.schedule_marks import ScheduleMarks
-from agent_server.store.redis.scripts import Forget
-from agent_server.store.redis.starts import Starts
 from agent_server.store.redis.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
@@ -56,10 +59,9 @@ RELEASE_RETRY = 0.05
 REPLICA_STATES = 100
 
 
-class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
+class RedisStore(ComposedStore):
     """Records in Redis, shared by every replica of the agent; see the module docstring.
-    Its operations are its parts' (one module each); here its parts are made, started and
-    stopped."""
+    Here its parts are made, started and stopped; each role's calls go to its part."""
 
     def __init__(
         self,
@@ -77,59 +79,82 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.replica_id = replica_id
-        self.max_answer_bytes = max_answer_bytes
         self.url = url
         self.where = codec.describe_url(url)
-        self.keys = Keys(agent_name)
+        self.keys = keys = Keys(agent_name)
         #: Behind Sentinel a failover can lose writes the old primary acknowledged but no
         #: replica had: the outbox follows its writes with `WAIT 1 <ms>`.
         self.replicated_writes = sentinel.is_sentinel_url(url)
-        self.result_ttl = result_ttl
-        self.max_retained = max_retained
-        self.lease_ttl = lease_ttl
         self.observer = observer
-        self.max_events = max_events
         self._tasks: list[asyncio.Task[None]] = []
-        #: When the next scheduled execution is due (the loop's clock), as the last claim
-        #: said; None when nothing waits for a time.
-        self._due_at: float | None = None
-        self._codec = RowCodec(observer)
+        self._codec = row_codec = RowCodec(observer)
         renew_now = asyncio.Event()
-        self._link = self._make_link(max_retained_bytes, renew_now)
-        self._notices = Notices(
-            self._link,
-            self._codec,
+        self._link = link = self._make_link(result_ttl, max_retained, max_retained_bytes, renew_now)
+        self._notices = notices = self._make_notices()
+        self._outbox = outbox = self._make_outbox(outbox_limit)
+        self._releases = Releases(link, keys)
+        # The parts of the roles, each given what it uses (store/composed.py): `webhooks`
+        # keeps the handler an end or an ask wakes, `claims` the one a cancelled queued
+        # execution tells.
+        webhooks = Webhooks(link, keys, row_codec)
+        writes = OwnerWrites(outbox, keys, row_codec, max_events=max_events, webhooks=webhooks)
+        self._liveness = liveness = self._make_liveness(lease_ttl, renew_now, writes)
+        claims = Claims(
+            link,
+            keys,
+            row_codec,
             replica_id=replica_id,
-            ends=self.keys.ends,
-            events=self.keys.events,
-            queued=self.keys.queued,
-            cancels=self.keys.cancel(replica_id),
-            read=self._read,
-            cancel=self._cancelled,
-            answer=self._answered,
+            max_events=max_events,
+            liveness=liveness,
+            notices=notices,
+            writes=writes,
         )
-        self._outbox = Outbox(
-            self._link,
-            end_keys=self.keys.records,
-            events_channel=self.keys.events,
-            replicated=self.replicated_writes,
-            observer=observer,
-            limit=outbox_limit,
-            on_written=self._notices.written,
+        reads = Reads(
+            link, keys, row_codec, notices=notices, writes=writes, releases=self._releases
         )
-        self._releases = Releases(self._link, self.keys)
-        self._liveness = self._make_liveness(renew_now)
+        super().__init__(
+            records=Records(
+                link,
+                keys,
+                row_codec,
+                replica_id=replica_id,
+                liveness=liveness,
+                outbox=outbox,
+                writes=writes,
+                claims=claims,
+            ),
+            reads=reads,
+            claims=claims,
+            asks=Inputs(
+                link,
+                keys,
+                row_codec,
+                outbox=outbox,
+                webhooks=webhooks,
+                max_answer_bytes=max_answer_bytes,
+            ),
+            events=reads,
+            webhooks=webhooks,
+            sessions=reads,
+            schedules=ScheduleMarks(link, keys),
+        )
 
-    def _make_link(self, max_retained_bytes: int, renew_now: asyncio.Event) -> Link:
-        """The connections to Redis (`__init__`'s settings set), with the arguments every
-        script takes (the caller's id lets a script decide, when it runs, whether this
-        replica may judge others: `judged`)."""
+    def _make_link(
+        self,
+        result_ttl: float,
+        max_retained: int,
+        max_retained_bytes: int,
+        renew_now: asyncio.Event,
+    ) -> Link:
+        """The connections to Redis, with the arguments every script takes (the caller's id
+        lets a script decide, when it runs, whether this replica may judge others:
+        `judged`)."""
         return Link(
             self.url,
             where=self.where,
             common=(
-                max(1, round(self.result_ttl * 1000)),
-                f"{max(0, self.max_retained)}:{max(0, max_retained_bytes)}".encode(),
+                max(1, round(result_ttl * 1000)),
+                f"{max(0, max_retained)}:{max(0, max_retained_bytes)}".encode(),
                 self.replica_id.encode(),
             ),
             observer=self.observer,
@@ -138,21 +163,53 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
             acked_channel=self.keys.acked if self.replicated_writes else None,
         )
 
-    def _make_liveness(self, renew_now: asyncio.Event) -> Liveness:
-        """The renewal and the repair, over the parts `__init__` made before it."""
+    def _make_notices(self) -> Notices:
+        """The subscriber and its waiters: records read by `get.lua` (reads.py `read`),
+        cancel requests and answers to the handlers `Records` and `Asks` keep."""
+        link, keys, row_codec = self._link, self.keys, self._codec
+        return Notices(
+            link,
+            row_codec,
+            replica_id=self.replica_id,
+            ends=keys.ends,
+            events=keys.events,
+            queued=keys.queued,
+            cancels=keys.cancel(self.replica_id),
+            read=functools.partial(read, link, keys, row_codec),
+            cancel=self._cancelled,
+            answer=self._answered,
+        )
+
+    def _make_outbox(self, limit: int) -> Outbox:
+        """The writes owed to Redis: a written end wakes its waiters here (notices.py)."""
+        return Outbox(
+            self._link,
+            end_keys=self.keys.records,
+            events_channel=self.keys.events,
+            replicated=self.replicated_writes,
+            observer=self.observer,
+            limit=limit,
+            on_written=self._notices.written,
+        )
+
+    def _make_liveness(
+        self, lease_ttl: float, renew_now: asyncio.Event, writes: OwnerWrites
+    ) -> Liveness:
+        """The renewal and the repair, over the parts `__init__` made before it: the repair
+        writes through the owner's writes."""
         return Liveness(
             self._link,
             self._codec,
             self.keys,
             replica_id=self.replica_id,
-            lease_ttl=self.lease_ttl,
+            lease_ttl=lease_ttl,
             observer=self.observer,
             renew_now=renew_now,
             queued=self._notices.queued,
             owed=self._outbox.owed_ids,
-            end=self.end,
-            hand_off=self.hand_off,
-            unclaim=self.unclaim,
+            end=writes.end,
+            hand_off=writes.hand_off,
+            unclaim=writes.unclaim,
             cancel=self._notices.missed_cancel,
         )
 
@@ -290,9 +347,6 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
     ) -> None:
         self._liveness.deliver_vanished(running, vanish)
 
-    def advertise(self, advert: str) -> None:
-        self.advert = self._liveness.advert = advert
-
     def describe(self, state: Callable[[], dict[str, Any]]) -> None:
         self.state = self._liveness.state = state
 
@@ -324,13 +378,6 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
                         found.append(state)
         return sorted(found, key=lambda state: str(state.get("replica_id")))
 
-    def withdraw(self) -> None:
-        """Renewed now, without its versions: the other replicas' next claims stop leaving
-        work for this one (tick.lua tells them)."""
-        if self._liveness.advertising:
-            self._liveness.advertising = False
-            self._liveness.renew_now.set()
-
     def _on_up(self) -> None:
         self._outbox.wake_if_owed()
 
@@ -338,76 +385,15 @@ class RedisStore(Starts, OwnerWrites, Inputs, Reads, Webhooks, ScheduleMarks):
         if self.on_cancel is not None:
             self.on_cancel(execution_id, reason, within)
 
-    # -- records ---------------------------------------------------------------------------
-
-    async def forget(self, execution_id: str) -> bool:
-        """One script: False when unknown, ExecutionRunning while active, else deleted."""
-        with self._link.operation("forget"):
-            reply, held = await self._link.told(
-                "forget", self.keys.script.for_forget(execution_id), execution_id
+    def _answered(self, execution_id: str, request_id: int, value: Any) -> None:
+        """An answer published to this replica: to the `ctx.ask` waiting here."""
+        if self.on_answer is None or not self.on_answer(execution_id, request_id, value):
+            logger.warning(
+                "the answer to request %d of execution %s reached no waiting ask here (it "
+                "ended, or timed out and took the answer from the record)",
+                request_id,
+                execution_id,
             )
-        code = Forget(int(reply[0]))
-        if code is Forget.UNKNOWN:
-            return False
-        found = self._codec.restore(reply[1])  # counts a move to lost made on the way
-        if code is Forget.ACTIVE:
-            raise ExecutionRunning(execution_id, found.status.value)
-        if not held:
-            raise StoreInDoubt(execution_id, "the delete")
-        return True
-
-    async def request_cancel(
-        self, execution: Execution, reason: CancelReason, settle_within: float | None
-    ) -> None:
-        """Straight to the local registry when this replica owns it, else one PUBLISH to
-        the owner's channel (nothing listens there once the owner is gone: it reads lost)."""
-        owner = execution.replica
-        if execution.owned_by_nobody:  # queued or parked: it ends here
-            with self._link.operation("request_cancel"):
-                reply, held = await self._link.told(
-                    "cancel_queued",
-                    self.keys.script.for_cancel_queued(execution.execution_id),
-                    execution.execution_id,
-                    reason.value,
-                )
-            if int(reply[0]) and self.on_unqueued is not None:
-                self.on_unqueued(execution, None)
-            if int(reply[0]) and not held:
-                raise StoreInDoubt(execution.execution_id, "the cancel")
-            if int(reply[0]) or not reply[1]:
-                return
-            owner = reply[1]  # claimed meanwhile: the request goes to its new owner
-        if owner == self.replica_id:
-            if self.on_cancel is not None:
-                self.on_cancel(execution.execution_id, reason, settle_within)
-            return
-        message = orjson.dumps(
-            {"id": execution.execution_id, "reason": reason.value, "settle_within": settle_within}
-        )
-        # Kept for the owner as well as published (cancel.lua): its renewals return a
-        # request its subscriber missed.
-        with self._link.operation("request_cancel"):
-            await self._link.script(
-                "cancel",
-                self.keys.script.for_cancel(execution.execution_id),
-                execution.execution_id,
-                message,
-            )
-
-    # -- sessions --------------------------------------------------------------------------
-
-    async def begin_release(
-        self, session_id: str, seconds: float | None, tenant: str | None = None
-    ) -> str | None:
-        return await self._releases.begin(scoped(tenant, session_id), seconds)
-
-    async def end_release(
-        self, session_id: str, answer: dict[str, Any] | None = None, tenant: str | None = None
-    ) -> None:
-        await self._releases.end(scoped(tenant, session_id), answer)
-
-    async def shared_release(self, release_id: str, timeout: float) -> dict[str, Any] | None:
-        return await self._releases.shared(release_id, timeout)
 
 
 def _text(value: Any) -> str:

@@ -1,20 +1,33 @@
 """Webhook deliveries (lua/webhooks.lua): claimed by any replica for a lease, then
-settled; part of `RedisStore`."""
+settled; the `Webhooks` part of `RedisStore`, which keeps who is told of a move that may owe
+one (`on_webhook`: the owner's writes and the asks wake it)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from agent_server.store import roles
 from agent_server.store.base import Delivery
 from agent_server.store.redis import codec
-from agent_server.store.redis.part import StorePart
+from agent_server.store.redis.codec import RowCodec
+from agent_server.store.redis.keys import Keys
+from agent_server.store.redis.link import Link
 
 logger = logging.getLogger("agent_server.store")
 
 
-class Webhooks(StorePart):
+class Webhooks(roles.Webhooks):
     """The webhook deliveries of `RedisStore`."""
+
+    def __init__(self, link: Link, keys: Keys, row_codec: RowCodec) -> None:
+        self._link = link
+        self._keys = keys
+        self._codec = row_codec
+
+    @property
+    def shared(self) -> bool:
+        return True
 
     async def claim_webhooks(
         self, limit: int, lease: float, *, due_only: bool = True
@@ -23,7 +36,7 @@ class Webhooks(StorePart):
         seconds. `due_only` is for the memory store: what is owed here stays for others."""
         with self._link.operation("webhook_claim"):
             reply = await self._link.script(
-                "webhook_claim", self.keys.script.for_webhooks(), round(lease * 1000), limit
+                "webhook_claim", self._keys.script.for_webhooks(), round(lease * 1000), limit
             )
         pending, now = int(reply[0]), int(reply[1]) / 1000
         deliveries = []
@@ -62,6 +75,6 @@ class Webhooks(StorePart):
         delay = "" if retry_in is None else str(max(0, round(retry_in * 1000)))
         with self._link.operation("webhook_settle"):
             reply = await self._link.script(
-                "webhook_settle", self.keys.script.for_webhooks(), delivery.delivery_id, delay
+                "webhook_settle", self._keys.script.for_webhooks(), delivery.delivery_id, delay
             )
         return int(reply)
