@@ -696,7 +696,7 @@ async def test_without_listen_the_poll_wakes_waiters_and_delivers_cancels_within
         await eventually(lambda: asyncio.sleep(0, bool(cancels)))
         assert time.monotonic() - began < 1.0 + 0.8  # the poll's bound, and slack
         waiter = asyncio.create_task(b.wait(seen, 10.0))
-        await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._waiters))
+        await eventually(lambda: asyncio.sleep(0, execution.execution_id in b._notices.waiters))
         execution.finish(ExecutionStatus.CANCELLED, reason=CancelReason.REQUEST)
         a.end(execution)
         ended = time.monotonic()
@@ -729,11 +729,11 @@ async def test_retention_weighs_as_well_as_counts(postgres_url: str) -> None:
         huge = [Execution("sleep", None, "A") for _ in range(4)]
         for execution in huge:
             await store.create(execution)
-        batches = [len(store._batch())]
+        batches = [len(store._owner._batch())]
         for execution in huge:
             execution.finish(ExecutionStatus.SUCCEEDED, result="h" * 3_000_000)
             store.end(execution)
-        batches.append(len(store._batch()))
+        batches.append(len(store._owner._batch()))
         assert batches[1] <= 2  # 4 MiB a transaction: two 3 MB ends at most
         for execution in huge:
             assert await store.recorded(execution, 20.0)

@@ -87,7 +87,7 @@ def is_waiting(store: ExecutionStore, execution: Execution) -> bool:
     if isinstance(store, RedisStore):
         return execution.execution_id in store._notices.waiters
     if isinstance(store, PostgresStore):
-        return execution.execution_id in store._waiters
+        return execution.execution_id in store._notices.waiters
     return execution._done is not None
 
 

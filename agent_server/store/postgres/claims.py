@@ -15,6 +15,11 @@ once none is, the claim takes it: a reasoner not served here is failed by its ta
 checkpoint meets `on_version_change` (`restart`: set aside, attempt + 1, its requests for
 input dropped, here; `fail`: by its taker). Queued work without a checkpoint runs on any
 version.
+
+The `Claims` part of `PostgresStore`: it keeps the handlers of its role (`on_unqueued`,
+`on_version_waits`), its `advert` (which each renewal writes, store.py) and when the next
+queued execution is due; hand-offs, retries and give-backs go through the owner's writes
+(owner.py), and its takes are the repair's to settle (repair.py).
 """
 
 from __future__ import annotations
@@ -22,14 +27,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent_server.model.execution import CancelReason, Execution
 from agent_server.model.versions import Rule
+from agent_server.store import roles
 from agent_server.store.base import StoreUnavailable
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn
-from agent_server.store.postgres.part import ROW, PgPart, read_row
+from agent_server.store.postgres.notices import Notices
+from agent_server.store.postgres.owner import Owner
+from agent_server.store.postgres.repair import Repair
+from agent_server.store.postgres.rows import ROW, AgentRows, read_row
 
 #: Candidates one claim looks at.
 CLAIM_WINDOW = 32
@@ -82,11 +92,50 @@ def advertised(advert: str) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-class Claims(PgPart):
-    """The claims of `PostgresStore`."""
+class Claims(roles.Claims):
+    """The claims of `PostgresStore`; `renew_soon` asks the liveness to renew at its next
+    pass."""
 
-    #: The executions the last look found waiting for another replica (counted once).
-    _waiting: set[str]
+    def __init__(
+        self,
+        rows: AgentRows,
+        *,
+        max_events: int,
+        owner: Owner,
+        repair: Repair,
+        notices: Notices,
+        renew_soon: Callable[[], None],
+    ) -> None:
+        self._rows = rows
+        self._max_events = max_events
+        self._owner = owner
+        self._repair = repair
+        self._notices = notices
+        self._renew_soon = renew_soon
+        #: When the next scheduled execution is due (the loop's clock), as the last claim
+        #: said; None when nothing waits for a time.
+        self._due_at: float | None = None
+        #: The executions the last look found waiting for another replica (counted once).
+        self._waiting: set[str] = set()
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    def withdraw(self) -> None:
+        """Renewed at the next pass without its versions: the other replicas' claims stop
+        leaving work for this one."""
+        self.advert = ""
+        self._renew_soon()
+
+    def hand_off(self, execution: Execution) -> None:
+        self._owner.hand_off(execution)
+
+    def retry(self, execution: Execution, delay: float) -> None:
+        self._owner.retry(execution, delay)
+
+    def give_back(self, execution: Execution) -> None:
+        self._owner.give_back(execution)
 
     async def claim(self) -> Execution | None:
         """One transaction: the queued execution due first whose concurrency key has a
@@ -94,27 +143,27 @@ class Claims(PgPart):
         (module docstring), taken by this replica (rows other claims hold are skipped,
         keys serialised by an advisory lock); queued work of a session being released ends
         cancelled on the way."""
-        token = self._token()  # kept with what it takes: whose it is, which claim
-        self._claiming.add(token)
+        token = self._repair.token()  # kept with what it takes: whose it is, which claim
+        self._repair.claiming.add(token)
         try:
             return await self._claim(token)
         except (StoreUnavailable, asyncio.CancelledError):
-            self._doubt()  # its COMMIT may have run: taken here, never to start here
+            self._repair.doubt()  # its COMMIT may have run: taken here, never to start here
             raise
         finally:
-            self._claiming.discard(token)
+            self._repair.claiming.discard(token)
 
     async def _claim(self, token: str) -> Execution | None:
         mine = advertised(self.advert)
         args = {
-            "agent": self.agent,
-            "me": self.replica_id,
+            "agent": self._rows.agent,
+            "me": self._rows.replica_id,
             "mine": json.dumps(mine),
             "window": CLAIM_WINDOW,
         }
         waiting: list[str] = []
         row: Any = None
-        async with self._link.tx("claim") as conn:
+        async with self._rows.link.tx("claim") as conn:
             cursor = await conn.execute(
                 f"SELECT {ROW}, ckey, climit, gated, session, created_at,"
                 " EXISTS (SELECT 1 FROM releases r WHERE r.agent = e.agent"
@@ -149,7 +198,7 @@ class Claims(PgPart):
                 ckey, climit, gated, session, created_at, releasing, due = row[4:11]
                 if releasing:
                     execution.cancel_queued(CancelReason.SESSION_RELEASED)
-                    await self._finish(conn, execution)
+                    await self._rows.finish(conn, execution)
                     continue
                 if gated and not await self._turn(conn, execution.execution_id, session,
                                                   created_at):  # fmt: skip
@@ -222,15 +271,14 @@ class Claims(PgPart):
             execution.checkpoint_version = None
             execution.checkpoint_asks = 0
             execution.attempt += 1
-        if rule is Rule.MIGRATE:  # migrated in the taker's memory only (part.py `_unread`)
-            self._unread[execution.execution_id] = (
-                execution.checkpoint,
-                execution.checkpoint_version,
+        if rule is Rule.MIGRATE:  # migrated in the taker's memory only (owner.py `migrating`)
+            self._owner.migrating(
+                execution.execution_id, execution.checkpoint, execution.checkpoint_version
             )
         served = mine.get(execution.reasoner)
         if isinstance(served, list) and served:
             execution.version = served[0] or None  # the code that runs this attempt
-        execution.claim(self.replica_id)
+        execution.claim(self._rows.replica_id)
         execution.take = token
         await conn.execute(
             "UPDATE executions SET status = 'running', replica = %(me)s, take = %(take)s,"
@@ -239,18 +287,18 @@ class Claims(PgPart):
             " checkpoint_aside = CASE WHEN %(restart)s THEN %(aside)s ELSE checkpoint_aside END,"
             " ledger = CASE WHEN %(restart)s THEN NULL ELSE ledger END"
             " WHERE agent = %(agent)s AND id = %(id)s",
-            {"me": self.replica_id, "take": token, "doc": codec.encode(execution),
+            {"me": self._rows.replica_id, "take": token, "doc": codec.encode(execution),
              "attempt": execution.attempt, "restart": rule is Rule.RESTART, "aside": aside,
-             "agent": self.agent, "id": execution.execution_id},
+             "agent": self._rows.agent, "id": execution.execution_id},
         )  # fmt: skip
         cursor = await conn.execute(
             "SELECT coalesce(max(seq), 0) FROM events WHERE agent = %s AND execution_id = %s",
-            (self.agent, execution.execution_id),
+            (self._rows.agent, execution.execution_id),
         )
         last = await cursor.fetchone()
-        execution.event_log(self.max_events).last_id = int(last[0]) if last else 0
+        execution.event_log(self._max_events).last_id = int(last[0]) if last else 0
         execution.version_rule = rule
-        await self._notify(conn, f"e:{execution.execution_id}")
+        await self._rows.notify(conn, f"e:{execution.execution_id}")
 
     def _count_waits(self, waiting: list[str]) -> None:
         """Tell `on_version_waits` of the executions newly found waiting (each once while
@@ -264,13 +312,13 @@ class Claims(PgPart):
         """Its session's turn: no earlier execution of the session is still to end."""
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            (f"{self.agent}\x1fsession\x1f{session}",),
+            (f"{self._rows.agent}\x1fsession\x1f{session}",),
         )
         cursor = await conn.execute(
             "SELECT 1 FROM executions WHERE agent = %s AND session = %s AND id <> %s"
             " AND status IN ('queued', 'running', 'input_required') AND created_at <= %s"
             " AND (status <> 'queued' OR created_at < %s) LIMIT 1",
-            (self.agent, session, execution_id, created, created),
+            (self._rows.agent, session, execution_id, created, created),
         )
         return await cursor.fetchone() is None
 
@@ -278,12 +326,12 @@ class Claims(PgPart):
         """A free slot of the concurrency key (held slots counted under its lock)."""
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            (f"{self.agent}\x1fckey\x1f{key}",),
+            (f"{self._rows.agent}\x1fckey\x1f{key}",),
         )
         cursor = await conn.execute(
             "SELECT count(*) FROM executions WHERE agent = %s AND ckey = %s"
             " AND status IN ('running', 'input_required')",
-            (self.agent, key),
+            (self._rows.agent, key),
         )
         row = await cursor.fetchone()
         return row is None or int(row[0]) < max(1, limit)
@@ -292,23 +340,23 @@ class Claims(PgPart):
         """Its body begins: the take's mark cleared, fenced by owner, attempt and take. On
         its way, the repair leaves the take alone; without an answer the body does not
         begin, and the take goes back (an unclaim, or the repair if its caller was cut)."""
-        self._claiming.add(execution.take)
+        self._repair.claiming.add(execution.take)
         try:
-            async with self._link.tx("begin") as conn:
+            async with self._rows.link.tx("begin") as conn:
                 cursor = await conn.execute(
                     "UPDATE executions SET unbegun = false WHERE agent = %s AND id = %s"
                     " AND replica = %s AND attempt = %s AND take = %s AND status = 'running'",
-                    (self.agent, execution.execution_id, self.replica_id, execution.attempt,
-                     execution.take),
+                    (self._rows.agent, execution.execution_id, self._rows.replica_id,
+                     execution.attempt, execution.take),
                 )  # fmt: skip
         except StoreUnavailable:
             self.give_back(execution)
             return False
         except asyncio.CancelledError:
-            self._doubt()
+            self._repair.doubt()
             raise
         finally:
-            self._claiming.discard(execution.take)
+            self._repair.claiming.discard(execution.take)
         return bool(cursor.rowcount)
 
     def due_in(self) -> float | None:
@@ -319,7 +367,7 @@ class Claims(PgPart):
     async def wait_queued(self, timeout: float) -> None:
         try:
             async with asyncio.timeout(min(timeout, 1.0)):  # the bounded poll
-                await self._queued_event.wait()
+                await self._notices.queued.wait()
         except TimeoutError:
             pass
-        self._queued_event.clear()
+        self._notices.queued.clear()

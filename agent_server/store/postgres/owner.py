@@ -1,7 +1,9 @@
 """The owner's side of an execution: the outbox (events, ends, hand-offs, retries and
 unclaims, written in order, each fenced in its `WHERE` by owner and attempt: zero rows is a
-fenced write, counted), checkpoints, and requests for input with their answers; part of
-`PostgresStore` (its claims are claims.py's)."""
+fenced write, counted), checkpoints, and the owner's own writes that wait an outage out. A
+part of `PostgresStore` that no role is forwarded to: the parts of `Records`, `Claims`,
+`Asks` and `Events` (records.py, claims.py, inputs.py, reads.py) write through it, and the
+repair reads what it owes (repair.py)."""
 
 from __future__ import annotations
 
@@ -13,20 +15,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent_server.model import jsoncodec
-from agent_server.model.asks import Found, Question, Reply
 from agent_server.model.context import StaleAttempt
 from agent_server.model.events import Event
 from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.model.waiting import Closing, recorded_within
-from agent_server.store.base import (
-    FINISHED_EVENT,
-    INPUT_REQUIRED_EVENT,
-    StoreUnavailable,
-)
+from agent_server.store import roles
+from agent_server.store.base import FINISHED_EVENT, StoreObserver, StoreUnavailable
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import Conn
-from agent_server.store.postgres.part import COUNTED, ROW, PgPart, read_row
+from agent_server.store.postgres.notices import Notices
+from agent_server.store.postgres.rows import COUNTED, FENCE, AgentRows
 
 logger = logging.getLogger("agent_server.store")
 
@@ -42,9 +40,6 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.05, 1.0
 _TYPES = ("text", "text", "integer", "text", "text", "bigint", "bigint")
 #: Finished records one trim looks at (and deletes) at most, oldest first.
 TRIM_SCAN = 1000
-
-_FENCE = "agent = %(agent)s AND id = %(id)s AND replica = %(owner)s AND attempt = %(attempt)s" \
-    " AND status IN ('running', 'input_required')"  # fmt: skip
 
 T = TypeVar("T")
 #: Statuses as a record's document writes them.
@@ -62,20 +57,72 @@ class Owed:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-class Owner(PgPart):
-    """The outbox, checkpoints and input of `PostgresStore`."""
+class Owner:
+    """The outbox and checkpoints of `PostgresStore`. It keeps the checkpoints a migrating
+    take was given (`migrating`) until the body's first checkpoint; `notices` is told of
+    each end written, and `webhooks` keeps the handler an end that owes a delivery wakes."""
 
-    _owed: deque[Owed]
-    _owed_event: asyncio.Event
-    _events_owed: int
-    events_dropped: int
-    fenced: int
+    def __init__(
+        self,
+        rows: AgentRows,
+        *,
+        max_retained: int,
+        max_retained_bytes: int,
+        max_events: int,
+        observer: StoreObserver | None,
+        notices: Notices,
+        webhooks: roles.Webhooks,
+    ) -> None:
+        self._rows = rows
+        self._max_retained = max_retained
+        self._max_retained_bytes = max_retained_bytes
+        self._max_events = max_events
+        self._observer = observer
+        self._notices = notices
+        self._webhooks = webhooks
+        self._owed: deque[Owed] = deque()
+        self._owed_event = asyncio.Event()
+        self._events_owed = 0
+        self.events_dropped = 0
+        self.fenced = 0
+        #: Per execution id, the checkpoint (and its version) a migrating take was given,
+        #: as stored: the owner's writes keep it, never the migrated state in memory, until
+        #: the body's first checkpoint (a hand-off before it is migrated again from the
+        #: same one).
+        self._unread: dict[str, tuple[str | None, str | None]] = {}
+
+    def migrating(self, execution_id: str, checkpoint: str | None, version: str | None) -> None:
+        """A take migrated in its taker's memory only (claims.py): its stored checkpoint
+        is what the owner's writes keep until the body's first checkpoint."""
+        self._unread[execution_id] = (checkpoint, version)
+
+    def as_stored(self, execution: Execution, *, last: bool) -> dict[str, Any]:
+        """The checkpoint fields a document of `execution` is written with: the stored ones
+        while a migration's are unread ({} otherwise); `last`: this attempt's last write."""
+        kept = self._unread.pop if last else self._unread.get
+        stored = kept(execution.execution_id, None)
+        if stored is None:
+            return {}
+        return {"checkpoint": stored[0], "checkpoint_version": stored[1]}
+
+    def wake(self) -> None:
+        """Postgres is back: the writer looks at once."""
+        self._owed_event.set()
+
+    def owed_ids(self, closing: bool) -> set[str]:
+        """Ids with an owner's write owed. At close an unclaim still owed is the repair's
+        (the outbox no longer runs); an end still owed is not (its body began)."""
+        return {
+            owed.execution.execution_id
+            for owed in self._owed
+            if owed.kind != "emit" and not (closing and owed.kind == "unclaim")
+        }
 
     # -- the outbox ---------------------------------------------------------------------------
 
     def _put(self, kind: str, execution: Execution, **args: Any) -> None:
         args.update(
-            agent=self.agent,
+            agent=self._rows.agent,
             id=execution.execution_id,
             owner=execution.replica,
             attempt=execution.attempt,
@@ -118,7 +165,7 @@ class Owner(PgPart):
             attempt=execution.attempt + 1,
             input_request=None,
             scheduled_at=None if delay is None else time.time() + delay,
-            **self._as_stored(execution, last=True),
+            **self.as_stored(execution, last=True),
         )
         self._put("next", execution, doc=doc, delay=delay or 0.0)
 
@@ -131,7 +178,7 @@ class Owner(PgPart):
         )
         self._put("unclaim", execution, take=execution.take, doc=codec.encode_with(
             execution, status=QUEUED, replica="",
-            **self._as_stored(execution, last=True)))  # fmt: skip
+            **self.as_stored(execution, last=True)))  # fmt: skip
 
     def writes_owed(self) -> int:
         return len(self._owed)
@@ -150,7 +197,7 @@ class Owner(PgPart):
             await asyncio.sleep(0.01)
         return [o.execution for o in self._owed if o.kind == "end"]
 
-    async def _write_owed(self) -> None:
+    async def write_owed(self) -> None:
         """The outbox's writer: batches in order, one transaction each; while Postgres is
         down they wait (backing off) and are written once it answers."""
         backoff = BACKOFF_FIRST
@@ -162,8 +209,8 @@ class Owner(PgPart):
             try:
                 outcomes = await self._write(batch)
             except StoreUnavailable:
-                if self.observer is not None:
-                    self.observer.write_retried("connection")
+                if self._observer is not None:
+                    self._observer.write_retried("connection")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -181,17 +228,18 @@ class Owner(PgPart):
                         owed.kind,
                         owed.args["attempt"],
                     )
-                    if self.observer is not None:
-                        self.observer.fenced_write(owed.execution)
+                    if self._observer is not None:
+                        self._observer.fenced_write(owed.execution)
                 future = owed.execution.recorded if owed.kind == "end" else None
                 if future is not None and not future.done():
                     future.set_result(written)
                 if written and owed.kind == "end":
                     # Its waiters here take the record as written, one copy for them all
                     # as one read would be (the notice still tells the other replicas').
-                    self._moved(owed.execution.execution_id, owed.args["doc"])
-            if any(o.kind == "end" and o.args["webhook"] for o in batch) and self.on_webhook:
-                self.on_webhook()
+                    self._notices.moved(owed.execution.execution_id, owed.args["doc"])
+            wake = self._webhooks.on_webhook
+            if any(o.kind == "end" and o.args["webhook"] for o in batch) and wake:
+                wake()
 
     def _batch(self) -> list[Owed]:
         """The next writes, in order: at most BATCH, and about BATCH_BYTES of documents (a
@@ -212,7 +260,7 @@ class Owner(PgPart):
         ends without webhooks is that statement alone, atomic by itself."""
         outcomes: list[bool] = []
         one = all(o.kind == "end" and not o.args["webhook"] for o in batch)
-        async with self._link.tx("outbox", one=one) as conn:
+        async with self._rows.link.tx("outbox", one=one) as conn:
             retained: tuple[int, int] | None = None
             index = 0
             while index < len(batch):
@@ -224,7 +272,7 @@ class Owner(PgPart):
                     written, retained = await self._ends(conn, run)
                     for done, ended in zip(written, run, strict=True):
                         if done and ended.args["webhook"]:
-                            await self._owe_webhook(
+                            await self._rows.owe_webhook(
                                 conn, ended.execution, f"{ended.args['id']}.finished",
                                 FINISHED_EVENT, ended.args["data"])  # fmt: skip
                     outcomes.extend(written)
@@ -243,7 +291,7 @@ class Owner(PgPart):
             cursor = await conn.execute(
                 "INSERT INTO events (agent, execution_id, seq, event, data)"
                 " SELECT %(agent)s, %(id)s, %(seq)s, %(event)s, %(data)s"
-                f" WHERE EXISTS (SELECT 1 FROM executions WHERE {_FENCE})"
+                f" WHERE EXISTS (SELECT 1 FROM executions WHERE {FENCE})"
                 # The attempt that parked it: its events still owed are written.
                 " OR EXISTS (SELECT 1 FROM executions WHERE agent = %(agent)s"
                 " AND id = %(id)s AND parked_by = %(owner)s || '|' || %(attempt)s)"
@@ -254,9 +302,9 @@ class Owner(PgPart):
                 await conn.execute(
                     "DELETE FROM events WHERE agent = %(agent)s AND execution_id = %(id)s"
                     " AND seq <= %(seq)s - %(keep)s",
-                    {**args, "keep": self.max_events},
+                    {**args, "keep": self._max_events},
                 )
-                await self._notify(conn, f"v:{args['id']}")
+                await self._rows.notify(conn, f"v:{args['id']}")
             return True
         if owed.kind == "next":
             cursor = await conn.execute(
@@ -264,19 +312,19 @@ class Owner(PgPart):
                 " attempt = attempt + 1, doc = %(doc)s, unbegun = false,"
                 " due_at = now() + make_interval(secs => %(delay)s),"
                 " queued_seq = nextval('executions_queue_seq'), ask_expires = NULL"
-                f" WHERE {_FENCE}",
+                f" WHERE {FENCE}",
                 args,
             )
         else:  # unclaim: the same attempt, at the head of the queue
             cursor = await conn.execute(
                 "UPDATE executions SET status = 'queued', replica = '', doc = %(doc)s,"
                 " unbegun = false, due_at = 'epoch', take = ''"
-                f" WHERE {_FENCE} AND take = %(take)s",
+                f" WHERE {FENCE} AND take = %(take)s",
                 args,
             )
         if cursor.rowcount:
-            await self._notify(conn, "q")
-            await self._notify(conn, f"e:{args['id']}")
+            await self._rows.notify(conn, "q")
+            await self._rows.notify(conn, f"e:{args['id']}")
         return bool(cursor.rowcount)
 
     async def _ends(self, conn: Conn, run: list[Owed]) -> tuple[list[bool], tuple[int, int]]:
@@ -286,10 +334,10 @@ class Owner(PgPart):
         as plain parameters, a run's as arrays (unnest)."""
         fields = ("id", "owner", "attempt", "status", "doc", "bytes", "kept")
         params: dict[str, Any] = {
-            "ttl": self.result_ttl,
-            "channel": self.channel,
-            "agent": self.agent,
-            "me": self.replica_id,
+            "ttl": self._rows.result_ttl,
+            "channel": self._rows.channel,
+            "agent": self._rows.agent,
+            "me": self._rows.replica_id,
         }
         typed = list(zip(fields, _TYPES, strict=True))
         if len(run) == 1:
@@ -333,10 +381,10 @@ class Owner(PgPart):
         say so, the oldest go (their events with them), at most TRIM_SCAN a statement, by
         the index of finished records. Past the count it trims a hundredth below it, so a
         full store trims once in that many ends, not at each."""
-        excess = records - max(0, self.max_retained)
+        excess = records - max(0, self._max_retained)
         if excess > 0:
-            excess += self.max_retained // 100
-        over = size - max(0, self.max_retained_bytes)
+            excess += self._max_retained // 100
+        over = size - max(0, self._max_retained_bytes)
         if excess <= 0 and over <= 0:
             return
         async with conn.transaction():
@@ -359,7 +407,7 @@ class Owner(PgPart):
             " RETURNING id)"
             " DELETE FROM events WHERE agent = %(agent)s AND execution_id IN (SELECT id FROM gone)",
             {
-                "agent": self.agent,
+                "agent": self._rows.agent,
                 "scan": TRIM_SCAN,
                 "excess": excess,
                 "over": over,
@@ -369,23 +417,27 @@ class Owner(PgPart):
 
     # -- the owner's own writes, waiting an outage out ---------------------------------------
 
-    async def _waiting_out(self, write: Callable[[], Awaitable[T]]) -> T:
+    async def waiting_out(self, write: Callable[[], Awaitable[T]]) -> T:
+        """`write` (an owner's own write: a checkpoint, an ask), Postgres down waited out
+        with the outbox's backoff (a cancellation still ends the wait): what the reasoner
+        does next depends on it being written."""
         backoff = BACKOFF_FIRST
         while True:
             try:
                 return await write()
             except StoreUnavailable:
-                if not self._link.is_open:
+                if not self._rows.link.is_open:
                     raise
-                if self.observer is not None:
-                    self.observer.write_retried("connection")
+                if self._observer is not None:
+                    self._observer.write_retried("connection")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _stale(self, operation: str, execution: Execution) -> StaleAttempt:
+    def stale(self, operation: str, execution: Execution) -> StaleAttempt:
+        """An owner's own write fenced: counted as the outbox's are, and what it raises."""
         self.fenced += 1
-        if self.observer is not None:
-            self.observer.fenced_write(execution)
+        if self._observer is not None:
+            self._observer.fenced_write(execution)
         return StaleAttempt(
             f"attempt {execution.attempt} of execution {execution.execution_id} no longer "
             f"owns it ({operation} refused)"
@@ -393,7 +445,7 @@ class Owner(PgPart):
 
     async def checkpoint(self, execution: Execution, state: str) -> None:
         args = {
-            "agent": self.agent,
+            "agent": self._rows.agent,
             "id": execution.execution_id,
             "owner": execution.replica,
             "attempt": execution.attempt,
@@ -406,166 +458,17 @@ class Owner(PgPart):
         }
 
         async def write() -> int:
-            async with self._link.tx("checkpoint") as conn:
+            async with self._rows.link.tx("checkpoint") as conn:
                 # The column the claims read the checkpoint's version from (claims.py).
                 cursor = await conn.execute(
                     "UPDATE executions SET doc = %(doc)s, checkpoint_version = %(version)s"
-                    f" WHERE {_FENCE}",
+                    f" WHERE {FENCE}",
                     args,
                 )
                 return cursor.rowcount
 
-        if not await self._waiting_out(write):
-            raise self._stale("checkpoint", execution)
+        if not await self.waiting_out(write):
+            raise self.stale("checkpoint", execution)
         self._unread.pop(execution.execution_id, None)  # its own from now on
         execution.checkpoint = state
         execution.checkpoint_version = execution.version
-
-    # -- requests for input ---------------------------------------------------------------------
-
-    async def ask(
-        self, execution: Execution, question: Question, park: bool, timeout: float | None
-    ) -> Reply:
-        async def write() -> Reply | None:
-            async with self._link.tx("ask") as conn:
-                cursor = await conn.execute(
-                    f"SELECT ledger FROM executions e WHERE {_FENCE} FOR UPDATE",
-                    {"agent": self.agent, "id": execution.execution_id,
-                     "owner": execution.replica, "attempt": execution.attempt},
-                )  # fmt: skip
-                row = await cursor.fetchone()
-                if row is None:
-                    return None
-                ledger = codec.ledger_loads(row[0])
-                found = ledger.find(question)
-                if found is not None:
-                    return found
-                request = question.request
-                # Parked: owned by nobody, and its next run is the next attempt.
-                attempt = execution.attempt + 1 if park else execution.attempt
-                doc = codec.encode_with(
-                    execution, status=INPUT_REQUIRED, input_request=request,
-                    replica="" if park else execution.replica, attempt=attempt,
-                    **self._as_stored(execution, last=park))  # fmt: skip
-                await conn.execute(
-                    "UPDATE executions SET status = 'input_required', replica = %s, doc = %s,"
-                    " attempt = %s, parked_by = %s, ledger = %s, ask_expires = CASE WHEN %s"
-                    " THEN now() + make_interval(secs => %s) END WHERE agent = %s AND id = %s",
-                    ("" if park else execution.replica, doc, attempt,
-                     f"{execution.replica}|{execution.attempt}" if park else None,
-                     codec.ledger_dumps(ledger), park and timeout is not None, timeout or 0.0,
-                     self.agent, execution.execution_id),
-                )  # fmt: skip
-                if execution.webhook_url is not None:
-                    data = execution.to_json()
-                    data.update(status=INPUT_REQUIRED, input_request=request)
-                    delivery = f"{execution.execution_id}.input.{execution.attempt}"
-                    await self._owe_webhook(
-                        conn, execution, f"{delivery}.{request['request_id']}",
-                        INPUT_REQUIRED_EVENT, codec.dumps(data))  # fmt: skip
-                await self._notify(conn, f"e:{execution.execution_id}")
-                return Reply(Found.PARKED if park else Found.WAIT, question.request_id)
-
-        reply = await self._waiting_out(write)
-        if reply is None:
-            raise self._stale("ask", execution)
-        if execution.webhook_url is not None and self.on_webhook is not None:
-            self.on_webhook()
-        return reply
-
-    async def expire_ask(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
-        return await self._look(execution, request_id, close=True)
-
-    async def poll_answer(self, execution: Execution, request_id: int) -> tuple[bool, Any]:
-        return await self._look(execution, request_id, close=False)
-
-    async def _look(
-        self, execution: Execution, request_id: int, *, close: bool
-    ) -> tuple[bool, Any]:
-        async def write() -> tuple[bool, Any]:
-            async with self._link.tx("expire") as conn:
-                cursor = await conn.execute(
-                    f"SELECT {ROW}, ledger FROM executions WHERE agent = %s AND id = %s FOR UPDATE",
-                    (self.agent, execution.execution_id),
-                )
-                row = await cursor.fetchone()
-                if row is None:
-                    return False, None
-                ledger = codec.ledger_loads(row[4])
-                entry = ledger.entries.get(request_id)
-                if entry is not None and entry.answered:
-                    return True, entry.value
-                if not close:
-                    return False, None
-                ledger.expire(request_id)
-                found = read_row(row)
-                held = found.replica == execution.replica and found.attempt == execution.attempt
-                if held and found.status is ExecutionStatus.INPUT_REQUIRED:
-                    doc = codec.encode_with(found, status=RUNNING, input_request=None)
-                    await conn.execute(
-                        "UPDATE executions SET status = 'running', doc = %s, ledger = %s"
-                        " WHERE agent = %s AND id = %s",
-                        (doc, codec.ledger_dumps(ledger), self.agent, execution.execution_id),
-                    )
-                else:
-                    await conn.execute(
-                        "UPDATE executions SET ledger = %s WHERE agent = %s AND id = %s",
-                        (codec.ledger_dumps(ledger), self.agent, execution.execution_id),
-                    )
-                return False, None
-
-        return await self._waiting_out(write)
-
-    async def answer(
-        self, execution: Execution, request_id: int | None, value: Any
-    ) -> Execution | None:
-        """One transaction on the locked row: taken only while it waits for that request
-        (exactly one answer per request across replicas), kept in its ledger (bounded in
-        bytes); a parked execution is queued, a held one's owner is told (a row and a
-        notice). The same answer again is taken again, told to nobody."""
-        async with self._link.tx("answer") as conn:
-            cursor = await conn.execute(
-                f"SELECT {ROW}, ledger FROM executions WHERE agent = %s AND id = %s FOR UPDATE",
-                (self.agent, execution.execution_id),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                return None
-            found = read_row(row)
-            ledger = codec.ledger_loads(row[4])
-            pending = found.input_request or {}
-            number = pending.get("request_id") if request_id is None else request_id
-            if not isinstance(number, int):
-                return None
-            waiting = (
-                found.status is ExecutionStatus.INPUT_REQUIRED
-                and pending.get("request_id") == number
-            )
-            if not waiting:
-                entry = ledger.entries.get(number)
-                same = entry is not None and entry.answered and jsoncodec.canonical(
-                    entry.value) == jsoncodec.canonical(value)  # fmt: skip
-                return found if same else None
-            size = len(jsoncodec.dumps(value))
-            ledger.keep(number, value, size, self.max_answer_bytes)
-            parked = found.replica == ""
-            found.status = ExecutionStatus.QUEUED if parked else ExecutionStatus.RUNNING
-            found.input_request = None
-            await conn.execute(
-                "UPDATE executions SET status = %s, doc = %s, ledger = %s, ask_expires = NULL,"
-                " due_at = CASE WHEN %s THEN now() END, queued_seq = CASE WHEN %s THEN"
-                " nextval('executions_queue_seq') END WHERE agent = %s AND id = %s",
-                (found.status.value, codec.encode(found), codec.ledger_dumps(ledger), parked,
-                 parked, self.agent, execution.execution_id),
-            )  # fmt: skip
-            if parked:
-                await self._notify(conn, "q")
-            else:
-                await conn.execute(
-                    "INSERT INTO answers (agent, replica, execution_id, request_id, value)"
-                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (self.agent, found.replica, found.execution_id, number, codec.dumps(value)),
-                )
-                await self._notify(conn, f"a:{found.replica}")
-            await self._notify(conn, f"e:{found.execution_id}")
-        return found

@@ -9,20 +9,26 @@ this process took and runs no task for never began its body here (a body this pr
 began has its task here, or its end or hand-off owed or written), and goes back to the
 head of the queue for its first run, its attempt unchanged; one an earlier process of this
 replica id took is judged as a dead owner's. Each repair is one transaction on the locked
-rows, their owner, status and take read under the lock."""
+rows, their owner, status and take read under the lock.
+
+A part of `PostgresStore` that no role is forwarded to but `deliver_orphans`: it keeps the
+takes on their way (`creating`, `claiming`, which the `Records` and `Claims` parts write)
+and the tokens they write (`token`); the store's liveness runs the judge and the repair.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import deque
 from collections.abc import Callable
 
 from agent_server.model.execution import Execution, ExecutionStatus, log_fields
+from agent_server.store.base import StoreObserver
 from agent_server.store.postgres import codec
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, Conn
-from agent_server.store.postgres.owner import Owed
-from agent_server.store.postgres.part import ROW, START, PgPart, read_row
+from agent_server.store.postgres.owner import Owner
+from agent_server.store.postgres.rows import ROW, START, AgentRows, read_row
 from agent_server.store.values import OUTAGE_LEASES
 
 logger = logging.getLogger("agent_server.store")
@@ -36,35 +42,61 @@ REPAIR_EVERY = 10.0
 JUDGE_LIMIT = 1000
 
 
-class Repair(PgPart):
-    """The judge of dead owners and the repair of this replica's takes."""
+class Repair:
+    """The judge of dead owners and the repair of this replica's takes; `owner` says which
+    writes are owed (not orphans)."""
 
-    _owed: deque[Owed]
-    #: What the registry says: whether a task of this process runs an id, and `adopt`,
-    #: which runs a create that got no answer after all (True when it does). None until
-    #: `deliver_orphans`: a store no registry runs knows of no task, and repairs nothing.
-    _runs: Callable[[str], bool] | None
-    _adopt: Callable[[str], bool] | None
-    #: A repair is due at the next liveness pass (at open: a replica id used before).
-    _repair_due: bool
-    #: Until when (monotonic) a commit whose answer was lost may still land: every pass
-    #: repairs meanwhile.
-    _doubt_until: float
-    _repaired_at: float
+    def __init__(
+        self,
+        rows: AgentRows,
+        *,
+        lease_ttl: float,
+        observer: StoreObserver | None,
+        owner: Owner,
+    ) -> None:
+        self._rows = rows
+        self._lease_ttl = lease_ttl
+        self._observer = observer
+        self._owner = owner
+        #: This process among those that used its replica id: every take (a create, a
+        #: claim) writes a token opening with it into its row (`take`), so the repair knows
+        #: which takes are this process's.
+        self.incarnation = os.urandom(4).hex()
+        #: Ids whose create is on its way, and tokens of claims (and begins) on their way:
+        #: not orphans, whatever the rows say (their answer, read after the repair's, starts
+        #: them).
+        self.creating: set[str] = set()
+        self.claiming: set[str] = set()
+        #: What the registry says: whether a task of this process runs an id, and `adopt`,
+        #: which runs a create that got no answer after all (True when it does). None until
+        #: `deliver_orphans`: a store no registry runs knows of no task, and repairs nothing.
+        self._runs: Callable[[str], bool] | None = None
+        self._adopt: Callable[[str], bool] | None = None
+        #: A repair is due at the next liveness pass (at open: a replica id used before).
+        self._repair_due = True
+        #: Until when (monotonic) a commit whose answer was lost may still land: every pass
+        #: repairs meanwhile.
+        self._doubt_until = 0.0
+        self._repaired_at = -float("inf")
+
+    def token(self, *, start: bool = False) -> str:
+        """A take's token: this process's incarnation, `START` for a create, then its own."""
+        return f"{self.incarnation}{START if start else ''}{os.urandom(8).hex()}"
 
     def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
         self._runs = runs
         self._adopt = adopt
 
-    def _doubt(self) -> None:
+    def doubt(self) -> None:
         """A take got no answer it can trust (a timeout, a reset, its caller cancelled):
         its COMMIT may have run, or run yet (a paused Postgres reads it late). The repair
         looks at the next pass and at every pass for a lease and a command timeout after
         it; a later landing is found by the repair every REPAIR_EVERY."""
         self._repair_due = True
-        self._doubt_until = time.monotonic() + self.lease_ttl + COMMAND_TIMEOUT
+        self._doubt_until = time.monotonic() + self._lease_ttl + COMMAND_TIMEOUT
 
-    def _repair_wanted(self) -> bool:
+    def wanted(self) -> bool:
+        """Whether a repair is due at this liveness pass."""
         if self._runs is None:
             return False
         now = time.monotonic()
@@ -74,7 +106,7 @@ class Repair(PgPart):
 
     # -- a dead owner's verdict --------------------------------------------------------------
 
-    async def _judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
+    async def judge(self, conn: Conn, ids: list[str] | None = None) -> list[Execution]:
         """Move the held records of owners whose lease lapsed (once: the rows are locked,
         the status rechecked), if this replica may judge: it renewed for a whole lease and
         lately. An owner whose lease lapsed before this replica's run of renewals began
@@ -85,7 +117,7 @@ class Repair(PgPart):
             "SELECT since, lease FROM replicas WHERE agent = %(a)s AND replica = %(r)s"
             " AND renewed_at >= now() - make_interval(secs => lease / 2)"
             " AND since <= now() - make_interval(secs => lease)",
-            {"a": self.agent, "r": self.replica_id},
+            {"a": self._rows.agent, "r": self._rows.replica_id},
         )
         mine = await cursor.fetchone()
         if mine is None:
@@ -99,7 +131,7 @@ class Repair(PgPart):
             " OR (r.expires_at < %(since)s"
             " AND %(since)s > now() - make_interval(secs => %(grace)s))))"
             f"{only} LIMIT {JUDGE_LIMIT} FOR UPDATE SKIP LOCKED",
-            {"a": self.agent, "ids": ids, "since": mine[0], "grace": mine[1] * OUTAGE_LEASES},
+            {"a": self._rows.agent, "ids": ids, "since": mine[0], "grace": mine[1] * OUTAGE_LEASES},
         )
         moved: list[Execution] = []
         for row in await cursor.fetchall():
@@ -139,38 +171,29 @@ class Repair(PgPart):
             now = await cursor.fetchone()
             execution.finished_at = float(now[0]) if now else None
             execution._duration = None
-            await self._finish(conn, execution)
-            if self.observer is not None:
-                self.observer.execution_lost(execution)
+            await self._rows.finish(conn, execution)
+            if self._observer is not None:
+                self._observer.execution_lost(execution)
 
     async def _requeue(self, conn: Conn, execution: Execution, retries: int, due: str) -> None:
         await conn.execute(
             "UPDATE executions SET status = 'queued', replica = '', attempt = %s, doc = %s,"
             f" retries = %s, unbegun = false, take = '', due_at = {due},"
             " queued_seq = nextval('executions_queue_seq') WHERE agent = %s AND id = %s",
-            (execution.attempt, codec.encode(execution), retries, self.agent,
+            (execution.attempt, codec.encode(execution), retries, self._rows.agent,
              execution.execution_id),
         )  # fmt: skip
-        await self._notify(conn, "q")
-        await self._notify(conn, f"e:{execution.execution_id}")
+        await self._rows.notify(conn, "q")
+        await self._rows.notify(conn, f"e:{execution.execution_id}")
 
     # -- this replica's own takes -------------------------------------------------------------
 
     def _on_its_way(self, execution_id: str, take: str, owed: set[str]) -> bool:
         """A write of its owner is owed, or its take is on its way (a create or a claim
         sent, answered after the repair's read): not an orphan yet, looked at again."""
-        return execution_id in owed or execution_id in self._creating or take in self._claiming
+        return execution_id in owed or execution_id in self.creating or take in self.claiming
 
-    def _owed_ids(self, closing: bool) -> set[str]:
-        """Ids with an owner's write owed. At close an unclaim still owed is the repair's
-        (the outbox no longer runs); an end still owed is not (its body began)."""
-        return {
-            owed.execution.execution_id
-            for owed in self._owed
-            if owed.kind != "emit" and not (closing and owed.kind == "unclaim")
-        }
-
-    async def _repair(self, *, closing: bool = False) -> None:
+    async def repair(self, *, closing: bool = False) -> None:
         """Every held row of this replica with no task here and no write owed: one this
         process took never began (its create's answer, or its claim's, was lost, or came
         once admission had closed), so it runs here after all if it is a create the
@@ -186,13 +209,13 @@ class Repair(PgPart):
         self._repair_due = False
         self._repaired_at = time.monotonic()
         try:
-            async with self._link.tx("repair") as conn:
+            async with self._rows.link.tx("repair") as conn:
                 cursor = await conn.execute(
                     "SELECT id, take FROM executions WHERE agent = %s AND replica = %s"
                     " AND status IN ('running', 'input_required') LIMIT %s",
-                    (self.agent, self.replica_id, ORPHAN_SCAN),
+                    (self._rows.agent, self._rows.replica_id, ORPHAN_SCAN),
                 )
-                owed = self._owed_ids(closing)
+                owed = self._owner.owed_ids(closing)
                 orphans: list[str] = []
                 for key, take in await cursor.fetchall():
                     if runs(key):
@@ -207,7 +230,7 @@ class Repair(PgPart):
                     f"SELECT {ROW}, take, unbegun, retries FROM executions WHERE agent = %s"
                     " AND id = ANY(%s) AND replica = %s AND status IN ('running',"
                     " 'input_required') FOR UPDATE SKIP LOCKED",
-                    (self.agent, orphans, self.replica_id),
+                    (self._rows.agent, orphans, self._rows.replica_id),
                 )
                 rows = await cursor.fetchall()
                 if len(rows) < len(orphans):  # locked by a write: looked at again
@@ -218,7 +241,7 @@ class Repair(PgPart):
                     # Looked at again with the row locked: a take that arrived meanwhile
                     # is its own (a claim's begin waits for this lock, fenced by the take).
                     key = execution.execution_id
-                    if runs(key) or self._on_its_way(key, take, self._owed_ids(closing)):
+                    if runs(key) or self._on_its_way(key, take, self._owner.owed_ids(closing)):
                         self._repair_due = True
                         continue
                     await self._orphan(conn, execution, take, unbegun, retries, closing)
@@ -243,15 +266,15 @@ class Repair(PgPart):
                 "task for it; judged as a dead owner's",
                 execution_id,
                 execution.reasoner,
-                self.replica_id,
+                self._rows.replica_id,
                 execution.attempt,
                 "this process" if mine else "an earlier process of this replica id",
                 extra={"fields": log_fields(execution)},
             )
             why = (
-                f"replica {self.replica_id} runs no task for it"
+                f"replica {self._rows.replica_id} runs no task for it"
                 if mine
-                else f"an earlier process of replica {self.replica_id} took it and is gone"
+                else f"an earlier process of replica {self._rows.replica_id} took it and is gone"
             )
             await self._verdict(conn, execution, unbegun, retries, why)
             return
@@ -269,7 +292,7 @@ class Repair(PgPart):
             "goes back to the queue for its first run",
             execution_id,
             execution.reasoner,
-            self.replica_id,
+            self._rows.replica_id,
             execution.attempt,
             "start" if start else "claim",
             extra={"fields": log_fields(execution)},

@@ -1,17 +1,21 @@
 """Schedules' documents and their marks in rows (each firing marked once across replicas);
-part of `PostgresStore`."""
+the `Schedules` part of `PostgresStore`."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
+from agent_server.store import roles
 from agent_server.store.base import Marks, ScheduleLimit, new_schedules_version
-from agent_server.store.postgres.link import Conn
-from agent_server.store.postgres.part import PgPart
+from agent_server.store.postgres.link import Conn, Link
 
 
-class Schedules(PgPart):
+class Schedules(roles.Schedules):
     """Schedules and their marks of `PostgresStore`."""
+
+    def __init__(self, link: Link, agent: str) -> None:
+        self._link = link
+        self._agent = agent
 
     async def schedule_marks(self, schedule_key: str, now: float, timing: str = "") -> Marks:
         """One transaction on the schedule's row (locked): first seen now, or as kept, with
@@ -20,12 +24,12 @@ class Schedules(PgPart):
             await conn.execute(
                 "INSERT INTO schedule_marks (agent, key, created) VALUES (%s, %s, %s)"
                 " ON CONFLICT DO NOTHING",
-                (self.agent, schedule_key, now),
+                (self._agent, schedule_key, now),
             )
             cursor = await conn.execute(
                 "SELECT created, handled, started, timing FROM schedule_marks"
                 " WHERE agent = %s AND key = %s FOR UPDATE",
-                (self.agent, schedule_key),
+                (self._agent, schedule_key),
             )
             row = await cursor.fetchone()
             assert row is not None
@@ -36,7 +40,7 @@ class Schedules(PgPart):
                 await conn.execute(
                     "UPDATE schedule_marks SET handled = %s, timing = %s"
                     " WHERE agent = %s AND key = %s",
-                    (handled, timing, self.agent, schedule_key),
+                    (handled, timing, self._agent, schedule_key),
                 )
         return Marks(created, handled, started)
 
@@ -59,7 +63,7 @@ class Schedules(PgPart):
                 " handled = CASE WHEN %(h)s THEN greatest(m.handled, %(at)s) ELSE m.handled END,"
                 " started = CASE WHEN %(s)s THEN greatest(m.started, %(at)s) ELSE m.started END,"
                 " timing = coalesce(nullif(%(timing)s, ''), m.timing)",
-                {"agent": self.agent, "key": schedule_key, "at": at, "h": handled,
+                {"agent": self._agent, "key": schedule_key, "at": at, "h": handled,
                  "s": started, "timing": timing},
             )  # fmt: skip
 
@@ -79,13 +83,13 @@ class Schedules(PgPart):
             if limit is not None:
                 await conn.execute(
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"schedules|{self.agent}|{tenant}",),
+                    (f"schedules|{self._agent}|{tenant}",),
                 )
                 cursor = await conn.execute(
                     "SELECT (SELECT count(*) FROM schedules WHERE agent = %(agent)s AND counted"
                     " AND tenant IS NOT DISTINCT FROM %(tenant)s),"
                     " EXISTS (SELECT 1 FROM schedules WHERE agent = %(agent)s AND key = %(key)s)",
-                    {"agent": self.agent, "tenant": tenant, "key": schedule_key},
+                    {"agent": self._agent, "tenant": tenant, "key": schedule_key},
                 )
                 row = await cursor.fetchone()
                 assert row is not None
@@ -99,7 +103,7 @@ class Schedules(PgPart):
                 " tenant = CASE WHEN excluded.counted THEN excluded.tenant"
                 " ELSE schedules.tenant END,"
                 " counted = schedules.counted OR excluded.counted",
-                (self.agent, schedule_key, document, version, tenant, limit is not None),
+                (self._agent, schedule_key, document, version, tenant, limit is not None),
             )
             await self._new_version(conn, version)
         return version
@@ -108,12 +112,12 @@ class Schedules(PgPart):
         async with self._link.tx("schedules") as conn:
             cursor = await conn.execute(
                 "DELETE FROM schedules WHERE agent = %s AND key = %s RETURNING 1",
-                (self.agent, schedule_key),
+                (self._agent, schedule_key),
             )
             found = await cursor.fetchone() is not None
             await conn.execute(
                 "DELETE FROM schedule_marks WHERE agent = %s AND key = %s",
-                (self.agent, schedule_key),
+                (self._agent, schedule_key),
             )
             await self._new_version(conn, new_schedules_version())
         return found
@@ -122,13 +126,13 @@ class Schedules(PgPart):
         await conn.execute(
             "INSERT INTO schedules_version (agent, version) VALUES (%s, %s)"
             " ON CONFLICT (agent) DO UPDATE SET version = excluded.version",
-            (self.agent, version),
+            (self._agent, version),
         )
 
     async def schedules_version(self) -> str:
         async with self._link.tx("schedules") as conn:
             cursor = await conn.execute(
-                "SELECT version FROM schedules_version WHERE agent = %s", (self.agent,)
+                "SELECT version FROM schedules_version WHERE agent = %s", (self._agent,)
             )
             row = await cursor.fetchone()
         return "" if row is None else str(row[0])
@@ -136,7 +140,7 @@ class Schedules(PgPart):
     async def schedule_versions(self) -> dict[str, str]:
         async with self._link.tx("schedules") as conn:
             cursor = await conn.execute(
-                "SELECT key, version FROM schedules WHERE agent = %s", (self.agent,)
+                "SELECT key, version FROM schedules WHERE agent = %s", (self._agent,)
             )
             return {str(key): str(version) for key, version in await cursor.fetchall()}
 
@@ -145,11 +149,11 @@ class Schedules(PgPart):
         async with self._link.tx("schedules") as conn:
             if keys is None:
                 cursor = await conn.execute(
-                    "SELECT key, document FROM schedules WHERE agent = %s", (self.agent,)
+                    "SELECT key, document FROM schedules WHERE agent = %s", (self._agent,)
                 )
             else:
                 cursor = await conn.execute(
                     "SELECT key, document FROM schedules WHERE agent = %s AND key = ANY(%s)",
-                    (self.agent, list(keys)),
+                    (self._agent, list(keys)),
                 )
             return {str(key): str(document) for key, document in await cursor.fetchall()}

@@ -5,13 +5,17 @@ Postgres is the engine: every transition is one transaction on rows, fenced in i
 (owner, attempt, status, take); claims take due work with `FOR UPDATE SKIP LOCKED`; leases,
 due times and expiry are on the database's clock; `LISTEN`/`NOTIFY` is a wake-up hint that
 carries ids only, and a poll of at most a second serves when a notice is lost or `LISTEN` is
-off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` composes its
-parts: the connections (`link.py`), records and lists (`records.py`, their statements
-shared by the calls made together: `coalesce.py`), schedules (`schedules.py`), the owner's writes
-and input (`owner.py`), claims (`claims.py`, versions included), the verdicts on held rows
-nobody runs (`repair.py`: a dead owner's, and this replica's takes whose answer was lost),
-and here the replica's liveness (which runs the judge and the repair), the notices and
-retention.
+off (`--store-notify poll`, for a pooler in transaction mode). `PostgresStore` is composed of
+parts, plain objects its `__init__` makes, each given what it uses: the connections
+(`link.py`), the waiters (`notices.py`), the owner's writes (`owner.py`: the outbox and
+checkpoints), the verdicts on held rows nobody runs (`repair.py`: a dead owner's, and this
+replica's takes whose answer was lost), and a part per role of the interface
+(store/roles.py): `Records` (`records.py`), `Claims` (`claims.py`, versions included),
+`Asks` (`inputs.py`), `Reads`, `Events` and `Sessions` (`reads.py`), `Webhooks`
+(`webhooks.py`) and `Schedules` (`schedules.py`), which `ComposedStore` (store/composed.py)
+forwards each call to; plain creates and reads made together share a statement
+(`coalesce.py`, in `records.py` and `reads.py`). The store itself is its `Liveness`: the replica's
+lease (which runs the judge and the repair), the notices it listens for, and retention.
 """
 
 from __future__ import annotations
@@ -20,33 +24,32 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
-from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import psycopg
 
 from agent_server.model.asks import MAX_ANSWER_BYTES
-from agent_server.model.events import Event
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
+from agent_server.store.composed import ComposedStore
 from agent_server.store.postgres import codec, schema
 from agent_server.store.postgres.claims import Claims
-from agent_server.store.postgres.coalesce import Coalesced
+from agent_server.store.postgres.inputs import Inputs
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Link
+from agent_server.store.postgres.notices import POLL_SECONDS, Notices
 from agent_server.store.postgres.owner import Owner
-from agent_server.store.postgres.part import ROW, WRITER, read_row
+from agent_server.store.postgres.reads import Reads
 from agent_server.store.postgres.records import Records
 from agent_server.store.postgres.repair import Repair
+from agent_server.store.postgres.rows import ROW, WRITER, AgentRows, read_row
 from agent_server.store.postgres.schedules import Schedules
 from agent_server.store.postgres.webhooks import Webhooks
 
 logger = logging.getLogger("agent_server.store")
 
-#: The bound of the poll that stands in for a lost (or absent) notice.
-POLL_SECONDS = 1.0
 #: What a failed open, and a failed LISTEN connection, may raise.
 OPEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, StoreUnavailable, psycopg.Error)
 LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
@@ -54,8 +57,9 @@ LISTEN_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.Error)
 RETENTION_BATCH = 1000
 
 
-class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
-    """Records in Postgres, shared by every replica of the agent; see the module docstring."""
+class PostgresStore(ComposedStore):
+    """Records in Postgres, shared by every replica of the agent; see the module docstring.
+    Here its parts are made, started and stopped; each role's calls go to its part."""
 
     def __init__(
         self,
@@ -75,47 +79,66 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
     ) -> None:
         self.url = url
         self.where = codec.describe_url(url)
-        self.agent = agent_name
+        self.agent = agent = agent_name
         self.replica_id = replica_id
-        self.result_ttl = result_ttl
-        self.max_retained = max_retained
-        self.max_retained_bytes = max_retained_bytes
         self.lease_ttl = lease_ttl
         self.observer = observer
-        self.max_events = max_events
-        self.max_answer_bytes = max_answer_bytes
         self.listen = notify != "poll"
-        self.channel = "agent_server_" + hashlib.sha256(agent_name.encode()).hexdigest()[:24]
-        self._link = Link(url, pool_size=pool_size, observer=observer, on_up=self._on_up)
-        self._due_at = None
-        self._waiters = {}
-        self._recent_moves = OrderedDict()
-        self._queued_event = asyncio.Event()
-        self._owed = deque()
-        self._owed_event = asyncio.Event()
-        self._events_owed = 0
-        self.events_dropped = 0
-        self.fenced = 0
+        self.channel = channel = (
+            "agent_server_" + hashlib.sha256(agent_name.encode()).hexdigest()[:24]
+        )
+        self._link = link = Link(url, pool_size=pool_size, observer=observer, on_up=self._on_up)
         self._tasks: list[asyncio.Task[None]] = []
-        self._event_waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Set when the next liveness pass must renew, whenever the last renewal was.
         self._renew_now = False
-        self._waiting = set()
-        self._unread = {}
         #: The advert the last renewal wrote: a change is told to the other replicas.
         self._advertised = ""
-        # The repair of takes nobody runs (repair.py): due at open, as the replica id may
-        # have been used before.
-        self.incarnation = os.urandom(4).hex()
-        self._creating = set()
-        self._claiming = set()
-        self._reads = Coalesced(self._read_rows)
-        self._inserts = Coalesced(self._insert_rows)
-        self._runs = None
-        self._adopt = None
-        self._repair_due = True
-        self._doubt_until = 0.0
-        self._repaired_at = -float("inf")
+        # The parts, each given what it uses (store/composed.py): `webhooks` keeps the
+        # handler an end or an ask wakes, `claims` the one a cancelled queued execution
+        # tells; the repair keeps the takes on their way (due at open, as the replica id
+        # may have been used before).
+        self._rows = rows = AgentRows(link, agent, replica_id, channel, result_ttl)
+        self._notices = notices = Notices()
+        webhooks = Webhooks(link, agent)
+        self._owner = owner = Owner(
+            rows,
+            max_retained=max_retained,
+            max_retained_bytes=max_retained_bytes,
+            max_events=max_events,
+            observer=observer,
+            notices=notices,
+            webhooks=webhooks,
+        )
+        self._repair = repair = Repair(rows, lease_ttl=lease_ttl, observer=observer, owner=owner)
+        claims = Claims(
+            rows,
+            max_events=max_events,
+            owner=owner,
+            repair=repair,
+            notices=notices,
+            renew_soon=self._renew_soon,
+        )
+        reads = Reads(rows, notices=notices, owner=owner, repair=repair)
+        records = Records(
+            rows,
+            owner=owner,
+            repair=repair,
+            notices=notices,
+            claims=claims,
+            renew_soon=self._renew_soon,
+        )
+        #: The parts whose calls made together share a statement: the close waits for them.
+        self._batched = (reads, records)
+        super().__init__(
+            records=records,
+            reads=reads,
+            claims=claims,
+            asks=Inputs(rows, owner=owner, webhooks=webhooks, max_answer_bytes=max_answer_bytes),
+            events=reads,
+            webhooks=webhooks,
+            sessions=reads,
+            schedules=Schedules(link, agent),
+        )
 
     @property
     def up(self) -> bool:
@@ -128,8 +151,17 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
     def _renew_soon(self) -> None:
         self._renew_now = True
 
+    @property
+    def fenced(self) -> int:
+        """Writes refused because this attempt no longer owned the record."""
+        return self._owner.fenced
+
+    @property
+    def events_dropped(self) -> int:
+        return self._owner.events_dropped
+
     def _on_up(self) -> None:
-        self._owed_event.set()
+        self._owner.wake()
         self._renew_now = True  # back from an outage: the lease first
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -154,7 +186,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
         self._link.set_up(True)
         self._tasks = [
             asyncio.create_task(self._keep_alive(), name="store-liveness"),
-            asyncio.create_task(self._write_owed(), name="store-outbox"),
+            asyncio.create_task(self._owner.write_owed(), name="store-outbox"),
         ]
         if self.listen:
             self._tasks.append(asyncio.create_task(self._listen(listening), name="store-listen"))
@@ -168,8 +200,8 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=COMMAND_TIMEOUT)
-        await self._reads.close()
-        await self._inserts.close()
+        for part in self._batched:
+            await part.close()
         if self._link.is_open:
             await self._release_takes()
             with contextlib.suppress(StoreUnavailable):
@@ -180,12 +212,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
                         (self.agent, self.replica_id),
                     )
         await self._link.close()
-        for execution_id in list(self._waiters):
-            self._wake(execution_id)
-        for event_waiters in self._event_waiters.values():
-            for waiter in event_waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        self._notices.wake_all()
 
     async def _release_takes(self) -> None:
         """At close, before the lease ends: the takes of this process whose body never
@@ -194,7 +221,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
         Postgres cannot settle in time is named, and the judge ends it."""
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT):
-                await self._repair(closing=True)
+                await self._repair.repair(closing=True)
         except (StoreUnavailable, TimeoutError) as exc:
             logger.warning(
                 "replica %s closes with the takes it never began unsettled: Postgres at %s "
@@ -228,7 +255,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
                 },
             )
             if self.advert != self._advertised:  # work may wait for it, or no longer
-                await self._notify(conn, "q")
+                await self._rows.notify(conn, "q")
             cursor = await conn.execute(
                 "SELECT count(*) FROM replicas WHERE agent = %s AND expires_at > now()",
                 (self.agent,),
@@ -282,16 +309,16 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
                     if self.observer is not None:
                         self.observer.replicas_alive(alive)
                 async with self._link.tx("judge") as conn:
-                    await self._judge(conn)
-                if self._repair_wanted():
-                    await self._repair()
+                    await self._repair.judge(conn)
+                if self._repair.wanted():
+                    await self._repair.repair()
                 await self._poll_requests()
                 await self._expire_parked()
                 passes += 1
                 if passes % 10 == 0:
                     await self._retention()
-                self._queued_event.set()  # the bounded poll of the queue
-                self._poll_waiters()
+                self._notices.queued.set()  # the bounded poll of the queue
+                self._notices.poll()
             except StoreUnavailable:
                 pass
             except Exception:  # a bug, not an outage: say so and go on
@@ -351,7 +378,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
                     (codec.encode(execution), codec.ledger_dumps(ledger), self.agent,
                      execution.execution_id),
                 )  # fmt: skip
-                await self._notify(conn, "q")
+                await self._rows.notify(conn, "q")
 
     async def _retention(self) -> None:
         """Bounded deletes of what expired: finished records past the TTL (their events
@@ -395,7 +422,7 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
                 if conn is None:
                     conn = await self._listening()
                     backoff = 0.1
-                    self._poll_waiters()  # what ended while nobody listened
+                    self._notices.poll()  # what ended while nobody listened
                 async with conn:
                     async for notice in conn.notifies():
                         self._noticed(notice.payload)
@@ -411,12 +438,12 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
         if kind == "e":
             execution_id, _, writer = rest.partition(WRITER)
             if writer != self.replica_id:  # an end written here woke its waiters already
-                self._moved(execution_id)
-            self._wake_events(execution_id)
+                self._notices.moved(execution_id)
+            self._notices.wake_events(execution_id)
         elif kind == "v":
-            self._wake_events(rest)
+            self._notices.wake_events(rest)
         elif kind == "q":
-            self._queued_event.set()
+            self._notices.queued.set()
         elif kind in ("c", "a") and rest == self.replica_id:
             asyncio.get_running_loop().create_task(self._poll_quietly())
 
@@ -424,88 +451,12 @@ class PostgresStore(Records, Owner, Claims, Webhooks, Repair, Schedules):
         with contextlib.suppress(StoreUnavailable):
             await self._poll_requests()
 
-    def _poll_waiters(self) -> None:
-        """The bounded poll: every waiter reads again (a lost notice costs one interval)."""
-        for execution_id in list(self._waiters):
-            self._wake(execution_id)
-        for execution_id in list(self._event_waiters):
-            self._wake_events(execution_id)
+    def writes_owed(self) -> int:
+        return self._owner.writes_owed()
 
-    def _wake_events(self, execution_id: str) -> None:
-        for waiter in self._event_waiters.pop(execution_id, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+    async def flush(self, deadline: float) -> list[Execution]:
+        """Write the outbox until `deadline` (monotonic); the ends still owed then."""
+        return await self._owner.flush(deadline)
 
-    async def wait(
-        self, execution: Execution, timeout: float | None, asked: bool = False
-    ) -> Execution:
-        """Read, then wait for a notice (or the poll) and read again, until it reached its
-        end (with `asked`, or waits for input) or `timeout` passed. An end this process wrote
-        wakes its waiters with the record as written: no read."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        current, first = execution, True
-        while True:
-            # Registered before the read: a notice that comes while it reads is not lost.
-            waiter: asyncio.Future[Execution | None] = loop.create_future()
-            waiters = self._waiters.setdefault(execution.execution_id, set())
-            waiters.add(waiter)
-            try:
-                if first and execution.execution_id in self._recent_moves:
-                    # It moved since the caller's read, perhaps: the end as this process
-                    # wrote it, else a read.
-                    doc = self._recent_moves[execution.execution_id]
-                    written = None if doc is None else codec.decode(doc)
-                    if written is not None and written.reached_end(asked):
-                        return written
-                    first = False
-                if not first:
-                    with contextlib.suppress(StoreUnavailable):
-                        found = await self.get(execution.execution_id)
-                        if found is None:
-                            return current
-                        current = found
-                first = False
-                if current.reached_end(asked):
-                    return current
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    return current
-                bound = POLL_SECONDS if remaining is None else min(POLL_SECONDS, remaining)
-                with contextlib.suppress(TimeoutError):
-                    written = await asyncio.wait_for(asyncio.shield(waiter), bound)
-                    if written is not None and written.reached_end(asked):
-                        return written
-            finally:
-                waiters.discard(waiter)
-                if not waiters:
-                    self._waiters.pop(execution.execution_id, None)
-
-    async def events_since(
-        self, execution_id: str, cursor: int, limit: int
-    ) -> tuple[int, list[Event]]:
-        async with self._link.tx("events") as conn:
-            rows = await conn.execute(
-                "SELECT seq, event, data FROM events WHERE agent = %s AND execution_id = %s"
-                " AND seq > %s ORDER BY seq LIMIT %s",
-                (self.agent, execution_id, cursor, limit),
-            )
-            events = [Event(int(r[0]), r[1], r[2]) for r in await rows.fetchall()]
-        missed = events[0].id - cursor - 1 if events else 0
-        return max(0, missed), events
-
-    def event_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
-        self._event_waiters.setdefault(execution_id, set()).add(waiter)
-
-    def drop_notice(self, execution_id: str, waiter: asyncio.Future[None]) -> None:
-        waiters = self._event_waiters.get(execution_id)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
-                del self._event_waiters[execution_id]
-
-    def withdraw(self) -> None:
-        """Renewed at the next pass without its versions: the other replicas' claims stop
-        leaving work for this one (claims.py)."""
-        self.advert = ""
-        self._renew_now = True
+    def deliver_orphans(self, runs: Callable[[str], bool], adopt: Callable[[str], bool]) -> None:
+        self._repair.deliver_orphans(runs, adopt)

@@ -1,16 +1,27 @@
 """Webhook deliveries owed (docs/webhooks.md): rows recorded in the transaction of the move
-they report (`PgPart._owe_webhook`), claimed for one attempt at a time by `FOR UPDATE SKIP
-LOCKED` with a lease on the database's clock; part of `PostgresStore`."""
+they report (rows.py `owe_webhook`), claimed for one attempt at a time by `FOR UPDATE SKIP
+LOCKED` with a lease on the database's clock; the `Webhooks` part of `PostgresStore`, which
+keeps who is told of a move that may owe one (`on_webhook`: the owner's writes and the
+asks wake it)."""
 
 from __future__ import annotations
 
+from agent_server.store import roles
 from agent_server.store.base import Delivery
 from agent_server.store.postgres import codec
-from agent_server.store.postgres.part import PgPart
+from agent_server.store.postgres.link import Link
 
 
-class Webhooks(PgPart):
+class Webhooks(roles.Webhooks):
     """The webhook deliveries of `PostgresStore`."""
+
+    def __init__(self, link: Link, agent: str) -> None:
+        self._link = link
+        self._agent = agent
+
+    @property
+    def shared(self) -> bool:
+        return True
 
     async def claim_webhooks(
         self, limit: int, lease: float, *, due_only: bool = True
@@ -25,11 +36,11 @@ class Webhooks(PgPart):
                 " FOR UPDATE SKIP LOCKED) d WHERE w.agent = %s AND w.delivery_id = d.delivery_id"
                 " RETURNING w.delivery_id, w.type, w.url, w.at,"
                 " extract(epoch FROM now()) - w.at, w.attempts, w.data, w.trace, w.attempt",
-                (lease, self.agent, due_only, limit, self.agent),
+                (lease, self._agent, due_only, limit, self._agent),
             )
             rows = await cursor.fetchall()
             cursor = await conn.execute(
-                "SELECT count(*) FROM webhooks WHERE agent = %s", (self.agent,)
+                "SELECT count(*) FROM webhooks WHERE agent = %s", (self._agent,)
             )
             count = await cursor.fetchone()
         claimed = [
@@ -44,7 +55,7 @@ class Webhooks(PgPart):
             if retry_in is None:
                 await conn.execute(
                     "DELETE FROM webhooks WHERE agent = %s AND delivery_id = %s",
-                    (self.agent, delivery.delivery_id),
+                    (self._agent, delivery.delivery_id),
                 )
             else:
                 delivery.attempts += 1
@@ -52,10 +63,10 @@ class Webhooks(PgPart):
                     "UPDATE webhooks SET attempts = attempts + 1,"
                     " due_at = now() + make_interval(secs => %s)"
                     " WHERE agent = %s AND delivery_id = %s",
-                    (retry_in, self.agent, delivery.delivery_id),
+                    (retry_in, self._agent, delivery.delivery_id),
                 )
             cursor = await conn.execute(
-                "SELECT count(*) FROM webhooks WHERE agent = %s", (self.agent,)
+                "SELECT count(*) FROM webhooks WHERE agent = %s", (self._agent,)
             )
             count = await cursor.fetchone()
         return int(count[0]) if count else 0
