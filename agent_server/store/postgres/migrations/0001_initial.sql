@@ -57,7 +57,7 @@ CREATE INDEX executions_parked ON executions (agent, ask_expires) WHERE ask_expi
 CREATE SEQUENCE executions_queue_seq;
 
 -- What each agent retains: its finished records and their bytes (`kept_bytes`), counted by
--- the statements that finish records (owner.py `_ends`, rows.py `AgentRows.finish`: in the same
+-- the statements that finish records (owner.py `_ends`, part.py `_finish`: in the same
 -- statement) and, for every delete, by the trigger below (once a statement): the trim of
 -- --max-retained and --max-retained-bytes reads one row, never a scan of what is kept.
 CREATE TABLE retained (
