@@ -14,10 +14,9 @@ import pytest
 
 from agent_server.model.execution import Execution
 from agent_server.store.base import ExecutionStore, StoreUnavailable
-from agent_server.store.memory import MemoryStore
 from agent_server.store.postgres import PostgresStore
 from tests.store.test_lapsed_lease import lapse
-from tests.support.stores import Recorder, closed, open_postgres, open_redis
+from tests.support.stores import Recorder, closed, one_store, open_postgres, open_redis
 
 #: Creates sent at once.
 MANY = 120
@@ -25,18 +24,9 @@ MANY = 120
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
-    opened: ExecutionStore
-    if request.param == "memory":
-        opened = MemoryStore("r1")
-    elif request.param == "redis":
-        opened = open_redis(request.getfixturevalue("redis_url"), "r1", Recorder())
-    else:
-        opened = open_postgres(request.getfixturevalue("postgres_url"), "r1", Recorder())
-    await opened.open()
-    try:
+    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
+    async with one_store(request.param, url) as opened:
         yield opened
-    finally:
-        await closed(opened)
 
 
 def plain(index: int) -> Execution:

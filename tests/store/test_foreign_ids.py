@@ -17,10 +17,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from agent_server.model.execution import Execution, ExecutionStatus
-from agent_server.store import ExecutionStore, MemoryStore
+from agent_server.store import ExecutionStore
 from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
-from tests.support.stores import Recorder, closed, open_postgres, open_redis
+from tests.support.stores import Recorder, closed, one_store, open_redis
 
 #: A result big enough that reading the record whole shows in any count (1 MiB).
 BIG = 1024 * 1024
@@ -46,18 +46,9 @@ async def recorded(store: ExecutionStore, execution: Execution) -> None:
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
-    opened: ExecutionStore
-    if request.param == "memory":
-        opened = MemoryStore("r1")
-    elif request.param == "redis":
-        opened = open_redis(request.getfixturevalue("redis_url"), "r1", Recorder())
-    else:
-        opened = open_postgres(request.getfixturevalue("postgres_url"), "r1", Recorder())
-    await opened.open()
-    try:
+    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
+    async with one_store(request.param, url) as opened:
         yield opened
-    finally:
-        await closed(opened)
 
 
 async def test_another_tenants_id_reads_as_an_unknown_one(store: ExecutionStore) -> None:

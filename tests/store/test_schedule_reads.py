@@ -20,7 +20,7 @@ from agent_server.runtime.schedule_entries import Entry
 from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.store import ExecutionStore
 from agent_server.store.memory import MemoryStore
-from tests.support.stores import Recorder, closed, open_postgres, open_redis
+from tests.support.stores import one_store
 
 
 class CountingStore(MemoryStore):
@@ -103,18 +103,9 @@ async def test_a_change_makes_the_other_ticker_read_only_the_changed_document() 
 async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
     """Each store, open: the count is the store's own (a script on Redis, a transaction
     under a lock on Postgres), so each is tried."""
-    opened: ExecutionStore
-    if request.param == "memory":
-        opened = MemoryStore("r1")
-    elif request.param == "redis":
-        opened = open_redis(request.getfixturevalue("redis_url"), "r1", Recorder())
-    else:
-        opened = open_postgres(request.getfixturevalue("postgres_url"), "r1", Recorder())
-    await opened.open()
-    try:
+    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
+    async with one_store(request.param, url) as opened:
         yield opened
-    finally:
-        await closed(opened)
 
 
 async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room(

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agent_server.model.execution import Execution
-from agent_server.store import ExecutionStore
+from agent_server.store import ExecutionStore, MemoryStore
 from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
 
@@ -82,6 +83,28 @@ def open_redis(url: str, replica_id: str, seen: Recorder, **options: Any) -> Red
 
 def open_postgres(url: str, replica_id: str, seen: Recorder, **options: Any) -> PostgresStore:
     return PostgresStore(url, replica_id=replica_id, agent_name=AGENT, observer=seen, **options)
+
+
+@asynccontextmanager
+async def one_store(
+    kind: str, url: str | None, replica_id: str = "r1"
+) -> AsyncIterator[ExecutionStore]:
+    """A store of each kind ("memory", "redis", "postgres" at `url`), open, then closed: a
+    contract test's fixture, parametrized by kind."""
+    opened: ExecutionStore
+    if kind == "memory":
+        opened = MemoryStore(replica_id)
+    elif kind == "redis":
+        assert url is not None
+        opened = open_redis(url, replica_id, Recorder())
+    else:
+        assert url is not None
+        opened = open_postgres(url, replica_id, Recorder())
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await closed(opened)
 
 
 def proxied(url: str, port: int) -> str:
