@@ -764,12 +764,15 @@ async def test_a_create_cut_as_it_commits_is_put_back_by_the_close_not_judged_lo
         a.deliver_orphans(lambda _: False, lambda _: False)
         execution = Execution("sleep", None, "A")
         execution.body = {"seconds": 0.25}
+        # Its liveness stops first (only the close is left to repair), so the one reply the
+        # stall holds is the create's: a renewal's held on another pooled connection would
+        # hold the liveness's cancellation until its reply came.
+        for task in a._tasks:
+            task.cancel()
+        await asyncio.gather(*a._tasks, return_exceptions=True)
         proxy.stall(COMMITTED, 3.0)
         create = asyncio.create_task(a.create(execution))
         await wait_status(b, execution.execution_id, ExecutionStatus.RUNNING)
-        for task in a._tasks:  # its liveness stops: only the close is left to repair
-            task.cancel()
-        await asyncio.gather(*a._tasks, return_exceptions=True)
         create.cancel()
         with pytest.raises(asyncio.CancelledError):
             await create

@@ -174,7 +174,8 @@ class PostgresStore(ComposedStore):
             async with asyncio.timeout(CONNECT_TIMEOUT + COMMAND_TIMEOUT):
                 async with self._link.tx("migrate", one=True) as conn:
                     await schema.migrate(conn)  # its own transaction
-                await self._renew()
+                alive = await self._renew()
+                renewed = time.monotonic()
                 listening = await self._listening() if self.listen else None
         except SchemaTooNew:
             await self._link.close()
@@ -184,8 +185,10 @@ class PostgresStore(ComposedStore):
             reason = self._link.scrub(str(exc).strip() or type(exc).__name__)
             raise StoreUnavailable(f"cannot reach Postgres at {self.where}: {reason}") from None
         self._link.set_up(True)
+        if self.observer is not None:
+            self.observer.replicas_alive(alive)
         self._tasks = [
-            asyncio.create_task(self._keep_alive(), name="store-liveness"),
+            asyncio.create_task(self._keep_alive(renewed), name="store-liveness"),
             asyncio.create_task(self._owner.write_owed(), name="store-outbox"),
         ]
         if self.listen:
@@ -289,14 +292,13 @@ class PostgresStore(ComposedStore):
                     found.append(state)
         return found
 
-    async def _keep_alive(self) -> None:
-        """Renew every third of a lease; at most every second judge, repair this replica's
-        takes nobody runs when it is due (repair.py), read what notices may have missed
-        (cancels and answers for this replica, ends for its waiters), expire parked
-        requests, and retention; while Postgres is down, probe it."""
+    async def _keep_alive(self, renewed: float) -> None:
+        """Renew every third of a lease (`renewed`: when the open did); at most every second
+        judge, repair this replica's takes nobody runs when it is due (repair.py), read what
+        notices may have missed (cancels and answers for this replica, ends for its
+        waiters), expire parked requests, and retention; while Postgres is down, probe it."""
         interval = max(0.05, min(self.lease_ttl / 3, POLL_SECONDS))
         passes = 0
-        renewed = -float("inf")
         while True:
             try:
                 if not self._link.up and not await self._link.probe():
