@@ -176,6 +176,9 @@ class PostgresStore(ComposedStore):
                     await schema.migrate(conn)  # its own transaction
                 alive = await self._renew()
                 renewed = time.monotonic()
+                # The lease first after an outage: this was it (the migration's statement
+                # marked Postgres up, which asks for a renewal at the next pass).
+                self._renew_now = False
                 listening = await self._listening() if self.listen else None
         except SchemaTooNew:
             await self._link.close()
