@@ -21,6 +21,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -292,6 +294,7 @@ class Monitor:
         self.lines: list[list[str]] = []
         self._buffer = b""
         self._ok = threading.Event()
+        self._seen = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         assert self._ok.wait(10), "MONITOR never answered"
@@ -312,8 +315,20 @@ class Monitor:
                 else:
                     text = line.decode("utf-8", "replace")
                     self.lines.append(_ARGUMENT.findall(text))
+                    self._seen.set()
 
     def close(self) -> list[list[str]]:
+        """Returns once every command run before it is read: Redis feeds its monitors in the
+        order it runs commands, so a marker sent last and seen means nothing is in flight."""
+        marker = f"monitor-fence-{uuid.uuid4().hex}"
+        with socket.create_connection(self.sock.getpeername()[:2], timeout=10) as other:
+            other.sendall(f"ECHO {marker}\r\n".encode())
+            assert other.recv(1024).startswith(b"$"), "ECHO never answered"
+        deadline = time.monotonic() + 10
+        while not any(marker in line for line in self.lines):
+            assert time.monotonic() < deadline, "the monitor never saw its fence"
+            self._seen.wait(0.05)
+            self._seen.clear()
         self.sock.close()
         self._thread.join(5)
         return list(self.lines)
