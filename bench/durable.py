@@ -452,7 +452,7 @@ def markdown(data: dict[str, Any]) -> str:
         ]
         for name, entry in found["scenarios"].items():
             calls = ", ".join(
-                f"{k.removeprefix('EVALSHA ')} {v:.1f}"
+                f"{k.removeprefix('script ')} {v:.1f}"
                 for k, v in entry["commands_per_script_call"].items()
             )
             sent = ", ".join(f"{k} {v:.2f}" for k, v in entry["by_command_per_life"].items())

@@ -49,7 +49,7 @@ async def measure(url: str, ends: int) -> dict[str, Any]:
         original = link.pipeline if not hasattr(link, "send") else link.send
 
         async def counted(commands: Any) -> Any:
-            sent.append(sum(1 for c in commands if c[0] == b"EVALSHA"))
+            sent.append(sum(1 for c in commands if c[0] in (b"EVALSHA", b"FCALL")))
             return await original(commands)
 
         setattr(link, "send" if hasattr(link, "send") else "pipeline", counted)
@@ -59,7 +59,7 @@ async def measure(url: str, ends: int) -> dict[str, Any]:
             def counted_now(commands: Any) -> Any:
                 futures = now(commands)
                 if futures is not None:
-                    sent.append(sum(1 for c in commands if c[0] == b"EVALSHA"))
+                    sent.append(sum(1 for c in commands if c[0] in (b"EVALSHA", b"FCALL")))
                 return futures
 
             link.send_now = counted_now
@@ -76,8 +76,9 @@ async def measure(url: str, ends: int) -> dict[str, Any]:
             stats = client.info("commandstats")
     finally:
         await store.close()
-    script = stats.get("cmdstat_evalsha", {}).get("usec", 0)
-    inner = sum(v["usec"] for k, v in stats.items() if k not in ("cmdstat_evalsha",))
+    calls = ("cmdstat_evalsha", "cmdstat_fcall")
+    script = sum(stats.get(k, {}).get("usec", 0) for k in calls)
+    inner = sum(v["usec"] for k, v in stats.items() if k not in calls)
     return {
         "ends": ends,
         "left": len(left),

@@ -9,18 +9,24 @@ around them stays). What it runs:
   1 and 2);
 - `drain`: the drain of N in flight (90% cooperative, 10% that swallow cancellation) on each
   store: seconds from SIGTERM to exit over the bound, every end recorded (bench.scale's mix);
+- `instructions`: the instructions Redis runs per life, all and in the script calls alone,
+  plain, with tenants and behind Sentinel (bench.redis_cpu; valgrind's callgrind);
+- `replicas`: lives per second and Redis's CPU per life with 1, 2 and 3 replicas sharing
+  one Redis;
 - `postgres`: rows and bytes per parked execution, and a list's first pages at 1,000,000
   records (bench.pgstore items 3 and 4);
 - `driver`: psycopg against asyncpg on the store's statements (bench.pgdriver; needs
   `pip install asyncpg`).
 
-Usage: PYTHONPATH=. python -m bench.performance [--parts stores,drain,postgres,driver]
+Usage: PYTHONPATH=. python -m bench.performance [--parts stores,drain,instructions,replicas,
+                                                        postgres,driver]
                                                [--quick] [--drain-scales 10000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import platform
@@ -32,13 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import pgstore, scale
+from bench import pgstore, redis_cpu, scale
+from bench import store as bench_store
 from bench.common import ROOT, Spread, log, write_json
 from bench.store import RedisServer
 from tests.support.postgres_server import PostgresServer, bindir
 
 PAGE = ROOT / "docs" / "performance.md"
-PARTS = ("stores", "drain", "postgres", "driver")
+PARTS = ("stores", "drain", "instructions", "replicas", "postgres", "driver")
 
 
 def hardware() -> str:
@@ -117,6 +124,85 @@ def part_drain(quick: bool, scales: tuple[int, ...]) -> str:
     return "\n".join(rows)
 
 
+def part_instructions(quick: bool) -> str:
+    """Redis's instructions per life, by case (bench.redis_cpu): a count, not a time."""
+    count = 200 if quick else 1000
+    data = redis_cpu.run({"this tree": ROOT}, list(redis_cpu.CASES), count, 16)
+    rows = [
+        "| case | instructions per life, all of Redis | of which in the script calls |",
+        "|---|---|---|",
+    ]
+    for case, by_tree in data["cases"].items():
+        figures = by_tree["this tree"]
+        rows.append(f"| {case} | {figures['per_life']:,.0f} | {figures['scripts_per_life']:,.0f} |")
+    rows += [
+        "",
+        f"{count} lives, 16 at once, after {redis_cpu.WARM_UP}; redis-server under valgrind's "
+        "callgrind (`python -m bench.redis_cpu`, which also compares a tree before).",
+    ]
+    return "\n".join(rows)
+
+
+def part_replicas(quick: bool) -> str:
+    """Lives per second and Redis's CPU per life with 1, 2 and 3 replicas on one Redis."""
+    count, rounds = (300, 1) if quick else (3000, 3)
+    rows = [
+        "| replicas on one Redis | lives/s, all replicas | Redis CPU per life |",
+        "|---|---|---|",
+    ]
+    for replicas in (1, 2, 3):
+        rates: list[float] = []
+        store_us: list[float] = []
+        for _ in range(rounds):
+            rate, us = _replicas_round(replicas, count)
+            rates.append(rate)
+            store_us.append(us)
+        rate_spread, us_spread = Spread.of(rates), Spread.of(store_us)
+        log(f"replicas {replicas}: {rate_spread.fmt(0)} lives/s, {us_spread.fmt(0)} us")
+        rows.append(f"| {replicas} | {rate_spread.fmt(0)} | {us_spread.fmt(0)} us |")
+    rows += [
+        "",
+        f"{count} lives a round split among the replicas, each driven by 16 clients at once, "
+        f"{rounds} rounds, a fresh Redis each; Redis CPU from its `INFO cpu`. Every replica, "
+        "Redis and the load share the machine's cores.",
+    ]
+    return "\n".join(rows)
+
+
+def _replicas_round(replicas: int, count: int) -> tuple[float, float]:
+    with RedisServer() as redis, contextlib.ExitStack() as stack:
+        flags = [bench_store.redis_flags(redis.url, f"r{i}") for i in range(replicas)]
+        servers = [
+            stack.enter_context(bench_store.agent_server(f"r{i}", ROOT, *each))
+            for i, each in enumerate(flags)
+        ]
+        for server in servers:
+            server.wait_ready()
+
+        async def all_at_once(each: int) -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(bench_store.lives(server.port, each, 16, 300) for server in servers)
+                )
+            )
+
+        asyncio.run(all_at_once(100))
+        before = _redis_cpu(redis)
+        began = time.perf_counter()
+        done = asyncio.run(all_at_once(count // replicas))
+        seconds = time.perf_counter() - began
+        used = _redis_cpu(redis) - before
+    lived = sum(result.requests for result in done)
+    if lived != (count // replicas) * replicas or any(result.errors for result in done):
+        raise RuntimeError(f"{replicas} replicas: {[r.statuses for r in done]}")
+    return lived / seconds, used / lived * 1e6
+
+
+def _redis_cpu(redis: RedisServer) -> float:
+    found = redis.info("cpu")
+    return float(found["used_cpu_user"]) + float(found["used_cpu_sys"])
+
+
 def part_postgres(quick: bool) -> str:
     parked, records, rounds = (20, 2000, 5) if quick else (1000, 1_000_000, 40)
     with pgstore.stores(("postgres",)) as servers:
@@ -170,6 +256,8 @@ def main() -> None:
     runners: dict[str, Callable[[], str]] = {
         "stores": lambda: part_stores(args.quick),
         "drain": lambda: part_drain(args.quick, scales),
+        "instructions": lambda: part_instructions(args.quick),
+        "replicas": lambda: part_replicas(args.quick),
         "postgres": lambda: part_postgres(args.quick),
         "driver": lambda: part_driver(args.quick),
     }
@@ -182,6 +270,7 @@ def main() -> None:
     stamp = (
         f"Measured {time.strftime('%Y-%m-%d')} on {hardware()}, by "
         f"`PYTHONPATH=. python -m bench.performance --parts {','.join(parts)}"
+        f"{f' --drain-scales {args.drain_scales}' if 'drain' in parts else ''}"
         f"{' --quick' if args.quick else ''}` ({time.monotonic() - began:.0f} s)."
     )
     for name, table in tables.items():

@@ -82,9 +82,21 @@ ECHO_BODY = b'{"text": "hello"}'
 SETUP_COMMANDS = frozenset({"CLIENT", "HELLO", "AUTH", "SELECT", "PING", "SCRIPT"})
 #: Scripts a replica runs on its own clock, not for any one execution: the liveness tick and,
 #: where the tree has durable executions, the queue taker's claim poll.
-BACKGROUND_SCRIPTS = frozenset({"EVALSHA tick", "EVALSHA claim"})
+BACKGROUND_SCRIPTS = frozenset({"script tick", "script claim"})
 #: This harness's own commands, left out of the counts.
 OWN_COMMANDS = ("cmdstat_info", "cmdstat_config|resetstat")
+#: How a client calls a script: by its SHA (a tree before functions), or its function.
+SCRIPT_CALLS = frozenset({"EVALSHA", "FCALL"})
+
+
+def scripted(stats: dict[str, Any]) -> dict[str, float]:
+    """The calls and time of every script call in `commandstats` (EVALSHA or FCALL; their
+    time includes the commands their scripts ran)."""
+    rows = [stats[k] for k in ("evalsha", "fcall") if k in stats]
+    return {
+        "calls": float(sum(r["calls"] for r in rows)),
+        "usec": float(sum(r["usec"] for r in rows)),
+    }
 
 
 # -- redis-server ----------------------------------------------------------------------------
@@ -211,14 +223,20 @@ def _read_reply(stream: Any) -> Any:
 
 
 def script_names(source: Path) -> dict[str, str]:
-    """SHA1 -> script name of the store's Lua scripts in the tree under test."""
-    code = "import json; from agent_server.store.redis.scripts import SHAS; print(json.dumps(SHAS))"
+    """SHA1 or function name -> script name of the store's Lua scripts in the tree under test."""
+    code = (
+        "import json; from agent_server.store.redis import scripts as s; "
+        "n = {v: k for k, v in getattr(s, 'SHAS', {}).items()}; "
+        "n.update({f: k for k, (f, _) in getattr(s, 'LIBRARIES', {}).items()}); "
+        "print(json.dumps(n))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=source, capture_output=True, text=True, timeout=60
     )
     if done.returncode != 0:
         return {}
-    return {sha: name for name, sha in json.loads(done.stdout).items()}
+    names: dict[str, str] = json.loads(done.stdout)
+    return names
 
 
 # -- a relay that counts round trips ---------------------------------------------------------
@@ -361,9 +379,9 @@ class CountingRelay:
 
     def _name(self, arguments: list[bytes]) -> str:
         name = arguments[0].decode(errors="replace").upper() if arguments else "?"
-        if name == "EVALSHA" and len(arguments) > 1:
+        if name in SCRIPT_CALLS and len(arguments) > 1:
             sha = arguments[1].decode(errors="replace")
-            return f"EVALSHA {self.scripts.get(sha, sha[:8])}"
+            return f"script {self.scripts.get(sha, sha[:8])}"
         return name
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -403,7 +421,7 @@ class CountingRelay:
                         # bound, then ten per end.
                         (size - 7 - _keys(arguments)) // 10
                         for size, arguments, name in zip(parser.sizes, commands, names, strict=True)
-                        if name == "EVALSHA end"
+                        if name == "script end"
                     )
                     self.commands.update(names)
                 upstream_writer.write(data)
@@ -542,8 +560,8 @@ class Monitor:
             if self._current is not None:
                 self.inner[self._current] += 1
             return
-        if name == "EVALSHA" and len(words) > 3:
-            name = f"EVALSHA {self.scripts.get(words[3], words[3][:8])}"
+        if name in SCRIPT_CALLS and len(words) > 3:
+            name = f"script {self.scripts.get(words[3], words[3][:8])}"
         if name in ("INFO", "CONFIG", "MONITOR"):
             self._current = None
             return
@@ -647,9 +665,16 @@ async def get_many(
     return statuses
 
 
-async def lives(port: int, count: int, concurrency: int, timeout: float) -> LoadResult:
+async def lives(
+    port: int,
+    count: int,
+    concurrency: int,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> LoadResult:
     """`count` lives of `echo` (an async start, then `GET ?wait=5`), `concurrency` clients at
-    once, each on its own keep-alive connection; bounded in count and time."""
+    once, each on its own keep-alive connection (every request with `headers`: a caller's
+    token); bounded in count and time."""
     deadline = time.monotonic() + timeout
     issued = 0
     errors = 0
@@ -664,7 +689,7 @@ async def lives(port: int, count: int, concurrency: int, timeout: float) -> Load
                 issued += 1
                 began = time.perf_counter()
                 status, _, body = await connection.request(
-                    http_request("POST", "/reasoners/echo/async", ECHO_BODY)
+                    http_request("POST", "/reasoners/echo/async", ECHO_BODY, headers)
                 )
                 statuses[status] += 1
                 if status != 202:
@@ -672,7 +697,7 @@ async def lives(port: int, count: int, concurrency: int, timeout: float) -> Load
                     continue
                 key = _json_body(body)["execution_id"]
                 status, _, body = await connection.request(
-                    http_request("GET", f"/executions/{key}?wait=5")
+                    http_request("GET", f"/executions/{key}?wait=5", None, headers)
                 )
                 statuses[status] += 1
                 if status != 200 or _json_body(body)["status"] != "succeeded":
@@ -745,7 +770,7 @@ def item_round_trips(source: Path, n: int, progress: Callable[[str], None]) -> d
                 entry = {
                     "lives": lives_counted,
                     "round_trips_per_life": seen["round_trips"].get("work", 0) / per,
-                    "evalsha_per_life": sum(c for k, c in life.items() if k.startswith("EVALSHA"))
+                    "evalsha_per_life": sum(c for k, c in life.items() if k.startswith("script "))
                     / per,
                     "client_commands_per_life": sum(life.values()) / per,
                     "commands_in_scripts_per_life": inner / per,
@@ -767,7 +792,7 @@ def item_round_trips(source: Path, n: int, progress: Callable[[str], None]) -> d
                     },
                     # EVALSHA time includes the commands its script ran (those rows count them
                     # again); the background scripts in the window are in it too.
-                    "redis_usec_per_life": stats.get("evalsha", {"usec": 0.0})["usec"] / per,
+                    "redis_usec_per_life": scripted(stats)["usec"] / per,
                     "check_commandstats_calls": sum(s["calls"] for s in stats.values()),
                     "check_monitor_calls": sum(ran["calls"].values()) + sum(ran["inner"].values()),
                     "batch_sizes": seen["batch_sizes"],
@@ -777,7 +802,7 @@ def item_round_trips(source: Path, n: int, progress: Callable[[str], None]) -> d
                 found["scenarios"][name] = entry
                 progress(
                     f"item 1 {name}: {entry['round_trips_per_life']:.2f} round trips, "
-                    f"{entry['evalsha_per_life']:.2f} EVALSHA, "
+                    f"{entry['evalsha_per_life']:.2f} script calls, "
                     f"{entry['commands_in_scripts_per_life']:.1f} commands in scripts per life"
                 )
 
@@ -1179,9 +1204,9 @@ def item_renewal(
                     time.sleep(window)
                     stats = redis.commandstats()
                     ran = monitor.snapshot()
-                evalsha = stats.get("evalsha", {"calls": 0.0, "usec": 0.0})
-                ticks = ran["calls"].get("EVALSHA tick", 0)
-                claims = ran["calls"].get("EVALSHA claim", 0)
+                evalsha = scripted(stats)
+                ticks = ran["calls"].get("script tick", 0)
+                claims = ran["calls"].get("script claim", 0)
                 row = {
                     "in_flight": level,
                     "running_in_redis": running,
@@ -1189,11 +1214,11 @@ def item_renewal(
                     "window_seconds": window,
                     "expected_ticks": window / interval,
                     "ticks": ticks,
-                    "commands_per_tick": 1 + ran["inner"].get("EVALSHA tick", 0) / ticks
+                    "commands_per_tick": 1 + ran["inner"].get("script tick", 0) / ticks
                     if ticks
                     else 0.0,
                     "claims": claims,
-                    "commands_per_claim": 1 + ran["inner"].get("EVALSHA claim", 0) / claims
+                    "commands_per_claim": 1 + ran["inner"].get("script claim", 0) / claims
                     if claims
                     else 0.0,
                     "other_calls": {
@@ -1210,7 +1235,7 @@ def item_renewal(
                 progress(
                     f"item 4 {level:6} in flight: {ticks} ticks ({row['commands_per_tick']:.1f} "
                     f"commands each), {claims} claim polls, "
-                    f"{row['redis_usec_per_evalsha']:.0f} us of Redis per EVALSHA"
+                    f"{row['redis_usec_per_evalsha']:.0f} us of Redis per script call"
                 )
     return {"lease_ttl": lease, "tick_interval": interval, "rows": rows}
 
@@ -1692,8 +1717,8 @@ def markdown(data: dict[str, Any]) -> str:
         out += [
             "### Item 1: Redis round trips and commands per execution life",
             "",
-            "| life | lives | round trips | EVALSHA | commands sent | commands run in the "
-            "scripts | Redis us in EVALSHA | statuses read |",
+            "| life | lives | round trips | script calls | commands sent | commands run in the "
+            "scripts | Redis us in scripts | statuses read |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for name, entry in found["scenarios"].items():
@@ -1708,7 +1733,7 @@ def markdown(data: dict[str, Any]) -> str:
         for name, entry in found["scenarios"].items():
             by = ", ".join(f"{k} {v:.2f}" for k, v in entry["by_command_per_life"].items())
             per_call = ", ".join(
-                f"{k.removeprefix('EVALSHA ')} {v:.1f}"
+                f"{k.removeprefix('script ')} {v:.1f}"
                 for k, v in entry["commands_per_script_call"].items()
             )
             out.append(
@@ -1775,7 +1800,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"`--lease-ttl {found['lease_ttl']}`: a tick every {found['tick_interval']:.2f} s.",
             "",
             "| in flight | running in Redis | ticks (expected) | commands per tick | "
-            "claim polls (commands each) | other commands | Redis us per EVALSHA |",
+            "claim polls (commands each) | other commands | Redis us per script call |",
             "|---|---|---|---|---|---|---|",
         ]
         for row in found["rows"]:

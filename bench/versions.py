@@ -64,7 +64,7 @@ CASES = {
     "e": "v1 claims v1, live v0 replicas, work waiting for v0",
 }
 #: Commands that are not the claim script's (the worker's own reads, connection set-up).
-NOT_CLAIM = {"evalsha", "info", "config", "hello", "client", "ping"}
+NOT_CLAIM = {"evalsha", "fcall", "info", "config", "hello", "client", "ping"}
 TIMEOUT = 120.0
 #: Bound of a worker's seeding (every case seeds at once).
 SEED_TIMEOUT = 600.0
@@ -267,6 +267,7 @@ def callgrind(
             "--instr-atstart=no",
             "--collect-atstart=no",
             "--toggle-collect=evalShaCommand",
+            "--toggle-collect=fcallCommand",
             f"--callgrind-out-file={tmp}/cg.out",
         )
         with RedisServer(wrapper=wrapper) as server:
@@ -334,7 +335,8 @@ class Totals:
 
     def script_us(self) -> float:
         """The claim script's own time in Redis per claim (EVALSHA's usec)."""
-        return self.usec["evalsha"] / self.commands["evalsha"]
+        call = "fcall" if self.commands.get("fcall") else "evalsha"
+        return self.usec[call] / self.commands[call]
 
     def by_command(self) -> dict[str, float]:
         """The commands the claim script ran, per claim, by name."""

@@ -163,7 +163,7 @@ def test_a_firing_whose_create_was_cut_in_flight_starts_once_and_on_time(
     after it on time: none missed, none in a burst."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    proxy = DropProxy(own_redis.port, scripts.EVALSHA["create"])
+    proxy = DropProxy(own_redis.port, scripts.FCALL["create"][1])
     proxy.start()
     (tmp_path / "A").mkdir()
     server = ServerProcess(

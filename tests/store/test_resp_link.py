@@ -47,6 +47,8 @@ async def test_error_replies_are_raised_and_the_connection_stays_in_step(redis_u
     try:
         with pytest.raises(NoScriptError):
             await redis.call("EVALSHA", "0" * 40, 0)
+        with pytest.raises(NoScriptError):  # a function Redis lacks: load, send again
+            await redis.call("FCALL", "agent_server_none_0", 0)
         with pytest.raises(ResponseError, match="wrong number of arguments"):
             await redis.call("GET")
         replies = await redis.pipeline(

@@ -472,6 +472,7 @@ async def test_told_writes_wait_for_fewer_replicas_only_once_the_lower_count_hol
         observer=None,
         on_up=lambda: None,
         renew_now=asyncio.Event(),
+        libraries="libraries",
         acked_channel="acked",
     )
     link.need_replicas(2)

@@ -603,7 +603,7 @@ async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
         END_CALL,
         END_CALL_BYTES,
     )
-    from agent_server.store.redis.scripts import EVALSHA
+    from agent_server.store.redis.scripts import FCALL
 
     a = await stores("A")
     small = await _created(a, 1_500)
@@ -616,7 +616,7 @@ async def test_a_backlog_of_ends_leaves_in_few_round_trips_of_short_calls(
     def watch(commands: Any) -> None:
         calls = []
         for command in commands:
-            if command[:2] == [b"EVALSHA", EVALSHA["end"]]:
+            if tuple(command[:2]) == FCALL["end"]:
                 ends = (command[2] - 6) // 3
                 size = sum(len(arg) for arg in command[3 + command[2] + 4 :])
                 calls.append((ends, size))

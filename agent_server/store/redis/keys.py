@@ -23,6 +23,7 @@ class Keys:
         "events",
         "finished",
         "judged",
+        "libraries",
         "parked",
         "prefix",
         "queue",
@@ -71,6 +72,9 @@ class Keys:
         #: Each replica's description of itself for `GET /replicas` (replica -> JSON),
         #: written with its renewal; the reader keeps the live ones' (`replicas`).
         self.states = prefix + "states"
+        #: The scripts' function libraries this agent's replicas loaded (name -> when last,
+        #: Redis ms), for deleting those of versions gone (libraries.py).
+        self.libraries = prefix + "libraries"
         self.vqs = prefix + "vqs"
         #: Webhook deliveries owed (id -> when due, Redis ms) and their bodies (id -> JSON):
         #: written by the script of the move each reports (lua/webhooks.lua).

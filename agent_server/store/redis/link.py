@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from agent_server.store.base import StoreObserver, StoreUnavailable
-from agent_server.store.redis import scripts, sentinel
+from agent_server.store.redis import libraries, scripts, sentinel
 from agent_server.store.redis.codec import scrub
 from agent_server.store.redis.failures import (
     UNREACHABLE,
@@ -112,9 +112,12 @@ class Link:
         observer: StoreObserver | None,
         on_up: Callable[[], None],
         renew_now: asyncio.Event,
+        libraries: str,
         acked_channel: str | None = None,
     ) -> None:
         self.url = url
+        #: The registry of the scripts' libraries (libraries.py).
+        self.libraries = libraries
         #: With Sentinel: the channel published to before each `WAIT` of a told write.
         self.acked_channel = acked_channel
         self.where = where
@@ -294,24 +297,22 @@ class Link:
             self.observer.store_up(up)
 
     async def load_scripts(self, via: RedisLink | None = None) -> None:
-        """Load every script on the node `via` is connected to (the pool's client when
-        None). A NOSCRIPT is answered on the node that gave it: after a failover the pool's
-        client may still name the old primary while the link already follows the new one."""
-        for text in scripts.SCRIPTS.values():
-            if via is None:
-                await cast(Awaitable[Any], self.redis.script_load(text))
-            else:
-                await via.call(b"SCRIPT", b"LOAD", text)
+        """Load every script's library on the node `via` is connected to (the pool's client
+        when None), and delete those no replica of this agent loaded for a day. A missing
+        function is answered on the node that said so: after a failover the pool's client
+        may still name the old primary while the link already follows the new one."""
+        call = via.call if via is not None else self.redis.execute_command
+        await libraries.load(call, self.libraries)
 
     def command(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> list[Any]:
-        """The EVALSHA of script `name` with its keys and arguments (common ones first)."""
-        return [b"EVALSHA", scripts.EVALSHA[name], len(keys), *keys, *self.common, *args]
+        """The FCALL of script `name` with its keys and arguments (common ones first)."""
+        return [*scripts.FCALL[name], len(keys), *keys, *self.common, *args]
 
     async def script(
         self, name: str, keys: Sequence[str | bytes], *args: Any, via: RedisLink | None = None
     ) -> Any:
-        """EVALSHA (on the scripts' link, or `via`), loading the scripts again if Redis has
-        forgotten them (a restart)."""
+        """FCALL (on the scripts' link, or `via`), loading the libraries again if Redis has
+        none of this script's (a new Redis, or one whose functions were flushed)."""
         link = self.scripts if via is None else via
         try:
             return await link.call(*self.command(name, keys, args))

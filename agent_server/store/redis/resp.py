@@ -64,6 +64,9 @@ _ERRORS: dict[str, type[ResponseError] | type[ConnectionError]] = {
     "WRONGPASS": AuthenticationError,
 }
 
+#: An FCALL of a function Redis does not have.
+_NO_FUNCTION = "ERR Function not found"
+
 Command = Sequence[str | bytes | int | float]
 #: A host and port.
 Address = tuple[str, int]
@@ -82,7 +85,11 @@ class Locator(Protocol):
 
 
 def reply_error(message: str) -> Exception:
-    """The redis-py exception for an error reply, so callers handle one set of errors."""
+    """The redis-py exception for an error reply, so callers handle one set of errors. A
+    function Redis lacks is a NoScriptError, as a script it lacks is: either way the
+    caller loads them and sends again."""
+    if message.startswith(_NO_FUNCTION):
+        return NoScriptError(message)
     kind = _ERRORS.get(message.split(" ", 1)[0], ResponseError)
     return kind(message)
 

@@ -5,6 +5,12 @@ with `--! include NAME.lua` lines; `load` inlines each included file once, befor
 file that includes it, so a script carries exactly the code it uses. `codes.lua` is made
 here from the reply codes below and the statuses of the state machine, so Lua and Python
 read the same names; `record.lua` is made from the record's declaration.
+
+Redis runs each script as a function of a library of its own (`library`): what the files
+define (constants, tables, the shared functions) is made once, when Redis loads the library,
+rather than on every call as an `EVALSHA` would, where it was most of a call's cost
+(bench/RESULTS.md, "R55"). Each library and function is named by its script and a digest of
+its text, so two versions of the server on one Redis each call their own.
 """
 
 from __future__ import annotations
@@ -231,6 +237,7 @@ def _codes() -> str:
     lines.append(f"local SESSION_GATE = '{session_key('')}'")  # a session's turn: .. sid
     lines.append(f"local OUTAGE_LEASES = {OUTAGE_LEASES}")  # store/values.py
     lines.append("local F = {" + ", ".join(f"'{name}'" for name in FIELDS) + "}")
+    lines.append("local FINISH_READS = {" + ", ".join(f"'{n}'" for n in _FINISH_READS) + "}")
     for index in Row:
         lines.append(f"local I_{index.name} = {index + 1}")
     return "\n".join(lines) + "\n"
@@ -254,6 +261,9 @@ def _names(fields: tuple[record.Field, ...]) -> str:
 #: What end.lua reads of a record before its end, first: the two it compares with a retried
 #: end's, and the owner, attempt and session (end.lua reads them by these positions).
 _END_CHECKS = ("status", "finished_at", "replica", "attempt", "session_id")
+#: What records.lua's finish() reads of a record, in this order (`FINISH_READS`, codes.lua):
+#: end.lua reads them with the rest, so an end costs one read of its record.
+_FINISH_READS = ("tenant", "asked_top", "ckey", "webhook")
 
 
 def _ending() -> str:
@@ -263,7 +273,8 @@ def _ending() -> str:
     (`END_READS`: _END_CHECKS, then the rest of the row it keeps as it is, which its notice
     carries); `END_MOVE(rec, found, at)`, the end's move with what it writes and clears
     (`at`: the index in ARGV of its first written value), and `END_ROW(at, v)`, the record
-    as the end leaves it (F's order; `v`, what END_READS read). Code rather than loops over
+    as the end leaves it (F's order; `v`, what END_READS read), and `END_FINISH(v)`, what
+    finish() would read again (`FINISH_READS`), taken from `v`. Code rather than loops over
     the tables: no table is built for the move's arguments (bench/RESULTS.md, "B38b")."""
     if record.END_WRITES[0].name != "status":
         raise RuntimeError("end.lua reads an end's status first: declare `status` first")
@@ -271,6 +282,8 @@ def _ending() -> str:
     cleared = {f.name: f.empty for f in record.END_CLEARS}
     kept = (f.name for f in record.FIELDS if f.at_end is record.AtEnd.KEPT)
     reads = _END_CHECKS + tuple(name for name in kept if name not in _END_CHECKS)
+    reads += tuple(name for name in _FINISH_READS if name not in reads)
+    finish = ", ".join(f"v[{reads.index(name) + 1}]" for name in _FINISH_READS)
 
     def arg(name: str) -> str:
         n = written.index(name)
@@ -297,6 +310,9 @@ def _ending() -> str:
         "end\n"
         "local function END_ROW(at, v)\n"
         f"  return {{{', '.join(row)}}}\n"
+        "end\n"
+        "local function END_FINISH(v)\n"
+        f"  return {{{finish}}}\n"
         "end\n"
     )
 
@@ -329,9 +345,44 @@ def load(name: str) -> str:
     return expand(f"--! include {name}.lua")
 
 
-#: The text of every script, by name.
+_EACH_CALL = re.compile(r"^--! each call\n(.*?)^--! end each call\n", re.MULTILINE | re.DOTALL)
+#: Every library's name and its functions' start with this (the rest: script, digest).
+PREFIX = "agent_server_"
+
+
+def library(name: str) -> tuple[str, str]:
+    """Script `name` as a Redis function library: its function's name, and the library's
+    code. The included files' definitions run once, at load; their `--! each call` lines
+    (the common arguments, Redis's clock, the keys every script shares) become `OPEN`, run
+    first on each call; the script's own code is `BODY`. As an `EVAL` the same files run top
+    to bottom (the markers are comments): `load` is that script."""
+    own = _read(f"{name}.lua")
+    body = _INCLUDE.sub("", own)
+    opened: list[str] = []
+
+    def each(match: re.Match[str]) -> str:
+        opened.append(f"  do\n{match.group(1)}  end\n")
+        return ""
+
+    includes = "\n".join(line for line in own.splitlines() if _INCLUDE.match(line))
+    shared = _EACH_CALL.sub(each, expand(includes))
+    code = (
+        f"local KEYS, ARGV\n{shared}\n"
+        f"local function OPEN(keys, args)\n  KEYS, ARGV = keys, args\n{''.join(opened)}end\n"
+        f"local function BODY()\n{body}\nend\n"
+    )
+    function = f"{PREFIX}{name}_{hashlib.sha1(code.encode()).hexdigest()[:16]}"
+    return function, (
+        f"#!lua name={function}\n{code}"
+        f"redis.register_function('{function}', function(keys, args)\n"
+        "  OPEN(keys, args)\n  return BODY()\nend)\n"
+    )
+
+
+#: The text of every script as an `EVAL` would run it, by name.
 SCRIPTS = {name: load(name) for name in NAMES}
-#: Their SHA1 digests, for EVALSHA.
-SHAS = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
-#: The same, as bytes for the commands (packed as they are).
-EVALSHA = {name: sha.encode() for name, sha in SHAS.items()}
+#: Every script's function name and library, by name.
+LIBRARIES = {name: library(name) for name in NAMES}
+#: What calls each script, by name: `FCALL` and its function's name, as bytes (packed as
+#: they are).
+FCALL = {name: (b"FCALL", function.encode()) for name, (function, _) in LIBRARIES.items()}

@@ -160,6 +160,7 @@ class RedisStore(ComposedStore):
             observer=self.observer,
             on_up=self._on_up,
             renew_now=renew_now,
+            libraries=self.keys.libraries,
             acked_channel=self.keys.acked if self.replicated_writes else None,
         )
 

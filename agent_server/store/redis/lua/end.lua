@@ -30,7 +30,7 @@ for i = 5, #ARGV, 3 + #END_WRITES do
   if status and v[3] == owner and v[4] == attempt then
     if OWNED[status] then
       END_MOVE(rec, status, at)
-      finish(rec, ev, id, v[5], owned, #ARGV[at + 2] + #ARGV[at + 3])
+      finish(rec, ev, id, v[5], owned, #ARGV[at + 2] + #ARGV[at + 3], END_FINISH(v))
       ok = 1
       local row = END_ROW(at, v)
       if #row[I_RESULT] + #row[I_ERROR] <= largest then

@@ -4,9 +4,11 @@
   Defines: REPLICAS, RENEWALS, judged(owner), read(id, rec, ev).
 ]]
 --! include records.lua
-local REPLICAS, RENEWALS = KEYS[7], KEYS[8]
--- This caller's renewals (see renew()): nil until read, false when it has none.
-local MINE = nil
+-- MINE: this caller's renewals (see renew()): nil until read, false when it has none.
+local REPLICAS, RENEWALS, MINE
+--! each call
+REPLICAS, RENEWALS, MINE = KEYS[7], KEYS[8], nil
+--! end each call
 
 -- Whether `owner` may be judged by this caller: the verdict rests on the store's evidence
 -- alone, decided here, when the script runs (a command sent before a pause runs after it).

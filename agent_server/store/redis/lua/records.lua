@@ -5,7 +5,7 @@
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, scoped(tenant, name), member(id,
   tenant, sid), drop(entry, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
-  finish(rec, ev, id, sid, owned, size), cancel_queued(rec, ev, id, sid, reason, found). finish()
+  finish(rec, ev, id, sid, owned, size, r), cancel_queued(rec, ev, id, sid, reason, found). finish()
   deletes the requests for input the record kept (their answers among them), and
   publishes the end notice and prunes unless a script that writes many ends at once sets
   NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
@@ -16,8 +16,10 @@
 --! include record.lua
 --! include moves.lua
 --! include webhooks.lua
-local P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-  KEYS[6]
+local P, ALL, RUNNING, FINISHED, SIZES, QUEUE
+--! each call
+P, ALL, RUNNING, FINISHED, SIZES, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+--! end each call
 
 -- A name a client chose (a session id), as its tenant's: names.py `scoped`, the same
 -- characters ('' is no tenant: the name as given).
@@ -79,12 +81,13 @@ local function prune()
 end
 
 -- Whether finish() publishes the end notice itself: the outbox's writer publishes one
--- notice for the ends of a whole batch instead (see end.lua).
-local NOTIFY = true
--- Whether finish() prunes: the end script prunes once for its whole batch instead.
-local PRUNE = true
--- The highest score of `finished`, once read (nothing but finish() raises it).
-local LAST = nil
+-- notice for the ends of a whole batch instead (see end.lua). Whether finish() prunes: the
+-- end script prunes once for its whole batch instead. The highest score of `finished`, once
+-- read (nothing but finish() raises it).
+local NOTIFY, PRUNE, LAST
+--! each call
+NOTIFY, PRUNE, LAST = true, true, nil
+--! end each call
 
 -- Concurrency keys (claim.lua), named from the prefix: `ckeys`, every key with waiting work,
 -- scored by when it last gave a slot (us); `cready`, those whose waiting work may go on now
@@ -140,10 +143,10 @@ end
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
 -- size: the bytes of its result and error, when the caller knows them (end.lua wrote them);
 -- its input's are added here.
-local function finish(rec, ev, id, sid, owned, size)
-  -- What it needs of the record, in one read: its tenant, its requests, its concurrency
-  -- key, its webhook.
-  local r = redis.call('HMGET', rec, 'tenant', 'asked_top', 'ckey', 'webhook')
+local function finish(rec, ev, id, sid, owned, size, r)
+  -- What it needs of the record, in one read: FINISH_READS (its tenant, its requests, its
+  -- concurrency key, its webhook), unless the caller read them with its own (`r`).
+  r = r or redis.call('HMGET', rec, unpack(FINISH_READS))
   local tenant, ckey = r[1] or '', r[3]
   drop_requests(rec, r[2] or '0')
   redis.call('ZREM', RUNNING, id)
