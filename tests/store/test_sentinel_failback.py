@@ -60,6 +60,9 @@ PACE = 0.1
 #: Bound on the sentinels turning a restarted or deposed primary into a replica and its sync
 #: (they take about ten seconds, more on a loaded machine).
 CONVERTED = 45.0
+#: The sentinels' `down-after-milliseconds` once the killed primary's failover is done (from
+#: the file's 1000): a node is seen down only past it.
+DOWN_AFTER_MS = 10000
 #: The pinned failover's timeout (ms): it ends by it, the promoted replica having been
 #: converted back; long enough for that replica's resync to end well within it.
 PINNED_TIMEOUT_MS = 12000
@@ -236,6 +239,13 @@ async def kill_and_restart(redises: Redises) -> None:
     await asyncio.to_thread(first.kill)
     await announced(redises, ("127.0.0.1", first.port))
     await asyncio.to_thread(every_sentinel_names, redises, second.port)
+    # From here on the only failover is the one the test asks for: on a loaded machine a
+    # promoted node slow to answer for DOWN_AFTER_MS was seen down, and the sentinels failed
+    # over a second time, back to the restarted node, before the test had set anything up.
+    for sentinel in redises.sentinels:
+        sentinel.client.execute_command(
+            "SENTINEL", "SET", SERVICE, "down-after-milliseconds", str(DOWN_AFTER_MS)
+        )
     await asyncio.to_thread(first.start, None)
 
 
@@ -280,10 +290,9 @@ def test_a_failover_back_to_a_restarted_primary_tells_nothing_until_it_is_done(
 
         async def fault() -> None:
             await kill_and_restart(redises)
-            # Converted, the restarted node is the replica; on a loaded machine the sentinels
-            # may instead have failed over a second time, back to it (the promoted node seen
-            # down past `down-after-milliseconds`, 1 s here). Either way the planned failover
-            # goes from the primary they settle on to the node they converted.
+            # Converted, the restarted node is the replica; should the sentinels still fail
+            # over a second time, back to it (the promoted node seen down past DOWN_AFTER_MS),
+            # the planned failover goes from the primary they settle on to the other node.
             primary, replica = await asyncio.to_thread(
                 wait_until,
                 lambda: settled(redises, (first, second)),
