@@ -35,7 +35,7 @@ from agent_server.model.asks import MAX_ANSWER_BYTES
 from agent_server.model.execution import CancelReason, Execution, ExecutionStatus
 from agent_server.store.base import SchemaTooNew, StoreObserver, StoreUnavailable
 from agent_server.store.composed import ComposedStore
-from agent_server.store.postgres import codec, schema
+from agent_server.store.postgres import codec, schema, statistics
 from agent_server.store.postgres.claims import Claims
 from agent_server.store.postgres.inputs import Inputs
 from agent_server.store.postgres.link import COMMAND_TIMEOUT, CONNECT_TIMEOUT, FAILURES, Link
@@ -299,7 +299,8 @@ class PostgresStore(ComposedStore):
         """Renew every third of a lease (`renewed`: when the open did); at most every second
         judge, repair this replica's takes nobody runs when it is due (repair.py), read what
         notices may have missed (cancels and answers for this replica, ends for its
-        waiters), expire parked requests, and retention; while Postgres is down, probe it."""
+        waiters), expire parked requests, retention, and the planner's statistics after a
+        burst (statistics.py); while Postgres is down, probe it."""
         interval = max(0.05, min(self.lease_ttl / 3, POLL_SECONDS))
         passes = 0
         while True:
@@ -322,6 +323,9 @@ class PostgresStore(ComposedStore):
                 passes += 1
                 if passes % 10 == 0:
                     await self._retention()
+                if passes % 5 == 0:
+                    async with self._link.tx("statistics") as conn:
+                        await statistics.refresh(conn)
                 self._notices.queued.set()  # the bounded poll of the queue
                 self._notices.poll()
             except StoreUnavailable:
