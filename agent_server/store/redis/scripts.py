@@ -8,7 +8,7 @@ read the same names; `record.lua` is made from the record's declaration.
 
 Redis runs each script as a function of a library of its own (`library`): what the files
 define (constants, tables, the shared functions) is made once, when Redis loads the library,
-rather than on every call as an `EVALSHA` would, where it was most of a call's cost
+rather than on every call as an `EVALSHA` would, where it was about a third of a call's cost
 (bench/RESULTS.md, "R55"). Each library and function is named by its script and a digest of
 its text, so two versions of the server on one Redis each call their own.
 """
