@@ -5,12 +5,12 @@
   Defines: P, ALL, RUNNING, FINISHED, SIZES, QUEUE, scoped(tenant, name), member(id,
   tenant, sid), drop(entry, rec, ev), prune(),
   ready(key), wait_in(key, id), release(key, id), unqueue(key, id) (concurrency keys),
-  finish(rec, ev, id, sid, owned, size, r), cancel_queued(rec, ev, id, sid, reason, found). finish()
-  deletes the requests for input the record kept (their answers among them), and
-  publishes the end notice and prunes unless a script that writes many ends at once sets
-  NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end passes
-  through finish(), which records its webhook delivery (webhooks.lua) in `webhooks` and
-  `webhook_bodies`, named from the prefix.
+  finish(rec, ev, id, sid, owned, size, r), cancel_queued(rec, ev, id, sid, reason,
+  found). finish() deletes the requests for input the record kept (their answers among
+  them), and publishes the end notice and prunes unless a script that writes many ends at
+  once sets NOTIFY or PRUNE to false first (end.lua does, once for its batch). Every end
+  passes through finish(), which records its webhook delivery (webhooks.lua) in `webhooks`
+  and `webhook_bodies`, named from the prefix.
 ]]
 --! include header.lua
 --! include record.lua
@@ -143,9 +143,9 @@ end
 -- owned: its owner's `owned:{replica}` set, false when nobody owned it (it was queued).
 -- size: the bytes of its result and error, when the caller knows them (end.lua wrote them);
 -- its input's are added here.
+-- r: what it needs of the record, FINISH_READS' values (its tenant, its requests, its
+-- concurrency key, its webhook), when the caller read them with its own; else one read here.
 local function finish(rec, ev, id, sid, owned, size, r)
-  -- What it needs of the record, in one read: FINISH_READS (its tenant, its requests, its
-  -- concurrency key, its webhook), unless the caller read them with its own (`r`).
   r = r or redis.call('HMGET', rec, unpack(FINISH_READS))
   local tenant, ckey = r[1] or '', r[3]
   drop_requests(rec, r[2] or '0')
