@@ -114,6 +114,17 @@ def shared_store(request: pytest.FixtureRequest) -> Callable[..., Any]:
     return make
 
 
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
+async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each store, open (Redis and Postgres on the test's own empty one), closed after the
+    test: a test written with it runs on memory, Redis and Postgres alike."""
+    from tests.support.stores import one_store
+
+    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
+    async with one_store(request.param, url) as opened:
+        yield opened
+
+
 @pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "postgres"])
 def store_url(request: pytest.FixtureRequest) -> str:
     """The URL of an empty shared store, Redis then Postgres: a suite of real replicas

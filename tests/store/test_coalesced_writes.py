@@ -8,7 +8,6 @@ answer each create alone, and must answer the same."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,17 +15,16 @@ from agent_server.model.execution import Execution
 from agent_server.store.base import ExecutionStore, StoreUnavailable
 from agent_server.store.postgres import PostgresStore
 from tests.store.test_lapsed_lease import lapse
-from tests.support.stores import Recorder, closed, one_store, open_postgres, open_redis
+from tests.support.stores import Recorder, closed, open_postgres, open_redis
 
 #: Creates sent at once.
 MANY = 120
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
-    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
-    async with one_store(request.param, url) as opened:
-        yield opened
+@pytest.fixture
+def store(any_store: ExecutionStore) -> ExecutionStore:
+    """Each store (tests/conftest.py `any_store`)."""
+    return any_store
 
 
 def plain(index: int) -> Execution:

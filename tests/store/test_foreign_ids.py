@@ -11,7 +11,6 @@ unknown one, beside a batch of the owner's own reads that shows the count sees a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -20,7 +19,7 @@ from agent_server.model.execution import Execution, ExecutionStatus
 from agent_server.store import ExecutionStore
 from agent_server.store.postgres import PostgresStore
 from agent_server.store.redis import RedisStore
-from tests.support.stores import Recorder, closed, one_store, open_redis
+from tests.support.stores import Recorder, closed, open_redis
 
 #: A result big enough that reading the record whole shows in any count (1 MiB).
 BIG = 1024 * 1024
@@ -44,11 +43,10 @@ async def recorded(store: ExecutionStore, execution: Execution) -> None:
     assert await store.flush(10**9) == []
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis), "postgres"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
-    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
-    async with one_store(request.param, url) as opened:
-        yield opened
+@pytest.fixture
+def store(any_store: ExecutionStore) -> ExecutionStore:
+    """Each store (tests/conftest.py `any_store`)."""
+    return any_store
 
 
 async def test_another_tenants_id_reads_as_an_unknown_one(store: ExecutionStore) -> None:

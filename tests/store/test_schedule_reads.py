@@ -9,7 +9,7 @@ counted at the store, not timed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -20,7 +20,6 @@ from agent_server.runtime.schedule_entries import Entry
 from agent_server.service.schedule_ticker import ScheduleTicker
 from agent_server.store import ExecutionStore
 from agent_server.store.memory import MemoryStore
-from tests.support.stores import one_store
 
 
 class CountingStore(MemoryStore):
@@ -93,19 +92,8 @@ async def test_a_change_makes_the_other_ticker_read_only_the_changed_document() 
     assert store.reads in ([], [[]])
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("redis", marks=pytest.mark.redis),
-        "postgres",
-    ]
-)
-async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[ExecutionStore]:
-    """Each store, open: the count is the store's own (a script on Redis, a transaction
-    under a lock on Postgres), so each is tried."""
-    url = None if request.param == "memory" else request.getfixturevalue(f"{request.param}_url")
-    async with one_store(request.param, url) as opened:
-        yield opened
+# On each store (`any_store`): the count is the store's own (a script on Redis, a transaction
+# under a lock on Postgres), so each is tried.
 
 
 async def test_a_refused_create_changes_nothing_and_a_deleted_one_makes_room(
