@@ -9,7 +9,13 @@ with the settings `agent-server run` uses (lifespan on, no access log, no log co
 - Finished results are kept up to `--max-retained` (oldest dropped first), like agent-server.
 - Shutdown (lifespan): set the drain event and wait (bounded) for the tasks.
 
-Usage: python -m bench.baseline_app --port PORT [--max-retained N]
+`--floor`: `POST /reasoners/echo` does what the contract requires of a sync run and nothing
+more (docs/performance.md, the contract's floor): the input parsed and validated by a pydantic
+model, an id, a record kept (bounded by `--max-retained`), the body run as a tracked task,
+three Prometheus series counted (started, finished by status, duration), and the record
+answered as JSON. What agent-server adds beyond that is its own cost.
+
+Usage: python -m bench.baseline_app --port PORT [--max-retained N] [--floor]
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,13 +74,75 @@ class Store:
             await asyncio.wait(list(self.running.values()), timeout=SHUTDOWN_WAIT)
 
 
-def build_app(max_retained: int) -> Starlette:
+class EchoInput(BaseModel):
+    text: str
+
+
+class Floor:
+    """The least a sync run must do: validate, an id, a bounded record, a tracked task, three
+    series, the record as JSON."""
+
+    def __init__(self, max_retained: int) -> None:
+        self.max_retained = max_retained
+        self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        registry = CollectorRegistry()
+        self.started = Counter("floor_started", "Runs started.", ["reasoner"], registry=registry)
+        self.finished = Counter(
+            "floor_finished", "Runs finished.", ["reasoner", "status"], registry=registry
+        )
+        self.duration = Histogram(
+            "floor_duration_seconds", "Run duration.", ["reasoner"], registry=registry
+        )
+
+    @staticmethod
+    async def _echo(value: EchoInput) -> dict[str, Any]:
+        return {"text": value.text}
+
+    async def run(self, body: bytes) -> Response:
+        try:
+            value = EchoInput.model_validate_json(body)
+        except ValueError as exc:
+            return JSONResponse({"detail": str(exc)}, 422)
+        key = uuid.uuid4().hex
+        began = time.time()
+        record: dict[str, Any] = {
+            "execution_id": key,
+            "reasoner": "echo",
+            "status": "running",
+            "result": None,
+            "error": None,
+            "created_at": began,
+            "finished_at": None,
+            "duration_seconds": None,
+        }
+        self.records[key] = record
+        if len(self.records) > self.max_retained:
+            self.records.popitem(last=False)
+        self.started.labels("echo").inc()
+        task = asyncio.create_task(self._echo(value))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        result = await task
+        ended = time.time()
+        record.update(
+            status="succeeded", result=result, finished_at=ended, duration_seconds=ended - began
+        )
+        self.finished.labels("echo", "succeeded").inc()
+        self.duration.labels("echo").observe(ended - began)
+        return Response(orjson.dumps(record), media_type="application/json")
+
+
+def build_app(max_retained: int, floor: bool = False) -> Starlette:
     store = Store(max_retained)
+    contract = Floor(max_retained) if floor else None
 
     async def readyz(request: Request) -> Response:
         return JSONResponse({"status": "ready"})
 
     async def echo(request: Request) -> Response:
+        if contract is not None:
+            return await contract.run(await request.body())
         body = await request.json()
         return JSONResponse({"text": body["text"]})
 
@@ -115,9 +187,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--max-retained", type=int, default=10_000)
+    parser.add_argument("--floor", action="store_true", help="the contract's sync run")
     args = parser.parse_args()
     config = uvicorn.Config(
-        build_app(args.max_retained),
+        build_app(args.max_retained, args.floor),
         host="127.0.0.1",
         port=args.port,
         lifespan="on",

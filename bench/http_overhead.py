@@ -13,11 +13,14 @@ request and does not slow the next server down.
 an `agent_server/` package, e.g. a copy taken before a change), measured in the same rounds as
 `agent-server@DIR`, so a change is judged before/after under the same machine noise.
 
+`floor` (sync only) is the baseline app doing what the contract requires of a sync run
+(bench/baseline_app.py `--floor`): a sync run is held to at least 0.9 of its requests/s.
+
 `--pin` puts the servers on one CPU and wrk on another; by default the scheduler places them.
 
 Usage: python -m bench.http_overhead [--rounds 5] [--duration 5] [--connections 16]
                                      [--loader wrk|python] [--no-peers] [--compare DIR]
-                                     [--pin]
+                                     [--pin] [--scenarios sync,async,get]
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ from bench.common import (
 ECHO_BODY = b'{"text": "hello"}'
 SCENARIOS = ("sync", "async", "get")
 #: Which servers take part in which scenario (AgentField has no async start or lookup route
-#: without its control plane).
+#: without its control plane). `floor`: the baseline app doing what the contract requires of
+#: a sync run (bench/baseline_app.py `--floor`), against which a sync run is held.
 TARGETS = {
-    "sync": ("agent-server", "baseline", "agentfield"),
+    "sync": ("agent-server", "floor", "baseline", "agentfield"),
     "async": ("agent-server", "baseline"),
     "get": ("agent-server", "baseline"),
 }
@@ -160,21 +164,23 @@ def run(
     peers: bool = True,
     compare: Path | None = None,
     pin: bool = False,
+    scenarios: tuple[str, ...] = SCENARIOS,
     progress: Callable[[str], None] = log,
 ) -> dict[str, Any]:
-    """Run every round; return raw results, per-round ratios and their spreads."""
+    """Run every round of `scenarios`; return raw results, per-round ratios and their
+    spreads."""
     split = split_cpus() if pin else None
     server_cpus, load_cpus = (None, None) if split is None else split
     if loader == "wrk" and not have_wrk():
         raise RuntimeError("wrk is not installed (apt-get install -y wrk), or use --loader python")
     use_agentfield = peers and AGENTFIELD_PYTHON.exists()
     load_before = machine_load()
-    targets = dict(TARGETS)
+    targets = {scenario: TARGETS[scenario] for scenario in scenarios}
     other = None if compare is None else f"agent-server@{compare.name}"
     if other is not None:
-        targets = {scenario: (*names, other) for scenario, names in TARGETS.items()}
+        targets = {scenario: (*names, other) for scenario, names in targets.items()}
     results: dict[str, dict[str, list[LoadResult]]] = {
-        scenario: {target: [] for target in targets[scenario]} for scenario in SCENARIOS
+        scenario: {target: [] for target in targets[scenario]} for scenario in scenarios
     }
     with ExitStack() as stack:
         servers: dict[str, ServerProcess] = {}
@@ -186,6 +192,11 @@ def run(
         servers["baseline"] = stack.enter_context(
             ServerProcess("baseline", baseline_argv(port), port, cpus=server_cpus)
         )
+        if "sync" in scenarios:
+            port = free_port()
+            servers["floor"] = stack.enter_context(
+                ServerProcess("floor", baseline_argv(port, "--floor"), port, cpus=server_cpus)
+            )
         if use_agentfield:
             port = free_port()
             servers["agentfield"] = stack.enter_context(
@@ -205,7 +216,7 @@ def run(
         for server in servers.values():
             server.wait_ready()
         progress(f"servers ready: {', '.join(servers)}; warming up")
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             for target in targets[scenario]:
                 if target in servers:
                     _measure(
@@ -217,7 +228,7 @@ def run(
                         cpus=load_cpus,
                     )
         for index in range(rounds):
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 present = [t for t in targets[scenario] if t in servers]
                 shift = index % len(present)
                 order = present[shift:] + present[:shift]
@@ -278,7 +289,8 @@ def _summarise(
                 "errors": sum(r.errors for r in runs),
                 "runs": [asdict(r) | {"rps": r.rps} for r in runs],
             }
-        pairs = [("agent-server", "baseline"), ("agentfield", "baseline")]
+        pairs = [("agent-server", "baseline"), ("agent-server", "floor"), ("floor", "baseline")]
+        pairs.append(("agentfield", "baseline"))
         pairs.append(("agent-server", "agentfield"))
         pairs += [(t, "baseline") for t in measured if t.startswith("agent-server@")]
         pairs += [("agent-server", t) for t in measured if t.startswith("agent-server@")]
@@ -356,6 +368,7 @@ def main() -> None:
     parser.add_argument("--loader", choices=("wrk", "python"), default="wrk")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--compare", type=Path, default=None)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -370,6 +383,7 @@ def main() -> None:
         peers=not args.no_peers,
         compare=args.compare,
         pin=args.pin,
+        scenarios=tuple(args.scenarios.split(",")),
     )
     data["raw_file"] = str(write_json("http_overhead", data))
     print(markdown(data))

@@ -60,7 +60,8 @@ def test_http_overhead_smoke() -> None:
     )
     for scenario in http_overhead.SCENARIOS:
         entry = data["scenarios"][scenario]
-        assert set(entry["targets"]) == {"agent-server", "baseline"}
+        floor = {"floor"} if scenario == "sync" else set()
+        assert set(entry["targets"]) == {"agent-server", "baseline"} | floor
         for figures in entry["targets"].values():
             (run,) = figures["runs"]
             assert run["requests"] > 0
@@ -69,6 +70,9 @@ def test_http_overhead_smoke() -> None:
             assert 0 < run["settle_seconds"] < 60  # waited for quiet, bounded
         ratio = entry["ratios"]["agent-server/baseline"]["rps"]
         assert ratio["n"] == 1 and ratio["median"] > 0
+    # The contract's floor answers the record a sync run answers, for the sync scenario only.
+    assert data["scenarios"]["sync"]["ratios"]["agent-server/floor"]["rps"]["median"] > 0
+    assert "agent-server/floor" not in data["scenarios"]["async"]["ratios"]
     table = http_overhead.markdown(data)
     assert "| sync | agent-server |" in table and "agent-server/baseline" in table
 
@@ -94,6 +98,23 @@ def test_wrk_against_the_baseline() -> None:
     assert result.requests > 0
     assert result.errors == 0
     assert 0 < result.p50_ms <= result.p99_ms
+
+
+def test_the_floor_does_what_a_sync_run_must() -> None:
+    """The contract's floor (bench/baseline_app.py `--floor`) answers the record a sync run
+    answers and refuses input its model rejects: what a sync run is held to is the
+    contract's work, not less."""
+    port = free_port()
+    with ServerProcess("floor", baseline_argv(port, "--floor"), port) as server:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            answer = client.post("/reasoners/echo", content=b'{"text": "hello"}')
+            refused = client.post("/reasoners/echo", content=b'{"txt": "hello"}')
+    assert answer.status_code == 200
+    record = answer.json()
+    assert record["status"] == "succeeded" and record["result"] == {"text": "hello"}
+    assert len(record["execution_id"]) == 32 and record["duration_seconds"] >= 0
+    assert refused.status_code == 422 and "text" in refused.json()["detail"]
 
 
 def test_session_release_smoke() -> None:
