@@ -214,6 +214,11 @@ class Spread:
             raise ValueError("no values")
         return cls(statistics.median(values), min(values), max(values), len(values))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> Spread:
+        """A spread as `as_dict` wrote it."""
+        return cls(data["median"], data["low"], data["high"], int(data["n"]))
+
     def fmt(self, digits: int = 2) -> str:
         return f"{self.median:.{digits}f} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
 

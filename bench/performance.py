@@ -4,22 +4,25 @@ Each table is measured here, now, against its baseline in the same run, and writ
 the page's `<!-- performance:NAME -->` and `<!-- /performance:NAME -->` markers (the prose
 around them stays). What it runs:
 
-- `stores`: execution lives per second per replica on memory, Redis and Postgres, the
-  server's and the store's CPU per life, and store round trips per life (bench.pgstore items
-  1 and 2);
+- `sync`: sync runs per second against the bare echo route and against the contract's
+  floor (bench/baseline_app.py `--floor`), and the server's CPU per run, pinned
+  (bench.http_overhead's sync scenario);
+- `stores`: execution lives per second per replica on memory, Redis and Postgres, a life's
+  p50 and p99 (its start to its end, as its client sees it), the server's and the store's
+  CPU per life, and store round trips per life (bench.pgstore items 1 and 2);
 - `drain`: the drain of N in flight (90% cooperative, 10% that swallow cancellation) on each
   store: seconds from SIGTERM to exit over the bound, every end recorded (bench.scale's mix);
 - `instructions`: the instructions Redis runs per life, all and in the script calls alone,
   plain, with tenants and behind Sentinel (bench.redis_cpu; valgrind's callgrind);
-- `replicas`: lives per second and Redis's CPU per life with 1, 2 and 3 replicas sharing
-  one Redis;
+- `replicas`: lives per second and the store's CPU per life with 1, 2 and 3 replicas
+  sharing one Redis, and one Postgres;
 - `postgres`: rows and bytes per parked execution, and a list's first pages at 1,000,000
   records (bench.pgstore items 3 and 4);
 - `driver`: psycopg against asyncpg on the store's statements (bench.pgdriver; needs
   `pip install asyncpg`).
 
-Usage: PYTHONPATH=. python -m bench.performance [--parts stores,drain,instructions,replicas,
-                                                        postgres,driver]
+Usage: PYTHONPATH=. python -m bench.performance [--parts sync,stores,drain,instructions,
+                                                        replicas,postgres,driver]
                                                [--quick] [--drain-scales 10000]
 """
 
@@ -38,14 +41,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import pgstore, redis_cpu, scale
+from bench import http_overhead, pgstore, redis_cpu, scale
 from bench import store as bench_store
 from bench.common import ROOT, Spread, log, write_json
 from bench.store import RedisServer
 from tests.support.postgres_server import PostgresServer, bindir
 
 PAGE = ROOT / "docs" / "performance.md"
-PARTS = ("stores", "drain", "instructions", "replicas", "postgres", "driver")
+PARTS = ("sync", "stores", "drain", "instructions", "replicas", "postgres", "driver")
+#: A sync run holds at least this share of the contract's floor's requests/s (section 28).
+FLOOR_SHARE = 0.9
 
 
 def hardware() -> str:
@@ -68,15 +73,57 @@ def hardware() -> str:
     )
 
 
+def part_sync(quick: bool) -> str:
+    """A sync run against the bare echo and against the contract's floor, pinned."""
+    rounds, duration = (1, 1.0) if quick else (5, 6.0)
+    data = http_overhead.run(
+        rounds=rounds, duration=duration, pin=True, peers=False, scenarios=("sync",)
+    )
+    entry = data["scenarios"]["sync"]
+    names = {
+        "agent-server": "agent-server sync run",
+        "floor": "the contract's floor",
+        "baseline": "bare echo",
+    }
+    rows = [
+        "| server | sync runs/s | p50 / p99 ms | server CPU per run |",
+        "|---|---|---|---|",
+    ]
+    for target, label in names.items():
+        figures = entry["targets"][target]
+        rate, cpu = Spread.from_dict(figures["rps"]), Spread.from_dict(figures["cpu_us"])
+        rows.append(
+            f"| {label} | {rate.fmt(0)} | {figures['p50_ms']['median']:.2f} / "
+            f"{figures['p99_ms']['median']:.2f} | {cpu.fmt(0)} us |"
+        )
+    held = Spread.from_dict(entry["ratios"]["agent-server/floor"]["rps"])
+    bare = Spread.from_dict(entry["ratios"]["agent-server/baseline"]["rps"])
+    floor = Spread.from_dict(entry["ratios"]["floor/baseline"]["rps"])
+    verdict = "holds" if held.median >= FLOOR_SHARE else "does not hold"
+    rows += [
+        "",
+        "| ratio of requests/s, within each round | median [range] |",
+        "|---|---|",
+        f"| sync run / the contract's floor (held to {FLOOR_SHARE}) | **{held.fmt(2)}** |",
+        f"| sync run / bare echo | {bare.fmt(2)} |",
+        f"| the contract's floor / bare echo | {floor.fmt(2)} |",
+        "",
+        f"The sync run {verdict} at {FLOOR_SHARE} of the floor. {rounds} rounds of "
+        f"{duration:.0f} s per server (A B C C B A), wrk with {data['config']['connections']} "
+        "connections on one core, each server alone on the other; memory store, `echo`.",
+    ]
+    return "\n".join(rows)
+
+
 def part_stores(quick: bool) -> str:
     lives, rounds, trips = (400, 1, 50) if quick else (4000, 3, 500)
     with pgstore.stores(pgstore.STORES) as servers:
         one = pgstore.item_lives(ROOT, servers, count=lives, rounds=rounds, concurrency=16)
         two = pgstore.item_round_trips(ROOT, servers, count=trips)
     rows = [
-        "| store | lives/s per replica | against Redis | server CPU per life "
+        "| store | lives/s per replica | against Redis | life p50 / p99 ms | server CPU per life "
         "| store CPU per life | store round trips per life |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, figures in one["stores"].items():
         rate = figures["lives_per_s"]
@@ -84,7 +131,9 @@ def part_stores(quick: bool) -> str:
         trips_per = f"{two[name]['per_life']:.2f}" if name in two else "none (in process)"
         rows.append(
             f"| {name} | {rate['median']:.0f} [{rate['low']:.0f}-{rate['high']:.0f}] "
-            f"| {ratio['median']:.2f} | {figures['server_cpu_us']['median']:.0f} us "
+            f"| {ratio['median']:.2f} "
+            f"| {figures['p50_ms']['median']:.1f} / {figures['p99_ms']['median']:.1f} "
+            f"| {figures['server_cpu_us']['median']:.0f} us "
             f"| {figures['store_cpu_us']['median']:.0f} us | {trips_per} |"
         )
     rows += [
@@ -144,34 +193,39 @@ def part_instructions(quick: bool) -> str:
 
 
 def part_replicas(quick: bool) -> str:
-    """Lives per second and Redis's CPU per life with 1, 2 and 3 replicas on one Redis."""
+    """Lives per second and the store's CPU per life with 1, 2 and 3 replicas on one Redis,
+    and on one Postgres."""
     count, rounds = (300, 1) if quick else (3000, 3)
     rows = [
-        "| replicas on one Redis | lives/s, all replicas | Redis CPU per life |",
-        "|---|---|---|",
+        "| store | replicas on it | lives/s, all replicas | store CPU per life |",
+        "|---|---|---|---|",
     ]
-    for replicas in (1, 2, 3):
-        rates: list[float] = []
-        store_us: list[float] = []
-        for _ in range(rounds):
-            rate, us = _replicas_round(replicas, count)
-            rates.append(rate)
-            store_us.append(us)
-        rate_spread, us_spread = Spread.of(rates), Spread.of(store_us)
-        log(f"replicas {replicas}: {rate_spread.fmt(0)} lives/s, {us_spread.fmt(0)} us")
-        rows.append(f"| {replicas} | {rate_spread.fmt(0)} | {us_spread.fmt(0)} us |")
+    for store in ("redis", "postgres"):
+        for replicas in (1, 2, 3):
+            rates: list[float] = []
+            store_us: list[float] = []
+            for _ in range(rounds):
+                rate, us = _replicas_round(store, replicas, count)
+                rates.append(rate)
+                store_us.append(us)
+            rate_spread, us_spread = Spread.of(rates), Spread.of(store_us)
+            log(f"{store} replicas {replicas}: {rate_spread.fmt(0)} lives/s, {us_spread.fmt(0)} us")
+            rows.append(f"| {store} | {replicas} | {rate_spread.fmt(0)} | {us_spread.fmt(0)} us |")
     rows += [
         "",
         f"{count} lives a round split among the replicas, each driven by 16 clients at once, "
-        f"{rounds} rounds, a fresh Redis each; Redis CPU from its `INFO cpu`. Every replica, "
-        "Redis and the load share the machine's cores.",
+        f"{rounds} rounds, a fresh store each; the store's CPU from Redis's `INFO cpu`, and "
+        "from every Postgres process's times. Every replica, the store and the load share the "
+        "machine's cores.",
     ]
     return "\n".join(rows)
 
 
-def _replicas_round(replicas: int, count: int) -> tuple[float, float]:
-    with RedisServer() as redis, contextlib.ExitStack() as stack:
-        flags = [bench_store.redis_flags(redis.url, f"r{i}") for i in range(replicas)]
+def _replicas_round(store: str, replicas: int, count: int) -> tuple[float, float]:
+    with pgstore.stores((store,)) as found, contextlib.ExitStack() as stack:
+        server = found[store]
+        url = pgstore.store_url(store, server)
+        flags = [bench_store.redis_flags(url, f"r{i}") for i in range(replicas)]
         servers = [
             stack.enter_context(bench_store.agent_server(f"r{i}", ROOT, *each))
             for i, each in enumerate(flags)
@@ -187,20 +241,15 @@ def _replicas_round(replicas: int, count: int) -> tuple[float, float]:
             )
 
         asyncio.run(all_at_once(100))
-        before = _redis_cpu(redis)
+        before = pgstore.store_cpu(store, server)
         began = time.perf_counter()
         done = asyncio.run(all_at_once(count // replicas))
         seconds = time.perf_counter() - began
-        used = _redis_cpu(redis) - before
+        used = pgstore.store_cpu(store, server) - before
     lived = sum(result.requests for result in done)
     if lived != (count // replicas) * replicas or any(result.errors for result in done):
         raise RuntimeError(f"{replicas} replicas: {[r.statuses for r in done]}")
     return lived / seconds, used / lived * 1e6
-
-
-def _redis_cpu(redis: RedisServer) -> float:
-    found = redis.info("cpu")
-    return float(found["used_cpu_user"]) + float(found["used_cpu_sys"])
 
 
 def part_postgres(quick: bool) -> str:
@@ -254,6 +303,7 @@ def main() -> None:
     parts = tuple(args.parts.split(","))
     scales = tuple(int(n) for n in args.drain_scales.split(","))
     runners: dict[str, Callable[[], str]] = {
+        "sync": lambda: part_sync(args.quick),
         "stores": lambda: part_stores(args.quick),
         "drain": lambda: part_drain(args.quick, scales),
         "instructions": lambda: part_instructions(args.quick),

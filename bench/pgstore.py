@@ -116,6 +116,8 @@ def item_lives(
     rates: dict[str, list[float]] = {name: [] for name in servers}
     cpu: dict[str, list[float]] = {name: [] for name in servers}
     store_us: dict[str, list[float]] = {name: [] for name in servers}
+    p50: dict[str, list[float]] = {name: [] for name in servers}
+    p99: dict[str, list[float]] = {name: [] for name in servers}
     errors: dict[str, int] = dict.fromkeys(servers, 0)
     with contextlib.ExitStack() as stack:
         running = {
@@ -148,6 +150,8 @@ def item_lives(
                 rates[name].append(result.rps)
                 cpu[name].append((process.cpu_seconds() - cpu_before) / done * 1e6)
                 store_us[name].append((store_cpu(name, server) - store_before) / done * 1e6)
+                p50[name].append(result.p50_ms)
+                p99[name].append(result.p99_ms)
                 errors[name] += result.errors
                 log(
                     f"item 1 round {index + 1}/{rounds} {name:8} {result.rps:7.0f} lives/s "
@@ -161,6 +165,8 @@ def item_lives(
                 "lives_per_s": Spread.of(rates[name]).as_dict(),
                 "server_cpu_us": Spread.of(cpu[name]).as_dict(),
                 "store_cpu_us": Spread.of(store_us[name]).as_dict(),
+                "p50_ms": Spread.of(p50[name]).as_dict(),
+                "p99_ms": Spread.of(p99[name]).as_dict(),
                 "errors": errors[name],
             }
             for name in servers
