@@ -13,7 +13,9 @@ with the settings `agent-server run` uses (lifespan on, no access log, no log co
 more (docs/performance.md, the contract's floor): the input parsed and validated by a pydantic
 model, an id, a record kept (bounded by `--max-retained`), the body run as a tracked task,
 three Prometheus series counted (started, finished by status, duration), and the record
-answered as JSON. What agent-server adds beyond that is its own cost.
+answered as JSON. Written with Starlette's own request and response, as the bare echo is, so
+the floor less the echo is the contract's work alone. What agent-server adds beyond that is
+its own cost.
 
 Usage: python -m bench.baseline_app --port PORT [--max-retained N] [--floor]
 """
@@ -29,7 +31,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel
@@ -99,9 +100,9 @@ class Floor:
     async def _echo(value: EchoInput) -> dict[str, Any]:
         return {"text": value.text}
 
-    async def run(self, body: bytes) -> Response:
+    async def run(self, request: Request) -> Response:
         try:
-            value = EchoInput.model_validate_json(body)
+            value = EchoInput.model_validate(await request.json())
         except ValueError as exc:
             return JSONResponse({"detail": str(exc)}, 422)
         key = uuid.uuid4().hex
@@ -130,7 +131,7 @@ class Floor:
         )
         self.finished.labels("echo", "succeeded").inc()
         self.duration.labels("echo").observe(ended - began)
-        return Response(orjson.dumps(record), media_type="application/json")
+        return JSONResponse(record)
 
 
 def build_app(max_retained: int, floor: bool = False) -> Starlette:
@@ -142,7 +143,7 @@ def build_app(max_retained: int, floor: bool = False) -> Starlette:
 
     async def echo(request: Request) -> Response:
         if contract is not None:
-            return await contract.run(await request.body())
+            return await contract.run(request)
         body = await request.json()
         return JSONResponse({"text": body["text"]})
 
