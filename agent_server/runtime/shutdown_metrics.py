@@ -70,8 +70,11 @@ class ShutdownMetrics:
         )
         for collector in self._collectors():
             self.registry.register(collector)
-        for outcome in SHUTDOWN_OUTCOMES:
-            self.shutdown_executions.labels(outcome)
+        #: Each outcome's child, looked up once: 90,000 ends in one loop turn of a drain
+        #: each count one, and `labels` costs more than the count.
+        self._outcome_counters = {
+            outcome: self.shutdown_executions.labels(outcome) for outcome in SHUTDOWN_OUTCOMES
+        }
         for phase in TIMED_PHASES:
             self.shutdown_phase_duration.labels(phase)
         self._phase = SHUTDOWN_PHASES[0]
@@ -146,7 +149,10 @@ class ShutdownMetrics:
 
     def _count(self, outcome: str, count: int) -> None:
         self._counted[outcome] += count
-        self.shutdown_executions.labels(outcome).inc(count)
+        counter = self._outcome_counters.get(outcome)
+        if counter is None:
+            counter = self._outcome_counters[outcome] = self.shutdown_executions.labels(outcome)
+        counter.inc(count)
 
     def elapsed(self) -> Metric:
         """Seconds since the first signal, as of this scrape: what a scrape can see of a

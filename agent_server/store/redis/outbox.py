@@ -74,7 +74,7 @@ class Write:
         self.keys = keys
         self.args = args
         #: The bytes (or characters) of its arguments, which bound a call and a pipeline.
-        self.size = sum(len(arg) for arg in args)
+        self.size = sum(map(len, args))
 
 
 class _Pipeline:
