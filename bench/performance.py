@@ -223,8 +223,8 @@ def part_replicas(quick: bool) -> str:
 
 def _replicas_round(store: str, replicas: int, count: int) -> tuple[float, float]:
     with pgstore.stores((store,)) as found, contextlib.ExitStack() as stack:
-        server = found[store]
-        url = pgstore.store_url(store, server)
+        holder = found[store]  # the store's own server: its CPU is the figure
+        url = pgstore.store_url(store, holder)
         flags = [bench_store.redis_flags(url, f"r{i}") for i in range(replicas)]
         servers = [
             stack.enter_context(bench_store.agent_server(f"r{i}", ROOT, *each))
@@ -241,11 +241,11 @@ def _replicas_round(store: str, replicas: int, count: int) -> tuple[float, float
             )
 
         asyncio.run(all_at_once(100))
-        before = pgstore.store_cpu(store, server)
+        before = pgstore.store_cpu(store, holder)
         began = time.perf_counter()
         done = asyncio.run(all_at_once(count // replicas))
         seconds = time.perf_counter() - began
-        used = pgstore.store_cpu(store, server) - before
+        used = pgstore.store_cpu(store, holder) - before
     lived = sum(result.requests for result in done)
     if lived != (count // replicas) * replicas or any(result.errors for result in done):
         raise RuntimeError(f"{replicas} replicas: {[r.statuses for r in done]}")
