@@ -72,7 +72,7 @@ class ShutdownMetrics:
             self.registry.register(collector)
         #: Each outcome's child, looked up once: 90,000 ends in one loop turn of a drain
         #: each count one, and `labels` costs more than the count.
-        self._outcome_counters = {
+        self._outcome_counters: dict[str, Counter] = {
             outcome: self.shutdown_executions.labels(outcome) for outcome in SHUTDOWN_OUTCOMES
         }
         for phase in TIMED_PHASES:
