@@ -49,7 +49,7 @@ from tests.support.postgres_server import PostgresServer, bindir
 
 PAGE = ROOT / "docs" / "performance.md"
 PARTS = ("sync", "stores", "drain", "instructions", "replicas", "postgres", "driver")
-#: A sync run holds at least this share of the contract's floor's requests/s (section 28).
+#: A sync run holds at least this share of the contract's floor's requests/s (docs/performance.md).
 FLOOR_SHARE = 0.9
 
 
@@ -214,9 +214,9 @@ def part_replicas(quick: bool) -> str:
     rows += [
         "",
         f"{count} lives a round split among the replicas, each driven by 16 clients at once, "
-        f"{rounds} rounds, a fresh store each; the store's CPU from Redis's `INFO cpu`, and "
-        "from every Postgres process's times. Every replica, the store and the load share the "
-        "machine's cores.",
+        f"{rounds} rounds, a fresh store each; the store's CPU from its processes' times "
+        "(`redis-server`'s, every Postgres process's). Every replica, the store and the load "
+        "share the machine's cores.",
     ]
     return "\n".join(rows)
 
